@@ -1,0 +1,529 @@
+//! [`Context`]: what every provisioner needs to know about where and how it runs.
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::future::Future;
+use std::pin::pin;
+use std::sync::Arc;
+use std::time::Instant;
+
+use futures::future::{Either, select};
+use kube::config::{
+    AuthInfo, Context as KubeContext, KubeConfigOptions, Kubeconfig, NamedAuthInfo, NamedCluster,
+    NamedContext,
+};
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use crate::observe::{Event, Observer, Operation, Outcome, Phase};
+use crate::{Error, Provisioner, Result};
+
+/// The field manager used for server-side apply unless
+/// [`Context::with_field_manager`] says otherwise.
+pub const DEFAULT_FIELD_MANAGER: &str = "provisioners";
+
+const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+
+/// One Kubernetes cluster: an id, a client, and (when there is one) the
+/// kubeconfig the client was built from, so that the helm CLI can reach the
+/// same cluster.
+#[derive(Clone)]
+pub struct Cluster {
+    id: Arc<str>,
+    client: kube::Client,
+    kubeconfig: Option<Arc<Kubeconfig>>,
+}
+
+impl Cluster {
+    /// A cluster reached through an existing client and, optionally, the
+    /// kubeconfig that describes the same cluster.
+    pub fn new(id: impl Into<Arc<str>>, client: kube::Client, kubeconfig: Option<Kubeconfig>) -> Self {
+        Cluster { id: id.into(), client, kubeconfig: kubeconfig.map(Arc::new) }
+    }
+
+    /// Builds a client from `kubeconfig` (its current context).
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Invalid`](crate::ErrorKind::Invalid) when the kubeconfig
+    /// cannot be turned into a client configuration, naming the cluster id.
+    pub async fn from_kubeconfig(id: impl Into<Arc<str>>, kubeconfig: Kubeconfig) -> Result<Self> {
+        let id = id.into();
+        let config =
+            kube::Config::from_custom_kubeconfig(kubeconfig.clone(), &KubeConfigOptions::default())
+                .await
+                .map_err(|e| {
+                    Error::invalid(format!("the kubeconfig of cluster `{id}` is not usable: {e}"))
+                        .with_source(e)
+                })?;
+        let client = kube::Client::try_from(config).map_err(|e| {
+            Error::kube(format_args!("building a client for cluster `{id}`"), e)
+                .with_transient(false)
+        })?;
+        Ok(Cluster { id, client, kubeconfig: Some(Arc::new(kubeconfig)) })
+    }
+
+    /// The cluster this process is pointed at: the kubeconfig from
+    /// `KUBECONFIG` or `~/.kube/config` when there is one, otherwise the
+    /// cluster the pod runs in (see [`Cluster::in_cluster`]).
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::NotFound`](crate::ErrorKind::NotFound) when there is
+    /// neither a kubeconfig nor an in-cluster service account.
+    pub async fn infer() -> Result<Self> {
+        match Kubeconfig::read() {
+            Ok(kubeconfig) => {
+                let id = kubeconfig.current_context.clone().unwrap_or_else(|| "default".to_owned());
+                Cluster::from_kubeconfig(id, kubeconfig).await
+            }
+            Err(kubeconfig_error) => Cluster::in_cluster().await.map_err(|e| {
+                Error::not_found(format!(
+                    "no cluster to talk to: no usable kubeconfig ({kubeconfig_error}) and not \
+                     in a pod ({}); set KUBECONFIG",
+                    e.message()
+                ))
+            }),
+        }
+    }
+
+    /// The cluster this pod runs in, through its service account.
+    ///
+    /// A kubeconfig is synthesized that names the service account's CA file
+    /// and *token file* (never the token's value), so the helm CLI reaches the
+    /// same cluster and token rotation keeps working.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::NotFound`](crate::ErrorKind::NotFound) outside a pod.
+    pub async fn in_cluster() -> Result<Self> {
+        let host = std::env::var("KUBERNETES_SERVICE_HOST")
+            .map_err(|_| Error::not_found("KUBERNETES_SERVICE_HOST is not set"))?;
+        let port = std::env::var("KUBERNETES_SERVICE_PORT_HTTPS")
+            .or_else(|_| std::env::var("KUBERNETES_SERVICE_PORT"))
+            .unwrap_or_else(|_| "443".to_owned());
+        let namespace = std::fs::read_to_string(format!("{SERVICE_ACCOUNT_DIR}/namespace"))
+            .map(|ns| ns.trim().to_owned())
+            .unwrap_or_else(|_| "default".to_owned());
+        let kubeconfig = in_cluster_kubeconfig(&host, &port, &namespace);
+        Cluster::from_kubeconfig("in-cluster", kubeconfig).await
+    }
+
+    /// The cluster's id: unique among the clusters one tree talks to.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// The client for this cluster.
+    pub fn client(&self) -> &kube::Client {
+        &self.client
+    }
+
+    /// The kubeconfig describing this cluster, if the cluster was built from one.
+    pub fn kubeconfig(&self) -> Option<&Kubeconfig> {
+        self.kubeconfig.as_deref()
+    }
+}
+
+impl fmt::Debug for Cluster {
+    // The kubeconfig may hold credentials: never print it.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Cluster")
+            .field("id", &self.id)
+            .field("kubeconfig", &self.kubeconfig.as_ref().map(|_| "<redacted>"))
+            .finish_non_exhaustive()
+    }
+}
+
+pub(crate) fn in_cluster_kubeconfig(host: &str, port: &str, namespace: &str) -> Kubeconfig {
+    let host = if host.contains(':') { format!("[{host}]") } else { host.to_owned() };
+    let name = "in-cluster".to_owned();
+    Kubeconfig {
+        clusters: vec![NamedCluster {
+            name: name.clone(),
+            cluster: Some(kube::config::Cluster {
+                server: Some(format!("https://{host}:{port}")),
+                certificate_authority: Some(format!("{SERVICE_ACCOUNT_DIR}/ca.crt")),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }],
+        auth_infos: vec![NamedAuthInfo {
+            name: name.clone(),
+            auth_info: Some(AuthInfo {
+                token_file: Some(format!("{SERVICE_ACCOUNT_DIR}/token")),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }],
+        contexts: vec![NamedContext {
+            name: name.clone(),
+            context: Some(KubeContext {
+                cluster: name.clone(),
+                user: Some(name.clone()),
+                namespace: Some(namespace.to_owned()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }],
+        current_context: Some(name),
+        ..Default::default()
+    }
+}
+
+/// The Kubernetes object on whose behalf a tree runs, usually the custom
+/// resource a controller reconciles.
+///
+/// Provisioners use it to label what they create (so it can be found and
+/// pruned) and may set owner references from it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Owner {
+    /// `apiVersion` of the owner, e.g. `example.com/v1`.
+    pub api_version: String,
+    /// `kind` of the owner, e.g. `Platform`.
+    pub kind: String,
+    /// The owner's name.
+    pub name: String,
+    /// The owner's namespace, for a namespaced owner.
+    pub namespace: Option<String>,
+    /// The owner's UID, when known.
+    pub uid: Option<String>,
+    /// Labels that provisioners add to everything they create for this owner.
+    pub labels: BTreeMap<String, String>,
+}
+
+impl Owner {
+    /// The identity of `object`, with no extra labels.
+    pub fn of<K>(object: &K) -> Self
+    where
+        K: kube::Resource,
+        K::DynamicType: Default,
+    {
+        let dynamic_type = K::DynamicType::default();
+        let meta = object.meta();
+        Owner {
+            api_version: K::api_version(&dynamic_type).into_owned(),
+            kind: K::kind(&dynamic_type).into_owned(),
+            name: meta.name.clone().unwrap_or_default(),
+            namespace: meta.namespace.clone(),
+            uid: meta.uid.clone(),
+            labels: BTreeMap::new(),
+        }
+    }
+
+    /// Adds a label that provisioners put on everything they create.
+    pub fn with_label(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.labels.insert(key.into(), value.into());
+        self
+    }
+}
+
+/// Where and how a tree runs: the target cluster, cancellation, deletion
+/// policy, field manager, owner and progress observer.
+///
+/// Cheap to clone (two reference counts). Descending into a node makes a
+/// child context with a longer [path](Context::path); descending into a
+/// remote cluster makes one with another [`Cluster`]. Nothing is global.
+///
+/// ```
+/// # async fn example() -> provisioners_core::Result<()> {
+/// use provisioners_core::{Cluster, Context};
+///
+/// let cx = Context::new(Cluster::infer().await?)
+///     .with_field_manager("my-operator")
+///     .with_background_deletion(true);
+/// assert_eq!(cx.field_manager(), "my-operator");
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct Context {
+    shared: Arc<Shared>,
+    path: Option<Arc<str>>,
+}
+
+#[derive(Clone)]
+struct Shared {
+    cluster: Cluster,
+    cancel: CancellationToken,
+    background_deletion: bool,
+    field_manager: Cow<'static, str>,
+    owner: Option<Arc<Owner>>,
+    observer: Option<Arc<dyn Observer>>,
+}
+
+impl Context {
+    /// A context targeting `cluster`, with a fresh cancellation token,
+    /// foreground deletion and the [default field manager](DEFAULT_FIELD_MANAGER).
+    pub fn new(cluster: Cluster) -> Self {
+        Context {
+            shared: Arc::new(Shared {
+                cluster,
+                cancel: CancellationToken::new(),
+                background_deletion: false,
+                field_manager: Cow::Borrowed(DEFAULT_FIELD_MANAGER),
+                owner: None,
+                observer: None,
+            }),
+            path: None,
+        }
+    }
+
+    /// A context over a bare client (no kubeconfig), e.g. one built over a
+    /// mock service in unit tests. Provisioners that drive a CLI need a
+    /// kubeconfig and fail with a clear error on such a context.
+    pub fn from_client(client: kube::Client) -> Self {
+        Context::new(Cluster::new("client", client, None))
+    }
+
+    /// A context with no cluster behind it: every API request fails with a
+    /// clear error. For unit tests and examples of trees whose nodes never
+    /// touch the API. Must be called inside a Tokio runtime (the client's
+    /// request buffer is a task).
+    pub fn offline() -> Self {
+        let service = tower::service_fn(|_request: http::Request<kube::client::Body>| async {
+            Err::<http::Response<kube::client::Body>, _>(
+                "this context has no cluster (Context::offline); build one with \
+                 Cluster::infer or Cluster::from_kubeconfig",
+            )
+        });
+        let mut cx = Context::from_client(kube::Client::new(service, "default"));
+        cx.shared_mut().cluster.id = Arc::from("offline");
+        cx
+    }
+
+    fn shared_mut(&mut self) -> &mut Shared {
+        Arc::make_mut(&mut self.shared)
+    }
+
+    /// The same context targeting another cluster: what a remote-cluster
+    /// node gives its children. Path, token and settings carry over.
+    pub fn with_cluster(mut self, cluster: Cluster) -> Self {
+        self.shared_mut().cluster = cluster;
+        self
+    }
+
+    /// Uses `token` for cancellation; cancelling it stops the tree.
+    pub fn with_cancellation(mut self, token: CancellationToken) -> Self {
+        self.shared_mut().cancel = token;
+        self
+    }
+
+    /// Deletes with background propagation instead of foreground, e.g. for
+    /// a throwaway cluster whose contents need not be waited for.
+    pub fn with_background_deletion(mut self, background: bool) -> Self {
+        self.shared_mut().background_deletion = background;
+        self
+    }
+
+    /// The field manager for server-side apply.
+    pub fn with_field_manager(mut self, field_manager: impl Into<Cow<'static, str>>) -> Self {
+        self.shared_mut().field_manager = field_manager.into();
+        self
+    }
+
+    /// The object on whose behalf the tree runs.
+    pub fn with_owner(mut self, owner: Owner) -> Self {
+        self.shared_mut().owner = Some(Arc::new(owner));
+        self
+    }
+
+    /// Receives started/finished events for every node.
+    pub fn with_observer(mut self, observer: Arc<dyn Observer>) -> Self {
+        self.shared_mut().observer = Some(observer);
+        self
+    }
+
+    /// The target cluster.
+    pub fn cluster(&self) -> &Cluster {
+        &self.shared.cluster
+    }
+
+    /// The target cluster's client.
+    pub fn client(&self) -> &kube::Client {
+        &self.shared.cluster.client
+    }
+
+    /// The target cluster's kubeconfig, if it has one.
+    pub fn kubeconfig(&self) -> Option<&Kubeconfig> {
+        self.shared.cluster.kubeconfig()
+    }
+
+    /// The cancellation token: leaves that wait on something outside the
+    /// process (a child process, a long watch) should honour it.
+    pub fn cancellation(&self) -> &CancellationToken {
+        &self.shared.cancel
+    }
+
+    /// Whether cancellation was requested.
+    pub fn is_cancelled(&self) -> bool {
+        self.shared.cancel.is_cancelled()
+    }
+
+    /// Whether deletions use background propagation.
+    pub fn background_deletion(&self) -> bool {
+        self.shared.background_deletion
+    }
+
+    /// The field manager for server-side apply.
+    pub fn field_manager(&self) -> &str {
+        &self.shared.field_manager
+    }
+
+    /// The object on whose behalf the tree runs, if any.
+    pub fn owner(&self) -> Option<&Owner> {
+        self.shared.owner.as_deref()
+    }
+
+    /// The path of the node running with this context, e.g.
+    /// `platform/monitoring`; empty at the root, before any node.
+    pub fn path(&self) -> &str {
+        self.path.as_deref().unwrap_or("")
+    }
+
+    /// Provisions `node` as a child of the current node.
+    ///
+    /// This is how trees run their children, and how the root of a tree
+    /// should be run: it extends the path with the node's name, runs it in a
+    /// `tracing` span, reports to the observer, and attaches the path to any
+    /// error that leaves the node. At the root (an empty path) it also stops
+    /// the whole tree, by dropping it, when the cancellation token fires,
+    /// returning [`ErrorKind::Cancelled`](crate::ErrorKind::Cancelled).
+    ///
+    /// # Errors
+    ///
+    /// Whatever the node returns, with its path.
+    pub async fn provision<P: Provisioner + ?Sized>(&self, node: &P) -> Result<()> {
+        self.run(node, Operation::Provision).await
+    }
+
+    /// Deprovisions `node` as a child of the current node; see
+    /// [`Context::provision`].
+    ///
+    /// # Errors
+    ///
+    /// Whatever the node returns, with its path. A yield means "not gone yet".
+    pub async fn deprovision<P: Provisioner + ?Sized>(&self, node: &P) -> Result<()> {
+        self.run(node, Operation::Deprovision).await
+    }
+
+    async fn run<P: Provisioner + ?Sized>(&self, node: &P, operation: Operation) -> Result<()> {
+        let path: Arc<str> = match &self.path {
+            None => Arc::from(node.name()),
+            Some(parent) => {
+                let name = node.name();
+                let mut joined = String::with_capacity(parent.len() + 1 + name.len());
+                joined.push_str(parent);
+                joined.push('/');
+                joined.push_str(name);
+                Arc::from(joined)
+            }
+        };
+        let cx = Context { shared: Arc::clone(&self.shared), path: Some(Arc::clone(&path)) };
+        let span = match operation {
+            Operation::Provision => tracing::info_span!("provision", node = %path),
+            Operation::Deprovision => tracing::info_span!("deprovision", node = %path),
+        };
+        let work = async {
+            match operation {
+                Operation::Provision => node.provision(&cx).await,
+                Operation::Deprovision => node.deprovision(&cx).await,
+            }
+        };
+        let work = async {
+            // Only the root races the token: dropping it drops every node below.
+            if self.path.is_none() {
+                if self.is_cancelled() {
+                    return Err(Error::cancelled());
+                }
+                until_cancelled(&self.shared.cancel, work).await
+            } else {
+                work.await
+            }
+        }
+        .instrument(span);
+
+        let result = match &self.shared.observer {
+            None => work.await,
+            Some(observer) => observed(observer.as_ref(), &path, operation, work).await,
+        };
+        result.map_err(|e| {
+            let e = e.at(&path);
+            if !e.is_yield() {
+                tracing::debug!(node = %path, error = %e, "node failed");
+            }
+            e
+        })
+    }
+}
+
+async fn until_cancelled(
+    token: &CancellationToken,
+    work: impl Future<Output = Result<()>>,
+) -> Result<()> {
+    let work = pin!(work);
+    let cancelled = pin!(token.cancelled());
+    match select(work, cancelled).await {
+        Either::Left((result, _)) => result,
+        Either::Right(((), _)) => Err(Error::cancelled()),
+    }
+}
+
+/// Reports a node's start and end to `observer`, including a drop before the end.
+async fn observed(
+    observer: &dyn Observer,
+    path: &str,
+    operation: Operation,
+    work: impl Future<Output = Result<()>>,
+) -> Result<()> {
+    struct Guard<'a> {
+        observer: &'a dyn Observer,
+        path: &'a str,
+        operation: Operation,
+        started: Instant,
+        finished: bool,
+    }
+    impl Drop for Guard<'_> {
+        fn drop(&mut self) {
+            if !self.finished {
+                self.observer.on_event(&Event {
+                    path: self.path,
+                    operation: self.operation,
+                    phase: Phase::Finished {
+                        elapsed: self.started.elapsed(),
+                        outcome: Outcome::Cancelled,
+                    },
+                });
+            }
+        }
+    }
+
+    observer.on_event(&Event { path, operation, phase: Phase::Started });
+    let mut guard = Guard { observer, path, operation, started: Instant::now(), finished: false };
+    let result = work.await;
+    guard.finished = true;
+    observer.on_event(&Event {
+        path,
+        operation,
+        phase: Phase::Finished {
+            elapsed: guard.started.elapsed(),
+            outcome: Outcome::of(&result),
+        },
+    });
+    result
+}
+
+impl fmt::Debug for Context {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Context")
+            .field("path", &self.path())
+            .field("cluster", &self.shared.cluster)
+            .field("field_manager", &self.shared.field_manager)
+            .field("background_deletion", &self.shared.background_deletion)
+            .field("owner", &self.shared.owner)
+            .field("cancelled", &self.is_cancelled())
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,102 @@
+//! The core contract of the provisioners workspace: the [`Provisioner`]
+//! trait, the [`Context`] a tree runs in, and the [`Error`] every node returns.
+//!
+//! A provisioner installs and removes one package of Kubernetes resources.
+//! Provisioners compose into trees behind the same trait: `provisioners-group`
+//! runs children in [series or concurrently], `provisioners-conditional`
+//! [turns a child on or off], `provisioners-manifest` and `provisioners-helm`
+//! are the leaves that touch clusters. A controller's reconcile runs the root;
+//! a node that is not done yet returns a [yield](Error::yielding) and the
+//! controller comes back later.
+//!
+//! This crate is small and stable so that everything else can depend on it.
+//!
+//! # Example
+//!
+//! A leaf and a hand-written parent that runs its children in order. Children
+//! run through [`Context::provision`], which names them in error paths,
+//! tracing spans and progress events:
+//!
+//! ```
+//! use provisioners_core::{async_trait, Context, Error, ErrorKind, Provisioner, Result};
+//!
+//! struct Leaf {
+//!     name: &'static str,
+//!     ready: bool,
+//! }
+//!
+//! #[async_trait]
+//! impl Provisioner for Leaf {
+//!     fn name(&self) -> &str {
+//!         self.name
+//!     }
+//!
+//!     async fn provision(&self, _cx: &Context) -> Result<()> {
+//!         if self.ready { Ok(()) } else { Err(Error::yielding("waiting for the database")) }
+//!     }
+//!
+//!     async fn deprovision(&self, _cx: &Context) -> Result<()> {
+//!         Ok(())
+//!     }
+//! }
+//!
+//! struct InOrder(Vec<Box<dyn Provisioner>>);
+//!
+//! #[async_trait]
+//! impl Provisioner for InOrder {
+//!     fn name(&self) -> &str {
+//!         "app"
+//!     }
+//!
+//!     async fn provision(&self, cx: &Context) -> Result<()> {
+//!         for child in &self.0 {
+//!             cx.provision(child).await?;
+//!         }
+//!         Ok(())
+//!     }
+//!
+//!     async fn deprovision(&self, cx: &Context) -> Result<()> {
+//!         for child in self.0.iter().rev() {
+//!             cx.deprovision(child).await?;
+//!         }
+//!         Ok(())
+//!     }
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! let tree = InOrder(vec![
+//!     Box::new(Leaf { name: "config", ready: true }),
+//!     Box::new(Leaf { name: "database", ready: false }),
+//! ]);
+//! // A real program targets a cluster: `Context::new(Cluster::infer().await?)`.
+//! let cx = Context::offline();
+//!
+//! let error = cx.provision(&tree).await.unwrap_err();
+//! assert_eq!(error.kind(), ErrorKind::Yield);
+//! assert_eq!(error.to_string(), "app/database: waiting for the database");
+//! # }
+//! ```
+//!
+//! [series or concurrently]: https://docs.rs/provisioners-group
+//! [turns a child on or off]: https://docs.rs/provisioners-conditional
+
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+mod context;
+mod error;
+mod observe;
+mod provisioner;
+mod remote;
+
+pub use async_trait::async_trait;
+pub use context::{Cluster, Context, DEFAULT_FIELD_MANAGER, Owner};
+pub use error::{Error, ErrorKind, Result};
+pub use observe::{Event, Observer, Operation, Outcome, Phase};
+pub use provisioner::{ManagerProvisioner, Metadata, Provisioner};
+pub use remote::RemoteCluster;
+/// Re-exported so that users name the same token type as [`Context`].
+pub use tokio_util::sync::CancellationToken;
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,127 @@
+//! Progress events: what a CLI draws and what a controller turns into events or metrics.
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::Error;
+
+/// Receives an event when each tree node starts and finishes.
+///
+/// Events arrive on the task that runs the node, in the middle of
+/// provisioning, so implementations must be quick and must not block: record,
+/// send on a channel, or bump a counter.
+///
+/// ```
+/// use std::sync::atomic::{AtomicUsize, Ordering};
+/// use provisioners_core::{Event, Observer, Phase};
+///
+/// #[derive(Default)]
+/// struct Failures(AtomicUsize);
+///
+/// impl Observer for Failures {
+///     fn on_event(&self, event: &Event<'_>) {
+///         if let Phase::Finished { outcome, .. } = &event.phase {
+///             if outcome.is_failure() {
+///                 self.0.fetch_add(1, Ordering::Relaxed);
+///             }
+///         }
+///     }
+/// }
+/// ```
+pub trait Observer: Send + Sync {
+    /// Called when a node starts and when it finishes.
+    fn on_event(&self, event: &Event<'_>);
+}
+
+/// Whether a node is being provisioned or deprovisioned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Operation {
+    /// [`Provisioner::provision`](crate::Provisioner::provision).
+    Provision,
+    /// [`Provisioner::deprovision`](crate::Provisioner::deprovision).
+    Deprovision,
+}
+
+impl Operation {
+    /// `"provision"` or `"deprovision"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Operation::Provision => "provision",
+            Operation::Deprovision => "deprovision",
+        }
+    }
+}
+
+impl fmt::Display for Operation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One progress event of one node.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct Event<'a> {
+    /// The node's path, e.g. `platform/monitoring/prometheus`.
+    pub path: &'a str,
+    /// The operation the node runs.
+    pub operation: Operation,
+    /// Started or finished.
+    pub phase: Phase<'a>,
+}
+
+/// The phase a node reached.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Phase<'a> {
+    /// The node started.
+    Started,
+    /// The node finished, or its future was dropped ([`Outcome::Cancelled`]).
+    Finished {
+        /// Wall time since the node started.
+        elapsed: Duration,
+        /// How it ended.
+        outcome: Outcome<'a>,
+    },
+}
+
+/// How a node ended.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Outcome<'a> {
+    /// It succeeded.
+    Done,
+    /// It is not done yet; the error's message is the reason.
+    Yielded(&'a Error),
+    /// It failed.
+    Failed(&'a Error),
+    /// Its future was dropped before it finished.
+    Cancelled,
+}
+
+impl Outcome<'_> {
+    /// Whether the node failed (not a yield, not a cancellation).
+    pub fn is_failure(&self) -> bool {
+        matches!(self, Outcome::Failed(_))
+    }
+
+    /// A short lowercase name: `done`, `yielded`, `failed` or `cancelled`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Outcome::Done => "done",
+            Outcome::Yielded(_) => "yielded",
+            Outcome::Failed(_) => "failed",
+            Outcome::Cancelled => "cancelled",
+        }
+    }
+}
+
+impl<'a> Outcome<'a> {
+    pub(crate) fn of(result: &'a Result<(), Error>) -> Self {
+        match result {
+            Ok(()) => Outcome::Done,
+            Err(error) if error.is_yield() => Outcome::Yielded(error),
+            Err(error) => Outcome::Failed(error),
+        }
+    }
+}

@@ -1,0 +1,231 @@
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::{
+    Context, Error, ErrorKind, Event, Observer, Operation, Phase, Provisioner, Result, async_trait,
+};
+
+/// A parent that provisions its children in order, to build paths.
+struct Parent(&'static str, Vec<Box<dyn Provisioner>>);
+
+#[async_trait]
+impl Provisioner for Parent {
+    fn name(&self) -> &str {
+        self.0
+    }
+
+    async fn provision(&self, cx: &Context) -> Result<()> {
+        for child in &self.1 {
+            cx.provision(child).await?;
+        }
+        Ok(())
+    }
+
+    async fn deprovision(&self, cx: &Context) -> Result<()> {
+        for child in self.1.iter().rev() {
+            cx.deprovision(child).await?;
+        }
+        Ok(())
+    }
+}
+
+/// A leaf that records the path it saw, then returns what it was told.
+struct Leaf {
+    name: &'static str,
+    outcome: fn() -> Result<()>,
+    seen: Arc<Mutex<Vec<String>>>,
+    wait: Option<Duration>,
+}
+
+#[async_trait]
+impl Provisioner for Leaf {
+    fn name(&self) -> &str {
+        self.name
+    }
+
+    async fn provision(&self, cx: &Context) -> Result<()> {
+        self.seen.lock().unwrap().push(cx.path().to_owned());
+        if let Some(wait) = self.wait {
+            tokio::time::sleep(wait).await;
+        }
+        (self.outcome)()
+    }
+
+    async fn deprovision(&self, cx: &Context) -> Result<()> {
+        self.seen.lock().unwrap().push(format!("-{}", cx.path()));
+        (self.outcome)()
+    }
+}
+
+fn leaf(name: &'static str, outcome: fn() -> Result<()>, seen: &Arc<Mutex<Vec<String>>>) -> Leaf {
+    Leaf { name, outcome, seen: Arc::clone(seen), wait: None }
+}
+
+#[derive(Default)]
+struct Recorder(Mutex<Vec<String>>);
+
+impl Observer for Recorder {
+    fn on_event(&self, event: &Event<'_>) {
+        let line = match &event.phase {
+            Phase::Started => format!("start {} {}", event.operation, event.path),
+            Phase::Finished { outcome, .. } => {
+                format!("{} {} {}", outcome.as_str(), event.operation, event.path)
+            }
+        };
+        self.0.lock().unwrap().push(line);
+    }
+}
+
+#[tokio::test]
+async fn children_see_their_path_and_errors_carry_it() {
+    let seen = Arc::default();
+    let tree = Parent(
+        "root",
+        vec![
+            Box::new(leaf("a", || Ok(()), &seen)),
+            Box::new(Parent(
+                "group",
+                vec![Box::new(leaf("leaf", || Err(Error::invalid("field x is bad")), &seen))],
+            )),
+        ],
+    );
+    let cx = Context::offline();
+    let error = cx.provision(&tree).await.unwrap_err();
+
+    assert_eq!(*seen.lock().unwrap(), ["root/a", "root/group/leaf"]);
+    assert_eq!(error.kind(), ErrorKind::Invalid);
+    assert_eq!(error.path(), Some("root/group/leaf"));
+    assert_eq!(error.to_string(), "root/group/leaf: field x is bad");
+}
+
+#[tokio::test]
+async fn blanket_impls_forward_to_the_inner_provisioner() {
+    let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+    let shared: Arc<dyn Provisioner> = Arc::new(leaf("shared", || Ok(()), &seen));
+    let boxed: Box<dyn Provisioner> = Box::new(leaf("boxed", || Ok(()), &seen));
+    let plain = leaf("plain", || Ok(()), &seen);
+    let by_ref: &dyn Provisioner = &plain;
+
+    let cx = Context::offline();
+    cx.provision(&shared).await.unwrap();
+    cx.provision(&boxed).await.unwrap();
+    cx.provision(&by_ref).await.unwrap();
+    cx.deprovision(&Box::new(Arc::clone(&shared))).await.unwrap();
+
+    assert_eq!(*seen.lock().unwrap(), ["shared", "boxed", "plain", "-shared"]);
+}
+
+#[tokio::test]
+async fn the_observer_sees_every_node_start_and_finish() {
+    let seen = Arc::default();
+    let recorder = Arc::new(Recorder::default());
+    let tree = Parent(
+        "root",
+        vec![
+            Box::new(leaf("ok", || Ok(()), &seen)),
+            Box::new(leaf("waiting", || Err(Error::yielding("not yet")), &seen)),
+        ],
+    );
+    let cx = Context::offline().with_observer(recorder.clone());
+    assert!(cx.provision(&tree).await.unwrap_err().is_yield());
+    let _ = cx.deprovision(&leaf("bad", || Err(Error::helm("exit 1")), &seen)).await;
+
+    assert_eq!(
+        *recorder.0.lock().unwrap(),
+        [
+            "start provision root",
+            "start provision root/ok",
+            "done provision root/ok",
+            "start provision root/waiting",
+            "yielded provision root/waiting",
+            "yielded provision root",
+            "start deprovision bad",
+            "failed deprovision bad",
+        ]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn cancelling_the_token_stops_the_tree_and_reports_cancelled() {
+    let seen = Arc::default();
+    let recorder = Arc::new(Recorder::default());
+    let slow = Leaf { name: "slow", outcome: || Ok(()), seen: Arc::clone(&seen), wait: None };
+    let slow = Leaf { wait: Some(Duration::from_secs(3600)), ..slow };
+    let tree = Parent("root", vec![Box::new(slow), Box::new(leaf("never", || Ok(()), &seen))]);
+    let cx = Context::offline().with_observer(recorder.clone());
+
+    let token = cx.cancellation().clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        token.cancel();
+    });
+    let error = cx.provision(&tree).await.unwrap_err();
+
+    assert_eq!(error.kind(), ErrorKind::Cancelled);
+    assert_eq!(error.to_string(), "root: cancelled");
+    assert_eq!(*seen.lock().unwrap(), ["root/slow"], "the second child must never start");
+    let events = recorder.0.lock().unwrap().clone();
+    assert!(events.contains(&"cancelled provision root/slow".to_owned()), "{events:?}");
+
+    // A cancelled context refuses to start anything.
+    let again = cx.provision(&leaf("late", || Ok(()), &seen)).await.unwrap_err();
+    assert_eq!(again.kind(), ErrorKind::Cancelled);
+    assert_eq!(seen.lock().unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn the_offline_context_fails_api_calls_clearly() {
+    let cx = Context::offline();
+    assert_eq!(cx.cluster().id(), "offline");
+    assert!(cx.kubeconfig().is_none());
+    let api: kube::Api<k8s_openapi::api::core::v1::Namespace> = kube::Api::all(cx.client().clone());
+    let error = api.get("default").await.unwrap_err();
+    let error = Error::kube("reading Namespace default", error);
+    assert!(error.to_string().contains("this context has no cluster"), "{error}");
+}
+
+#[tokio::test]
+async fn settings_carry_over_to_child_contexts() {
+    struct Check;
+    #[async_trait]
+    impl Provisioner for Check {
+        fn name(&self) -> &str {
+            "check"
+        }
+        async fn provision(&self, cx: &Context) -> Result<()> {
+            assert_eq!(cx.field_manager(), "my-operator");
+            assert!(cx.background_deletion());
+            assert_eq!(cx.owner().map(|o| o.name.as_str()), Some("platform-a"));
+            Ok(())
+        }
+        async fn deprovision(&self, _cx: &Context) -> Result<()> {
+            Ok(())
+        }
+    }
+    let owner = crate::Owner { name: "platform-a".into(), ..Default::default() };
+    let cx = Context::offline()
+        .with_field_manager("my-operator")
+        .with_background_deletion(true)
+        .with_owner(owner);
+    cx.provision(&Parent("root", vec![Box::new(Check)])).await.unwrap();
+    assert_eq!(Operation::Provision.to_string(), "provision");
+}
+
+#[test]
+fn in_cluster_kubeconfig_names_the_token_file_not_the_token() {
+    let kubeconfig = crate::context::in_cluster_kubeconfig("10.0.0.1", "443", "ops");
+    let user = kubeconfig.auth_infos[0].auth_info.as_ref().unwrap();
+    assert_eq!(
+        user.token_file.as_deref(),
+        Some("/var/run/secrets/kubernetes.io/serviceaccount/token")
+    );
+    assert!(user.token.is_none());
+    let cluster = kubeconfig.clusters[0].cluster.as_ref().unwrap();
+    assert_eq!(cluster.server.as_deref(), Some("https://10.0.0.1:443"));
+    let context = kubeconfig.contexts[0].context.as_ref().unwrap();
+    assert_eq!(context.namespace.as_deref(), Some("ops"));
+
+    let v6 = crate::context::in_cluster_kubeconfig("fd00::1", "6443", "ops");
+    let server = v6.clusters[0].cluster.as_ref().unwrap().server.clone();
+    assert_eq!(server.as_deref(), Some("https://[fd00::1]:6443"));
+}

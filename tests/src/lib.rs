@@ -1,0 +1,1 @@
+//! Cross-crate and cluster tests; the tests live in `tests/`.

@@ -1,0 +1,45 @@
+//! `cargo xtask`: the project's automation, a plain binary with few dependencies.
+//!
+//! Run `cargo xtask help` for the list of tasks.
+
+#![allow(clippy::print_stdout)]
+
+mod bench;
+mod process;
+mod test;
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Result, bail};
+
+const HELP: &str = "\
+cargo xtask <task>
+
+tasks:
+  test      fmt, clippy, unit, doc and cluster tests: what CI runs
+  bench     benchmarks, printed side by side; see docs/benchmarks.md
+  help      this text
+";
+
+fn main() -> Result<()> {
+    let mut args = std::env::args().skip(1);
+    let task = args.next().unwrap_or_else(|| "help".to_owned());
+    let rest: Vec<String> = args.collect();
+    match task.as_str() {
+        "test" => test::run(&rest),
+        "bench" => bench::run(&rest),
+        "help" | "-h" | "--help" => {
+            print!("{HELP}");
+            Ok(())
+        }
+        other => bail!("unknown task `{other}`\n\n{HELP}"),
+    }
+}
+
+/// The workspace root, found from this crate's manifest directory.
+pub(crate) fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives one level below the workspace root")
+        .to_path_buf()
+}
