@@ -65,7 +65,9 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
         "env" => {
             let dir = cluster_dir(&name);
             if !dir.join(STATE_FILE).is_file() {
-                eprintln!("note: cluster `{name}` is not up (cargo xtask cluster up --name {name})");
+                eprintln!(
+                    "note: cluster `{name}` is not up (cargo xtask cluster up --name {name})"
+                );
             }
             #[allow(clippy::print_stdout)]
             {
@@ -96,10 +98,15 @@ impl TestClusters {
                 .collect();
             handles
                 .into_iter()
-                .map(|h| h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("cluster start-up panicked"))))
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(anyhow::anyhow!("cluster start-up panicked")))
+                })
                 .collect()
         });
-        let mut clusters = Self { clusters: Vec::new() };
+        let mut clusters = Self {
+            clusters: Vec::new(),
+        };
         let mut first_error = None;
         for result in results {
             match result {
@@ -127,7 +134,9 @@ impl TestClusters {
                     env.push(("KUBECONFIG", cluster.kubeconfig.clone()));
                     env.push(("PROVISIONERS_KUBECONFIG", cluster.kubeconfig.clone()));
                 }
-                REMOTE_NAME => env.push(("PROVISIONERS_REMOTE_KUBECONFIG", cluster.kubeconfig.clone())),
+                REMOTE_NAME => {
+                    env.push(("PROVISIONERS_REMOTE_KUBECONFIG", cluster.kubeconfig.clone()))
+                }
                 _ => {}
             }
         }
@@ -143,7 +152,10 @@ impl TestClusters {
     pub(crate) fn down(self) {
         for cluster in self.clusters.iter().filter(|c| c.started_now) {
             if let Err(error) = down(&cluster.name) {
-                eprintln!("warning: could not take cluster `{}` down: {error:#}", cluster.name);
+                eprintln!(
+                    "warning: could not take cluster `{}` down: {error:#}",
+                    cluster.name
+                );
             }
         }
     }
@@ -159,13 +171,18 @@ pub(crate) struct RunningCluster {
 
 /// `target/cluster/NAME`.
 pub(crate) fn cluster_dir(name: &str) -> PathBuf {
-    crate::workspace_root().join("target").join("cluster").join(name)
+    crate::workspace_root()
+        .join("target")
+        .join("cluster")
+        .join(name)
 }
 
 fn check_name(name: &str) -> Result<()> {
     let valid = !name.is_empty()
         && name.len() <= 40
-        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
         && !name.starts_with('-');
     if !valid {
         bail!("cluster name `{name}` must be 1-40 characters of a-z, 0-9 and '-'");
@@ -186,7 +203,8 @@ struct Started {
 
 impl Started {
     fn alive(&self) -> bool {
-        proc_stat(self.pid).is_some_and(|(state, start)| start == self.start_time && state != 'Z' && state != 'X')
+        proc_stat(self.pid)
+            .is_some_and(|(state, start)| start == self.start_time && state != 'Z' && state != 'X')
     }
 }
 
@@ -194,7 +212,10 @@ impl Started {
 fn proc_stat(pid: u32) -> Option<(char, u64)> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name may contain spaces and parentheses; fields resume after the last ')'.
-    let fields: Vec<&str> = stat.get(stat.rfind(')')? + 1..)?.split_whitespace().collect();
+    let fields: Vec<&str> = stat
+        .get(stat.rfind(')')? + 1..)?
+        .split_whitespace()
+        .collect();
     let state = fields.first()?.chars().next()?;
     let start_time = fields.get(19)?.parse().ok()?;
     Some((state, start_time))
@@ -219,7 +240,8 @@ impl State {
             .iter()
             .map(|p| json!({"component": p.component, "pid": p.pid, "start_time": p.start_time}))
             .collect();
-        let text = serde_json::to_string_pretty(&json!({"server": self.server, "processes": processes}))?;
+        let text =
+            serde_json::to_string_pretty(&json!({"server": self.server, "processes": processes}))?;
         write_file(&dir.join(STATE_FILE), &text, 0o644)
     }
 
@@ -230,15 +252,18 @@ impl State {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(e).with_context(|| format!("could not read {}", path.display())),
         };
-        let value: serde_json::Value =
-            serde_json::from_str(&text).with_context(|| format!("{} is not valid JSON", path.display()))?;
+        let value: serde_json::Value = serde_json::from_str(&text)
+            .with_context(|| format!("{} is not valid JSON", path.display()))?;
         let bad = || format!("{} is malformed", path.display());
         let server = value["server"].as_str().with_context(bad)?.to_owned();
         let mut processes = Vec::new();
         for p in value["processes"].as_array().with_context(bad)? {
             processes.push(Started {
                 component: p["component"].as_str().with_context(bad)?.to_owned(),
-                pid: p["pid"].as_u64().and_then(|v| u32::try_from(v).ok()).with_context(bad)?,
+                pid: p["pid"]
+                    .as_u64()
+                    .and_then(|v| u32::try_from(v).ok())
+                    .with_context(bad)?,
                 start_time: p["start_time"].as_u64().with_context(bad)?,
             });
         }
@@ -254,7 +279,11 @@ pub(crate) fn up(name: &str, tools: &Tools) -> Result<RunningCluster> {
     if let Some(state) = State::load(&dir)? {
         if state.processes.iter().all(Started::alive) {
             eprintln!("cluster `{name}` is already up ({})", state.server);
-            return Ok(RunningCluster { name: name.to_owned(), kubeconfig, started_now: false });
+            return Ok(RunningCluster {
+                name: name.to_owned(),
+                kubeconfig,
+                started_now: false,
+            });
         }
         eprintln!("cluster `{name}`: some processes are gone; restarting it");
         down(name)?;
@@ -264,14 +293,24 @@ pub(crate) fn up(name: &str, tools: &Tools) -> Result<RunningCluster> {
     let mut started = Vec::new();
     match start(name, &dir, tools, &mut started) {
         Ok(()) => {
-            eprintln!("cluster `{name}` ready in {:.1}s", started_at.elapsed().as_secs_f64());
-            Ok(RunningCluster { name: name.to_owned(), kubeconfig, started_now: true })
+            eprintln!(
+                "cluster `{name}` ready in {:.1}s",
+                started_at.elapsed().as_secs_f64()
+            );
+            Ok(RunningCluster {
+                name: name.to_owned(),
+                kubeconfig,
+                started_now: true,
+            })
         }
         Err(error) => {
             // Leave nothing half-started behind; logs stay for the post-mortem.
             stop(&started);
             let _ = remove_data(&dir);
-            Err(error.context(format!("cluster `{name}` did not come up; logs: {}", dir.join("logs").display())))
+            Err(error.context(format!(
+                "cluster `{name}` did not come up; logs: {}",
+                dir.join("logs").display()
+            )))
         }
     }
 }
@@ -301,22 +340,44 @@ fn start(name: &str, dir: &Path, tools: &Tools, started: &mut Vec<Started>) -> R
     pki.write(&pki_dir)?;
     let pki_file = |f: &str| pki_dir.join(f);
 
-    let [etcd_client, etcd_peer, apiserver_port, kcm_port, scheduler_port] = free_ports()?;
+    let [
+        etcd_client,
+        etcd_peer,
+        apiserver_port,
+        kcm_port,
+        scheduler_port,
+    ] = free_ports()?;
     let server = format!("https://127.0.0.1:{apiserver_port}");
 
     let kubeconfigs = dir.join("kubeconfigs");
     fs::create_dir_all(&kubeconfigs)?;
-    write_file(&dir.join("kubeconfig"), &kubeconfig_yaml(name, &server, &pki.ca.cert_pem, &pki.admin), 0o600)?;
+    write_file(
+        &dir.join("kubeconfig"),
+        &kubeconfig_yaml(name, &server, &pki.ca.cert_pem, &pki.admin),
+        0o600,
+    )?;
     let component_kubeconfig = |component: &str, identity: &pki::CertifiedKey| -> Result<PathBuf> {
         let path = kubeconfigs.join(component);
-        write_file(&path, &kubeconfig_yaml(name, &server, &pki.ca.cert_pem, identity), 0o600)?;
+        write_file(
+            &path,
+            &kubeconfig_yaml(name, &server, &pki.ca.cert_pem, identity),
+            0o600,
+        )?;
         Ok(path)
     };
     let kcm_kubeconfig = component_kubeconfig("kube-controller-manager", &pki.controller_manager)?;
     let scheduler_kubeconfig = component_kubeconfig("kube-scheduler", &pki.scheduler)?;
     let kwok_kubeconfig = component_kubeconfig("kwok", &pki.kwok)?;
 
-    let mut launcher = Launcher { dir, logs: &logs, started, state: State { server: server.clone(), processes: Vec::new() } };
+    let mut launcher = Launcher {
+        dir,
+        logs: &logs,
+        started,
+        state: State {
+            server: server.clone(),
+            processes: Vec::new(),
+        },
+    };
 
     let etcd_url = format!("http://127.0.0.1:{etcd_client}");
     let peer_url = format!("http://127.0.0.1:{etcd_peer}");
@@ -361,11 +422,20 @@ fn start(name: &str, dir: &Path, tools: &Tools, started: &mut Vec<Started>) -> R
         ]),
     )?;
 
-    let api = ApiClient::new(&server, &pki.ca.cert_pem, &pki.admin.cert_pem, &pki.admin.key_pem)?;
+    let api = ApiClient::new(
+        &server,
+        &pki.ca.cert_pem,
+        &pki.admin.cert_pem,
+        &pki.admin.key_pem,
+    )?;
     let deadline = Instant::now() + READY_TIMEOUT;
-    wait_for("kube-apiserver /readyz", deadline, launcher.started, &logs, || {
-        Ok(api.get("/readyz").map(|r| r.ok()).unwrap_or(false))
-    })?;
+    wait_for(
+        "kube-apiserver /readyz",
+        deadline,
+        launcher.started,
+        &logs,
+        || Ok(api.get("/readyz").map(|r| r.ok()).unwrap_or(false)),
+    )?;
 
     let kcm_kubeconfig = kcm_kubeconfig.display().to_string();
     launcher.launch(
@@ -435,7 +505,11 @@ fn start(name: &str, dir: &Path, tools: &Tools, started: &mut Vec<Started>) -> R
     });
     let created = api.post_json("/api/v1/nodes", &node)?;
     if !created.ok() && created.status != 409 {
-        bail!("creating node {NODE_NAME} failed ({}): {}", created.status, created.body);
+        bail!(
+            "creating node {NODE_NAME} failed ({}): {}",
+            created.status,
+            created.body
+        );
     }
 
     let kcm = ApiClient::new(
@@ -450,28 +524,54 @@ fn start(name: &str, dir: &Path, tools: &Tools, started: &mut Vec<Started>) -> R
         &pki.admin.cert_pem,
         &pki.admin.key_pem,
     )?;
-    wait_for("kube-scheduler /healthz", deadline, launcher.started, &logs, || {
-        Ok(scheduler.get("/healthz").map(|r| r.ok()).unwrap_or(false))
-    })?;
-    wait_for("kube-controller-manager /healthz", deadline, launcher.started, &logs, || {
-        Ok(kcm.get("/healthz").map(|r| r.ok()).unwrap_or(false))
-    })?;
+    wait_for(
+        "kube-scheduler /healthz",
+        deadline,
+        launcher.started,
+        &logs,
+        || Ok(scheduler.get("/healthz").map(|r| r.ok()).unwrap_or(false)),
+    )?;
+    wait_for(
+        "kube-controller-manager /healthz",
+        deadline,
+        launcher.started,
+        &logs,
+        || Ok(kcm.get("/healthz").map(|r| r.ok()).unwrap_or(false)),
+    )?;
     // Proof that the controllers run, not only the process: the service-account
     // controller has filled in the default namespace.
-    wait_for("the default service account", deadline, launcher.started, &logs, || {
-        Ok(api.get("/api/v1/namespaces/default/serviceaccounts/default")?.ok())
-    })?;
-    wait_for(&format!("node {NODE_NAME} Ready (kwok)"), deadline, launcher.started, &logs, || {
-        let reply = api.get(&format!("/api/v1/nodes/{NODE_NAME}"))?;
-        if !reply.ok() {
-            return Ok(false);
-        }
-        let node = reply.json()?;
-        let ready = node["status"]["conditions"].as_array().is_some_and(|conditions| {
-            conditions.iter().any(|c| c["type"] == "Ready" && c["status"] == "True")
-        });
-        Ok(ready)
-    })?;
+    wait_for(
+        "the default service account",
+        deadline,
+        launcher.started,
+        &logs,
+        || {
+            Ok(api
+                .get("/api/v1/namespaces/default/serviceaccounts/default")?
+                .ok())
+        },
+    )?;
+    wait_for(
+        &format!("node {NODE_NAME} Ready (kwok)"),
+        deadline,
+        launcher.started,
+        &logs,
+        || {
+            let reply = api.get(&format!("/api/v1/nodes/{NODE_NAME}"))?;
+            if !reply.ok() {
+                return Ok(false);
+            }
+            let node = reply.json()?;
+            let ready = node["status"]["conditions"]
+                .as_array()
+                .is_some_and(|conditions| {
+                    conditions
+                        .iter()
+                        .any(|c| c["type"] == "Ready" && c["status"] == "True")
+                });
+            Ok(ready)
+        },
+    )?;
     Ok(())
 }
 
@@ -488,9 +588,14 @@ impl Launcher<'_> {
     fn launch(&mut self, component: &str, cmd: Cmd) -> Result<()> {
         let pid = spawn_detached(cmd, &self.logs.join(format!("{component}.log")))
             .with_context(|| format!("could not start {component}"))?;
-        let start_time =
-            proc_stat(pid).map(|(_, t)| t).with_context(|| format!("{component} exited at once"))?;
-        let process = Started { component: component.to_owned(), pid, start_time };
+        let start_time = proc_stat(pid)
+            .map(|(_, t)| t)
+            .with_context(|| format!("{component} exited at once"))?;
+        let process = Started {
+            component: component.to_owned(),
+            pid,
+            start_time,
+        };
         self.started.push(process.clone());
         self.state.processes.push(process);
         self.state.save(self.dir)
@@ -517,7 +622,10 @@ fn wait_for(
             );
         }
         if Instant::now() >= deadline {
-            bail!("timed out after {}s waiting for {what}", READY_TIMEOUT.as_secs());
+            bail!(
+                "timed out after {}s waiting for {what}",
+                READY_TIMEOUT.as_secs()
+            );
         }
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -586,7 +694,10 @@ pub(crate) fn down(name: &str) -> Result<()> {
         Some(state) => {
             stop(&state.processes);
             remove_data(&dir)?;
-            eprintln!("cluster `{name}` is down (logs kept in {})", dir.join("logs").display());
+            eprintln!(
+                "cluster `{name}` is down (logs kept in {})",
+                dir.join("logs").display()
+            );
         }
         None => eprintln!("cluster `{name}` is not up"),
     }
@@ -618,7 +729,12 @@ fn stop_group(processes: &[&Started]) {
         std::thread::sleep(Duration::from_millis(20));
     }
     for p in processes.iter().filter(|p| p.alive()) {
-        eprintln!("{} (pid {}) ignored SIGTERM for {}s; sending SIGKILL", p.component, p.pid, STOP_GRACE.as_secs());
+        eprintln!(
+            "{} (pid {}) ignored SIGTERM for {}s; sending SIGKILL",
+            p.component,
+            p.pid,
+            STOP_GRACE.as_secs()
+        );
         signal(p, Signal::SIGKILL);
     }
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -628,25 +744,36 @@ fn stop_group(processes: &[&Started]) {
 }
 
 fn signal(process: &Started, signal: Signal) {
-    let Ok(pid) = i32::try_from(process.pid) else { return };
+    let Ok(pid) = i32::try_from(process.pid) else {
+        return;
+    };
     // Each component leads its own process group (see `spawn_detached`).
     if let Err(error) = killpg(Pid::from_raw(pid), signal)
         && error != nix::errno::Errno::ESRCH
     {
-        eprintln!("could not send {signal} to {} (pid {}): {error}", process.component, process.pid);
+        eprintln!(
+            "could not send {signal} to {} (pid {}): {error}",
+            process.component, process.pid
+        );
     }
 }
 
 /// Removes everything in the cluster directory except `logs/`.
 fn remove_data(dir: &Path) -> Result<()> {
-    let Ok(entries) = fs::read_dir(dir) else { return Ok(()) };
+    let Ok(entries) = fs::read_dir(dir) else {
+        return Ok(());
+    };
     for entry in entries {
         let entry = entry?;
         if entry.file_name() == "logs" {
             continue;
         }
         let path = entry.path();
-        let removed = if entry.file_type()?.is_dir() { fs::remove_dir_all(&path) } else { fs::remove_file(&path) };
+        let removed = if entry.file_type()?.is_dir() {
+            fs::remove_dir_all(&path)
+        } else {
+            fs::remove_file(&path)
+        };
         removed.with_context(|| format!("could not remove {}", path.display()))?;
     }
     Ok(())
@@ -659,14 +786,29 @@ fn status(name: &str) -> Result<()> {
         return Ok(());
     };
     let mut total_kib = 0;
-    let mut lines = vec![format!("cluster `{name}`: {} (kubeconfig {})", state.server, dir.join("kubeconfig").display())];
+    let mut lines = vec![format!(
+        "cluster `{name}`: {} (kubeconfig {})",
+        state.server,
+        dir.join("kubeconfig").display()
+    )];
     for p in &state.processes {
         if p.alive() {
             let rss = rss_kib(p.pid).unwrap_or(0);
             total_kib += rss;
-            lines.push(format!("  {:<24} running  pid {:<8} rss {:>6} MiB", p.component, p.pid, rss / 1024));
+            lines.push(format!(
+                "  {:<24} running  pid {:<8} rss {:>6} MiB",
+                p.component,
+                p.pid,
+                rss / 1024
+            ));
         } else {
-            lines.push(format!("  {:<24} NOT RUNNING (see {})", p.component, dir.join("logs").join(format!("{}.log", p.component)).display()));
+            lines.push(format!(
+                "  {:<24} NOT RUNNING (see {})",
+                p.component,
+                dir.join("logs")
+                    .join(format!("{}.log", p.component))
+                    .display()
+            ));
         }
     }
     lines.push(format!("  {:<24} {:>32} MiB", "total", total_kib / 1024));
@@ -695,10 +837,20 @@ mod tests {
         let (state, start) = proc_stat(std::process::id()).expect("own /proc entry");
         assert!(matches!(state, 'R' | 'S'), "state {state}");
         assert!(start > 0);
-        let me = Started { component: "me".into(), pid: std::process::id(), start_time: start };
+        let me = Started {
+            component: "me".into(),
+            pid: std::process::id(),
+            start_time: start,
+        };
         assert!(me.alive());
-        let impostor = Started { start_time: start + 1, ..me };
-        assert!(!impostor.alive(), "a different start time means a reused pid");
+        let impostor = Started {
+            start_time: start + 1,
+            ..me
+        };
+        assert!(
+            !impostor.alive(),
+            "a different start time means a reused pid"
+        );
     }
 
     #[test]

@@ -5,8 +5,10 @@
 #![allow(clippy::print_stdout)]
 
 mod bench;
+mod cluster;
 mod process;
 mod test;
+mod tools;
 
 use std::path::{Path, PathBuf};
 
@@ -18,6 +20,8 @@ cargo xtask <task>
 tasks:
   test      fmt, clippy, unit, doc and cluster tests: what CI runs
   bench     benchmarks, printed side by side; see docs/benchmarks.md
+  tools     build the pinned control-plane and Helm binaries into the cache (--print: paths)
+  cluster   up|down|env|status [--name NAME]: a local control plane; see docs/testing.md
   help      this text
 ";
 
@@ -28,6 +32,8 @@ fn main() -> Result<()> {
     match task.as_str() {
         "test" => test::run(&rest),
         "bench" => bench::run(&rest),
+        "tools" => tools::run(&rest),
+        "cluster" => cluster::run(&rest),
         "help" | "-h" | "--help" => {
             print!("{HELP}");
             Ok(())

@@ -19,11 +19,27 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
         .env("RUSTDOCFLAGS", "-D warnings")
         .run()?;
 
-    let mut tests = Cmd::new("cargo").args(["test", "--workspace", "--locked"]);
+    // Cluster tests: build first (no cluster idles through a compile error),
+    // then run everything, ignored cluster tests included, against two local
+    // control planes that are taken down whatever the outcome.
+    Cmd::new("cargo")
+        .args(["test", "--workspace", "--locked", "--no-run"])
+        .run()?;
+    let tools = crate::tools::ensure()?;
+    let clusters = crate::cluster::TestClusters::up(&tools)?;
+    let mut tests =
+        Cmd::new("cargo").args(["test", "--workspace", "--locked", "--", "--include-ignored"]);
+    for (key, value) in clusters.env(&tools) {
+        tests = tests.env(key, value);
+    }
     if let Some(fixtures) = fixtures_dir() {
         tests = tests.env("PROVISIONERS_FIXTURES", fixtures);
     }
-    tests.run()
+    let status = tests.status();
+    clusters.down();
+    let status = status?;
+    anyhow::ensure!(status.success(), "cargo test failed ({status})");
+    Ok(())
 }
 
 /// `../shared/fixtures` next to the workspace, when it exists.

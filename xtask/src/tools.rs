@@ -66,8 +66,13 @@ enum Package {
 }
 
 impl Package {
-    const ALL: [Package; 5] =
-        [Package::Kubernetes, Package::Etcd, Package::Kwok, Package::Helm3, Package::Helm4];
+    const ALL: [Package; 5] = [
+        Package::Kubernetes,
+        Package::Etcd,
+        Package::Kwok,
+        Package::Helm3,
+        Package::Helm4,
+    ];
 
     fn name(self) -> &'static str {
         match self {
@@ -92,9 +97,12 @@ impl Package {
     /// Binaries the package provides.
     fn binaries(self) -> &'static [&'static str] {
         match self {
-            Package::Kubernetes => {
-                &["kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl"]
-            }
+            Package::Kubernetes => &[
+                "kube-apiserver",
+                "kube-controller-manager",
+                "kube-scheduler",
+                "kubectl",
+            ],
             Package::Etcd => &["etcd"],
             Package::Kwok => &["kwok"],
             Package::Helm3 | Package::Helm4 => &["helm"],
@@ -120,7 +128,11 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
     };
     let started = Instant::now();
     let tools = ensure()?;
-    eprintln!("tools ready in {:.2?} (cache: {})", started.elapsed(), cache_dir()?.display());
+    eprintln!(
+        "tools ready in {:.2?} (cache: {})",
+        started.elapsed(),
+        cache_dir()?.display()
+    );
     if print {
         #[allow(clippy::print_stdout)]
         {
@@ -166,7 +178,9 @@ pub(crate) fn cache_dir() -> Result<PathBuf> {
 /// Returns every tool, building what is missing. Cheap when all are cached.
 pub(crate) fn ensure() -> Result<Tools> {
     let cache = cache_dir()?;
-    let assets = std::env::var_os("KUBEBUILDER_ASSETS").filter(|v| !v.is_empty()).map(PathBuf::from);
+    let assets = std::env::var_os("KUBEBUILDER_ASSETS")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from);
     if let Some(assets) = assets.as_ref().filter(|dir| !dir.is_dir()) {
         bail!("KUBEBUILDER_ASSETS={} is not a directory", assets.display());
     }
@@ -179,8 +193,8 @@ pub(crate) fn ensure() -> Result<Tools> {
             .copied()
             .filter(|bin| locate(package, bin, &cache, assets.as_deref()).is_none())
             .collect();
-        let stages_missing =
-            matches!(package, Package::Kwok) && !package.dir(&cache).join(KWOK_STAGES_FILE).is_file();
+        let stages_missing = matches!(package, Package::Kwok)
+            && !package.dir(&cache).join(KWOK_STAGES_FILE).is_file();
         if !missing.is_empty() || stages_missing {
             todo.push((package, missing));
         }
@@ -188,12 +202,20 @@ pub(crate) fn ensure() -> Result<Tools> {
 
     if !todo.is_empty() {
         let go = check_go()?;
-        eprintln!("tools: building {} package(s) into {} with {go}", todo.len(), cache.display());
+        eprintln!(
+            "tools: building {} package(s) into {} with {go}",
+            todo.len(),
+            cache.display()
+        );
         fs::create_dir_all(&cache)
             .with_context(|| format!("could not create the tool cache {}", cache.display()))?;
         for (i, (package, missing)) in todo.iter().enumerate() {
             let started = Instant::now();
-            let what = if missing.is_empty() { "kwok stages".to_owned() } else { missing.join(", ") };
+            let what = if missing.is_empty() {
+                "kwok stages".to_owned()
+            } else {
+                missing.join(", ")
+            };
             eprintln!(
                 "tools: [{}/{}] {} {}: {what} ...",
                 i + 1,
@@ -202,7 +224,11 @@ pub(crate) fn ensure() -> Result<Tools> {
                 package.version()
             );
             build(*package, missing, &cache).with_context(|| {
-                format!("could not obtain {} {} ({what})", package.name(), package.version())
+                format!(
+                    "could not obtain {} {} ({what})",
+                    package.name(),
+                    package.version()
+                )
             })?;
             eprintln!(
                 "tools: [{}/{}] {} {} done in {}",
@@ -244,7 +270,8 @@ fn locate(package: Package, bin: &str, cache: &Path, assets: Option<&Path>) -> O
 
 fn is_executable(path: &Path) -> bool {
     use std::os::unix::fs::PermissionsExt as _;
-    path.metadata().is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    path.metadata()
+        .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }
 
 /// `go version`, or a clear error when Go is missing.
@@ -273,7 +300,9 @@ fn go_cmd(dir: &Path) -> Cmd {
 /// place last, so a cached file is always complete.
 fn build(package: Package, missing: &[&'static str], cache: &Path) -> Result<()> {
     let final_dir = package.dir(cache);
-    let work = cache.join(".work").join(format!("{}-{}", package.name(), package.version()));
+    let work = cache
+        .join(".work")
+        .join(format!("{}-{}", package.name(), package.version()));
     if work.exists() {
         fs::remove_dir_all(&work)
             .with_context(|| format!("could not clear the old work dir {}", work.display()))?;
@@ -289,7 +318,13 @@ fn build(package: Package, missing: &[&'static str], cache: &Path) -> Result<()>
         Package::Kwok => {
             write_kwok_stages(&work, &final_dir)?;
             if !missing.is_empty() {
-                go_install(&work, &out, "sigs.k8s.io/kwok/cmd/kwok", KWOK_VERSION, "-s -w")?;
+                go_install(
+                    &work,
+                    &out,
+                    "sigs.k8s.io/kwok/cmd/kwok",
+                    KWOK_VERSION,
+                    "-s -w",
+                )?;
             }
         }
         Package::Helm3 => go_install(
@@ -335,7 +370,10 @@ struct Downloaded {
 }
 
 fn go_mod_download(work: &Path, module: &str, version: &str) -> Result<Downloaded> {
-    let json = go_cmd(work).args(["mod", "download", "-json"]).arg(format!("{module}@{version}")).read()?;
+    let json = go_cmd(work)
+        .args(["mod", "download", "-json"])
+        .arg(format!("{module}@{version}"))
+        .read()?;
     let info: serde_json::Value = serde_json::from_str(&json)
         .with_context(|| format!("unexpected `go mod download -json` output: {json}"))?;
     if let Some(error) = info.get("Error").and_then(|e| e.as_str()) {
@@ -347,12 +385,21 @@ fn go_mod_download(work: &Path, module: &str, version: &str) -> Result<Downloade
             .map(PathBuf::from)
             .with_context(|| format!("`go mod download -json` gave no {name}: {json}"))
     };
-    Ok(Downloaded { dir: field("Dir")?, go_mod: field("GoMod")? })
+    Ok(Downloaded {
+        dir: field("Dir")?,
+        go_mod: field("GoMod")?,
+    })
 }
 
 /// A throwaway module that depends on `requires` and blank-imports the commands,
 /// so `go mod tidy` resolves the full graph. `extra` goes verbatim into go.mod.
-fn write_wrapper_module(work: &Path, name: &str, requires: &str, extra: &str, cmds: &[String]) -> Result<()> {
+fn write_wrapper_module(
+    work: &Path,
+    name: &str,
+    requires: &str,
+    extra: &str,
+    cmds: &[String],
+) -> Result<()> {
     let go_mod = format!("module provisioners.local/{name}\n\n{extra}\nrequire {requires}\n");
     let imports: String = cmds.iter().map(|c| format!("\t_ \"{c}\"\n")).collect();
     let tools_go = format!("//go:build tools\n\npackage tools\n\nimport (\n{imports})\n");
@@ -378,7 +425,10 @@ fn build_kubernetes(missing: &[&str], work: &Path, out: &Path) -> Result<()> {
     }
 
     let mut extra = String::new();
-    for line in upstream_mod.lines().filter(|l| l.starts_with("go ") || l.starts_with("godebug ")) {
+    for line in upstream_mod
+        .lines()
+        .filter(|l| l.starts_with("go ") || l.starts_with("godebug "))
+    {
         let _ = writeln!(extra, "{line}");
     }
     extra.push_str("\nreplace (\n");
@@ -387,13 +437,25 @@ fn build_kubernetes(missing: &[&str], work: &Path, out: &Path) -> Result<()> {
     }
     extra.push_str(")\n");
 
-    let cmds: Vec<String> = missing.iter().map(|bin| format!("k8s.io/kubernetes/cmd/{bin}")).collect();
-    write_wrapper_module(work, "kubernetes-tools", &format!("k8s.io/kubernetes {KUBERNETES_VERSION}"), &extra, &cmds)?;
+    let cmds: Vec<String> = missing
+        .iter()
+        .map(|bin| format!("k8s.io/kubernetes/cmd/{bin}"))
+        .collect();
+    write_wrapper_module(
+        work,
+        "kubernetes-tools",
+        &format!("k8s.io/kubernetes {KUBERNETES_VERSION}"),
+        &extra,
+        &cmds,
+    )?;
 
     // What the upstream build stamps in with -X, so `version` answers honestly.
     let minor = KUBERNETES_VERSION.split('.').nth(1).unwrap_or_default();
     let mut ldflags = String::from("-s -w");
-    for pkg in ["k8s.io/component-base/version", "k8s.io/client-go/pkg/version"] {
+    for pkg in [
+        "k8s.io/component-base/version",
+        "k8s.io/client-go/pkg/version",
+    ] {
         let _ = write!(
             ldflags,
             " -X {pkg}.gitVersion={KUBERNETES_VERSION} -X {pkg}.gitMajor=1 -X {pkg}.gitMinor={minor} -X {pkg}.gitTreeState=clean"
@@ -414,14 +476,23 @@ fn staging_modules(go_mod: &str) -> Vec<String> {
     let replaced: Vec<&str> = go_mod
         .lines()
         .filter_map(|line| {
-            let (module, target) = line.trim().trim_start_matches("replace ").split_once("=>")?;
-            target.trim().starts_with("./staging/").then_some(module.trim())
+            let (module, target) = line
+                .trim()
+                .trim_start_matches("replace ")
+                .split_once("=>")?;
+            target
+                .trim()
+                .starts_with("./staging/")
+                .then_some(module.trim())
         })
         .collect();
     let mut required: Vec<String> = go_mod
         .lines()
         .filter_map(|line| {
-            let mut words = line.trim().trim_start_matches("require ").split_whitespace();
+            let mut words = line
+                .trim()
+                .trim_start_matches("require ")
+                .split_whitespace();
             let (module, version) = (words.next()?, words.next()?);
             (version == "v0.0.0" && replaced.contains(&module)).then(|| module.to_owned())
         })
@@ -436,7 +507,13 @@ fn staging_modules(go_mod: &str) -> Vec<String> {
 fn build_etcd(work: &Path, out: &Path) -> Result<()> {
     let main = "go.etcd.io/etcd/server/v3".to_owned();
     let cmds = std::slice::from_ref(&main);
-    write_wrapper_module(work, "etcd-tools", &format!("{main} {ETCD_VERSION}"), "go 1.26.0\n", cmds)?;
+    write_wrapper_module(
+        work,
+        "etcd-tools",
+        &format!("{main} {ETCD_VERSION}"),
+        "go 1.26.0\n",
+        cmds,
+    )?;
     go_cmd(work)
         .args(["build", "-trimpath", "-ldflags=-s -w", "-o"])
         .arg(out.join("etcd"))
@@ -451,8 +528,13 @@ fn write_kwok_stages(work: &Path, final_dir: &Path) -> Result<()> {
     let mut stages = String::new();
     for file in KWOK_STAGES {
         let path = module.dir.join(file);
-        let text = fs::read_to_string(&path).with_context(|| format!("could not read {}", path.display()))?;
-        let _ = write!(stages, "---\n# from sigs.k8s.io/kwok@{KWOK_VERSION}/{file}\n{}\n", text.trim_end());
+        let text = fs::read_to_string(&path)
+            .with_context(|| format!("could not read {}", path.display()))?;
+        let _ = write!(
+            stages,
+            "---\n# from sigs.k8s.io/kwok@{KWOK_VERSION}/{file}\n{}\n",
+            text.trim_end()
+        );
     }
     write(&final_dir.join(KWOK_STAGES_FILE), &stages)
 }
@@ -464,7 +546,11 @@ fn write(path: &Path, text: &str) -> Result<()> {
 /// `1m05s`-style durations for progress lines.
 pub(crate) fn human(elapsed: std::time::Duration) -> String {
     let secs = elapsed.as_secs();
-    if secs >= 60 { format!("{}m{:02}s", secs / 60, secs % 60) } else { format!("{:.1}s", elapsed.as_secs_f64()) }
+    if secs >= 60 {
+        format!("{}m{:02}s", secs / 60, secs % 60)
+    } else {
+        format!("{:.1}s", elapsed.as_secs_f64())
+    }
 }
 
 #[cfg(test)]
@@ -474,6 +560,9 @@ mod tests {
     #[test]
     fn staging_modules_are_required_and_replaced() {
         let go_mod = "module k8s.io/kubernetes\n\nrequire (\n\tgithub.com/x/y v1.2.3\n\tk8s.io/api v0.0.0\n\tk8s.io/kubectl v0.0.0\n)\n\nrequire k8s.io/kms v0.0.0 // indirect\n\nreplace (\n\tk8s.io/api => ./staging/src/k8s.io/api\n\tk8s.io/kms => ./staging/src/k8s.io/kms\n\tk8s.io/kubectl => ./staging/src/k8s.io/kubectl\n\tk8s.io/sample-cli-plugin => ./staging/src/k8s.io/sample-cli-plugin\n)\n";
-        assert_eq!(staging_modules(go_mod), ["k8s.io/api", "k8s.io/kms", "k8s.io/kubectl"]);
+        assert_eq!(
+            staging_modules(go_mod),
+            ["k8s.io/api", "k8s.io/kms", "k8s.io/kubectl"]
+        );
     }
 }

@@ -24,7 +24,8 @@ impl Reply {
     }
 
     pub(crate) fn json(&self) -> Result<serde_json::Value> {
-        serde_json::from_str(&self.body).with_context(|| format!("response is not JSON: {}", self.body))
+        serde_json::from_str(&self.body)
+            .with_context(|| format!("response is not JSON: {}", self.body))
     }
 }
 
@@ -32,7 +33,8 @@ impl ApiClient {
     /// A client for `base` (`https://127.0.0.1:PORT`).
     pub(crate) fn new(base: &str, ca_pem: &str, cert_pem: &str, key_pem: &str) -> Result<Self> {
         let ca = Certificate::from_pem(ca_pem.as_bytes()).context("parsing the CA certificate")?;
-        let cert = Certificate::from_pem(cert_pem.as_bytes()).context("parsing the client certificate")?;
+        let cert =
+            Certificate::from_pem(cert_pem.as_bytes()).context("parsing the client certificate")?;
         let key = PrivateKey::from_pem(key_pem.as_bytes()).context("parsing the client key")?;
         let tls = TlsConfig::builder()
             .root_certs(RootCerts::new_with_certs(&[ca]))
@@ -45,12 +47,19 @@ impl ApiClient {
             .timeout_global(Some(Duration::from_secs(10)))
             .proxy(None)
             .build();
-        Ok(Self { agent: config.new_agent(), base: base.trim_end_matches('/').to_owned() })
+        Ok(Self {
+            agent: config.new_agent(),
+            base: base.trim_end_matches('/').to_owned(),
+        })
     }
 
     pub(crate) fn get(&self, path: &str) -> Result<Reply> {
         let url = format!("{}{path}", self.base);
-        let response = self.agent.get(&url).call().with_context(|| format!("GET {url}"))?;
+        let response = self
+            .agent
+            .get(&url)
+            .call()
+            .with_context(|| format!("GET {url}"))?;
         reply(response, &url)
     }
 
@@ -68,6 +77,9 @@ impl ApiClient {
 
 fn reply(mut response: ureq::http::Response<ureq::Body>, url: &str) -> Result<Reply> {
     let status = response.status().as_u16();
-    let body = response.body_mut().read_to_string().with_context(|| format!("reading the reply of {url}"))?;
+    let body = response
+        .body_mut()
+        .read_to_string()
+        .with_context(|| format!("reading the reply of {url}"))?;
     Ok(Reply { status, body })
 }

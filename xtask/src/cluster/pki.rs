@@ -54,21 +54,37 @@ impl Pki {
         let mut ca_params = CertificateParams::default();
         ca_params.distinguished_name = name(&format!("provisioners-{cluster}-ca"), None);
         ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        ca_params.key_usages =
-            vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
+        ca_params.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::CrlSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
         validity(&mut ca_params);
-        let ca_cert = ca_params.self_signed(&ca_key).context("self-signing the CA")?;
-        let ca = CertifiedKey { cert_pem: ca_cert.pem(), key_pem: ca_key.serialize_pem() };
+        let ca_cert = ca_params
+            .self_signed(&ca_key)
+            .context("self-signing the CA")?;
+        let ca = CertifiedKey {
+            cert_pem: ca_cert.pem(),
+            key_pem: ca_key.serialize_pem(),
+        };
         let issuer = Issuer::new(ca_params, ca_key);
 
-        let sign = |params: &mut CertificateParams, usage: ExtendedKeyUsagePurpose| -> Result<CertifiedKey> {
+        let sign = |params: &mut CertificateParams,
+                    usage: ExtendedKeyUsagePurpose|
+         -> Result<CertifiedKey> {
             validity(params);
-            params.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
+            params.key_usages = vec![
+                KeyUsagePurpose::DigitalSignature,
+                KeyUsagePurpose::KeyEncipherment,
+            ];
             params.extended_key_usages = vec![usage];
             params.use_authority_key_identifier_extension = true;
             let key = KeyPair::generate()?;
             let cert = params.signed_by(&key, &issuer)?;
-            Ok(CertifiedKey { cert_pem: cert.pem(), key_pem: key.serialize_pem() })
+            Ok(CertifiedKey {
+                cert_pem: cert.pem(),
+                key_pem: key.serialize_pem(),
+            })
         };
 
         let mut serving = CertificateParams::new(vec![
@@ -82,7 +98,8 @@ impl Pki {
             "kubernetes.default.svc.cluster.local".to_owned(),
         ])?;
         serving.distinguished_name = name("kube-apiserver", None);
-        let serving = sign(&mut serving, ExtendedKeyUsagePurpose::ServerAuth).context("serving certificate")?;
+        let serving = sign(&mut serving, ExtendedKeyUsagePurpose::ServerAuth)
+            .context("serving certificate")?;
 
         let client = |common_name: &str, group: Option<&str>| -> Result<CertifiedKey> {
             let mut params = CertificateParams::default();
@@ -136,7 +153,8 @@ pub(crate) fn write_file(path: &Path, contents: &str, mode: u32) -> Result<()> {
         .mode(mode)
         .open(path)
         .with_context(|| format!("could not create {}", path.display()))?;
-    file.write_all(contents.as_bytes()).with_context(|| format!("could not write {}", path.display()))
+    file.write_all(contents.as_bytes())
+        .with_context(|| format!("could not write {}", path.display()))
 }
 
 #[cfg(test)]
@@ -157,8 +175,17 @@ mod tests {
     fn keys_are_private_to_the_owner() {
         use std::os::unix::fs::PermissionsExt as _;
         let dir = std::env::temp_dir().join(format!("xtask-pki-{}", std::process::id()));
-        Pki::generate("unit").expect("pki").write(&dir).expect("write");
-        let mode = |f: &str| fs::metadata(dir.join(f)).expect("metadata").permissions().mode() & 0o777;
+        Pki::generate("unit")
+            .expect("pki")
+            .write(&dir)
+            .expect("write");
+        let mode = |f: &str| {
+            fs::metadata(dir.join(f))
+                .expect("metadata")
+                .permissions()
+                .mode()
+                & 0o777
+        };
         assert_eq!(mode("ca.key"), 0o600);
         assert_eq!(mode("sa.key"), 0o600);
         assert_eq!(mode("ca.crt"), 0o644);
