@@ -1,0 +1,56 @@
+//! Composable provisioners for Kubernetes: install and remove packages of
+//! resources as trees of small, reusable nodes.
+//!
+//! This facade re-exports the workspace's crates behind features, so one
+//! dependency picks what you need:
+//!
+//! | feature | crate | what |
+//! |---|---|---|
+//! | (always) | [`provisioners-core`](provisioners_core) | [`Provisioner`], [`Context`], [`Error`] |
+//! | `group` (default) | [`group`] | [`Serial`], [`Concurrent`] |
+//! | `conditional` (default) | [`conditional`] | [`Conditional`] |
+//! | `testing` | [`testing`] | scripted and no-op provisioners for tests |
+//! | `rustls-tls` (default) | | TLS for the Kubernetes client |
+//! | `full` | | everything |
+//!
+//! # Example
+//!
+//! ```
+//! use provisioners::{Conditional, Context, Provisioner, concurrent, serial};
+//! # use provisioners::{async_trait, Result};
+//! # struct Step(&'static str);
+//! # #[async_trait]
+//! # impl Provisioner for Step {
+//! #     fn name(&self) -> &str { self.0 }
+//! #     async fn provision(&self, _: &Context) -> Result<()> { Ok(()) }
+//! #     async fn deprovision(&self, _: &Context) -> Result<()> { Ok(()) }
+//! # }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> provisioners::Result<()> {
+//! let monitoring = true;
+//! let tree = serial!(
+//!     "platform",
+//!     Step("namespace"),
+//!     concurrent!("addons", Step("ingress"), Step("cert-manager")),
+//!     Conditional::when("monitoring", monitoring, Step("prometheus")),
+//! );
+//!
+//! // In a real program: Context::new(Cluster::infer().await?).
+//! let cx = Context::offline();
+//! cx.provision(&tree).await?;
+//! cx.deprovision(&tree).await?;
+//! # Ok(())
+//! # }
+//! ```
+
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+pub use provisioners_core::*;
+
+#[cfg(feature = "conditional")]
+pub use provisioners_conditional::{self as conditional, Conditional};
+#[cfg(feature = "group")]
+pub use provisioners_group::{self as group, Concurrent, Serial, concurrent, serial};
+#[cfg(feature = "testing")]
+pub use provisioners_testing as testing;
