@@ -207,6 +207,7 @@ pub(crate) fn ensure() -> Result<Tools> {
             todo.len(),
             cache.display()
         );
+        eprintln!("tools: from empty Go caches this takes about 8 minutes on 2 cores");
         fs::create_dir_all(&cache)
             .with_context(|| format!("could not create the tool cache {}", cache.display()))?;
         for (i, (package, missing)) in todo.iter().enumerate() {
@@ -370,6 +371,11 @@ struct Downloaded {
 }
 
 fn go_mod_download(work: &Path, module: &str, version: &str) -> Result<Downloaded> {
+    // Without -json first: that form reports failures on stderr, which the error then shows.
+    go_cmd(work)
+        .args(["mod", "download"])
+        .arg(format!("{module}@{version}"))
+        .output()?;
     let json = go_cmd(work)
         .args(["mod", "download", "-json"])
         .arg(format!("{module}@{version}"))
