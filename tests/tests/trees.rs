@@ -33,18 +33,31 @@ fn addon(name: &'static str, recorder: &Recorder) -> Scripted {
 async fn a_nested_tree_provisions_in_order_with_the_middle_in_parallel() {
     let recorder = Recorder::new();
     let enabled = Arc::new(AtomicBool::new(true));
-    let addons = [addon("x", &recorder), addon("y", &recorder), addon("z", &recorder)];
+    let addons = [
+        addon("x", &recorder),
+        addon("y", &recorder),
+        addon("z", &recorder),
+    ];
     let root = tree(&recorder, &enabled, addons);
     let cx = Context::offline();
 
     cx.provision(&root).await.unwrap();
-    assert_eq!(recorder.started(Operation::Provision), ["a", "x", "y", "z", "b"]);
+    assert_eq!(
+        recorder.started(Operation::Provision),
+        ["a", "x", "y", "z", "b"]
+    );
     let calls = recorder.calls();
     let (a, b) = (&calls[0], &calls[4]);
     for addon in &calls[1..4] {
         assert!(addon.started >= a.finished.unwrap(), "addons start after a");
-        assert!(b.started >= addon.finished.unwrap(), "b starts after every addon");
-        assert!(calls[1..4].iter().all(|other| other.overlaps(addon)), "addons overlap");
+        assert!(
+            b.started >= addon.finished.unwrap(),
+            "b starts after every addon"
+        );
+        assert!(
+            calls[1..4].iter().all(|other| other.overlaps(addon)),
+            "addons overlap"
+        );
     }
     assert_eq!(calls[1].path, "feature/platform/addons/x");
 
@@ -64,8 +77,10 @@ async fn errors_deep_in_a_tree_name_their_full_path() {
     let enabled = Arc::new(AtomicBool::new(true));
     let addons = [
         addon("x", &recorder),
-        Scripted::new("y", &recorder)
-            .on_provision([Step::fail_with(ErrorKind::Helm, "helm upgrade failed (exit 1)")]),
+        Scripted::new("y", &recorder).on_provision([Step::fail_with(
+            ErrorKind::Helm,
+            "helm upgrade failed (exit 1)",
+        )]),
         Scripted::new("z", &recorder).on_provision([Step::yielding("0/1 replicas available")]),
     ];
     let root = tree(&recorder, &enabled, addons);
@@ -80,7 +95,10 @@ async fn errors_deep_in_a_tree_name_their_full_path() {
          feature/platform/addons/z: 0/1 replicas available"
     );
     // x ran to completion despite y failing at once; b never started.
-    assert_eq!(recorder.calls_of("x", Operation::Provision)[0].outcome, CallOutcome::Ok);
+    assert_eq!(
+        recorder.calls_of("x", Operation::Provision)[0].outcome,
+        CallOutcome::Ok
+    );
     assert_eq!(recorder.count("b", Operation::Provision), 0);
 }
 
@@ -91,7 +109,11 @@ async fn a_tree_that_is_only_waiting_yields_and_converges_on_a_later_call() {
     let waiting = |name| {
         Scripted::new(name, &recorder).on_provision([Step::yielding("pods pending"), Step::ok()])
     };
-    let root = tree(&recorder, &enabled, [waiting("x"), waiting("y"), addon("z", &recorder)]);
+    let root = tree(
+        &recorder,
+        &enabled,
+        [waiting("x"), waiting("y"), addon("z", &recorder)],
+    );
     let cx = Context::offline();
 
     let error = cx.provision(&root).await.unwrap_err();
@@ -106,7 +128,11 @@ async fn cancelling_the_token_drops_the_whole_tree() {
     let recorder = Recorder::new();
     let enabled = Arc::new(AtomicBool::new(true));
     let slow = |name| Scripted::new(name, &recorder).on_provision([Step::delay(60 * SECOND)]);
-    let root = tree(&recorder, &enabled, [slow("x"), slow("y"), addon("z", &recorder)]);
+    let root = tree(
+        &recorder,
+        &enabled,
+        [slow("x"), slow("y"), addon("z", &recorder)],
+    );
     let cx = Context::offline();
     let token = cx.cancellation().clone();
 

@@ -10,7 +10,15 @@ use crate::process::Cmd;
 pub(crate) fn run(args: &[String]) -> Result<()> {
     // Extra arguments go to the benchmark binaries, e.g. a filter.
     Cmd::new("cargo")
-        .args(["bench", "--locked", "-p", "provisioners-group", "--bench", "tree", "--"])
+        .args([
+            "bench",
+            "--locked",
+            "-p",
+            "provisioners-group",
+            "--bench",
+            "tree",
+            "--",
+        ])
         .args(args)
         .run()
 }

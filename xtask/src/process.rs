@@ -19,7 +19,10 @@ impl Cmd {
         let program = program.as_ref();
         let mut inner = Command::new(program);
         inner.current_dir(crate::workspace_root());
-        Self { inner, display: program.to_string_lossy().into_owned() }
+        Self {
+            inner,
+            display: program.to_string_lossy().into_owned(),
+        }
     }
 
     /// Appends one argument.
@@ -75,7 +78,9 @@ impl Cmd {
     /// Runs to completion with inherited stdio and returns the exit status, whatever it is.
     pub(crate) fn status(mut self) -> Result<ExitStatus> {
         eprintln!("$ {}", self.display);
-        self.inner.status().with_context(|| format!("could not start `{}`", self.display))
+        self.inner
+            .status()
+            .with_context(|| format!("could not start `{}`", self.display))
     }
 
     /// Runs to completion capturing stdout and stderr; errors on a non-zero exit,
@@ -88,7 +93,12 @@ impl Cmd {
             .with_context(|| format!("could not start `{}`", self.display))?;
         if !output.status.success() {
             let stderr = String::from_utf8_lossy(&output.stderr);
-            bail!("`{}` failed ({}):\n{}", self.display, output.status, stderr.trim());
+            bail!(
+                "`{}` failed ({}):\n{}",
+                self.display,
+                output.status,
+                stderr.trim()
+            );
         }
         Ok(output)
     }
@@ -101,5 +111,9 @@ impl Cmd {
 }
 
 fn check(display: &str, status: ExitStatus) -> Result<()> {
-    if status.success() { Ok(()) } else { bail!("`{display}` failed ({status})") }
+    if status.success() {
+        Ok(())
+    } else {
+        bail!("`{display}` failed ({status})")
+    }
 }

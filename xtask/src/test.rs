@@ -10,12 +10,28 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
         anyhow::bail!("`cargo xtask test` takes no arguments, got `{unknown}`");
     }
 
-    Cmd::new("cargo").args(["fmt", "--all", "--", "--check"]).run()?;
     Cmd::new("cargo")
-        .args(["clippy", "--workspace", "--all-targets", "--locked", "--", "-D", "warnings"])
+        .args(["fmt", "--all", "--", "--check"])
         .run()?;
     Cmd::new("cargo")
-        .args(["doc", "--workspace", "--no-deps", "--locked"])
+        .args([
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--locked",
+            "--",
+            "-D",
+            "warnings",
+        ])
+        .run()?;
+    Cmd::new("cargo")
+        .args([
+            "doc",
+            "--workspace",
+            "--no-deps",
+            "--all-features",
+            "--locked",
+        ])
         .env("RUSTDOCFLAGS", "-D warnings")
         .run()?;
 

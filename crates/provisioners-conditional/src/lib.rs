@@ -63,7 +63,11 @@ impl Conditional {
         condition: impl Fn() -> bool + Send + Sync + 'static,
         child: impl Provisioner + 'static,
     ) -> Self {
-        Conditional { name: name.into(), condition: Box::new(condition), child: Box::new(child) }
+        Conditional {
+            name: name.into(),
+            condition: Box::new(condition),
+            child: Box::new(child),
+        }
     }
 
     /// A conditional whose condition is fixed when the tree is built, the
@@ -151,7 +155,11 @@ mod tests {
             let recorder = Recorder::new();
             let node = Conditional::when("c", enabled, Scripted::new("child", &recorder));
             Context::offline().deprovision(&node).await.unwrap();
-            assert_eq!(recorder.started(Operation::Deprovision), ["child"], "enabled={enabled}");
+            assert_eq!(
+                recorder.started(Operation::Deprovision),
+                ["child"],
+                "enabled={enabled}"
+            );
             assert!(recorder.started(Operation::Provision).is_empty());
         }
     }
@@ -170,12 +178,18 @@ mod tests {
         flag.store(false, Ordering::SeqCst);
         assert!(!node.is_enabled());
         let error = cx.provision(&node).await.unwrap_err();
-        assert!(error.is_yield(), "turning off waits until the child is gone");
+        assert!(
+            error.is_yield(),
+            "turning off waits until the child is gone"
+        );
         assert_eq!(error.to_string(), "c/child: pods terminating");
         cx.provision(&node).await.unwrap();
 
-        let calls: Vec<_> =
-            recorder.calls().iter().map(|c| (c.operation, c.outcome)).collect::<Vec<_>>();
+        let calls: Vec<_> = recorder
+            .calls()
+            .iter()
+            .map(|c| (c.operation, c.outcome))
+            .collect::<Vec<_>>();
         assert_eq!(calls.len(), 3);
         assert_eq!(recorder.count("child", Operation::Deprovision), 2);
     }

@@ -38,8 +38,16 @@ pub struct Cluster {
 impl Cluster {
     /// A cluster reached through an existing client and, optionally, the
     /// kubeconfig that describes the same cluster.
-    pub fn new(id: impl Into<Arc<str>>, client: kube::Client, kubeconfig: Option<Kubeconfig>) -> Self {
-        Cluster { id: id.into(), client, kubeconfig: kubeconfig.map(Arc::new) }
+    pub fn new(
+        id: impl Into<Arc<str>>,
+        client: kube::Client,
+        kubeconfig: Option<Kubeconfig>,
+    ) -> Self {
+        Cluster {
+            id: id.into(),
+            client,
+            kubeconfig: kubeconfig.map(Arc::new),
+        }
     }
 
     /// Builds a client from `kubeconfig` (its current context).
@@ -54,14 +62,20 @@ impl Cluster {
             kube::Config::from_custom_kubeconfig(kubeconfig.clone(), &KubeConfigOptions::default())
                 .await
                 .map_err(|e| {
-                    Error::invalid(format!("the kubeconfig of cluster `{id}` is not usable: {e}"))
-                        .with_source(e)
+                    Error::invalid(format!(
+                        "the kubeconfig of cluster `{id}` is not usable: {e}"
+                    ))
+                    .with_source(e)
                 })?;
         let client = kube::Client::try_from(config).map_err(|e| {
             Error::kube(format_args!("building a client for cluster `{id}`"), e)
                 .with_transient(false)
         })?;
-        Ok(Cluster { id, client, kubeconfig: Some(Arc::new(kubeconfig)) })
+        Ok(Cluster {
+            id,
+            client,
+            kubeconfig: Some(Arc::new(kubeconfig)),
+        })
     }
 
     /// The cluster this process is pointed at: the kubeconfig from
@@ -75,7 +89,10 @@ impl Cluster {
     pub async fn infer() -> Result<Self> {
         match Kubeconfig::read() {
             Ok(kubeconfig) => {
-                let id = kubeconfig.current_context.clone().unwrap_or_else(|| "default".to_owned());
+                let id = kubeconfig
+                    .current_context
+                    .clone()
+                    .unwrap_or_else(|| "default".to_owned());
                 Cluster::from_kubeconfig(id, kubeconfig).await
             }
             Err(kubeconfig_error) => Cluster::in_cluster().await.map_err(|e| {
@@ -131,13 +148,20 @@ impl fmt::Debug for Cluster {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Cluster")
             .field("id", &self.id)
-            .field("kubeconfig", &self.kubeconfig.as_ref().map(|_| "<redacted>"))
+            .field(
+                "kubeconfig",
+                &self.kubeconfig.as_ref().map(|_| "<redacted>"),
+            )
             .finish_non_exhaustive()
     }
 }
 
 pub(crate) fn in_cluster_kubeconfig(host: &str, port: &str, namespace: &str) -> Kubeconfig {
-    let host = if host.contains(':') { format!("[{host}]") } else { host.to_owned() };
+    let host = if host.contains(':') {
+        format!("[{host}]")
+    } else {
+        host.to_owned()
+    };
     let name = "in-cluster".to_owned();
     Kubeconfig {
         clusters: vec![NamedCluster {
@@ -421,7 +445,10 @@ impl Context {
                 Arc::from(joined)
             }
         };
-        let cx = Context { shared: Arc::clone(&self.shared), path: Some(Arc::clone(&path)) };
+        let cx = Context {
+            shared: Arc::clone(&self.shared),
+            path: Some(Arc::clone(&path)),
+        };
         let span = match operation {
             Operation::Provision => tracing::info_span!("provision", node = %path),
             Operation::Deprovision => tracing::info_span!("deprovision", node = %path),
@@ -500,8 +527,18 @@ async fn observed(
         }
     }
 
-    observer.on_event(&Event { path, operation, phase: Phase::Started });
-    let mut guard = Guard { observer, path, operation, started: Instant::now(), finished: false };
+    observer.on_event(&Event {
+        path,
+        operation,
+        phase: Phase::Started,
+    });
+    let mut guard = Guard {
+        observer,
+        path,
+        operation,
+        started: Instant::now(),
+        finished: false,
+    };
     let result = work.await;
     guard.finished = true;
     observer.on_event(&Event {

@@ -125,7 +125,10 @@ impl Error {
         let transient = is_transient_kube(&source);
         let message = match &source {
             kube::Error::Api(status) => {
-                format!("{action}: {} ({} {})", status.message, status.code, status.reason)
+                format!(
+                    "{action}: {} ({} {})",
+                    status.message, status.code, status.reason
+                )
             }
             other => format!("{action}: {other}"),
         };
@@ -165,13 +168,19 @@ impl Error {
         let all_yield = children.iter().all(Error::is_yield);
         let transient = children.iter().all(Error::is_transient);
         let (kind, message) = if all_yield {
-            (ErrorKind::Yield, format!("waiting for {} children", children.len()))
+            (
+                ErrorKind::Yield,
+                format!("waiting for {} children", children.len()),
+            )
         } else {
             let failed = children.iter().filter(|c| !c.is_yield()).count();
             let message = if failed == children.len() {
                 format!("{failed} children failed")
             } else {
-                format!("{failed} children failed, {} waiting", children.len() - failed)
+                format!(
+                    "{failed} children failed, {} waiting",
+                    children.len() - failed
+                )
             };
             (ErrorKind::Group, message)
         };
@@ -302,7 +311,10 @@ impl fmt::Debug for Error {
 
 impl StdError for Error {
     fn source(&self) -> Option<&(dyn StdError + 'static)> {
-        self.inner.source.as_deref().map(|e| e as &(dyn StdError + 'static))
+        self.inner
+            .source
+            .as_deref()
+            .map(|e| e as &(dyn StdError + 'static))
     }
 }
 
@@ -316,7 +328,9 @@ mod tests {
 
     #[test]
     fn display_prefixes_the_path_and_the_innermost_path_wins() {
-        let error = Error::invalid("bad field").at(&path("root/leaf")).at(&path("root"));
+        let error = Error::invalid("bad field")
+            .at(&path("root/leaf"))
+            .at(&path("root"));
         assert_eq!(error.to_string(), "root/leaf: bad field");
         assert_eq!(error.path(), Some("root/leaf"));
         assert_eq!(error.kind(), ErrorKind::Invalid);
@@ -367,7 +381,11 @@ mod tests {
     fn leaves_flattens_nested_groups() {
         let inner = Error::group(vec![Error::invalid("a"), Error::invalid("b")]);
         let outer = Error::group(vec![inner, Error::invalid("c")]);
-        let messages: Vec<_> = outer.leaves().iter().map(|e| e.message().to_owned()).collect();
+        let messages: Vec<_> = outer
+            .leaves()
+            .iter()
+            .map(|e| e.message().to_owned())
+            .collect();
         assert_eq!(messages, ["a", "b", "c"]);
     }
 
@@ -375,7 +393,10 @@ mod tests {
     fn kube_errors_are_classified() {
         fn api(code: u16) -> Error {
             let status = kube::core::Status::failure("boom", "Reason").with_code(code);
-            Error::kube("applying ConfigMap ns/x", kube::Error::Api(Box::new(status)))
+            Error::kube(
+                "applying ConfigMap ns/x",
+                kube::Error::Api(Box::new(status)),
+            )
         }
         for code in [409, 429, 500, 503] {
             assert!(api(code).is_transient(), "{code} should be transient");
@@ -385,13 +406,19 @@ mod tests {
         }
         let error = api(422);
         assert_eq!(error.kind(), ErrorKind::Kube);
-        assert_eq!(error.message(), "applying ConfigMap ns/x: boom (422 Reason)");
+        assert_eq!(
+            error.message(),
+            "applying ConfigMap ns/x: boom (422 Reason)"
+        );
         assert!(error.source().is_some());
     }
 
     #[test]
     fn error_is_one_pointer_wide() {
         assert_eq!(std::mem::size_of::<Error>(), std::mem::size_of::<usize>());
-        assert_eq!(std::mem::size_of::<Result<()>>(), std::mem::size_of::<usize>());
+        assert_eq!(
+            std::mem::size_of::<Result<()>>(),
+            std::mem::size_of::<usize>()
+        );
     }
 }

@@ -58,7 +58,12 @@ impl Provisioner for Leaf {
 }
 
 fn leaf(name: &'static str, outcome: fn() -> Result<()>, seen: &Arc<Mutex<Vec<String>>>) -> Leaf {
-    Leaf { name, outcome, seen: Arc::clone(seen), wait: None }
+    Leaf {
+        name,
+        outcome,
+        seen: Arc::clone(seen),
+        wait: None,
+    }
 }
 
 #[derive(Default)]
@@ -85,7 +90,11 @@ async fn children_see_their_path_and_errors_carry_it() {
             Box::new(leaf("a", || Ok(()), &seen)),
             Box::new(Parent(
                 "group",
-                vec![Box::new(leaf("leaf", || Err(Error::invalid("field x is bad")), &seen))],
+                vec![Box::new(leaf(
+                    "leaf",
+                    || Err(Error::invalid("field x is bad")),
+                    &seen,
+                ))],
             )),
         ],
     );
@@ -110,9 +119,14 @@ async fn blanket_impls_forward_to_the_inner_provisioner() {
     cx.provision(&shared).await.unwrap();
     cx.provision(&boxed).await.unwrap();
     cx.provision(&by_ref).await.unwrap();
-    cx.deprovision(&Box::new(Arc::clone(&shared))).await.unwrap();
+    cx.deprovision(&Box::new(Arc::clone(&shared)))
+        .await
+        .unwrap();
 
-    assert_eq!(*seen.lock().unwrap(), ["shared", "boxed", "plain", "-shared"]);
+    assert_eq!(
+        *seen.lock().unwrap(),
+        ["shared", "boxed", "plain", "-shared"]
+    );
 }
 
 #[tokio::test]
@@ -128,7 +142,9 @@ async fn the_observer_sees_every_node_start_and_finish() {
     );
     let cx = Context::offline().with_observer(recorder.clone());
     assert!(cx.provision(&tree).await.unwrap_err().is_yield());
-    let _ = cx.deprovision(&leaf("bad", || Err(Error::helm("exit 1")), &seen)).await;
+    let _ = cx
+        .deprovision(&leaf("bad", || Err(Error::helm("exit 1")), &seen))
+        .await;
 
     assert_eq!(
         *recorder.0.lock().unwrap(),
@@ -149,9 +165,20 @@ async fn the_observer_sees_every_node_start_and_finish() {
 async fn cancelling_the_token_stops_the_tree_and_reports_cancelled() {
     let seen = Arc::default();
     let recorder = Arc::new(Recorder::default());
-    let slow = Leaf { name: "slow", outcome: || Ok(()), seen: Arc::clone(&seen), wait: None };
-    let slow = Leaf { wait: Some(Duration::from_secs(3600)), ..slow };
-    let tree = Parent("root", vec![Box::new(slow), Box::new(leaf("never", || Ok(()), &seen))]);
+    let slow = Leaf {
+        name: "slow",
+        outcome: || Ok(()),
+        seen: Arc::clone(&seen),
+        wait: None,
+    };
+    let slow = Leaf {
+        wait: Some(Duration::from_secs(3600)),
+        ..slow
+    };
+    let tree = Parent(
+        "root",
+        vec![Box::new(slow), Box::new(leaf("never", || Ok(()), &seen))],
+    );
     let cx = Context::offline().with_observer(recorder.clone());
 
     let token = cx.cancellation().clone();
@@ -163,12 +190,22 @@ async fn cancelling_the_token_stops_the_tree_and_reports_cancelled() {
 
     assert_eq!(error.kind(), ErrorKind::Cancelled);
     assert_eq!(error.to_string(), "root: cancelled");
-    assert_eq!(*seen.lock().unwrap(), ["root/slow"], "the second child must never start");
+    assert_eq!(
+        *seen.lock().unwrap(),
+        ["root/slow"],
+        "the second child must never start"
+    );
     let events = recorder.0.lock().unwrap().clone();
-    assert!(events.contains(&"cancelled provision root/slow".to_owned()), "{events:?}");
+    assert!(
+        events.contains(&"cancelled provision root/slow".to_owned()),
+        "{events:?}"
+    );
 
     // A cancelled context refuses to start anything.
-    let again = cx.provision(&leaf("late", || Ok(()), &seen)).await.unwrap_err();
+    let again = cx
+        .provision(&leaf("late", || Ok(()), &seen))
+        .await
+        .unwrap_err();
     assert_eq!(again.kind(), ErrorKind::Cancelled);
     assert_eq!(seen.lock().unwrap().len(), 1);
 }
@@ -181,7 +218,10 @@ async fn the_offline_context_fails_api_calls_clearly() {
     let api: kube::Api<k8s_openapi::api::core::v1::Namespace> = kube::Api::all(cx.client().clone());
     let error = api.get("default").await.unwrap_err();
     let error = Error::kube("reading Namespace default", error);
-    assert!(error.to_string().contains("this context has no cluster"), "{error}");
+    assert!(
+        error.to_string().contains("this context has no cluster"),
+        "{error}"
+    );
 }
 
 #[tokio::test]
@@ -202,12 +242,17 @@ async fn settings_carry_over_to_child_contexts() {
             Ok(())
         }
     }
-    let owner = crate::Owner { name: "platform-a".into(), ..Default::default() };
+    let owner = crate::Owner {
+        name: "platform-a".into(),
+        ..Default::default()
+    };
     let cx = Context::offline()
         .with_field_manager("my-operator")
         .with_background_deletion(true)
         .with_owner(owner);
-    cx.provision(&Parent("root", vec![Box::new(Check)])).await.unwrap();
+    cx.provision(&Parent("root", vec![Box::new(Check)]))
+        .await
+        .unwrap();
     assert_eq!(Operation::Provision.to_string(), "provision");
 }
 

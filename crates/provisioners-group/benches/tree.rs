@@ -28,7 +28,11 @@ fn flat_serial() -> Case {
     for i in 0..LEAVES {
         group.push(Noop::new(format!("leaf-{i}")));
     }
-    Case { name: "flat serial", nodes: LEAVES + 1, tree: Box::new(group) }
+    Case {
+        name: "flat serial",
+        nodes: LEAVES + 1,
+        tree: Box::new(group),
+    }
 }
 
 fn flat_concurrent() -> Case {
@@ -36,7 +40,11 @@ fn flat_concurrent() -> Case {
     for i in 0..LEAVES {
         group.push(Noop::new(format!("leaf-{i}")));
     }
-    Case { name: "flat concurrent", nodes: LEAVES + 1, tree: Box::new(group) }
+    Case {
+        name: "flat concurrent",
+        nodes: LEAVES + 1,
+        tree: Box::new(group),
+    }
 }
 
 /// Ten children per group, four levels of groups (serial and concurrent
@@ -48,7 +56,7 @@ fn balanced() -> Case {
             return Box::new(Noop::new(prefix.to_owned()));
         }
         let children = (0..10).map(|i| level(depth + 1, &format!("{prefix}-{i}"), nodes));
-        if depth % 2 == 0 {
+        if depth.is_multiple_of(2) {
             let mut group = Serial::new(prefix.to_owned());
             group.extend(children);
             Box::new(group)
@@ -60,7 +68,11 @@ fn balanced() -> Case {
     }
     let mut nodes = 0;
     let tree = level(0, "n", &mut nodes);
-    Case { name: "balanced, depth 4", nodes, tree }
+    Case {
+        name: "balanced, depth 4",
+        nodes,
+        tree,
+    }
 }
 
 fn median(samples: &mut [Duration]) -> Duration {
@@ -75,16 +87,26 @@ fn per_node(total: Duration, nodes: usize) -> f64 {
 fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
     let rounds = if quick { 5 } else { 31 };
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
 
-    println!("combinator overhead: {LEAVES} no-op leaves, {rounds} rounds, median (min) ns per node");
-    println!("{:<34} {:>10} {:>16} {:>16}", "tree", "nodes", "provision", "deprovision");
+    println!(
+        "combinator overhead: {LEAVES} no-op leaves, {rounds} rounds, median (min) ns per node"
+    );
+    println!(
+        "{:<34} {:>10} {:>16} {:>16}",
+        "tree", "nodes", "provision", "deprovision"
+    );
 
     runtime.block_on(async {
         let cx = Context::offline();
 
         // Baseline: the same leaves called one after another, no tree around them.
-        let leaves: Vec<Noop> = (0..LEAVES).map(|i| Noop::new(format!("leaf-{i}"))).collect();
+        let leaves: Vec<Noop> = (0..LEAVES)
+            .map(|i| Noop::new(format!("leaf-{i}")))
+            .collect();
         let mut direct = Vec::with_capacity(rounds);
         for _ in 0..rounds {
             let start = Instant::now();
@@ -115,7 +137,10 @@ fn main() {
                 cx.deprovision(&case.tree).await.unwrap();
                 deprovision.push(start.elapsed());
             }
-            let (p_min, d_min) = (*provision.iter().min().unwrap(), *deprovision.iter().min().unwrap());
+            let (p_min, d_min) = (
+                *provision.iter().min().unwrap(),
+                *deprovision.iter().min().unwrap(),
+            );
             let (p, d) = (median(&mut provision), median(&mut deprovision));
             println!(
                 "{:<34} {:>10} {:>9.0} ({:>4.0}) {:>9.0} ({:>4.0})",

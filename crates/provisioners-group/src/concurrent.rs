@@ -40,7 +40,11 @@ pub struct Concurrent {
 impl Concurrent {
     /// An empty group called `name`, with no bound on parallelism.
     pub fn new(name: impl Into<Cow<'static, str>>) -> Self {
-        Concurrent { name: name.into(), children: Vec::new(), limit: None }
+        Concurrent {
+            name: name.into(),
+            children: Vec::new(),
+            limit: None,
+        }
     }
 
     /// Adds `child`.
@@ -99,7 +103,9 @@ impl Concurrent {
             return Ok(());
         }
         errors.sort_unstable_by_key(|(index, _)| *index);
-        Err(Error::group(errors.into_iter().map(|(_, error)| error).collect()))
+        Err(Error::group(
+            errors.into_iter().map(|(_, error)| error).collect(),
+        ))
     }
 }
 
@@ -118,7 +124,11 @@ async fn run_child(
 
 impl<N: Into<Cow<'static, str>>> From<(N, Vec<Box<dyn Provisioner>>)> for Concurrent {
     fn from((name, children): (N, Vec<Box<dyn Provisioner>>)) -> Self {
-        Concurrent { name: name.into(), children, limit: None }
+        Concurrent {
+            name: name.into(),
+            children,
+            limit: None,
+        }
     }
 }
 

@@ -36,7 +36,10 @@ pub struct Serial {
 impl Serial {
     /// An empty group called `name`.
     pub fn new(name: impl Into<Cow<'static, str>>) -> Self {
-        Serial { name: name.into(), children: Vec::new() }
+        Serial {
+            name: name.into(),
+            children: Vec::new(),
+        }
     }
 
     /// Adds `child` after the existing children.
@@ -68,7 +71,10 @@ impl Serial {
 
 impl<N: Into<Cow<'static, str>>> From<(N, Vec<Box<dyn Provisioner>>)> for Serial {
     fn from((name, children): (N, Vec<Box<dyn Provisioner>>)) -> Self {
-        Serial { name: name.into(), children }
+        Serial {
+            name: name.into(),
+            children,
+        }
     }
 }
 
@@ -102,6 +108,9 @@ impl Provisioner for Serial {
 impl fmt::Debug for Serial {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let names: Vec<&str> = self.children.iter().map(|c| c.name()).collect();
-        f.debug_struct("Serial").field("name", &self.name).field("children", &names).finish()
+        f.debug_struct("Serial")
+            .field("name", &self.name)
+            .field("children", &names)
+            .finish()
     }
 }

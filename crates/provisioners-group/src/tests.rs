@@ -14,7 +14,12 @@ fn ok(name: &'static str, recorder: &Recorder) -> Scripted {
 #[tokio::test]
 async fn serial_provisions_in_order_and_deprovisions_in_reverse() {
     let recorder = Recorder::new();
-    let group = serial!("s", ok("a", &recorder), ok("b", &recorder), ok("c", &recorder));
+    let group = serial!(
+        "s",
+        ok("a", &recorder),
+        ok("b", &recorder),
+        ok("c", &recorder)
+    );
     let cx = Context::offline();
 
     cx.provision(&group).await.unwrap();
@@ -56,7 +61,10 @@ async fn serial_stops_at_a_yield_and_resumes_from_the_start() {
     assert_eq!(recorder.started(Operation::Provision), ["a", "b"]);
 
     cx.provision(&group).await.unwrap();
-    assert_eq!(recorder.started(Operation::Provision), ["a", "b", "a", "b", "c"]);
+    assert_eq!(
+        recorder.started(Operation::Provision),
+        ["a", "b", "a", "b", "c"]
+    );
 }
 
 #[tokio::test]
@@ -70,7 +78,11 @@ async fn serial_deprovision_stops_at_a_yield() {
     );
     let error = Context::offline().deprovision(&group).await.unwrap_err();
     assert!(error.is_yield());
-    assert_eq!(recorder.started(Operation::Deprovision), ["c", "b"], "a must wait for b");
+    assert_eq!(
+        recorder.started(Operation::Deprovision),
+        ["c", "b"],
+        "a must wait for b"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -89,8 +101,15 @@ async fn concurrent_runs_every_child_even_when_one_fails_early() {
     assert_eq!(error.kind(), ErrorKind::Group);
     let paths: Vec<_> = error.children().iter().map(|e| e.path().unwrap()).collect();
     assert_eq!(paths, ["c/fails-at-once", "c/fails-late"]);
-    assert_eq!(error.to_string(), "c: 2 children failed: c/fails-at-once: early; c/fails-late: late");
-    let outcomes: Vec<_> = recorder.calls().iter().map(|c| (c.name.clone(), c.outcome)).collect();
+    assert_eq!(
+        error.to_string(),
+        "c: 2 children failed: c/fails-at-once: early; c/fails-late: late"
+    );
+    let outcomes: Vec<_> = recorder
+        .calls()
+        .iter()
+        .map(|c| (c.name.clone(), c.outcome))
+        .collect();
     assert_eq!(
         outcomes,
         [
@@ -112,7 +131,11 @@ async fn concurrent_children_really_overlap() {
     let started = tokio::time::Instant::now();
     Context::offline().provision(&group).await.unwrap();
 
-    assert_eq!(started.elapsed(), 2 * SECOND, "four 2 s children in parallel take 2 s");
+    assert_eq!(
+        started.elapsed(),
+        2 * SECOND,
+        "four 2 s children in parallel take 2 s"
+    );
     assert_eq!(recorder.max_in_flight(), 4);
     let calls = recorder.calls();
     assert!(calls.iter().all(|c| calls.iter().all(|d| c.overlaps(d))));
@@ -158,7 +181,10 @@ async fn a_concurrent_group_whose_failures_are_all_yields_is_a_yield() {
     let error = Context::offline().provision(&group).await.unwrap_err();
     assert_eq!(error.kind(), ErrorKind::Yield);
     assert!(error.is_transient());
-    assert_eq!(error.to_string(), "c: waiting for 2 children: c/a: a: 0/1 ready; c/c: c: 1/2 ready");
+    assert_eq!(
+        error.to_string(),
+        "c: waiting for 2 children: c/a: a: 0/1 ready; c/c: c: 1/2 ready"
+    );
 
     // One real failure among the yields makes the group a failure that keeps both.
     let group = concurrent!(
@@ -216,11 +242,18 @@ async fn dropping_a_provision_cancels_the_children_that_have_not_finished() {
     );
     let cx = Context::offline();
     let outcome = tokio::time::timeout(3 * SECOND, cx.provision(&tree)).await;
-    assert!(outcome.is_err(), "the tree must still be running at the timeout");
+    assert!(
+        outcome.is_err(),
+        "the tree must still be running at the timeout"
+    );
 
     // Let time pass: nothing dropped may finish, nothing after it may start.
     tokio::time::sleep(30 * SECOND).await;
-    let outcomes: Vec<_> = recorder.calls().iter().map(|c| (c.name.clone(), c.outcome)).collect();
+    let outcomes: Vec<_> = recorder
+        .calls()
+        .iter()
+        .map(|c| (c.name.clone(), c.outcome))
+        .collect();
     assert_eq!(
         outcomes,
         [
@@ -248,5 +281,8 @@ async fn groups_build_from_vectors_and_report_their_children() {
     group.extend([Box::new(ok("c", &recorder)) as Box<dyn Provisioner>]);
     let names: Vec<_> = group.children().iter().map(|c| c.name()).collect();
     assert_eq!(names, ["a", "b", "c"]);
-    assert_eq!(format!("{group:?}"), r#"Serial { name: "s", children: ["a", "b", "c"] }"#);
+    assert_eq!(
+        format!("{group:?}"),
+        r#"Serial { name: "s", children: ["a", "b", "c"] }"#
+    );
 }

@@ -76,7 +76,10 @@ mod tests {
         ]);
         let cx = Context::offline();
         assert!(cx.provision(&node).await.unwrap_err().is_yield());
-        assert_eq!(cx.provision(&node).await.unwrap_err().kind(), ErrorKind::Helm);
+        assert_eq!(
+            cx.provision(&node).await.unwrap_err().kind(),
+            ErrorKind::Helm
+        );
         let before = tokio::time::Instant::now();
         cx.provision(&node).await.unwrap();
         assert_eq!(before.elapsed(), Duration::from_secs(5));
@@ -85,7 +88,12 @@ mod tests {
         let outcomes: Vec<_> = recorder.calls().iter().map(|c| c.outcome).collect();
         assert_eq!(
             outcomes,
-            [CallOutcome::Yielded, CallOutcome::Failed, CallOutcome::Ok, CallOutcome::Ok]
+            [
+                CallOutcome::Yielded,
+                CallOutcome::Failed,
+                CallOutcome::Ok,
+                CallOutcome::Ok
+            ]
         );
         // Deprovision has its own script: Ok by default.
         cx.deprovision(&node).await.unwrap();
@@ -95,13 +103,20 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_dropped_call_is_recorded_as_cancelled() {
         let recorder = Recorder::new();
-        let node = Scripted::new("slow", &recorder).on_provision([Step::delay(Duration::from_secs(60))]);
+        let node =
+            Scripted::new("slow", &recorder).on_provision([Step::delay(Duration::from_secs(60))]);
         let cx = Context::offline();
         let outcome = tokio::time::timeout(Duration::from_secs(1), cx.provision(&node)).await;
-        assert!(outcome.is_err(), "the call should still be running at the timeout");
+        assert!(
+            outcome.is_err(),
+            "the call should still be running at the timeout"
+        );
         let call = &recorder.calls()[0];
         assert_eq!(call.outcome, CallOutcome::Cancelled);
-        assert_eq!(call.finished.unwrap() - call.started, Duration::from_secs(1));
+        assert_eq!(
+            call.finished.unwrap() - call.started,
+            Duration::from_secs(1)
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -112,7 +127,11 @@ mod tests {
         let cx = Context::offline();
         cx.provision(&a).await.unwrap();
         cx.provision(&b).await.unwrap();
-        assert_eq!(recorder.max_in_flight(), 1, "back-to-back calls do not overlap");
+        assert_eq!(
+            recorder.max_in_flight(),
+            1,
+            "back-to-back calls do not overlap"
+        );
         let (x, y) = tokio::join!(cx.provision(&a), cx.provision(&b));
         x.unwrap();
         y.unwrap();

@@ -94,12 +94,19 @@ impl Recorder {
 
     /// The names of the provisioners that received `operation`, in start order.
     pub fn started(&self, operation: Operation) -> Vec<String> {
-        self.lock().iter().filter(|c| c.operation == operation).map(|c| c.name.clone()).collect()
+        self.lock()
+            .iter()
+            .filter(|c| c.operation == operation)
+            .map(|c| c.name.clone())
+            .collect()
     }
 
     /// How many times `name` received `operation`.
     pub fn count(&self, name: &str, operation: Operation) -> usize {
-        self.lock().iter().filter(|c| c.name == name && c.operation == operation).count()
+        self.lock()
+            .iter()
+            .filter(|c| c.name == name && c.operation == operation)
+            .count()
     }
 
     /// The calls of `name` for `operation`, in start order.

@@ -25,12 +25,18 @@ enum StepOutcome {
 impl Step {
     /// Returns `Ok`.
     pub fn ok() -> Self {
-        Step { delay: Duration::ZERO, outcome: StepOutcome::Ok }
+        Step {
+            delay: Duration::ZERO,
+            outcome: StepOutcome::Ok,
+        }
     }
 
     /// Returns a yield with `reason`.
     pub fn yielding(reason: impl Into<Cow<'static, str>>) -> Self {
-        Step { delay: Duration::ZERO, outcome: StepOutcome::Yield(reason.into()) }
+        Step {
+            delay: Duration::ZERO,
+            outcome: StepOutcome::Yield(reason.into()),
+        }
     }
 
     /// Fails with an [`ErrorKind::Invalid`] error saying `message`.
@@ -40,7 +46,10 @@ impl Step {
 
     /// Fails with an error of `kind` saying `message`.
     pub fn fail_with(kind: ErrorKind, message: impl Into<Cow<'static, str>>) -> Self {
-        Step { delay: Duration::ZERO, outcome: StepOutcome::Fail(kind, message.into()) }
+        Step {
+            delay: Duration::ZERO,
+            outcome: StepOutcome::Fail(kind, message.into()),
+        }
     }
 
     /// Waits `delay` (on Tokio's clock) before returning.
@@ -124,13 +133,19 @@ impl Scripted {
 
     /// What successive `provision` calls do.
     pub fn on_provision(mut self, steps: impl IntoIterator<Item = Step>) -> Self {
-        self.provision = Script { steps: steps.into_iter().collect(), calls: AtomicUsize::new(0) };
+        self.provision = Script {
+            steps: steps.into_iter().collect(),
+            calls: AtomicUsize::new(0),
+        };
         self
     }
 
     /// What successive `deprovision` calls do.
     pub fn on_deprovision(mut self, steps: impl IntoIterator<Item = Step>) -> Self {
-        self.deprovision = Script { steps: steps.into_iter().collect(), calls: AtomicUsize::new(0) };
+        self.deprovision = Script {
+            steps: steps.into_iter().collect(),
+            calls: AtomicUsize::new(0),
+        };
         self
     }
 
@@ -151,7 +166,11 @@ impl Scripted {
 
         let step = script.next();
         let index = self.recorder.start(&self.name, cx.path(), operation);
-        let mut guard = Guard { recorder: &self.recorder, index, done: false };
+        let mut guard = Guard {
+            recorder: &self.recorder,
+            index,
+            done: false,
+        };
         if !step.delay.is_zero() {
             tokio::time::sleep(step.delay).await;
         }
@@ -178,7 +197,8 @@ impl Provisioner for Scripted {
     }
 
     async fn deprovision(&self, cx: &Context) -> Result<()> {
-        self.call(cx, Operation::Deprovision, &self.deprovision).await
+        self.call(cx, Operation::Deprovision, &self.deprovision)
+            .await
     }
 }
 

@@ -6,12 +6,16 @@
 //!
 //! | feature | crate | what |
 //! |---|---|---|
-//! | (always) | [`provisioners-core`](provisioners_core) | [`Provisioner`], [`Context`], [`Error`] |
-//! | `group` (default) | [`group`] | [`Serial`], [`Concurrent`] |
-//! | `conditional` (default) | [`conditional`] | [`Conditional`] |
-//! | `testing` | [`testing`] | scripted and no-op provisioners for tests |
+//! | (always) | [`provisioners-core`](provisioners_core) | `Provisioner`, `Context`, `Error` |
+//! | `group` (default) | [`provisioners-group`] | `Serial`, `Concurrent` |
+//! | `conditional` (default) | [`provisioners-conditional`] | `Conditional` |
+//! | `testing` | [`provisioners-testing`] | scripted and no-op provisioners for tests |
 //! | `rustls-tls` (default) | | TLS for the Kubernetes client |
 //! | `full` | | everything |
+//!
+//! [`provisioners-group`]: https://docs.rs/provisioners-group
+//! [`provisioners-conditional`]: https://docs.rs/provisioners-conditional
+//! [`provisioners-testing`]: https://docs.rs/provisioners-testing
 //!
 //! # Example
 //!
