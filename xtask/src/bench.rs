@@ -1,24 +1,63 @@
-//! `cargo xtask bench`: every benchmark, each comparing side by side in one run.
+//! `cargo xtask bench [SUITE...] [--quick]`: the benchmarks, each comparing
+//! side by side in one run (ours against a peer or a baseline).
 //!
 //! Results are recorded by hand in `docs/benchmarks.md` with the command that
 //! reproduces them; nothing here asserts a timing.
 
-use anyhow::Result;
+use anyhow::{Result, bail};
 
 use crate::process::Cmd;
 
+/// A suite: its name and the function that runs it with the options.
+type Suite = (&'static str, fn(&Options) -> Result<()>);
+
+/// Every suite, in the order `cargo xtask bench` runs them.
+const SUITES: &[Suite] = &[("tree", tree)];
+
+/// Options shared by the suites.
+pub(crate) struct Options {
+    /// Fewer rounds, for a smoke run.
+    pub(crate) quick: bool,
+}
+
 pub(crate) fn run(args: &[String]) -> Result<()> {
-    // Extra arguments go to the benchmark binaries, e.g. a filter.
-    Cmd::new("cargo")
-        .args([
-            "bench",
-            "--locked",
-            "-p",
-            "provisioners-group",
-            "--bench",
-            "tree",
-            "--",
-        ])
-        .args(args)
-        .run()
+    let mut options = Options { quick: false };
+    let mut selected = Vec::new();
+    for arg in args {
+        match arg.as_str() {
+            "--quick" => options.quick = true,
+            name => match SUITES.iter().find(|(suite, _)| *suite == name) {
+                Some(suite) => selected.push(suite),
+                None => {
+                    let names: Vec<_> = SUITES.iter().map(|(n, _)| *n).collect();
+                    bail!("unknown benchmark `{name}`; known: {}", names.join(", "));
+                }
+            },
+        }
+    }
+    if selected.is_empty() {
+        selected = SUITES.iter().collect();
+    }
+    for (name, suite) in selected {
+        eprintln!("== bench {name}");
+        suite(&options)?;
+    }
+    Ok(())
+}
+
+/// Combinator overhead on trees of 10,000 no-op leaves.
+fn tree(options: &Options) -> Result<()> {
+    let mut cmd = Cmd::new("cargo").args([
+        "bench",
+        "--locked",
+        "-p",
+        "provisioners-group",
+        "--bench",
+        "tree",
+        "--",
+    ]);
+    if options.quick {
+        cmd = cmd.arg("--quick");
+    }
+    cmd.run()
 }
