@@ -8,7 +8,7 @@
 //! `kube-apiserver`, `etcd` and `kubectl`); the rest is built.
 
 use std::fmt::Write as _;
-use std::fs;
+use std::fs::{self, File};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -185,20 +185,16 @@ pub(crate) fn ensure() -> Result<Tools> {
         bail!("KUBEBUILDER_ASSETS={} is not a directory", assets.display());
     }
 
-    let mut todo: Vec<(Package, Vec<&'static str>)> = Vec::new();
-    for package in Package::ALL {
-        let missing: Vec<&'static str> = package
-            .binaries()
-            .iter()
-            .copied()
-            .filter(|bin| locate(package, bin, &cache, assets.as_deref()).is_none())
-            .collect();
-        let stages_missing = matches!(package, Package::Kwok)
-            && !package.dir(&cache).join(KWOK_STAGES_FILE).is_file();
-        if !missing.is_empty() || stages_missing {
-            todo.push((package, missing));
-        }
-    }
+    let mut todo = missing(&cache, assets.as_deref());
+    // Held while building, so concurrent runs neither clobber each other's
+    // work directories nor build twice.
+    let _lock = if todo.is_empty() {
+        None
+    } else {
+        let lock = lock_cache(&cache)?;
+        todo = missing(&cache, assets.as_deref());
+        Some(lock)
+    };
 
     if !todo.is_empty() {
         let go = check_go()?;
@@ -208,8 +204,6 @@ pub(crate) fn ensure() -> Result<Tools> {
             cache.display()
         );
         eprintln!("tools: from empty Go caches this takes about 8 minutes on 2 cores");
-        fs::create_dir_all(&cache)
-            .with_context(|| format!("could not create the tool cache {}", cache.display()))?;
         for (i, (package, missing)) in todo.iter().enumerate() {
             let started = Instant::now();
             let what = if missing.is_empty() {
@@ -257,6 +251,40 @@ pub(crate) fn ensure() -> Result<Tools> {
         helm3: get(Package::Helm3, "helm")?,
         helm4: get(Package::Helm4, "helm")?,
     })
+}
+
+/// An exclusive lock on the cache, waited for if another process holds it.
+fn lock_cache(cache: &Path) -> Result<File> {
+    fs::create_dir_all(cache)
+        .with_context(|| format!("could not create the tool cache {}", cache.display()))?;
+    let path = cache.join(".lock");
+    let file =
+        File::create(&path).with_context(|| format!("could not create {}", path.display()))?;
+    if file.try_lock().is_err() {
+        eprintln!("tools: waiting for another `cargo xtask tools` to finish ...");
+        file.lock()
+            .with_context(|| format!("could not lock {}", path.display()))?;
+    }
+    Ok(file)
+}
+
+/// Packages with something missing, and which of their binaries that is.
+fn missing(cache: &Path, assets: Option<&Path>) -> Vec<(Package, Vec<&'static str>)> {
+    let mut todo = Vec::new();
+    for package in Package::ALL {
+        let bins: Vec<&'static str> = package
+            .binaries()
+            .iter()
+            .copied()
+            .filter(|bin| locate(package, bin, cache, assets).is_none())
+            .collect();
+        let stages_missing = matches!(package, Package::Kwok)
+            && !package.dir(cache).join(KWOK_STAGES_FILE).is_file();
+        if !bins.is_empty() || stages_missing {
+            todo.push((package, bins));
+        }
+    }
+    todo
 }
 
 /// Where `bin` of `package` is, if it exists: `KUBEBUILDER_ASSETS` first, then the cache.
