@@ -419,3 +419,22 @@ async fn remote_cluster_is_reachable_and_independent() {
     local.cleanup().await.expect("cleanup local");
     remote.cleanup().await.expect("cleanup remote");
 }
+
+#[tokio::test]
+#[ignore = "needs the local control plane (cargo xtask test)"]
+async fn a_dropped_test_namespace_is_deleted() {
+    let ns = TestNamespace::create("dropped")
+        .await
+        .expect("test namespace");
+    let namespaces = Api::<Namespace>::all(ns.client().clone());
+    let name = ns.name().to_owned();
+    // What a panicking test does: no cleanup call, only the drop.
+    drop(ns);
+    eventually("the dropped namespace to be deleted", || async {
+        match namespaces.get_opt(&name).await.ok()? {
+            None => Some(()),
+            Some(namespace) => namespace.metadata.deletion_timestamp.map(|_| ()),
+        }
+    })
+    .await;
+}
