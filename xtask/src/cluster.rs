@@ -47,7 +47,7 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
     let name = match rest {
         [] => DEFAULT_NAME.to_owned(),
         [flag, name] if flag == "--name" => name.clone(),
-        [flag] if flag.starts_with("--name=") => flag["--name=".len()..].to_owned(),
+        [flag] if flag.starts_with("--name=") => flag.trim_start_matches("--name=").to_owned(),
         _ => bail!("{USAGE}"),
     };
     check_name(&name)?;
@@ -55,10 +55,7 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
         "up" => {
             let tools = tools::ensure()?;
             let cluster = up(&name, &tools)?;
-            #[allow(clippy::print_stdout)]
-            {
-                println!("export KUBECONFIG={}", cluster.kubeconfig.display());
-            }
+            println!("export KUBECONFIG={}", cluster.kubeconfig.display());
             Ok(())
         }
         "down" => down(&name),
@@ -69,10 +66,7 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
                     "note: cluster `{name}` is not up (cargo xtask cluster up --name {name})"
                 );
             }
-            #[allow(clippy::print_stdout)]
-            {
-                println!("export KUBECONFIG={}", dir.join("kubeconfig").display());
-            }
+            println!("export KUBECONFIG={}", dir.join("kubeconfig").display());
             Ok(())
         }
         "status" => status(&name),
@@ -812,10 +806,7 @@ fn status(name: &str) -> Result<()> {
         }
     }
     lines.push(format!("  {:<24} {:>32} MiB", "total", total_kib / 1024));
-    #[allow(clippy::print_stdout)]
-    {
-        println!("{}", lines.join("\n"));
-    }
+    println!("{}", lines.join("\n"));
     Ok(())
 }
 

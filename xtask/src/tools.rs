@@ -134,10 +134,7 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
         cache_dir()?.display()
     );
     if print {
-        #[allow(clippy::print_stdout)]
-        {
-            println!("{}", tools.describe());
-        }
+        println!("{}", tools.describe());
     }
     Ok(())
 }
