@@ -477,11 +477,11 @@ impl Context {
             Some(observer) => observed(observer.as_ref(), &path, operation, work).await,
         };
         result.map_err(|e| {
-            let e = e.at(&path);
-            if !e.is_yield() {
+            // Log where the error arose, not again at every ancestor.
+            if e.path().is_none() && !e.is_yield() {
                 tracing::debug!(node = %path, error = %e, "node failed");
             }
-            e
+            e.at(&path)
         })
     }
 }

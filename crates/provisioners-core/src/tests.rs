@@ -274,3 +274,66 @@ fn in_cluster_kubeconfig_names_the_token_file_not_the_token() {
     let server = v6.clusters[0].cluster.as_ref().unwrap().server.clone();
     assert_eq!(server.as_deref(), Some("https://[fd00::1]:6443"));
 }
+
+/// Records the name and `node` field of every span created.
+#[derive(Clone, Default)]
+struct SpanLog(Arc<Mutex<Vec<String>>>);
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for SpanLog {
+    fn on_new_span(
+        &self,
+        attrs: &tracing::span::Attributes<'_>,
+        _id: &tracing::span::Id,
+        _cx: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        struct Node(Option<String>);
+        impl tracing::field::Visit for Node {
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                if field.name() == "node" {
+                    self.0 = Some(format!("{value:?}"));
+                }
+            }
+        }
+        let mut node = Node(None);
+        attrs.record(&mut node);
+        let line = format!("{} {}", attrs.metadata().name(), node.0.unwrap_or_default());
+        self.0.lock().unwrap().push(line);
+    }
+}
+
+#[test]
+fn every_node_runs_in_a_span_named_by_its_path() {
+    use tracing_subscriber::layer::SubscriberExt;
+
+    let spans = SpanLog::default();
+    let subscriber = tracing_subscriber::registry().with(spans.clone());
+    tracing::subscriber::with_default(subscriber, || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let seen = Arc::default();
+            let tree = Parent(
+                "root",
+                vec![
+                    Box::new(leaf("a", || Ok(()), &seen)),
+                    Box::new(leaf("b", || Ok(()), &seen)),
+                ],
+            );
+            let cx = Context::offline();
+            cx.provision(&tree).await.unwrap();
+            cx.deprovision(&tree).await.unwrap();
+        });
+    });
+    assert_eq!(
+        *spans.0.lock().unwrap(),
+        [
+            "provision root",
+            "provision root/a",
+            "provision root/b",
+            "deprovision root",
+            "deprovision root/b",
+            "deprovision root/a",
+        ]
+    );
+}
