@@ -1,0 +1,191 @@
+//! Where a chart comes from.
+
+use std::fmt;
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest as _, Sha256};
+
+/// The chart of a [`HelmRelease`](crate::HelmRelease).
+///
+/// ```
+/// use provisioners_helm::Chart;
+///
+/// let local = Chart::local("charts/my-app");
+/// let repo = Chart::repository("https://charts.example.com", "ingress-nginx");
+/// let oci = Chart::oci("oci://registry.example.com/charts/podinfo");
+/// assert_eq!(repo.to_string(), "ingress-nginx from https://charts.example.com");
+/// # let _ = (local, oci);
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Chart {
+    /// A chart directory or packaged archive (`.tgz`) on the local disk.
+    Local(PathBuf),
+    /// A chart by name from a chart repository (`helm --repo URL NAME`).
+    Repository {
+        /// The repository URL.
+        url: String,
+        /// The chart's name in the repository.
+        name: String,
+    },
+    /// An OCI reference, `oci://registry/path/chart`.
+    Oci(String),
+}
+
+impl Chart {
+    /// A chart directory or archive on the local disk.
+    pub fn local(path: impl Into<PathBuf>) -> Self {
+        Chart::Local(path.into())
+    }
+
+    /// The chart `name` in the repository at `url`.
+    pub fn repository(url: impl Into<String>, name: impl Into<String>) -> Self {
+        Chart::Repository {
+            url: url.into(),
+            name: name.into(),
+        }
+    }
+
+    /// An OCI reference; `oci://` is added when missing.
+    pub fn oci(reference: impl Into<String>) -> Self {
+        let reference = reference.into();
+        if reference.starts_with("oci://") {
+            Chart::Oci(reference)
+        } else {
+            Chart::Oci(format!("oci://{reference}"))
+        }
+    }
+
+    /// Whether the chart's content is known from its identity and `version`
+    /// alone: a local chart is read, a remote one needs a pinned version.
+    pub(crate) fn is_pinned(&self, version: Option<&str>) -> bool {
+        match self {
+            Chart::Local(_) => true,
+            Chart::Repository { .. } | Chart::Oci(_) => {
+                version.is_some_and(|v| !v.is_empty() && is_exact_version(v))
+            }
+        }
+    }
+
+    /// Feeds the chart's identity (and for a local chart, its content) into `hasher`.
+    pub(crate) fn hash_into(&self, hasher: &mut Sha256) -> io::Result<()> {
+        match self {
+            Chart::Local(path) => {
+                hasher.update(b"local\0");
+                hash_path(path, Path::new(""), hasher, 0)
+            }
+            Chart::Repository { url, name } => {
+                hasher.update(b"repository\0");
+                hasher.update(url.as_bytes());
+                hasher.update(b"\0");
+                hasher.update(name.as_bytes());
+                hasher.update(b"\0");
+                Ok(())
+            }
+            Chart::Oci(reference) => {
+                hasher.update(b"oci\0");
+                hasher.update(reference.as_bytes());
+                hasher.update(b"\0");
+                Ok(())
+            }
+        }
+    }
+}
+
+impl fmt::Display for Chart {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Chart::Local(path) => write!(f, "{}", path.display()),
+            Chart::Repository { url, name } => write!(f, "{name} from {url}"),
+            Chart::Oci(reference) => f.write_str(reference),
+        }
+    }
+}
+
+/// A version constraint that names exactly one version (`1.2.3`, `v1.2.3-rc.1`),
+/// not a range.
+fn is_exact_version(version: &str) -> bool {
+    let version = version.strip_prefix('v').unwrap_or(version);
+    version.starts_with(|c: char| c.is_ascii_digit())
+        && version
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '+'))
+}
+
+const MAX_DEPTH: usize = 32;
+
+/// Hashes a file, or a directory's files in name order, with their relative paths.
+fn hash_path(path: &Path, relative: &Path, hasher: &mut Sha256, depth: usize) -> io::Result<()> {
+    if depth > MAX_DEPTH {
+        return Err(io::Error::other(format!(
+            "{} is nested more than {MAX_DEPTH} directories deep",
+            path.display()
+        )));
+    }
+    let metadata = fs::metadata(path)?;
+    if metadata.is_dir() {
+        let mut entries = fs::read_dir(path)?
+            .map(|entry| entry.map(|e| e.file_name()))
+            .collect::<io::Result<Vec<_>>>()?;
+        entries.sort();
+        for name in entries {
+            hash_path(&path.join(&name), &relative.join(&name), hasher, depth + 1)?;
+        }
+    } else {
+        let contents = fs::read(path)?;
+        hasher.update(relative.to_string_lossy().as_bytes());
+        hasher.update(b"\0");
+        hasher.update((contents.len() as u64).to_le_bytes());
+        hasher.update(&contents);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn digest(chart: &Chart) -> Vec<u8> {
+        let mut hasher = Sha256::new();
+        chart.hash_into(&mut hasher).unwrap();
+        hasher.finalize().to_vec()
+    }
+
+    #[test]
+    fn a_local_chart_is_hashed_by_content() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join("Chart.yaml"), "name: x\n").unwrap();
+        fs::create_dir(dir.path().join("templates")).unwrap();
+        fs::write(dir.path().join("templates/a.yaml"), "a").unwrap();
+        let chart = Chart::local(dir.path());
+        let first = digest(&chart);
+        assert_eq!(first, digest(&chart));
+        fs::write(dir.path().join("templates/a.yaml"), "b").unwrap();
+        assert_ne!(first, digest(&chart));
+        fs::write(dir.path().join("templates/a.yaml"), "a").unwrap();
+        assert_eq!(first, digest(&chart));
+        fs::rename(
+            dir.path().join("templates/a.yaml"),
+            dir.path().join("templates/b.yaml"),
+        )
+        .unwrap();
+        assert_ne!(first, digest(&chart));
+    }
+
+    #[test]
+    fn remote_charts_need_an_exact_version_to_be_pinned() {
+        let repo = Chart::repository("https://charts.example.com", "app");
+        assert!(repo.is_pinned(Some("1.2.3")));
+        assert!(repo.is_pinned(Some("v1.2.3-rc.1+build")));
+        assert!(!repo.is_pinned(Some("^1.2.0")));
+        assert!(!repo.is_pinned(Some(">=1.0.0 <2.0.0")));
+        assert!(!repo.is_pinned(None));
+        assert!(Chart::local("x").is_pinned(None));
+        assert_eq!(
+            Chart::oci("registry.example.com/a"),
+            Chart::oci("oci://registry.example.com/a")
+        );
+    }
+}

@@ -1,0 +1,84 @@
+//! The process-wide bound on concurrent helm processes.
+
+use std::sync::{Mutex, MutexGuard};
+
+use tokio::sync::Notify;
+
+/// How many helm processes run at once unless [`set_max_helm_processes`] says otherwise.
+pub const DEFAULT_MAX_HELM_PROCESSES: usize = 8;
+
+struct Limit {
+    state: Mutex<State>,
+    freed: Notify,
+}
+
+struct State {
+    running: usize,
+    max: usize,
+}
+
+static LIMIT: Limit = Limit {
+    state: Mutex::new(State {
+        running: 0,
+        max: DEFAULT_MAX_HELM_PROCESSES,
+    }),
+    freed: Notify::const_new(),
+};
+
+fn state() -> MutexGuard<'static, State> {
+    // The state is two counters, always consistent: a poisoned lock is still usable.
+    LIMIT
+        .state
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Sets how many helm processes this process runs at once, across every
+/// [`HelmRelease`](crate::HelmRelease) and every tree (at least 1).
+///
+/// Processes already running are not affected; new ones wait until fewer
+/// than `max` run. The default is [`DEFAULT_MAX_HELM_PROCESSES`].
+pub fn set_max_helm_processes(max: usize) {
+    state().max = max.max(1);
+    LIMIT.freed.notify_waiters();
+}
+
+/// The current bound set by [`set_max_helm_processes`].
+pub fn max_helm_processes() -> usize {
+    state().max
+}
+
+/// One running helm process's place under the bound; freed on drop.
+#[derive(Debug)]
+pub(crate) struct Permit(());
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        state().running -= 1;
+        LIMIT.freed.notify_waiters();
+    }
+}
+
+/// Waits for a place under the bound.
+pub(crate) async fn acquire() -> Permit {
+    loop {
+        let notified = LIMIT.freed.notified();
+        tokio::pin!(notified);
+        // Register before checking, so a release between the check and the
+        // wait is not missed.
+        notified.as_mut().enable();
+        {
+            let mut state = state();
+            if state.running < state.max {
+                state.running += 1;
+                return Permit(());
+            }
+        }
+        notified.await;
+    }
+}
+
+#[cfg(test)]
+pub(crate) fn running() -> usize {
+    state().running
+}

@@ -1,0 +1,362 @@
+//! The one place where this crate starts a process.
+//!
+//! Never through a shell. Each helm runs in its own process group with a
+//! private [`WorkDir`]; inherited `HELM_*` and `KUBECONFIG` variables are
+//! removed so nothing but the arguments and the work directory steers it.
+//! When the run is cancelled, through the token or by dropping its future,
+//! the group gets SIGTERM, then SIGKILL after a grace period; the work
+//! directory is removed only once the process is gone, and the process keeps
+//! its place under the [process limit](crate::set_max_helm_processes) until then.
+
+use std::ffi::OsString;
+use std::io;
+use std::path::PathBuf;
+use std::process::{ExitStatus, Stdio};
+use std::time::Duration;
+
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::process::{Child, Command};
+use tokio_util::sync::CancellationToken;
+
+use crate::limit::{self, Permit};
+use crate::workdir::WorkDir;
+
+/// One helm run: the binary, its arguments and its private directory.
+#[derive(Debug)]
+pub(crate) struct Invocation {
+    pub(crate) program: PathBuf,
+    pub(crate) args: Vec<OsString>,
+    pub(crate) work: WorkDir,
+}
+
+/// What a finished process left.
+#[derive(Debug)]
+pub(crate) struct Output {
+    pub(crate) status: ExitStatus,
+    pub(crate) stdout: Vec<u8>,
+    pub(crate) stderr: Vec<u8>,
+}
+
+/// Why a run produced no [`Output`].
+#[derive(Debug)]
+pub(crate) enum RunError {
+    /// The process could not be started.
+    Spawn(io::Error),
+    /// Waiting for it or reading its output failed.
+    Wait(io::Error),
+    /// The token fired; the process was stopped and is gone.
+    Cancelled,
+}
+
+/// Runs `invocation` to completion, or until `cancel` fires.
+pub(crate) async fn run(
+    invocation: Invocation,
+    cancel: &CancellationToken,
+    grace: Duration,
+) -> Result<Output, RunError> {
+    let permit = tokio::select! {
+        permit = limit::acquire() => permit,
+        () = cancel.cancelled() => return Err(RunError::Cancelled),
+    };
+    let Invocation {
+        program,
+        args,
+        work,
+    } = invocation;
+
+    let mut command = Command::new(&program);
+    command
+        .args(&args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .current_dir(work.path())
+        // Its own group, so signals reach whatever helm itself started
+        // (credential plugins, post-renderers).
+        .process_group(0);
+    for (key, _) in std::env::vars_os() {
+        let inherited = key.to_string_lossy();
+        if inherited.starts_with("HELM_") || inherited == "KUBECONFIG" {
+            command.env_remove(&key);
+        }
+    }
+    command.envs(work.helm_env());
+
+    let mut child = command.spawn().map_err(RunError::Spawn)?;
+    let Some(pid) = child.id().and_then(|id| i32::try_from(id).ok()) else {
+        // Reaped already: it cannot have run anything.
+        return Err(RunError::Wait(io::Error::other(
+            "the helm process exited before its id could be read",
+        )));
+    };
+    let stdout = child.stdout.take();
+    let stderr = child.stderr.take();
+    let mut guard = DropGuard(Some(Running {
+        child: Some(child),
+        pid: Pid::from_raw(pid),
+        grace,
+        work: Some(work),
+        permit: Some(permit),
+    }));
+
+    let finished = {
+        let Some(child) = guard.0.as_mut().and_then(|r| r.child.as_mut()) else {
+            return Err(RunError::Wait(io::Error::other("lost the helm process")));
+        };
+        let completion = async {
+            let (stdout, stderr, status) =
+                tokio::join!(read_all(stdout), read_all(stderr), child.wait());
+            Ok::<_, io::Error>(Output {
+                status: status?,
+                stdout: stdout?,
+                stderr: stderr?,
+            })
+        };
+        tokio::select! {
+            output = completion => Some(output),
+            () = cancel.cancelled() => None,
+        }
+    };
+
+    let Some(mut running) = guard.0.take() else {
+        return Err(RunError::Wait(io::Error::other("lost the helm process")));
+    };
+    match finished {
+        Some(output) => {
+            running.child = None;
+            drop(running);
+            output.map_err(RunError::Wait)
+        }
+        None => {
+            running.terminate().await;
+            Err(RunError::Cancelled)
+        }
+    }
+}
+
+async fn read_all(pipe: Option<impl AsyncRead + Unpin>) -> io::Result<Vec<u8>> {
+    let mut buffer = Vec::new();
+    if let Some(mut pipe) = pipe {
+        pipe.read_to_end(&mut buffer).await?;
+    }
+    Ok(buffer)
+}
+
+/// A started process and what must outlive it.
+///
+/// Dropped with the process still there (a runtime shutting down), it is
+/// killed at once: better than an orphan.
+struct Running {
+    child: Option<Child>,
+    pid: Pid,
+    grace: Duration,
+    work: Option<WorkDir>,
+    permit: Option<Permit>,
+}
+
+impl Running {
+    /// Signals the group, unless the process is already gone: once it has
+    /// been reaped its id may belong to someone else.
+    fn signal(&mut self, signal: Signal) {
+        if let Some(child) = &mut self.child
+            && matches!(child.try_wait(), Ok(None))
+        {
+            let _ = killpg(self.pid, signal);
+        }
+    }
+
+    /// SIGTERM, up to `grace` for the process to exit, then SIGKILL.
+    async fn terminate(&mut self) {
+        self.signal(Signal::SIGTERM);
+        if let Some(child) = &mut self.child
+            && tokio::time::timeout(self.grace, child.wait())
+                .await
+                .is_err()
+        {
+            tracing::warn!(pid = %self.pid, grace = ?self.grace, "helm ignored SIGTERM; killing it");
+            self.signal(Signal::SIGKILL);
+            if let Some(child) = &mut self.child {
+                let _ = child.wait().await;
+            }
+        }
+        // Reaped: nothing left to signal; the files go now.
+        self.child = None;
+        self.work = None;
+        self.permit = None;
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.signal(Signal::SIGKILL);
+    }
+}
+
+/// Stops the process when the future of [`run`] is dropped mid-way.
+struct DropGuard(Option<Running>);
+
+impl Drop for DropGuard {
+    fn drop(&mut self) {
+        let Some(mut running) = self.0.take() else {
+            return;
+        };
+        running.signal(Signal::SIGTERM);
+        match tokio::runtime::Handle::try_current() {
+            // Wait for the exit off the dropped future; `Running`'s own drop
+            // kills the process if the runtime goes away first.
+            Ok(handle) => {
+                handle.spawn(async move {
+                    running.terminate().await;
+                });
+            }
+            Err(_) => drop(running),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+    use std::time::Instant;
+
+    use super::*;
+
+    fn invocation(program: &str, args: &[&str], root: &Path) -> Invocation {
+        Invocation {
+            program: PathBuf::from(program),
+            args: args.iter().map(OsString::from).collect(),
+            work: WorkDir::new(Some(root)).unwrap(),
+        }
+    }
+
+    fn alive(pid: u32) -> bool {
+        // A zombie still has /proc/<pid>; its state is `Z`.
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|stat| !stat.contains(") Z "))
+            .unwrap_or(false)
+    }
+
+    async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+        let started = Instant::now();
+        while !check() {
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "timed out waiting for {what}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    fn sleep_pids() -> Vec<u32> {
+        let mut pids = Vec::new();
+        for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+            let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+                continue;
+            };
+            let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+                continue;
+            };
+            if cmdline.ends_with(b"sleep\x00424242\x00") && alive(pid) {
+                pids.push(pid);
+            }
+        }
+        pids
+    }
+
+    #[tokio::test]
+    async fn output_and_exit_status_are_returned_and_files_removed() {
+        let root = tempfile::tempdir().unwrap();
+        let output = run(
+            invocation("ls", &["-d", ".", "/nonexistent-provisioners"], root.path()),
+            &CancellationToken::new(),
+            Duration::from_secs(1),
+        )
+        .await
+        .unwrap();
+        assert_eq!(output.status.code(), Some(2));
+        assert_eq!(output.stdout, b".\n");
+        let stderr = String::from_utf8(output.stderr).unwrap();
+        assert!(stderr.contains("/nonexistent-provisioners"), "{stderr}");
+        assert_eq!(std::fs::read_dir(root.path()).unwrap().count(), 0);
+    }
+
+    #[tokio::test]
+    async fn helm_variables_are_replaced_and_the_work_dir_is_the_cwd() {
+        let root = tempfile::tempdir().unwrap();
+        let output = run(
+            invocation("env", &[], root.path()),
+            &CancellationToken::new(),
+            Duration::from_secs(1),
+        )
+        .await
+        .unwrap();
+        let env = String::from_utf8(output.stdout).unwrap();
+        assert!(env.contains("HELM_DRIVER=secret"), "{env}");
+        let cache = env
+            .lines()
+            .find_map(|l| l.strip_prefix("HELM_CACHE_HOME="))
+            .unwrap();
+        assert!(cache.starts_with(root.path().to_str().unwrap()), "{cache}");
+        assert!(!env.lines().any(|l| l.starts_with("KUBECONFIG=")), "{env}");
+    }
+
+    #[tokio::test]
+    async fn a_missing_binary_is_a_spawn_error() {
+        let root = tempfile::tempdir().unwrap();
+        let error = run(
+            invocation("/nonexistent/helm", &[], root.path()),
+            &CancellationToken::new(),
+            Duration::from_secs(1),
+        )
+        .await
+        .unwrap_err();
+        assert!(matches!(error, RunError::Spawn(_)), "{error:?}");
+        assert_eq!(std::fs::read_dir(root.path()).unwrap().count(), 0);
+    }
+
+    // One test for both paths: they look for the same command line in /proc.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn cancellation_and_drop_stop_the_process_and_remove_files() {
+        let root = tempfile::tempdir().unwrap();
+
+        // Through the token.
+        let cancel = CancellationToken::new();
+        let running = run(
+            invocation("sleep", &["424242"], root.path()),
+            &cancel,
+            Duration::from_secs(5),
+        );
+        let canceller = async {
+            eventually("sleep to start", || !sleep_pids().is_empty()).await;
+            cancel.cancel();
+        };
+        let (result, ()) = tokio::join!(running, canceller);
+        assert!(matches!(result, Err(RunError::Cancelled)), "{result:?}");
+        assert!(sleep_pids().is_empty());
+        assert_eq!(std::fs::read_dir(root.path()).unwrap().count(), 0);
+
+        // By dropping the future.
+        let token = CancellationToken::new();
+        let running = run(
+            invocation("sleep", &["424242"], root.path()),
+            &token,
+            Duration::from_secs(5),
+        );
+        let dropped = tokio::time::timeout(Duration::from_secs(20), async {
+            tokio::select! {
+                _ = running => panic!("sleep finished"),
+                () = eventually("sleep to start", || !sleep_pids().is_empty()) => {}
+            }
+        });
+        dropped.await.unwrap();
+        eventually("the process to be gone", || sleep_pids().is_empty()).await;
+        eventually("the work dir to be removed", || {
+            std::fs::read_dir(root.path()).unwrap().count() == 0
+        })
+        .await;
+        // Other tests run processes too: wait for every permit to come back.
+        eventually("the permits to be freed", || limit::running() == 0).await;
+    }
+}

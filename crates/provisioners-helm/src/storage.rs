@@ -1,0 +1,81 @@
+//! Reading Helm's release records (Secrets `sh.helm.release.v1.NAME.vN`)
+//! without decoding them: their labels say everything the fast path needs.
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, DeleteParams, ListParams};
+use provisioners_core::{Error, Result};
+
+/// The label in which the digest of chart, version and values is stored on
+/// the release record (passed to helm with `--labels`).
+pub const DIGEST_LABEL: &str = "provisioners.dev/helm-digest";
+
+/// One revision of a release, from its record's labels.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Revision {
+    /// The revision number (`version` label).
+    pub(crate) number: u32,
+    /// `deployed`, `failed`, `pending-install`, ... (`status` label).
+    pub(crate) status: String,
+    /// The digest this crate stored with the revision, if any.
+    pub(crate) digest: Option<String>,
+    /// The record's Secret.
+    pub(crate) secret: String,
+}
+
+impl Revision {
+    pub(crate) fn is_pending(&self) -> bool {
+        self.status.starts_with("pending-")
+    }
+}
+
+/// The newest revision of `release` in `namespace`: one list of metadata.
+pub(crate) async fn latest(
+    client: &kube::Client,
+    namespace: &str,
+    release: &str,
+) -> Result<Option<Revision>> {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    let params = ListParams::default().labels(&format!("owner=helm,name={release}"));
+    let list = secrets.list_metadata(&params).await.map_err(|e| {
+        Error::kube(
+            format_args!("reading the records of helm release `{namespace}/{release}`"),
+            e,
+        )
+    })?;
+    Ok(list
+        .items
+        .into_iter()
+        .filter_map(|item| {
+            let labels = item.metadata.labels.unwrap_or_default();
+            Some(Revision {
+                number: labels.get("version")?.parse().ok()?,
+                status: labels.get("status").cloned().unwrap_or_default(),
+                digest: labels.get(DIGEST_LABEL).cloned(),
+                secret: item.metadata.name?,
+            })
+        })
+        .max_by_key(|revision| revision.number))
+}
+
+/// Deletes the record of one revision (the one an interrupted helm left pending).
+pub(crate) async fn forget(
+    client: &kube::Client,
+    namespace: &str,
+    revision: &Revision,
+) -> Result<()> {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    match secrets
+        .delete(&revision.secret, &DeleteParams::default())
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.is_not_found() => Ok(()),
+        Err(e) => Err(Error::kube(
+            format_args!(
+                "deleting the interrupted record {namespace}/{} ({})",
+                revision.secret, revision.status
+            ),
+            e,
+        )),
+    }
+}

@@ -1,0 +1,185 @@
+//! Values: merging name/value parameters, canonical form for the digest, and
+//! redaction of values from helm's messages.
+
+use serde_json::{Map, Value};
+
+/// Splits `a.b\.c` into `["a", "b.c"]`; `None` for an empty segment.
+fn split_path(name: &str) -> Option<Vec<String>> {
+    let mut segments = Vec::new();
+    let mut current = String::new();
+    let mut chars = name.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => match chars.next() {
+                Some(escaped) => current.push(escaped),
+                None => current.push('\\'),
+            },
+            '.' => {
+                if current.is_empty() {
+                    return None;
+                }
+                segments.push(std::mem::take(&mut current));
+            }
+            c => current.push(c),
+        }
+    }
+    if current.is_empty() {
+        return None;
+    }
+    segments.push(current);
+    Some(segments)
+}
+
+/// Sets `value` at the dotted path `name` in `values`, creating maps on the way.
+///
+/// # Errors
+///
+/// A message naming the parameter when the path is empty or runs through a
+/// value that is not a map.
+pub(crate) fn set_path(values: &mut Value, name: &str, value: Value) -> Result<(), String> {
+    let segments = split_path(name).ok_or_else(|| {
+        format!("parameter `{name}` has an empty key segment; write keys as `a.b.c` (escape dots as `\\.`)")
+    })?;
+    let mut node = values;
+    for (i, segment) in segments.iter().enumerate() {
+        if node.is_null() {
+            *node = Value::Object(Map::new());
+        }
+        let Value::Object(map) = node else {
+            return Err(format!(
+                "parameter `{name}`: `{}` is already set to a value that is not a map",
+                segments[..i].join(".")
+            ));
+        };
+        if i + 1 == segments.len() {
+            map.insert(segment.clone(), value);
+            return Ok(());
+        }
+        node = map.entry(segment.clone()).or_insert(Value::Null);
+    }
+    Ok(())
+}
+
+/// Writes `value` as JSON with object keys sorted, whatever map type serde_json uses.
+pub(crate) fn canonical(value: &Value, out: &mut Vec<u8>) {
+    match value {
+        Value::Object(map) => {
+            let mut entries: Vec<_> = map.iter().collect();
+            entries.sort_by(|a, b| a.0.cmp(b.0));
+            out.push(b'{');
+            for (i, (key, value)) in entries.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                out.extend_from_slice(Value::String(key.clone()).to_string().as_bytes());
+                out.push(b':');
+                canonical(value, out);
+            }
+            out.push(b'}');
+        }
+        Value::Array(items) => {
+            out.push(b'[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                canonical(item, out);
+            }
+            out.push(b']');
+        }
+        scalar => out.extend_from_slice(scalar.to_string().as_bytes()),
+    }
+}
+
+/// Shortest string value that is masked in helm's messages: shorter ones
+/// (`true`, `1`, names) are too common to hide without garbling the message.
+const MIN_REDACTED_LEN: usize = 6;
+
+/// Replaces every string value of `values` (of at least [`MIN_REDACTED_LEN`]
+/// characters) found in `message` by `<redacted>`.
+pub(crate) fn redact(message: &str, values: &Value) -> String {
+    let mut secrets = Vec::new();
+    collect_strings(values, &mut secrets);
+    // Longest first, so a value containing another is masked whole.
+    secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
+    let mut message = message.to_owned();
+    for secret in secrets {
+        if message.contains(secret) {
+            message = message.replace(secret, "<redacted>");
+        }
+    }
+    message
+}
+
+fn collect_strings<'a>(value: &'a Value, out: &mut Vec<&'a str>) {
+    match value {
+        Value::String(s) if s.chars().count() >= MIN_REDACTED_LEN => out.push(s),
+        Value::Array(items) => items.iter().for_each(|v| collect_strings(v, out)),
+        Value::Object(map) => map.values().for_each(|v| collect_strings(v, out)),
+        _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn parameters_are_merged_into_nested_maps() {
+        let mut values = json!({"image": {"repository": "app", "tag": "1"}, "replicas": 1});
+        set_path(&mut values, "image.tag", json!("2")).unwrap();
+        set_path(&mut values, "replicas", json!(3)).unwrap();
+        set_path(&mut values, "annotations.example\\.com/team", json!("a")).unwrap();
+        assert_eq!(
+            values,
+            json!({
+                "image": {"repository": "app", "tag": "2"},
+                "replicas": 3,
+                "annotations": {"example.com/team": "a"},
+            })
+        );
+        let mut empty = Value::Null;
+        set_path(&mut empty, "a.b", json!(true)).unwrap();
+        assert_eq!(empty, json!({"a": {"b": true}}));
+    }
+
+    #[test]
+    fn bad_parameter_names_are_explained() {
+        let mut values = json!({"replicas": 1});
+        let error = set_path(&mut values, "replicas.count", json!(2)).unwrap_err();
+        assert!(error.contains("`replicas` is already set"), "{error}");
+        for bad in ["", "a..b", ".a", "a."] {
+            let error = set_path(&mut values, bad, json!(1)).unwrap_err();
+            assert!(error.contains("empty key segment"), "{bad}: {error}");
+        }
+    }
+
+    #[test]
+    fn canonical_form_ignores_key_order() {
+        let a: Value =
+            serde_json::from_str(r#"{"b": 1, "a": {"y": [1, "x"], "x": null}}"#).unwrap();
+        let b: Value =
+            serde_json::from_str(r#"{"a": {"x": null, "y": [1, "x"]}, "b": 1}"#).unwrap();
+        let (mut ca, mut cb) = (Vec::new(), Vec::new());
+        canonical(&a, &mut ca);
+        canonical(&b, &mut cb);
+        assert_eq!(ca, cb);
+        assert_eq!(
+            String::from_utf8(ca).unwrap(),
+            r#"{"a":{"x":null,"y":[1,"x"]},"b":1}"#
+        );
+    }
+
+    #[test]
+    fn values_are_redacted_from_messages() {
+        let values =
+            json!({"db": {"password": "hunter2hunter2", "user": "app"}, "list": ["tokenvalue"]});
+        let message = "Deployment is invalid: value \"hunter2hunter2\" and tokenvalue; app ok";
+        assert_eq!(
+            redact(message, &values),
+            "Deployment is invalid: value \"<redacted>\" and <redacted>; app ok"
+        );
+    }
+}

@@ -1,0 +1,137 @@
+//! Which helm a binary is: detected once per path, then cached.
+
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, LazyLock, Mutex};
+use std::time::Duration;
+
+use provisioners_core::{Error, Result};
+use tokio::sync::OnceCell;
+use tokio_util::sync::CancellationToken;
+
+use crate::process::{self, Invocation, RunError};
+use crate::workdir::WorkDir;
+
+/// The major version of a helm binary, which decides the flags it gets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Major {
+    /// Helm 3: `--wait` is a boolean.
+    Three,
+    /// Helm 4: `--wait` takes a strategy (`watcher`).
+    Four,
+}
+
+static DETECTED: LazyLock<Mutex<HashMap<PathBuf, Arc<OnceCell<Major>>>>> =
+    LazyLock::new(Mutex::default);
+
+/// The major version of `program`, running `helm version` the first time only.
+pub(crate) async fn detect(
+    program: &Path,
+    temp_root: Option<&Path>,
+    cancel: &CancellationToken,
+) -> Result<Major> {
+    let cell = {
+        let mut detected = DETECTED
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        Arc::clone(detected.entry(program.to_owned()).or_default())
+    };
+    cell.get_or_try_init(|| run_version(program, temp_root, cancel))
+        .await
+        .copied()
+}
+
+async fn run_version(
+    program: &Path,
+    temp_root: Option<&Path>,
+    cancel: &CancellationToken,
+) -> Result<Major> {
+    let shown = program.display();
+    let work = WorkDir::new(temp_root).map_err(|e| {
+        Error::helm(format!(
+            "could not create a private directory for helm: {e}"
+        ))
+    })?;
+    let invocation = Invocation {
+        program: program.to_owned(),
+        args: ["version", "--template", "{{.Version}}"]
+            .into_iter()
+            .map(OsString::from)
+            .collect(),
+        work,
+    };
+    let output = match process::run(invocation, cancel, Duration::from_secs(5)).await {
+        Ok(output) => output,
+        Err(RunError::Cancelled) => return Err(Error::cancelled()),
+        Err(RunError::Spawn(e)) => {
+            return Err(Error::not_found(format!(
+                "could not run the helm binary `{shown}`: {e}; install helm 3 or 4 or set \
+                 HelmRelease::helm to its path"
+            )));
+        }
+        Err(RunError::Wait(e)) => {
+            return Err(Error::helm(format!(
+                "running `{shown} version` failed: {e}"
+            )));
+        }
+    };
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    if !output.status.success() {
+        return Err(Error::helm(format!(
+            "`{shown} version` failed ({}): {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        )));
+    }
+    parse(stdout.trim()).ok_or_else(|| {
+        Error::invalid(format!(
+            "`{shown}` reports version `{}`; only helm 3 and helm 4 are supported",
+            stdout.trim()
+        ))
+    })
+}
+
+fn parse(version: &str) -> Option<Major> {
+    let major = version.strip_prefix('v').unwrap_or(version);
+    match major.split('.').next()? {
+        "3" => Some(Major::Three),
+        "4" => Some(Major::Four),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_are_parsed() {
+        assert_eq!(parse("v3.22.0"), Some(Major::Three));
+        assert_eq!(parse("v4.3.1"), Some(Major::Four));
+        assert_eq!(parse("4.0.0-rc.1"), Some(Major::Four));
+        assert_eq!(parse("v2.17.0"), None);
+        assert_eq!(parse(""), None);
+    }
+
+    #[tokio::test]
+    async fn a_binary_that_is_not_helm_is_refused() {
+        // `true` prints nothing and succeeds: not a version we know.
+        let error = detect(Path::new("true"), None, &CancellationToken::new())
+            .await
+            .unwrap_err();
+        assert_eq!(error.kind(), provisioners_core::ErrorKind::Invalid);
+        assert!(
+            error.message().contains("only helm 3 and helm 4"),
+            "{error}"
+        );
+        let missing = detect(
+            Path::new("/nonexistent/helm"),
+            None,
+            &CancellationToken::new(),
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(missing.kind(), provisioners_core::ErrorKind::NotFound);
+    }
+}
