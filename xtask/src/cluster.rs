@@ -10,11 +10,9 @@
 mod api;
 mod pki;
 
-use std::fs::{self, File};
+use std::fs;
 use std::net::TcpListener;
-use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
@@ -580,7 +578,8 @@ struct Launcher<'a> {
 
 impl Launcher<'_> {
     fn launch(&mut self, component: &str, cmd: Cmd) -> Result<()> {
-        let pid = spawn_detached(cmd, &self.logs.join(format!("{component}.log")))
+        let pid = cmd
+            .spawn_detached(&self.logs.join(format!("{component}.log")))
             .with_context(|| format!("could not start {component}"))?;
         let start_time = proc_stat(pid)
             .map(|(_, t)| t)
@@ -629,24 +628,6 @@ fn log_tail(path: &Path, lines: usize) -> String {
     let text = fs::read_to_string(path).unwrap_or_default();
     let all: Vec<&str> = text.lines().collect();
     all[all.len().saturating_sub(lines)..].join("\n")
-}
-
-/// Starts `cmd` in its own process group, detached from ours so it outlives
-/// xtask, with stdin closed and stdout and stderr going to `log`.
-fn spawn_detached(mut cmd: Cmd, log: &Path) -> Result<u32> {
-    let out = File::create(log).with_context(|| format!("could not create {}", log.display()))?;
-    let err = out.try_clone()?;
-    eprintln!("$ {}  (log: {})", cmd.display(), log.display());
-    let display = cmd.display().to_owned();
-    let child = cmd
-        .command_mut()
-        .stdin(Stdio::null())
-        .stdout(out)
-        .stderr(err)
-        .process_group(0)
-        .spawn()
-        .with_context(|| format!("could not start `{display}`"))?;
-    Ok(child.id())
 }
 
 /// A kubeconfig with the CA and a client identity embedded.
@@ -741,7 +722,7 @@ fn signal(process: &Started, signal: Signal) {
     let Ok(pid) = i32::try_from(process.pid) else {
         return;
     };
-    // Each component leads its own process group (see `spawn_detached`).
+    // Each component leads its own process group (see `Cmd::spawn_detached`).
     if let Err(error) = killpg(Pid::from_raw(pid), signal)
         && error != nix::errno::Errno::ESRCH
     {

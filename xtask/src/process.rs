@@ -2,6 +2,7 @@
 //! always echoing what runs, and failing with the command line on a non-zero exit.
 
 use std::ffi::OsStr;
+use std::fs::File;
 use std::path::Path;
 use std::process::{Command, ExitStatus, Output, Stdio};
 
@@ -55,16 +56,6 @@ impl Cmd {
         self
     }
 
-    /// Access to the underlying command for the rare setting not wrapped here.
-    pub(crate) fn command_mut(&mut self) -> &mut Command {
-        &mut self.inner
-    }
-
-    /// The command line, for messages.
-    pub(crate) fn display(&self) -> &str {
-        &self.display
-    }
-
     /// Runs to completion with inherited stdio; errors on a non-zero exit.
     pub(crate) fn run(mut self) -> Result<()> {
         eprintln!("$ {}", self.display);
@@ -107,6 +98,29 @@ impl Cmd {
     pub(crate) fn read(self) -> Result<String> {
         let output = self.output()?;
         Ok(String::from_utf8_lossy(&output.stdout).trim().to_owned())
+    }
+}
+
+impl Cmd {
+    /// Starts the child in its own process group, detached from ours so it
+    /// outlives xtask, with stdin closed and stdout and stderr going to `log`.
+    /// Returns its PID.
+    pub(crate) fn spawn_detached(mut self, log: &Path) -> Result<u32> {
+        use std::os::unix::process::CommandExt as _;
+
+        let out =
+            File::create(log).with_context(|| format!("could not create {}", log.display()))?;
+        let err = out.try_clone()?;
+        eprintln!("$ {}  (log: {})", self.display, log.display());
+        let child = self
+            .inner
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .process_group(0)
+            .spawn()
+            .with_context(|| format!("could not start `{}`", self.display))?;
+        Ok(child.id())
     }
 }
 
