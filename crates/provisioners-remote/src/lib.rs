@@ -1,0 +1,216 @@
+//! Run a subtree of provisioners against another Kubernetes cluster.
+//!
+//! [`RemoteClusterProvisioner`] asks a [`RemoteCluster`] for its kubeconfig,
+//! builds a client from it, and runs its child with a context that targets
+//! that cluster, so manifests and Helm releases below it (the helm CLI gets
+//! the remote's kubeconfig) land there. Remotes nest: a remote subtree may
+//! hold another remote.
+//!
+//! During deprovision, a remote whose kubeconfig is gone (its Secret was
+//! deleted along with the cluster) counts as already cleaned up, so deleting
+//! the parent never wedges on a cluster that no longer exists.
+//!
+//! Two [`RemoteCluster`] implementations come with the crate:
+//! [`SecretKubeconfig`] reads the kubeconfig from a Secret (the usual case
+//! for clusters created by another controller) and [`StaticKubeconfig`]
+//! holds one given up front.
+//!
+//! # Example
+//!
+//! ```no_run
+//! use provisioners_core::{Cluster, Context};
+//! use provisioners_remote::{RemoteClusterProvisioner, SecretKubeconfig};
+//! # use provisioners_testing::Noop;
+//!
+//! # async fn example() -> provisioners_core::Result<()> {
+//! let cx = Context::new(Cluster::infer().await?);
+//! // The kubeconfig of a workload cluster, in Secret `clusters/tenant-a`, key `kubeconfig`.
+//! let remote = SecretKubeconfig::new(cx.client().clone(), "clusters", "tenant-a");
+//! let tree = RemoteClusterProvisioner::new(remote)
+//!     .background_deletion(true) // a throwaway cluster: do not wait on its contents
+//!     .provision_on(Noop::new("addons"));
+//!
+//! cx.provision(&tree).await?;
+//! # Ok(())
+//! # }
+//! ```
+
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+mod secret;
+
+use std::borrow::Cow;
+use std::fmt;
+use std::sync::Arc;
+
+use kube::config::Kubeconfig;
+use provisioners_core::{
+    Cluster, Context, ErrorKind, Provisioner, RemoteCluster, Result, async_trait,
+};
+
+pub use secret::SecretKubeconfig;
+
+/// Runs a child provisioner against the cluster a [`RemoteCluster`] describes.
+///
+/// Built with [`RemoteClusterProvisioner::new`] and
+/// [`RemoteTarget::provision_on`]. Its node name is the remote's id unless
+/// [`RemoteTarget::named`] says otherwise, so errors read
+/// `platform/tenant-a/addons/ingress: ...`.
+pub struct RemoteClusterProvisioner {
+    name: Cow<'static, str>,
+    remote: Arc<dyn RemoteCluster>,
+    background_deletion: Option<bool>,
+    child: Box<dyn Provisioner>,
+}
+
+/// A remote cluster waiting for the subtree to run on it; see
+/// [`RemoteClusterProvisioner::new`].
+pub struct RemoteTarget {
+    name: Option<Cow<'static, str>>,
+    remote: Arc<dyn RemoteCluster>,
+    background_deletion: Option<bool>,
+}
+
+impl RemoteClusterProvisioner {
+    /// Targets `remote`; finish with [`RemoteTarget::provision_on`].
+    #[allow(clippy::new_ret_no_self, reason = "reads as `new(remote).provision_on(child)`")]
+    pub fn new(remote: impl RemoteCluster + 'static) -> RemoteTarget {
+        RemoteTarget {
+            name: None,
+            remote: Arc::new(remote),
+            background_deletion: None,
+        }
+    }
+
+    /// The remote cluster.
+    pub fn remote(&self) -> &dyn RemoteCluster {
+        self.remote.as_ref()
+    }
+
+    /// The subtree that runs on the remote cluster.
+    pub fn child(&self) -> &dyn Provisioner {
+        self.child.as_ref()
+    }
+
+    /// The context the child runs with: the parent's, targeting the remote.
+    async fn remote_context(&self, cx: &Context, kubeconfig: Kubeconfig) -> Result<Context> {
+        let cluster = Cluster::from_kubeconfig(self.remote.id(), kubeconfig).await?;
+        let mut remote = cx.clone().with_cluster(cluster);
+        if let Some(background) = self.background_deletion {
+            remote = remote.with_background_deletion(background);
+        }
+        Ok(remote)
+    }
+}
+
+impl RemoteTarget {
+    /// Names the node (default: the remote's id).
+    pub fn named(mut self, name: impl Into<Cow<'static, str>>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// Deletes with background propagation on the remote cluster (or
+    /// foreground, with `false`), whatever the parent context says. For a
+    /// throwaway cluster that is about to be deleted, waiting for its
+    /// contents to be finalized is wasted time.
+    pub fn background_deletion(mut self, background: bool) -> Self {
+        self.background_deletion = Some(background);
+        self
+    }
+
+    /// Runs `child` on the remote cluster.
+    pub fn provision_on(self, child: impl Provisioner + 'static) -> RemoteClusterProvisioner {
+        let name = self
+            .name
+            .unwrap_or_else(|| Cow::Owned(self.remote.id().to_owned()));
+        RemoteClusterProvisioner {
+            name,
+            remote: self.remote,
+            background_deletion: self.background_deletion,
+            child: Box::new(child),
+        }
+    }
+}
+
+#[async_trait]
+impl Provisioner for RemoteClusterProvisioner {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    async fn provision(&self, cx: &Context) -> Result<()> {
+        let kubeconfig = self.remote.config().await?;
+        let remote = self.remote_context(cx, kubeconfig).await?;
+        remote.provision(&self.child).await
+    }
+
+    async fn deprovision(&self, cx: &Context) -> Result<()> {
+        let kubeconfig = match self.remote.config().await {
+            Ok(kubeconfig) => kubeconfig,
+            Err(error) if error.kind() == ErrorKind::NotFound => {
+                // The cluster went away with its kubeconfig; its contents went with it.
+                tracing::info!(
+                    remote = self.remote.id(),
+                    reason = %error,
+                    "remote kubeconfig is gone: the subtree counts as deprovisioned"
+                );
+                return Ok(());
+            }
+            Err(error) => return Err(error),
+        };
+        let remote = self.remote_context(cx, kubeconfig).await?;
+        remote.deprovision(&self.child).await
+    }
+}
+
+impl fmt::Debug for RemoteClusterProvisioner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RemoteClusterProvisioner")
+            .field("name", &self.name)
+            .field("remote", &self.remote.id())
+            .field("background_deletion", &self.background_deletion)
+            .field("child", &self.child.name())
+            .finish()
+    }
+}
+
+/// A remote cluster whose kubeconfig is known when the tree is built.
+#[derive(Clone)]
+pub struct StaticKubeconfig {
+    id: String,
+    kubeconfig: Kubeconfig,
+}
+
+impl StaticKubeconfig {
+    /// A remote called `id` reached through `kubeconfig`.
+    pub fn new(id: impl Into<String>, kubeconfig: Kubeconfig) -> Self {
+        StaticKubeconfig {
+            id: id.into(),
+            kubeconfig,
+        }
+    }
+}
+
+#[async_trait]
+impl RemoteCluster for StaticKubeconfig {
+    fn id(&self) -> &str {
+        &self.id
+    }
+
+    async fn config(&self) -> Result<Kubeconfig> {
+        Ok(self.kubeconfig.clone())
+    }
+}
+
+impl fmt::Debug for StaticKubeconfig {
+    // The kubeconfig may hold credentials: never print it.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StaticKubeconfig")
+            .field("id", &self.id)
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,163 @@
+use std::sync::{Arc, Mutex};
+
+use kube::config::Kubeconfig;
+use provisioners_core::{
+    Context, Error, ErrorKind, Operation, Provisioner, RemoteCluster, Result, async_trait,
+};
+use provisioners_testing::{Recorder, Scripted};
+
+use crate::{RemoteClusterProvisioner, StaticKubeconfig};
+
+/// A kubeconfig for a server that is never contacted by these tests.
+fn kubeconfig(server: &str) -> Kubeconfig {
+    Kubeconfig::from_yaml(&format!(
+        "apiVersion: v1
+kind: Config
+clusters:
+- name: c
+  cluster:
+    server: {server}
+users:
+- name: u
+  user:
+    token: not-a-secret
+contexts:
+- name: ctx
+  context:
+    cluster: c
+    user: u
+    namespace: team
+current-context: ctx
+"
+    ))
+    .unwrap()
+}
+
+/// Records the cluster id, path and deletion policy of every call.
+#[derive(Clone, Default)]
+struct Probe(Arc<Mutex<Vec<String>>>);
+
+#[async_trait]
+impl Provisioner for Probe {
+    fn name(&self) -> &str {
+        "probe"
+    }
+    async fn provision(&self, cx: &Context) -> Result<()> {
+        let line = format!(
+            "{} {} ns={} background={}",
+            cx.cluster().id(),
+            cx.path(),
+            cx.client().default_namespace(),
+            cx.background_deletion()
+        );
+        self.0.lock().unwrap().push(line);
+        Ok(())
+    }
+    async fn deprovision(&self, cx: &Context) -> Result<()> {
+        self.0
+            .lock()
+            .unwrap()
+            .push(format!("-{} {}", cx.cluster().id(), cx.path()));
+        Ok(())
+    }
+}
+
+/// A remote whose kubeconfig is gone.
+struct Gone;
+
+#[async_trait]
+impl RemoteCluster for Gone {
+    fn id(&self) -> &str {
+        "gone"
+    }
+    async fn config(&self) -> Result<Kubeconfig> {
+        Err(Error::not_found("Secret clusters/gone does not exist"))
+    }
+}
+
+#[tokio::test]
+async fn the_child_runs_with_a_context_for_the_remote() {
+    let probe = Probe::default();
+    let tree = RemoteClusterProvisioner::new(StaticKubeconfig::new(
+        "tenant-a",
+        kubeconfig("https://127.0.0.1:1"),
+    ))
+    .background_deletion(true)
+    .provision_on(probe.clone());
+    let cx = Context::offline();
+
+    cx.provision(&tree).await.unwrap();
+    cx.deprovision(&tree).await.unwrap();
+    assert_eq!(
+        *probe.0.lock().unwrap(),
+        [
+            "tenant-a tenant-a/probe ns=team background=true",
+            "-tenant-a tenant-a/probe"
+        ]
+    );
+    assert!(
+        !cx.background_deletion(),
+        "the parent's context is unchanged"
+    );
+    assert_eq!(cx.cluster().id(), "offline");
+}
+
+#[tokio::test]
+async fn remotes_nest() {
+    let probe = Probe::default();
+    let inner = RemoteClusterProvisioner::new(StaticKubeconfig::new(
+        "inner",
+        kubeconfig("https://127.0.0.2:1"),
+    ))
+    .provision_on(probe.clone());
+    let outer = RemoteClusterProvisioner::new(StaticKubeconfig::new(
+        "outer",
+        kubeconfig("https://127.0.0.1:1"),
+    ))
+    .named("workload")
+    .provision_on(inner);
+
+    Context::offline().provision(&outer).await.unwrap();
+    assert_eq!(
+        *probe.0.lock().unwrap(),
+        ["inner workload/inner/probe ns=team background=false"]
+    );
+}
+
+#[tokio::test]
+async fn a_remote_whose_kubeconfig_is_gone_counts_as_deprovisioned() {
+    let recorder = Recorder::new();
+    let tree = RemoteClusterProvisioner::new(Gone).provision_on(Scripted::new("child", &recorder));
+    let cx = Context::offline();
+
+    cx.deprovision(&tree).await.unwrap();
+    assert_eq!(recorder.count("child", Operation::Deprovision), 0);
+
+    // Provisioning, though, needs the cluster: a clear NotFound with the path.
+    let error = cx.provision(&tree).await.unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::NotFound);
+    assert_eq!(
+        error.to_string(),
+        "gone: Secret clusters/gone does not exist"
+    );
+}
+
+#[tokio::test]
+async fn an_unusable_kubeconfig_is_invalid_and_names_the_remote() {
+    let recorder = Recorder::new();
+    let broken = Kubeconfig {
+        current_context: Some("missing".into()),
+        ..Kubeconfig::default()
+    };
+    let tree = RemoteClusterProvisioner::new(StaticKubeconfig::new("broken", broken))
+        .provision_on(Scripted::new("child", &recorder));
+    let error = Context::offline().provision(&tree).await.unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::Invalid);
+    assert!(
+        error
+            .to_string()
+            .starts_with("broken: the kubeconfig of cluster `broken`"),
+        "{error}"
+    );
+    assert_eq!(recorder.calls().len(), 0);
+}
