@@ -1,0 +1,73 @@
+//! [`Manifest`] and [`Resource`]: Kubernetes objects as provisioners, applied
+//! with server-side apply.
+//!
+//! A `Manifest` takes multi-document YAML (a string, a file, or a directory
+//! read recursively in path order) or [`DynamicObject`](kube::api::DynamicObject)s;
+//! a `Resource` takes one typed object. Both:
+//!
+//! - resolve kinds through API discovery, cached per cluster and per
+//!   group-version (see [`Discovery`]), so an aggregated API that is down
+//!   only affects its own objects;
+//! - apply under the context's field manager, in order: Namespaces, CRDs,
+//!   cluster RBAC, built-in kinds, custom resources; each step concurrently
+//!   with a bound;
+//! - yield, naming the CRD, while a custom resource's CRD is not
+//!   established, and fail with [`Invalid`](provisioners_core::ErrorKind::Invalid)
+//!   for a kind that stays unknown past a deadline;
+//! - optionally wait for readiness and prune objects that left the manifest;
+//! - deprovision in reverse order, yielding until everything is gone.
+//!
+//! Bad input is an `Invalid` error naming the file, line and document, the
+//! object and the field. Transient API failures (connections, 429, 5xx) are
+//! retried briefly and then returned as transient errors.
+//!
+//! Parsing uses `serde-saphyr` (the parser `kube` uses) with its budgets on:
+//! alias bombs, deep nesting and oversized input are refused.
+//!
+//! See [`provisioners-core`](provisioners_core) for the trait and context.
+//!
+//! # Example
+//!
+//! ```no_run
+//! use provisioners_core::{Cluster, Context};
+//! use provisioners_manifest::Manifest;
+//!
+//! # async fn example() -> provisioners_core::Result<()> {
+//! let cx = Context::new(Cluster::infer().await?).with_field_manager("my-operator");
+//! let app = Manifest::from_yaml(
+//!     "app",
+//!     r#"
+//! apiVersion: v1
+//! kind: Namespace
+//! metadata:
+//!   name: app
+//! ---
+//! apiVersion: v1
+//! kind: ConfigMap
+//! metadata:
+//!   name: settings
+//!   namespace: app
+//! data:
+//!   level: debug
+//! "#,
+//! )
+//! .prune(true);
+//! cx.provision(&app).await?;
+//! cx.deprovision(&app).await?; // a yield until the namespace is gone
+//! # Ok(())
+//! # }
+//! ```
+
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+mod discovery;
+mod manifest;
+mod object;
+mod readiness;
+mod resource;
+mod retry;
+mod source;
+
+pub use discovery::Discovery;
+pub use manifest::{INVENTORY_LABEL, Manifest};
+pub use resource::Resource;

@@ -1,0 +1,189 @@
+//! Whether an applied object is ready, from the object the server returned.
+
+use serde_json::Value;
+
+/// The outcome of a readiness check.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Readiness {
+    Ready,
+    /// Not yet; the reason says what is missing.
+    Waiting(String),
+    /// Will not become ready without a change (a failed Job).
+    Failed(String),
+}
+
+fn at<'a>(object: &'a Value, path: &[&str]) -> Option<&'a Value> {
+    path.iter().try_fold(object, |value, key| value.get(key))
+}
+
+fn int(object: &Value, path: &[&str]) -> Option<i64> {
+    at(object, path).and_then(Value::as_i64)
+}
+
+/// The status of condition `type_` (`"True"`, `"False"`, `"Unknown"`), if present.
+fn condition<'a>(object: &'a Value, type_: &str) -> Option<&'a str> {
+    at(object, &["status", "conditions"])?
+        .as_array()?
+        .iter()
+        .find(|c| c.get("type").and_then(Value::as_str) == Some(type_))?
+        .get("status")?
+        .as_str()
+}
+
+/// The controller has seen the latest spec.
+fn observed(object: &Value) -> bool {
+    match (
+        int(object, &["metadata", "generation"]),
+        int(object, &["status", "observedGeneration"]),
+    ) {
+        (Some(generation), Some(observed)) => observed >= generation,
+        (Some(_), None) => false,
+        (None, _) => true,
+    }
+}
+
+/// Checks `object` (group, kind, and the whole object as returned by the server).
+pub(crate) fn check(group: &str, kind: &str, object: &Value) -> Readiness {
+    match (group, kind) {
+        ("apps", "Deployment") => {
+            let want = int(object, &["spec", "replicas"]).unwrap_or(1);
+            let updated = int(object, &["status", "updatedReplicas"]).unwrap_or(0);
+            let available = int(object, &["status", "availableReplicas"]).unwrap_or(0);
+            if !observed(object) {
+                return Readiness::Waiting("rollout not observed yet".to_owned());
+            }
+            if condition(object, "Progressing").is_some_and(|s| s == "False") {
+                return Readiness::Failed("rollout is not progressing".to_owned());
+            }
+            if updated < want || available < want {
+                return Readiness::Waiting(format!(
+                    "{updated} of {want} replicas updated, {available} available"
+                ));
+            }
+            Readiness::Ready
+        }
+        ("apps", "StatefulSet") => {
+            let want = int(object, &["spec", "replicas"]).unwrap_or(1);
+            let ready = int(object, &["status", "readyReplicas"]).unwrap_or(0);
+            let updated = int(object, &["status", "updatedReplicas"]).unwrap_or(0);
+            if !observed(object) {
+                return Readiness::Waiting("rollout not observed yet".to_owned());
+            }
+            if ready < want || updated < want {
+                return Readiness::Waiting(format!(
+                    "{ready} of {want} replicas ready, {updated} updated"
+                ));
+            }
+            Readiness::Ready
+        }
+        ("apps", "DaemonSet") => {
+            let want = int(object, &["status", "desiredNumberScheduled"]).unwrap_or(0);
+            let ready = int(object, &["status", "numberReady"]).unwrap_or(0);
+            let updated = int(object, &["status", "updatedNumberScheduled"]).unwrap_or(0);
+            if !observed(object) {
+                return Readiness::Waiting("rollout not observed yet".to_owned());
+            }
+            if ready < want || updated < want {
+                return Readiness::Waiting(format!(
+                    "{ready} of {want} pods ready, {updated} updated"
+                ));
+            }
+            Readiness::Ready
+        }
+        ("batch", "Job") => {
+            if condition(object, "Failed") == Some("True") {
+                Readiness::Failed("the job failed".to_owned())
+            } else if condition(object, "Complete") == Some("True") {
+                Readiness::Ready
+            } else {
+                Readiness::Waiting("not complete".to_owned())
+            }
+        }
+        ("apiextensions.k8s.io", "CustomResourceDefinition") => {
+            if condition(object, "Established") == Some("True") {
+                Readiness::Ready
+            } else {
+                Readiness::Waiting("not Established".to_owned())
+            }
+        }
+        ("", "Namespace") => match at(object, &["status", "phase"]).and_then(Value::as_str) {
+            Some("Active") => Readiness::Ready,
+            phase => Readiness::Waiting(format!("phase {}", phase.unwrap_or("unknown"))),
+        },
+        ("", "PersistentVolumeClaim") => {
+            match at(object, &["status", "phase"]).and_then(Value::as_str) {
+                Some("Bound") => Readiness::Ready,
+                phase => Readiness::Waiting(format!("phase {}", phase.unwrap_or("unknown"))),
+            }
+        }
+        _ => match condition(object, "Ready") {
+            None | Some("True") => Readiness::Ready,
+            Some(status) => Readiness::Waiting(format!("condition Ready is {status}")),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn deployments_need_every_replica_available() {
+        let mut deployment = json!({
+            "metadata": {"generation": 2},
+            "spec": {"replicas": 2},
+            "status": {"observedGeneration": 1, "updatedReplicas": 2, "availableReplicas": 2},
+        });
+        assert!(matches!(
+            check("apps", "Deployment", &deployment),
+            Readiness::Waiting(_)
+        ));
+        deployment["status"]["observedGeneration"] = json!(2);
+        deployment["status"]["availableReplicas"] = json!(1);
+        assert_eq!(
+            check("apps", "Deployment", &deployment),
+            Readiness::Waiting("2 of 2 replicas updated, 1 available".to_owned())
+        );
+        deployment["status"]["availableReplicas"] = json!(2);
+        assert_eq!(check("apps", "Deployment", &deployment), Readiness::Ready);
+    }
+
+    #[test]
+    fn statefulsets_daemonsets_jobs() {
+        let sts =
+            json!({"spec": {"replicas": 3}, "status": {"readyReplicas": 3, "updatedReplicas": 3}});
+        assert_eq!(check("apps", "StatefulSet", &sts), Readiness::Ready);
+        let ds = json!({"status": {"desiredNumberScheduled": 2, "numberReady": 1, "updatedNumberScheduled": 2}});
+        assert!(matches!(
+            check("apps", "DaemonSet", &ds),
+            Readiness::Waiting(_)
+        ));
+        let job = json!({"status": {"conditions": [{"type": "Failed", "status": "True"}]}});
+        assert!(matches!(check("batch", "Job", &job), Readiness::Failed(_)));
+        let job = json!({"status": {"conditions": [{"type": "Complete", "status": "True"}]}});
+        assert_eq!(check("batch", "Job", &job), Readiness::Ready);
+    }
+
+    #[test]
+    fn crds_namespaces_pvcs_and_ready_conditions() {
+        let crd = json!({"status": {"conditions": [{"type": "Established", "status": "False"}]}});
+        assert!(matches!(
+            check("apiextensions.k8s.io", "CustomResourceDefinition", &crd),
+            Readiness::Waiting(_)
+        ));
+        let ns = json!({"status": {"phase": "Active"}});
+        assert_eq!(check("", "Namespace", &ns), Readiness::Ready);
+        let pvc = json!({"status": {"phase": "Pending"}});
+        assert!(matches!(
+            check("", "PersistentVolumeClaim", &pvc),
+            Readiness::Waiting(_)
+        ));
+        let custom = json!({"status": {"conditions": [{"type": "Ready", "status": "False"}]}});
+        assert!(matches!(
+            check("example.com", "Widget", &custom),
+            Readiness::Waiting(_)
+        ));
+        assert_eq!(check("", "ConfigMap", &json!({})), Readiness::Ready);
+    }
+}

@@ -1,0 +1,140 @@
+//! [`Resource`]: one typed object, applied like a one-object manifest.
+
+use kube::api::DynamicObject;
+use provisioners_core::{Context, Error, Provisioner, Result, async_trait};
+use serde::Serialize;
+
+use crate::Manifest;
+
+/// A provisioner for one typed object: a `k8s-openapi` type or a
+/// `kube::CustomResource`.
+///
+/// It behaves exactly like a [`Manifest`] of that one object (server-side
+/// apply, namespace defaulting, optional readiness); deprovision deletes it
+/// and yields until it is gone.
+///
+/// ```no_run
+/// use k8s_openapi::api::core::v1::ConfigMap;
+/// use kube::api::ObjectMeta;
+/// use provisioners_core::{Cluster, Context};
+/// use provisioners_manifest::Resource;
+///
+/// # async fn example() -> provisioners_core::Result<()> {
+/// let cx = Context::new(Cluster::infer().await?);
+/// let settings = Resource::new(&ConfigMap {
+///     metadata: ObjectMeta {
+///         name: Some("settings".into()),
+///         ..ObjectMeta::default()
+///     },
+///     data: Some([("level".to_owned(), "debug".to_owned())].into()),
+///     ..ConfigMap::default()
+/// })
+/// .namespace("apps");
+/// cx.provision(&settings).await?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug)]
+pub struct Resource {
+    manifest: Result<Manifest, String>,
+    name: String,
+}
+
+impl Resource {
+    /// The provisioner for `object`, named `kind/name` (lowercase kind).
+    pub fn new<K>(object: &K) -> Self
+    where
+        K: kube::Resource + Serialize,
+        K::DynamicType: Default,
+    {
+        let dynamic_type = K::DynamicType::default();
+        let kind = K::kind(&dynamic_type).to_string();
+        let object_name = object.meta().name.clone().unwrap_or_default();
+        let name = format!("{}/{object_name}", kind.to_ascii_lowercase());
+        let manifest = to_dynamic(object)
+            .map(|dynamic| Manifest::from_objects(name.clone(), [dynamic]))
+            .map_err(|e| format!("{kind} {object_name} cannot be serialized: {e}"));
+        Resource { manifest, name }
+    }
+
+    fn map(mut self, f: impl FnOnce(Manifest) -> Manifest) -> Self {
+        self.manifest = self.manifest.map(f);
+        self
+    }
+
+    /// The namespace when the object names none; see [`Manifest::namespace`].
+    pub fn namespace(self, namespace: impl Into<String>) -> Self {
+        let namespace = namespace.into();
+        self.map(|m| m.namespace(namespace))
+    }
+
+    /// Waits until the object is ready; see [`Manifest::wait_ready`].
+    pub fn wait_ready(self, wait: bool) -> Self {
+        self.map(|m| m.wait_ready(wait))
+    }
+
+    /// Takes over fields of other field managers; see [`Manifest::force`].
+    pub fn force(self, force: bool) -> Self {
+        self.map(|m| m.force(force))
+    }
+
+    fn manifest(&self) -> Result<&Manifest> {
+        self.manifest
+            .as_ref()
+            .map_err(|message| Error::invalid(message.clone()))
+    }
+}
+
+fn to_dynamic<K>(object: &K) -> Result<DynamicObject, serde_json::Error>
+where
+    K: kube::Resource + Serialize,
+    K::DynamicType: Default,
+{
+    let mut dynamic: DynamicObject = serde_json::from_value(serde_json::to_value(object)?)?;
+    if dynamic.types.is_none() {
+        let dynamic_type = K::DynamicType::default();
+        dynamic.types = Some(kube::api::TypeMeta {
+            api_version: K::api_version(&dynamic_type).into_owned(),
+            kind: K::kind(&dynamic_type).into_owned(),
+        });
+    }
+    Ok(dynamic)
+}
+
+#[async_trait]
+impl Provisioner for Resource {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    async fn provision(&self, cx: &Context) -> Result<()> {
+        self.manifest()?.provision(cx).await
+    }
+
+    async fn deprovision(&self, cx: &Context) -> Result<()> {
+        self.manifest()?.deprovision(cx).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::api::ObjectMeta;
+
+    #[test]
+    fn typed_objects_keep_their_type() {
+        let config_map = ConfigMap {
+            metadata: ObjectMeta {
+                name: Some("x".into()),
+                ..ObjectMeta::default()
+            },
+            ..ConfigMap::default()
+        };
+        let dynamic = to_dynamic(&config_map).unwrap();
+        let types = dynamic.types.unwrap();
+        assert_eq!(types.api_version, "v1");
+        assert_eq!(types.kind, "ConfigMap");
+        assert_eq!(Resource::new(&config_map).name(), "configmap/x");
+    }
+}
