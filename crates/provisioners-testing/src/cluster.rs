@@ -76,6 +76,9 @@ pub enum HarnessError {
         source: KubeconfigError,
     },
     /// A client could not be built from a valid kubeconfig.
+    /// A provisioners context could not be built from the kubeconfig.
+    #[error("could not build a provisioners context")]
+    Context(#[source] Box<provisioners_core::Error>),
     #[error("could not build a Kubernetes client")]
     Client(#[source] Box<kube::Error>),
     /// An API call failed.
@@ -138,6 +141,26 @@ impl HarnessCluster {
     pub async fn client(self) -> Result<Client, HarnessError> {
         let config = self.config().await?;
         Client::try_from(config).map_err(|e| HarnessError::Client(Box::new(e)))
+    }
+
+    /// The kubeconfig of this cluster, parsed.
+    pub fn kubeconfig(self) -> Result<Kubeconfig, HarnessError> {
+        let path = self.kubeconfig_path()?;
+        Kubeconfig::read_from(&path).map_err(|source| HarnessError::Kubeconfig { path, source })
+    }
+
+    /// A provisioners [`Context`](provisioners_core::Context) targeting this
+    /// cluster, with its kubeconfig (so CLI-driven provisioners reach it too).
+    /// The cluster id is `primary` or `remote`.
+    pub async fn context(self) -> Result<provisioners_core::Context, HarnessError> {
+        let id = match self {
+            HarnessCluster::Primary => "primary",
+            HarnessCluster::Remote => "remote",
+        };
+        let cluster = provisioners_core::Cluster::from_kubeconfig(id, self.kubeconfig()?)
+            .await
+            .map_err(|e| HarnessError::Context(Box::new(e)))?;
+        Ok(provisioners_core::Context::new(cluster))
     }
 }
 
