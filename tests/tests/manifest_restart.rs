@@ -36,6 +36,10 @@ fn start_time(pid: u32) -> Option<u64> {
 /// Stops kube-apiserver (SIGTERM) and starts it again with the same command
 /// line and environment, recording the new process in `state.json` so that
 /// `cargo xtask cluster down` still stops it.
+#[expect(
+    clippy::zombie_processes,
+    reason = "the new kube-apiserver outlives the test; `cargo xtask cluster down` stops it"
+)]
 fn restart_apiserver(dir: &Path) {
     let state_path = dir.join("state.json");
     let mut state: serde_json::Value =
