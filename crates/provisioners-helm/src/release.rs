@@ -354,7 +354,8 @@ impl HelmRelease {
         let mut args: Vec<OsString> = vec!["uninstall".into(), self.release.clone().into()];
         args.extend(self.common_args(kubeconfig));
         args.push("--ignore-not-found".into());
-        // Wait until the objects are gone: deprovision gates on it.
+        // Deprovision gates on the objects listed in the kept record, then drops it.
+        args.push("--keep-history".into());
         args.push(wait_flag(major));
         args.push("--cascade".into());
         args.push(
@@ -448,11 +449,37 @@ impl HelmRelease {
         })
     }
 
-    async fn uninstall(&self, cx: &Context) -> Result<()> {
+    /// The objects of the release's newest revision, from `helm get manifest`.
+    async fn manifest_objects(&self, cx: &Context) -> Result<Vec<ObjectRef>> {
+        let kubeconfig = self.kubeconfig(cx)?;
+        let output = self
+            .run_helm(cx, "get manifest", &Value::Null, |work| {
+                let kubeconfig = work.write_kubeconfig(kubeconfig)?;
+                let mut args: Vec<OsString> =
+                    vec!["get".into(), "manifest".into(), self.release.clone().into()];
+                args.extend(self.common_args(&kubeconfig));
+                Ok(args)
+            })
+            .await?;
+        let text = String::from_utf8_lossy(&output.stdout);
+        let documents: Vec<Value> = serde_saphyr::from_multiple(&text).map_err(|e| {
+            Error::helm(format!(
+                "the manifest of release `{}` could not be read: {e}",
+                self.id()
+            ))
+        })?;
+        Ok(documents
+            .iter()
+            .filter_map(ObjectRef::from_document)
+            .collect())
+    }
+
+    /// `helm uninstall`, keeping the record; `background` forces background deletion.
+    async fn uninstall(&self, cx: &Context, background: bool) -> Result<()> {
         let kubeconfig = self.kubeconfig(cx)?;
         let major =
             version::detect(&self.helm, self.temp_dir.as_deref(), cx.cancellation()).await?;
-        let background = cx.background_deletion();
+        let background = background || cx.background_deletion();
         self.run_helm(cx, "uninstall", &Value::Null, |work| {
             let kubeconfig = work.write_kubeconfig(kubeconfig)?;
             Ok(self.uninstall_args(major, &kubeconfig, background))
@@ -505,33 +532,36 @@ impl Provisioner for HelmRelease {
     async fn deprovision(&self, cx: &Context) -> Result<()> {
         self.validate_names()?;
         let _serialised = lock(cx.cluster().id(), &self.namespace, &self.release).await;
-        if storage::latest(cx.client(), &self.namespace, &self.release)
-            .await?
-            .is_none()
-        {
+        let Some(latest) = storage::latest(cx.client(), &self.namespace, &self.release).await?
+        else {
             return Ok(());
-        }
-        tracing::info!(release = %self.id(), "helm uninstall");
-        match self.uninstall(cx).await {
-            Ok(()) => {}
-            Err(e) if e.kind() == provisioners_core::ErrorKind::Timeout => {
-                return Err(Error::yielding(format!(
-                    "release `{}` is being uninstalled: {}",
-                    self.id(),
-                    e.message()
-                )));
+        };
+        // The objects are read from the release before it is uninstalled; the
+        // history is kept until they are gone, so a later call still knows them.
+        let objects = self.manifest_objects(cx).await?;
+        if latest.status != "uninstalled" {
+            tracing::info!(release = %self.id(), "helm uninstall");
+            match self.uninstall(cx, false).await {
+                Ok(()) => {}
+                Err(e) if e.kind() == provisioners_core::ErrorKind::Timeout => {
+                    return Err(Error::yielding(format!(
+                        "release `{}` is being uninstalled: {}",
+                        self.id(),
+                        e.message()
+                    )));
+                }
+                Err(e) => return Err(e),
             }
-            Err(e) => return Err(e),
         }
-        match storage::latest(cx.client(), &self.namespace, &self.release).await? {
-            None => Ok(()),
-            Some(revision) => Err(Error::yielding(format!(
-                "release `{}` is still recorded (revision {}, {})",
+        let remaining = remaining_objects(cx, &self.namespace, &objects).await?;
+        if !remaining.is_empty() {
+            return Err(Error::yielding(format!(
+                "release `{}` uninstalled; waiting for {} to be deleted",
                 self.id(),
-                revision.number,
-                revision.status
-            ))),
+                remaining.join(", ")
+            )));
         }
+        storage::forget_all(cx.client(), &self.namespace, &self.release).await
     }
 }
 
@@ -539,7 +569,18 @@ impl HelmRelease {
     /// Brings a release whose newest revision was left half-done by a dead
     /// helm back to a state `helm upgrade --install` accepts.
     async fn recover(&self, cx: &Context, revision: &Revision) -> Result<()> {
-        if revision.is_pending() {
+        if revision.status == "pending-install" {
+            // Nothing of an install that never finished is worth keeping, and
+            // objects it left would keep fields the chart no longer sets.
+            tracing::warn!(
+                release = %self.id(),
+                revision = revision.number,
+                "the release was left pending-install by an interrupted helm; removing it first"
+            );
+            self.uninstall(cx, true).await?;
+            storage::forget_all(cx.client(), &self.namespace, &self.release).await?;
+        } else if revision.is_pending() {
+            // The deployed revision before it is intact: the next upgrade goes from there.
             tracing::warn!(
                 release = %self.id(),
                 revision = revision.number,
@@ -547,9 +588,10 @@ impl HelmRelease {
                 "the release was left pending by an interrupted helm; forgetting that revision"
             );
             storage::forget(cx.client(), &self.namespace, revision).await?;
-        } else if revision.status == "uninstalling" {
-            tracing::warn!(release = %self.id(), "finishing an interrupted uninstall first");
-            self.uninstall(cx).await?;
+        } else if revision.status == "uninstalling" || revision.status == "uninstalled" {
+            tracing::warn!(release = %self.id(), "finishing an earlier uninstall first");
+            self.uninstall(cx, true).await?;
+            storage::forget_all(cx.client(), &self.namespace, &self.release).await?;
         }
         Ok(())
     }
@@ -567,6 +609,88 @@ impl fmt::Debug for HelmRelease {
             .field("helm", &self.helm)
             .finish_non_exhaustive()
     }
+}
+
+/// One object of a release, as named in its manifest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct ObjectRef {
+    api_version: String,
+    kind: String,
+    name: String,
+    namespace: Option<String>,
+}
+
+impl ObjectRef {
+    fn from_document(document: &Value) -> Option<Self> {
+        let metadata = document.get("metadata")?;
+        Some(ObjectRef {
+            api_version: document.get("apiVersion")?.as_str()?.to_owned(),
+            kind: document.get("kind")?.as_str()?.to_owned(),
+            name: metadata.get("name")?.as_str()?.to_owned(),
+            namespace: metadata
+                .get("namespace")
+                .and_then(Value::as_str)
+                .map(str::to_owned),
+        })
+    }
+}
+
+/// The objects among `objects` that still exist, as `Kind ns/name`.
+async fn remaining_objects(
+    cx: &Context,
+    namespace: &str,
+    objects: &[ObjectRef],
+) -> Result<Vec<String>> {
+    let mut remaining = Vec::new();
+    let mut resolved: HashMap<(String, String), Option<(kube::api::ApiResource, bool)>> =
+        HashMap::new();
+    for object in objects {
+        let key = (object.api_version.clone(), object.kind.clone());
+        if !resolved.contains_key(&key) {
+            let (group, version) = match object.api_version.split_once('/') {
+                Some((group, version)) => (group, version),
+                None => ("", object.api_version.as_str()),
+            };
+            let gvk = kube::api::GroupVersionKind::gvk(group, version, &object.kind);
+            let found = match kube::discovery::pinned_kind(cx.client(), &gvk).await {
+                Ok((resource, capabilities)) => Some((
+                    resource,
+                    capabilities.scope == kube::discovery::Scope::Namespaced,
+                )),
+                // The kind is gone (its CRD was removed): so are its objects.
+                Err(kube::Error::Api(status)) if status.is_not_found() => None,
+                Err(kube::Error::Discovery(_)) => None,
+                Err(e) => {
+                    return Err(Error::kube(
+                        format_args!("discovering {} {}", object.api_version, object.kind),
+                        e,
+                    ));
+                }
+            };
+            resolved.insert(key.clone(), found);
+        }
+        let Some(Some((resource, namespaced))) = resolved.get(&key) else {
+            continue;
+        };
+        let api: kube::Api<kube::api::DynamicObject> = if *namespaced {
+            let ns = object.namespace.as_deref().unwrap_or(namespace);
+            kube::Api::namespaced_with(cx.client().clone(), ns, resource)
+        } else {
+            kube::Api::all_with(cx.client().clone(), resource)
+        };
+        let present = api
+            .get_metadata_opt(&object.name)
+            .await
+            .map_err(|e| Error::kube(format_args!("reading {} {}", object.kind, object.name), e))?;
+        if present.is_some() {
+            remaining.push(match (namespaced, &object.namespace) {
+                (true, Some(ns)) => format!("{} {ns}/{}", object.kind, object.name),
+                (true, None) => format!("{} {namespace}/{}", object.kind, object.name),
+                (false, _) => format!("{} {}", object.kind, object.name),
+            });
+        }
+    }
+    Ok(remaining)
 }
 
 /// `--wait` as the binary understands it.
@@ -771,6 +895,7 @@ mod tests {
                 "--kubeconfig",
                 "k",
                 "--ignore-not-found",
+                "--keep-history",
                 "--wait",
                 "--cascade",
                 "foreground",

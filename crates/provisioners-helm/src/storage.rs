@@ -79,3 +79,23 @@ pub(crate) async fn forget(
         )),
     }
 }
+
+/// Deletes every record of `release` (after an uninstall that kept its history).
+pub(crate) async fn forget_all(
+    client: &kube::Client,
+    namespace: &str,
+    release: &str,
+) -> Result<()> {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    let params = ListParams::default().labels(&format!("owner=helm,name={release}"));
+    secrets
+        .delete_collection(&DeleteParams::default(), &params)
+        .await
+        .map(drop)
+        .map_err(|e| {
+            Error::kube(
+                format_args!("deleting the records of helm release `{namespace}/{release}`"),
+                e,
+            )
+        })
+}

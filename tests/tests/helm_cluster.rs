@@ -1,0 +1,753 @@
+//! `HelmRelease` on the local control plane, each scenario with the real
+//! Helm 3 and Helm 4 binaries.
+//!
+//! Run through `cargo xtask test`, or by hand against a cluster of your own
+//! (see docs/testing.md): `PROVISIONERS_KUBECONFIG`, `PROVISIONERS_HELM3` and
+//! `PROVISIONERS_HELM4` must be set.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::config::Kubeconfig;
+use provisioners::{
+    Cluster, Concurrent, Context, ErrorKind, Provisioner, Result, Serial, async_trait,
+};
+use provisioners_helm::{Chart, DIGEST_LABEL, HelmRelease};
+use provisioners_testing::cluster::{self, HarnessCluster, TestNamespace};
+use serde_json::json;
+
+/// Generous for 2 cores running control planes and a parallel test suite.
+const DEADLINE: Duration = Duration::from_secs(120);
+const WAIT: Duration = Duration::from_secs(120);
+const SECRET: &str = "pa55-word-that-must-not-leak-7f3a";
+
+/// One test per helm version for each scenario.
+macro_rules! both_helms {
+    ($($scenario:ident),* $(,)?) => {
+        mod helm3 {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                #[ignore = "needs the local control plane (cargo xtask test)"]
+                async fn $scenario() {
+                    super::$scenario(super::cluster::helm3().expect("PROVISIONERS_HELM3")).await;
+                }
+            )*
+        }
+        mod helm4 {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                #[ignore = "needs the local control plane (cargo xtask test)"]
+                async fn $scenario() {
+                    super::$scenario(super::cluster::helm4().expect("PROVISIONERS_HELM4")).await;
+                }
+            )*
+        }
+    };
+}
+
+both_helms!(
+    plain_chart_install_upgrade_noop_uninstall,
+    chart_with_crds_and_a_custom_resource,
+    missing_required_value_is_a_clear_error,
+    template_that_fails_to_render_is_invalid,
+    hooks_run_on_install_and_upgrade,
+    inside_serial_and_concurrent_groups_with_other_provisioners,
+    secrets_stay_off_argv_and_env_and_files_are_private_and_removed,
+    dropping_a_provision_during_wait_leaves_no_helm_process,
+    release_stuck_in_pending_install_is_recovered,
+);
+
+fn chart(name: &str) -> Chart {
+    Chart::local(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("charts")
+            .join(name),
+    )
+}
+
+async fn context() -> Context {
+    let path = HarnessCluster::Primary
+        .kubeconfig_path()
+        .expect("PROVISIONERS_KUBECONFIG");
+    let kubeconfig = Kubeconfig::read_from(&path).expect("kubeconfig");
+    Context::new(
+        Cluster::from_kubeconfig("helm-tests", kubeconfig)
+            .await
+            .expect("cluster"),
+    )
+}
+
+/// A private directory for the release's work directories, so a test can
+/// tell that nothing was left behind.
+fn temp_root() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("helm-test-")
+        .tempdir()
+        .expect("temp dir")
+}
+
+fn entries(dir: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir(dir)
+        .expect("read temp root")
+        .map(|e| e.expect("entry").path())
+        .collect()
+}
+
+/// Polls `check` every 20 ms until it returns `Some`, or panics with `what`.
+async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let started = Instant::now();
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(
+            started.elapsed() < DEADLINE,
+            "timed out after {DEADLINE:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The newest revision's (number, status, digest label) from helm's records.
+async fn release_record(
+    ns: &TestNamespace,
+    release: &str,
+) -> Option<(u32, String, Option<String>)> {
+    let secrets = ns
+        .api::<Secret>()
+        .list_metadata(&ListParams::default().labels(&format!("owner=helm,name={release}")))
+        .await
+        .expect("list release records");
+    secrets
+        .items
+        .into_iter()
+        .map(|s| {
+            let labels: BTreeMap<String, String> = s.metadata.labels.unwrap_or_default();
+            (
+                labels["version"].parse::<u32>().expect("version label"),
+                labels["status"].clone(),
+                labels.get(DIGEST_LABEL).cloned(),
+            )
+        })
+        .max_by_key(|r| r.0)
+}
+
+async fn available(ns: &TestNamespace, name: &str) -> Option<i32> {
+    let deployment = ns
+        .api::<Deployment>()
+        .get_opt(name)
+        .await
+        .expect("get deployment")?;
+    deployment.status.and_then(|s| s.available_replicas)
+}
+
+/// A helm process seen in /proc: its pid, arguments and environment.
+struct HelmProcess {
+    pid: u32,
+    args: Vec<String>,
+    environ: Vec<u8>,
+    cmdline: Vec<u8>,
+}
+
+impl HelmProcess {
+    fn flag(&self, name: &str) -> Option<&str> {
+        let i = self.args.iter().position(|a| a == name)?;
+        self.args.get(i + 1).map(String::as_str)
+    }
+}
+
+/// Live (not zombie) helm processes started from `helm` whose arguments name `namespace`.
+fn helm_processes(helm: &Path, namespace: &str) -> Vec<HelmProcess> {
+    let mut found = Vec::new();
+    let Ok(proc) = std::fs::read_dir("/proc") else {
+        return found;
+    };
+    for entry in proc.flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+            continue;
+        };
+        let args: Vec<String> = cmdline
+            .split(|b| *b == 0)
+            .filter(|a| !a.is_empty())
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        if args.first().map(Path::new) != Some(helm) || !args.iter().any(|a| a == namespace) {
+            continue;
+        }
+        let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|stat| stat.contains(") Z "))
+            .unwrap_or(true);
+        if zombie {
+            continue;
+        }
+        let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+        found.push(HelmProcess {
+            pid,
+            args,
+            environ,
+            cmdline,
+        });
+    }
+    found
+}
+
+fn mode(path: &str) -> Option<u32> {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::metadata(path)
+        .ok()
+        .map(|m| m.permissions().mode() & 0o777)
+}
+
+async fn plain_chart_install_upgrade_noop_uninstall(helm: PathBuf) {
+    let ns = TestNamespace::create("helm-plain")
+        .await
+        .expect("namespace");
+    let cx = context().await;
+    let release = |greeting: &str, replicas: i64| {
+        HelmRelease::new("web", chart("helm-plain"))
+            .namespace(ns.name())
+            .helm(&helm)
+            .values(&json!({"greeting": greeting}))
+            .set("replicas", replicas)
+            .wait(WAIT)
+    };
+
+    // Install: the Deployment is Available when provision returns.
+    cx.provision(&release("hello", 1)).await.expect("install");
+    assert_eq!(available(&ns, "web").await, Some(1));
+    let (revision, status, digest) = release_record(&ns, "web").await.expect("recorded");
+    assert_eq!((revision, status.as_str()), (1, "deployed"));
+    assert!(digest.is_some());
+
+    // No change: no helm run, no new revision, and fast.
+    let started = Instant::now();
+    cx.provision(&release("hello", 1)).await.expect("no-op");
+    let noop = started.elapsed();
+    assert_eq!(release_record(&ns, "web").await.expect("recorded").0, 1);
+    eprintln!("no-op provision took {noop:?}");
+
+    // Changed values: an upgrade.
+    cx.provision(&release("bonjour", 2))
+        .await
+        .expect("upgrade values");
+    assert_eq!(available(&ns, "web").await, Some(2));
+    let settings = ns
+        .api::<ConfigMap>()
+        .get("web-settings")
+        .await
+        .expect("configmap");
+    assert_eq!(settings.data.expect("data")["greeting"], "bonjour");
+    assert_eq!(release_record(&ns, "web").await.expect("recorded").0, 2);
+
+    // A new chart version: a copy of the chart with another version.
+    let copy = tempfile::tempdir().expect("temp dir");
+    copy_dir(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("charts/helm-plain"),
+        copy.path(),
+    );
+    let chart_yaml = copy.path().join("Chart.yaml");
+    let text = std::fs::read_to_string(&chart_yaml).expect("Chart.yaml");
+    std::fs::write(
+        &chart_yaml,
+        text.replace("version: 0.1.0", "version: 0.2.0"),
+    )
+    .expect("write");
+    let bumped = HelmRelease::new("web", Chart::local(copy.path()))
+        .namespace(ns.name())
+        .helm(&helm)
+        .values(&json!({"greeting": "bonjour"}))
+        .set("replicas", 2)
+        .wait(WAIT);
+    cx.provision(&bumped).await.expect("upgrade chart version");
+    let settings = ns
+        .api::<ConfigMap>()
+        .get("web-settings")
+        .await
+        .expect("configmap");
+    assert_eq!(settings.data.expect("data")["chartVersion"], "0.2.0");
+    assert_eq!(release_record(&ns, "web").await.expect("recorded").0, 3);
+    cx.provision(&bumped)
+        .await
+        .expect("no-op after the version change");
+    assert_eq!(release_record(&ns, "web").await.expect("recorded").0, 3);
+
+    // Uninstall gates until the release and its objects are gone.
+    let mut rounds = 0;
+    eventually("the uninstall to finish", || {
+        rounds += 1;
+        let cx = &cx;
+        let bumped = &bumped;
+        async move {
+            match cx.deprovision(bumped).await {
+                Ok(()) => Some(()),
+                Err(e) if e.is_yield() => None,
+                Err(e) => panic!("uninstall failed: {e}"),
+            }
+        }
+    })
+    .await;
+    assert!(release_record(&ns, "web").await.is_none());
+    assert!(
+        ns.api::<Deployment>()
+            .get_opt("web")
+            .await
+            .expect("get")
+            .is_none()
+    );
+    assert!(
+        ns.api::<ConfigMap>()
+            .get_opt("web-settings")
+            .await
+            .expect("get")
+            .is_none()
+    );
+    // Uninstalling what is not there is fine.
+    cx.deprovision(&bumped)
+        .await
+        .expect("missing release is Ok");
+    ns.cleanup().await.expect("cleanup");
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).expect("mkdir");
+    for entry in std::fs::read_dir(from).expect("read chart") {
+        let entry = entry.expect("entry");
+        let target = to.join(entry.file_name());
+        if entry.file_type().expect("type").is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).expect("copy");
+        }
+    }
+}
+
+async fn chart_with_crds_and_a_custom_resource(helm: PathBuf) {
+    let ns = TestNamespace::create("helm-crds").await.expect("namespace");
+    let cx = context().await;
+    let widgets = kube::api::ApiResource {
+        group: "helm-tests.provisioners.dev".to_owned(),
+        version: "v1".to_owned(),
+        api_version: "helm-tests.provisioners.dev/v1".to_owned(),
+        kind: "Widget".to_owned(),
+        plural: "widgets".to_owned(),
+    };
+    let release = |size: &str| {
+        HelmRelease::new("gadget", chart("helm-crds"))
+            .namespace(ns.name())
+            .helm(&helm)
+            .set("size", size.to_owned())
+    };
+    cx.provision(&release("small"))
+        .await
+        .expect("install with CRDs");
+    let api: Api<kube::api::DynamicObject> =
+        Api::namespaced_with(ns.client().clone(), ns.name(), &widgets);
+    let widget = api.get("gadget").await.expect("custom resource");
+    assert_eq!(widget.data["spec"]["size"], "small");
+
+    cx.provision(&release("large")).await.expect("upgrade");
+    assert_eq!(
+        api.get("gadget").await.expect("cr").data["spec"]["size"],
+        "large"
+    );
+    cx.provision(&release("large")).await.expect("no-op");
+    assert_eq!(release_record(&ns, "gadget").await.expect("recorded").0, 2);
+
+    deprovision_until_gone(&cx, &release("large")).await;
+    assert!(api.get_opt("gadget").await.expect("get").is_none());
+    ns.cleanup().await.expect("cleanup");
+}
+
+async fn deprovision_until_gone(cx: &Context, node: &(impl Provisioner + ?Sized)) {
+    eventually("deprovision to finish", || async move {
+        match cx.deprovision(node).await {
+            Ok(()) => Some(()),
+            Err(e) if e.is_yield() => None,
+            Err(e) => panic!("deprovision failed: {e}"),
+        }
+    })
+    .await;
+}
+
+async fn missing_required_value_is_a_clear_error(helm: PathBuf) {
+    let ns = TestNamespace::create("helm-required")
+        .await
+        .expect("namespace");
+    let cx = context().await;
+    let root = temp_root();
+    let release = HelmRelease::new("db-client", chart("helm-required"))
+        .namespace(ns.name())
+        .helm(&helm)
+        .temp_dir(root.path())
+        .values(&json!({"token": SECRET}));
+    let error = cx.provision(&release).await.expect_err("must fail");
+    let text = error.to_string();
+    assert_eq!(error.kind(), ErrorKind::Invalid, "{text}");
+    assert!(text.contains(&format!("{}/db-client", ns.name())), "{text}");
+    assert!(text.contains("helm-required"), "{text}");
+    assert!(text.contains("database.host is required"), "{text}");
+    assert!(!text.contains(SECRET), "{text}");
+    assert!(entries(root.path()).is_empty(), "left behind after failure");
+
+    // With the value it installs.
+    let fixed = release.set("database.host", "db.example.com");
+    cx.provision(&fixed).await.expect("install with the value");
+    let config = ns
+        .api::<ConfigMap>()
+        .get("db-client-database")
+        .await
+        .expect("configmap");
+    assert_eq!(config.data.expect("data")["host"], "db.example.com");
+    assert!(entries(root.path()).is_empty(), "left behind after success");
+    ns.cleanup().await.expect("cleanup");
+}
+
+async fn template_that_fails_to_render_is_invalid(helm: PathBuf) {
+    let ns = TestNamespace::create("helm-broken")
+        .await
+        .expect("namespace");
+    let cx = context().await;
+    let release = HelmRelease::new("broken", chart("helm-broken"))
+        .namespace(ns.name())
+        .helm(&helm);
+    let error = cx.provision(&release).await.expect_err("must fail");
+    let text = error.to_string();
+    assert_eq!(error.kind(), ErrorKind::Invalid, "{text}");
+    assert!(text.contains("noSuchFunction"), "{text}");
+    assert!(
+        text.contains(&format!("release `{}/broken`", ns.name())),
+        "{text}"
+    );
+    assert!(release_record(&ns, "broken").await.is_none());
+    ns.cleanup().await.expect("cleanup");
+}
+
+async fn hooks_run_on_install_and_upgrade(helm: PathBuf) {
+    let ns = TestNamespace::create("helm-hooks")
+        .await
+        .expect("namespace");
+    let cx = context().await;
+    let release = |message: &str| {
+        HelmRelease::new("hooked", chart("helm-hooks"))
+            .namespace(ns.name())
+            .helm(&helm)
+            .set("message", message.to_owned())
+    };
+    cx.provision(&release("one")).await.expect("install");
+    let config_maps = ns.api::<ConfigMap>();
+    assert!(
+        config_maps
+            .get_opt("hooked-pre-install")
+            .await
+            .expect("get")
+            .is_some()
+    );
+    let post = config_maps
+        .get("hooked-post-install")
+        .await
+        .expect("post hook");
+    assert_eq!(post.data.expect("data")["message"], "one");
+
+    cx.provision(&release("two")).await.expect("upgrade");
+    let post = config_maps
+        .get("hooked-post-install")
+        .await
+        .expect("post hook");
+    assert_eq!(post.data.expect("data")["message"], "two");
+    deprovision_until_gone(&cx, &release("two")).await;
+    assert!(config_maps.get_opt("hooked").await.expect("get").is_none());
+    ns.cleanup().await.expect("cleanup");
+}
+
+/// Server-side applies one ConfigMap: a manifest-style sibling for the group test.
+struct AppliedConfigMap {
+    name: String,
+    namespace: String,
+}
+
+#[async_trait]
+impl Provisioner for AppliedConfigMap {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    async fn provision(&self, cx: &Context) -> Result<()> {
+        let api: Api<ConfigMap> = Api::namespaced(cx.client().clone(), &self.namespace);
+        let object = json!({
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": self.name},
+            "data": {"from": "manifest"},
+        });
+        api.patch(
+            &self.name,
+            &PatchParams::apply(cx.field_manager()),
+            &Patch::Apply(&object),
+        )
+        .await
+        .map_err(|e| provisioners::Error::kube("applying a ConfigMap", e))?;
+        Ok(())
+    }
+
+    async fn deprovision(&self, cx: &Context) -> Result<()> {
+        let api: Api<ConfigMap> = Api::namespaced(cx.client().clone(), &self.namespace);
+        match api.delete(&self.name, &Default::default()).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.is_not_found() => Ok(()),
+            Err(e) => Err(provisioners::Error::kube("deleting a ConfigMap", e)),
+        }
+    }
+}
+
+async fn inside_serial_and_concurrent_groups_with_other_provisioners(helm: PathBuf) {
+    let ns = TestNamespace::create("helm-groups")
+        .await
+        .expect("namespace");
+    let cx = context().await;
+    let manifest = |name: &str| AppliedConfigMap {
+        name: name.to_owned(),
+        namespace: ns.name().to_owned(),
+    };
+    let release = |name: &str| {
+        HelmRelease::new(name.to_owned(), chart("helm-plain"))
+            .namespace(ns.name())
+            .helm(&helm)
+            .wait(WAIT)
+    };
+    let tree = Serial::new("platform")
+        .with(manifest("config"))
+        .with(
+            Concurrent::new("apps")
+                .with(release("alpha"))
+                .with(release("beta"))
+                .with(manifest("flags")),
+        )
+        .with(release("gamma"));
+    cx.provision(&tree).await.expect("provision the tree");
+    for name in ["alpha", "beta", "gamma"] {
+        assert_eq!(available(&ns, name).await, Some(1), "{name}");
+    }
+    for name in ["config", "flags"] {
+        assert!(
+            ns.api::<ConfigMap>()
+                .get_opt(name)
+                .await
+                .expect("get")
+                .is_some()
+        );
+    }
+    cx.provision(&tree)
+        .await
+        .expect("second provision is a no-op");
+    assert_eq!(release_record(&ns, "alpha").await.expect("recorded").0, 1);
+
+    // An error inside the tree names the node's path.
+    let failing = Serial::new("platform").with(
+        Concurrent::new("apps").with(
+            HelmRelease::new("needs-host", chart("helm-required"))
+                .namespace(ns.name())
+                .helm(&helm),
+        ),
+    );
+    let error = cx.provision(&failing).await.expect_err("must fail");
+    assert!(
+        error.to_string().starts_with("platform/apps/needs-host: "),
+        "{error}"
+    );
+
+    deprovision_until_gone(&cx, &tree).await;
+    for name in ["alpha", "beta", "gamma"] {
+        assert!(release_record(&ns, name).await.is_none(), "{name}");
+    }
+    ns.cleanup().await.expect("cleanup");
+}
+
+async fn secrets_stay_off_argv_and_env_and_files_are_private_and_removed(helm: PathBuf) {
+    let ns = TestNamespace::create("helm-secrets")
+        .await
+        .expect("namespace");
+    let cx = context().await;
+    let root = temp_root();
+    let release = |node_selector: serde_json::Value| {
+        HelmRelease::new("vault", chart("helm-plain"))
+            .namespace(ns.name())
+            .helm(&helm)
+            .temp_dir(root.path())
+            .values(&json!({"password": SECRET, "nodeSelector": node_selector}))
+            .wait(WAIT)
+            .grace_period(Duration::from_secs(5))
+    };
+
+    // A run that cannot finish (no node matches), watched from /proc, then cancelled.
+    let token = provisioners::CancellationToken::new();
+    let cancelled_cx = context().await.with_cancellation(token.clone());
+    let stuck = release(json!({"no-such-node": "true"}));
+    let provision = cancelled_cx.provision(&stuck);
+    let watch = async {
+        let seen = eventually("helm to run", || async {
+            let found = helm_processes(&helm, ns.name());
+            found
+                .into_iter()
+                .find(|p| p.flag("--values").is_some_and(|v| mode(v).is_some()))
+        })
+        .await;
+        let secret = SECRET.as_bytes();
+        assert!(
+            !seen.cmdline.windows(secret.len()).any(|w| w == secret),
+            "the secret is on helm's command line"
+        );
+        assert!(
+            !seen.environ.windows(secret.len()).any(|w| w == secret),
+            "the secret is in helm's environment"
+        );
+        assert!(
+            !seen.environ.is_empty(),
+            "could not read helm's environment"
+        );
+        let environ = String::from_utf8_lossy(&seen.environ);
+        assert!(environ.contains("HELM_CACHE_HOME="), "{environ}");
+        let values = seen.flag("--values").expect("values flag").to_owned();
+        let kubeconfig = seen
+            .flag("--kubeconfig")
+            .expect("kubeconfig flag")
+            .to_owned();
+        assert_eq!(mode(&values), Some(0o600), "values file {values}");
+        assert_eq!(
+            mode(&kubeconfig),
+            Some(0o600),
+            "kubeconfig file {kubeconfig}"
+        );
+        assert!(values.starts_with(root.path().to_str().expect("utf-8")));
+        let dir = Path::new(&values).parent().expect("parent").to_owned();
+        assert_eq!(mode(dir.to_str().expect("utf-8")), Some(0o700));
+        token.cancel();
+        seen.pid
+    };
+    let (result, pid) = tokio::join!(provision, watch);
+    assert_eq!(result.expect_err("cancelled").kind(), ErrorKind::Cancelled);
+    // At the root the tree's future is dropped: helm is stopped in the background.
+    eventually("helm to exit", || async {
+        helm_processes(&helm, ns.name()).is_empty().then_some(())
+    })
+    .await;
+    assert!(
+        !helm_processes(&helm, ns.name())
+            .iter()
+            .any(|p| p.pid == pid)
+    );
+    eventually("the work directory to be removed", || async {
+        entries(root.path()).is_empty().then_some(())
+    })
+    .await;
+
+    // Success, then failure: nothing left behind either time.
+    cx.provision(&release(json!({}))).await.expect("install");
+    assert!(entries(root.path()).is_empty(), "left behind after success");
+    let secret = ns
+        .api::<Secret>()
+        .get("vault-credentials")
+        .await
+        .expect("secret");
+    let stored = secret.data.expect("data")["password"].0.clone();
+    assert_eq!(stored, SECRET.as_bytes());
+    let failing = release(json!({})).set("replicas", "not a number");
+    let error = cx.provision(&failing).await.expect_err("bad replicas");
+    assert!(!error.to_string().contains(SECRET), "{error}");
+    assert!(entries(root.path()).is_empty(), "left behind after failure");
+    ns.cleanup().await.expect("cleanup");
+}
+
+async fn dropping_a_provision_during_wait_leaves_no_helm_process(helm: PathBuf) {
+    let ns = TestNamespace::create("helm-drop").await.expect("namespace");
+    let cx = context().await;
+    let root = temp_root();
+    let release = |node_selector: serde_json::Value| {
+        HelmRelease::new("slow", chart("helm-plain"))
+            .namespace(ns.name())
+            .helm(&helm)
+            .temp_dir(root.path())
+            .set("nodeSelector", node_selector)
+            .wait(WAIT)
+            .grace_period(Duration::from_secs(5))
+    };
+    let stuck = release(json!({"no-such-node": "true"}));
+    // Drop the provision as soon as helm is waiting.
+    tokio::select! {
+        result = cx.provision(&stuck) => panic!("finished while it cannot: {result:?}"),
+        () = eventually("helm to wait", || async {
+            helm_processes(&helm, ns.name()).first().map(|_| ())
+        }) => {}
+    }
+    eventually("helm to exit", || async {
+        helm_processes(&helm, ns.name()).is_empty().then_some(())
+    })
+    .await;
+    eventually("the work directory to be removed", || async {
+        entries(root.path()).is_empty().then_some(())
+    })
+    .await;
+
+    // The next provision brings the release to deployed.
+    cx.provision(&release(json!({})))
+        .await
+        .expect("provision after the drop");
+    let (_, status, _) = release_record(&ns, "slow").await.expect("recorded");
+    assert_eq!(status, "deployed");
+    assert_eq!(available(&ns, "slow").await, Some(1));
+    ns.cleanup().await.expect("cleanup");
+}
+
+async fn release_stuck_in_pending_install_is_recovered(helm: PathBuf) {
+    let ns = TestNamespace::create("helm-pending")
+        .await
+        .expect("namespace");
+    let cx = context().await;
+    let release = |node_selector: serde_json::Value| {
+        HelmRelease::new("stuck", chart("helm-plain"))
+            .namespace(ns.name())
+            .helm(&helm)
+            .set("nodeSelector", node_selector)
+            .wait(WAIT)
+    };
+    let stuck = release(json!({"no-such-node": "true"}));
+    let token = provisioners::CancellationToken::new();
+    let killing_cx = context().await.with_cancellation(token.clone());
+    let provision = killing_cx.provision(&stuck);
+    let killer = async {
+        // Wait until helm recorded the release as pending-install, then kill
+        // it the hard way: it gets no chance to mark the release failed.
+        eventually("the release to be pending-install", || async {
+            release_record(&ns, "stuck")
+                .await
+                .filter(|r| r.1 == "pending-install")
+        })
+        .await;
+        for process in helm_processes(&helm, ns.name()) {
+            let pid = nix::unistd::Pid::from_raw(i32::try_from(process.pid).expect("pid"));
+            nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).expect("SIGKILL helm");
+        }
+    };
+    let (result, ()) = tokio::join!(provision, killer);
+    let error = result.expect_err("helm was killed");
+    assert_eq!(error.kind(), ErrorKind::Helm, "{error}");
+    assert!(error.to_string().contains("signal: 9"), "{error}");
+    let (_, status, _) = release_record(&ns, "stuck").await.expect("recorded");
+    assert_eq!(status, "pending-install", "helm left it pending");
+
+    cx.provision(&release(json!({}))).await.expect("recovered");
+    let (_, status, _) = release_record(&ns, "stuck").await.expect("recorded");
+    assert_eq!(status, "deployed");
+    assert_eq!(available(&ns, "stuck").await, Some(1));
+    ns.cleanup().await.expect("cleanup");
+}
