@@ -73,7 +73,10 @@ pub struct RemoteTarget {
 
 impl RemoteClusterProvisioner {
     /// Targets `remote`; finish with [`RemoteTarget::provision_on`].
-    #[allow(clippy::new_ret_no_self, reason = "reads as `new(remote).provision_on(child)`")]
+    #[allow(
+        clippy::new_ret_no_self,
+        reason = "reads as `new(remote).provision_on(child)`"
+    )]
     pub fn new(remote: impl RemoteCluster + 'static) -> RemoteTarget {
         RemoteTarget {
             name: None,

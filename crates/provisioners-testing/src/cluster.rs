@@ -75,10 +75,10 @@ pub enum HarnessError {
         #[source]
         source: KubeconfigError,
     },
-    /// A client could not be built from a valid kubeconfig.
     /// A provisioners context could not be built from the kubeconfig.
     #[error("could not build a provisioners context")]
     Context(#[source] Box<provisioners_core::Error>),
+    /// A client could not be built from a valid kubeconfig.
     #[error("could not build a Kubernetes client")]
     Client(#[source] Box<kube::Error>),
     /// An API call failed.

@@ -1,0 +1,162 @@
+//! Remote clusters against the two local control planes: a subtree lands on
+//! the remote only, deprovision removes it, and a deleted kubeconfig Secret
+//! does not wedge the parent's deletion.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
+use kube::Api;
+use kube::api::{DeleteParams, ObjectMeta, PostParams};
+use provisioners::testing::cluster::{HarnessCluster, TestNamespace};
+use provisioners::testing::{Recorder, Scripted};
+use provisioners::{Context, Operation, Provisioner, serial};
+use provisioners_manifest::Manifest;
+use provisioners_remote::{RemoteClusterProvisioner, SecretKubeconfig};
+
+const DEADLINE: Duration = Duration::from_secs(60);
+
+/// Deprovisions until `Ok`, failing on a real error or at the deadline.
+async fn deprovision_until_gone(cx: &Context, node: &dyn Provisioner) {
+    let start = Instant::now();
+    loop {
+        match cx.deprovision(node).await {
+            Ok(()) => return,
+            Err(e) if e.is_yield() && start.elapsed() < DEADLINE => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("deprovision did not finish: {e}"),
+        }
+    }
+}
+
+/// A Secret in `ns` holding the remote cluster's kubeconfig.
+async fn kubeconfig_secret(ns: &TestNamespace, name: &str) {
+    let path = HarnessCluster::Remote
+        .kubeconfig_path()
+        .expect("remote kubeconfig");
+    let kubeconfig = std::fs::read(path).expect("read the remote kubeconfig");
+    let secret = Secret {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            ..Default::default()
+        },
+        data: Some(BTreeMap::from([(
+            "kubeconfig".to_owned(),
+            ByteString(kubeconfig),
+        )])),
+        ..Default::default()
+    };
+    ns.api::<Secret>()
+        .create(&PostParams::default(), &secret)
+        .await
+        .expect("create secret");
+}
+
+fn workload(namespace: &str) -> Manifest {
+    Manifest::from_yaml(
+        "workload",
+        format!(
+            "apiVersion: v1
+kind: Namespace
+metadata:
+  name: {namespace}
+---
+apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: settings
+  namespace: {namespace}
+data:
+  on: remote
+"
+        ),
+    )
+}
+
+#[tokio::test]
+#[ignore = "needs the local control plane (cargo xtask test)"]
+async fn a_subtree_lands_on_the_remote_cluster_and_not_on_the_first() {
+    let ns = TestNamespace::create("remote-src")
+        .await
+        .expect("namespace");
+    kubeconfig_secret(&ns, "tenant-kubeconfig").await;
+    let target = format!("{}-workload", ns.name());
+
+    let cx = HarnessCluster::Primary.context().await.expect("context");
+    let remote =
+        SecretKubeconfig::new(cx.client().clone(), ns.name(), "tenant-kubeconfig").id("tenant");
+    let tree = RemoteClusterProvisioner::new(remote).provision_on(workload(&target));
+    cx.provision(&tree).await.expect("provision on the remote");
+
+    let remote_client = HarnessCluster::Remote
+        .client()
+        .await
+        .expect("remote client");
+    let remote_cms: Api<ConfigMap> = Api::namespaced(remote_client.clone(), &target);
+    let cm = remote_cms
+        .get("settings")
+        .await
+        .expect("the ConfigMap is on the remote");
+    assert_eq!(cm.data.unwrap()["on"], "remote");
+    let local_ns: Api<Namespace> = Api::all(cx.client().clone());
+    assert!(
+        local_ns.get_opt(&target).await.unwrap().is_none(),
+        "nothing on the first cluster"
+    );
+
+    deprovision_until_gone(&cx, &tree).await;
+    let remote_ns: Api<Namespace> = Api::all(remote_client);
+    assert!(
+        remote_ns.get_opt(&target).await.unwrap().is_none(),
+        "deprovision removed it"
+    );
+    ns.cleanup().await.expect("cleanup");
+}
+
+#[tokio::test]
+#[ignore = "needs the local control plane (cargo xtask test)"]
+async fn a_deleted_kubeconfig_secret_does_not_wedge_the_parent() {
+    let ns = TestNamespace::create("remote-gone")
+        .await
+        .expect("namespace");
+    kubeconfig_secret(&ns, "tenant-kubeconfig").await;
+    let target = format!("{}-workload", ns.name());
+    let recorder = Recorder::new();
+
+    let cx = HarnessCluster::Primary.context().await.expect("context");
+    let remote = SecretKubeconfig::new(cx.client().clone(), ns.name(), "tenant-kubeconfig");
+    let tree = serial!(
+        "platform",
+        Scripted::new("local", &recorder),
+        RemoteClusterProvisioner::new(remote)
+            .named("tenant")
+            .provision_on(workload(&target)),
+    );
+    cx.provision(&tree).await.expect("provision");
+
+    // The cluster "goes away" with its kubeconfig.
+    ns.api::<Secret>()
+        .delete("tenant-kubeconfig", &DeleteParams::default())
+        .await
+        .expect("delete secret");
+    cx.deprovision(&tree)
+        .await
+        .expect("deprovision must not wedge");
+    assert_eq!(
+        recorder.count("local", Operation::Deprovision),
+        1,
+        "the parent went on"
+    );
+
+    // Tidy the remote by hand: the test's remote namespace outlived its secret.
+    let remote_ns: Api<Namespace> = Api::all(
+        HarnessCluster::Remote
+            .client()
+            .await
+            .expect("remote client"),
+    );
+    let _ = remote_ns.delete(&target, &DeleteParams::default()).await;
+    ns.cleanup().await.expect("cleanup");
+}
