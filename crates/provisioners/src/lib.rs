@@ -9,12 +9,20 @@
 //! | (always) | [`provisioners-core`](provisioners_core) | `Provisioner`, `Context`, `Error` |
 //! | `group` (default) | [`provisioners-group`] | `Serial`, `Concurrent` |
 //! | `conditional` (default) | [`provisioners-conditional`] | `Conditional` |
+//! | `manifest` | [`provisioners-manifest`] | `Manifest`, `Resource` (server-side apply) |
+//! | `helm` | [`provisioners-helm`] | `HelmRelease` (the helm CLI, Helm 3 and 4) |
+//! | `remote` | [`provisioners-remote`] | `RemoteClusterProvisioner`, `SecretKubeconfig` |
+//! | `runtime` | [`provisioners-runtime`] | `Reconciler` for kube-runtime controllers |
 //! | `testing` | [`provisioners-testing`] | scripted and no-op provisioners for tests |
 //! | `rustls-tls` (default) | | TLS for the Kubernetes client |
 //! | `full` | | everything |
 //!
 //! [`provisioners-group`]: https://docs.rs/provisioners-group
 //! [`provisioners-conditional`]: https://docs.rs/provisioners-conditional
+//! [`provisioners-manifest`]: https://docs.rs/provisioners-manifest
+//! [`provisioners-helm`]: https://docs.rs/provisioners-helm
+//! [`provisioners-remote`]: https://docs.rs/provisioners-remote
+//! [`provisioners-runtime`]: https://docs.rs/provisioners-runtime
 //! [`provisioners-testing`]: https://docs.rs/provisioners-testing
 //!
 //! # Example
@@ -56,5 +64,13 @@ pub use provisioners_core::*;
 pub use provisioners_conditional::{self as conditional, Conditional};
 #[cfg(feature = "group")]
 pub use provisioners_group::{self as group, Concurrent, Serial, concurrent, serial};
+#[cfg(feature = "helm")]
+pub use provisioners_helm::{self as helm, HelmRelease};
+#[cfg(feature = "manifest")]
+pub use provisioners_manifest::{self as manifest, Manifest, Resource};
+#[cfg(feature = "remote")]
+pub use provisioners_remote::{self as remote, RemoteClusterProvisioner};
+#[cfg(feature = "runtime")]
+pub use provisioners_runtime::{self as runtime, Reconciler};
 #[cfg(feature = "testing")]
 pub use provisioners_testing as testing;
