@@ -5,6 +5,7 @@
 #![allow(clippy::print_stdout)]
 
 mod bench;
+mod bench_manifest;
 mod cluster;
 mod process;
 mod test;

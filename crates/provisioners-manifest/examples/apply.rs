@@ -1,0 +1,81 @@
+//! Applies (or deletes) a manifest file or directory the way a controller
+//! would: provision again after each yield until done.
+//!
+//! ```sh
+//! KUBECONFIG=... cargo run --example apply -- [--delete] [--namespace NS] [--wait-ready] PATH
+//! ```
+//!
+//! `cargo xtask bench manifest` runs it side by side with `kubectl apply --server-side`.
+
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use provisioners_core::{Cluster, Context};
+use provisioners_manifest::Manifest;
+
+const DEADLINE: Duration = Duration::from_secs(600);
+const REQUEUE: Duration = Duration::from_millis(250);
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let mut delete = false;
+    let mut wait_ready = false;
+    let mut namespace = None;
+    let mut path = None;
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--delete" => delete = true,
+            "--wait-ready" => wait_ready = true,
+            "--namespace" => namespace = args.next(),
+            _ if path.is_none() && !arg.starts_with("--") => path = Some(arg),
+            _ => {
+                eprintln!("usage: apply [--delete] [--namespace NS] [--wait-ready] PATH");
+                return ExitCode::from(2);
+            }
+        }
+    }
+    let Some(path) = path else {
+        eprintln!("usage: apply [--delete] [--namespace NS] [--wait-ready] PATH");
+        return ExitCode::from(2);
+    };
+    let cluster = match Cluster::infer().await {
+        Ok(cluster) => cluster,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let cx = Context::new(cluster);
+    let mut manifest = Manifest::from_path("apply", path).wait_ready(wait_ready);
+    if let Some(namespace) = namespace {
+        manifest = manifest.namespace(namespace);
+    }
+    let started = Instant::now();
+    let mut rounds = 0;
+    loop {
+        rounds += 1;
+        let result = if delete {
+            cx.deprovision(&manifest).await
+        } else {
+            cx.provision(&manifest).await
+        };
+        match result {
+            Ok(()) => break,
+            Err(e) if e.is_transient() && started.elapsed() < DEADLINE => {
+                eprintln!("requeue: {e}");
+                tokio::time::sleep(REQUEUE).await;
+            }
+            Err(e) => {
+                eprintln!("{e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    eprintln!(
+        "{} in {:.3}s ({rounds} rounds)",
+        if delete { "deleted" } else { "applied" },
+        started.elapsed().as_secs_f64()
+    );
+    ExitCode::SUCCESS
+}
