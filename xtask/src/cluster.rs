@@ -83,8 +83,13 @@ pub(crate) struct TestClusters {
 impl TestClusters {
     /// Brings up `default` and `remote` side by side.
     pub(crate) fn up(tools: &Tools) -> Result<Self> {
+        Self::up_named(tools, [DEFAULT_NAME, REMOTE_NAME])
+    }
+
+    /// Brings up the clusters `names` side by side.
+    pub(crate) fn up_named(tools: &Tools, names: [&str; 2]) -> Result<Self> {
         let results: Vec<Result<RunningCluster>> = std::thread::scope(|scope| {
-            let handles: Vec<_> = [DEFAULT_NAME, REMOTE_NAME]
+            let handles: Vec<_> = names
                 .into_iter()
                 .map(|name| scope.spawn(move || up(name, tools)))
                 .collect();
@@ -115,6 +120,14 @@ impl TestClusters {
                 Err(error)
             }
         }
+    }
+
+    /// The kubeconfig of the cluster called `name`, if it is one of these.
+    pub(crate) fn kubeconfig(&self, name: &str) -> Option<&Path> {
+        self.clusters
+            .iter()
+            .find(|c| c.name == name)
+            .map(|c| c.kubeconfig.as_path())
     }
 
     /// Variables for the test run: kubeconfigs and tool paths (see docs/testing.md).

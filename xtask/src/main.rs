@@ -5,8 +5,10 @@
 #![allow(clippy::print_stdout)]
 
 mod bench;
+mod bench_helm;
 mod bench_manifest;
 mod cluster;
+mod demo;
 mod process;
 mod test;
 mod tools;
@@ -19,6 +21,7 @@ const HELP: &str = "\
 cargo xtask <task>
 
 tasks:
+  demo      provision and deprovision the example Platform tree on two local control planes
   test      fmt, clippy, unit, doc and cluster tests: what CI runs
   bench     benchmarks, printed side by side; see docs/benchmarks.md
   tools     build the pinned control-plane and Helm binaries into the cache (--print: paths)
@@ -31,6 +34,7 @@ fn main() -> Result<()> {
     let task = args.next().unwrap_or_else(|| "help".to_owned());
     let rest: Vec<String> = args.collect();
     match task.as_str() {
+        "demo" => demo::run(&rest),
         "test" => test::run(&rest),
         "bench" => bench::run(&rest),
         "tools" => tools::run(&rest),

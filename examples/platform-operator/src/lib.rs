@@ -1,0 +1,349 @@
+//! A worked example operator built on provisioners.
+//!
+//! A `Platform` custom resource selects components; the operator turns each
+//! `Platform` into a tree of provisioners and hands it to
+//! [`Reconciler`](provisioners::Reconciler) on every reconcile:
+//!
+//! ```text
+//! Serial <platform name>
+//! ├── Manifest base             Namespace <ns>-<name> and a per-platform Dashboard CRD
+//! ├── Concurrent components
+//! │   ├── Manifest config        a ConfigMap describing the selection
+//! │   ├── Conditional metrics    spec.metrics    -> HelmRelease metrics (charts/metrics)
+//! │   └── Conditional dashboards spec.dashboards -> Manifest dashboards (a Dashboard)
+//! └── Conditional remote         spec.remote.enabled
+//!     └── RemoteClusterProvisioner cluster (kubeconfig from a Secret)
+//!         └── Manifest agent     a Namespace and ConfigMap on the remote cluster
+//! ```
+//!
+//! Turning a component off deprovisions it on the next reconcile; deleting
+//! the `Platform` deprovisions the whole tree in reverse order before the
+//! finalizer goes. See `docs/writing-an-operator.md` for the walk-through.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::watcher;
+use kube::{Api, CustomResource, CustomResourceExt, ResourceExt};
+use provisioners::helm::Chart;
+use provisioners::manifest::Discovery;
+use provisioners::remote::SecretKubeconfig;
+use provisioners::{
+    Concurrent, Conditional, Context, Error, HelmRelease, Manifest, Reconciler,
+    RemoteClusterProvisioner, Serial,
+};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// The finalizer the operator puts on every `Platform`.
+pub const FINALIZER: &str = "example.com/platform";
+
+/// The field manager of everything the operator applies.
+pub const FIELD_MANAGER: &str = "platform-operator";
+
+/// What a platform is made of. Every component is off unless turned on.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, JsonSchema)]
+#[kube(group = "example.com", version = "v1", kind = "Platform", namespaced)]
+#[kube(status = "PlatformStatus", shortname = "plat")]
+#[kube(
+    printcolumn = r#"{"name":"Available","type":"string","jsonPath":".status.conditions[?(@.type==\"Available\")].status"}"#,
+    printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.conditions[?(@.type==\"Available\")].reason"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct PlatformSpec {
+    /// Install the metrics Helm chart.
+    #[serde(default)]
+    pub metrics: bool,
+    /// Create the platform's dashboards (custom resources of its CRD).
+    #[serde(default)]
+    pub dashboards: bool,
+    /// Install the agent on a remote cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote: Option<RemoteSpec>,
+}
+
+/// A remote cluster, reached through a kubeconfig in a Secret of the
+/// platform's namespace (key `kubeconfig`).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RemoteSpec {
+    /// The Secret holding the kubeconfig.
+    pub secret_name: String,
+    /// Turn off to remove the agent while keeping the reference (removing
+    /// `remote` altogether leaves whatever is on the remote cluster alone).
+    #[serde(default = "enabled")]
+    pub enabled: bool,
+}
+
+fn enabled() -> bool {
+    true
+}
+
+/// What the operator reports.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, JsonSchema)]
+pub struct PlatformStatus {
+    /// Standard conditions; the operator writes `Available`.
+    #[serde(default)]
+    pub conditions: Vec<PlatformCondition>,
+}
+
+/// One status condition (the shape of `metav1.Condition`).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PlatformCondition {
+    /// The condition type, e.g. `Available`.
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// `True`, `False` or `Unknown`.
+    pub status: String,
+    /// A CamelCase reason, e.g. `Provisioned`.
+    pub reason: String,
+    /// What is going on, e.g. the node path that yielded and why.
+    pub message: String,
+    /// When the status last changed (RFC 3339).
+    pub last_transition_time: String,
+    /// The generation the condition describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}
+
+impl Platform {
+    /// The `Available` condition, if written.
+    pub fn available(&self) -> Option<&PlatformCondition> {
+        self.status
+            .as_ref()?
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Available")
+    }
+
+    /// The namespace the platform's components live in:
+    /// `<platform namespace>-<platform name>`.
+    pub fn target_namespace(&self) -> String {
+        format!(
+            "{}-{}",
+            self.namespace().unwrap_or_else(|| "default".into()),
+            self.name_any()
+        )
+    }
+
+    /// The API group of the platform's own Dashboard CRD. One group per
+    /// platform, so that deleting one platform never removes another's.
+    pub fn dashboard_group(&self) -> String {
+        format!("{}.platform.example.com", self.target_namespace())
+    }
+}
+
+/// What every tree needs besides the `Platform` itself.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// The helm binary.
+    pub helm: PathBuf,
+    /// The directory holding the bundled charts (`charts/` of this crate).
+    pub charts: PathBuf,
+    /// How long the metrics release may take to become ready.
+    pub helm_timeout: Duration,
+    /// One discovery cache for all trees: no re-discovery per reconcile.
+    pub discovery: Discovery,
+}
+
+impl Settings {
+    /// Settings with `helm`, the charts shipped with this crate, and a
+    /// two-minute helm timeout.
+    pub fn new(helm: impl Into<PathBuf>) -> Self {
+        Settings {
+            helm: helm.into(),
+            charts: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("charts"),
+            helm_timeout: Duration::from_secs(120),
+            discovery: Discovery::new(),
+        }
+    }
+}
+
+/// The tree for `platform`; `client` reads the remote's kubeconfig Secret.
+pub fn tree(platform: &Platform, settings: &Settings, client: &kube::Client) -> Serial {
+    let spec = &platform.spec;
+    let target = platform.target_namespace();
+    let manifest = |name: &'static str, yaml: String| {
+        Manifest::from_yaml(name, yaml).with_discovery(settings.discovery.clone())
+    };
+
+    let base = manifest("base", base_yaml(platform)).wait_ready(true);
+    let metrics = HelmRelease::new("metrics", Chart::local(settings.charts.join("metrics")))
+        .namespace(&target)
+        .helm(&settings.helm)
+        .set("retention", "14d")
+        .wait(settings.helm_timeout);
+    let components = Concurrent::new("components")
+        .with(manifest("config", config_yaml(platform)))
+        .with(Conditional::when("metrics", spec.metrics, metrics))
+        .with(Conditional::when(
+            "dashboards",
+            spec.dashboards,
+            manifest("dashboards", dashboards_yaml(platform)),
+        ));
+    let mut root = Serial::new(platform.name_any()).with(base).with(components);
+
+    if let Some(remote) = &spec.remote {
+        let namespace = platform.namespace().unwrap_or_else(|| "default".into());
+        let kubeconfig = SecretKubeconfig::new(client.clone(), namespace, &remote.secret_name);
+        let agent = RemoteClusterProvisioner::new(kubeconfig)
+            .named("cluster")
+            .provision_on(manifest("agent", agent_yaml(platform)).wait_ready(true));
+        root.push(Conditional::when("remote", remote.enabled, agent));
+    }
+    root
+}
+
+fn base_yaml(platform: &Platform) -> String {
+    let (target, group) = (platform.target_namespace(), platform.dashboard_group());
+    format!(
+        r#"apiVersion: v1
+kind: Namespace
+metadata:
+  name: {target}
+---
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: dashboards.{group}
+spec:
+  group: {group}
+  scope: Namespaced
+  names:
+    kind: Dashboard
+    plural: dashboards
+    singular: dashboard
+  versions:
+    - name: v1
+      served: true
+      storage: true
+      schema:
+        openAPIV3Schema:
+          type: object
+          properties:
+            spec:
+              type: object
+              properties:
+                panels:
+                  type: integer
+"#
+    )
+}
+
+fn config_yaml(platform: &Platform) -> String {
+    let spec = &platform.spec;
+    let remote = spec.remote.as_ref().is_some_and(|r| r.enabled);
+    format!(
+        r#"apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: platform-settings
+  namespace: {}
+data:
+  metrics: "{}"
+  dashboards: "{}"
+  remote: "{remote}"
+"#,
+        platform.target_namespace(),
+        spec.metrics,
+        spec.dashboards,
+    )
+}
+
+fn dashboards_yaml(platform: &Platform) -> String {
+    format!(
+        r#"apiVersion: {}/v1
+kind: Dashboard
+metadata:
+  name: overview
+  namespace: {}
+spec:
+  panels: 4
+"#,
+        platform.dashboard_group(),
+        platform.target_namespace()
+    )
+}
+
+fn agent_yaml(platform: &Platform) -> String {
+    let target = platform.target_namespace();
+    format!(
+        r#"apiVersion: v1
+kind: Namespace
+metadata:
+  name: {target}
+---
+apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: agent-settings
+  namespace: {target}
+data:
+  platform: "{}"
+"#,
+        platform.name_any()
+    )
+}
+
+/// Installs (server-side applies) the `Platform` CRD and waits until it is
+/// established.
+///
+/// # Errors
+///
+/// The API call fails or the CRD is not established within a minute.
+pub async fn install_crd(client: &kube::Client) -> anyhow::Result<()> {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let crd = Platform::crd();
+    let name = crd.metadata.name.clone().unwrap_or_default();
+    crds.patch(
+        &name,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&crd),
+    )
+    .await?;
+    let established = kube::runtime::wait::conditions::is_crd_established();
+    let wait = kube::runtime::wait::await_condition(crds, &name, established);
+    tokio::time::timeout(Duration::from_secs(60), wait).await??;
+    Ok(())
+}
+
+struct State {
+    reconciler: Reconciler,
+    settings: Settings,
+}
+
+async fn reconcile(platform: Arc<Platform>, state: Arc<State>) -> Result<Action, Error> {
+    let client = state.reconciler.context().client();
+    let tree = tree(&platform, &state.settings, client);
+    state.reconciler.reconcile(platform.as_ref(), &tree).await
+}
+
+/// Runs the operator until `cx`'s cancellation token fires, then shuts down
+/// gracefully (trees in flight stop and report `Cancelled`).
+pub async fn run(cx: Context, settings: Settings, requeue: Duration) {
+    let platforms: Api<Platform> = Api::all(cx.client().clone());
+    let shutdown = cx.cancellation().clone();
+    let state = Arc::new(State {
+        reconciler: Reconciler::new(cx, FINALIZER).requeue_after(requeue),
+        settings,
+    });
+    Controller::new(platforms, watcher::Config::default())
+        .graceful_shutdown_on(async move { shutdown.cancelled().await })
+        .run(
+            reconcile,
+            |_, _, state| state.reconciler.error_policy(),
+            state,
+        )
+        .for_each(|result| async move {
+            if let Err(error) = result {
+                tracing::warn!(%error, "reconcile failed");
+            }
+        })
+        .await;
+}
