@@ -324,10 +324,11 @@ async fn reconcile(platform: Arc<Platform>, state: Arc<State>) -> Result<Action,
     state.reconciler.reconcile(platform.as_ref(), &tree).await
 }
 
-/// Runs the operator until `cx`'s cancellation token fires, then shuts down
-/// gracefully (trees in flight stop and report `Cancelled`).
-pub async fn run(cx: Context, settings: Settings, requeue: Duration) {
-    let platforms: Api<Platform> = Api::all(cx.client().clone());
+/// Reconciles the `Platform`s that `platforms` sees (`Api::all` for the
+/// whole cluster, `Api::namespaced` for one namespace) until `cx`'s
+/// cancellation token fires, then shuts down gracefully: trees in flight
+/// stop and report `Cancelled`. Yields and errors requeue after `requeue`.
+pub async fn run(cx: Context, platforms: Api<Platform>, settings: Settings, requeue: Duration) {
     let shutdown = cx.cancellation().clone();
     let state = Arc::new(State {
         reconciler: Reconciler::new(cx, FINALIZER).requeue_after(requeue),

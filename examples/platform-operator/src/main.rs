@@ -48,6 +48,7 @@ async fn main() -> anyhow::Result<()> {
         }
     });
     tracing::info!(cluster = cx.cluster().id(), "reconciling Platforms");
-    run(cx, Settings::new(helm), Duration::from_secs(2)).await;
+    let platforms = kube::Api::all(cx.client().clone());
+    run(cx, platforms, Settings::new(helm), Duration::from_secs(2)).await;
     Ok(())
 }

@@ -1,0 +1,348 @@
+//! The example Platform operator end to end against the local control planes:
+//! components appear and report Available, turn off, pause, deletion in
+//! reverse order with the finalizer last, and an operator killed
+//! mid-provision converges when started again.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
+use kube::Api;
+use kube::api::{
+    ApiResource, DeleteParams, DynamicObject, ObjectMeta, Patch, PatchParams, PostParams,
+};
+use platform_operator::{Platform, PlatformSpec, RemoteSpec, Settings, install_crd, run};
+use provisioners::testing::cluster::{HarnessCluster, TestNamespace, helm4};
+use provisioners::{CancellationToken, Event, Observer, Operation, Phase};
+use serde_json::json;
+use tokio::task::JoinHandle;
+
+const DEADLINE: Duration = Duration::from_secs(120);
+
+/// Every event the operator's nodes emit: `(path, operation, phase)`.
+#[derive(Clone, Default)]
+struct Events(Arc<Mutex<Vec<(String, Operation, String)>>>);
+
+impl Observer for Events {
+    fn on_event(&self, event: &Event<'_>) {
+        let phase = match &event.phase {
+            Phase::Started => "started".to_owned(),
+            Phase::Finished { outcome, .. } => outcome.as_str().to_owned(),
+            _ => return,
+        };
+        self.0
+            .lock()
+            .unwrap()
+            .push((event.path.to_owned(), event.operation, phase));
+    }
+}
+
+impl Events {
+    fn seen(&self, path: &str, operation: Operation, phase: &str) -> bool {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|(p, o, ph)| p == path && *o == operation && ph == phase)
+    }
+
+    /// The paths that started `operation`, in order, without repeats.
+    fn first_starts(&self, operation: Operation) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        for (path, op, phase) in self.0.lock().unwrap().iter() {
+            if *op == operation && phase == "started" && !out.contains(path) {
+                out.push(path.clone());
+            }
+        }
+        out
+    }
+}
+
+struct Operator {
+    token: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+/// Starts the operator for the Platforms of `ns`, reporting to `events`.
+async fn start_operator(ns: &TestNamespace, events: &Events) -> Operator {
+    let cx = HarnessCluster::Primary
+        .context()
+        .await
+        .expect("context")
+        .with_field_manager(platform_operator::FIELD_MANAGER)
+        .with_observer(Arc::new(events.clone()));
+    let token = cx.cancellation().clone();
+    let platforms: Api<Platform> = Api::namespaced(cx.client().clone(), ns.name());
+    let mut settings = Settings::new(helm4().expect("helm 4"));
+    settings.helm_timeout = Duration::from_secs(60);
+    let task = tokio::spawn(run(cx, platforms, settings, Duration::from_millis(500)));
+    Operator { token, task }
+}
+
+impl Operator {
+    async fn stop(self) {
+        self.token.cancel();
+        tokio::time::timeout(DEADLINE, self.task)
+            .await
+            .expect("graceful stop")
+            .expect("join");
+    }
+}
+
+/// Polls `check` until it returns true, or fails the test at the deadline.
+async fn eventually<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let start = Instant::now();
+    while !check().await {
+        assert!(start.elapsed() < DEADLINE, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn is_available(platforms: &Api<Platform>, name: &str) -> bool {
+    let Some(p) = platforms.get_opt(name).await.unwrap() else {
+        return false;
+    };
+    p.available()
+        .is_some_and(|c| c.status == "True" && c.observed_generation == p.metadata.generation)
+}
+
+fn platform(name: &str, spec: PlatformSpec) -> Platform {
+    Platform::new(name, spec)
+}
+
+fn dashboards(client: &kube::Client, p: &Platform) -> Api<DynamicObject> {
+    let resource = ApiResource {
+        group: p.dashboard_group(),
+        version: "v1".into(),
+        api_version: format!("{}/v1", p.dashboard_group()),
+        kind: "Dashboard".into(),
+        plural: "dashboards".into(),
+    };
+    Api::namespaced_with(client.clone(), &p.target_namespace(), &resource)
+}
+
+#[tokio::test]
+#[ignore = "needs the local control plane (cargo xtask test)"]
+async fn a_platform_lives_and_dies_by_its_spec() {
+    let ns = TestNamespace::create("operator").await.expect("namespace");
+    let client = ns.client().clone();
+    install_crd(&client).await.expect("Platform CRD");
+    let remote_client = HarnessCluster::Remote
+        .client()
+        .await
+        .expect("remote client");
+
+    // The remote cluster's kubeconfig, as a cluster provisioner would leave it.
+    let kubeconfig = std::fs::read(HarnessCluster::Remote.kubeconfig_path().unwrap()).unwrap();
+    let secret = Secret {
+        metadata: ObjectMeta {
+            name: Some("workload".into()),
+            ..Default::default()
+        },
+        data: Some(BTreeMap::from([(
+            "kubeconfig".to_owned(),
+            ByteString(kubeconfig),
+        )])),
+        ..Default::default()
+    };
+    ns.api::<Secret>()
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
+
+    let events = Events::default();
+    let operator = start_operator(&ns, &events).await;
+    let platforms: Api<Platform> = ns.api();
+    let spec = PlatformSpec {
+        metrics: true,
+        dashboards: true,
+        remote: Some(RemoteSpec {
+            secret_name: "workload".into(),
+            enabled: true,
+        }),
+    };
+    let created = platforms
+        .create(&PostParams::default(), &platform("p", spec))
+        .await
+        .unwrap();
+    let target = created.target_namespace();
+
+    // Create: every component appears and the condition says so.
+    eventually("Available=True", || is_available(&platforms, "p")).await;
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &target);
+    let metrics = deployments
+        .get("metrics")
+        .await
+        .expect("the metrics release's Deployment");
+    assert_eq!(metrics.status.unwrap().available_replicas, Some(1));
+    assert!(
+        dashboards(&client, &created)
+            .get_opt("overview")
+            .await
+            .unwrap()
+            .is_some()
+    );
+    let remote_cms: Api<ConfigMap> = Api::namespaced(remote_client.clone(), &target);
+    assert!(
+        remote_cms
+            .get_opt("agent-settings")
+            .await
+            .unwrap()
+            .is_some(),
+        "agent on the remote"
+    );
+    let local_cms: Api<ConfigMap> = Api::namespaced(client.clone(), &target);
+    assert!(
+        local_cms.get_opt("agent-settings").await.unwrap().is_none(),
+        "not on the local one"
+    );
+
+    // Turn a component off: it is removed.
+    let off = json!({ "spec": { "dashboards": false } });
+    platforms
+        .patch("p", &PatchParams::default(), &Patch::Merge(&off))
+        .await
+        .unwrap();
+    eventually("the dashboard removed", || async {
+        dashboards(&client, &created)
+            .get_opt("overview")
+            .await
+            .unwrap()
+            .is_none()
+    })
+    .await;
+    eventually("Available=True again", || is_available(&platforms, "p")).await;
+
+    // Paused: a spec change does nothing until the pause is lifted.
+    let pause = json!({ "metadata": { "annotations": { "provisioners.dev/paused": "true" } },
+                        "spec": { "metrics": false } });
+    platforms
+        .patch("p", &PatchParams::default(), &Patch::Merge(&pause))
+        .await
+        .unwrap();
+    let paused_at = Instant::now();
+    while paused_at.elapsed() < Duration::from_secs(3) {
+        assert!(
+            deployments.get_opt("metrics").await.unwrap().is_some(),
+            "changed while paused"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let resume = json!({ "metadata": { "annotations": { "provisioners.dev/paused": null } } });
+    platforms
+        .patch("p", &PatchParams::default(), &Patch::Merge(&resume))
+        .await
+        .unwrap();
+    eventually("the metrics release removed", || async {
+        deployments.get_opt("metrics").await.unwrap().is_none()
+    })
+    .await;
+
+    // Delete: everything goes, in reverse order, and the finalizer goes last.
+    let before = events.0.lock().unwrap().len();
+    platforms
+        .delete("p", &DeleteParams::default())
+        .await
+        .unwrap();
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    eventually("the Platform gone", || async {
+        match platforms.get_opt("p").await.unwrap() {
+            Some(_) => false,
+            None => {
+                // The finalizer went last: nothing of the tree may remain.
+                assert!(
+                    namespaces.get_opt(&target).await.unwrap().is_none(),
+                    "namespace left"
+                );
+                true
+            }
+        }
+    })
+    .await;
+    let remote_namespaces: Api<Namespace> = Api::all(remote_client);
+    assert!(
+        remote_namespaces.get_opt(&target).await.unwrap().is_none(),
+        "remote left"
+    );
+    let deletion = Events(Arc::new(Mutex::new(
+        events.0.lock().unwrap()[before..].to_vec(),
+    )));
+    let order = deletion.first_starts(Operation::Deprovision);
+    let position = |path: &str| order.iter().position(|p| p == path).expect(path);
+    assert!(position("p/remote") < position("p/components"), "{order:?}");
+    assert!(position("p/components") < position("p/base"), "{order:?}");
+    assert!(deletion.seen("p", Operation::Deprovision, "done"));
+
+    operator.stop().await;
+    ns.cleanup().await.expect("cleanup");
+}
+
+#[tokio::test]
+#[ignore = "needs the local control plane (cargo xtask test)"]
+async fn an_operator_killed_mid_provision_converges_when_started_again() {
+    let ns = TestNamespace::create("operator-kill")
+        .await
+        .expect("namespace");
+    let client = ns.client().clone();
+    install_crd(&client).await.expect("Platform CRD");
+    let platforms: Api<Platform> = ns.api();
+    let events = Events::default();
+    let operator = start_operator(&ns, &events).await;
+
+    let spec = PlatformSpec {
+        metrics: true,
+        dashboards: true,
+        remote: None,
+    };
+    let created = platforms
+        .create(&PostParams::default(), &platform("k", spec))
+        .await
+        .unwrap();
+
+    // Kill it (no graceful shutdown) while the helm release is being installed.
+    eventually("the metrics release to start", || async {
+        events.seen(
+            "k/components/metrics/metrics",
+            Operation::Provision,
+            "started",
+        )
+    })
+    .await;
+    operator.task.abort();
+    let _ = operator.task.await;
+
+    let events = Events::default();
+    let operator = start_operator(&ns, &events).await;
+    eventually("Available=True after the restart", || {
+        is_available(&platforms, "k")
+    })
+    .await;
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &created.target_namespace());
+    assert!(deployments.get_opt("metrics").await.unwrap().is_some());
+    assert!(
+        dashboards(&client, &created)
+            .get_opt("overview")
+            .await
+            .unwrap()
+            .is_some()
+    );
+
+    platforms
+        .delete("k", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("the Platform gone", || async {
+        platforms.get_opt("k").await.unwrap().is_none()
+    })
+    .await;
+    operator.stop().await;
+    ns.cleanup().await.expect("cleanup");
+}
