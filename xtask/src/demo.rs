@@ -9,13 +9,13 @@
 //! existing cluster instead (the remote part goes to `--remote-kubeconfig`,
 //! or to the same cluster).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, Result, bail};
 
 use crate::cluster::TestClusters;
 use crate::process::Cmd;
-use crate::tools;
+use crate::tools::{self, Tools};
 
 const PRIMARY: &str = "demo";
 const REMOTE: &str = "demo-remote";
@@ -51,36 +51,68 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
             "demo",
         ])
         .run()?;
-    let demo = |kubeconfig: &std::path::Path, remote: Option<&std::path::Path>| {
-        let mut cmd = Cmd::new("cargo")
-            .args([
-                "run",
-                "--locked",
-                "--quiet",
-                "-p",
-                "platform-operator",
-                "--bin",
-                "demo",
-                "--",
-            ])
-            .arg("--kubeconfig")
-            .arg(kubeconfig)
-            .arg("--helm")
-            .arg(&tools.helm4);
-        if let Some(remote) = remote {
-            cmd = cmd.arg("--remote-kubeconfig").arg(remote);
-        }
-        cmd.run()
-    };
-
     if let Some(kubeconfig) = kubeconfig {
-        return demo(&kubeconfig, remote.as_deref());
+        return demo(&tools, &kubeconfig, remote.as_deref()).run();
     }
     let clusters = TestClusters::up_named(&tools, [PRIMARY, REMOTE])?;
     let result = match (clusters.kubeconfig(PRIMARY), clusters.kubeconfig(REMOTE)) {
-        (Some(primary), Some(remote)) => demo(primary, Some(remote)),
+        (Some(primary), Some(remote)) => demo(&tools, primary, Some(remote)).run(),
         _ => Err(anyhow::anyhow!("the demo clusters did not come up")),
     };
     clusters.down();
     result
+}
+
+/// The demo binary against `kubeconfig` (and `remote` for the remote part).
+fn demo(tools: &Tools, kubeconfig: &Path, remote: Option<&Path>) -> Cmd {
+    let mut cmd = Cmd::new("cargo")
+        .args([
+            "run",
+            "--locked",
+            "--quiet",
+            "-p",
+            "platform-operator",
+            "--bin",
+            "demo",
+            "--",
+        ])
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .arg("--helm")
+        .arg(&tools.helm4);
+    if let Some(remote) = remote {
+        cmd = cmd.arg("--remote-kubeconfig").arg(remote);
+    }
+    cmd
+}
+
+/// What the demo must print when it worked (it also checks the clusters itself).
+const EXPECTED: &[&str] = &[
+    "== provisioned in",
+    "Deployment metrics: 1/1 available",
+    "CustomResourceDefinition dashboards.default-demo.platform.example.com",
+    "on the remote cluster, namespace default-demo:",
+    "== deprovisioned in",
+    "local cluster: namespace default-demo is gone",
+    "remote cluster: namespace default-demo is gone",
+    "demo finished: everything was provisioned, then removed",
+];
+
+/// Runs the demo against clusters that are up (`cargo xtask test` does, after
+/// the tests) and checks its output.
+pub(crate) fn check(tools: &Tools, kubeconfig: &Path, remote: &Path) -> Result<()> {
+    eprintln!("== the demo (`cargo xtask demo`) against the test clusters");
+    let output = demo(tools, kubeconfig, Some(remote)).output()?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    print!("{stdout}");
+    let missing: Vec<&str> = EXPECTED
+        .iter()
+        .copied()
+        .filter(|e| !stdout.contains(e))
+        .collect();
+    if !missing.is_empty() {
+        bail!("the demo's output lacks: {}", missing.join(" | "));
+    }
+    eprintln!("the demo's output has every expected line");
+    Ok(())
 }

@@ -83,11 +83,13 @@ impl Cmd {
             .output()
             .with_context(|| format!("could not start `{}`", self.display))?;
         if !output.status.success() {
+            let stdout = String::from_utf8_lossy(&output.stdout);
             let stderr = String::from_utf8_lossy(&output.stderr);
             bail!(
-                "`{}` failed ({}):\n{}",
+                "`{}` failed ({}):\n{}\n{}",
                 self.display,
                 output.status,
+                stdout.trim(),
                 stderr.trim()
             );
         }

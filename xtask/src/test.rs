@@ -51,11 +51,19 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
     if let Some(fixtures) = fixtures_dir() {
         tests = tests.env("PROVISIONERS_FIXTURES", fixtures);
     }
-    let status = tests.status();
+    let result = tests.status().and_then(|status| {
+        anyhow::ensure!(status.success(), "cargo test failed ({status})");
+        // The README's main command, with its output checked, on the same clusters.
+        match (
+            clusters.kubeconfig(crate::cluster::DEFAULT_NAME),
+            clusters.kubeconfig(crate::cluster::REMOTE_NAME),
+        ) {
+            (Some(primary), Some(remote)) => crate::demo::check(&tools, primary, remote),
+            _ => anyhow::bail!("the test clusters are not up"),
+        }
+    });
     clusters.down();
-    let status = status?;
-    anyhow::ensure!(status.success(), "cargo test failed ({status})");
-    Ok(())
+    result
 }
 
 /// `../shared/fixtures` next to the workspace, when it exists.
