@@ -1,8 +1,9 @@
 //! The Platform operator: `platform-operator [--crd] [--helm PATH]`.
 //!
-//! With `--crd`, prints the `Platform` CRD (JSON, as `kubectl apply -f -` takes it). Otherwise installs the
-//! CRD, then reconciles `Platform`s on the cluster of `KUBECONFIG` (or the
-//! pod's service account) until Ctrl-C, and shuts down gracefully.
+//! With `--crd`, prints the `Platform` CRD (JSON, as `kubectl apply -f -`
+//! takes it). Otherwise installs the CRD, then reconciles `Platform`s on the
+//! cluster of `KUBECONFIG` (or the pod's service account) until Ctrl-C, and
+//! shuts down gracefully.
 
 #![allow(clippy::print_stdout)]
 
