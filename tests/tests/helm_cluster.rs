@@ -59,6 +59,8 @@ both_helms!(
     secrets_stay_off_argv_and_env_and_files_are_private_and_removed,
     dropping_a_provision_during_wait_leaves_no_helm_process,
     release_stuck_in_pending_install_is_recovered,
+    release_stuck_in_pending_upgrade_is_recovered,
+    chart_from_a_repository_with_a_pinned_version,
 );
 
 fn chart(name: &str) -> Chart {
@@ -749,5 +751,198 @@ async fn release_stuck_in_pending_install_is_recovered(helm: PathBuf) {
     let (_, status, _) = release_record(&ns, "stuck").await.expect("recorded");
     assert_eq!(status, "deployed");
     assert_eq!(available(&ns, "stuck").await, Some(1));
+    ns.cleanup().await.expect("cleanup");
+}
+
+/// SIGKILLs every helm of `namespace` once the newest record has `status`.
+async fn kill_helm_when(helm: &Path, ns: &TestNamespace, release: &str, status: &str) {
+    eventually(&format!("the release to be {status}"), || async {
+        release_record(ns, release).await.filter(|r| r.1 == status)
+    })
+    .await;
+    for process in helm_processes(helm, ns.name()) {
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(process.pid).expect("pid"));
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).expect("SIGKILL helm");
+    }
+}
+
+async fn release_stuck_in_pending_upgrade_is_recovered(helm: PathBuf) {
+    let ns = TestNamespace::create("helm-pending-up")
+        .await
+        .expect("namespace");
+    let cx = context().await;
+    let release = |greeting: &str, node_selector: serde_json::Value| {
+        HelmRelease::new("upgraded", chart("helm-plain"))
+            .namespace(ns.name())
+            .helm(&helm)
+            .set("greeting", greeting.to_owned())
+            .set("nodeSelector", node_selector)
+            .wait(WAIT)
+    };
+    cx.provision(&release("one", json!({})))
+        .await
+        .expect("install");
+
+    let stuck = release("two", json!({"no-such-node": "true"}));
+    let (result, ()) = tokio::join!(
+        cx.provision(&stuck),
+        kill_helm_when(&helm, &ns, "upgraded", "pending-upgrade")
+    );
+    assert_eq!(result.expect_err("helm was killed").kind(), ErrorKind::Helm);
+    let (revision, status, _) = release_record(&ns, "upgraded").await.expect("recorded");
+    assert_eq!((revision, status.as_str()), (2, "pending-upgrade"));
+
+    cx.provision(&release("three", json!({})))
+        .await
+        .expect("recovered");
+    // Rolled back to revision 1 (as revision 3), then upgraded (revision 4).
+    let (revision, status, _) = release_record(&ns, "upgraded").await.expect("recorded");
+    assert_eq!((revision, status.as_str()), (4, "deployed"));
+    let settings = ns
+        .api::<ConfigMap>()
+        .get("upgraded-settings")
+        .await
+        .expect("configmap");
+    assert_eq!(settings.data.expect("data")["greeting"], "three");
+    assert_eq!(available(&ns, "upgraded").await, Some(1));
+    ns.cleanup().await.expect("cleanup");
+}
+
+/// A chart repository on loopback: `index.yaml` and the packaged chart,
+/// served by a minimal HTTP/1.1 server that counts requests.
+struct ChartRepository {
+    url: String,
+    requests: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    _dir: tempfile::TempDir,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl ChartRepository {
+    async fn start(helm: &Path) -> Self {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+        let dir = temp_root();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("address"));
+        let package = std::process::Command::new(helm)
+            .arg("package")
+            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("charts/helm-plain"))
+            .arg("--destination")
+            .arg(dir.path())
+            .output()
+            .expect("helm package");
+        assert!(package.status.success(), "{package:?}");
+        let index = std::process::Command::new(helm)
+            .args(["repo", "index"])
+            .arg(dir.path())
+            .args(["--url", &url])
+            .output()
+            .expect("helm repo index");
+        assert!(index.status.success(), "{index:?}");
+
+        let requests = Arc::new(AtomicUsize::new(0));
+        let root = dir.path().to_owned();
+        let counter = Arc::clone(&requests);
+        let server = tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                counter.fetch_add(1, Ordering::SeqCst);
+                let root = root.clone();
+                tokio::spawn(async move {
+                    let mut request = Vec::new();
+                    let mut buffer = [0u8; 4096];
+                    while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match stream.read(&mut buffer).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => request.extend_from_slice(&buffer[..n]),
+                        }
+                    }
+                    let line = String::from_utf8_lossy(&request);
+                    let path = line.split_whitespace().nth(1).unwrap_or("/").to_owned();
+                    let file = root.join(path.trim_start_matches('/'));
+                    let response = match std::fs::read(&file) {
+                        Ok(body) if !path.contains("..") => {
+                            let mut r = format!(
+                                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                                body.len()
+                            )
+                            .into_bytes();
+                            r.extend_from_slice(&body);
+                            r
+                        }
+                        _ => b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                            .to_vec(),
+                    };
+                    let _ = stream.write_all(&response).await;
+                    let _ = stream.shutdown().await;
+                });
+            }
+        });
+        ChartRepository {
+            url,
+            requests,
+            _dir: dir,
+            server,
+        }
+    }
+
+    fn requests(&self) -> usize {
+        self.requests.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl Drop for ChartRepository {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
+async fn chart_from_a_repository_with_a_pinned_version(helm: PathBuf) {
+    let ns = TestNamespace::create("helm-repo").await.expect("namespace");
+    let cx = context().await;
+    let repository = ChartRepository::start(&helm).await;
+    let release = |version: &str| {
+        HelmRelease::new(
+            "from-repo",
+            Chart::repository(&repository.url, "helm-plain"),
+        )
+        .namespace(ns.name())
+        .helm(&helm)
+        .version(version.to_owned())
+        .wait(WAIT)
+    };
+    cx.provision(&release("0.1.0"))
+        .await
+        .expect("install from the repository");
+    assert_eq!(available(&ns, "from-repo").await, Some(1));
+    let fetched = repository.requests();
+    assert!(
+        fetched >= 2,
+        "index and chart were fetched ({fetched} requests)"
+    );
+
+    // Pinned: the no-op needs neither helm nor the repository.
+    cx.provision(&release("0.1.0")).await.expect("no-op");
+    assert_eq!(repository.requests(), fetched);
+    assert_eq!(
+        release_record(&ns, "from-repo").await.expect("recorded").0,
+        1
+    );
+
+    // A range cannot be known without asking the repository: helm runs.
+    cx.provision(&release("^0.1"))
+        .await
+        .expect("upgrade through a range");
+    assert!(repository.requests() > fetched);
+    assert_eq!(
+        release_record(&ns, "from-repo").await.expect("recorded").0,
+        2
+    );
+
+    deprovision_until_gone(&cx, &release("0.1.0")).await;
+    assert!(release_record(&ns, "from-repo").await.is_none());
     ns.cleanup().await.expect("cleanup");
 }

@@ -12,7 +12,11 @@ use crate::process::Cmd;
 type Suite = (&'static str, fn(&Options) -> Result<()>);
 
 /// Every suite, in the order `cargo xtask bench` runs them.
-const SUITES: &[Suite] = &[("tree", tree), ("manifest", crate::bench_manifest::run)];
+const SUITES: &[Suite] = &[
+    ("tree", tree),
+    ("helm", crate::bench_helm::run),
+    ("manifest", crate::bench_manifest::run),
+];
 
 /// Options shared by the suites.
 pub(crate) struct Options {

@@ -82,3 +82,35 @@ pub(crate) async fn acquire() -> Permit {
 pub(crate) fn running() -> usize {
     state().running
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn at_most_max_run_and_the_next_starts_when_one_ends() {
+        // Other tests of this binary take permits too: the bound holds for
+        // all of them, so waiting for ours is still right.
+        set_max_helm_processes(2);
+        assert_eq!(max_helm_processes(), 2);
+        let first = acquire().await;
+        let second = acquire().await;
+        let third = tokio::spawn(acquire());
+        tokio::task::yield_now().await;
+        assert!(
+            !third.is_finished(),
+            "a third process started under a bound of 2"
+        );
+        drop(first);
+        let third = tokio::time::timeout(Duration::from_secs(20), third)
+            .await
+            .expect("the third starts once one ended")
+            .unwrap();
+        drop((second, third));
+        set_max_helm_processes(0);
+        assert_eq!(max_helm_processes(), 1, "the bound is at least 1");
+        set_max_helm_processes(DEFAULT_MAX_HELM_PROCESSES);
+    }
+}

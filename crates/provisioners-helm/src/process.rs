@@ -359,4 +359,71 @@ mod tests {
         // Other tests run processes too: wait for every permit to come back.
         eventually("the permits to be freed", || limit::running() == 0).await;
     }
+
+    /// Marks a run of this test binary as the SIGTERM-ignoring stand-in below.
+    const TERM_HELPER: &str = "provisioners-helm-ignores-sigterm";
+
+    /// Not a test: the stand-in for a helm that ignores SIGTERM, started by
+    /// `sigterm_is_escalated_to_sigkill_after_the_grace_period`. Does nothing
+    /// unless that test's marker argument is present.
+    #[test]
+    #[ignore = "a helper process, run by another test"]
+    fn ignores_sigterm_helper() {
+        if !std::env::args().any(|a| a == TERM_HELPER) {
+            return;
+        }
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let mut term =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).unwrap();
+            // The working directory is the run's private directory.
+            std::fs::write("ready", b"").unwrap();
+            loop {
+                term.recv().await;
+            }
+        });
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sigterm_is_escalated_to_sigkill_after_the_grace_period() {
+        let root = tempfile::tempdir().unwrap();
+        let exe = std::env::current_exe().unwrap();
+        let invocation = Invocation {
+            program: exe,
+            args: [
+                "--exact",
+                "process::tests::ignores_sigterm_helper",
+                "--ignored",
+                "--nocapture",
+                TERM_HELPER,
+            ]
+            .into_iter()
+            .map(OsString::from)
+            .collect(),
+            work: WorkDir::new(Some(root.path())).unwrap(),
+        };
+        let cancel = CancellationToken::new();
+        let grace = Duration::from_millis(500);
+        let ready = |root: &Path| {
+            std::fs::read_dir(root)
+                .unwrap()
+                .flatten()
+                .any(|dir| dir.path().join("ready").exists())
+        };
+        let canceller = async {
+            eventually("the helper to ignore SIGTERM", || ready(root.path())).await;
+            cancel.cancel();
+            Instant::now()
+        };
+        let (result, cancelled_at) = tokio::join!(run(invocation, &cancel, grace), canceller);
+        assert!(matches!(result, Err(RunError::Cancelled)), "{result:?}");
+        assert!(
+            cancelled_at.elapsed() >= grace,
+            "returned before the grace period: SIGTERM was not ignored?"
+        );
+        assert_eq!(std::fs::read_dir(root.path()).unwrap().count(), 0);
+    }
 }

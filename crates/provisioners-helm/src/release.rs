@@ -474,6 +474,26 @@ impl HelmRelease {
             .collect())
     }
 
+    /// `helm rollback` to `revision`.
+    async fn rollback(&self, cx: &Context, revision: u32) -> Result<()> {
+        let kubeconfig = self.kubeconfig(cx)?;
+        let timeout = go_duration(self.helm_timeout());
+        self.run_helm(cx, "rollback", &Value::Null, |work| {
+            let kubeconfig = work.write_kubeconfig(kubeconfig)?;
+            let mut args: Vec<OsString> = vec![
+                "rollback".into(),
+                self.release.clone().into(),
+                revision.to_string().into(),
+            ];
+            args.extend(self.common_args(&kubeconfig));
+            args.push("--timeout".into());
+            args.push(timeout.into());
+            Ok(args)
+        })
+        .await
+        .map(drop)
+    }
+
     /// `helm uninstall`, keeping the record; `background` forces background deletion.
     async fn uninstall(&self, cx: &Context, background: bool) -> Result<()> {
         let kubeconfig = self.kubeconfig(cx)?;
@@ -580,14 +600,19 @@ impl HelmRelease {
             self.uninstall(cx, true).await?;
             storage::forget_all(cx.client(), &self.namespace, &self.release).await?;
         } else if revision.is_pending() {
-            // The deployed revision before it is intact: the next upgrade goes from there.
             tracing::warn!(
                 release = %self.id(),
                 revision = revision.number,
                 status = %revision.status,
-                "the release was left pending by an interrupted helm; forgetting that revision"
+                "the release was left pending by an interrupted helm; rolling back"
             );
-            storage::forget(cx.client(), &self.namespace, revision).await?;
+            match revision.deployed_before {
+                // Back to the last deployed revision, diffed against the
+                // interrupted one: fields it set that the chart does not are
+                // removed (an upgrade from the deployed revision would keep them).
+                Some(deployed) => self.rollback(cx, deployed).await?,
+                None => storage::forget(cx.client(), &self.namespace, revision).await?,
+            }
         } else if revision.status == "uninstalling" || revision.status == "uninstalled" {
             tracing::warn!(release = %self.id(), "finishing an earlier uninstall first");
             self.uninstall(cx, true).await?;

@@ -20,6 +20,8 @@ pub(crate) struct Revision {
     pub(crate) digest: Option<String>,
     /// The record's Secret.
     pub(crate) secret: String,
+    /// The newest older revision that is `deployed`, if any.
+    pub(crate) deployed_before: Option<u32>,
 }
 
 impl Revision {
@@ -42,7 +44,7 @@ pub(crate) async fn latest(
             e,
         )
     })?;
-    Ok(list
+    let revisions: Vec<Revision> = list
         .items
         .into_iter()
         .filter_map(|item| {
@@ -52,9 +54,19 @@ pub(crate) async fn latest(
                 status: labels.get("status").cloned().unwrap_or_default(),
                 digest: labels.get(DIGEST_LABEL).cloned(),
                 secret: item.metadata.name?,
+                deployed_before: None,
             })
         })
-        .max_by_key(|revision| revision.number))
+        .collect();
+    let Some(mut latest) = revisions.iter().max_by_key(|r| r.number).cloned() else {
+        return Ok(None);
+    };
+    latest.deployed_before = revisions
+        .iter()
+        .filter(|r| r.number < latest.number && r.status == "deployed")
+        .map(|r| r.number)
+        .max();
+    Ok(Some(latest))
 }
 
 /// Deletes the record of one revision (the one an interrupted helm left pending).

@@ -1,0 +1,37 @@
+//! `cargo xtask bench helm`: a `Concurrent` group of `HelmRelease`s against a
+//! plain `helm upgrade --install --wait` loop, on a local control plane of
+//! its own (`bench-helm`), with Helm 3 and Helm 4.
+
+use anyhow::Result;
+
+use crate::bench::Options;
+use crate::process::Cmd;
+
+/// The cluster the suite starts (and stops, unless it was already up).
+const CLUSTER: &str = "bench-helm";
+
+pub(crate) fn run(options: &Options) -> Result<()> {
+    let tools = crate::tools::ensure()?;
+    let cluster = crate::cluster::up(CLUSTER, &tools)?;
+    let mut cmd = Cmd::new("cargo")
+        .args([
+            "bench",
+            "--locked",
+            "-p",
+            "provisioners-helm",
+            "--bench",
+            "helm",
+            "--",
+        ])
+        .env("PROVISIONERS_KUBECONFIG", &cluster.kubeconfig)
+        .env("PROVISIONERS_HELM3", &tools.helm3)
+        .env("PROVISIONERS_HELM4", &tools.helm4);
+    if options.quick {
+        cmd = cmd.arg("--quick");
+    }
+    let result = cmd.run();
+    if cluster.started_now {
+        crate::cluster::down(CLUSTER)?;
+    }
+    result
+}
