@@ -11,11 +11,9 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{Api, ListParams};
 use kube::config::Kubeconfig;
-use provisioners::{
-    Cluster, Concurrent, Context, ErrorKind, Provisioner, Result, Serial, async_trait,
-};
+use provisioners::{Cluster, Concurrent, Context, ErrorKind, Manifest, Provisioner, Serial};
 use provisioners_helm::{Chart, DIGEST_LABEL, HelmRelease};
 use provisioners_testing::cluster::{self, HarnessCluster, TestNamespace};
 use serde_json::json;
@@ -61,6 +59,7 @@ both_helms!(
     release_stuck_in_pending_install_is_recovered,
     release_stuck_in_pending_upgrade_is_recovered,
     chart_from_a_repository_with_a_pinned_version,
+    packaged_chart_into_a_namespace_it_creates,
 );
 
 fn chart(name: &str) -> Chart {
@@ -472,54 +471,18 @@ async fn hooks_run_on_install_and_upgrade(helm: PathBuf) {
     ns.cleanup().await.expect("cleanup");
 }
 
-/// Server-side applies one ConfigMap: a manifest-style sibling for the group test.
-struct AppliedConfigMap {
-    name: String,
-    namespace: String,
-}
-
-#[async_trait]
-impl Provisioner for AppliedConfigMap {
-    fn name(&self) -> &str {
-        &self.name
-    }
-
-    async fn provision(&self, cx: &Context) -> Result<()> {
-        let api: Api<ConfigMap> = Api::namespaced(cx.client().clone(), &self.namespace);
-        let object = json!({
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": {"name": self.name},
-            "data": {"from": "manifest"},
-        });
-        api.patch(
-            &self.name,
-            &PatchParams::apply(cx.field_manager()),
-            &Patch::Apply(&object),
-        )
-        .await
-        .map_err(|e| provisioners::Error::kube("applying a ConfigMap", e))?;
-        Ok(())
-    }
-
-    async fn deprovision(&self, cx: &Context) -> Result<()> {
-        let api: Api<ConfigMap> = Api::namespaced(cx.client().clone(), &self.namespace);
-        match api.delete(&self.name, &Default::default()).await {
-            Ok(_) => Ok(()),
-            Err(kube::Error::Api(s)) if s.is_not_found() => Ok(()),
-            Err(e) => Err(provisioners::Error::kube("deleting a ConfigMap", e)),
-        }
-    }
-}
-
 async fn inside_serial_and_concurrent_groups_with_other_provisioners(helm: PathBuf) {
     let ns = TestNamespace::create("helm-groups")
         .await
         .expect("namespace");
     let cx = context().await;
-    let manifest = |name: &str| AppliedConfigMap {
-        name: name.to_owned(),
-        namespace: ns.name().to_owned(),
+    let manifest = |name: &str| {
+        let yaml = format!(
+            "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {name}\ndata:\n  from: manifest\n"
+        );
+        Manifest::from_yaml(name.to_owned(), yaml)
+            .namespace(ns.name())
+            .wait_ready(true)
     };
     let release = |name: &str| {
         HelmRelease::new(name.to_owned(), chart("helm-plain"))
@@ -944,5 +907,52 @@ async fn chart_from_a_repository_with_a_pinned_version(helm: PathBuf) {
 
     deprovision_until_gone(&cx, &release("0.1.0")).await;
     assert!(release_record(&ns, "from-repo").await.is_none());
+    ns.cleanup().await.expect("cleanup");
+}
+
+async fn packaged_chart_into_a_namespace_it_creates(helm: PathBuf) {
+    // The harness namespace only names the test; the release goes to a new one.
+    let ns = TestNamespace::create("helm-archive")
+        .await
+        .expect("namespace");
+    let target = format!("{}-new", ns.name());
+    let cx = context().await;
+    let dir = temp_root();
+    let package = std::process::Command::new(&helm)
+        .arg("package")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("charts/helm-plain"))
+        .arg("--destination")
+        .arg(dir.path())
+        .output()
+        .expect("helm package");
+    assert!(package.status.success(), "{package:?}");
+    let archive = dir.path().join("helm-plain-0.1.0.tgz");
+    let release = HelmRelease::new("packaged", Chart::local(&archive))
+        .namespace(&target)
+        .create_namespace(true)
+        .helm(&helm)
+        .wait(WAIT);
+    cx.provision(&release)
+        .await
+        .expect("install from the archive");
+    let namespaces = Api::<k8s_openapi::api::core::v1::Namespace>::all(ns.client().clone());
+    assert!(namespaces.get_opt(&target).await.expect("get").is_some());
+    let deployments = Api::<Deployment>::namespaced(ns.client().clone(), &target);
+    let deployment = deployments.get("packaged").await.expect("deployment");
+    assert_eq!(
+        deployment.status.and_then(|s| s.available_replicas),
+        Some(1)
+    );
+    cx.provision(&release).await.expect("no-op");
+
+    deprovision_until_gone(&cx, &release).await;
+    assert!(
+        deployments
+            .get_opt("packaged")
+            .await
+            .expect("get")
+            .is_none()
+    );
+    let _ = namespaces.delete(&target, &Default::default()).await;
     ns.cleanup().await.expect("cleanup");
 }

@@ -6,7 +6,8 @@
 //! Needs a cluster and the helm binaries: run with `cargo xtask bench helm`,
 //! which starts a local control plane and sets `PROVISIONERS_KUBECONFIG`,
 //! `PROVISIONERS_HELM3` and `PROVISIONERS_HELM4`. `--quick` runs 5 releases
-//! and Helm 4 only.
+//! and Helm 4 only; `--releases N` and `--limit N` (the helm process bound)
+//! are for experiments.
 
 #![allow(missing_docs, clippy::print_stdout)]
 
@@ -130,7 +131,13 @@ async fn main() {
     {
         provisioners_helm::set_max_helm_processes(limit);
     }
-    let releases = if quick { 5 } else { 20 };
+    // `--releases N`: another number of releases (default 20, 5 with `--quick`).
+    let releases = args
+        .iter()
+        .position(|a| a == "--releases")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(if quick { 5 } else { 20 });
     let kubeconfig_path = env_path("PROVISIONERS_KUBECONFIG");
     let mut helms = vec![("helm 4", env_path("PROVISIONERS_HELM4"))];
     if !quick {
