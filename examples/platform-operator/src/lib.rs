@@ -2,7 +2,7 @@
 //!
 //! A `Platform` custom resource selects components; the operator turns each
 //! `Platform` into a tree of provisioners and hands it to
-//! [`Reconciler`](provisioners::Reconciler) on every reconcile:
+//! [`Reconciler`] on every reconcile:
 //!
 //! ```text
 //! Serial <platform name>
