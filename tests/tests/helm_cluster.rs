@@ -238,6 +238,30 @@ async fn plain_chart_install_upgrade_noop_uninstall(helm: PathBuf) {
     assert_eq!(release_record(&ns, "web").await.expect("recorded").0, 1);
     eprintln!("no-op provision took {noop:?}");
 
+    // A revision made by hand inherits the labels; it must not pass for ours.
+    let kubeconfig = HarnessCluster::Primary
+        .kubeconfig_path()
+        .expect("kubeconfig");
+    let manual = std::process::Command::new(&helm)
+        .args(["upgrade", "web"])
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("charts/helm-plain"))
+        .args(["--namespace", ns.name(), "--reuse-values"])
+        .args(["--set", "greeting=by-hand", "--kubeconfig"])
+        .arg(&kubeconfig)
+        .output()
+        .expect("helm upgrade by hand");
+    assert!(manual.status.success(), "{manual:?}");
+    cx.provision(&release("hello", 1))
+        .await
+        .expect("provision over the manual revision");
+    assert_eq!(release_record(&ns, "web").await.expect("recorded").0, 3);
+    let settings = ns
+        .api::<ConfigMap>()
+        .get("web-settings")
+        .await
+        .expect("configmap");
+    assert_eq!(settings.data.expect("data")["greeting"], "hello");
+
     // Changed values: an upgrade.
     cx.provision(&release("bonjour", 2))
         .await
@@ -249,7 +273,7 @@ async fn plain_chart_install_upgrade_noop_uninstall(helm: PathBuf) {
         .await
         .expect("configmap");
     assert_eq!(settings.data.expect("data")["greeting"], "bonjour");
-    assert_eq!(release_record(&ns, "web").await.expect("recorded").0, 2);
+    assert_eq!(release_record(&ns, "web").await.expect("recorded").0, 4);
 
     // A new chart version: a copy of the chart with another version.
     let copy = tempfile::tempdir().expect("temp dir");
@@ -277,11 +301,11 @@ async fn plain_chart_install_upgrade_noop_uninstall(helm: PathBuf) {
         .await
         .expect("configmap");
     assert_eq!(settings.data.expect("data")["chartVersion"], "0.2.0");
-    assert_eq!(release_record(&ns, "web").await.expect("recorded").0, 3);
+    assert_eq!(release_record(&ns, "web").await.expect("recorded").0, 5);
     cx.provision(&bumped)
         .await
         .expect("no-op after the version change");
-    assert_eq!(release_record(&ns, "web").await.expect("recorded").0, 3);
+    assert_eq!(release_record(&ns, "web").await.expect("recorded").0, 5);
 
     // Uninstall gates until the release and its objects are gone.
     let mut rounds = 0;

@@ -15,7 +15,7 @@ use tokio::sync::OwnedMutexGuard;
 
 use crate::chart::Chart;
 use crate::process::{self, Invocation, Output, RunError};
-use crate::storage::{self, DIGEST_LABEL, Revision};
+use crate::storage::{self, DIGEST_LABEL, REVISION_LABEL, Revision};
 use crate::values;
 use crate::version::{self, Major};
 use crate::workdir::WorkDir;
@@ -40,10 +40,12 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 ///   `KUBECONFIG` variables are removed.
 /// * **Fast no-op.** A digest of chart (content of a local chart, or
 ///   reference and exact version of a remote one), version, namespace and
-///   values is stored as the label [`DIGEST_LABEL`] on helm's release record.
-///   A release whose newest revision is `deployed` with the same digest is
-///   recognised with one API call, without running helm. Drift of the
-///   release's objects is therefore not corrected by a no-op provision.
+///   values is stored as the label [`DIGEST_LABEL`] on helm's release record,
+///   with the revision it was written for ([`REVISION_LABEL`]: a revision made
+///   by hand inherits the labels and so never matches). A release whose
+///   newest revision is `deployed` with the same digest is recognised with
+///   one API call, without running helm. Drift of the release's objects is
+///   therefore not corrected by a no-op provision.
 /// * **Recovers** a release left `pending-install`, `pending-upgrade` or
 ///   `pending-rollback` by a helm that died: provisions of one release are
 ///   serialised within the process, so a pending record seen while no helm of
@@ -313,7 +315,7 @@ impl HelmRelease {
         major: Major,
         kubeconfig: &Path,
         values: &Path,
-        digest: Option<&str>,
+        stamp: Option<(&str, u32)>,
     ) -> Vec<OsString> {
         let mut args: Vec<OsString> = vec!["upgrade".into(), "--install".into()];
         args.push(self.release.clone().into());
@@ -338,10 +340,15 @@ impl HelmRelease {
         args.push(values.into());
         // Values come from the file only, never from an earlier revision.
         args.push("--reset-values".into());
-        if let Some(digest) = digest {
-            args.push("--labels".into());
-            args.push(format!("{DIGEST_LABEL}={digest}").into());
-        }
+        // helm copies labels from the previous revision: always set both
+        // (`null` removes one), so no revision carries a stale stamp.
+        args.push("--labels".into());
+        args.push(match stamp {
+            Some((digest, revision)) => {
+                format!("{DIGEST_LABEL}={digest},{REVISION_LABEL}={revision}").into()
+            }
+            None => format!("{DIGEST_LABEL}=null,{REVISION_LABEL}=null").into(),
+        });
         if self.wait.is_some() {
             args.push(wait_flag(major));
         }
@@ -521,14 +528,19 @@ impl Provisioner for HelmRelease {
         let digest = self.digest(&values).await?;
         let _serialised = lock(cx.cluster().id(), &self.namespace, &self.release).await;
 
-        let latest = storage::latest(cx.client(), &self.namespace, &self.release).await?;
+        let mut latest = storage::latest(cx.client(), &self.namespace, &self.release).await?;
         if let Some(revision) = &latest {
-            if revision.status == "deployed" && digest.is_some() && revision.digest == digest {
+            if revision.is_deployed_with(digest.as_deref()) {
                 tracing::debug!(release = %self.id(), revision = revision.number, "no change");
                 return Ok(());
             }
-            self.recover(cx, revision).await?;
+            if self.recover(cx, revision).await? {
+                latest = storage::latest(cx.client(), &self.namespace, &self.release).await?;
+            }
         }
+        // helm numbers the revision it is about to write one past the newest.
+        let next = latest.as_ref().map_or(1, |r| r.number + 1);
+        let stamp = digest.as_deref().map(|digest| (digest, next));
 
         let kubeconfig = self.kubeconfig(cx)?;
         let major =
@@ -543,7 +555,7 @@ impl Provisioner for HelmRelease {
         self.run_helm(cx, "upgrade --install", &values, |work| {
             let kubeconfig = work.write_kubeconfig(kubeconfig)?;
             let values = work.write_private("values.json", &values_json)?;
-            Ok(self.upgrade_args(major, &kubeconfig, &values, digest.as_deref()))
+            Ok(self.upgrade_args(major, &kubeconfig, &values, stamp))
         })
         .await
         .map(drop)
@@ -588,7 +600,8 @@ impl Provisioner for HelmRelease {
 impl HelmRelease {
     /// Brings a release whose newest revision was left half-done by a dead
     /// helm back to a state `helm upgrade --install` accepts.
-    async fn recover(&self, cx: &Context, revision: &Revision) -> Result<()> {
+    /// Returns whether it changed the release's records.
+    async fn recover(&self, cx: &Context, revision: &Revision) -> Result<bool> {
         if revision.status == "pending-install" {
             // Nothing of an install that never finished is worth keeping, and
             // objects it left would keep fields the chart no longer sets.
@@ -599,6 +612,7 @@ impl HelmRelease {
             );
             self.uninstall(cx, true).await?;
             storage::forget_all(cx.client(), &self.namespace, &self.release).await?;
+            Ok(true)
         } else if revision.is_pending() {
             tracing::warn!(
                 release = %self.id(),
@@ -613,12 +627,15 @@ impl HelmRelease {
                 Some(deployed) => self.rollback(cx, deployed).await?,
                 None => storage::forget(cx.client(), &self.namespace, revision).await?,
             }
+            Ok(true)
         } else if revision.status == "uninstalling" || revision.status == "uninstalled" {
             tracing::warn!(release = %self.id(), "finishing an earlier uninstall first");
             self.uninstall(cx, true).await?;
             storage::forget_all(cx.client(), &self.namespace, &self.release).await?;
+            Ok(true)
+        } else {
+            Ok(false)
         }
-        Ok(())
     }
 }
 
@@ -858,7 +875,7 @@ mod tests {
             Major::Three,
             Path::new("/tmp/w/kubeconfig"),
             Path::new("/tmp/w/values.json"),
-            Some("abc"),
+            Some(("abc", 3)),
         ));
         assert_eq!(
             args,
@@ -877,7 +894,7 @@ mod tests {
                 "/tmp/w/values.json",
                 "--reset-values",
                 "--labels",
-                "provisioners.dev/helm-digest=abc",
+                "provisioners.dev/helm-digest=abc,provisioners.dev/helm-revision=3",
                 "--wait",
                 "--timeout",
                 "90000ms",
@@ -887,7 +904,9 @@ mod tests {
         let helm4 =
             strings(&release.upgrade_args(Major::Four, Path::new("k"), Path::new("v"), None));
         assert!(helm4.contains(&"--wait=watcher".to_owned()));
-        assert!(!helm4.contains(&"--labels".to_owned()));
+        assert!(helm4.contains(
+            &"provisioners.dev/helm-digest=null,provisioners.dev/helm-revision=null".to_owned()
+        ));
     }
 
     #[test]

@@ -9,6 +9,11 @@ use provisioners_core::{Error, Result};
 /// the release record (passed to helm with `--labels`).
 pub const DIGEST_LABEL: &str = "provisioners.dev/helm-digest";
 
+/// The label holding the revision number the digest was written for. helm
+/// copies labels into later revisions (a `helm upgrade` by hand): a digest
+/// whose revision is not the record's own says nothing about that record.
+pub const REVISION_LABEL: &str = "provisioners.dev/helm-revision";
+
 /// One revision of a release, from its record's labels.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Revision {
@@ -16,7 +21,7 @@ pub(crate) struct Revision {
     pub(crate) number: u32,
     /// `deployed`, `failed`, `pending-install`, ... (`status` label).
     pub(crate) status: String,
-    /// The digest this crate stored with the revision, if any.
+    /// The digest this crate stored for this very revision, if any.
     pub(crate) digest: Option<String>,
     /// The record's Secret.
     pub(crate) secret: String,
@@ -27,6 +32,11 @@ pub(crate) struct Revision {
 impl Revision {
     pub(crate) fn is_pending(&self) -> bool {
         self.status.starts_with("pending-")
+    }
+
+    /// Whether this revision is deployed from exactly the inputs hashed to `digest`.
+    pub(crate) fn is_deployed_with(&self, digest: Option<&str>) -> bool {
+        self.status == "deployed" && digest.is_some() && self.digest.as_deref() == digest
     }
 }
 
@@ -49,10 +59,17 @@ pub(crate) async fn latest(
         .into_iter()
         .filter_map(|item| {
             let labels = item.metadata.labels.unwrap_or_default();
+            let number: u32 = labels.get("version")?.parse().ok()?;
+            let stamped = labels
+                .get(REVISION_LABEL)
+                .and_then(|r| r.parse::<u32>().ok());
             Some(Revision {
-                number: labels.get("version")?.parse().ok()?,
+                number,
                 status: labels.get("status").cloned().unwrap_or_default(),
-                digest: labels.get(DIGEST_LABEL).cloned(),
+                digest: labels
+                    .get(DIGEST_LABEL)
+                    .filter(|_| stamped == Some(number))
+                    .cloned(),
                 secret: item.metadata.name?,
                 deployed_before: None,
             })
