@@ -464,7 +464,8 @@ async fn hooks_run_on_install_and_upgrade(helm: PathBuf) {
         .expect("namespace");
     let cx = context().await;
     let release = |message: &str| {
-        HelmRelease::new("hooked", chart("helm-hooks"))
+        // Relative to the test's working directory (the package), as a user would write it.
+        HelmRelease::new("hooked", Chart::local("charts/helm-hooks"))
             .namespace(ns.name())
             .helm(&helm)
             .set("message", message.to_owned())

@@ -72,7 +72,8 @@ pub(crate) async fn run(
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .current_dir(work.path())
+        // The working directory stays this process's: relative chart paths
+        // and kubeconfig references resolve as the caller expects.
         // Its own group, so signals reach whatever helm itself started
         // (credential plugins, post-renderers).
         .process_group(0);
@@ -283,7 +284,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn helm_variables_are_replaced_and_the_work_dir_is_the_cwd() {
+    async fn helm_variables_are_replaced() {
         let root = tempfile::tempdir().unwrap();
         let output = run(
             invocation("env", &[], root.path()),
@@ -300,6 +301,23 @@ mod tests {
             .unwrap();
         assert!(cache.starts_with(root.path().to_str().unwrap()), "{cache}");
         assert!(!env.lines().any(|l| l.starts_with("KUBECONFIG=")), "{env}");
+    }
+
+    #[tokio::test]
+    async fn relative_paths_resolve_from_this_process_s_directory() {
+        let root = tempfile::tempdir().unwrap();
+        let output = run(
+            invocation("pwd", &["-P"], root.path()),
+            &CancellationToken::new(),
+            Duration::from_secs(1),
+        )
+        .await
+        .unwrap();
+        let cwd = std::env::current_dir().unwrap().canonicalize().unwrap();
+        assert_eq!(
+            String::from_utf8(output.stdout).unwrap().trim(),
+            cwd.to_str().unwrap()
+        );
     }
 
     #[tokio::test]
@@ -379,8 +397,9 @@ mod tests {
         runtime.block_on(async {
             let mut term =
                 tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).unwrap();
-            // The working directory is the run's private directory.
-            std::fs::write("ready", b"").unwrap();
+            // Tell the test, in the run's private directory, that SIGTERM is now ignored.
+            let cache = std::env::var_os("HELM_CACHE_HOME").unwrap();
+            std::fs::write(Path::new(&cache).with_file_name("ready"), b"").unwrap();
             loop {
                 term.recv().await;
             }

@@ -37,7 +37,9 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 ///   the values file, never passed as `--set`.
 /// * **Isolated.** Every run gets its own `HELM_CACHE_HOME`,
 ///   `HELM_CONFIG_HOME` and `HELM_DATA_HOME`; inherited `HELM_*` and
-///   `KUBECONFIG` variables are removed.
+///   `KUBECONFIG` variables are removed. The rest of this process's
+///   environment (proxies, what credential plugins need) and its working
+///   directory (relative chart paths) are kept.
 /// * **Fast no-op.** A digest of chart (content of a local chart, or
 ///   reference and exact version of a remote one), version, namespace and
 ///   values is stored as the label [`DIGEST_LABEL`] on helm's release record,
