@@ -35,6 +35,7 @@ impl WorkDir {
         Ok(WorkDir { dir })
     }
 
+    #[cfg(test)]
     pub(crate) fn path(&self) -> &Path {
         self.dir.path()
     }
