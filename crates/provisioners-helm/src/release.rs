@@ -777,7 +777,8 @@ fn trimmed(stderr: &[u8]) -> String {
     }
 }
 
-/// Render errors are bad input (never retried); waits that ran out are timeouts.
+/// Render errors are bad input (never retried); waits that ran out are
+/// timeouts; a release another process is working on is a yield.
 fn classify(message: String, stderr: &str) -> Error {
     const RENDER: [&str; 4] = [
         "execution error at (",
@@ -789,6 +790,9 @@ fn classify(message: String, stderr: &str) -> Error {
         Error::invalid(format!(
             "{message}\nthe chart did not render with these values: fix the values or the chart"
         ))
+    } else if stderr.contains("another operation (install/upgrade/rollback) is in progress") {
+        // Another process works on the release: come back later.
+        Error::yielding(message)
     } else if stderr.contains("context deadline exceeded")
         || stderr.contains("timed out waiting for the condition")
     {
@@ -1042,6 +1046,11 @@ mod tests {
         assert_eq!(error.kind(), provisioners_core::ErrorKind::Invalid);
         let error = classify("m".to_owned(), "UPGRADE FAILED: context deadline exceeded");
         assert_eq!(error.kind(), provisioners_core::ErrorKind::Timeout);
+        let error = classify(
+            "m".to_owned(),
+            "UPGRADE FAILED: another operation (install/upgrade/rollback) is in progress",
+        );
+        assert!(error.is_yield());
         let error = classify("m".to_owned(), "UPGRADE FAILED: conflict");
         assert_eq!(error.kind(), provisioners_core::ErrorKind::Helm);
         assert_eq!(trimmed(b""), "(no output on stderr)");
