@@ -43,8 +43,14 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
         .run()?;
     let tools = crate::tools::ensure()?;
     let clusters = crate::cluster::TestClusters::up(&tools)?;
-    let mut tests =
-        Cmd::new("cargo").args(["test", "--workspace", "--locked", "--", "--include-ignored"]);
+    let mut tests = Cmd::new("cargo").args([
+        "test",
+        "--workspace",
+        "--locked",
+        "--no-fail-fast",
+        "--",
+        "--include-ignored",
+    ]);
     for (key, value) in clusters.env(&tools) {
         tests = tests.env(key, value);
     }
