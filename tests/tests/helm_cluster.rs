@@ -62,6 +62,34 @@ both_helms!(
     packaged_chart_into_a_namespace_it_creates,
 );
 
+/// Helm 4 applies server-side, and a new release skips helm's own OpenAPI
+/// validation: the API server must still refuse a misspelt field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the local control plane (cargo xtask test)"]
+async fn helm4_new_release_with_an_unknown_field_is_refused() {
+    let helm = cluster::helm4().expect("PROVISIONERS_HELM4");
+    let ns = TestNamespace::create("helm-unknown")
+        .await
+        .expect("namespace");
+    let cx = context().await;
+    let release = HelmRelease::new("typo", chart("helm-unknown-field"))
+        .namespace(ns.name())
+        .helm(&helm);
+    let error = cx.provision(&release).await.expect_err("must be refused");
+    let text = error.to_string();
+    assert!(text.contains("dataa"), "{text}");
+    assert!(text.contains("not declared in schema"), "{text}");
+    assert_eq!(error.kind(), ErrorKind::Invalid, "{text}");
+    assert!(
+        ns.api::<ConfigMap>()
+            .get_opt("typo")
+            .await
+            .expect("get")
+            .is_none()
+    );
+    ns.cleanup().await.expect("cleanup");
+}
+
 fn chart(name: &str) -> Chart {
     Chart::local(
         Path::new(env!("CARGO_MANIFEST_DIR"))

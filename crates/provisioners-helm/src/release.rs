@@ -318,6 +318,7 @@ impl HelmRelease {
         kubeconfig: &Path,
         values: &Path,
         stamp: Option<(&str, u32)>,
+        fresh: bool,
     ) -> Vec<OsString> {
         let mut args: Vec<OsString> = vec!["upgrade".into(), "--install".into()];
         args.push(self.release.clone().into());
@@ -351,6 +352,14 @@ impl HelmRelease {
             }
             None => format!("{DIGEST_LABEL}=null,{REVISION_LABEL}=null").into(),
         });
+        if major == Major::Four && fresh {
+            // A new release is applied server-side, where the API server
+            // rejects unknown fields itself: helm's own OpenAPI validation
+            // (the cluster's schema fetched and checked on every run) adds
+            // nothing but half of helm's CPU time.
+            args.push("--server-side=true".into());
+            args.push("--disable-openapi-validation".into());
+        }
         if self.wait.is_some() {
             args.push(wait_flag(major));
         }
@@ -542,6 +551,7 @@ impl Provisioner for HelmRelease {
         }
         // helm numbers the revision it is about to write one past the newest.
         let next = latest.as_ref().map_or(1, |r| r.number + 1);
+        let fresh = latest.is_none();
         let stamp = digest.as_deref().map(|digest| (digest, next));
 
         let kubeconfig = self.kubeconfig(cx)?;
@@ -557,7 +567,7 @@ impl Provisioner for HelmRelease {
         self.run_helm(cx, "upgrade --install", &values, |work| {
             let kubeconfig = work.write_kubeconfig(kubeconfig)?;
             let values = work.write_private("values.json", &values_json)?;
-            Ok(self.upgrade_args(major, &kubeconfig, &values, stamp))
+            Ok(self.upgrade_args(major, &kubeconfig, &values, stamp, fresh))
         })
         .await
         .map(drop)
@@ -777,8 +787,9 @@ fn trimmed(stderr: &[u8]) -> String {
     }
 }
 
-/// Render errors are bad input (never retried); waits that ran out are
-/// timeouts; a release another process is working on is a yield.
+/// Render errors and objects the API server refuses as malformed are bad
+/// input (never retried); waits that ran out are timeouts; a release another
+/// process is working on is a yield.
 fn classify(message: String, stderr: &str) -> Error {
     const RENDER: [&str; 4] = [
         "execution error at (",
@@ -786,9 +797,19 @@ fn classify(message: String, stderr: &str) -> Error {
         "template: ",
         "values don't meet the specifications of the schema",
     ];
+    // Objects the API server refuses as malformed (not transient conditions).
+    const REFUSED: [&str; 3] = [
+        "field not declared in schema",
+        "cannot unmarshal",
+        "is invalid: ",
+    ];
     if RENDER.iter().any(|marker| stderr.contains(marker)) {
         Error::invalid(format!(
             "{message}\nthe chart did not render with these values: fix the values or the chart"
+        ))
+    } else if REFUSED.iter().any(|marker| stderr.contains(marker)) {
+        Error::invalid(format!(
+            "{message}\nthe API server refused an object of the chart: fix the values or the chart"
         ))
     } else if stderr.contains("another operation (install/upgrade/rollback) is in progress") {
         // Another process works on the release: come back later.
@@ -882,6 +903,7 @@ mod tests {
             Path::new("/tmp/w/kubeconfig"),
             Path::new("/tmp/w/values.json"),
             Some(("abc", 3)),
+            false,
         ));
         assert_eq!(
             args,
@@ -907,12 +929,35 @@ mod tests {
             ]
         );
         assert!(!args.iter().any(|a| a.contains("s3cr3t")));
-        let helm4 =
-            strings(&release.upgrade_args(Major::Four, Path::new("k"), Path::new("v"), None));
+        let helm4 = strings(&release.upgrade_args(
+            Major::Four,
+            Path::new("k"),
+            Path::new("v"),
+            None,
+            false,
+        ));
         assert!(helm4.contains(&"--wait=watcher".to_owned()));
         assert!(helm4.contains(
             &"provisioners.dev/helm-digest=null,provisioners.dev/helm-revision=null".to_owned()
         ));
+        // Only a new release under Helm 4 is applied server-side without helm's own validation.
+        assert!(!helm4.contains(&"--disable-openapi-validation".to_owned()));
+        let fresh =
+            strings(&release.upgrade_args(Major::Four, Path::new("k"), Path::new("v"), None, true));
+        assert!(fresh.contains(&"--server-side=true".to_owned()));
+        assert!(fresh.contains(&"--disable-openapi-validation".to_owned()));
+        let helm3 = strings(&release.upgrade_args(
+            Major::Three,
+            Path::new("k"),
+            Path::new("v"),
+            None,
+            true,
+        ));
+        assert!(
+            !helm3
+                .iter()
+                .any(|a| a.contains("server-side") || a.contains("openapi"))
+        );
     }
 
     #[test]
@@ -921,14 +966,16 @@ mod tests {
             "x",
             Chart::repository("https://charts.example.com", "nginx"),
         );
-        let args = strings(&repo.upgrade_args(Major::Four, Path::new("k"), Path::new("v"), None));
+        let args =
+            strings(&repo.upgrade_args(Major::Four, Path::new("k"), Path::new("v"), None, false));
         assert_eq!(
             &args[2..6],
             ["x", "nginx", "--repo", "https://charts.example.com"]
         );
         assert!(!args.contains(&"--wait=watcher".to_owned()));
         let oci = HelmRelease::new("x", Chart::oci("registry.example.com/charts/app"));
-        let args = strings(&oci.upgrade_args(Major::Three, Path::new("k"), Path::new("v"), None));
+        let args =
+            strings(&oci.upgrade_args(Major::Three, Path::new("k"), Path::new("v"), None, true));
         assert_eq!(args[3], "oci://registry.example.com/charts/app");
     }
 
@@ -1051,6 +1098,11 @@ mod tests {
             "UPGRADE FAILED: another operation (install/upgrade/rollback) is in progress",
         );
         assert!(error.is_yield());
+        let error = classify(
+            "m".to_owned(),
+            "failed to create typed patch object (ns/x; /v1, Kind=ConfigMap): .dataa: field not declared in schema",
+        );
+        assert_eq!(error.kind(), provisioners_core::ErrorKind::Invalid);
         let error = classify("m".to_owned(), "UPGRADE FAILED: conflict");
         assert_eq!(error.kind(), provisioners_core::ErrorKind::Helm);
         assert_eq!(trimmed(b""), "(no output on stderr)");
