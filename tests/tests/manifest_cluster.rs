@@ -1,329 +1,16 @@
 //! `Manifest` and `Resource` against the local control plane.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
-use kube::Client;
-use kube::api::{Api, DynamicObject, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
-use kube::core::ApiResource;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, DynamicObject, ObjectMeta, Patch, PatchParams, PostParams};
 use provisioners::{Context, Error, ErrorKind, Provisioner};
 use provisioners_manifest::{INVENTORY_LABEL, Manifest, Resource};
-use provisioners_testing::cluster::{HarnessCluster, TestNamespace};
+use provisioners_testing::cluster::TestNamespace;
 
-const POLL: Duration = Duration::from_millis(250);
-
-async fn cx() -> Context {
-    let client = HarnessCluster::Primary
-        .client()
-        .await
-        .expect("cluster client");
-    Context::from_client(client)
-}
-
-/// Runs `provision` (or `deprovision`) until it returns Ok, as a controller
-/// would requeue: yields and transient errors are retried until `deadline`.
-/// Returns the time taken and every yield reason seen.
-async fn converge(
-    cx: &Context,
-    node: &dyn Provisioner,
-    provision: bool,
-    deadline: Duration,
-) -> (Duration, Vec<String>) {
-    let started = Instant::now();
-    let mut reasons = Vec::new();
-    loop {
-        let result = if provision {
-            cx.provision(node).await
-        } else {
-            cx.deprovision(node).await
-        };
-        match result {
-            Ok(()) => return (started.elapsed(), reasons),
-            Err(e) if e.is_transient() => reasons.push(e.to_string()),
-            Err(e) => panic!("{} failed: {e}", node.name()),
-        }
-        assert!(
-            started.elapsed() < deadline,
-            "{} did not converge within {deadline:?}; last: {:?}",
-            node.name(),
-            reasons.last()
-        );
-        tokio::time::sleep(POLL).await;
-    }
-}
-
-fn fixture() -> PathBuf {
-    let root = std::env::var_os("PROVISIONERS_FIXTURES")
-        .expect("PROVISIONERS_FIXTURES is not set (the shared fixtures directory)");
-    PathBuf::from(root).join("kube-prometheus/manifests")
-}
-
-fn resource(group: &str, version: &str, kind: &str, plural: &str) -> ApiResource {
-    ApiResource {
-        group: group.into(),
-        version: version.into(),
-        api_version: if group.is_empty() {
-            version.into()
-        } else {
-            format!("{group}/{version}")
-        },
-        kind: kind.into(),
-        plural: plural.into(),
-    }
-}
-
-/// Every kube-prometheus object kind, namespaced in `monitoring` or not.
-fn kube_prometheus_kinds() -> Vec<(ApiResource, bool)> {
-    vec![
-        (resource("", "v1", "ConfigMap", "configmaps"), true),
-        (resource("", "v1", "Secret", "secrets"), true),
-        (resource("", "v1", "Service", "services"), true),
-        (
-            resource("", "v1", "ServiceAccount", "serviceaccounts"),
-            true,
-        ),
-        (resource("apps", "v1", "Deployment", "deployments"), true),
-        (resource("apps", "v1", "DaemonSet", "daemonsets"), true),
-        (
-            resource(
-                "networking.k8s.io",
-                "v1",
-                "NetworkPolicy",
-                "networkpolicies",
-            ),
-            true,
-        ),
-        (
-            resource(
-                "policy",
-                "v1",
-                "PodDisruptionBudget",
-                "poddisruptionbudgets",
-            ),
-            true,
-        ),
-        (
-            resource("rbac.authorization.k8s.io", "v1", "Role", "roles"),
-            true,
-        ),
-        (
-            resource(
-                "rbac.authorization.k8s.io",
-                "v1",
-                "RoleBinding",
-                "rolebindings",
-            ),
-            true,
-        ),
-        (
-            resource(
-                "monitoring.coreos.com",
-                "v1",
-                "ServiceMonitor",
-                "servicemonitors",
-            ),
-            true,
-        ),
-        (
-            resource(
-                "monitoring.coreos.com",
-                "v1",
-                "PrometheusRule",
-                "prometheusrules",
-            ),
-            true,
-        ),
-        (
-            resource("monitoring.coreos.com", "v1", "Prometheus", "prometheuses"),
-            true,
-        ),
-        (
-            resource(
-                "monitoring.coreos.com",
-                "v1",
-                "Alertmanager",
-                "alertmanagers",
-            ),
-            true,
-        ),
-        (
-            resource(
-                "rbac.authorization.k8s.io",
-                "v1",
-                "ClusterRole",
-                "clusterroles",
-            ),
-            false,
-        ),
-        (
-            resource(
-                "rbac.authorization.k8s.io",
-                "v1",
-                "ClusterRoleBinding",
-                "clusterrolebindings",
-            ),
-            false,
-        ),
-        (
-            resource(
-                "apiextensions.k8s.io",
-                "v1",
-                "CustomResourceDefinition",
-                "customresourcedefinitions",
-            ),
-            false,
-        ),
-        (
-            resource("apiregistration.k8s.io", "v1", "APIService", "apiservices"),
-            false,
-        ),
-    ]
-}
-
-/// `kind namespace/name -> resourceVersion` of everything our field manager
-/// applied of kube-prometheus.
-async fn snapshot(client: &Client, field_manager: &str) -> BTreeMap<String, String> {
-    let mut out = BTreeMap::new();
-    for (resource, namespaced) in kube_prometheus_kinds() {
-        let api: Api<DynamicObject> = if namespaced {
-            Api::namespaced_with(client.clone(), "monitoring", &resource)
-        } else {
-            Api::all_with(client.clone(), &resource)
-        };
-        let list = match api.list(&ListParams::default()).await {
-            Ok(list) => list,
-            // A CRD's kind that is gone, or the namespace: nothing of it.
-            Err(kube::Error::Api(status)) if status.code == 404 => continue,
-            Err(e) => panic!("listing {}: {e}", resource.plural),
-        };
-        for object in list {
-            let ours = object
-                .metadata
-                .managed_fields
-                .iter()
-                .flatten()
-                .any(|m| m.manager.as_deref() == Some(field_manager));
-            if ours {
-                out.insert(
-                    format!(
-                        "{} {}/{}",
-                        resource.kind,
-                        object.metadata.namespace.unwrap_or_default(),
-                        object.metadata.name.unwrap_or_default()
-                    ),
-                    object.metadata.resource_version.unwrap_or_default(),
-                );
-            }
-        }
-    }
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    if let Some(namespace) = namespaces.get_opt("monitoring").await.expect("namespace") {
-        out.insert(
-            "Namespace monitoring".into(),
-            namespace.metadata.resource_version.unwrap_or_default(),
-        );
-    }
-    out
-}
-
-#[tokio::test]
-#[ignore = "needs the local control plane (cargo xtask test)"]
-async fn kube_prometheus_provisions_from_nothing_is_idempotent_and_deprovisions() {
-    let field_manager = "manifest-kube-prometheus-test";
-    let cx = cx().await.with_field_manager(field_manager);
-    let client = cx.client().clone();
-    let manifest = Manifest::from_path("kube-prometheus", fixture()).wait_ready(true);
-
-    let (took, reasons) = converge(&cx, &manifest, true, Duration::from_secs(240)).await;
-    eprintln!(
-        "kube-prometheus provisioned in {took:?} after {} yields",
-        reasons.len()
-    );
-    for reason in &reasons {
-        eprintln!("  yield: {reason}");
-    }
-
-    let before = snapshot(&client, field_manager).await;
-    // 10 CRDs, their custom resources, the Deployments and the rest.
-    assert!(
-        before.len() > 80,
-        "only {} objects: {before:?}",
-        before.len()
-    );
-    assert!(before.contains_key("CustomResourceDefinition /prometheuses.monitoring.coreos.com"));
-    assert!(before.contains_key("Prometheus monitoring/k8s"));
-    assert!(before.contains_key("Deployment monitoring/grafana"));
-    let deployments: Api<k8s_openapi::api::apps::v1::Deployment> =
-        Api::namespaced(client.clone(), "monitoring");
-    for deployment in deployments
-        .list(&ListParams::default())
-        .await
-        .expect("list")
-    {
-        let status = deployment.status.unwrap_or_default();
-        let want = deployment.spec.and_then(|s| s.replicas).unwrap_or(1);
-        assert_eq!(
-            status.available_replicas.unwrap_or(0),
-            want,
-            "Deployment {:?} not available",
-            deployment.metadata.name
-        );
-    }
-
-    let started = Instant::now();
-    cx.provision(&manifest).await.expect("second provision");
-    eprintln!(
-        "kube-prometheus re-provisioned (no-op) in {:?}",
-        started.elapsed()
-    );
-    let after = snapshot(&client, field_manager).await;
-    let changed: Vec<_> = before
-        .iter()
-        .filter(|(key, rv)| after.get(*key) != Some(*rv))
-        .map(|(key, _)| key)
-        .collect();
-    assert!(changed.is_empty(), "a no-op provision changed {changed:?}");
-
-    let (took, reasons) = converge(&cx, &manifest, false, Duration::from_secs(240)).await;
-    eprintln!(
-        "kube-prometheus deprovisioned in {took:?} after {} yields",
-        reasons.len()
-    );
-    assert!(
-        reasons
-            .iter()
-            .all(|r| r.contains("waiting for the deletion of")),
-        "{reasons:?}"
-    );
-    // Ok only once everything is gone.
-    let left = snapshot(&client, field_manager).await;
-    assert!(left.is_empty(), "left behind: {left:?}");
-    let namespaces: Api<Namespace> = Api::all(client);
-    assert!(
-        namespaces
-            .get_opt("monitoring")
-            .await
-            .expect("get")
-            .is_none()
-    );
-    // Deprovisioning what is gone is Ok straight away.
-    cx.deprovision(&manifest).await.expect("deprovision again");
-}
-
-fn config_maps(names: &[&str]) -> String {
-    names
-        .iter()
-        .map(|name| {
-            format!(
-                "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {name}\n  labels:\n    \
-                 app: pruned\ndata:\n  name: {name}\n"
-            )
-        })
-        .collect::<Vec<_>>()
-        .join("---\n")
-}
+mod manifest_support;
+use manifest_support::{POLL, config_maps, converge, cx, resource};
 
 #[tokio::test]
 #[ignore = "needs the local control plane (cargo xtask test)"]
@@ -639,5 +326,63 @@ async fn a_typed_resource_applies_waits_and_deletes() {
 
     converge(&cx, &node, false, Duration::from_secs(30)).await;
     assert!(api.get_opt("typed").await.expect("get").is_none());
+    ns.cleanup().await.expect("cleanup");
+}
+
+fn crd(group: &str, plural: &str, kind: &str, list_kind: &str) -> String {
+    format!(
+        "apiVersion: apiextensions.k8s.io/v1\nkind: CustomResourceDefinition\nmetadata:\n  name: \
+         {plural}.{group}\nspec:\n  group: {group}\n  scope: Namespaced\n  names:\n    plural: \
+         {plural}\n    singular: {}\n    kind: {kind}\n    listKind: {list_kind}\n  versions:\n  - \
+         name: v1\n    served: true\n    storage: true\n    schema:\n      openAPIV3Schema:\n        \
+         type: object\n        x-kubernetes-preserve-unknown-fields: true\n",
+        plural.trim_end_matches('s')
+    )
+}
+
+#[tokio::test]
+#[ignore = "needs the local control plane (cargo xtask test)"]
+async fn a_custom_resource_yields_naming_its_crd_until_it_is_established() {
+    let ns = TestNamespace::create("manifest-crd")
+        .await
+        .expect("namespace");
+    let cx = Context::from_client(ns.client().clone());
+    let group = format!("{}.example.com", ns.name());
+    // `gizmos` claims the list kind `gadgets` already has: its names are
+    // never accepted, so it never becomes Established.
+    let first = Manifest::from_yaml("gadgets", crd(&group, "gadgets", "Gadget", "GadgetList"));
+    cx.provision(&first).await.expect("first CRD");
+    let yaml = format!(
+        "{}---\napiVersion: {group}/v1\nkind: Gizmo\nmetadata:\n  name: g\n",
+        crd(&group, "gizmos", "Gizmo", "GadgetList")
+    );
+    let second = Manifest::from_yaml("gizmos", yaml).namespace(ns.name());
+    let error = cx.provision(&second).await.expect_err("must yield");
+    assert!(error.is_yield(), "{error}");
+    assert_eq!(
+        error.message(),
+        format!(
+            "waiting for CustomResourceDefinition gizmos.{group} to be Established (needed by \
+             Gizmo {}/g)",
+            ns.name()
+        )
+    );
+
+    // Deprovision: the Gizmo's kind is not served, so it counts as gone.
+    converge(&cx, &second, false, Duration::from_secs(60)).await;
+    converge(&cx, &first, false, Duration::from_secs(60)).await;
+    let crds: Api<DynamicObject> = Api::all_with(
+        cx.client().clone(),
+        &resource(
+            "apiextensions.k8s.io",
+            "v1",
+            "CustomResourceDefinition",
+            "customresourcedefinitions",
+        ),
+    );
+    for name in ["gadgets", "gizmos"] {
+        let name = format!("{name}.{group}");
+        assert!(crds.get_opt(&name).await.expect("get").is_none(), "{name}");
+    }
     ns.cleanup().await.expect("cleanup");
 }

@@ -208,7 +208,8 @@ impl Bench {
 
             ours.0.push(self.ours(&[&all])?);
             ours.1.push(self.ours(&[&all])?);
-            ours.2.push(self.ours(&["--delete", &all])?);
+            // Background propagation, as `kubectl delete` does by default.
+            ours.2.push(self.ours(&["--delete", "--background", &all])?);
         }
         eprintln!();
         eprintln!("kube-prometheus fixture, median of {rounds} round(s):");

@@ -2,7 +2,7 @@
 //! would: provision again after each yield until done.
 //!
 //! ```sh
-//! KUBECONFIG=... cargo run --example apply -- [--delete] [--namespace NS] [--wait-ready] PATH
+//! KUBECONFIG=... cargo run --example apply -- [--delete [--background]] [--namespace NS] [--wait-ready] PATH
 //! ```
 //!
 //! `cargo xtask bench manifest` runs it side by side with `kubectl apply --server-side`.
@@ -20,6 +20,7 @@ const REQUEUE: Duration = Duration::from_millis(250);
 async fn main() -> ExitCode {
     let mut delete = false;
     let mut wait_ready = false;
+    let mut background = false;
     let mut namespace = None;
     let mut path = None;
     let mut args = std::env::args().skip(1);
@@ -27,16 +28,19 @@ async fn main() -> ExitCode {
         match arg.as_str() {
             "--delete" => delete = true,
             "--wait-ready" => wait_ready = true,
+            "--background" => background = true,
             "--namespace" => namespace = args.next(),
             _ if path.is_none() && !arg.starts_with("--") => path = Some(arg),
             _ => {
-                eprintln!("usage: apply [--delete] [--namespace NS] [--wait-ready] PATH");
+                eprintln!(
+                    "usage: apply [--delete [--background]] [--namespace NS] [--wait-ready] PATH"
+                );
                 return ExitCode::from(2);
             }
         }
     }
     let Some(path) = path else {
-        eprintln!("usage: apply [--delete] [--namespace NS] [--wait-ready] PATH");
+        eprintln!("usage: apply [--delete [--background]] [--namespace NS] [--wait-ready] PATH");
         return ExitCode::from(2);
     };
     let cluster = match Cluster::infer().await {
@@ -46,7 +50,7 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let cx = Context::new(cluster);
+    let cx = Context::new(cluster).with_background_deletion(background);
     let mut manifest = Manifest::from_path("apply", path).wait_ready(wait_ready);
     if let Some(namespace) = namespace {
         manifest = manifest.namespace(namespace);

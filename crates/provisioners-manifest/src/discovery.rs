@@ -12,7 +12,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::APIResourceList;
 use kube::core::ApiResource;
 use provisioners_core::{Context, Error, Result};
 
-use crate::retry::retry;
+use crate::retry::{DISCOVERY_TIMEOUT, retry_within};
 
 /// A kind on a cluster does not appear within this long of the last fetch
 /// only if it is really missing: refetch after it.
@@ -108,14 +108,15 @@ impl Discovery {
 
 async fn fetch(cx: &Context, api_version: &str) -> Result<Option<HashMap<String, Kind>>> {
     let client = cx.client();
-    let list: Result<APIResourceList, kube::Error> = retry(cx, || async {
-        if api_version.contains('/') {
-            client.list_api_group_resources(api_version).await
-        } else {
-            client.list_core_api_resources(api_version).await
-        }
-    })
-    .await;
+    let list: Result<APIResourceList, kube::Error> =
+        retry_within(cx, DISCOVERY_TIMEOUT, || async {
+            if api_version.contains('/') {
+                client.list_api_group_resources(api_version).await
+            } else {
+                client.list_core_api_resources(api_version).await
+            }
+        })
+        .await;
     let list = match list {
         Ok(list) => list,
         Err(kube::Error::Api(status)) if status.code == 404 => return Ok(None),

@@ -67,6 +67,7 @@ mod readiness;
 mod resource;
 mod retry;
 mod source;
+mod unchanged;
 
 pub use discovery::Discovery;
 pub use manifest::{INVENTORY_LABEL, Manifest};

@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 
 use futures::{StreamExt, stream};
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PropagationPolicy};
+use kube::api::{
+    Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PropagationPolicy,
+};
 use kube::core::ApiResource;
 use provisioners_core::{Context, Error, ErrorKind, Provisioner, Result, async_trait};
 use serde_json::Value;
@@ -18,6 +20,7 @@ use crate::object::{Identity, ObjectRef, Tier, check_name, group_of, label_value
 use crate::readiness::{self, Readiness};
 use crate::retry::retry;
 use crate::source::{Document, Origin, Source};
+use crate::unchanged;
 
 /// Label on every object a pruning [`Manifest`] applies, whose value is the
 /// inventory id: prune deletes only objects that carry it.
@@ -26,6 +29,10 @@ pub const INVENTORY_LABEL: &str = "provisioners.dev/inventory";
 /// How long a custom resource's CRD may take to become `Established`
 /// within one provision before the provision yields.
 const CRD_ESTABLISH_WAIT: Duration = Duration::from_secs(10);
+
+/// Objects of one kind in one namespace from which one LIST is cheaper
+/// than applying each (a no-op apply still costs the server a full request).
+const LIST_FROM: usize = 4;
 
 /// How many objects a yield or error message lists before "and N more".
 const LISTED: usize = 8;
@@ -98,6 +105,8 @@ struct Unresolved {
 struct Plan {
     resolved: Vec<Planned>,
     unresolved: Vec<Unresolved>,
+    /// Objects whose kind could not be looked up (transient).
+    failed: Vec<Error>,
 }
 
 /// A CRD of the manifest: what it defines.
@@ -255,6 +264,7 @@ impl Manifest {
         let mut plan = Plan::default();
         let mut errors = Vec::new();
         let mut seen: HashMap<Identity, Origin> = HashMap::new();
+        let mut failed_versions: HashMap<String, String> = HashMap::new();
         for Document { origin, mut object } in documents {
             let types = object.types.clone().unwrap_or_default();
             let name = object.metadata.name.clone().unwrap_or_default();
@@ -267,12 +277,35 @@ impl Manifest {
                 continue;
             }
             let group = group_of(&types.api_version).to_owned();
+            // A group-version whose discovery fails (an aggregated API that
+            // is down) fails its own objects only, once per plan.
+            if let Some(failure) = failed_versions.get(&types.api_version) {
+                plan.failed.push(
+                    Error::new(
+                        ErrorKind::Kube,
+                        format!("{origin}: {} {name}: {failure}", types.kind),
+                    )
+                    .with_transient(true),
+                );
+                continue;
+            }
             let kind = match self
                 .discovery
                 .resolve(cx, &types.api_version, &types.kind)
                 .await
             {
                 Ok(kind) => kind,
+                Err(e) if e.is_transient() => {
+                    failed_versions.insert(types.api_version.clone(), e.message().to_owned());
+                    plan.failed.push(
+                        Error::new(
+                            ErrorKind::Kube,
+                            format!("{origin}: {} {name}: {}", types.kind, e.message()),
+                        )
+                        .with_transient(true),
+                    );
+                    continue;
+                }
                 Err(e) => {
                     errors.push(e);
                     continue;
@@ -360,11 +393,77 @@ impl Manifest {
 
     /// Applies `objects` concurrently; the server's answers in the same order.
     async fn apply_all(&self, cx: &Context, objects: &[Planned]) -> Vec<Result<DynamicObject>> {
-        let calls = objects
+        let stamped: Vec<Planned> = objects
             .iter()
-            .map(|planned| self.apply_one(cx, planned))
+            .map(|planned| {
+                let mut planned = planned.clone();
+                unchanged::stamp(&mut planned.object);
+                planned
+            })
+            .collect();
+        let mut live = self.read_applied(cx, &stamped).await;
+        let calls = stamped
+            .iter()
+            .zip(live.iter_mut())
+            .map(|(planned, live)| {
+                let live = live.take();
+                async move {
+                    match live {
+                        Some(live) => Ok(live),
+                        None => self.apply_one(cx, planned).await,
+                    }
+                }
+            })
             .collect();
         bounded(calls, self.concurrency).await
+    }
+
+    /// The live objects, among `objects`, that an apply would not change:
+    /// one LIST per kind and namespace with at least [`LIST_FROM`] objects.
+    /// A failed LIST only means those objects are applied.
+    async fn read_applied(&self, cx: &Context, objects: &[Planned]) -> Vec<Option<DynamicObject>> {
+        let mut out: Vec<Option<DynamicObject>> = vec![None; objects.len()];
+        let mut groups: BTreeMap<(String, String, Option<String>), Vec<usize>> = BTreeMap::new();
+        for (i, planned) in objects.iter().enumerate() {
+            let resource = &planned.kind.resource;
+            groups
+                .entry((
+                    resource.api_version.clone(),
+                    resource.plural.clone(),
+                    planned.key.namespace.clone(),
+                ))
+                .or_default()
+                .push(i);
+        }
+        for ((_, _, namespace), indices) in groups {
+            if indices.len() < LIST_FROM {
+                continue;
+            }
+            let first = &objects[indices[0]];
+            let api = dynamic_api(cx, &first.kind.resource, namespace.as_deref());
+            let params = ListParams::default();
+            let list = match retry(cx, || api.list(&params)).await {
+                Ok(list) => list,
+                Err(error) => {
+                    tracing::debug!(%error, kind = %first.key.kind, "listing to skip no-op applies failed");
+                    continue;
+                }
+            };
+            let mut by_name: HashMap<String, DynamicObject> = list
+                .items
+                .into_iter()
+                .filter_map(|o| Some((o.metadata.name.clone()?, o)))
+                .collect();
+            for i in indices {
+                let planned = &objects[i];
+                if let Some(live) = by_name.remove(&planned.key.name)
+                    && unchanged::is_applied(&live, &planned.object, cx.field_manager())
+                {
+                    out[i] = Some(live);
+                }
+            }
+        }
+        out
     }
 
     /// Waits (briefly) for the applied CRDs to be established; returns the
@@ -602,6 +701,7 @@ impl Manifest {
         let Plan {
             mut resolved,
             unresolved,
+            failed,
         } = self.plan(cx, documents).await?;
         resolved.sort_by_key(|p| p.tier);
         let unknown: BTreeSet<String> = unresolved
@@ -632,13 +732,35 @@ impl Manifest {
                         .resolve(cx, &object.key.api_version, &object.key.kind)
                         .await?
                     {
-                        Some(kind) => objects.push(Planned {
-                            tier,
-                            origin: object.origin,
-                            object: object.object,
-                            kind,
-                            key: object.key,
-                        }),
+                        Some(kind) => {
+                            let Unresolved {
+                                origin,
+                                object: mut body,
+                                mut key,
+                                ..
+                            } = object;
+                            match (kind.namespaced, &key.namespace) {
+                                (true, None) => {
+                                    key.namespace = Some(self.default_namespace(cx));
+                                    body.metadata.namespace.clone_from(&key.namespace);
+                                }
+                                (false, Some(namespace)) => {
+                                    return Err(Error::invalid(format!(
+                                        "{origin}: {key}: metadata.namespace is `{namespace}`, \
+                                         but {} is cluster-scoped; remove metadata.namespace",
+                                        key.kind
+                                    )));
+                                }
+                                _ => {}
+                            }
+                            objects.push(Planned {
+                                tier,
+                                origin,
+                                object: body,
+                                kind,
+                                key,
+                            });
+                        }
                         None => still.push(object),
                     }
                 }
@@ -680,6 +802,10 @@ impl Manifest {
             }
         }
 
+        if !failed.is_empty() {
+            // Everything else is applied; prune waits for a complete picture.
+            return Err(Error::group(failed));
+        }
         let reasons = self.unresolved_outcome(&unresolved, &established)?;
         if !reasons.is_empty() {
             return Err(Error::yielding(reasons.join("; ")));
@@ -750,7 +876,8 @@ impl Manifest {
             Err(e) if e.kind() == ErrorKind::NotFound && self.prune => Vec::new(),
             Err(e) => return Err(e),
         };
-        let plan = self.plan(cx, documents).await?;
+        let mut plan = self.plan(cx, documents).await?;
+        let failed = std::mem::take(&mut plan.failed);
         let mut targets: Vec<(ObjectRef, Kind, Tier)> = plan
             .resolved
             .into_iter()
@@ -807,6 +934,9 @@ impl Manifest {
                     list(&pending)
                 )));
             }
+        }
+        if !failed.is_empty() {
+            return Err(Error::group(failed));
         }
         if self.prune {
             let (api, name) = self.inventory_api(cx);

@@ -74,6 +74,10 @@ impl Tier {
             ("rbac.authorization.k8s.io", "ClusterRole" | "ClusterRoleBinding") => {
                 Tier::ClusterRbac
             }
+            // An aggregated API is served by a workload of the manifest:
+            // registered after it, and unregistered first, because while it
+            // is down namespace and garbage collection stall cluster-wide.
+            ("apiregistration.k8s.io", "APIService") => Tier::Custom,
             (group, _) if is_builtin_group(group) => Tier::Builtin,
             _ => Tier::Custom,
         }

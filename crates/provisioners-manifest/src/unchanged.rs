@@ -1,0 +1,134 @@
+//! Skipping applies that would change nothing.
+//!
+//! A server-side apply that changes nothing still costs the API server a full
+//! request (decode, merge, managed fields, admission). Each applied object
+//! carries a digest of what was applied; when the live object (read in one
+//! LIST per kind and namespace) has that digest, is still managed by our
+//! field manager through `Apply`, and holds every value we apply, the apply is
+//! skipped. Dropping a field from the manifest changes the digest; someone
+//! else changing one of our values breaks the containment: both re-apply.
+
+use kube::api::DynamicObject;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+/// Annotation holding the digest of what was applied last.
+pub(crate) const DIGEST_ANNOTATION: &str = "provisioners.dev/applied-digest";
+
+/// Adds the digest annotation to `object`, computed over everything else.
+pub(crate) fn stamp(object: &mut DynamicObject) {
+    if let Some(annotations) = object.metadata.annotations.as_mut() {
+        annotations.remove(DIGEST_ANNOTATION);
+        if annotations.is_empty() {
+            object.metadata.annotations = None;
+        }
+    }
+    let bytes = serde_json::to_vec(&*object).unwrap_or_default();
+    let digest = Sha256::digest(&bytes);
+    let hex: String = digest.iter().take(16).map(|b| format!("{b:02x}")).collect();
+    object
+        .metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(DIGEST_ANNOTATION.to_owned(), format!("sha256:{hex}"));
+}
+
+/// Whether applying `desired` (stamped) over `live` would change nothing.
+pub(crate) fn is_applied(
+    live: &DynamicObject,
+    desired: &DynamicObject,
+    field_manager: &str,
+) -> bool {
+    let ours = live.metadata.managed_fields.iter().flatten().any(|entry| {
+        entry.manager.as_deref() == Some(field_manager)
+            && entry.operation.as_deref() == Some("Apply")
+    });
+    if !ours || live.metadata.deletion_timestamp.is_some() {
+        return false;
+    }
+    let (Ok(live), Ok(desired)) = (serde_json::to_value(live), serde_json::to_value(desired))
+    else {
+        return false;
+    };
+    contains(&live, &desired)
+}
+
+/// Every value of `desired` is in `live` (objects may have more keys; lists
+/// must match element by element).
+fn contains(live: &Value, desired: &Value) -> bool {
+    match (live, desired) {
+        (Value::Object(live), Value::Object(desired)) => desired
+            .iter()
+            .all(|(key, value)| live.get(key).is_some_and(|l| contains(l, value))),
+        (Value::Array(live), Value::Array(desired)) => {
+            live.len() == desired.len() && live.iter().zip(desired).all(|(l, d)| contains(l, d))
+        }
+        (live, desired) => live == desired,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn object(value: Value) -> DynamicObject {
+        serde_json::from_value(value).unwrap()
+    }
+
+    fn live_from(desired: &DynamicObject, manager: &str, operation: &str) -> DynamicObject {
+        let mut live = serde_json::to_value(desired).unwrap();
+        live["metadata"]["resourceVersion"] = json!("7");
+        live["metadata"]["managedFields"] =
+            json!([{"manager": manager, "operation": operation, "apiVersion": "v1"}]);
+        live["data"]["added-by-someone"] = json!("x");
+        object(live)
+    }
+
+    fn desired(data: &Value) -> DynamicObject {
+        let mut desired = object(json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "a", "namespace": "n"},
+            "data": data,
+        }));
+        stamp(&mut desired);
+        desired
+    }
+
+    #[test]
+    fn an_applied_object_is_recognised() {
+        let want = desired(&json!({"k": "v", "list": [1, 2]}));
+        let live = live_from(&want, "me", "Apply");
+        assert!(is_applied(&live, &want, "me"));
+        // Another manager, or an Update, is not ours.
+        assert!(!is_applied(
+            &live_from(&want, "other", "Apply"),
+            &want,
+            "me"
+        ));
+        assert!(!is_applied(&live_from(&want, "me", "Update"), &want, "me"));
+    }
+
+    #[test]
+    fn changed_values_and_dropped_fields_are_not_applied() {
+        let want = desired(&json!({"k": "v", "gone": "soon"}));
+        let mut live = serde_json::to_value(live_from(&want, "me", "Apply")).unwrap();
+        live["data"]["k"] = json!("changed");
+        assert!(!is_applied(&object(live), &want, "me"));
+
+        // The live object still has the field, but the manifest dropped it:
+        // the digest differs, so the apply (which removes it) runs.
+        let live = live_from(&want, "me", "Apply");
+        let fewer = desired(&json!({"k": "v"}));
+        assert!(!is_applied(&live, &fewer, "me"));
+    }
+
+    #[test]
+    fn the_digest_is_stable_and_ignores_an_old_digest() {
+        let a = desired(&json!({"k": "v"}));
+        let mut b = a.clone();
+        stamp(&mut b);
+        assert_eq!(a.metadata.annotations, b.metadata.annotations);
+        assert!(a.metadata.annotations.unwrap()[DIGEST_ANNOTATION].starts_with("sha256:"));
+    }
+}
