@@ -46,10 +46,15 @@ pub(crate) fn is_applied(
     if !ours || live.metadata.deletion_timestamp.is_some() {
         return false;
     }
-    let (Ok(live), Ok(desired)) = (serde_json::to_value(live), serde_json::to_value(desired))
+    let (Ok(live), Ok(mut desired)) = (serde_json::to_value(live), serde_json::to_value(desired))
     else {
         return false;
     };
+    // Items of a LIST carry no apiVersion and kind; the list was of this kind.
+    if let Value::Object(desired) = &mut desired {
+        desired.remove("apiVersion");
+        desired.remove("kind");
+    }
     contains(&live, &desired)
 }
 
@@ -82,6 +87,9 @@ mod tests {
         live["metadata"]["managedFields"] =
             json!([{"manager": manager, "operation": operation, "apiVersion": "v1"}]);
         live["data"]["added-by-someone"] = json!("x");
+        // As in a LIST response.
+        live.as_object_mut().unwrap().remove("apiVersion");
+        live.as_object_mut().unwrap().remove("kind");
         object(live)
     }
 
