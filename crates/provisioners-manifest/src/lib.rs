@@ -10,7 +10,9 @@
 //!   only affects its own objects;
 //! - apply under the context's field manager, in order: Namespaces, CRDs,
 //!   cluster RBAC, built-in kinds, custom resources; each step concurrently
-//!   with a bound;
+//!   with a bound; a re-provision that would change nothing is one LIST
+//!   per kind and namespace (objects carry a digest annotation,
+//!   `provisioners.dev/applied-digest`), not one apply per object;
 //! - yield, naming the CRD, while a custom resource's CRD is not
 //!   established, and fail with [`Invalid`](provisioners_core::ErrorKind::Invalid)
 //!   for a kind that stays unknown past a deadline;
