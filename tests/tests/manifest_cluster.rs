@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DynamicObject, ObjectMeta, Patch, PatchParams, PostParams};
 use provisioners::{Context, Error, ErrorKind, Provisioner};
-use provisioners_manifest::{INVENTORY_LABEL, Manifest, Resource};
+use provisioners_manifest::{Discovery, INVENTORY_LABEL, Manifest, Resource};
 use provisioners_testing::cluster::TestNamespace;
 
 mod manifest_support;
@@ -220,11 +220,17 @@ async fn an_unknown_kind_yields_then_fails_at_the_deadline() {
     let cx = Context::from_client(ns.client().clone());
     let yaml = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: fine\n---\napiVersion: \
                 gadgets.example.invalid/v1\nkind: Gadget\nmetadata:\n  name: g\n";
-    let manifest = Manifest::from_yaml("unknown", yaml)
-        .namespace(ns.name())
-        .unknown_kind_deadline(Duration::from_secs(2));
+    // Rebuilt at every pass, as a controller rebuilds its tree at every
+    // reconcile: the shared discovery keeps the deadline's clock.
+    let discovery = Discovery::new();
+    let manifest = || {
+        Manifest::from_yaml("unknown", yaml)
+            .namespace(ns.name())
+            .unknown_kind_deadline(Duration::from_secs(2))
+            .with_discovery(discovery.clone())
+    };
 
-    let error = cx.provision(&manifest).await.expect_err("must yield");
+    let error = cx.provision(&manifest()).await.expect_err("must yield");
     assert!(error.is_yield(), "{error}");
     assert!(
         error.message().contains(
@@ -244,7 +250,10 @@ async fn an_unknown_kind_yields_then_fails_at_the_deadline() {
 
     let deadline = Instant::now() + Duration::from_secs(30);
     let error = loop {
-        let error = cx.provision(&manifest).await.expect_err("must not succeed");
+        let error = cx
+            .provision(&manifest())
+            .await
+            .expect_err("must not succeed");
         if !error.is_yield() {
             break error;
         }
@@ -263,7 +272,7 @@ async fn an_unknown_kind_yields_then_fails_at_the_deadline() {
     );
 
     // Deprovision: a kind that is not served has nothing left to delete.
-    converge(&cx, &manifest, false, Duration::from_secs(30)).await;
+    converge(&cx, &manifest(), false, Duration::from_secs(30)).await;
     ns.cleanup().await.expect("cleanup");
 }
 

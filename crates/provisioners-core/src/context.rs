@@ -52,13 +52,18 @@ impl Cluster {
 
     /// Builds a client from `kubeconfig` (its current context).
     ///
+    /// The client does not use kube's built-in retries of 429, 503 and 504,
+    /// which back off for minutes: a transient failure comes back at once as
+    /// a [transient](Error::is_transient) error, so the tree yields and the
+    /// controller requeues at its own constant pace.
+    ///
     /// # Errors
     ///
     /// [`ErrorKind::Invalid`](crate::ErrorKind::Invalid) when the kubeconfig
     /// cannot be turned into a client configuration, naming the cluster id.
     pub async fn from_kubeconfig(id: impl Into<Arc<str>>, kubeconfig: Kubeconfig) -> Result<Self> {
         let id = id.into();
-        let config =
+        let mut config =
             kube::Config::from_custom_kubeconfig(kubeconfig.clone(), &KubeConfigOptions::default())
                 .await
                 .map_err(|e| {
@@ -67,6 +72,7 @@ impl Cluster {
                     ))
                     .with_source(e)
                 })?;
+        config.default_retry = false;
         let client = kube::Client::try_from(config).map_err(|e| {
             Error::kube(format_args!("building a client for cluster `{id}`"), e)
                 .with_transient(false)

@@ -4,7 +4,7 @@
 //! `/apis/apps/v1`, ...), so an aggregated `APIService` that is down breaks
 //! nothing but the objects of its own group.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -44,6 +44,10 @@ type Clusters = HashMap<String, HashMap<String, GroupVersion>>;
 #[derive(Clone, Default)]
 pub struct Discovery {
     clusters: Arc<Mutex<Clusters>>,
+    /// Per cluster and node path: when each kind (`apiVersion kind`) the
+    /// node needs was first seen unknown. Kept here, not in the `Manifest`,
+    /// so that the deadline holds across trees rebuilt at every reconcile.
+    unknown_since: Arc<Mutex<HashMap<String, HashMap<String, Instant>>>>,
 }
 
 impl std::fmt::Debug for Discovery {
@@ -56,6 +60,32 @@ impl Discovery {
     /// An empty cache.
     pub fn new() -> Self {
         Discovery::default()
+    }
+
+    /// When `kind` was first seen unknown by the node `scope` (now, if never).
+    pub(crate) fn unknown_since(&self, scope: &str, kind: &str) -> Instant {
+        let mut since = self
+            .unknown_since
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        *since
+            .entry(scope.to_owned())
+            .or_default()
+            .entry(kind.to_owned())
+            .or_insert_with(Instant::now)
+    }
+
+    /// Forgets the clocks of the node `scope` for kinds no longer unknown.
+    pub(crate) fn retain_unknown(&self, scope: &str, unknown: &BTreeSet<String>) {
+        let mut since = self
+            .unknown_since
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if unknown.is_empty() {
+            since.remove(scope);
+        } else if let Some(kinds) = since.get_mut(scope) {
+            kinds.retain(|kind, _| unknown.contains(kind));
+        }
     }
 
     fn cached(&self, cluster: &str, api_version: &str) -> Option<GroupVersion> {

@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::future::Future;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::{StreamExt, stream};
@@ -77,8 +77,6 @@ pub struct Manifest {
     concurrency: usize,
     unknown_kind_deadline: Duration,
     discovery: Discovery,
-    /// When each unknown kind (`apiVersion kind`) was first seen unknown.
-    unknown_since: Mutex<HashMap<String, Instant>>,
 }
 
 /// One object ready to apply or delete.
@@ -129,7 +127,6 @@ impl Manifest {
             concurrency: 32,
             unknown_kind_deadline: Duration::from_secs(300),
             discovery: Discovery::new(),
-            unknown_since: Mutex::new(HashMap::new()),
         }
     }
 
@@ -635,15 +632,12 @@ impl Manifest {
     /// past the deadline.
     fn unresolved_outcome(
         &self,
+        scope: &str,
         unresolved: &[Unresolved],
         established: &BTreeSet<String>,
     ) -> Result<Vec<String>> {
         let mut reasons = Vec::new();
         let mut errors = Vec::new();
-        let mut since = self
-            .unknown_since
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
         let mut waiting_for_crd: BTreeMap<String, Vec<String>> = BTreeMap::new();
         for object in unresolved {
             match &object.crd {
@@ -653,7 +647,7 @@ impl Manifest {
                     .push(object.key.to_string()),
                 None => {
                     let kind = format!("{} {}", object.key.api_version, object.key.kind);
-                    let first = *since.entry(kind).or_insert_with(Instant::now);
+                    let first = self.discovery.unknown_since(scope, &kind);
                     if first.elapsed() >= self.unknown_kind_deadline {
                         errors.push(Error::invalid(format!(
                             "{}: {}: the cluster does not serve kind {} in apiVersion {} (waited \
@@ -708,10 +702,10 @@ impl Manifest {
             .iter()
             .map(|u| format!("{} {}", u.key.api_version, u.key.kind))
             .collect();
-        self.unknown_since
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .retain(|kind, _| unknown.contains(kind));
+        // The node's path keys the unknown-kind clocks in the shared
+        // discovery, so a tree rebuilt at every reconcile keeps its deadline.
+        let scope = format!("{}\u{0}{}", cx.cluster().id(), cx.path());
+        self.discovery.retain_unknown(&scope, &unknown);
 
         let mut applied: Vec<(Planned, DynamicObject)> = Vec::with_capacity(resolved.len());
         let mut established = BTreeSet::new();
@@ -806,7 +800,7 @@ impl Manifest {
             // Everything else is applied; prune waits for a complete picture.
             return Err(Error::group(failed));
         }
-        let reasons = self.unresolved_outcome(&unresolved, &established)?;
+        let reasons = self.unresolved_outcome(&scope, &unresolved, &established)?;
         if !reasons.is_empty() {
             return Err(Error::yielding(reasons.join("; ")));
         }
