@@ -3,18 +3,14 @@
 //! reverse order with the finalizer last, and an operator killed
 //! mid-provision converges when started again.
 
-use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::ByteString;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::Api;
-use kube::api::{
-    ApiResource, DeleteParams, DynamicObject, ObjectMeta, Patch, PatchParams, PostParams,
-};
+use kube::api::{ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use platform_operator::{Platform, PlatformSpec, RemoteSpec, Settings, install_crd, run};
 use provisioners::testing::cluster::{HarnessCluster, TestNamespace, helm4};
 use provisioners::{CancellationToken, Event, Observer, Operation, Phase};
@@ -140,23 +136,9 @@ async fn a_platform_lives_and_dies_by_its_spec() {
         .await
         .expect("remote client");
 
-    // The remote cluster's kubeconfig, as a cluster provisioner would leave it.
-    let kubeconfig = std::fs::read(HarnessCluster::Remote.kubeconfig_path().unwrap()).unwrap();
-    let secret = Secret {
-        metadata: ObjectMeta {
-            name: Some("workload".into()),
-            ..Default::default()
-        },
-        data: Some(BTreeMap::from([(
-            "kubeconfig".to_owned(),
-            ByteString(kubeconfig),
-        )])),
-        ..Default::default()
-    };
-    ns.api::<Secret>()
-        .create(&PostParams::default(), &secret)
+    ns.remote_kubeconfig_secret("workload")
         .await
-        .unwrap();
+        .expect("kubeconfig secret");
 
     let events = Events::default();
     let operator = start_operator(&ns, &events).await;

@@ -2,13 +2,11 @@
 //! the remote only, deprovision removes it, and a deleted kubeconfig Secret
 //! does not wedge the parent's deletion.
 
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use kube::Api;
-use kube::api::{DeleteParams, ObjectMeta, PostParams};
+use kube::api::DeleteParams;
 use provisioners::testing::cluster::{HarnessCluster, TestNamespace};
 use provisioners::testing::{Recorder, Scripted};
 use provisioners::{Context, Operation, Provisioner, serial};
@@ -29,29 +27,6 @@ async fn deprovision_until_gone(cx: &Context, node: &dyn Provisioner) {
             Err(e) => panic!("deprovision did not finish: {e}"),
         }
     }
-}
-
-/// A Secret in `ns` holding the remote cluster's kubeconfig.
-async fn kubeconfig_secret(ns: &TestNamespace, name: &str) {
-    let path = HarnessCluster::Remote
-        .kubeconfig_path()
-        .expect("remote kubeconfig");
-    let kubeconfig = std::fs::read(path).expect("read the remote kubeconfig");
-    let secret = Secret {
-        metadata: ObjectMeta {
-            name: Some(name.to_owned()),
-            ..Default::default()
-        },
-        data: Some(BTreeMap::from([(
-            "kubeconfig".to_owned(),
-            ByteString(kubeconfig),
-        )])),
-        ..Default::default()
-    };
-    ns.api::<Secret>()
-        .create(&PostParams::default(), &secret)
-        .await
-        .expect("create secret");
 }
 
 fn workload(namespace: &str) -> Manifest {
@@ -81,7 +56,9 @@ async fn a_subtree_lands_on_the_remote_cluster_and_not_on_the_first() {
     let ns = TestNamespace::create("remote-src")
         .await
         .expect("namespace");
-    kubeconfig_secret(&ns, "tenant-kubeconfig").await;
+    ns.remote_kubeconfig_secret("tenant-kubeconfig")
+        .await
+        .expect("kubeconfig secret");
     let target = format!("{}-workload", ns.name());
 
     let cx = HarnessCluster::Primary.context().await.expect("context");
@@ -121,7 +98,9 @@ async fn a_deleted_kubeconfig_secret_does_not_wedge_the_parent() {
     let ns = TestNamespace::create("remote-gone")
         .await
         .expect("namespace");
-    kubeconfig_secret(&ns, "tenant-kubeconfig").await;
+    ns.remote_kubeconfig_secret("tenant-kubeconfig")
+        .await
+        .expect("kubeconfig secret");
     let target = format!("{}-workload", ns.name());
     let recorder = Recorder::new();
 

@@ -277,6 +277,33 @@ impl TestNamespace {
         Api::namespaced(self.client.clone(), &self.name)
     }
 
+    /// Stores the remote harness cluster's kubeconfig in Secret `name` (key
+    /// `kubeconfig`) of this namespace, as a cluster provisioner would leave it
+    /// for a remote-cluster subtree to read.
+    pub async fn remote_kubeconfig_secret(&self, name: &str) -> Result<(), HarnessError> {
+        use k8s_openapi::ByteString;
+        use k8s_openapi::api::core::v1::Secret;
+
+        let path = HarnessCluster::Remote.kubeconfig_path()?;
+        let kubeconfig = std::fs::read(&path).map_err(|_| HarnessError::MissingFile {
+            var: REMOTE_KUBECONFIG_ENV,
+            path,
+        })?;
+        let secret = Secret {
+            metadata: ObjectMeta {
+                name: Some(name.to_owned()),
+                ..Default::default()
+            },
+            data: Some([("kubeconfig".to_owned(), ByteString(kubeconfig))].into()),
+            ..Default::default()
+        };
+        self.api::<Secret>()
+            .create(&PostParams::default(), &secret)
+            .await
+            .map_err(|e| api_error(format!("creating Secret {}/{name}", self.name), e))?;
+        Ok(())
+    }
+
     /// Asks for the namespace's deletion and returns; the namespace controller
     /// removes its contents in the background.
     pub async fn cleanup(mut self) -> Result<(), HarnessError> {
