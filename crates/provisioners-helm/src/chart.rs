@@ -105,10 +105,15 @@ impl fmt::Display for Chart {
 }
 
 /// A version constraint that names exactly one version (`1.2.3`, `v1.2.3-rc.1`),
-/// not a range.
+/// not a range: helm reads `1`, `1.2` and `1.x` as ranges.
 fn is_exact_version(version: &str) -> bool {
     let version = version.strip_prefix('v').unwrap_or(version);
-    version.starts_with(|c: char| c.is_ascii_digit())
+    let core = version.split(['-', '+']).next().unwrap_or_default();
+    let numbers: Vec<&str> = core.split('.').collect();
+    numbers.len() == 3
+        && numbers
+            .iter()
+            .all(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()))
         && version
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '+'))
@@ -145,6 +150,18 @@ fn hash_path(path: &Path, relative: &Path, hasher: &mut Sha256, depth: usize) ->
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn exact_versions_are_full_semver() {
+        for exact in ["1.2.3", "v1.2.3", "1.2.3-rc.1", "1.2.3+build.5"] {
+            assert!(super::is_exact_version(exact), "{exact}");
+        }
+        for range in [
+            "1", "1.2", "1.x", "1.2.X", "1.2.*", "^1.2.3", "~1.2", ">=1.0.0", "",
+        ] {
+            assert!(!super::is_exact_version(range), "{range}");
+        }
+    }
+
     use super::*;
 
     fn digest(chart: &Chart) -> Vec<u8> {

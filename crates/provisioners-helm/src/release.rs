@@ -480,10 +480,12 @@ impl HelmRelease {
             })
             .await?;
         let text = String::from_utf8_lossy(&output.stdout);
+        // Without the snippet: the manifest holds rendered Secrets.
         let documents: Vec<Value> = serde_saphyr::from_multiple(&text).map_err(|e| {
             Error::helm(format!(
-                "the manifest of release `{}` could not be read: {e}",
-                self.id()
+                "the manifest of release `{}` could not be read: {}",
+                self.id(),
+                e.without_snippet()
             ))
         })?;
         Ok(documents

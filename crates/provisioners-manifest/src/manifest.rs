@@ -1,5 +1,6 @@
 //! [`Manifest`]: server-side apply of many objects, in order, with prune.
 
+use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::future::Future;
 use std::path::PathBuf;
@@ -183,8 +184,10 @@ impl Manifest {
     }
 
     /// The inventory's namespace (default: [`namespace`](Manifest::namespace))
-    /// and id; the id, also the label value, defaults to the node's name.
-    /// The ConfigMap is named `provisioners-inventory-<id>`.
+    /// and id; the id, also the label value, defaults to one derived from the
+    /// node's path (e.g. `platform-base-<digest>`), so that manifests with the
+    /// same name in different trees never prune each other's objects. The
+    /// ConfigMap is named `provisioners-inventory-<id>`.
     pub fn inventory(mut self, namespace: Option<String>, id: impl Into<String>) -> Self {
         self.inventory = Some((namespace, label_value(&id.into())));
         self
@@ -217,10 +220,14 @@ impl Manifest {
         self
     }
 
-    fn inventory_id(&self) -> String {
-        self.inventory
-            .as_ref()
-            .map_or_else(|| label_value(&self.name), |(_, id)| id.clone())
+    /// The inventory id: the one given, or one derived from the node's path
+    /// (not its name alone, which two trees may share in one namespace).
+    fn inventory_id(&self, cx: &Context) -> String {
+        match &self.inventory {
+            Some((_, id)) => id.clone(),
+            None if cx.path().is_empty() => label_value(&self.name),
+            None => path_label(cx.path()),
+        }
     }
 
     fn default_namespace(&self, cx: &Context) -> String {
@@ -235,7 +242,7 @@ impl Manifest {
             .as_ref()
             .and_then(|(namespace, _)| namespace.clone())
             .unwrap_or_else(|| self.default_namespace(cx));
-        let name = format!("provisioners-inventory-{}", self.inventory_id());
+        let name = format!("provisioners-inventory-{}", self.inventory_id(cx));
         (Api::namespaced(cx.client().clone(), &namespace), name)
     }
 
@@ -256,7 +263,7 @@ impl Manifest {
             .map(|owner| owner.labels.clone())
             .unwrap_or_default();
         if self.prune {
-            labels.insert(INVENTORY_LABEL.to_owned(), self.inventory_id());
+            labels.insert(INVENTORY_LABEL.to_owned(), self.inventory_id(cx));
         }
         let mut plan = Plan::default();
         let mut errors = Vec::new();
@@ -560,7 +567,7 @@ impl Manifest {
             "kind": "ConfigMap",
             "metadata": {
                 "name": name,
-                "labels": { INVENTORY_LABEL: self.inventory_id() },
+                "labels": { INVENTORY_LABEL: self.inventory_id(cx) },
             },
             "data": { "objects": text },
         });
@@ -575,7 +582,7 @@ impl Manifest {
     /// Deletes the objects of `stale` that still carry this inventory's
     /// label; returns those that are not gone yet.
     async fn prune_objects(&self, cx: &Context, stale: Vec<ObjectRef>) -> Result<Vec<ObjectRef>> {
-        let id = self.inventory_id();
+        let id = self.inventory_id(cx);
         let mut kinds = Vec::new();
         for key in stale {
             // A kind that is no longer served (its CRD went) took its objects with it.
@@ -1133,5 +1140,41 @@ mod tests {
         let unavailable = apply_error(&origin, &key, status(503));
         assert_eq!(unavailable.kind(), ErrorKind::Kube);
         assert!(unavailable.is_transient());
+    }
+}
+
+/// A label value for a node path: the path itself when it fits in 63
+/// characters, otherwise its start and a digest of the whole, so that
+/// distinct paths never share a value.
+fn path_label(path: &str) -> String {
+    let full = label_value(path);
+    if full.len() == path.len() && path.len() <= 63 && !path.contains('/') {
+        return full;
+    }
+    let digest = Sha256::digest(path.as_bytes());
+    let hex: String = digest.iter().take(5).map(|b| format!("{b:02x}")).collect();
+    let head: String = label_value(path).chars().take(52).collect();
+    let head = head.trim_end_matches(|c: char| !c.is_ascii_alphanumeric());
+    format!("{head}-{hex}")
+}
+
+#[cfg(test)]
+mod path_label_tests {
+    use super::path_label;
+
+    #[test]
+    fn paths_get_distinct_valid_label_values() {
+        let a = path_label("platform-a/base");
+        let b = path_label("platform-b/base");
+        assert_ne!(a, b);
+        assert!(a.starts_with("platform-a-base-"), "{a}");
+        let long = path_label(&format!("{}/leaf", "x".repeat(100)));
+        assert!(long.len() <= 63, "{long}");
+        assert!(
+            long.chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.')
+        );
+        assert_ne!(long, path_label(&format!("{}/other", "x".repeat(100))));
+        assert_eq!(path_label("single"), "single");
     }
 }

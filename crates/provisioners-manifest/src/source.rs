@@ -14,7 +14,7 @@ use serde_saphyr::Spanned;
 const MAX_INPUT_BYTES: usize = 64 * 1024 * 1024;
 
 /// The input of a [`Manifest`](crate::Manifest).
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub(crate) enum Source {
     /// YAML text; `name` stands for it in messages.
     Yaml { name: Arc<str>, text: Arc<str> },
@@ -22,6 +22,19 @@ pub(crate) enum Source {
     Path(PathBuf),
     /// Objects built in code.
     Objects(Arc<[DynamicObject]>),
+}
+
+// Never the text or the objects: they may hold Secrets.
+impl std::fmt::Debug for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Source::Yaml { name, text } => {
+                write!(f, "Yaml({name}, {} bytes)", text.len())
+            }
+            Source::Path(path) => write!(f, "Path({})", path.display()),
+            Source::Objects(objects) => write!(f, "Objects({} objects)", objects.len()),
+        }
+    }
 }
 
 /// Where one object came from, for messages: `file.yaml:12 (document 3)`.

@@ -18,6 +18,15 @@ const DEFAULT_KEY: &str = "kubeconfig";
 /// or with a value that is not a kubeconfig is
 /// [`ErrorKind::Invalid`](provisioners_core::ErrorKind::Invalid). The
 /// kubeconfig's content never appears in errors or logs.
+///
+/// A Secret is often writable by less trusted parties than the controller
+/// that reads it (a tenant, another controller). So by default a kubeconfig
+/// that would make this process run a command (`exec`, `auth-provider`) or
+/// read a local file (`tokenFile`, `client-certificate`, `client-key`,
+/// `certificate-authority`: think of the controller's own service-account
+/// token) is refused as `Invalid`; only inline credentials are accepted.
+/// [`SecretKubeconfig::trust_local_references`] lifts that for Secrets you
+/// fully control.
 #[derive(Clone)]
 pub struct SecretKubeconfig {
     id: String,
@@ -25,6 +34,7 @@ pub struct SecretKubeconfig {
     namespace: String,
     name: String,
     key: String,
+    trust_local_references: bool,
 }
 
 impl SecretKubeconfig {
@@ -42,7 +52,15 @@ impl SecretKubeconfig {
             namespace,
             name,
             key: DEFAULT_KEY.to_owned(),
+            trust_local_references: false,
         }
+    }
+
+    /// Accepts kubeconfigs that run commands or read local files. Only for
+    /// Secrets that nobody less trusted than this process can write.
+    pub fn trust_local_references(mut self, trust: bool) -> Self {
+        self.trust_local_references = trust;
+        self
     }
 
     /// Reads another key of the Secret.
@@ -100,14 +118,51 @@ impl RemoteCluster for SecretKubeconfig {
             ))
         })?;
         // The parser's message may quote the document: keep it out of the error.
-        Kubeconfig::from_yaml(text).map_err(|_| {
+        let kubeconfig = Kubeconfig::from_yaml(text).map_err(|_| {
             Error::invalid(format!(
                 "{}: key `{}` does not hold a valid kubeconfig",
                 self.describe(),
                 self.key
             ))
-        })
+        })?;
+        if !self.trust_local_references
+            && let Some(field) = local_reference(&kubeconfig)
+        {
+            return Err(Error::invalid(format!(
+                "{}: the kubeconfig uses `{field}`, which would run a command or read a file \
+                 of this process; use inline credentials, or SecretKubeconfig::\
+                 trust_local_references if only trusted parties can write the Secret",
+                self.describe()
+            )));
+        }
+        Ok(kubeconfig)
     }
+}
+
+/// The first field of `kubeconfig` that runs a command or names a local file.
+fn local_reference(kubeconfig: &Kubeconfig) -> Option<&'static str> {
+    for user in kubeconfig
+        .auth_infos
+        .iter()
+        .filter_map(|u| u.auth_info.as_ref())
+    {
+        let fields = [
+            (user.exec.is_some(), "exec"),
+            (user.auth_provider.is_some(), "auth-provider"),
+            (user.token_file.is_some(), "tokenFile"),
+            (user.client_certificate.is_some(), "client-certificate"),
+            (user.client_key.is_some(), "client-key"),
+        ];
+        if let Some((_, field)) = fields.into_iter().find(|(set, _)| *set) {
+            return Some(field);
+        }
+    }
+    kubeconfig
+        .clusters
+        .iter()
+        .filter_map(|c| c.cluster.as_ref())
+        .any(|c| c.certificate_authority.is_some())
+        .then_some("certificate-authority")
 }
 
 impl fmt::Debug for SecretKubeconfig {
@@ -117,6 +172,65 @@ impl fmt::Debug for SecretKubeconfig {
             .field("namespace", &self.namespace)
             .field("name", &self.name)
             .field("key", &self.key)
+            .field("trust_local_references", &self.trust_local_references)
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kubeconfig(user: &str, cluster_extra: &str) -> Kubeconfig {
+        Kubeconfig::from_yaml(&format!(
+            "apiVersion: v1
+kind: Config
+clusters:
+- name: c
+  cluster:
+    server: https://127.0.0.1:6443
+{cluster_extra}
+users:
+- name: u
+  user:
+{user}
+contexts:
+- name: x
+  context: {{cluster: c, user: u}}
+current-context: x
+"
+        ))
+        .unwrap()
+    }
+
+    #[test]
+    fn commands_and_local_files_are_local_references() {
+        let inline = kubeconfig("    token: abc", "");
+        assert_eq!(local_reference(&inline), None);
+        let cases = [
+            (
+                "    tokenFile: /var/run/secrets/kubernetes.io/serviceaccount/token",
+                "",
+                "tokenFile",
+            ),
+            (
+                "    exec: {command: sh, apiVersion: client.authentication.k8s.io/v1}",
+                "",
+                "exec",
+            ),
+            ("    client-key: /etc/key.pem", "", "client-key"),
+            (
+                "    token: abc",
+                "    certificate-authority: /etc/ca.crt",
+                "certificate-authority",
+            ),
+        ];
+        for (user, cluster, field) in cases {
+            assert_eq!(
+                local_reference(&kubeconfig(user, cluster)),
+                Some(field),
+                "{field}"
+            );
+        }
     }
 }
