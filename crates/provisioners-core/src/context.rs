@@ -91,7 +91,9 @@ impl Cluster {
     /// # Errors
     ///
     /// [`ErrorKind::NotFound`](crate::ErrorKind::NotFound) when there is
-    /// neither a kubeconfig nor an in-cluster service account.
+    /// neither a kubeconfig nor an in-cluster service account;
+    /// [`ErrorKind::Invalid`](crate::ErrorKind::Invalid) when a kubeconfig
+    /// exists but cannot be used (it is not silently skipped).
     pub async fn infer() -> Result<Self> {
         match Kubeconfig::read() {
             Ok(kubeconfig) => {
@@ -101,6 +103,11 @@ impl Cluster {
                     .unwrap_or_else(|| "default".to_owned());
                 Cluster::from_kubeconfig(id, kubeconfig).await
             }
+            // A kubeconfig that exists but cannot be read is a mistake to
+            // report, not a reason to try another cluster.
+            Err(kubeconfig_error) if kubeconfig_exists() => Err(Error::invalid(format!(
+                "the kubeconfig (KUBECONFIG or ~/.kube/config) cannot be used: {kubeconfig_error}"
+            ))),
             Err(kubeconfig_error) => Cluster::in_cluster().await.map_err(|e| {
                 Error::not_found(format!(
                     "no cluster to talk to: no usable kubeconfig ({kubeconfig_error}) and not \
@@ -160,6 +167,15 @@ impl fmt::Debug for Cluster {
             )
             .finish_non_exhaustive()
     }
+}
+
+/// Whether `KUBECONFIG` or `~/.kube/config` names a kubeconfig to use.
+fn kubeconfig_exists() -> bool {
+    let from_env = std::env::var_os("KUBECONFIG").is_some_and(|v| !v.is_empty());
+    let home = std::env::var_os("HOME")
+        .map(|home| std::path::Path::new(&home).join(".kube").join("config"))
+        .is_some_and(|path| path.exists());
+    from_env || home
 }
 
 pub(crate) fn in_cluster_kubeconfig(host: &str, port: &str, namespace: &str) -> Kubeconfig {
