@@ -4,7 +4,7 @@
 //! variables `provisioners_testing::cluster` reads.
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
@@ -16,22 +16,12 @@ use serde_json::json;
 const DEADLINE: Duration = Duration::from_secs(90);
 
 /// Polls `check` every 200 ms until it returns `Some`, or panics with `what` at the deadline.
-async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+async fn eventually<T, F, Fut>(what: &str, check: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
 {
-    let started = Instant::now();
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(
-            started.elapsed() < DEADLINE,
-            "timed out after {DEADLINE:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    cluster::eventually(what, DEADLINE, Duration::from_millis(200), check).await
 }
 
 fn deployment(name: &str, replicas: i32) -> Deployment {

@@ -127,22 +127,12 @@ fn entries(dir: &Path) -> Vec<PathBuf> {
 }
 
 /// Polls `check` every 20 ms until it returns `Some`, or panics with `what`.
-async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+async fn eventually<T, F, Fut>(what: &str, check: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
 {
-    let started = Instant::now();
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(
-            started.elapsed() < DEADLINE,
-            "timed out after {DEADLINE:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    cluster::eventually(what, DEADLINE, Duration::from_millis(20), check).await
 }
 
 /// The newest revision's (number, status, digest label) from helm's records.

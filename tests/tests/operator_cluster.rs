@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::Api;
 use kube::api::{ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use platform_operator::{Platform, PlatformSpec, RemoteSpec, Settings, install_crd, run};
-use provisioners::testing::cluster::{HarnessCluster, TestNamespace, helm4};
+use provisioners::testing::cluster::{self, HarnessCluster, TestNamespace, helm4};
 use provisioners::{CancellationToken, Event, Observer, Operation, Phase};
 use serde_json::json;
 use tokio::task::JoinHandle;
@@ -95,11 +95,12 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = bool>,
 {
-    let start = Instant::now();
-    while !check().await {
-        assert!(start.elapsed() < DEADLINE, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let poll = Duration::from_millis(200);
+    cluster::eventually(what, DEADLINE, poll, || {
+        let done = check();
+        async move { done.await.then_some(()) }
+    })
+    .await;
 }
 
 async fn is_available(platforms: &Api<Platform>, name: &str) -> bool {

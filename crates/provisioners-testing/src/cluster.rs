@@ -177,6 +177,32 @@ fn existing_path(var: &'static str) -> Result<PathBuf, HarnessError> {
     }
 }
 
+/// Polls `check` every `poll` until it returns `Some`, and panics naming
+/// `what` once `deadline` has passed: cluster tests wait for state, they
+/// never sleep for it.
+pub async fn eventually<T, F, Fut>(
+    what: &str,
+    deadline: Duration,
+    poll: Duration,
+    mut check: F,
+) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let started = Instant::now();
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(
+            started.elapsed() < deadline,
+            "timed out after {deadline:?} waiting for {what}"
+        );
+        tokio::time::sleep(poll).await;
+    }
+}
+
 /// The Helm 3 binary `cargo xtask test` provides.
 pub fn helm3() -> Result<PathBuf, HarnessError> {
     existing_path(HELM3_ENV)
