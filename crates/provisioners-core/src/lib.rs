@@ -84,9 +84,11 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod context;
+pub mod drift;
 mod error;
 mod observe;
 mod provisioner;
+pub mod readiness;
 mod remote;
 
 pub use async_trait::async_trait;

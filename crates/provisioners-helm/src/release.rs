@@ -368,13 +368,15 @@ impl HelmRelease {
         args
     }
 
-    fn uninstall_args(&self, major: Major, kubeconfig: &Path, background: bool) -> Vec<OsString> {
+    fn uninstall_args(&self, kubeconfig: &Path, background: bool) -> Vec<OsString> {
         let mut args: Vec<OsString> = vec!["uninstall".into(), self.release.clone().into()];
         args.extend(self.common_args(kubeconfig));
         args.push("--ignore-not-found".into());
         // Deprovision gates on the objects listed in the kept record, then drops it.
+        // No `--wait`: the gate yields instead of holding a worker, and Helm 4's
+        // watcher reports an object still Terminating under foreground
+        // deletion as a failure.
         args.push("--keep-history".into());
-        args.push(wait_flag(major));
         args.push("--cascade".into());
         args.push(
             if background {
@@ -517,12 +519,10 @@ impl HelmRelease {
     /// `helm uninstall`, keeping the record; `background` forces background deletion.
     async fn uninstall(&self, cx: &Context, background: bool) -> Result<()> {
         let kubeconfig = self.kubeconfig(cx)?;
-        let major =
-            version::detect(&self.helm, self.temp_dir.as_deref(), cx.cancellation()).await?;
         let background = background || cx.background_deletion();
         self.run_helm(cx, "uninstall", &Value::Null, |work| {
             let kubeconfig = work.write_kubeconfig(kubeconfig)?;
-            Ok(self.uninstall_args(major, &kubeconfig, background))
+            Ok(self.uninstall_args(&kubeconfig, background))
         })
         .await
         .map(drop)
@@ -738,7 +738,16 @@ async fn remaining_objects(
             .get_metadata_opt(&object.name)
             .await
             .map_err(|e| Error::kube(format_args!("reading {} {}", object.kind, object.name), e))?;
-        if present.is_some() {
+        // helm leaves objects annotated `helm.sh/resource-policy: keep`: they
+        // stay on purpose, so they count as gone.
+        let kept = present.as_ref().is_some_and(|meta| {
+            meta.metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(RESOURCE_POLICY))
+                .is_some_and(|policy| policy == "keep")
+        });
+        if present.is_some() && !kept {
             remaining.push(match (namespaced, &object.namespace) {
                 (true, Some(ns)) => format!("{} {ns}/{}", object.kind, object.name),
                 (true, None) => format!("{} {namespace}/{}", object.kind, object.name),
@@ -748,6 +757,9 @@ async fn remaining_objects(
     }
     Ok(remaining)
 }
+
+/// The annotation with which a chart keeps an object on uninstall.
+const RESOURCE_POLICY: &str = "helm.sh/resource-policy";
 
 /// `--wait` as the binary understands it.
 fn wait_flag(major: Major) -> OsString {
@@ -813,8 +825,11 @@ fn classify(message: String, stderr: &str) -> Error {
         Error::invalid(format!(
             "{message}\nthe API server refused an object of the chart: fix the values or the chart"
         ))
-    } else if stderr.contains("another operation (install/upgrade/rollback) is in progress") {
-        // Another process works on the release: come back later.
+    } else if stderr.contains("another operation (install/upgrade/rollback) is in progress")
+        // Helm 4's watcher on an object foreground deletion has not finished.
+        || (stderr.contains("still exists") && stderr.contains("Terminating"))
+    {
+        // Another process, or the garbage collector, is not done yet: come back later.
         Error::yielding(message)
     } else if stderr.contains("context deadline exceeded")
         || stderr.contains("timed out waiting for the condition")
@@ -983,7 +998,7 @@ mod tests {
 
     #[test]
     fn uninstall_gates_on_deletion() {
-        let args = strings(&release().uninstall_args(Major::Three, Path::new("k"), false));
+        let args = strings(&release().uninstall_args(Path::new("k"), false));
         assert_eq!(
             args,
             [
@@ -995,15 +1010,17 @@ mod tests {
                 "k",
                 "--ignore-not-found",
                 "--keep-history",
-                "--wait",
                 "--cascade",
                 "foreground",
                 "--timeout",
                 "90000ms",
             ]
         );
-        let args = strings(&release().uninstall_args(Major::Four, Path::new("k"), true));
-        assert!(args.contains(&"--wait=watcher".to_owned()));
+        let args = strings(&release().uninstall_args(Path::new("k"), true));
+        assert!(
+            !args.iter().any(|arg| arg.starts_with("--wait")),
+            "{args:?}"
+        );
         assert!(args.contains(&"background".to_owned()));
     }
 
@@ -1098,6 +1115,12 @@ mod tests {
         let error = classify(
             "m".to_owned(),
             "UPGRADE FAILED: another operation (install/upgrade/rollback) is in progress",
+        );
+        assert!(error.is_yield());
+        // Helm 4 with a watcher on an object still under foreground deletion.
+        let error = classify(
+            "m".to_owned(),
+            "uninstallation completed with 1 error(s): resource Deployment/apps/web still exists. status: Terminating",
         );
         assert!(error.is_yield());
         let error = classify(

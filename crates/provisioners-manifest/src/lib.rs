@@ -65,7 +65,6 @@
 mod discovery;
 mod manifest;
 mod object;
-mod readiness;
 mod resource;
 mod retry;
 mod source;

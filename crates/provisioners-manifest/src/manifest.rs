@@ -18,10 +18,10 @@ use serde_json::Value;
 
 use crate::discovery::{Discovery, Kind};
 use crate::object::{Identity, ObjectRef, Tier, check_name, group_of, label_value};
-use crate::readiness::{self, Readiness};
 use crate::retry::retry;
 use crate::source::{Document, Origin, Source};
 use crate::unchanged;
+use provisioners_core::readiness::{self, Readiness};
 
 /// Label on every object a pruning [`Manifest`] applies, whose value is the
 /// inventory id: prune deletes only objects that carry it.

@@ -55,21 +55,7 @@ pub(crate) fn is_applied(
         desired.remove("apiVersion");
         desired.remove("kind");
     }
-    contains(&live, &desired)
-}
-
-/// Every value of `desired` is in `live` (objects may have more keys; lists
-/// must match element by element).
-fn contains(live: &Value, desired: &Value) -> bool {
-    match (live, desired) {
-        (Value::Object(live), Value::Object(desired)) => desired
-            .iter()
-            .all(|(key, value)| live.get(key).is_some_and(|l| contains(l, value))),
-        (Value::Array(live), Value::Array(desired)) => {
-            live.len() == desired.len() && live.iter().zip(desired).all(|(l, d)| contains(l, d))
-        }
-        (live, desired) => live == desired,
-    }
+    provisioners_core::drift::contains(&live, &desired)
 }
 
 #[cfg(test)]

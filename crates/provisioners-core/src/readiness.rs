@@ -1,10 +1,27 @@
-//! Whether an applied object is ready, from the object the server returned.
+//! Whether an object is ready, from the object the server returned: the
+//! readiness rules every provisioner that creates objects shares
+//! (`provisioners-manifest` for what it applies, `provisioners-helm` for a
+//! release's objects), close to kstatus.
+//!
+//! ```
+//! use provisioners_core::readiness::{self, Readiness};
+//! use serde_json::json;
+//!
+//! let deployment = json!({
+//!     "metadata": {"generation": 2},
+//!     "spec": {"replicas": 2},
+//!     "status": {"observedGeneration": 2, "updatedReplicas": 2, "availableReplicas": 1},
+//! });
+//! assert!(matches!(readiness::check("apps", "Deployment", &deployment), Readiness::Waiting(_)));
+//! ```
 
 use serde_json::Value;
 
 /// The outcome of a readiness check.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Readiness {
+// Exhaustive on purpose: every caller decides for each outcome.
+pub enum Readiness {
+    /// Ready, or a kind with no readiness rule.
     Ready,
     /// Not yet; the reason says what is missing.
     Waiting(String),
@@ -43,7 +60,7 @@ fn observed(object: &Value) -> bool {
 }
 
 /// Checks `object` (group, kind, and the whole object as returned by the server).
-pub(crate) fn check(group: &str, kind: &str, object: &Value) -> Readiness {
+pub fn check(group: &str, kind: &str, object: &Value) -> Readiness {
     match (group, kind) {
         ("apps", "Deployment") => {
             let want = int(object, &["spec", "replicas"]).unwrap_or(1);
