@@ -39,6 +39,15 @@ struct WidgetSpec {
 struct WidgetStatus {
     #[serde(default)]
     conditions: Vec<TestCondition>,
+    #[serde(default)]
+    waiting: Vec<WaitingNode>,
+}
+
+/// One entry of `status.waiting`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, JsonSchema)]
+struct WaitingNode {
+    node: String,
+    reason: String,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, JsonSchema)]
@@ -139,6 +148,13 @@ async fn reconcile_adds_the_finalizer_reports_the_condition_and_gates_deletion()
         ("False", "Provisioning")
     );
     assert_eq!(condition.message, "platform: waiting for the database");
+    assert_eq!(condition.observed_generation, w.metadata.generation);
+    let waiting = &w.status.as_ref().unwrap().waiting;
+    assert_eq!(waiting.len(), 1);
+    assert_eq!(
+        (waiting[0].node.as_str(), waiting[0].reason.as_str()),
+        ("platform", "waiting for the database")
+    );
 
     // Second pass: provisioned, no requeue.
     let action = reconciler.reconcile(&managed(w.clone(), &tree)).await.unwrap();
@@ -150,6 +166,7 @@ async fn reconcile_adds_the_finalizer_reports_the_condition_and_gates_deletion()
         ("True", "Provisioned")
     );
     assert_eq!(condition.observed_generation, w.metadata.generation);
+    assert!(w.status.as_ref().unwrap().waiting.is_empty(), "cleared");
 
     // A reconcile that changes nothing writes nothing.
     let version = w.resource_version();

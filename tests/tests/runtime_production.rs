@@ -13,6 +13,7 @@ use futures::StreamExt;
 use k8s_openapi::api::events::v1::Event as KubeEvent;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher;
 use kube::{Api, CustomResource, CustomResourceExt, ResourceExt};
@@ -319,7 +320,11 @@ async fn run_replica(cx: provisioners::Context, api: Api<Gadget>, config: watche
             Arc::clone(&replica),
         )
         .for_each(|_| async {});
-    let supersede = replica.reconciler.supersede_on_change(api, config);
+    let metadata: Api<PartialObjectMeta<Gadget>> = match api.namespace() {
+        Some(namespace) => Api::namespaced(api.clone().into_client(), namespace),
+        None => Api::all(api.clone().into_client()),
+    };
+    let supersede = replica.reconciler.supersede_on_change(metadata, config);
     futures::future::join(controller, supersede).await;
 }
 

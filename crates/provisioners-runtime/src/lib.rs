@@ -53,6 +53,7 @@
 //! use k8s_openapi::api::core::v1::ConfigMap;
 //! use kube::runtime::controller::{Action, Controller};
 //! use kube::runtime::watcher;
+//! use kube::core::PartialObjectMeta;
 //! use kube::Api;
 //! use provisioners_core::{Cluster, Context, Error, Managed};
 //! use provisioners_runtime::Reconciler;
@@ -72,12 +73,13 @@
 //!
 //! let config_maps = Api::<ConfigMap>::all(cx.client().clone());
 //! let shutdown = cx.cancellation().clone();
-//! let controller = Controller::new(config_maps.clone(), watcher::Config::default())
+//! let controller = Controller::new(config_maps, watcher::Config::default())
 //!     .graceful_shutdown_on(async move { shutdown.cancelled().await })
 //!     .run(reconcile, |_, _, r| r.error_policy(), Arc::clone(&reconciler))
 //!     .for_each(|_| async {});
 //! // Beside it: cancel a running tree when its object gets a new spec.
-//! let supersede = reconciler.supersede_on_change(config_maps, watcher::Config::default());
+//! let metadata = Api::<PartialObjectMeta<ConfigMap>>::all(cx.client().clone());
+//! let supersede = reconciler.supersede_on_change(metadata, watcher::Config::default());
 //! futures::future::join(controller, supersede).await;
 //! # Ok(())
 //! # }

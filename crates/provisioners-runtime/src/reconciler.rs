@@ -8,7 +8,8 @@ use futures::StreamExt;
 use kube::api::{ApiResource, DynamicObject, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::Reporter;
-use kube::runtime::{WatchStreamExt, metadata_watcher, watcher};
+use kube::core::PartialObjectMeta;
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Resource, ResourceExt};
 use provisioners_core::{Context, Error, ErrorKind, ManagerProvisioner, Owner, Result};
 use serde::Serialize;
@@ -228,14 +229,17 @@ impl Reconciler {
     ///
     /// It is a watch of its own because kube's `Controller` holds back new
     /// events of an object until its running reconcile returns, which is
-    /// exactly what must not wait here. Metadata only: cheap on the wire
-    /// and in memory.
-    pub async fn supersede_on_change<K>(&self, api: Api<K>, config: watcher::Config)
-    where
-        K: Resource<DynamicType = ()> + Clone + DeserializeOwned + fmt::Debug + Send + 'static,
+    /// exactly what must not wait here. Metadata only (an
+    /// `Api<PartialObjectMeta<K>>`): cheap on the wire and in memory.
+    pub async fn supersede_on_change<K>(
+        &self,
+        api: Api<PartialObjectMeta<K>>,
+        config: watcher::Config,
+    ) where
+        K: Resource<DynamicType = ()> + Clone + DeserializeOwned + fmt::Debug + Send + Sync + 'static,
     {
         let shutdown = self.context.cancellation().clone();
-        let changes = metadata_watcher(api, config)
+        let changes = watcher(api, config)
             .default_backoff()
             .touched_objects()
             .take_until(async move { shutdown.cancelled().await });

@@ -27,6 +27,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Patch, PatchParams};
+use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::Reporter;
 use kube::runtime::watcher;
@@ -443,6 +444,10 @@ async fn run_controller(cx: Context, platforms: Api<Platform>, settings: Setting
             }
         });
     // A new spec cancels the tree still running for the old one.
-    let supersede = state.reconciler.supersede_on_change(platforms, config);
+    let metadata: Api<PartialObjectMeta<Platform>> = match platforms.namespace() {
+        Some(namespace) => Api::namespaced(platforms.clone().into_client(), namespace),
+        None => Api::all(platforms.clone().into_client()),
+    };
+    let supersede = state.reconciler.supersede_on_change(metadata, config);
     futures::future::join(controller, supersede).await;
 }
