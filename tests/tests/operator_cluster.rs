@@ -10,21 +10,21 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::Api;
-use kube::api::{ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
-use k8s_openapi::api::core::v1::Secret;
 use kube::api::ListParams;
+use kube::api::{ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use platform_operator::{
     Options, Platform, PlatformSpec, RemoteSpec, Settings, install_crd, run, run_with,
 };
 use prometheus_client::registry::Registry;
 use provisioners::runtime::LeaderElection;
-use provisioners_runtime::metrics::{Health, Metrics, serve};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use provisioners::testing::cluster::{self, HarnessCluster, TestNamespace, helm4};
 use provisioners::{CancellationToken, Event, Observer, Operation, Phase};
+use provisioners_runtime::metrics::{Health, Metrics, serve};
 use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::task::JoinHandle;
 
 const DEADLINE: Duration = Duration::from_secs(120);
@@ -342,7 +342,11 @@ async fn an_operator_killed_mid_provision_converges_when_started_again() {
 
 /// A replica under leader election for the Lease `platform-operator` in
 /// `ns`, reporting to `events` and to its own metrics.
-async fn start_replica(ns: &TestNamespace, events: &Events, identity: &str) -> (Operator, Registry) {
+async fn start_replica(
+    ns: &TestNamespace,
+    events: &Events,
+    identity: &str,
+) -> (Operator, Registry) {
     let mut registry = Registry::default();
     let metrics = Arc::new(Metrics::new(&mut registry));
     let cx = HarnessCluster::Primary
@@ -359,8 +363,13 @@ async fn start_replica(ns: &TestNamespace, events: &Events, identity: &str) -> (
     options.events = Some(identity.to_owned());
     options.metrics = Some(metrics);
     options.leader_election = Some(
-        LeaderElection::new(cx.client().clone(), ns.name(), "platform-operator", identity)
-            .lease_duration(Duration::from_secs(4)),
+        LeaderElection::new(
+            cx.client().clone(),
+            ns.name(),
+            "platform-operator",
+            identity,
+        )
+        .lease_duration(Duration::from_secs(4)),
     );
     let task = tokio::spawn(run_with(cx, platforms, settings, options));
     (Operator { token, task }, registry)
@@ -379,7 +388,9 @@ async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
 #[tokio::test]
 #[ignore = "needs the local control plane (cargo xtask test)"]
 async fn a_standby_converges_a_helm_install_its_killed_leader_left_and_serves_metrics() {
-    let ns = TestNamespace::create("operator-ha").await.expect("namespace");
+    let ns = TestNamespace::create("operator-ha")
+        .await
+        .expect("namespace");
     let client = ns.client().clone();
     install_crd(&client).await.expect("Platform CRD");
     let platforms: Api<Platform> = ns.api();
@@ -416,7 +427,10 @@ async fn a_standby_converges_a_helm_install_its_killed_leader_left_and_serves_me
     // Killed mid-install, without releasing the lease.
     leader.task.abort();
     let _ = leader.task.await;
-    eventually("Available=True from the standby", || is_available(&platforms, "ha")).await;
+    eventually("Available=True from the standby", || {
+        is_available(&platforms, "ha")
+    })
+    .await;
     assert!(standby_events.seen(helm_node, Operation::Provision, "done"));
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &created.target_namespace());
     let releases = secrets
@@ -440,7 +454,12 @@ async fn a_standby_converges_a_helm_install_its_killed_leader_left_and_serves_me
     let stop_serving = CancellationToken::new();
     let health = Health::default();
     health.set_ready(true);
-    tokio::spawn(serve(listener, Arc::new(standby_registry), health, stop_serving.clone()));
+    tokio::spawn(serve(
+        listener,
+        Arc::new(standby_registry),
+        health,
+        stop_serving.clone(),
+    ));
     let scraped = http_get(addr, "/metrics").await;
     assert!(scraped.starts_with("HTTP/1.1 200"), "{scraped}");
     assert!(

@@ -108,7 +108,7 @@ fn available(widget: &Widget) -> Option<TestCondition> {
 }
 
 /// The widget and its tree, as the reconciler takes them.
-fn managed<'a>(widget: Widget, tree: &'a dyn Provisioner) -> Managed<Widget, &'a dyn Provisioner> {
+fn managed(widget: Widget, tree: &dyn Provisioner) -> Managed<Widget, &dyn Provisioner> {
     Managed::new(Arc::new(widget), tree)
 }
 
@@ -157,7 +157,10 @@ async fn reconcile_adds_the_finalizer_reports_the_condition_and_gates_deletion()
     );
 
     // Second pass: provisioned, no requeue.
-    let action = reconciler.reconcile(&managed(w.clone(), &tree)).await.unwrap();
+    let action = reconciler
+        .reconcile(&managed(w.clone(), &tree))
+        .await
+        .unwrap();
     assert_eq!(action, Action::await_change());
     let w = widgets.get("w").await.unwrap();
     let condition = available(&w).unwrap();
@@ -170,7 +173,10 @@ async fn reconcile_adds_the_finalizer_reports_the_condition_and_gates_deletion()
 
     // A reconcile that changes nothing writes nothing.
     let version = w.resource_version();
-    reconciler.reconcile(&managed(w.clone(), &tree)).await.unwrap();
+    reconciler
+        .reconcile(&managed(w.clone(), &tree))
+        .await
+        .unwrap();
     assert_eq!(widgets.get("w").await.unwrap().resource_version(), version);
 
     // Paused: the tree is not touched, not even for deletion.
@@ -183,7 +189,10 @@ async fn reconcile_adds_the_finalizer_reports_the_condition_and_gates_deletion()
     let calls = recorder.calls().len();
     let w = widgets.get("w").await.unwrap();
     assert_eq!(
-        reconciler.reconcile(&managed(w.clone(), &tree)).await.unwrap(),
+        reconciler
+            .reconcile(&managed(w.clone(), &tree))
+            .await
+            .unwrap(),
         Action::await_change()
     );
     assert_eq!(recorder.calls().len(), calls, "nothing runs while paused");
@@ -196,7 +205,10 @@ async fn reconcile_adds_the_finalizer_reports_the_condition_and_gates_deletion()
         .await
         .unwrap();
     let w = widgets.get("w").await.unwrap();
-    let action = reconciler.reconcile(&managed(w.clone(), &tree)).await.unwrap();
+    let action = reconciler
+        .reconcile(&managed(w.clone(), &tree))
+        .await
+        .unwrap();
     assert_eq!(action, Action::requeue(Duration::from_secs(7)));
     let w = widgets.get("w").await.unwrap();
     assert_eq!(available(&w).unwrap().reason, "Deprovisioning");
@@ -204,7 +216,10 @@ async fn reconcile_adds_the_finalizer_reports_the_condition_and_gates_deletion()
         w.finalizers().contains(&FINALIZER.to_owned()),
         "kept until the tree is gone"
     );
-    reconciler.reconcile(&managed(w.clone(), &tree)).await.unwrap();
+    reconciler
+        .reconcile(&managed(w.clone(), &tree))
+        .await
+        .unwrap();
     assert!(
         widgets.get_opt("w").await.unwrap().is_none(),
         "the finalizer was the last thing"
@@ -233,7 +248,10 @@ async fn a_failing_tree_is_errored_with_its_path_and_requeued_at_the_same_pace()
 
     for _ in 0..2 {
         let w = widgets.get("broken").await.unwrap();
-        let action = reconciler.reconcile(&managed(w.clone(), &tree)).await.unwrap();
+        let action = reconciler
+            .reconcile(&managed(w.clone(), &tree))
+            .await
+            .unwrap();
         assert_eq!(
             action,
             reconciler.error_policy(),
@@ -250,7 +268,10 @@ async fn a_failing_tree_is_errored_with_its_path_and_requeued_at_the_same_pace()
         .await
         .unwrap();
     let w = widgets.get("broken").await.unwrap();
-    reconciler.reconcile(&managed(w.clone(), &tree)).await.unwrap();
+    reconciler
+        .reconcile(&managed(w.clone(), &tree))
+        .await
+        .unwrap();
     assert!(widgets.get_opt("broken").await.unwrap().is_none());
     ns.cleanup().await.expect("cleanup");
 }
@@ -270,7 +291,10 @@ async fn reconcile(widget: Arc<Widget>, shared: Arc<Shared>) -> Result<Action, E
     let tree = Scripted::new(widget.name_any(), &shared.recorder)
         .on_provision([Step::delay(Duration::from_secs(delay))]);
     let tree: &dyn Provisioner = &tree;
-    shared.reconciler.reconcile(&Managed::new(widget, tree)).await
+    shared
+        .reconciler
+        .reconcile(&Managed::new(widget, tree))
+        .await
 }
 
 /// Polls `widgets/name` until its Available condition has `reason`.

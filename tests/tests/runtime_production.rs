@@ -128,7 +128,11 @@ async fn wait_for(api: &Api<Gadget>, name: &str, reason: &str) -> Gadget {
 }
 
 /// The Events about `name` in `namespace`: (type, reason, note).
-async fn events_of(client: &kube::Client, namespace: &str, name: &str) -> Vec<(String, String, String)> {
+async fn events_of(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+) -> Vec<(String, String, String)> {
     let events: Api<KubeEvent> = Api::namespaced(client.clone(), namespace);
     let mut out: Vec<_> = events
         .list(&ListParams::default())
@@ -149,16 +153,20 @@ async fn events_of(client: &kube::Client, namespace: &str, name: &str) -> Vec<(S
     out
 }
 
-fn managed<'a>(gadget: Gadget, tree: &'a dyn Provisioner) -> Managed<Gadget, &'a dyn Provisioner> {
+fn managed(gadget: Gadget, tree: &dyn Provisioner) -> Managed<Gadget, &dyn Provisioner> {
     Managed::new(Arc::new(gadget), tree)
 }
 
 async fn drop_finalizers(api: &Api<Gadget>) {
     for gadget in api.list(&ListParams::default()).await.unwrap() {
         let clear = json!({ "metadata": { "finalizers": null } });
-        api.patch(&gadget.name_any(), &PatchParams::default(), &Patch::Merge(&clear))
-            .await
-            .unwrap();
+        api.patch(
+            &gadget.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&clear),
+        )
+        .await
+        .unwrap();
     }
 }
 
@@ -187,12 +195,15 @@ async fn an_error_tree_over_32_kib_gives_a_bounded_message_and_a_successful_stat
     let mut tree = Concurrent::new("g");
     for i in 0..100 {
         let stderr = format!("helm upgrade failed (exit 1): {}", "é".repeat(512));
-        tree.push(Scripted::new(format!("chart-{i:03}"), &recorder).on_provision([Step::fail(stderr)]));
+        tree.push(
+            Scripted::new(format!("chart-{i:03}"), &recorder).on_provision([Step::fail(stderr)]),
+        );
     }
     for i in 0..20 {
         tree.push(
-            Scripted::new(format!("wait-{i:02}"), &recorder)
-                .on_provision([Step::yielding(format!("Deployment x/d{i}: 0 of 1 available"))]),
+            Scripted::new(format!("wait-{i:02}"), &recorder).on_provision([Step::yielding(
+                format!("Deployment x/d{i}: 0 of 1 available"),
+            )]),
         );
     }
     let reconciler = Reconciler::new(ns_context().await, FINALIZER);
@@ -205,17 +216,31 @@ async fn an_error_tree_over_32_kib_gives_a_bounded_message_and_a_successful_stat
     let gadget = gadgets.get("g").await.unwrap();
     let condition = available(&gadget).expect("condition");
     assert_eq!(condition.reason, "Errored");
-    assert!(condition.message.len() <= MAX_MESSAGE, "{}", condition.message.len());
     assert!(
-        condition.message.starts_with("100 nodes failed, 20 waiting: g/chart-"),
+        condition.message.len() <= MAX_MESSAGE,
+        "{}",
+        condition.message.len()
+    );
+    assert!(
+        condition
+            .message
+            .starts_with("100 nodes failed, 20 waiting: g/chart-"),
         "{}",
         condition.message
     );
-    assert!(condition.message.ends_with("and 117 more"), "{}", condition.message);
+    assert!(
+        condition.message.ends_with("and 117 more"),
+        "{}",
+        condition.message
+    );
     assert_eq!(condition.observed_generation, gadget.metadata.generation);
     let waiting = gadget.status.unwrap().waiting;
     assert_eq!(waiting.len(), 20);
-    assert!(waiting.iter().any(|w| w.node == "g/wait-00" && w.reason == "Deployment x/d0: 0 of 1 available"));
+    assert!(
+        waiting
+            .iter()
+            .any(|w| w.node == "g/wait-00" && w.reason == "Deployment x/d0: 0 of 1 available")
+    );
 
     drop_finalizers(&gadgets).await;
     ns.cleanup().await.expect("cleanup");
@@ -250,7 +275,11 @@ async fn events_are_published_on_the_object_once_per_generation() {
     let events = events_of(ns.client(), ns.name(), "g").await;
     assert_eq!(
         events,
-        [("Normal".into(), "Provisioning".into(), "provisioning generation 1".into())],
+        [(
+            "Normal".into(),
+            "Provisioning".into(),
+            "provisioning generation 1".into()
+        )],
         "three yields, one event"
     );
 
@@ -260,11 +289,19 @@ async fn events_are_published_on_the_object_once_per_generation() {
     }
     let events = events_of(ns.client(), ns.name(), "g").await;
     assert!(
-        events.contains(&("Warning".into(), "NodeFailed".into(), "g/chart: values: bad".into())),
+        events.contains(&(
+            "Warning".into(),
+            "NodeFailed".into(),
+            "g/chart: values: bad".into()
+        )),
         "{events:?}"
     );
     assert!(
-        events.contains(&("Normal".into(), "Provisioned".into(), "provisioned generation 1".into())),
+        events.contains(&(
+            "Normal".into(),
+            "Provisioned".into(),
+            "provisioned generation 1".into()
+        )),
         "{events:?}"
     );
 
@@ -277,7 +314,10 @@ async fn events_are_published_on_the_object_once_per_generation() {
         .into_iter()
         .map(|(_, reason, _)| reason)
         .collect();
-    assert!(reasons.contains(&"Deprovisioning".to_owned()), "{reasons:?}");
+    assert!(
+        reasons.contains(&"Deprovisioning".to_owned()),
+        "{reasons:?}"
+    );
     assert!(reasons.contains(&"Deprovisioned".to_owned()), "{reasons:?}");
     assert_eq!(reasons.len(), 5, "{reasons:?}");
     ns.cleanup().await.expect("cleanup");
@@ -299,12 +339,20 @@ async fn reconcile_gadget(gadget: Arc<Gadget>, replica: Arc<Replica>) -> Result<
         Step::ok()
     };
     let tree = Scripted::new(name, &replica.recorder).on_provision([step]);
-    replica.reconciler.reconcile(&Managed::new(gadget, tree)).await
+    replica
+        .reconciler
+        .reconcile(&Managed::new(gadget, tree))
+        .await
 }
 
 /// Runs a controller (and the generation watch) for `api` with `config`
 /// until `cx`'s token is cancelled.
-async fn run_replica(cx: provisioners::Context, api: Api<Gadget>, config: watcher::Config, recorder: Recorder) {
+async fn run_replica(
+    cx: provisioners::Context,
+    api: Api<Gadget>,
+    config: watcher::Config,
+    recorder: Recorder,
+) {
     let shutdown = cx.cancellation().clone();
     let replica = Arc::new(Replica {
         reconciler: Reconciler::new(cx, FINALIZER)
@@ -400,7 +448,12 @@ async fn candidate(ns: &TestNamespace, lease: &str, identity: &str) -> Candidate
             election
                 .run(shutdown, |term| {
                     let cx = cx.clone().with_cancellation(term);
-                    run_replica(cx, api.clone(), watcher::Config::default(), recorder.clone())
+                    run_replica(
+                        cx,
+                        api.clone(),
+                        watcher::Config::default(),
+                        recorder.clone(),
+                    )
                 })
                 .await
                 .expect("valid election timings");
@@ -481,10 +534,7 @@ async fn two_shards_each_reconcile_only_their_objects() {
         wait_for(&gadgets, name, "Provisioned").await;
     }
     for (shard, recorder, _, _) in &shards {
-        let mut names: Vec<String> = recorder
-            .started(Operation::Provision)
-            .into_iter()
-            .collect();
+        let mut names: Vec<String> = recorder.started(Operation::Provision).into_iter().collect();
         names.sort();
         names.dedup();
         let expected: Vec<String> = match *shard {
@@ -497,7 +547,10 @@ async fn two_shards_each_reconcile_only_their_objects() {
     assert!(available(&unsharded).is_none(), "no shard owns it");
     for (_, _, token, task) in shards {
         token.cancel();
-        tokio::time::timeout(DEADLINE, task).await.expect("stop").unwrap();
+        tokio::time::timeout(DEADLINE, task)
+            .await
+            .expect("stop")
+            .unwrap();
     }
     drop_finalizers(&gadgets).await;
     ns.cleanup().await.expect("cleanup");

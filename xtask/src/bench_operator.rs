@@ -16,7 +16,11 @@ use crate::process::Cmd;
 const CLUSTER: &str = "bench-operator";
 
 pub(crate) fn run(options: &Options) -> Result<()> {
-    let sizes: &[&str] = if options.quick { &["20"] } else { &["100", "1000"] };
+    let sizes: &[&str] = if options.quick {
+        &["20"]
+    } else {
+        &["100", "1000"]
+    };
     let sizes: Vec<String> = match std::env::var("PROVISIONERS_BENCH_OPERATOR_N") {
         Ok(list) => list.split(',').map(|s| s.trim().to_owned()).collect(),
         Err(_) => sizes.iter().map(|s| (*s).to_owned()).collect(),

@@ -99,9 +99,7 @@ impl Events {
                     seen: HashSet::new(),
                 };
             }
-            if entry.seen.len() >= MAX_PER_GENERATION
-                || !entry.seen.insert((why, note.clone()))
-            {
+            if entry.seen.len() >= MAX_PER_GENERATION || !entry.seen.insert((why, note.clone())) {
                 return;
             }
         }

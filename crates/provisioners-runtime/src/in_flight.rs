@@ -141,7 +141,10 @@ mod tests {
         let a = registry.start("ns/a".into(), spec(2, false), &parent);
         let b = registry.start("ns/b".into(), spec(2, false), &parent);
 
-        assert!(!registry.supersede("ns/a", spec(2, false)), "same generation");
+        assert!(
+            !registry.supersede("ns/a", spec(2, false)),
+            "same generation"
+        );
         assert!(!registry.supersede("ns/a", spec(1, false)), "an older one");
         assert!(!a.token().is_cancelled());
         assert!(registry.supersede("ns/a", spec(3, false)));

@@ -103,8 +103,7 @@ impl LeaderElection {
         F: FnMut(CancellationToken) -> Fut,
         Fut: Future<Output = ()>,
     {
-        if self.renew_deadline >= self.lease_duration || self.retry_period >= self.renew_deadline
-        {
+        if self.renew_deadline >= self.lease_duration || self.retry_period >= self.renew_deadline {
             return Err(Error::invalid(format!(
                 "leader election for Lease {}: retry period {:?} < renew deadline {:?} < lease \
                  duration {:?} must hold",
@@ -260,7 +259,9 @@ impl LeaderElection {
             .replace(&self.name, &PostParams::default(), &lease)
             .await
         {
-            Ok(_) => tracing::info!(lease = %self.name, identity = %self.identity, "released the lease"),
+            Ok(_) => {
+                tracing::info!(lease = %self.name, identity = %self.identity, "released the lease")
+            }
             Err(error) => tracing::warn!(lease = %self.name, %error, "releasing the lease"),
         }
     }

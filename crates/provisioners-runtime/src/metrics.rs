@@ -212,10 +212,8 @@ pub async fn serve(
                 let registry = Arc::clone(&registry);
                 let health = health.clone();
                 tokio::spawn(async move {
-                    let answer = tokio::time::timeout(
-                        REQUEST_TIMEOUT,
-                        answer(stream, &registry, &health),
-                    );
+                    let answer =
+                        tokio::time::timeout(REQUEST_TIMEOUT, answer(stream, &registry, &health));
                     if let Ok(Err(error)) = answer.await {
                         tracing::debug!(%error, "serving a metrics request");
                     }
@@ -229,7 +227,11 @@ pub async fn serve(
     }
 }
 
-async fn answer(mut stream: TcpStream, registry: &Registry, health: &Health) -> std::io::Result<()> {
+async fn answer(
+    mut stream: TcpStream,
+    registry: &Registry,
+    health: &Health,
+) -> std::io::Result<()> {
     let mut head = Vec::with_capacity(1024);
     let mut buffer = [0u8; 1024];
     while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < MAX_REQUEST {
@@ -253,7 +255,11 @@ async fn answer(mut stream: TcpStream, registry: &Registry, health: &Health) -> 
                     "application/openmetrics-text; version=1.0.0; charset=utf-8",
                     body,
                 ),
-                Err(_) => ("500 Internal Server Error", "text/plain", "encoding failed\n".to_owned()),
+                Err(_) => (
+                    "500 Internal Server Error",
+                    "text/plain",
+                    "encoding failed\n".to_owned(),
+                ),
             }
         }
         ("GET", "/healthz") => ("200 OK", "text/plain", "ok\n".to_owned()),

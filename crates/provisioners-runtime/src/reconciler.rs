@@ -6,9 +6,9 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use kube::api::{ApiResource, DynamicObject, Patch, PatchParams};
+use kube::core::PartialObjectMeta;
 use kube::runtime::controller::Action;
 use kube::runtime::events::Reporter;
-use kube::core::PartialObjectMeta;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Resource, ResourceExt};
 use provisioners_core::{Context, Error, ErrorKind, ManagerProvisioner, Owner, Result};
@@ -167,10 +167,7 @@ impl Reconciler {
     /// `create` and `patch` `events.k8s.io` `events`.
     #[must_use]
     pub fn events(mut self, reporter: impl Into<Reporter>) -> Self {
-        self.events = Some(Events::new(
-            self.context.client().clone(),
-            reporter.into(),
-        ));
+        self.events = Some(Events::new(self.context.client().clone(), reporter.into()));
         self
     }
 
@@ -236,7 +233,13 @@ impl Reconciler {
         api: Api<PartialObjectMeta<K>>,
         config: watcher::Config,
     ) where
-        K: Resource<DynamicType = ()> + Clone + DeserializeOwned + fmt::Debug + Send + Sync + 'static,
+        K: Resource<DynamicType = ()>
+            + Clone
+            + DeserializeOwned
+            + fmt::Debug
+            + Send
+            + Sync
+            + 'static,
     {
         let shutdown = self.context.cancellation().clone();
         let changes = watcher(api, config)
@@ -374,9 +377,7 @@ impl Reconciler {
                 ReconcileResult::Deprovisioning
             }
             Err(e) if e.is_yield() => ReconcileResult::Provisioning,
-            Err(e) if e.kind() == ErrorKind::Cancelled && superseded => {
-                ReconcileResult::Superseded
-            }
+            Err(e) if e.kind() == ErrorKind::Cancelled && superseded => ReconcileResult::Superseded,
             Err(e) if e.kind() == ErrorKind::Cancelled => ReconcileResult::Cancelled,
             Err(_) => ReconcileResult::Errored,
         };
@@ -409,7 +410,9 @@ impl Reconciler {
                         .await;
                 }
             }
-            Err(e) => tracing::debug!(object = %report.target, reason = %summary::message(e), "not done yet"),
+            Err(e) => {
+                tracing::debug!(object = %report.target, reason = %summary::message(e), "not done yet")
+            }
             Ok(()) => {}
         }
         let action = match (outcome, self.resync) {
@@ -466,8 +469,7 @@ impl Reconciler {
             Err(e) => ("False", Reason::Errored, summary::message(e)),
         };
         let current = &report.current;
-        let conditions =
-            condition::updated(current, status, reason, &message, report.generation);
+        let conditions = condition::updated(current, status, reason, &message, report.generation);
         let mut status_patch = serde_json::Map::new();
         if let Some(field) = &self.waiting_field {
             let waiting = match result {

@@ -109,7 +109,12 @@ mod tests {
     #[test]
     fn many_failures_name_the_first_failures_then_count_the_rest() {
         let mut children: Vec<Error> = (0..50)
-            .map(|i| at(Error::yielding(format!("pod {i} pending")), &format!("p/w{i}")))
+            .map(|i| {
+                at(
+                    Error::yielding(format!("pod {i} pending")),
+                    &format!("p/w{i}"),
+                )
+            })
             .collect();
         children.push(at(Error::invalid("bad values"), "p/chart"));
         let e = at(Error::group(children), "p");

@@ -190,7 +190,10 @@ async fn an_unchanged_provisioned_object_writes_nothing_and_a_new_generation_wri
     let recorder = Recorder::new();
 
     // Same generation, same outcome: not a single request.
-    let managed = Managed::new(with_status(3, provisioned_at(3)), Scripted::new("p", &recorder));
+    let managed = Managed::new(
+        with_status(3, provisioned_at(3)),
+        Scripted::new("p", &recorder),
+    );
     let server = tokio::spawn(async move {
         let none = tokio::time::timeout(Duration::from_millis(300), handle.next_request()).await;
         assert!(none.is_err(), "a no-op reconcile made a request");
@@ -203,7 +206,10 @@ async fn an_unchanged_provisioned_object_writes_nothing_and_a_new_generation_wri
     let mut handle = server.await.unwrap();
 
     // Generation 4: the condition follows, its transition time does not move.
-    let managed = Managed::new(with_status(4, provisioned_at(3)), Scripted::new("p", &recorder));
+    let managed = Managed::new(
+        with_status(4, provisioned_at(3)),
+        Scripted::new("p", &recorder),
+    );
     let server =
         tokio::spawn(async move { expect(&mut handle, Method::PATCH, STATUS, reply()).await });
     reconciler.reconcile(&managed).await.unwrap();
@@ -211,7 +217,10 @@ async fn an_unchanged_provisioned_object_writes_nothing_and_a_new_generation_wri
     let condition = &status["status"]["conditions"][0];
     assert_eq!(condition["observedGeneration"], 4);
     assert_eq!(condition["lastTransitionTime"], "2026-01-01T00:00:00Z");
-    assert!(status["status"].get("waiting").is_none(), "nothing to clear");
+    assert!(
+        status["status"].get("waiting").is_none(),
+        "nothing to clear"
+    );
     assert_eq!(recorder.count("p", Operation::Provision), 2);
 }
 

@@ -414,7 +414,12 @@ pub async fn run_with(cx: Context, platforms: Api<Platform>, settings: Settings,
     }
 }
 
-async fn run_controller(cx: Context, platforms: Api<Platform>, settings: Settings, options: &Options) {
+async fn run_controller(
+    cx: Context,
+    platforms: Api<Platform>,
+    settings: Settings,
+    options: &Options,
+) {
     let shutdown = cx.cancellation().clone();
     let mut reconciler = Reconciler::new(cx, FINALIZER).requeue_after(options.requeue);
     if let Some(instance) = &options.events {

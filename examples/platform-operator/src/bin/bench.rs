@@ -33,7 +33,7 @@ use kube::api::{DeleteParams, ListParams, ObjectMeta, PostParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
-use platform_operator::{FINALIZER, FIELD_MANAGER, Platform, PlatformSpec, install_crd};
+use platform_operator::{FIELD_MANAGER, FINALIZER, Platform, PlatformSpec, install_crd};
 use provisioners::helm::Chart;
 use provisioners::manifest::Discovery;
 use provisioners::runtime::{ReconcileObserver, ReconcileResult};
@@ -174,7 +174,12 @@ fn helm_rss_kib() -> u64 {
 
 /// Polls until `count()` reaches `n`, sampling helm RSS; returns the elapsed
 /// time and the peak helm RSS.
-async fn until<F, Fut>(what: &str, n: usize, deadline: Duration, mut count: F) -> anyhow::Result<(Duration, u64)>
+async fn until<F, Fut>(
+    what: &str,
+    n: usize,
+    deadline: Duration,
+    mut count: F,
+) -> anyhow::Result<(Duration, u64)>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = usize>,
@@ -245,7 +250,10 @@ async fn main() -> anyhow::Result<()> {
     let client = kube::client::ClientBuilder::try_from(config)?
         .with_layer(&tower::util::MapRequestLayer::new(
             move |request: http::Request<kube::client::Body>| {
-                let is_watch = request.uri().query().is_some_and(|q| q.contains("watch=true"));
+                let is_watch = request
+                    .uri()
+                    .query()
+                    .is_some_and(|q| q.contains("watch=true"));
                 let counter = if is_watch {
                     &counter.watches
                 } else if request.method() == Method::GET {
@@ -271,10 +279,17 @@ async fn main() -> anyhow::Result<()> {
         ..Namespace::default()
     };
     if namespaces.get_opt(NAMESPACE).await?.is_none() {
-        namespaces.create(&PostParams::default(), &namespace).await?;
+        namespaces
+            .create(&PostParams::default(), &namespace)
+            .await?;
     }
     let platforms: Api<Platform> = Api::namespaced(client.clone(), NAMESPACE);
-    if !platforms.list(&ListParams::default()).await?.items.is_empty() {
+    if !platforms
+        .list(&ListParams::default())
+        .await?
+        .items
+        .is_empty()
+    {
         bail!("namespace {NAMESPACE} already holds Platforms: run on a fresh cluster");
     }
     let chart = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("charts/metrics");
@@ -298,8 +313,10 @@ async fn main() -> anyhow::Result<()> {
     // 1. From nothing to all Available.
     let stop = CancellationToken::new();
     let first = tokio::spawn(controller(cx.clone(), shared(Arc::default()), stop.clone()));
-    let (provision, helm_peak) =
-        until("Available", n, Duration::from_secs(3600), || available(&platforms)).await?;
+    let (provision, helm_peak) = until("Available", n, Duration::from_secs(3600), || {
+        available(&platforms)
+    })
+    .await?;
     let operator_rss = rss_kib(std::process::id());
     stop.cancel();
     first.await?;
@@ -314,7 +331,11 @@ async fn main() -> anyhow::Result<()> {
     let provisioned = Arc::new(Provisioned::default());
     let before = requests.snapshot();
     let stop = CancellationToken::new();
-    let resync = tokio::spawn(controller(cx.clone(), shared(Arc::clone(&provisioned)), stop.clone()));
+    let resync = tokio::spawn(controller(
+        cx.clone(),
+        shared(Arc::clone(&provisioned)),
+        stop.clone(),
+    ));
     let (elapsed, _) = until("no-op resync", n, Duration::from_secs(1800), || {
         let done = provisioned.0.load(Ordering::Relaxed);
         async move { done }
