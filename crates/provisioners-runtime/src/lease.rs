@@ -294,3 +294,116 @@ impl Observed {
 fn seconds(duration: Duration) -> i32 {
     i32::try_from(duration.as_secs().max(1)).unwrap_or(i32::MAX)
 }
+
+#[cfg(test)]
+mod tests {
+    use http::{Request, Response};
+    use kube::client::Body;
+    use serde_json::{Value, json};
+    use tower_test::mock;
+
+    use super::*;
+
+    type Handle = mock::Handle<Request<Body>, Response<Body>>;
+
+    const PATH: &str = "/apis/coordination.k8s.io/v1/namespaces/ops/leases/op";
+
+    fn election() -> (LeaderElection, Handle) {
+        let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
+        let client = kube::Client::new(service, "default");
+        (LeaderElection::new(client, "ops", "op", "me"), handle)
+    }
+
+    fn lease(holder: Option<&str>, resource_version: &str) -> Value {
+        json!({
+            "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": { "name": "op", "namespace": "ops", "resourceVersion": resource_version },
+            "spec": { "holderIdentity": holder, "leaseDurationSeconds": 15, "leaseTransitions": 3 },
+        })
+    }
+
+    /// Answers the next request (`method` on the lease) with `status` and `reply`; returns its body.
+    async fn answer(handle: &mut Handle, method: &str, status: u16, reply: Value) -> Value {
+        let (request, respond) = handle.next_request().await.expect("a request");
+        assert_eq!(request.method().as_str(), method);
+        assert_eq!(request.uri().path(), PATH);
+        let body = request.into_body().collect_bytes().await.unwrap();
+        respond.send_response(
+            Response::builder()
+                .status(status)
+                .body(Body::from(serde_json::to_vec(&reply).unwrap()))
+                .unwrap(),
+        );
+        serde_json::from_slice(&body).unwrap_or(Value::Null)
+    }
+
+    #[tokio::test]
+    async fn a_free_lease_is_taken_with_the_resource_version_it_was_read_at() {
+        let (election, mut handle) = election();
+        let server = tokio::spawn(async move {
+            answer(&mut handle, "GET", 200, lease(None, "5")).await;
+            answer(&mut handle, "PUT", 200, lease(Some("me"), "6")).await
+        });
+        let mut observed = None;
+        assert!(election.try_acquire_or_renew(&mut observed).await);
+        let written = server.await.unwrap();
+        assert_eq!(written["metadata"]["resourceVersion"], "5", "fenced");
+        assert_eq!(written["spec"]["holderIdentity"], "me");
+        assert_eq!(written["spec"]["leaseTransitions"], 4);
+        assert!(election.holds(&observed));
+    }
+
+    #[tokio::test]
+    async fn a_lease_held_by_another_is_left_alone_until_it_expires_by_our_clock() {
+        let (election, mut handle) = election();
+        let server = tokio::spawn(async move {
+            answer(&mut handle, "GET", 200, lease(Some("other"), "7")).await;
+            handle
+        });
+        let mut observed = None;
+        assert!(!election.try_acquire_or_renew(&mut observed).await);
+        let mut handle = server.await.unwrap();
+        assert!(!election.holds(&observed));
+
+        // The same record, seen unchanged for longer than its duration: expired.
+        if let Some(o) = observed.as_mut() {
+            o.at = Instant::now()
+                .checked_sub(Duration::from_secs(20))
+                .expect("a monotonic clock past 20 s");
+        }
+        let server = tokio::spawn(async move {
+            answer(&mut handle, "GET", 200, lease(Some("other"), "7")).await;
+            answer(&mut handle, "PUT", 200, lease(Some("me"), "8")).await
+        });
+        assert!(election.try_acquire_or_renew(&mut observed).await);
+        assert_eq!(server.await.unwrap()["spec"]["holderIdentity"], "me");
+    }
+
+    #[tokio::test]
+    async fn a_conflict_means_someone_else_won() {
+        let (election, mut handle) = election();
+        let server = tokio::spawn(async move {
+            answer(&mut handle, "GET", 200, lease(None, "5")).await;
+            let conflict = json!({ "kind": "Status", "apiVersion": "v1", "status": "Failure",
+                "reason": "Conflict", "code": 409, "message": "the object has been modified" });
+            answer(&mut handle, "PUT", 409, conflict).await;
+        });
+        let mut observed = None;
+        assert!(!election.try_acquire_or_renew(&mut observed).await);
+        server.await.unwrap();
+        assert!(!election.holds(&observed));
+    }
+
+    #[tokio::test]
+    async fn timings_that_cannot_work_are_refused() {
+        let (election, _handle) = election();
+        let mut bad = election.lease_duration(Duration::from_secs(15));
+        bad.renew_deadline = Duration::from_secs(20);
+        let error = bad
+            .run(CancellationToken::new(), |_| async {})
+            .await
+            .unwrap_err();
+        assert_eq!(error.kind(), provisioners_core::ErrorKind::Invalid);
+        assert!(error.to_string().contains("Lease op"), "{error}");
+    }
+}
