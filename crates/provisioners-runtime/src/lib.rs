@@ -95,6 +95,7 @@ mod lease;
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub mod metrics;
 mod reconciler;
+mod status;
 mod summary;
 #[cfg(test)]
 mod tests;

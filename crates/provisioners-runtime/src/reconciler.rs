@@ -16,10 +16,10 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
-use crate::condition::{self, Reason};
+use crate::condition::Reason;
 use crate::events::{Events, Why};
 use crate::in_flight::{InFlight, Spec};
-use crate::summary;
+use crate::{status, summary};
 
 /// The annotation that pauses reconciliation when set to `"true"`.
 pub const DEFAULT_PAUSED_ANNOTATION: &str = "provisioners.dev/paused";
@@ -349,7 +349,7 @@ impl Reconciler {
                 .await;
         }
 
-        if !is_provisioned_at(&report.current, spec.generation) {
+        if !status::is_provisioned_at(&report.current, spec.generation) {
             let note = match spec.generation {
                 Some(generation) => format!("provisioning generation {generation}"),
                 None => "provisioning".to_owned(),
@@ -460,57 +460,15 @@ impl Reconciler {
         result: &Result<()>,
         in_progress: Reason,
     ) -> Result<bool> {
-        let (status, reason, message) = match result {
-            Ok(()) => ("True", Reason::Provisioned, "provisioned".to_owned()),
-            Err(e) if e.is_yield() => ("False", in_progress, summary::message(e)),
-            Err(e) if e.kind() == ErrorKind::Cancelled => {
-                ("False", Reason::Cancelled, summary::message(e))
-            }
-            Err(e) => ("False", Reason::Errored, summary::message(e)),
-        };
-        let current = &report.current;
-        let conditions = condition::updated(current, status, reason, &message, report.generation);
-        let mut status_patch = serde_json::Map::new();
-        if let Some(field) = &self.waiting_field {
-            let waiting = match result {
-                Err(e) => summary::waiting(e),
-                Ok(()) => Vec::new(),
-            };
-            let existing = current
-                .get("status")
-                .and_then(|s| s.get(field))
-                .cloned()
-                .unwrap_or(Value::Null);
-            let wanted = serde_json::to_value(&waiting).unwrap_or(Value::Null);
-            let same = match (&existing, waiting.is_empty()) {
-                (Value::Null, true) => true,
-                (Value::Array(a), true) => a.is_empty(),
-                _ => existing == wanted,
-            };
-            if !same {
-                // A merge patch removes the field with null.
-                let value = if waiting.is_empty() {
-                    Value::Null
-                } else {
-                    wanted
-                };
-                status_patch.insert(field.clone(), value);
-            }
-        }
-        if conditions.is_none() && status_patch.is_empty() {
+        let Some(patch) = status::patch(
+            &report.current,
+            result,
+            in_progress,
+            report.generation,
+            self.waiting_field.as_deref(),
+        ) else {
             return Ok(false);
-        }
-        let conditions = match conditions {
-            Some(conditions) => conditions,
-            // The waiting list changed but the condition did not: write it as it is.
-            None => current
-                .pointer("/status/conditions")
-                .and_then(Value::as_array)
-                .cloned()
-                .unwrap_or_default(),
         };
-        status_patch.insert("conditions".to_owned(), Value::Array(conditions));
-        let patch = json!({ "status": status_patch });
         let target = report.target;
         target
             .api
@@ -560,20 +518,6 @@ impl Reconciler {
             .map_err(|e| Error::kube(format_args!("{action} {target}"), e))?;
         Ok(())
     }
-}
-
-/// Whether `object`'s `Available` condition already says provisioned at `generation`.
-fn is_provisioned_at(object: &Value, generation: Option<i64>) -> bool {
-    object
-        .pointer("/status/conditions")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .any(|c| {
-            c["type"] == condition::AVAILABLE
-                && c["status"] == "True"
-                && c.get("observedGeneration").and_then(Value::as_i64) == generation
-        })
 }
 
 /// The key of an object in the in-flight registry and the event memory.
