@@ -26,6 +26,9 @@ use provisioners_core::{CancellationToken, Error, Result};
 /// record unchanged for `lease_duration`, by its own clock (no clock skew
 /// between replicas matters). Every write carries the resourceVersion it
 /// read, so two candidates never both win: the loser gets a conflict.
+/// The margin between the renew deadline and the lease duration is what
+/// lets a stepping-down holder's trees stop (helm gets SIGTERM) and report
+/// `Cancelled` before a standby may take over.
 ///
 /// ```no_run
 /// use provisioners_runtime::LeaderElection;
