@@ -48,18 +48,106 @@ const NAMESPACE: &str = "bench";
 #[derive(Default)]
 struct Requests {
     reads: AtomicU64,
-    writes: AtomicU64,
     watches: AtomicU64,
+    /// Server-side applies (`application/apply-patch+yaml`).
+    applies: AtomicU64,
+    /// Writes to a `status` subresource.
+    statuses: AtomicU64,
+    /// Every other write (finalizers, events, deletes, helm's own are not ours).
+    other_writes: AtomicU64,
+}
+
+/// A snapshot of [`Requests`].
+#[derive(Clone, Copy, Debug, Default)]
+struct Counts {
+    reads: u64,
+    watches: u64,
+    applies: u64,
+    statuses: u64,
+    other_writes: u64,
 }
 
 impl Requests {
-    fn snapshot(&self) -> (u64, u64, u64) {
-        (
-            self.reads.load(Ordering::Relaxed),
-            self.writes.load(Ordering::Relaxed),
-            self.watches.load(Ordering::Relaxed),
-        )
+    fn snapshot(&self) -> Counts {
+        Counts {
+            reads: self.reads.load(Ordering::Relaxed),
+            watches: self.watches.load(Ordering::Relaxed),
+            applies: self.applies.load(Ordering::Relaxed),
+            statuses: self.statuses.load(Ordering::Relaxed),
+            other_writes: self.other_writes.load(Ordering::Relaxed),
+        }
     }
+
+    fn count(&self, request: &http::Request<kube::client::Body>) {
+        let counter = if request
+            .uri()
+            .query()
+            .is_some_and(|q| q.contains("watch=true"))
+        {
+            &self.watches
+        } else if request.method() == Method::GET {
+            &self.reads
+        } else if request
+            .headers()
+            .get(http::header::CONTENT_TYPE)
+            .is_some_and(|v| v.as_bytes().starts_with(b"application/apply-patch"))
+        {
+            &self.applies
+        } else if request.uri().path().ends_with("/status") {
+            &self.statuses
+        } else {
+            &self.other_writes
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+impl std::ops::Sub for Counts {
+    type Output = Counts;
+    fn sub(self, before: Counts) -> Counts {
+        Counts {
+            reads: self.reads - before.reads,
+            watches: self.watches - before.watches,
+            applies: self.applies - before.applies,
+            statuses: self.statuses - before.statuses,
+            other_writes: self.other_writes - before.other_writes,
+        }
+    }
+}
+
+/// Counts changes (watch events after the initial list) of `K` in the
+/// bench's namespaces: what actually changed on the server.
+fn count_changes<K>(client: &kube::Client, changes: &Arc<AtomicU64>, stop: &CancellationToken)
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let api: Api<K> = Api::all(client.clone());
+    let (changes, stop) = (Arc::clone(changes), stop.clone());
+    tokio::spawn(async move {
+        let mut initial = true;
+        let events = watcher::watcher(api, watcher::Config::default())
+            .take_until(async move { stop.cancelled().await });
+        let mut events = std::pin::pin!(events);
+        while let Some(event) = events.next().await {
+            match event {
+                Ok(watcher::Event::InitDone) => initial = false,
+                Ok(watcher::Event::Apply(object) | watcher::Event::Delete(object)) if !initial => {
+                    let ns = object.meta().namespace.as_deref().unwrap_or_default();
+                    let name = object.meta().name.as_deref().unwrap_or_default();
+                    if ns.starts_with("bench") || name.starts_with("bench") {
+                        changes.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                _ => {}
+            }
+        }
+    });
 }
 
 /// Counts reconciles that ended provisioned.
@@ -250,18 +338,7 @@ async fn main() -> anyhow::Result<()> {
     let client = kube::client::ClientBuilder::try_from(config)?
         .with_layer(&tower::util::MapRequestLayer::new(
             move |request: http::Request<kube::client::Body>| {
-                let is_watch = request
-                    .uri()
-                    .query()
-                    .is_some_and(|q| q.contains("watch=true"));
-                let counter = if is_watch {
-                    &counter.watches
-                } else if request.method() == Method::GET {
-                    &counter.reads
-                } else {
-                    &counter.writes
-                };
-                counter.fetch_add(1, Ordering::Relaxed);
+                counter.count(&request);
                 request
             },
         ))
@@ -328,6 +405,20 @@ async fn main() -> anyhow::Result<()> {
     );
 
     // 2. A full no-op resync: a new controller lists and reconciles all N.
+    // Beside it, watches (on a client of their own) count what changes.
+    let changes = Arc::new(AtomicU64::new(0));
+    let watching = CancellationToken::new();
+    let observer = kube::Client::try_default().await?;
+    count_changes::<Platform>(&observer, &changes, &watching);
+    count_changes::<Namespace>(&observer, &changes, &watching);
+    count_changes::<k8s_openapi::api::core::v1::ConfigMap>(&observer, &changes, &watching);
+    count_changes::<k8s_openapi::api::core::v1::Secret>(&observer, &changes, &watching);
+    count_changes::<k8s_openapi::api::core::v1::ServiceAccount>(&observer, &changes, &watching);
+    count_changes::<k8s_openapi::api::rbac::v1::Role>(&observer, &changes, &watching);
+    count_changes::<k8s_openapi::api::rbac::v1::RoleBinding>(&observer, &changes, &watching);
+    count_changes::<k8s_openapi::api::apps::v1::Deployment>(&observer, &changes, &watching);
+    tokio::time::sleep(Duration::from_secs(3)).await; // let the initial lists finish
+    let changes_before = changes.load(Ordering::Relaxed);
     let provisioned = Arc::new(Provisioned::default());
     let before = requests.snapshot();
     let stop = CancellationToken::new();
@@ -341,16 +432,28 @@ async fn main() -> anyhow::Result<()> {
         async move { done }
     })
     .await?;
-    let after = requests.snapshot();
+    let during = requests.snapshot() - before;
     let resync_rss = rss_kib(std::process::id());
     stop.cancel();
     resync.await?;
-    let (reads, writes, watches) = (after.0 - before.0, after.1 - before.1, after.2 - before.2);
+    tokio::time::sleep(Duration::from_secs(2)).await; // late watch events
+    let changed = changes.load(Ordering::Relaxed) - changes_before;
+    watching.cancel();
+    let per = |v: u64| v as f64 / n as f64;
     println!(
-        "no-op resync of {n}:      {:>8.1} s   writes {writes}, reads {reads} ({:.1} per object), watches {watches}, operator RSS {} MiB",
+        "no-op resync of {n}:      {:>8.1} s   objects changed on the server: {changed}; operator RSS {} MiB",
         elapsed.as_secs_f64(),
-        reads as f64 / n as f64,
         resync_rss / 1024
+    );
+    println!(
+        "  requests: reads {} ({:.1}/object), applies {} ({:.1}/object), status writes {}, other writes {}, watches {}",
+        during.reads,
+        per(during.reads),
+        during.applies,
+        per(during.applies),
+        during.statuses,
+        during.other_writes,
+        during.watches
     );
 
     // 3. Delete everything: every tree deprovisioned, every finalizer gone.
