@@ -361,12 +361,19 @@ async fn main() -> anyhow::Result<()> {
             .await?;
     }
     let platforms: Api<Platform> = Api::namespaced(client.clone(), NAMESPACE);
-    if !platforms
-        .list(&ListParams::default())
-        .await?
-        .items
-        .is_empty()
-    {
+    // A CRD just established may still answer 429 "storage is (re)initializing".
+    let started = Instant::now();
+    let existing = loop {
+        match platforms.list(&ListParams::default()).await {
+            Ok(list) => break list,
+            Err(error) if started.elapsed() < Duration::from_secs(60) => {
+                eprintln!("  waiting for the Platform API: {error}");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            Err(error) => return Err(error.into()),
+        }
+    };
+    if !existing.items.is_empty() {
         bail!("namespace {NAMESPACE} already holds Platforms: run on a fresh cluster");
     }
     let chart = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("charts/metrics");
