@@ -391,7 +391,14 @@ async fn main() -> anyhow::Result<()> {
     println!("== operator bench, N = {n}");
     for i in 0..n {
         let platform = Platform::new(&format!("p{i:04}"), PlatformSpec::default());
-        platforms.create(&PostParams::default(), &platform).await?;
+        let mut attempts = 0;
+        while let Err(error) = platforms.create(&PostParams::default(), &platform).await {
+            attempts += 1;
+            if attempts > 30 {
+                return Err(error.into());
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
     }
 
     // 1. From nothing to all Available.
