@@ -236,6 +236,22 @@ fn rss_kib(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
+/// CPU seconds of this process and of its waited-for children (helm), from
+/// `/proc/self/stat` (clock ticks of 10 ms, as on every Linux we run on).
+fn cpu_seconds() -> (f64, f64) {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let fields: Vec<f64> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest)
+        .unwrap_or("")
+        .split_whitespace()
+        .map(|f| f.parse().unwrap_or(0.0))
+        .collect();
+    // After `comm`: state is field 3, utime 14, stime 15, cutime 16, cstime 17.
+    let field = |n: usize| fields.get(n - 3).copied().unwrap_or(0.0) / 100.0;
+    (field(14) + field(15), field(16) + field(17))
+}
+
 /// The summed RSS of this process's `helm` children, in KiB.
 fn helm_rss_kib() -> u64 {
     let me = std::process::id().to_string();
@@ -411,8 +427,9 @@ async fn main() -> anyhow::Result<()> {
     let operator_rss = rss_kib(std::process::id());
     stop.cancel();
     first.await?;
+    let (operator_cpu, helm_cpu) = cpu_seconds();
     println!(
-        "all {n} Available:        {:>8.1} s   operator RSS {} MiB, helm children peak {} MiB",
+        "all {n} Available:        {:>8.1} s   operator RSS {} MiB, helm children peak {} MiB; CPU: operator {operator_cpu:.1} s, helm {helm_cpu:.1} s",
         provision.as_secs_f64(),
         operator_rss / 1024,
         helm_peak / 1024
@@ -447,6 +464,7 @@ async fn main() -> anyhow::Result<()> {
     })
     .await?;
     let during = requests.snapshot() - before;
+    let (resync_cpu, resync_helm_cpu) = cpu_seconds();
     let resync_rss = rss_kib(std::process::id());
     stop.cancel();
     resync.await?;
@@ -455,9 +473,11 @@ async fn main() -> anyhow::Result<()> {
     watching.cancel();
     let per = |v: u64| v as f64 / n as f64;
     println!(
-        "no-op resync of {n}:      {:>8.1} s   objects changed on the server: {changed}; operator RSS {} MiB",
+        "no-op resync of {n}:      {:>8.1} s   objects changed on the server: {changed}; operator RSS {} MiB; CPU: operator {:.1} s, helm {:.1} s",
         elapsed.as_secs_f64(),
-        resync_rss / 1024
+        resync_rss / 1024,
+        resync_cpu - operator_cpu,
+        resync_helm_cpu - helm_cpu
     );
     println!(
         "  requests: reads {} ({:.1}/object), applies {} ({:.1}/object), status writes {}, other writes {}, watches {}",
