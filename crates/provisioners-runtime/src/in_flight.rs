@@ -105,11 +105,7 @@ impl Run<'_> {
     /// Whether this tree, not the whole controller, was cancelled: a newer
     /// spec superseded it.
     pub(crate) fn is_superseded(&self) -> bool {
-        self.token.is_cancelled() && !self.parent_cancelled()
-    }
-
-    fn parent_cancelled(&self) -> bool {
-        self.parent.is_cancelled()
+        self.token.is_cancelled() && !self.parent.is_cancelled()
     }
 }
 
