@@ -1,20 +1,30 @@
 //! The example Platform operator end to end against the local control planes:
 //! components appear and report Available, turn off, pause, deletion in
 //! reverse order with the finalizer last, and an operator killed
-//! mid-provision converges when started again.
+//! mid-provision converges when started again; two replicas under leader
+//! election, the leader killed mid-helm-install, the standby converging it
+//! with no release left pending, and its `/metrics` scraped.
 
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::Api;
+use kube::api::ListParams;
 use kube::api::{ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
-use platform_operator::{Platform, PlatformSpec, RemoteSpec, Settings, install_crd, run};
+use platform_operator::{
+    Options, Platform, PlatformSpec, RemoteSpec, Settings, install_crd, run, run_with,
+};
+use prometheus_client::registry::Registry;
+use provisioners::runtime::LeaderElection;
 use provisioners::testing::cluster::{self, HarnessCluster, TestNamespace, helm4};
 use provisioners::{CancellationToken, Event, Observer, Operation, Phase};
+use provisioners_runtime::metrics::{Health, Metrics, serve};
 use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::task::JoinHandle;
 
 const DEADLINE: Duration = Duration::from_secs(120);
@@ -327,5 +337,152 @@ async fn an_operator_killed_mid_provision_converges_when_started_again() {
     })
     .await;
     operator.stop().await;
+    ns.cleanup().await.expect("cleanup");
+}
+
+/// A replica under leader election for the Lease `platform-operator` in
+/// `ns`, reporting to `events` and to its own metrics.
+async fn start_replica(
+    ns: &TestNamespace,
+    events: &Events,
+    identity: &str,
+) -> (Operator, Registry) {
+    let mut registry = Registry::default();
+    let metrics = Arc::new(Metrics::new(&mut registry));
+    let cx = HarnessCluster::Primary
+        .context()
+        .await
+        .expect("context")
+        .with_field_manager(platform_operator::FIELD_MANAGER)
+        .with_observer(Arc::new((events.clone(), metrics.clone())));
+    let token = cx.cancellation().clone();
+    let platforms: Api<Platform> = Api::namespaced(cx.client().clone(), ns.name());
+    let mut settings = Settings::new(helm4().expect("helm 4"));
+    settings.helm_timeout = Duration::from_secs(60);
+    let mut options = Options::new(Duration::from_millis(500));
+    options.events = Some(identity.to_owned());
+    options.metrics = Some(metrics);
+    options.leader_election = Some(
+        LeaderElection::new(
+            cx.client().clone(),
+            ns.name(),
+            "platform-operator",
+            identity,
+        )
+        .lease_duration(Duration::from_secs(4)),
+    );
+    let task = tokio::spawn(run_with(cx, platforms, settings, options));
+    (Operator { token, task }, registry)
+}
+
+/// `GET path` from the endpoint at `addr`: the whole response.
+async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let request = format!("GET {path} HTTP/1.1\r\nhost: operator\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.expect("send");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.expect("read");
+    response
+}
+
+#[tokio::test]
+#[ignore = "needs the local control plane (cargo xtask test)"]
+async fn a_standby_converges_a_helm_install_its_killed_leader_left_and_serves_metrics() {
+    let ns = TestNamespace::create("operator-ha")
+        .await
+        .expect("namespace");
+    let client = ns.client().clone();
+    install_crd(&client).await.expect("Platform CRD");
+    let platforms: Api<Platform> = ns.api();
+    let (events_a, events_b) = (Events::default(), Events::default());
+    let (a, registry_a) = start_replica(&ns, &events_a, "replica-a").await;
+    let (b, registry_b) = start_replica(&ns, &events_b, "replica-b").await;
+
+    let spec = PlatformSpec {
+        metrics: true,
+        dashboards: false,
+        remote: None,
+    };
+    let created = platforms
+        .create(&PostParams::default(), &platform("ha", spec))
+        .await
+        .unwrap();
+    let helm_node = "ha/components/metrics/metrics";
+    eventually("the leader to start the helm install", || async {
+        events_a.seen(helm_node, Operation::Provision, "started")
+            || events_b.seen(helm_node, Operation::Provision, "started")
+    })
+    .await;
+    let a_leads = events_a.seen(helm_node, Operation::Provision, "started");
+    let (leader, standby, standby_events, standby_registry) = if a_leads {
+        (a, b, &events_b, registry_b)
+    } else {
+        (b, a, &events_a, registry_a)
+    };
+    assert!(
+        standby_events.0.lock().unwrap().is_empty(),
+        "the standby reconciled while the leader held the lease"
+    );
+
+    // Killed mid-install, without releasing the lease.
+    leader.task.abort();
+    let _ = leader.task.await;
+    eventually("Available=True from the standby", || {
+        is_available(&platforms, "ha")
+    })
+    .await;
+    assert!(standby_events.seen(helm_node, Operation::Provision, "done"));
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &created.target_namespace());
+    let releases = secrets
+        .list(&ListParams::default().labels("owner=helm,name=metrics"))
+        .await
+        .unwrap();
+    let statuses: Vec<String> = releases
+        .items
+        .iter()
+        .filter_map(|s| s.metadata.labels.as_ref()?.get("status").cloned())
+        .collect();
+    assert!(statuses.contains(&"deployed".to_owned()), "{statuses:?}");
+    assert!(
+        !statuses.iter().any(|s| s.starts_with("pending")),
+        "a release left pending: {statuses:?}"
+    );
+
+    // The standby's /metrics has the helm node's histogram.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let stop_serving = CancellationToken::new();
+    let health = Health::default();
+    health.set_ready(true);
+    tokio::spawn(serve(
+        listener,
+        Arc::new(standby_registry),
+        health,
+        stop_serving.clone(),
+    ));
+    let scraped = http_get(addr, "/metrics").await;
+    assert!(scraped.starts_with("HTTP/1.1 200"), "{scraped}");
+    assert!(
+        scraped.contains(
+            r#"provisioners_node_duration_seconds_count{node="components/metrics/metrics",operation="provision",outcome="done"}"#
+        ),
+        "{scraped}"
+    );
+    assert!(
+        scraped.contains(r#"provisioners_reconciles_total{result="provisioned"}"#),
+        "{scraped}"
+    );
+    assert!(http_get(addr, "/readyz").await.starts_with("HTTP/1.1 200"));
+    stop_serving.cancel();
+
+    platforms
+        .delete("ha", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("the Platform gone", || async {
+        platforms.get_opt("ha").await.unwrap().is_none()
+    })
+    .await;
+    standby.stop().await;
     ns.cleanup().await.expect("cleanup");
 }

@@ -13,7 +13,7 @@ use kube::{Api, CustomResource, CustomResourceExt, ResourceExt};
 use provisioners::Provisioner;
 use provisioners::testing::cluster::{HarnessCluster, TestNamespace};
 use provisioners::testing::{Recorder, Scripted, Step};
-use provisioners::{Error, Operation};
+use provisioners::{Error, Managed, Operation};
 use provisioners_runtime::Reconciler;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -39,6 +39,15 @@ struct WidgetSpec {
 struct WidgetStatus {
     #[serde(default)]
     conditions: Vec<TestCondition>,
+    #[serde(default)]
+    waiting: Vec<WaitingNode>,
+}
+
+/// One entry of `status.waiting`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, JsonSchema)]
+struct WaitingNode {
+    node: String,
+    reason: String,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, JsonSchema)]
@@ -98,6 +107,11 @@ fn available(widget: &Widget) -> Option<TestCondition> {
         .cloned()
 }
 
+/// The widget and its tree, as the reconciler takes them.
+fn managed(widget: Widget, tree: &dyn Provisioner) -> Managed<Widget, &dyn Provisioner> {
+    Managed::new(Arc::new(widget), tree)
+}
+
 async fn create_widget(api: &Api<Widget>, name: &str) -> Widget {
     let widget = Widget::new(name, WidgetSpec { size: 1 });
     api.create(&PostParams::default(), &widget)
@@ -122,7 +136,7 @@ async fn reconcile_adds_the_finalizer_reports_the_condition_and_gates_deletion()
 
     // First pass: finalizer added, the tree yields, constant requeue.
     let action = reconciler
-        .reconcile(&widgets.get("w").await.unwrap(), &tree)
+        .reconcile(&managed(widgets.get("w").await.unwrap(), &tree))
         .await
         .unwrap();
     assert_eq!(action, Action::requeue(Duration::from_secs(7)));
@@ -134,9 +148,19 @@ async fn reconcile_adds_the_finalizer_reports_the_condition_and_gates_deletion()
         ("False", "Provisioning")
     );
     assert_eq!(condition.message, "platform: waiting for the database");
+    assert_eq!(condition.observed_generation, w.metadata.generation);
+    let waiting = &w.status.as_ref().unwrap().waiting;
+    assert_eq!(waiting.len(), 1);
+    assert_eq!(
+        (waiting[0].node.as_str(), waiting[0].reason.as_str()),
+        ("platform", "waiting for the database")
+    );
 
     // Second pass: provisioned, no requeue.
-    let action = reconciler.reconcile(&w, &tree).await.unwrap();
+    let action = reconciler
+        .reconcile(&managed(w.clone(), &tree))
+        .await
+        .unwrap();
     assert_eq!(action, Action::await_change());
     let w = widgets.get("w").await.unwrap();
     let condition = available(&w).unwrap();
@@ -145,10 +169,14 @@ async fn reconcile_adds_the_finalizer_reports_the_condition_and_gates_deletion()
         ("True", "Provisioned")
     );
     assert_eq!(condition.observed_generation, w.metadata.generation);
+    assert!(w.status.as_ref().unwrap().waiting.is_empty(), "cleared");
 
     // A reconcile that changes nothing writes nothing.
     let version = w.resource_version();
-    reconciler.reconcile(&w, &tree).await.unwrap();
+    reconciler
+        .reconcile(&managed(w.clone(), &tree))
+        .await
+        .unwrap();
     assert_eq!(widgets.get("w").await.unwrap().resource_version(), version);
 
     // Paused: the tree is not touched, not even for deletion.
@@ -161,7 +189,10 @@ async fn reconcile_adds_the_finalizer_reports_the_condition_and_gates_deletion()
     let calls = recorder.calls().len();
     let w = widgets.get("w").await.unwrap();
     assert_eq!(
-        reconciler.reconcile(&w, &tree).await.unwrap(),
+        reconciler
+            .reconcile(&managed(w.clone(), &tree))
+            .await
+            .unwrap(),
         Action::await_change()
     );
     assert_eq!(recorder.calls().len(), calls, "nothing runs while paused");
@@ -174,7 +205,10 @@ async fn reconcile_adds_the_finalizer_reports_the_condition_and_gates_deletion()
         .await
         .unwrap();
     let w = widgets.get("w").await.unwrap();
-    let action = reconciler.reconcile(&w, &tree).await.unwrap();
+    let action = reconciler
+        .reconcile(&managed(w.clone(), &tree))
+        .await
+        .unwrap();
     assert_eq!(action, Action::requeue(Duration::from_secs(7)));
     let w = widgets.get("w").await.unwrap();
     assert_eq!(available(&w).unwrap().reason, "Deprovisioning");
@@ -182,7 +216,10 @@ async fn reconcile_adds_the_finalizer_reports_the_condition_and_gates_deletion()
         w.finalizers().contains(&FINALIZER.to_owned()),
         "kept until the tree is gone"
     );
-    reconciler.reconcile(&w, &tree).await.unwrap();
+    reconciler
+        .reconcile(&managed(w.clone(), &tree))
+        .await
+        .unwrap();
     assert!(
         widgets.get_opt("w").await.unwrap().is_none(),
         "the finalizer was the last thing"
@@ -211,7 +248,10 @@ async fn a_failing_tree_is_errored_with_its_path_and_requeued_at_the_same_pace()
 
     for _ in 0..2 {
         let w = widgets.get("broken").await.unwrap();
-        let action = reconciler.reconcile(&w, &tree).await.unwrap();
+        let action = reconciler
+            .reconcile(&managed(w.clone(), &tree))
+            .await
+            .unwrap();
         assert_eq!(
             action,
             reconciler.error_policy(),
@@ -228,7 +268,10 @@ async fn a_failing_tree_is_errored_with_its_path_and_requeued_at_the_same_pace()
         .await
         .unwrap();
     let w = widgets.get("broken").await.unwrap();
-    reconciler.reconcile(&w, &tree).await.unwrap();
+    reconciler
+        .reconcile(&managed(w.clone(), &tree))
+        .await
+        .unwrap();
     assert!(widgets.get_opt("broken").await.unwrap().is_none());
     ns.cleanup().await.expect("cleanup");
 }
@@ -248,7 +291,10 @@ async fn reconcile(widget: Arc<Widget>, shared: Arc<Shared>) -> Result<Action, E
     let tree = Scripted::new(widget.name_any(), &shared.recorder)
         .on_provision([Step::delay(Duration::from_secs(delay))]);
     let tree: &dyn Provisioner = &tree;
-    shared.reconciler.reconcile(widget.as_ref(), tree).await
+    shared
+        .reconciler
+        .reconcile(&Managed::new(widget, tree))
+        .await
 }
 
 /// Polls `widgets/name` until its Available condition has `reason`.

@@ -16,6 +16,7 @@ const SUITES: &[Suite] = &[
     ("tree", tree),
     ("helm", crate::bench_helm::run),
     ("manifest", crate::bench_manifest::run),
+    ("operator", crate::bench_operator::run),
 ];
 
 /// Options shared by the suites.

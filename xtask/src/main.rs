@@ -7,6 +7,7 @@
 mod bench;
 mod bench_helm;
 mod bench_manifest;
+mod bench_operator;
 mod cluster;
 mod demo;
 mod process;

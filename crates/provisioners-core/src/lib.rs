@@ -95,7 +95,7 @@ pub use async_trait::async_trait;
 pub use context::{Cluster, Context, DEFAULT_FIELD_MANAGER, Owner};
 pub use error::{Error, ErrorKind, Result};
 pub use observe::{Event, Observer, Operation, Outcome, Phase};
-pub use provisioner::{ManagerProvisioner, Metadata, Provisioner};
+pub use provisioner::{Managed, ManagerProvisioner, Metadata, Provisioner};
 pub use remote::RemoteCluster;
 /// Re-exported so that users name the same token type as [`Context`].
 pub use tokio_util::sync::CancellationToken;

@@ -33,6 +33,22 @@ pub trait Observer: Send + Sync {
     fn on_event(&self, event: &Event<'_>);
 }
 
+/// A shared observer, e.g. one that also serves metrics elsewhere.
+impl<O: Observer + ?Sized> Observer for std::sync::Arc<O> {
+    fn on_event(&self, event: &Event<'_>) {
+        (**self).on_event(event);
+    }
+}
+
+/// Two observers, both told every event in order: a context holds one
+/// observer, so this is how a progress view and metrics share a tree.
+impl<A: Observer, B: Observer> Observer for (A, B) {
+    fn on_event(&self, event: &Event<'_>) {
+        self.0.on_event(event);
+        self.1.on_event(event);
+    }
+}
+
 /// Whether a node is being provisioned or deprovisioned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Operation {

@@ -27,16 +27,20 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Patch, PatchParams};
+use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::Reporter;
 use kube::runtime::watcher;
 use kube::{Api, CustomResource, CustomResourceExt, ResourceExt};
 use provisioners::helm::Chart;
 use provisioners::manifest::Discovery;
 use provisioners::remote::SecretKubeconfig;
+use provisioners::runtime::LeaderElection;
 use provisioners::{
-    Concurrent, Conditional, Context, Error, HelmRelease, Manifest, Reconciler,
+    Concurrent, Conditional, Context, Error, HelmRelease, Managed, Manifest, Reconciler,
     RemoteClusterProvisioner, Serial,
 };
+use provisioners_runtime::metrics::Metrics;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -90,6 +94,18 @@ pub struct PlatformStatus {
     /// Standard conditions; the operator writes `Available`.
     #[serde(default)]
     pub conditions: Vec<PlatformCondition>,
+    /// The nodes that are not done yet and what each waits for.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub waiting: Vec<WaitingNode>,
+}
+
+/// One node that is not done yet.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, JsonSchema)]
+pub struct WaitingNode {
+    /// The node's path, e.g. `p/components/metrics/metrics`.
+    pub node: String,
+    /// What it waits for.
+    pub reason: String,
 }
 
 /// One status condition (the shape of `metav1.Condition`).
@@ -104,6 +120,7 @@ pub struct PlatformCondition {
     /// A CamelCase reason, e.g. `Provisioned`.
     pub reason: String,
     /// What is going on, e.g. the node path that yielded and why.
+    #[schemars(length(max = 32768))]
     pub message: String,
     /// When the status last changed (RFC 3339).
     pub last_transition_time: String,
@@ -321,7 +338,51 @@ struct State {
 async fn reconcile(platform: Arc<Platform>, state: Arc<State>) -> Result<Action, Error> {
     let client = state.reconciler.context().client();
     let tree = tree(&platform, &state.settings, client);
-    state.reconciler.reconcile(platform.as_ref(), &tree).await
+    state
+        .reconciler
+        .reconcile(&Managed::new(platform, tree))
+        .await
+}
+
+/// How the operator runs besides its trees.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct Options {
+    /// The requeue after a yield or an error.
+    pub requeue: Duration,
+    /// Reconcile only the Platforms matching this label selector (a shard),
+    /// e.g. `shard=a`; every replica set of one shard shares a Lease.
+    pub shard: Option<String>,
+    /// Publish Kubernetes Events as this instance (usually the pod name);
+    /// `None` publishes none.
+    pub events: Option<String>,
+    /// Count reconciles here (give the same `Metrics` to the context as its
+    /// observer for the per-node metrics).
+    pub metrics: Option<Arc<Metrics>>,
+    /// Reconcile only while holding this Lease.
+    pub leader_election: Option<LeaderElection>,
+}
+
+impl Options {
+    /// Requeue after `requeue`, the whole cluster, no events, no metrics,
+    /// no leader election.
+    pub fn new(requeue: Duration) -> Self {
+        Options {
+            requeue,
+            shard: None,
+            events: None,
+            metrics: None,
+            leader_election: None,
+        }
+    }
+
+    /// The watch of this replica: everything, or its shard.
+    pub fn watcher_config(&self) -> watcher::Config {
+        match &self.shard {
+            Some(selector) => watcher::Config::default().labels(selector),
+            None => watcher::Config::default(),
+        }
+    }
 }
 
 /// Reconciles the `Platform`s that `platforms` sees (`Api::all` for the
@@ -329,22 +390,69 @@ async fn reconcile(platform: Arc<Platform>, state: Arc<State>) -> Result<Action,
 /// cancellation token fires, then shuts down gracefully: trees in flight
 /// stop and report `Cancelled`. Yields and errors requeue after `requeue`.
 pub async fn run(cx: Context, platforms: Api<Platform>, settings: Settings, requeue: Duration) {
+    run_with(cx, platforms, settings, Options::new(requeue)).await;
+}
+
+/// [`run`] with [`Options`]: a shard, events, metrics, leader election.
+///
+/// With leader election, the controller runs only while this replica holds
+/// the Lease; losing it cancels the trees in flight (helm gets its grace
+/// period) and the replica goes back to standby.
+pub async fn run_with(cx: Context, platforms: Api<Platform>, settings: Settings, options: Options) {
+    let Some(election) = options.leader_election.clone() else {
+        return run_controller(cx, platforms, settings, &options).await;
+    };
     let shutdown = cx.cancellation().clone();
+    let result = election
+        .run(shutdown, |term| {
+            let cx = cx.clone().with_cancellation(term);
+            run_controller(cx, platforms.clone(), settings.clone(), &options)
+        })
+        .await;
+    if let Err(error) = result {
+        tracing::error!(%error, "leader election");
+    }
+}
+
+async fn run_controller(
+    cx: Context,
+    platforms: Api<Platform>,
+    settings: Settings,
+    options: &Options,
+) {
+    let shutdown = cx.cancellation().clone();
+    let mut reconciler = Reconciler::new(cx, FINALIZER).requeue_after(options.requeue);
+    if let Some(instance) = &options.events {
+        reconciler = reconciler.events(Reporter {
+            controller: FIELD_MANAGER.to_owned(),
+            instance: Some(instance.clone()),
+        });
+    }
+    if let Some(metrics) = &options.metrics {
+        reconciler = reconciler.observe_reconciles(metrics.clone());
+    }
     let state = Arc::new(State {
-        reconciler: Reconciler::new(cx, FINALIZER).requeue_after(requeue),
+        reconciler,
         settings,
     });
-    Controller::new(platforms, watcher::Config::default())
+    let config = options.watcher_config();
+    let controller = Controller::new(platforms.clone(), config.clone())
         .graceful_shutdown_on(async move { shutdown.cancelled().await })
         .run(
             reconcile,
             |_, _, state| state.reconciler.error_policy(),
-            state,
+            Arc::clone(&state),
         )
         .for_each(|result| async move {
             if let Err(error) = result {
                 tracing::warn!(%error, "reconcile failed");
             }
-        })
-        .await;
+        });
+    // A new spec cancels the tree still running for the old one.
+    let metadata: Api<PartialObjectMeta<Platform>> = match platforms.namespace() {
+        Some(namespace) => Api::namespaced(platforms.clone().into_client(), namespace),
+        None => Api::all(platforms.clone().into_client()),
+    };
+    let supersede = state.reconciler.supersede_on_change(metadata, config);
+    futures::future::join(controller, supersede).await;
 }

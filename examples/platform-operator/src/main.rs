@@ -1,18 +1,33 @@
-//! The Platform operator: `platform-operator [--crd] [--helm PATH]`.
+//! The Platform operator:
+//! `platform-operator [--crd] [--helm PATH] [--metrics-addr ADDR] [--leader-elect] [--shard SELECTOR]`.
 //!
 //! With `--crd`, prints the `Platform` CRD (JSON, as `kubectl apply -f -`
 //! takes it). Otherwise installs the CRD, then reconciles `Platform`s on the
-//! cluster of `KUBECONFIG` (or the pod's service account) until Ctrl-C, and
-//! shuts down gracefully.
+//! cluster of `KUBECONFIG` (or the pod's service account) until Ctrl-C or
+//! SIGTERM, and shuts down gracefully.
+//!
+//! - `--metrics-addr` (default `0.0.0.0:8080`, `off` for none) serves
+//!   `/metrics`, `/healthz` and `/readyz`;
+//! - `--leader-elect` reconciles only while holding the Lease
+//!   `platform-operator[-<shard>]` in `POD_NAMESPACE` (default `default`) as
+//!   `POD_NAME` (default the host name and process id);
+//! - `--shard` reconciles only the Platforms matching a label selector.
 
 #![allow(clippy::print_stdout)]
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use kube::CustomResourceExt;
-use platform_operator::{FIELD_MANAGER, Platform, Settings, install_crd, run};
+use platform_operator::{FIELD_MANAGER, Options, Platform, Settings, install_crd, run_with};
+use prometheus_client::registry::Registry;
+use provisioners::runtime::LeaderElection;
 use provisioners::{Cluster, Context};
+use provisioners_runtime::metrics::{Health, Metrics, serve};
+
+const USAGE: &str = "usage: platform-operator [--crd] [--helm PATH] [--metrics-addr ADDR|off] \
+                     [--leader-elect] [--shard SELECTOR]";
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -24,6 +39,9 @@ async fn main() -> anyhow::Result<()> {
         .init();
 
     let mut helm = String::from("helm");
+    let mut metrics_addr = Some(String::from("0.0.0.0:8080"));
+    let mut leader_elect = false;
+    let mut shard = None;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
@@ -33,23 +51,99 @@ async fn main() -> anyhow::Result<()> {
                 return Ok(());
             }
             "--helm" => helm = args.next().context("--helm needs a path")?,
-            other => {
-                bail!("unknown argument `{other}`; usage: platform-operator [--crd] [--helm PATH]")
+            "--metrics-addr" => {
+                let addr = args.next().context("--metrics-addr needs an address")?;
+                metrics_addr = (addr != "off").then_some(addr);
             }
+            "--leader-elect" => leader_elect = true,
+            "--shard" => shard = Some(args.next().context("--shard needs a label selector")?),
+            other => bail!("unknown argument `{other}`; {USAGE}"),
         }
     }
 
-    let cx = Context::new(Cluster::infer().await?).with_field_manager(FIELD_MANAGER);
-    install_crd(cx.client()).await?;
-    let shutdown = cx.cancellation().clone();
-    tokio::spawn(async move {
-        if tokio::signal::ctrl_c().await.is_ok() {
-            tracing::info!("shutting down");
-            shutdown.cancel();
-        }
+    let identity = std::env::var("POD_NAME").unwrap_or_else(|_| {
+        let host = std::fs::read_to_string("/etc/hostname").unwrap_or_default();
+        format!("{}-{}", host.trim(), std::process::id())
     });
+    let mut registry = Registry::default();
+    let metrics = Arc::new(Metrics::new(&mut registry));
+    let cx = Context::new(Cluster::infer().await?)
+        .with_field_manager(FIELD_MANAGER)
+        .with_observer(metrics.clone());
+    let shutdown = cx.cancellation().clone();
+
+    let health = Health::default();
+    if let Some(addr) = &metrics_addr {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("listening on {addr} for /metrics"))?;
+        tracing::info!(%addr, "serving /metrics, /healthz, /readyz");
+        tokio::spawn(serve(
+            listener,
+            Arc::new(registry),
+            health.clone(),
+            shutdown.clone(),
+        ));
+    }
+
+    install_crd(cx.client()).await?;
+    let signal = shutdown.clone();
+    tokio::spawn(async move {
+        let mut term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        let sigterm = async {
+            match term.as_mut() {
+                Some(term) => {
+                    term.recv().await;
+                }
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            () = sigterm => {}
+        }
+        tracing::info!("shutting down");
+        signal.cancel();
+    });
+
+    let mut options = Options::new(Duration::from_secs(2));
+    options.events = Some(identity.clone());
+    options.metrics = Some(metrics);
+    if leader_elect {
+        let namespace = std::env::var("POD_NAMESPACE").unwrap_or_else(|_| "default".into());
+        let lease = match &shard {
+            Some(selector) => format!("{FIELD_MANAGER}-{}", lease_suffix(selector)),
+            None => FIELD_MANAGER.to_owned(),
+        };
+        tracing::info!(%namespace, %lease, %identity, "leader election");
+        options.leader_election = Some(LeaderElection::new(
+            cx.client().clone(),
+            &namespace,
+            lease,
+            identity,
+        ));
+    }
+    options.shard = shard;
+    // Standbys are ready too: readiness says the process works, not that it leads.
+    health.set_ready(true);
     tracing::info!(cluster = cx.cluster().id(), "reconciling Platforms");
     let platforms = kube::Api::all(cx.client().clone());
-    run(cx, platforms, Settings::new(helm), Duration::from_secs(2)).await;
+    run_with(cx, platforms, Settings::new(helm), options).await;
     Ok(())
+}
+
+/// A Lease-name-safe form of a label selector: `shard=a` becomes `shard-a`.
+fn lease_suffix(selector: &str) -> String {
+    let cleaned: String = selector
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    cleaned.trim_matches('-').chars().take(40).collect()
 }

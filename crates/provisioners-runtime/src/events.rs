@@ -1,0 +1,132 @@
+//! Kubernetes Events on the managed object, deduplicated per generation.
+//!
+//! kube's [`Recorder`] folds repeats into an event series, but every repeat
+//! is still a write; a tree that yields every few seconds would write an
+//! event per requeue. Here a (reason, note) already published for the
+//! object's current generation is not published again.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Mutex;
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+
+use crate::summary::truncate;
+
+/// The longest event note, in bytes (the Events API allows 1 kB).
+const MAX_NOTE: usize = 1024;
+
+/// How many distinct events one generation of one object may publish; past
+/// it the object is noisy enough already.
+const MAX_PER_GENERATION: usize = 64;
+
+/// Why an event is published: its `reason` in `kubectl describe`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Why {
+    Provisioning,
+    Provisioned,
+    NodeFailed,
+    Deprovisioning,
+    Deprovisioned,
+    Superseded,
+}
+
+impl Why {
+    fn reason(self) -> &'static str {
+        match self {
+            Why::Provisioning => "Provisioning",
+            Why::Provisioned => "Provisioned",
+            Why::NodeFailed => "NodeFailed",
+            Why::Deprovisioning => "Deprovisioning",
+            Why::Deprovisioned => "Deprovisioned",
+            Why::Superseded => "Superseded",
+        }
+    }
+
+    fn action(self) -> &'static str {
+        match self {
+            Why::Provisioning | Why::Provisioned | Why::NodeFailed | Why::Superseded => "Provision",
+            Why::Deprovisioning | Why::Deprovisioned => "Deprovision",
+        }
+    }
+
+    fn type_(self) -> EventType {
+        match self {
+            Why::NodeFailed => EventType::Warning,
+            _ => EventType::Normal,
+        }
+    }
+}
+
+#[derive(Default)]
+struct Published {
+    generation: Option<i64>,
+    seen: HashSet<(Why, String)>,
+}
+
+/// Publishes events through one [`Recorder`] and remembers what it published.
+pub(crate) struct Events {
+    recorder: Recorder,
+    published: Mutex<HashMap<String, Published>>,
+}
+
+impl Events {
+    pub(crate) fn new(client: kube::Client, reporter: Reporter) -> Self {
+        Events {
+            recorder: Recorder::new(client, reporter),
+            published: Mutex::default(),
+        }
+    }
+
+    /// Publishes `why` with `note` about the object `key` at `generation`,
+    /// unless the same was published for that generation already. A failure
+    /// to publish is logged, never an error of the reconcile.
+    pub(crate) async fn publish(
+        &self,
+        key: &str,
+        generation: Option<i64>,
+        reference: &ObjectReference,
+        why: Why,
+        note: &str,
+    ) {
+        let note = truncate(note, MAX_NOTE);
+        {
+            let mut published = self.lock();
+            let entry = published.entry(key.to_owned()).or_default();
+            if entry.generation != generation {
+                *entry = Published {
+                    generation,
+                    seen: HashSet::new(),
+                };
+            }
+            if entry.seen.len() >= MAX_PER_GENERATION || !entry.seen.insert((why, note.clone())) {
+                return;
+            }
+        }
+        let event = Event {
+            type_: why.type_(),
+            reason: why.reason().to_owned(),
+            note: Some(note),
+            action: why.action().to_owned(),
+            secondary: None,
+        };
+        if let Err(error) = self.recorder.publish(&event, reference).await {
+            tracing::warn!(object = key, reason = why.reason(), %error, "publishing an event failed");
+            // Let the next reconcile try again.
+            if let Some(entry) = self.lock().get_mut(key) {
+                entry.seen.remove(&(why, event.note.unwrap_or_default()));
+            }
+        }
+    }
+
+    /// Forgets the object `key` (it is gone).
+    pub(crate) fn forget(&self, key: &str) {
+        self.lock().remove(key);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Published>> {
+        self.published
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}

@@ -1,0 +1,412 @@
+//! Leader election through a `coordination.k8s.io` Lease.
+//!
+//! Written on the coordination API rather than with `kube-lease-manager`
+//! (which is built on kube 5): its watch loop keeps reporting leadership
+//! while renewals fail, so a holder cut off from the API server would not
+//! step down while a standby takes over. Here the holder steps down when it
+//! has not renewed within the renew deadline, which is shorter than the
+//! lease duration after which a standby may take over.
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{ObjectMeta, PostParams};
+use kube::{Api, ResourceExt};
+use provisioners_core::{CancellationToken, Error, Result};
+
+/// Runs work only while this replica holds a Lease; standbys take over
+/// within the lease duration when the holder goes away.
+///
+/// Timing follows client-go's leader election: a holder renews every
+/// `retry_period` and steps down (cancels its work) when it could not renew
+/// for `renew_deadline`; a standby takes the lease once it has seen the same
+/// record unchanged for `lease_duration`, by its own clock (no clock skew
+/// between replicas matters). Every write carries the resourceVersion it
+/// read, so two candidates never both win: the loser gets a conflict.
+/// The margin between the renew deadline and the lease duration is what
+/// lets a stepping-down holder's trees stop (helm gets SIGTERM) and report
+/// `Cancelled` before a standby may take over.
+///
+/// ```no_run
+/// use provisioners_runtime::LeaderElection;
+/// use provisioners_core::CancellationToken;
+///
+/// # async fn example(client: kube::Client) -> provisioners_core::Result<()> {
+/// let shutdown = CancellationToken::new();
+/// let identity = std::env::var("POD_NAME").unwrap_or_else(|_| "local".into());
+/// LeaderElection::new(client, "operators", "platform-operator", identity)
+///     .run(shutdown, |term| async move {
+///         // Run the controller until `term` is cancelled (lease lost or shutdown).
+///         term.cancelled().await;
+///     })
+///     .await
+/// # }
+/// ```
+#[derive(Clone, Debug)]
+pub struct LeaderElection {
+    api: Api<Lease>,
+    name: String,
+    identity: String,
+    lease_duration: Duration,
+    renew_deadline: Duration,
+    retry_period: Duration,
+}
+
+impl LeaderElection {
+    /// Election for the Lease `namespace/name` as `identity` (unique per
+    /// replica, e.g. the pod name), with client-go's defaults: lease 15 s,
+    /// renew deadline 10 s, retry every 2 s.
+    pub fn new(
+        client: kube::Client,
+        namespace: &str,
+        name: impl Into<String>,
+        identity: impl Into<String>,
+    ) -> Self {
+        LeaderElection {
+            api: Api::namespaced(client, namespace),
+            name: name.into(),
+            identity: identity.into(),
+            lease_duration: Duration::from_secs(15),
+            renew_deadline: Duration::from_secs(10),
+            retry_period: Duration::from_secs(2),
+        }
+    }
+
+    /// How long a lease is valid after its last renewal; a standby takes
+    /// over after that. The renew deadline becomes two thirds of it and the
+    /// retry period a fifth of it (at least 100 ms).
+    #[must_use]
+    pub fn lease_duration(mut self, duration: Duration) -> Self {
+        self.lease_duration = duration;
+        self.renew_deadline = duration * 2 / 3;
+        self.retry_period = (duration / 5).max(Duration::from_millis(100));
+        self
+    }
+
+    /// The identity this replica writes into the lease.
+    pub fn identity(&self) -> &str {
+        &self.identity
+    }
+
+    /// Calls `lead` each time this replica becomes the leader, with a token
+    /// that is cancelled when it stops being the leader (or on `shutdown`),
+    /// and waits for the work to return before competing again. On
+    /// `shutdown` the lease is released, so a standby takes over at once.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Invalid`](provisioners_core::ErrorKind::Invalid) when the
+    /// timings cannot work (the renew deadline must be shorter than the
+    /// lease duration); API failures are retried, not returned.
+    pub async fn run<F, Fut>(&self, shutdown: CancellationToken, mut lead: F) -> Result<()>
+    where
+        F: FnMut(CancellationToken) -> Fut,
+        Fut: Future<Output = ()>,
+    {
+        if self.renew_deadline >= self.lease_duration || self.retry_period >= self.renew_deadline {
+            return Err(Error::invalid(format!(
+                "leader election for Lease {}: retry period {:?} < renew deadline {:?} < lease \
+                 duration {:?} must hold",
+                self.name, self.retry_period, self.renew_deadline, self.lease_duration
+            )));
+        }
+        let mut observed: Option<Observed> = None;
+        while !shutdown.is_cancelled() {
+            if !self.try_acquire_or_renew(&mut observed).await {
+                tokio::select! {
+                    () = shutdown.cancelled() => break,
+                    () = tokio::time::sleep(self.retry_period) => continue,
+                }
+            }
+            tracing::info!(lease = %self.name, identity = %self.identity, "became the leader");
+            let term = shutdown.child_token();
+            let work = lead(term.clone());
+            let mut work = std::pin::pin!(work);
+            let mut last_renewal = Instant::now();
+            loop {
+                tokio::select! {
+                    () = &mut work => break,
+                    () = tokio::time::sleep(self.retry_period) => {}
+                }
+                if term.is_cancelled() {
+                    continue;
+                }
+                if self.try_acquire_or_renew(&mut observed).await {
+                    last_renewal = Instant::now();
+                } else if !self.holds(&observed) || last_renewal.elapsed() >= self.renew_deadline {
+                    tracing::warn!(lease = %self.name, identity = %self.identity, "lost the lease: stopping");
+                    term.cancel();
+                }
+            }
+            // The work returned: shutdown, lost lease, or it ended by itself.
+            term.cancel();
+            if shutdown.is_cancelled() {
+                self.release(&observed).await;
+                break;
+            }
+            if self.holds(&observed) {
+                // It ended by itself while we lead: let another replica try.
+                self.release(&observed).await;
+                observed = None;
+            }
+        }
+        Ok(())
+    }
+
+    fn holds(&self, observed: &Option<Observed>) -> bool {
+        observed
+            .as_ref()
+            .is_some_and(|o| o.holder.as_deref() == Some(self.identity.as_str()))
+    }
+
+    /// One round: read the lease, then renew it if ours, take it if free or
+    /// expired. True if we hold it after this round.
+    async fn try_acquire_or_renew(&self, observed: &mut Option<Observed>) -> bool {
+        let lease = match self.api.get_opt(&self.name).await {
+            Ok(Some(lease)) => lease,
+            Ok(None) => return self.create().await.map(|o| *observed = Some(o)).is_ok(),
+            Err(error) => {
+                tracing::debug!(lease = %self.name, %error, "reading the lease");
+                return false;
+            }
+        };
+        let seen = Observed::of(&lease);
+        // Expiry by our own clock: when did this record last change?
+        let changed = observed
+            .as_ref()
+            .is_none_or(|o| o.resource_version != seen.resource_version);
+        let observed_at = if changed {
+            Instant::now()
+        } else {
+            observed.as_ref().map_or_else(Instant::now, |o| o.at)
+        };
+        let seen = Observed {
+            at: observed_at,
+            ..seen
+        };
+        let ours = seen.holder.as_deref() == Some(self.identity.as_str());
+        let free = seen.holder.as_deref().is_none_or(str::is_empty);
+        let expired = observed_at.elapsed() >= seen.duration.unwrap_or(self.lease_duration);
+        *observed = Some(seen);
+        if !(ours || free || expired) {
+            return false;
+        }
+        let now = MicroTime(Timestamp::now());
+        let mut lease = lease;
+        let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+        if !ours {
+            spec.acquire_time = Some(now.clone());
+            spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
+        }
+        spec.holder_identity = Some(self.identity.clone());
+        spec.lease_duration_seconds = Some(seconds(self.lease_duration));
+        spec.renew_time = Some(now);
+        // `replace` sends the resourceVersion we read: a conflict if anyone wrote since.
+        match self
+            .api
+            .replace(&self.name, &PostParams::default(), &lease)
+            .await
+        {
+            Ok(written) => {
+                *observed = Some(Observed::of(&written));
+                true
+            }
+            Err(error) => {
+                tracing::debug!(lease = %self.name, %error, "writing the lease");
+                false
+            }
+        }
+    }
+
+    async fn create(&self) -> std::result::Result<Observed, kube::Error> {
+        let now = MicroTime(Timestamp::now());
+        let lease = Lease {
+            metadata: ObjectMeta {
+                name: Some(self.name.clone()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(LeaseSpec {
+                holder_identity: Some(self.identity.clone()),
+                lease_duration_seconds: Some(seconds(self.lease_duration)),
+                acquire_time: Some(now.clone()),
+                renew_time: Some(now),
+                lease_transitions: Some(0),
+                ..LeaseSpec::default()
+            }),
+        };
+        let created = self.api.create(&PostParams::default(), &lease).await?;
+        Ok(Observed::of(&created))
+    }
+
+    /// Gives the lease up if we hold it: no holder, one-second duration, so
+    /// a standby takes it on its next round.
+    async fn release(&self, observed: &Option<Observed>) {
+        if !self.holds(observed) {
+            return;
+        }
+        let Ok(Some(mut lease)) = self.api.get_opt(&self.name).await else {
+            return;
+        };
+        let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+        if spec.holder_identity.as_deref() != Some(self.identity.as_str()) {
+            return;
+        }
+        spec.holder_identity = None;
+        spec.lease_duration_seconds = Some(1);
+        spec.renew_time = Some(MicroTime(Timestamp::now()));
+        match self
+            .api
+            .replace(&self.name, &PostParams::default(), &lease)
+            .await
+        {
+            Ok(_) => {
+                tracing::info!(lease = %self.name, identity = %self.identity, "released the lease")
+            }
+            Err(error) => tracing::warn!(lease = %self.name, %error, "releasing the lease"),
+        }
+    }
+}
+
+/// What we last saw of the lease, and when we first saw that version.
+#[derive(Clone, Debug)]
+struct Observed {
+    holder: Option<String>,
+    duration: Option<Duration>,
+    resource_version: Option<String>,
+    at: Instant,
+}
+
+impl Observed {
+    fn of(lease: &Lease) -> Self {
+        let spec = lease.spec.as_ref();
+        Observed {
+            holder: spec.and_then(|s| s.holder_identity.clone()),
+            duration: spec
+                .and_then(|s| s.lease_duration_seconds)
+                .and_then(|s| u64::try_from(s).ok())
+                .map(Duration::from_secs),
+            resource_version: lease.resource_version(),
+            at: Instant::now(),
+        }
+    }
+}
+
+fn seconds(duration: Duration) -> i32 {
+    i32::try_from(duration.as_secs().max(1)).unwrap_or(i32::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use http::{Request, Response};
+    use kube::client::Body;
+    use serde_json::{Value, json};
+    use tower_test::mock;
+
+    use super::*;
+
+    type Handle = mock::Handle<Request<Body>, Response<Body>>;
+
+    const PATH: &str = "/apis/coordination.k8s.io/v1/namespaces/ops/leases/op";
+
+    fn election() -> (LeaderElection, Handle) {
+        let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
+        let client = kube::Client::new(service, "default");
+        (LeaderElection::new(client, "ops", "op", "me"), handle)
+    }
+
+    fn lease(holder: Option<&str>, resource_version: &str) -> Value {
+        json!({
+            "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": { "name": "op", "namespace": "ops", "resourceVersion": resource_version },
+            "spec": { "holderIdentity": holder, "leaseDurationSeconds": 15, "leaseTransitions": 3 },
+        })
+    }
+
+    /// Answers the next request (`method` on the lease) with `status` and `reply`; returns its body.
+    async fn answer(handle: &mut Handle, method: &str, status: u16, reply: Value) -> Value {
+        let (request, respond) = handle.next_request().await.expect("a request");
+        assert_eq!(request.method().as_str(), method);
+        assert_eq!(request.uri().path(), PATH);
+        let body = request.into_body().collect_bytes().await.unwrap();
+        respond.send_response(
+            Response::builder()
+                .status(status)
+                .body(Body::from(serde_json::to_vec(&reply).unwrap()))
+                .unwrap(),
+        );
+        serde_json::from_slice(&body).unwrap_or(Value::Null)
+    }
+
+    #[tokio::test]
+    async fn a_free_lease_is_taken_with_the_resource_version_it_was_read_at() {
+        let (election, mut handle) = election();
+        let server = tokio::spawn(async move {
+            answer(&mut handle, "GET", 200, lease(None, "5")).await;
+            answer(&mut handle, "PUT", 200, lease(Some("me"), "6")).await
+        });
+        let mut observed = None;
+        assert!(election.try_acquire_or_renew(&mut observed).await);
+        let written = server.await.unwrap();
+        assert_eq!(written["metadata"]["resourceVersion"], "5", "fenced");
+        assert_eq!(written["spec"]["holderIdentity"], "me");
+        assert_eq!(written["spec"]["leaseTransitions"], 4);
+        assert!(election.holds(&observed));
+    }
+
+    #[tokio::test]
+    async fn a_lease_held_by_another_is_left_alone_until_it_expires_by_our_clock() {
+        let (election, mut handle) = election();
+        let server = tokio::spawn(async move {
+            answer(&mut handle, "GET", 200, lease(Some("other"), "7")).await;
+            handle
+        });
+        let mut observed = None;
+        assert!(!election.try_acquire_or_renew(&mut observed).await);
+        let mut handle = server.await.unwrap();
+        assert!(!election.holds(&observed));
+
+        // The same record, seen unchanged for longer than its duration: expired.
+        if let Some(o) = observed.as_mut() {
+            o.at = Instant::now()
+                .checked_sub(Duration::from_secs(20))
+                .expect("a monotonic clock past 20 s");
+        }
+        let server = tokio::spawn(async move {
+            answer(&mut handle, "GET", 200, lease(Some("other"), "7")).await;
+            answer(&mut handle, "PUT", 200, lease(Some("me"), "8")).await
+        });
+        assert!(election.try_acquire_or_renew(&mut observed).await);
+        assert_eq!(server.await.unwrap()["spec"]["holderIdentity"], "me");
+    }
+
+    #[tokio::test]
+    async fn a_conflict_means_someone_else_won() {
+        let (election, mut handle) = election();
+        let server = tokio::spawn(async move {
+            answer(&mut handle, "GET", 200, lease(None, "5")).await;
+            let conflict = json!({ "kind": "Status", "apiVersion": "v1", "status": "Failure",
+                "reason": "Conflict", "code": 409, "message": "the object has been modified" });
+            answer(&mut handle, "PUT", 409, conflict).await;
+        });
+        let mut observed = None;
+        assert!(!election.try_acquire_or_renew(&mut observed).await);
+        server.await.unwrap();
+        assert!(!election.holds(&observed));
+    }
+
+    #[tokio::test]
+    async fn timings_that_cannot_work_are_refused() {
+        let (election, _handle) = election();
+        let mut bad = election.lease_duration(Duration::from_secs(15));
+        bad.renew_deadline = Duration::from_secs(20);
+        let error = bad
+            .run(CancellationToken::new(), |_| async {})
+            .await
+            .unwrap_err();
+        assert_eq!(error.kind(), provisioners_core::ErrorKind::Invalid);
+        assert!(error.to_string().contains("Lease op"), "{error}");
+    }
+}

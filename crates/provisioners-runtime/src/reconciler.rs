@@ -1,0 +1,582 @@
+//! [`Reconciler`]: one reconcile of one managed object.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use kube::api::{ApiResource, DynamicObject, Patch, PatchParams};
+use kube::core::PartialObjectMeta;
+use kube::runtime::controller::Action;
+use kube::runtime::events::Reporter;
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Resource, ResourceExt};
+use provisioners_core::{Context, Error, ErrorKind, ManagerProvisioner, Owner, Result};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+
+use crate::condition::Reason;
+use crate::events::{Events, Why};
+use crate::in_flight::{InFlight, Spec};
+use crate::{status, summary};
+
+/// The annotation that pauses reconciliation when set to `"true"`.
+pub const DEFAULT_PAUSED_ANNOTATION: &str = "provisioners.dev/paused";
+
+/// The requeue after a yield or an error, unless [`Reconciler::requeue_after`]
+/// says otherwise.
+pub const DEFAULT_REQUEUE: Duration = Duration::from_secs(5);
+
+/// The status field that lists waiting nodes unless
+/// [`Reconciler::waiting_field`] says otherwise.
+pub const DEFAULT_WAITING_FIELD: &str = "waiting";
+
+/// How one reconcile ended, as counted in metrics.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ReconcileResult {
+    /// The tree is provisioned.
+    Provisioned,
+    /// The tree yielded while provisioning.
+    Provisioning,
+    /// The tree yielded while deprovisioning.
+    Deprovisioning,
+    /// The tree is deprovisioned and the finalizer removed.
+    Deprovisioned,
+    /// The tree failed.
+    Errored,
+    /// The controller shut down or lost its lease while the tree ran.
+    Cancelled,
+    /// A newer generation (or a deletion) stopped the tree.
+    Superseded,
+    /// The object is paused; nothing ran.
+    Paused,
+    /// The reconciler could not talk to the API.
+    Failed,
+}
+
+impl ReconcileResult {
+    /// A short lowercase name, stable for metrics labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReconcileResult::Provisioned => "provisioned",
+            ReconcileResult::Provisioning => "provisioning",
+            ReconcileResult::Deprovisioning => "deprovisioning",
+            ReconcileResult::Deprovisioned => "deprovisioned",
+            ReconcileResult::Errored => "errored",
+            ReconcileResult::Cancelled => "cancelled",
+            ReconcileResult::Superseded => "superseded",
+            ReconcileResult::Paused => "paused",
+            ReconcileResult::Failed => "failed",
+        }
+    }
+}
+
+/// Receives the end of every reconcile, e.g. to count them.
+pub trait ReconcileObserver: Send + Sync {
+    /// Called once per [`Reconciler::reconcile`], with how long it took.
+    fn on_reconcile(&self, result: ReconcileResult, elapsed: Duration);
+}
+
+/// Runs provisioner trees for the objects of one controller.
+///
+/// Cheap to share: put it in an `Arc` and hand it to the controller as its
+/// context. See the [crate docs](crate) for what a reconcile does.
+pub struct Reconciler {
+    context: Context,
+    finalizer: String,
+    requeue: Duration,
+    resync: Option<Duration>,
+    paused_annotation: String,
+    waiting_field: Option<String>,
+    events: Option<Events>,
+    observer: Option<Arc<dyn ReconcileObserver>>,
+    in_flight: InFlight,
+}
+
+impl fmt::Debug for Reconciler {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Reconciler")
+            .field("finalizer", &self.finalizer)
+            .field("requeue", &self.requeue)
+            .field("resync", &self.resync)
+            .field("paused_annotation", &self.paused_annotation)
+            .field("waiting_field", &self.waiting_field)
+            .field("events", &self.events.is_some())
+            .field("in_flight", &self.in_flight.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Reconciler {
+    /// A reconciler whose trees run with `context` (target cluster, field
+    /// manager, shutdown token) and which guards objects with `finalizer`
+    /// (e.g. `example.com/platform`).
+    pub fn new(context: Context, finalizer: impl Into<String>) -> Self {
+        Reconciler {
+            context,
+            finalizer: finalizer.into(),
+            requeue: DEFAULT_REQUEUE,
+            resync: None,
+            paused_annotation: DEFAULT_PAUSED_ANNOTATION.to_owned(),
+            waiting_field: Some(DEFAULT_WAITING_FIELD.to_owned()),
+            events: None,
+            observer: None,
+            in_flight: InFlight::default(),
+        }
+    }
+
+    /// The constant requeue after a yield or an error (default 5 s).
+    #[must_use]
+    pub fn requeue_after(mut self, requeue: Duration) -> Self {
+        self.requeue = requeue;
+        self
+    }
+
+    /// Reconciles a provisioned object again after `resync`, to repair drift
+    /// (default: only when the object or the controller's watches change).
+    #[must_use]
+    pub fn resync_after(mut self, resync: Duration) -> Self {
+        self.resync = Some(resync);
+        self
+    }
+
+    /// Uses another annotation to pause reconciliation.
+    #[must_use]
+    pub fn paused_annotation(mut self, annotation: impl Into<String>) -> Self {
+        self.paused_annotation = annotation.into();
+        self
+    }
+
+    /// The `status` field that lists the waiting nodes (default `waiting`),
+    /// or `None` to write none. The status schema must have the field (an
+    /// array of `{node, reason}`) or preserve unknown fields: a field the
+    /// server prunes is written again on every reconcile that yields.
+    #[must_use]
+    pub fn waiting_field(mut self, field: Option<&str>) -> Self {
+        self.waiting_field = field.map(str::to_owned);
+        self
+    }
+
+    /// Publishes Kubernetes Events on the managed objects as `reporter`
+    /// (the controller's name, and the pod's as its instance): provisioning
+    /// started, provisioned, a node failed (with its path), deprovisioning,
+    /// deprovisioned, superseded. The same event is published once per
+    /// generation of an object, not on every requeue. Needs RBAC to
+    /// `create` and `patch` `events.k8s.io` `events`.
+    #[must_use]
+    pub fn events(mut self, reporter: impl Into<Reporter>) -> Self {
+        self.events = Some(Events::new(self.context.client().clone(), reporter.into()));
+        self
+    }
+
+    /// Tells `observer` how every reconcile ended (e.g. the metrics of the
+    /// `metrics` feature).
+    #[must_use]
+    pub fn observe_reconciles(mut self, observer: Arc<dyn ReconcileObserver>) -> Self {
+        self.observer = Some(observer);
+        self
+    }
+
+    /// The base context trees run with.
+    pub fn context(&self) -> &Context {
+        &self.context
+    }
+
+    /// The action for a reconcile that returned an error: the same constant
+    /// requeue as a yield. Use it as the controller's error policy.
+    pub fn error_policy(&self) -> Action {
+        Action::requeue(self.requeue)
+    }
+
+    /// How many trees are running right now.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.len()
+    }
+
+    /// Cancels the tree running for `object` if `object` (as just seen on
+    /// a watch) has a newer `metadata.generation` than the tree was built
+    /// from, or is being deleted while the tree provisions. The reconcile
+    /// running it returns at once (`Superseded`) and the controller, which
+    /// has the new version queued, reconciles it next. True if it cancelled.
+    ///
+    /// [`Reconciler::supersede_on_change`] calls this from a watch.
+    pub fn supersede<R: Resource>(&self, object: &R) -> bool {
+        let meta = object.meta();
+        let seen = Spec {
+            generation: meta.generation,
+            deleting: meta.deletion_timestamp.is_some(),
+        };
+        let superseded = self.in_flight.supersede(&key(object), seen);
+        if superseded {
+            tracing::info!(
+                object = %key(object),
+                generation = ?meta.generation,
+                "a newer spec: cancelling the running tree"
+            );
+        }
+        superseded
+    }
+
+    /// Watches the metadata of `api`'s objects (the same selection as the
+    /// controller's) and [supersedes](Reconciler::supersede) running trees
+    /// whose object changed generation or started deleting; returns when the
+    /// context's token is cancelled. Run it beside the controller.
+    ///
+    /// It is a watch of its own because kube's `Controller` holds back new
+    /// events of an object until its running reconcile returns, which is
+    /// exactly what must not wait here. Metadata only (an
+    /// `Api<PartialObjectMeta<K>>`): cheap on the wire and in memory.
+    pub async fn supersede_on_change<K>(
+        &self,
+        api: Api<PartialObjectMeta<K>>,
+        config: watcher::Config,
+    ) where
+        K: Resource<DynamicType = ()>
+            + Clone
+            + DeserializeOwned
+            + fmt::Debug
+            + Send
+            + Sync
+            + 'static,
+    {
+        let shutdown = self.context.cancellation().clone();
+        let changes = watcher(api, config)
+            .default_backoff()
+            .touched_objects()
+            .take_until(async move { shutdown.cancelled().await });
+        let mut changes = std::pin::pin!(changes);
+        while let Some(change) = changes.next().await {
+            match change {
+                Ok(object) => {
+                    self.supersede(&object);
+                }
+                Err(error) => tracing::debug!(%error, "watching for new generations"),
+            }
+        }
+    }
+
+    /// Provisions or deprovisions `managed` (an object and its tree); see the
+    /// crate docs.
+    ///
+    /// Failures of the tree are reported in the `Available` condition and
+    /// requeued; an `Err` means the reconciler itself could not talk to the
+    /// API (adding or removing the finalizer, writing the status).
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Kube`] for failed API calls, [`ErrorKind::Invalid`] for an
+    /// object without a name.
+    pub async fn reconcile<M>(&self, managed: &M) -> Result<Action>
+    where
+        M: ManagerProvisioner,
+        M::Object: Resource<DynamicType = ()> + Serialize,
+    {
+        let started = Instant::now();
+        let outcome = self.reconcile_inner(managed).await;
+        if let Some(observer) = &self.observer {
+            let result = match &outcome {
+                Ok((result, _)) => *result,
+                Err(_) => ReconcileResult::Failed,
+            };
+            observer.on_reconcile(result, started.elapsed());
+        }
+        outcome.map(|(_, action)| action)
+    }
+
+    async fn reconcile_inner<M>(&self, managed: &M) -> Result<(ReconcileResult, Action)>
+    where
+        M: ManagerProvisioner,
+        M::Object: Resource<DynamicType = ()> + Serialize,
+    {
+        let object = managed.object();
+        let target = Target::of(self.context.client().clone(), object)?;
+        if self.is_paused(object) {
+            tracing::debug!(object = %target, "paused: not reconciling");
+            return Ok((ReconcileResult::Paused, Action::await_change()));
+        }
+        let has_finalizer = object.finalizers().contains(&self.finalizer);
+        let deleting = object.meta().deletion_timestamp.is_some();
+        if deleting && !has_finalizer {
+            self.forget(&target);
+            return Ok((ReconcileResult::Deprovisioned, Action::await_change()));
+        }
+        // Not kube::runtime::finalizer: it returns right after adding the
+        // finalizer (a second pass, which a generation predicate never
+        // triggers), and it removes the finalizer on any `Ok`, while a
+        // deprovision that yields must keep it.
+        if !deleting && !has_finalizer {
+            self.add_finalizer(&target, object).await?;
+        }
+
+        let spec = Spec {
+            generation: object.meta().generation,
+            deleting,
+        };
+        let run = self
+            .in_flight
+            .start(target.key.clone(), spec, self.context.cancellation());
+        let cx = self
+            .context
+            .clone()
+            .with_owner(Owner::of(object))
+            .with_cancellation(run.token().clone());
+        let report = Report {
+            target: &target,
+            current: serde_json::to_value(object).unwrap_or_default(),
+            generation: spec.generation,
+            reference: object.object_ref(&()),
+        };
+
+        if deleting {
+            self.publish(&report, Why::Deprovisioning, "deprovisioning")
+                .await;
+            let result = cx.deprovision(managed).await;
+            let superseded = run.is_superseded();
+            drop(run);
+            if result.is_ok() {
+                self.publish(&report, Why::Deprovisioned, "everything is gone")
+                    .await;
+                // The object goes as soon as the finalizer does: no status to write.
+                self.remove_finalizer(&target, object).await?;
+                self.forget(&target);
+                tracing::info!(object = %target, "deprovisioned; finalizer removed");
+                return Ok((ReconcileResult::Deprovisioned, Action::await_change()));
+            }
+            return self
+                .finish(&report, &result, Reason::Deprovisioning, superseded)
+                .await;
+        }
+
+        if !status::is_provisioned_at(&report.current, spec.generation) {
+            let note = match spec.generation {
+                Some(generation) => format!("provisioning generation {generation}"),
+                None => "provisioning".to_owned(),
+            };
+            self.publish(&report, Why::Provisioning, &note).await;
+        }
+        let result = cx.provision(managed).await;
+        let superseded = run.is_superseded();
+        drop(run);
+        self.finish(&report, &result, Reason::Provisioning, superseded)
+            .await
+    }
+
+    /// Reports `result` and chooses the next action.
+    async fn finish(
+        &self,
+        report: &Report<'_>,
+        result: &Result<()>,
+        in_progress: Reason,
+        superseded: bool,
+    ) -> Result<(ReconcileResult, Action)> {
+        let outcome = match result {
+            Ok(()) => ReconcileResult::Provisioned,
+            Err(e) if e.is_yield() && in_progress == Reason::Deprovisioning => {
+                ReconcileResult::Deprovisioning
+            }
+            Err(e) if e.is_yield() => ReconcileResult::Provisioning,
+            Err(e) if e.kind() == ErrorKind::Cancelled && superseded => ReconcileResult::Superseded,
+            Err(e) if e.kind() == ErrorKind::Cancelled => ReconcileResult::Cancelled,
+            Err(_) => ReconcileResult::Errored,
+        };
+        if outcome == ReconcileResult::Superseded {
+            // The newer version is queued; a status for the old one would
+            // only flap.
+            let note = match report.generation {
+                Some(generation) => {
+                    format!("generation {generation} stopped for a newer spec")
+                }
+                None => "stopped for a newer spec".to_owned(),
+            };
+            self.publish(report, Why::Superseded, &note).await;
+            tracing::info!(object = %report.target, "superseded");
+            return Ok((outcome, Action::await_change()));
+        }
+        let written = self.write_status(report, result, in_progress).await?;
+        match result {
+            Ok(()) if written => {
+                let note = match report.generation {
+                    Some(generation) => format!("provisioned generation {generation}"),
+                    None => "provisioned".to_owned(),
+                };
+                self.publish(report, Why::Provisioned, &note).await;
+            }
+            Err(e) if outcome == ReconcileResult::Errored => {
+                tracing::warn!(object = %report.target, error = %summary::message(e), "reconcile failed");
+                for leaf in e.leaves().into_iter().filter(|l| !l.is_yield()).take(3) {
+                    self.publish(report, Why::NodeFailed, &leaf.to_string())
+                        .await;
+                }
+            }
+            Err(e) => {
+                tracing::debug!(object = %report.target, reason = %summary::message(e), "not done yet")
+            }
+            Ok(()) => {}
+        }
+        let action = match (outcome, self.resync) {
+            (ReconcileResult::Provisioned, Some(resync)) => Action::requeue(resync),
+            (ReconcileResult::Provisioned | ReconcileResult::Cancelled, _) => {
+                Action::await_change()
+            }
+            _ => Action::requeue(self.requeue),
+        };
+        Ok((outcome, action))
+    }
+
+    fn is_paused<K: Resource>(&self, object: &K) -> bool {
+        object
+            .annotations()
+            .get(&self.paused_annotation)
+            .is_some_and(|v| v == "true")
+    }
+
+    async fn publish(&self, report: &Report<'_>, why: Why, note: &str) {
+        if let Some(events) = &self.events {
+            events
+                .publish(
+                    &report.target.key,
+                    report.generation,
+                    &report.reference,
+                    why,
+                    note,
+                )
+                .await;
+        }
+    }
+
+    fn forget(&self, target: &Target) {
+        if let Some(events) = &self.events {
+            events.forget(&target.key);
+        }
+    }
+
+    /// Writes the `Available` condition (and the waiting nodes) for
+    /// `result` if they changed; true if it wrote.
+    async fn write_status(
+        &self,
+        report: &Report<'_>,
+        result: &Result<()>,
+        in_progress: Reason,
+    ) -> Result<bool> {
+        let Some(patch) = status::patch(
+            &report.current,
+            result,
+            in_progress,
+            report.generation,
+            self.waiting_field.as_deref(),
+        ) else {
+            return Ok(false);
+        };
+        let target = report.target;
+        target
+            .api
+            .patch_status(&target.name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(|e| Error::kube(format_args!("writing the status of {target}"), e))?;
+        Ok(true)
+    }
+
+    async fn add_finalizer<K: Resource>(&self, target: &Target, object: &K) -> Result<()> {
+        let mut finalizers = object.finalizers().to_vec();
+        finalizers.push(self.finalizer.clone());
+        self.patch_finalizers(target, object, finalizers, "adding the finalizer to")
+            .await
+    }
+
+    async fn remove_finalizer<K: Resource>(&self, target: &Target, object: &K) -> Result<()> {
+        let finalizers = object
+            .finalizers()
+            .iter()
+            .filter(|f| **f != self.finalizer)
+            .cloned()
+            .collect();
+        self.patch_finalizers(target, object, finalizers, "removing the finalizer from")
+            .await
+    }
+
+    /// A merge patch with the object's resourceVersion: a conflict (409)
+    /// rather than a lost update if the list changed meanwhile.
+    async fn patch_finalizers<K: Resource>(
+        &self,
+        target: &Target,
+        object: &K,
+        finalizers: Vec<String>,
+        action: &str,
+    ) -> Result<()> {
+        let patch = json!({
+            "metadata": {
+                "finalizers": finalizers,
+                "resourceVersion": object.resource_version(),
+            }
+        });
+        target
+            .api
+            .patch(&target.name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(|e| Error::kube(format_args!("{action} {target}"), e))?;
+        Ok(())
+    }
+}
+
+/// The key of an object in the in-flight registry and the event memory.
+fn key<R: Resource>(object: &R) -> String {
+    let meta = object.meta();
+    format!(
+        "{}/{}",
+        meta.namespace.as_deref().unwrap_or(""),
+        meta.name.as_deref().unwrap_or("")
+    )
+}
+
+/// What the end of a reconcile reports on.
+struct Report<'a> {
+    target: &'a Target,
+    /// The object as the reconcile got it, for comparisons.
+    current: Value,
+    generation: Option<i64>,
+    reference: k8s_openapi::api::core::v1::ObjectReference,
+}
+
+/// The reconciled object's API and name, for patches and messages.
+struct Target {
+    api: Api<DynamicObject>,
+    kind: String,
+    namespace: Option<String>,
+    name: String,
+    key: String,
+}
+
+impl Target {
+    fn of<K: Resource<DynamicType = ()>>(client: kube::Client, object: &K) -> Result<Self> {
+        let resource = ApiResource::erase::<K>(&());
+        let Some(name) = object.meta().name.clone() else {
+            return Err(Error::invalid(format!(
+                "a {} without metadata.name cannot be reconciled",
+                resource.kind
+            )));
+        };
+        let namespace = object.meta().namespace.clone();
+        let api = match &namespace {
+            Some(ns) => Api::namespaced_with(client, ns, &resource),
+            None => Api::all_with(client, &resource),
+        };
+        Ok(Target {
+            api,
+            kind: resource.kind,
+            key: key(object),
+            namespace,
+            name,
+        })
+    }
+}
+
+impl fmt::Display for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.namespace {
+            Some(ns) => write!(f, "{} {ns}/{}", self.kind, self.name),
+            None => write!(f, "{} {}", self.kind, self.name),
+        }
+    }
+}

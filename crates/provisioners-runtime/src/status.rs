@@ -1,0 +1,161 @@
+//! What the reconciler writes to `status`: the `Available` condition and the
+//! waiting nodes, as one merge patch, or nothing when nothing changed.
+
+use provisioners_core::{ErrorKind, Result};
+use serde_json::{Value, json};
+
+use crate::condition::{self, Reason};
+use crate::summary;
+
+/// The status merge patch that reports `result` on `current` (the object as
+/// JSON), or `None` when the status already says exactly that.
+/// `waiting_field` names the field listing waiting nodes, if any.
+pub(crate) fn patch(
+    current: &Value,
+    result: &Result<()>,
+    in_progress: Reason,
+    generation: Option<i64>,
+    waiting_field: Option<&str>,
+) -> Option<Value> {
+    let (status, reason, message) = match result {
+        Ok(()) => ("True", Reason::Provisioned, "provisioned".to_owned()),
+        Err(e) if e.is_yield() => ("False", in_progress, summary::message(e)),
+        Err(e) if e.kind() == ErrorKind::Cancelled => {
+            ("False", Reason::Cancelled, summary::message(e))
+        }
+        Err(e) => ("False", Reason::Errored, summary::message(e)),
+    };
+    let conditions = condition::updated(current, status, reason, &message, generation);
+    let mut patch = serde_json::Map::new();
+    if let Some(field) = waiting_field {
+        let waiting = match result {
+            Err(e) => summary::waiting(e),
+            Ok(()) => Vec::new(),
+        };
+        let existing = current
+            .get("status")
+            .and_then(|s| s.get(field))
+            .cloned()
+            .unwrap_or(Value::Null);
+        let wanted = serde_json::to_value(&waiting).unwrap_or(Value::Null);
+        let same = match (&existing, waiting.is_empty()) {
+            (Value::Null, true) => true,
+            (Value::Array(a), true) => a.is_empty(),
+            _ => existing == wanted,
+        };
+        if !same {
+            // A merge patch removes the field with null.
+            let value = if waiting.is_empty() {
+                Value::Null
+            } else {
+                wanted
+            };
+            patch.insert(field.to_owned(), value);
+        }
+    }
+    if conditions.is_none() && patch.is_empty() {
+        return None;
+    }
+    let conditions = match conditions {
+        Some(conditions) => conditions,
+        // The waiting list changed but the condition did not: write it as it is.
+        None => current
+            .pointer("/status/conditions")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default(),
+    };
+    patch.insert("conditions".to_owned(), Value::Array(conditions));
+    Some(json!({ "status": patch }))
+}
+
+/// Whether `object`'s `Available` condition already says provisioned at `generation`.
+pub(crate) fn is_provisioned_at(object: &Value, generation: Option<i64>) -> bool {
+    object
+        .pointer("/status/conditions")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .any(|c| {
+            c["type"] == condition::AVAILABLE
+                && c["status"] == "True"
+                && c.get("observedGeneration").and_then(Value::as_i64) == generation
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use provisioners_core::Error;
+
+    use super::*;
+
+    fn waiting_on(node: &str) -> Result<()> {
+        Err(Error::yielding("pods pending").at(&Arc::from(node)))
+    }
+
+    #[test]
+    fn the_waiting_list_is_written_then_cleared_with_null() {
+        let patch = patch(
+            &json!({}),
+            &waiting_on("p/a"),
+            Reason::Provisioning,
+            Some(1),
+            Some("waiting"),
+        )
+        .expect("a first write");
+        assert_eq!(
+            patch["status"]["waiting"],
+            json!([{ "node": "p/a", "reason": "pods pending" }])
+        );
+
+        let written = json!({ "status": patch["status"].clone() });
+        assert!(
+            super::patch(
+                &written,
+                &waiting_on("p/a"),
+                Reason::Provisioning,
+                Some(1),
+                Some("waiting")
+            )
+            .is_none(),
+            "the same again writes nothing"
+        );
+        let done = super::patch(
+            &written,
+            &Ok(()),
+            Reason::Provisioning,
+            Some(1),
+            Some("waiting"),
+        )
+        .unwrap();
+        assert_eq!(
+            done["status"]["waiting"],
+            Value::Null,
+            "removed by the merge patch"
+        );
+        assert!(is_provisioned_at(
+            &json!({ "status": done["status"].clone() }),
+            Some(1)
+        ));
+        assert!(!is_provisioned_at(
+            &json!({ "status": done["status"].clone() }),
+            Some(2)
+        ));
+    }
+
+    #[test]
+    fn without_a_waiting_field_only_the_condition_is_written() {
+        let patch = patch(
+            &json!({}),
+            &waiting_on("p/a"),
+            Reason::Provisioning,
+            None,
+            None,
+        )
+        .unwrap();
+        assert!(patch["status"].get("waiting").is_none());
+        assert_eq!(patch["status"]["conditions"][0]["reason"], "Provisioning");
+    }
+}

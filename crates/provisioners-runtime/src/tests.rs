@@ -1,0 +1,327 @@
+//! The reconcile flow against a mocked API (`tower-test`): which requests a
+//! reconcile makes, in which order, with which bodies. The same flow runs
+//! against the real control plane in `tests/tests/runtime_cluster.rs`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{Method, Request, Response};
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::ObjectMeta;
+use kube::client::Body;
+use kube::runtime::controller::Action;
+use provisioners_core::{Context, Managed, Operation};
+use provisioners_testing::{Recorder, Scripted, Step};
+use serde_json::{Value, json};
+use tower_test::mock;
+
+use crate::Reconciler;
+
+const FINALIZER: &str = "example.com/platform";
+
+type Handle = mock::Handle<Request<Body>, Response<Body>>;
+
+fn mocked() -> (Reconciler, Handle) {
+    let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
+    let client = kube::Client::new(service, "default");
+    let reconciler = Reconciler::new(Context::from_client(client), FINALIZER);
+    (reconciler, handle)
+}
+
+/// An object as a controller would hand it over.
+fn object(generation: i64, finalizers: &[&str]) -> Arc<ConfigMap> {
+    let value = json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": "p",
+            "namespace": "ns",
+            "uid": "u-1",
+            "generation": generation,
+            "resourceVersion": "41",
+            "finalizers": finalizers,
+        },
+    });
+    Arc::new(serde_json::from_value(value).unwrap())
+}
+
+fn deleting(mut cm: ConfigMap) -> Arc<ConfigMap> {
+    cm.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        k8s_openapi::jiff::Timestamp::now(),
+    ));
+    Arc::new(cm)
+}
+
+/// Answers the next request, which must be `method path`, with `reply`,
+/// and returns its body.
+async fn expect(handle: &mut Handle, method: Method, path: &str, reply: Value) -> Value {
+    let (request, respond) = tokio::time::timeout(Duration::from_secs(10), handle.next_request())
+        .await
+        .unwrap_or_else(|_| panic!("no {method} {path} request"))
+        .expect("the client is gone");
+    assert_eq!(request.method(), method, "{}", request.uri());
+    assert_eq!(request.uri().path(), path);
+    let body = request.into_body().collect_bytes().await.unwrap();
+    let body = if body.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_slice(&body).unwrap()
+    };
+    respond.send_response(
+        Response::builder()
+            .status(200)
+            .body(Body::from(serde_json::to_vec(&reply).unwrap()))
+            .unwrap(),
+    );
+    body
+}
+
+const OBJECT: &str = "/api/v1/namespaces/ns/configmaps/p";
+const STATUS: &str = "/api/v1/namespaces/ns/configmaps/p/status";
+
+fn reply() -> Value {
+    serde_json::to_value(object(3, &[FINALIZER]).as_ref()).unwrap()
+}
+
+#[tokio::test]
+async fn a_new_object_gets_the_finalizer_then_a_provisioning_condition_with_its_generation() {
+    let (reconciler, mut handle) = mocked();
+    let recorder = Recorder::new();
+    let tree = Scripted::new("p", &recorder).on_provision([Step::yielding("chart not ready")]);
+    let managed = Managed::new(object(3, &[]), tree);
+
+    let server = tokio::spawn(async move {
+        let finalizer = expect(&mut handle, Method::PATCH, OBJECT, reply()).await;
+        let status = expect(&mut handle, Method::PATCH, STATUS, reply()).await;
+        (finalizer, status)
+    });
+    let action = reconciler.reconcile(&managed).await.unwrap();
+    assert_eq!(action, Action::requeue(crate::DEFAULT_REQUEUE));
+    let (finalizer, status) = server.await.unwrap();
+
+    assert_eq!(finalizer["metadata"]["finalizers"], json!([FINALIZER]));
+    assert_eq!(
+        finalizer["metadata"]["resourceVersion"], "41",
+        "an optimistic lock"
+    );
+    let condition = &status["status"]["conditions"][0];
+    assert_eq!(condition["type"], "Available");
+    assert_eq!(condition["status"], "False");
+    assert_eq!(condition["reason"], "Provisioning");
+    assert_eq!(condition["message"], "p: chart not ready");
+    assert_eq!(condition["observedGeneration"], 3);
+    assert_eq!(
+        status["status"]["waiting"],
+        json!([{ "node": "p", "reason": "chart not ready" }])
+    );
+    assert_eq!(recorder.count("p", Operation::Provision), 1);
+}
+
+#[tokio::test]
+async fn a_paused_object_makes_no_request_and_runs_nothing() {
+    let (reconciler, handle) = mocked();
+    // Any request would now fail the reconcile.
+    drop(handle);
+    let recorder = Recorder::new();
+    let mut cm = object(3, &[]).as_ref().clone();
+    cm.metadata.annotations = Some([("provisioners.dev/paused".into(), "true".into())].into());
+    let deleted = deleting(cm.clone());
+    for cm in [Arc::new(cm), deleted] {
+        let managed = Managed::new(cm, Scripted::new("p", &recorder));
+        assert_eq!(
+            reconciler.reconcile(&managed).await.unwrap(),
+            Action::await_change()
+        );
+    }
+    assert!(recorder.calls().is_empty());
+}
+
+/// The `Available` condition as a previous reconcile wrote it.
+fn provisioned_at(generation: i64) -> Value {
+    json!({ "conditions": [{
+        "type": "Available", "status": "True", "reason": "Provisioned",
+        "message": "provisioned", "observedGeneration": generation,
+        "lastTransitionTime": "2026-01-01T00:00:00Z",
+    }]})
+}
+
+/// A ConfigMap with a `status` the reconciler can read: it serialises the
+/// object, so a wrapper that adds the field stands in for a custom resource.
+#[derive(Clone, Debug, serde::Serialize)]
+struct WithStatus {
+    #[serde(flatten)]
+    inner: ConfigMap,
+    status: Value,
+}
+
+impl kube::Resource for WithStatus {
+    type DynamicType = ();
+    type Scope = k8s_openapi::NamespaceResourceScope;
+    fn kind(_: &()) -> std::borrow::Cow<'_, str> {
+        "ConfigMap".into()
+    }
+    fn group(_: &()) -> std::borrow::Cow<'_, str> {
+        "".into()
+    }
+    fn version(_: &()) -> std::borrow::Cow<'_, str> {
+        "v1".into()
+    }
+    fn plural(_: &()) -> std::borrow::Cow<'_, str> {
+        "configmaps".into()
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.inner.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.inner.metadata
+    }
+}
+
+fn with_status(generation: i64, status: Value) -> Arc<WithStatus> {
+    Arc::new(WithStatus {
+        inner: object(generation, &[FINALIZER]).as_ref().clone(),
+        status,
+    })
+}
+
+#[tokio::test]
+async fn an_unchanged_provisioned_object_writes_nothing_and_a_new_generation_writes_once() {
+    let (reconciler, mut handle) = mocked();
+    let recorder = Recorder::new();
+
+    // Same generation, same outcome: not a single request.
+    let managed = Managed::new(
+        with_status(3, provisioned_at(3)),
+        Scripted::new("p", &recorder),
+    );
+    let server = tokio::spawn(async move {
+        let none = tokio::time::timeout(Duration::from_millis(300), handle.next_request()).await;
+        assert!(none.is_err(), "a no-op reconcile made a request");
+        handle
+    });
+    assert_eq!(
+        reconciler.reconcile(&managed).await.unwrap(),
+        Action::await_change()
+    );
+    let mut handle = server.await.unwrap();
+
+    // Generation 4: the condition follows, its transition time does not move.
+    let managed = Managed::new(
+        with_status(4, provisioned_at(3)),
+        Scripted::new("p", &recorder),
+    );
+    let server =
+        tokio::spawn(async move { expect(&mut handle, Method::PATCH, STATUS, reply()).await });
+    reconciler.reconcile(&managed).await.unwrap();
+    let status = server.await.unwrap();
+    let condition = &status["status"]["conditions"][0];
+    assert_eq!(condition["observedGeneration"], 4);
+    assert_eq!(condition["lastTransitionTime"], "2026-01-01T00:00:00Z");
+    assert!(
+        status["status"].get("waiting").is_none(),
+        "nothing to clear"
+    );
+    assert_eq!(recorder.count("p", Operation::Provision), 2);
+}
+
+#[tokio::test]
+async fn deletion_keeps_the_finalizer_while_the_tree_yields_and_removes_it_when_gone() {
+    let (reconciler, mut handle) = mocked();
+    let recorder = Recorder::new();
+    let tree = Scripted::new("p", &recorder)
+        .on_deprovision([Step::yielding("pods terminating"), Step::ok()]);
+    let cm = deleting(object(3, &["other/finalizer", FINALIZER]).as_ref().clone());
+    let managed = Managed::new(cm, tree);
+
+    let server = tokio::spawn(async move {
+        let status = expect(&mut handle, Method::PATCH, STATUS, reply()).await;
+        let finalizers = expect(&mut handle, Method::PATCH, OBJECT, reply()).await;
+        (status, finalizers)
+    });
+    assert_eq!(
+        reconciler.reconcile(&managed).await.unwrap(),
+        Action::requeue(crate::DEFAULT_REQUEUE)
+    );
+    assert_eq!(
+        reconciler.reconcile(&managed).await.unwrap(),
+        Action::await_change()
+    );
+    let (status, finalizers) = server.await.unwrap();
+    assert_eq!(
+        status["status"]["conditions"][0]["reason"],
+        "Deprovisioning"
+    );
+    assert_eq!(
+        finalizers["metadata"]["finalizers"],
+        json!(["other/finalizer"]),
+        "only our finalizer goes"
+    );
+    assert_eq!(recorder.count("p", Operation::Deprovision), 2);
+    assert_eq!(recorder.count("p", Operation::Provision), 0);
+}
+
+#[tokio::test]
+async fn an_api_failure_is_an_error_of_the_reconcile() {
+    let (reconciler, mut handle) = mocked();
+    let recorder = Recorder::new();
+    let managed = Managed::new(object(3, &[]), Scripted::new("p", &recorder));
+    let server = tokio::spawn(async move {
+        let (_, respond) = handle.next_request().await.unwrap();
+        let status = json!({ "kind": "Status", "apiVersion": "v1", "status": "Failure",
+            "message": "the object has been modified", "reason": "Conflict", "code": 409 });
+        respond.send_response(
+            Response::builder()
+                .status(409)
+                .body(Body::from(serde_json::to_vec(&status).unwrap()))
+                .unwrap(),
+        );
+    });
+    let error = reconciler.reconcile(&managed).await.unwrap_err();
+    server.await.unwrap();
+    assert!(error.is_transient(), "{error}");
+    assert!(
+        error
+            .to_string()
+            .contains("adding the finalizer to ConfigMap ns/p"),
+        "{error}"
+    );
+    assert!(recorder.calls().is_empty(), "no tree without the finalizer");
+}
+
+#[tokio::test]
+async fn a_newer_generation_supersedes_the_running_tree_without_a_status_write() {
+    let (reconciler, handle) = mocked();
+    drop(handle);
+    let reconciler = Arc::new(reconciler);
+    let recorder = Recorder::new();
+    let tree = Scripted::new("p", &recorder).on_provision([Step::delay(Duration::from_secs(600))]);
+    let managed = Managed::new(object(3, &[FINALIZER]), tree);
+
+    let running = {
+        let reconciler = Arc::clone(&reconciler);
+        tokio::spawn(async move { reconciler.reconcile(&managed).await })
+    };
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while reconciler.in_flight() == 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the tree started");
+    assert!(
+        !reconciler.supersede(object(3, &[FINALIZER]).as_ref()),
+        "same generation"
+    );
+    assert!(reconciler.supersede(object(4, &[FINALIZER]).as_ref()));
+    let action = tokio::time::timeout(Duration::from_secs(10), running)
+        .await
+        .expect("the tree stopped")
+        .unwrap()
+        .expect("no request was needed");
+    assert_eq!(action, Action::await_change());
+    assert_eq!(reconciler.in_flight(), 0);
+    assert!(
+        !reconciler.context().is_cancelled(),
+        "only that tree stopped"
+    );
+}

@@ -1,0 +1,516 @@
+//! `bench --n N [--helm PATH]`: the operator scale benchmark that
+//! `cargo xtask bench operator` runs against its local control plane.
+//!
+//! N `Platform`s, each reconciled into a tree that looks like a real
+//! platform without a per-object CRD:
+//!
+//! ```text
+//! Serial <name>
+//! ├── Manifest base        Namespace bench-<name>
+//! └── Concurrent components
+//!     ├── HelmRelease app  the bundled metrics chart (a Deployment, a ConfigMap), ready-gated
+//!     ├── Manifest config  a ConfigMap and a Secret
+//!     └── Manifest access  a ServiceAccount, a Role, a RoleBinding
+//! ```
+//!
+//! Measured: time until all N are Available (one operator, fresh cluster
+//! state); a full no-op resync (a new controller lists and reconciles all N
+//! again: time, API writes, which must be 0, and API requests per object);
+//! operator RSS and the peak summed RSS of helm children; then the time
+//! until all N are deleted (everything deprovisioned).
+
+#![allow(clippy::print_stdout)]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use futures::StreamExt;
+use http::Method;
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{DeleteParams, ListParams, ObjectMeta, PostParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::watcher;
+use kube::{Api, ResourceExt};
+use platform_operator::{FIELD_MANAGER, FINALIZER, Platform, PlatformSpec, install_crd};
+use provisioners::helm::Chart;
+use provisioners::manifest::Discovery;
+use provisioners::runtime::{ReconcileObserver, ReconcileResult};
+use provisioners::{
+    CancellationToken, Cluster, Concurrent, Context, Error, HelmRelease, Managed, Manifest,
+    Reconciler, Serial,
+};
+
+const NAMESPACE: &str = "bench";
+
+/// API requests by kind, counted in a layer of the operator's client.
+#[derive(Default)]
+struct Requests {
+    reads: AtomicU64,
+    watches: AtomicU64,
+    /// Server-side applies (`application/apply-patch+yaml`).
+    applies: AtomicU64,
+    /// Writes to a `status` subresource.
+    statuses: AtomicU64,
+    /// Every other write (finalizers, events, deletes, helm's own are not ours).
+    other_writes: AtomicU64,
+}
+
+/// A snapshot of [`Requests`].
+#[derive(Clone, Copy, Debug, Default)]
+struct Counts {
+    reads: u64,
+    watches: u64,
+    applies: u64,
+    statuses: u64,
+    other_writes: u64,
+}
+
+impl Requests {
+    fn snapshot(&self) -> Counts {
+        Counts {
+            reads: self.reads.load(Ordering::Relaxed),
+            watches: self.watches.load(Ordering::Relaxed),
+            applies: self.applies.load(Ordering::Relaxed),
+            statuses: self.statuses.load(Ordering::Relaxed),
+            other_writes: self.other_writes.load(Ordering::Relaxed),
+        }
+    }
+
+    fn count(&self, request: &http::Request<kube::client::Body>) {
+        let counter = if request
+            .uri()
+            .query()
+            .is_some_and(|q| q.contains("watch=true"))
+        {
+            &self.watches
+        } else if request.method() == Method::GET {
+            &self.reads
+        } else if request
+            .headers()
+            .get(http::header::CONTENT_TYPE)
+            .is_some_and(|v| v.as_bytes().starts_with(b"application/apply-patch"))
+        {
+            &self.applies
+        } else if request.uri().path().ends_with("/status") {
+            &self.statuses
+        } else {
+            &self.other_writes
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+impl std::ops::Sub for Counts {
+    type Output = Counts;
+    fn sub(self, before: Counts) -> Counts {
+        Counts {
+            reads: self.reads - before.reads,
+            watches: self.watches - before.watches,
+            applies: self.applies - before.applies,
+            statuses: self.statuses - before.statuses,
+            other_writes: self.other_writes - before.other_writes,
+        }
+    }
+}
+
+/// Counts changes (watch events after the initial list) of `K` in the
+/// bench's namespaces: what actually changed on the server.
+fn count_changes<K>(client: &kube::Client, changes: &Arc<AtomicU64>, stop: &CancellationToken)
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let api: Api<K> = Api::all(client.clone());
+    let (changes, stop) = (Arc::clone(changes), stop.clone());
+    tokio::spawn(async move {
+        let mut initial = true;
+        let events = watcher::watcher(api, watcher::Config::default())
+            .take_until(async move { stop.cancelled().await });
+        let mut events = std::pin::pin!(events);
+        while let Some(event) = events.next().await {
+            match event {
+                Ok(watcher::Event::InitDone) => initial = false,
+                Ok(watcher::Event::Apply(object) | watcher::Event::Delete(object)) if !initial => {
+                    let ns = object.meta().namespace.as_deref().unwrap_or_default();
+                    let name = object.meta().name.as_deref().unwrap_or_default();
+                    if ns.starts_with("bench") || name.starts_with("bench") {
+                        changes.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                _ => {}
+            }
+        }
+    });
+}
+
+/// Counts reconciles that ended provisioned.
+#[derive(Default)]
+struct Provisioned(AtomicUsize);
+
+impl ReconcileObserver for Provisioned {
+    fn on_reconcile(&self, result: ReconcileResult, _elapsed: Duration) {
+        if result == ReconcileResult::Provisioned {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+struct Shared {
+    reconciler: Reconciler,
+    helm: std::path::PathBuf,
+    chart: std::path::PathBuf,
+    discovery: Discovery,
+}
+
+fn tree(platform: &Platform, shared: &Shared) -> Serial {
+    let name = platform.name_any();
+    let target = format!("bench-{name}");
+    let manifest = |node: &'static str, yaml: String| {
+        Manifest::from_yaml(node, yaml).with_discovery(shared.discovery.clone())
+    };
+    let base = manifest(
+        "base",
+        format!("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {target}\n"),
+    )
+    .wait_ready(true);
+    let app = HelmRelease::new("app", Chart::local(&shared.chart))
+        .namespace(&target)
+        .helm(&shared.helm)
+        .wait(Duration::from_secs(600));
+    let config = format!(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: settings\n  namespace: {target}\n\
+         data:\n  platform: {name}\n---\napiVersion: v1\nkind: Secret\nmetadata:\n  name: token\n  \
+         namespace: {target}\nstringData:\n  token: not-a-secret\n"
+    );
+    let access = format!(
+        "apiVersion: v1\nkind: ServiceAccount\nmetadata:\n  name: agent\n  namespace: {target}\n---\n\
+         apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata:\n  name: agent\n  namespace: {target}\n\
+         rules:\n  - apiGroups: [\"\"]\n    resources: [configmaps]\n    verbs: [get]\n---\n\
+         apiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata:\n  name: agent\n  namespace: {target}\n\
+         roleRef:\n  apiGroup: rbac.authorization.k8s.io\n  kind: Role\n  name: agent\n\
+         subjects:\n  - kind: ServiceAccount\n    name: agent\n    namespace: {target}\n"
+    );
+    let components = Concurrent::new("components")
+        .with(app)
+        .with(manifest("config", config))
+        .with(manifest("access", access));
+    Serial::new(name).with(base).with(components)
+}
+
+async fn reconcile(platform: Arc<Platform>, shared: Arc<Shared>) -> Result<Action, Error> {
+    let tree = tree(&platform, &shared);
+    shared
+        .reconciler
+        .reconcile(&Managed::new(platform, tree))
+        .await
+}
+
+/// Runs a controller over the bench namespace until `stop`.
+async fn controller(cx: Context, shared: Arc<Shared>, stop: CancellationToken) {
+    let platforms: Api<Platform> = Api::namespaced(cx.client().clone(), NAMESPACE);
+    Controller::new(platforms, watcher::Config::default())
+        .graceful_shutdown_on(async move { stop.cancelled().await })
+        .run(
+            reconcile,
+            |_, _, shared| shared.reconciler.error_policy(),
+            shared,
+        )
+        .for_each(|_| async {})
+        .await;
+}
+
+/// Resident set size of process `pid`, in KiB.
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// CPU seconds of this process and of its waited-for children (helm), from
+/// `/proc/self/stat` (clock ticks of 10 ms, as on every Linux we run on).
+fn cpu_seconds() -> (f64, f64) {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let fields: Vec<f64> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest)
+        .unwrap_or("")
+        .split_whitespace()
+        .map(|f| f.parse().unwrap_or(0.0))
+        .collect();
+    // After `comm`: state is field 3, utime 14, stime 15, cutime 16, cstime 17.
+    let field = |n: usize| fields.get(n - 3).copied().unwrap_or(0.0) / 100.0;
+    (field(14) + field(15), field(16) + field(17))
+}
+
+/// The summed RSS of this process's `helm` children, in KiB.
+fn helm_rss_kib() -> u64 {
+    let me = std::process::id().to_string();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return 0;
+    };
+    entries
+        .filter_map(Result::ok)
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            // `pid (comm) state ppid ...`; comm may hold spaces, so split after ')'.
+            let after = stat.rsplit_once(')').map(|(_, rest)| rest).unwrap_or("");
+            let comm = stat
+                .split_once('(')
+                .and_then(|(_, rest)| rest.rsplit_once(')'))
+                .map(|(comm, _)| comm)
+                .unwrap_or("");
+            after.split_whitespace().nth(1) == Some(me.as_str()) && comm == "helm"
+        })
+        .map(rss_kib)
+        .sum()
+}
+
+/// Polls until `count()` reaches `n`, sampling helm RSS; returns the elapsed
+/// time and the peak helm RSS.
+async fn until<F, Fut>(
+    what: &str,
+    n: usize,
+    deadline: Duration,
+    mut count: F,
+) -> anyhow::Result<(Duration, u64)>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = usize>,
+{
+    let started = Instant::now();
+    let mut peak_helm = 0;
+    let mut last_report = Instant::now();
+    loop {
+        peak_helm = peak_helm.max(helm_rss_kib());
+        let done = count().await;
+        if done >= n {
+            return Ok((started.elapsed(), peak_helm));
+        }
+        if started.elapsed() > deadline {
+            bail!("{what}: only {done} of {n} after {:?}", started.elapsed());
+        }
+        if last_report.elapsed() > Duration::from_secs(30) {
+            eprintln!("  {what}: {done}/{n} after {:.0?}", started.elapsed());
+            last_report = Instant::now();
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+async fn available(platforms: &Api<Platform>) -> usize {
+    let Ok(list) = platforms.list(&ListParams::default()).await else {
+        return 0;
+    };
+    list.items
+        .iter()
+        .filter(|p| {
+            p.available().is_some_and(|c| {
+                c.status == "True" && c.observed_generation == p.metadata.generation
+            })
+        })
+        .count()
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "warn,kube=error".into()),
+        )
+        .init();
+    let mut n = 100usize;
+    let mut helm = std::path::PathBuf::from("helm");
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--n" => n = args.next().context("--n needs a number")?.parse()?,
+            "--helm" => helm = args.next().context("--helm needs a path")?.into(),
+            other => bail!("unknown argument `{other}`; usage: bench --n N [--helm PATH]"),
+        }
+    }
+
+    // The operator's client, with a layer that counts its requests.
+    let requests = Arc::new(Requests::default());
+    let kubeconfig = kube::config::Kubeconfig::read()?;
+    let mut config = kube::Config::from_custom_kubeconfig(
+        kubeconfig.clone(),
+        &kube::config::KubeConfigOptions::default(),
+    )
+    .await?;
+    config.default_retry = false;
+    let counter = Arc::clone(&requests);
+    let client = kube::client::ClientBuilder::try_from(config)?
+        .with_layer(&tower::util::MapRequestLayer::new(
+            move |request: http::Request<kube::client::Body>| {
+                counter.count(&request);
+                request
+            },
+        ))
+        .build();
+    let cluster = Cluster::new("bench", client.clone(), Some(kubeconfig));
+    let cx = Context::new(cluster).with_field_manager(FIELD_MANAGER);
+
+    install_crd(&client).await?;
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let namespace = Namespace {
+        metadata: ObjectMeta {
+            name: Some(NAMESPACE.into()),
+            ..ObjectMeta::default()
+        },
+        ..Namespace::default()
+    };
+    if namespaces.get_opt(NAMESPACE).await?.is_none() {
+        namespaces
+            .create(&PostParams::default(), &namespace)
+            .await?;
+    }
+    let platforms: Api<Platform> = Api::namespaced(client.clone(), NAMESPACE);
+    // A CRD just established may still answer 429 "storage is (re)initializing".
+    let started = Instant::now();
+    let existing = loop {
+        match platforms.list(&ListParams::default()).await {
+            Ok(list) => break list,
+            Err(error) if started.elapsed() < Duration::from_secs(60) => {
+                eprintln!("  waiting for the Platform API: {error}");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            Err(error) => return Err(error.into()),
+        }
+    };
+    if !existing.items.is_empty() {
+        bail!("namespace {NAMESPACE} already holds Platforms: run on a fresh cluster");
+    }
+    let chart = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("charts/metrics");
+    let shared = |provisioned: Arc<Provisioned>| {
+        Arc::new(Shared {
+            reconciler: Reconciler::new(cx.clone(), FINALIZER)
+                .requeue_after(Duration::from_secs(2))
+                .observe_reconciles(provisioned),
+            helm: helm.clone(),
+            chart: chart.clone(),
+            discovery: Discovery::new(),
+        })
+    };
+
+    println!("== operator bench, N = {n}");
+    for i in 0..n {
+        let platform = Platform::new(&format!("p{i:04}"), PlatformSpec::default());
+        let mut attempts = 0;
+        while let Err(error) = platforms.create(&PostParams::default(), &platform).await {
+            attempts += 1;
+            if attempts > 30 {
+                return Err(error.into());
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    }
+
+    // 1. From nothing to all Available.
+    let stop = CancellationToken::new();
+    let first = tokio::spawn(controller(cx.clone(), shared(Arc::default()), stop.clone()));
+    let (provision, helm_peak) = until("Available", n, Duration::from_secs(3600), || {
+        available(&platforms)
+    })
+    .await?;
+    let operator_rss = rss_kib(std::process::id());
+    stop.cancel();
+    first.await?;
+    let (operator_cpu, helm_cpu) = cpu_seconds();
+    println!(
+        "all {n} Available:        {:>8.1} s   operator RSS {} MiB, helm children peak {} MiB; CPU: operator {operator_cpu:.1} s, helm {helm_cpu:.1} s",
+        provision.as_secs_f64(),
+        operator_rss / 1024,
+        helm_peak / 1024
+    );
+
+    // 2. A full no-op resync: a new controller lists and reconciles all N.
+    // Beside it, watches (on a client of their own) count what changes.
+    let changes = Arc::new(AtomicU64::new(0));
+    let watching = CancellationToken::new();
+    let observer = kube::Client::try_default().await?;
+    count_changes::<Platform>(&observer, &changes, &watching);
+    count_changes::<Namespace>(&observer, &changes, &watching);
+    count_changes::<k8s_openapi::api::core::v1::ConfigMap>(&observer, &changes, &watching);
+    count_changes::<k8s_openapi::api::core::v1::Secret>(&observer, &changes, &watching);
+    count_changes::<k8s_openapi::api::core::v1::ServiceAccount>(&observer, &changes, &watching);
+    count_changes::<k8s_openapi::api::rbac::v1::Role>(&observer, &changes, &watching);
+    count_changes::<k8s_openapi::api::rbac::v1::RoleBinding>(&observer, &changes, &watching);
+    count_changes::<k8s_openapi::api::apps::v1::Deployment>(&observer, &changes, &watching);
+    tokio::time::sleep(Duration::from_secs(3)).await; // let the initial lists finish
+    let changes_before = changes.load(Ordering::Relaxed);
+    let provisioned = Arc::new(Provisioned::default());
+    let before = requests.snapshot();
+    let stop = CancellationToken::new();
+    let resync = tokio::spawn(controller(
+        cx.clone(),
+        shared(Arc::clone(&provisioned)),
+        stop.clone(),
+    ));
+    let (elapsed, _) = until("no-op resync", n, Duration::from_secs(1800), || {
+        let done = provisioned.0.load(Ordering::Relaxed);
+        async move { done }
+    })
+    .await?;
+    let during = requests.snapshot() - before;
+    let (resync_cpu, resync_helm_cpu) = cpu_seconds();
+    let resync_rss = rss_kib(std::process::id());
+    stop.cancel();
+    resync.await?;
+    tokio::time::sleep(Duration::from_secs(2)).await; // late watch events
+    let changed = changes.load(Ordering::Relaxed) - changes_before;
+    watching.cancel();
+    let per = |v: u64| v as f64 / n as f64;
+    println!(
+        "no-op resync of {n}:      {:>8.1} s   objects changed on the server: {changed}; operator RSS {} MiB; CPU: operator {:.1} s, helm {:.1} s",
+        elapsed.as_secs_f64(),
+        resync_rss / 1024,
+        resync_cpu - operator_cpu,
+        resync_helm_cpu - helm_cpu
+    );
+    println!(
+        "  requests: reads {} ({:.1}/object), applies {} ({:.1}/object), status writes {}, other writes {}, watches {}",
+        during.reads,
+        per(during.reads),
+        during.applies,
+        per(during.applies),
+        during.statuses,
+        during.other_writes,
+        during.watches
+    );
+
+    // 3. Delete everything: every tree deprovisioned, every finalizer gone.
+    let stop = CancellationToken::new();
+    let last = tokio::spawn(controller(cx.clone(), shared(Arc::default()), stop.clone()));
+    let deleting = Instant::now();
+    platforms
+        .delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await?;
+    let (_, _) = until("deleted", n, Duration::from_secs(3600), || async {
+        let left = platforms
+            .list(&ListParams::default())
+            .await
+            .map(|l| l.items.len())
+            .unwrap_or(usize::MAX);
+        n.saturating_sub(left)
+    })
+    .await?;
+    println!(
+        "all {n} deprovisioned:    {:>8.1} s",
+        deleting.elapsed().as_secs_f64()
+    );
+    stop.cancel();
+    last.await?;
+    Ok(())
+}
