@@ -51,6 +51,7 @@
 
 mod chart;
 mod limit;
+mod objects;
 mod process;
 mod release;
 mod storage;
