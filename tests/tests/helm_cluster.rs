@@ -60,6 +60,9 @@ both_helms!(
     release_stuck_in_pending_upgrade_is_recovered,
     chart_from_a_repository_with_a_pinned_version,
     packaged_chart_into_a_namespace_it_creates,
+    never_ready_release_yields_then_times_out,
+    kept_crd_is_left_and_deprovision_finishes,
+    cancelled_root_leaves_no_release_pending,
 );
 
 /// Helm 4 applies server-side, and a new release skips helm's own OpenAPI
@@ -243,7 +246,7 @@ async fn plain_chart_install_upgrade_noop_uninstall(helm: PathBuf) {
     };
 
     // Install: the Deployment is Available when provision returns.
-    cx.provision(&release("hello", 1)).await.expect("install");
+    settle(&cx, &release("hello", 1), "install").await;
     assert_eq!(available(&ns, "web").await, Some(1));
     let (revision, status, digest) = release_record(&ns, "web").await.expect("recorded");
     assert_eq!((revision, status.as_str()), (1, "deployed"));
@@ -251,7 +254,7 @@ async fn plain_chart_install_upgrade_noop_uninstall(helm: PathBuf) {
 
     // No change: no helm run, no new revision, and fast.
     let started = Instant::now();
-    cx.provision(&release("hello", 1)).await.expect("no-op");
+    settle(&cx, &release("hello", 1), "no-op").await;
     let noop = started.elapsed();
     assert_eq!(release_record(&ns, "web").await.expect("recorded").0, 1);
     eprintln!("no-op provision took {noop:?}");
@@ -269,9 +272,12 @@ async fn plain_chart_install_upgrade_noop_uninstall(helm: PathBuf) {
         .output()
         .expect("helm upgrade by hand");
     assert!(manual.status.success(), "{manual:?}");
-    cx.provision(&release("hello", 1))
-        .await
-        .expect("provision over the manual revision");
+    settle(
+        &cx,
+        &release("hello", 1),
+        "provision over the manual revision",
+    )
+    .await;
     assert_eq!(release_record(&ns, "web").await.expect("recorded").0, 3);
     let settings = ns
         .api::<ConfigMap>()
@@ -281,9 +287,7 @@ async fn plain_chart_install_upgrade_noop_uninstall(helm: PathBuf) {
     assert_eq!(settings.data.expect("data")["greeting"], "hello");
 
     // Changed values: an upgrade.
-    cx.provision(&release("bonjour", 2))
-        .await
-        .expect("upgrade values");
+    settle(&cx, &release("bonjour", 2), "upgrade values").await;
     assert_eq!(available(&ns, "web").await, Some(2));
     let settings = ns
         .api::<ConfigMap>()
@@ -312,7 +316,7 @@ async fn plain_chart_install_upgrade_noop_uninstall(helm: PathBuf) {
         .values(&json!({"greeting": "bonjour"}))
         .set("replicas", 2)
         .wait(WAIT);
-    cx.provision(&bumped).await.expect("upgrade chart version");
+    settle(&cx, &bumped, "upgrade chart version").await;
     let settings = ns
         .api::<ConfigMap>()
         .get("web-settings")
@@ -320,9 +324,7 @@ async fn plain_chart_install_upgrade_noop_uninstall(helm: PathBuf) {
         .expect("configmap");
     assert_eq!(settings.data.expect("data")["chartVersion"], "0.2.0");
     assert_eq!(release_record(&ns, "web").await.expect("recorded").0, 5);
-    cx.provision(&bumped)
-        .await
-        .expect("no-op after the version change");
+    settle(&cx, &bumped, "no-op after the version change").await;
     assert_eq!(release_record(&ns, "web").await.expect("recorded").0, 5);
 
     // Uninstall gates until the release and its objects are gone.
@@ -391,25 +393,36 @@ async fn chart_with_crds_and_a_custom_resource(helm: PathBuf) {
             .helm(&helm)
             .set("size", size.to_owned())
     };
-    cx.provision(&release("small"))
-        .await
-        .expect("install with CRDs");
+    settle(&cx, &release("small"), "install with CRDs").await;
     let api: Api<kube::api::DynamicObject> =
         Api::namespaced_with(ns.client().clone(), ns.name(), &widgets);
     let widget = api.get("gadget").await.expect("custom resource");
     assert_eq!(widget.data["spec"]["size"], "small");
 
-    cx.provision(&release("large")).await.expect("upgrade");
+    settle(&cx, &release("large"), "upgrade").await;
     assert_eq!(
         api.get("gadget").await.expect("cr").data["spec"]["size"],
         "large"
     );
-    cx.provision(&release("large")).await.expect("no-op");
+    settle(&cx, &release("large"), "no-op").await;
     assert_eq!(release_record(&ns, "gadget").await.expect("recorded").0, 2);
 
     deprovision_until_gone(&cx, &release("large")).await;
     assert!(api.get_opt("gadget").await.expect("get").is_none());
     ns.cleanup().await.expect("cleanup");
+}
+
+/// Provisions `node` again after each yield (what a controller's requeue
+/// does) until it is done; any other error fails the test.
+async fn settle(cx: &Context, node: &(impl Provisioner + ?Sized), what: &str) {
+    cluster::eventually(what, DEADLINE, Duration::from_millis(200), || async move {
+        match cx.provision(node).await {
+            Ok(()) => Some(()),
+            Err(e) if e.is_yield() => None,
+            Err(e) => panic!("{what}: {e}"),
+        }
+    })
+    .await;
 }
 
 async fn deprovision_until_gone(cx: &Context, node: &(impl Provisioner + ?Sized)) {
@@ -445,7 +458,7 @@ async fn missing_required_value_is_a_clear_error(helm: PathBuf) {
 
     // With the value it installs.
     let fixed = release.set("database.host", "db.example.com");
-    cx.provision(&fixed).await.expect("install with the value");
+    settle(&cx, &fixed, "install with the value").await;
     let config = ns
         .api::<ConfigMap>()
         .get("db-client-database")
@@ -488,7 +501,7 @@ async fn hooks_run_on_install_and_upgrade(helm: PathBuf) {
             .helm(&helm)
             .set("message", message.to_owned())
     };
-    cx.provision(&release("one")).await.expect("install");
+    settle(&cx, &release("one"), "install").await;
     let config_maps = ns.api::<ConfigMap>();
     assert!(
         config_maps
@@ -503,7 +516,7 @@ async fn hooks_run_on_install_and_upgrade(helm: PathBuf) {
         .expect("post hook");
     assert_eq!(post.data.expect("data")["message"], "one");
 
-    cx.provision(&release("two")).await.expect("upgrade");
+    settle(&cx, &release("two"), "upgrade").await;
     let post = config_maps
         .get("hooked-post-install")
         .await
@@ -542,7 +555,7 @@ async fn inside_serial_and_concurrent_groups_with_other_provisioners(helm: PathB
                 .with(manifest("flags")),
         )
         .with(release("gamma"));
-    cx.provision(&tree).await.expect("provision the tree");
+    settle(&cx, &tree, "provision the tree").await;
     for name in ["alpha", "beta", "gamma"] {
         assert_eq!(available(&ns, name).await, Some(1), "{name}");
     }
@@ -555,9 +568,7 @@ async fn inside_serial_and_concurrent_groups_with_other_provisioners(helm: PathB
                 .is_some()
         );
     }
-    cx.provision(&tree)
-        .await
-        .expect("second provision is a no-op");
+    settle(&cx, &tree, "second provision is a no-op").await;
     assert_eq!(release_record(&ns, "alpha").await.expect("recorded").0, 1);
 
     // An error inside the tree names the node's path.
@@ -597,10 +608,11 @@ async fn secrets_stay_off_argv_and_env_and_files_are_private_and_removed(helm: P
             .grace_period(Duration::from_secs(5))
     };
 
-    // A run that cannot finish (no node matches), watched from /proc, then cancelled.
+    // A run that cannot finish (a hook that never completes, which helm
+    // waits for even without --wait), watched from /proc, then cancelled.
     let token = provisioners::CancellationToken::new();
     let cancelled_cx = context().await.with_cancellation(token.clone());
-    let stuck = release(json!({"no-such-node": "true"}));
+    let stuck = release(json!({"no-such-node": "true"})).set("stuckHook", true);
     let provision = cancelled_cx.provision(&stuck);
     let watch = async {
         let seen = eventually("helm to run", || async {
@@ -660,7 +672,7 @@ async fn secrets_stay_off_argv_and_env_and_files_are_private_and_removed(helm: P
     .await;
 
     // Success, then failure: nothing left behind either time.
-    cx.provision(&release(json!({}))).await.expect("install");
+    settle(&cx, &release(json!({})), "install").await;
     assert!(entries(root.path()).is_empty(), "left behind after success");
     let secret = ns
         .api::<Secret>()
@@ -689,8 +701,8 @@ async fn dropping_a_provision_during_wait_leaves_no_helm_process(helm: PathBuf) 
             .wait(WAIT)
             .grace_period(Duration::from_secs(5))
     };
-    let stuck = release(json!({"no-such-node": "true"}));
-    // Drop the provision as soon as helm is waiting.
+    let stuck = release(json!({"no-such-node": "true"})).set("stuckHook", true);
+    // Drop the provision as soon as helm is waiting (for a hook that never completes).
     tokio::select! {
         result = cx.provision(&stuck) => panic!("finished while it cannot: {result:?}"),
         () = eventually("helm to wait", || async {
@@ -707,9 +719,7 @@ async fn dropping_a_provision_during_wait_leaves_no_helm_process(helm: PathBuf) 
     .await;
 
     // The next provision brings the release to deployed.
-    cx.provision(&release(json!({})))
-        .await
-        .expect("provision after the drop");
+    settle(&cx, &release(json!({})), "provision after the drop").await;
     let (_, status, _) = release_record(&ns, "slow").await.expect("recorded");
     assert_eq!(status, "deployed");
     assert_eq!(available(&ns, "slow").await, Some(1));
@@ -728,7 +738,7 @@ async fn release_stuck_in_pending_install_is_recovered(helm: PathBuf) {
             .set("nodeSelector", node_selector)
             .wait(WAIT)
     };
-    let stuck = release(json!({"no-such-node": "true"}));
+    let stuck = release(json!({"no-such-node": "true"})).set("stuckHook", true);
     let token = provisioners::CancellationToken::new();
     let killing_cx = context().await.with_cancellation(token.clone());
     let provision = killing_cx.provision(&stuck);
@@ -753,7 +763,7 @@ async fn release_stuck_in_pending_install_is_recovered(helm: PathBuf) {
     let (_, status, _) = release_record(&ns, "stuck").await.expect("recorded");
     assert_eq!(status, "pending-install", "helm left it pending");
 
-    cx.provision(&release(json!({}))).await.expect("recovered");
+    settle(&cx, &release(json!({})), "recovered").await;
     let (_, status, _) = release_record(&ns, "stuck").await.expect("recorded");
     assert_eq!(status, "deployed");
     assert_eq!(available(&ns, "stuck").await, Some(1));
@@ -785,11 +795,9 @@ async fn release_stuck_in_pending_upgrade_is_recovered(helm: PathBuf) {
             .set("nodeSelector", node_selector)
             .wait(WAIT)
     };
-    cx.provision(&release("one", json!({})))
-        .await
-        .expect("install");
+    settle(&cx, &release("one", json!({})), "install").await;
 
-    let stuck = release("two", json!({"no-such-node": "true"}));
+    let stuck = release("two", json!({"no-such-node": "true"})).set("stuckHook", true);
     let (result, ()) = tokio::join!(
         cx.provision(&stuck),
         kill_helm_when(&helm, &ns, "upgraded", "pending-upgrade")
@@ -798,9 +806,7 @@ async fn release_stuck_in_pending_upgrade_is_recovered(helm: PathBuf) {
     let (revision, status, _) = release_record(&ns, "upgraded").await.expect("recorded");
     assert_eq!((revision, status.as_str()), (2, "pending-upgrade"));
 
-    cx.provision(&release("three", json!({})))
-        .await
-        .expect("recovered");
+    settle(&cx, &release("three", json!({})), "recovered").await;
     // Rolled back to revision 1 (as revision 3), then upgraded (revision 4).
     let (revision, status, _) = release_record(&ns, "upgraded").await.expect("recorded");
     assert_eq!((revision, status.as_str()), (4, "deployed"));
@@ -920,9 +926,7 @@ async fn chart_from_a_repository_with_a_pinned_version(helm: PathBuf) {
         .version(version.to_owned())
         .wait(WAIT)
     };
-    cx.provision(&release("0.1.0"))
-        .await
-        .expect("install from the repository");
+    settle(&cx, &release("0.1.0"), "install from the repository").await;
     assert_eq!(available(&ns, "from-repo").await, Some(1));
     let fetched = repository.requests();
     assert!(
@@ -931,7 +935,7 @@ async fn chart_from_a_repository_with_a_pinned_version(helm: PathBuf) {
     );
 
     // Pinned: the no-op needs neither helm nor the repository.
-    cx.provision(&release("0.1.0")).await.expect("no-op");
+    settle(&cx, &release("0.1.0"), "no-op").await;
     assert_eq!(repository.requests(), fetched);
     assert_eq!(
         release_record(&ns, "from-repo").await.expect("recorded").0,
@@ -939,9 +943,7 @@ async fn chart_from_a_repository_with_a_pinned_version(helm: PathBuf) {
     );
 
     // A range cannot be known without asking the repository: helm runs.
-    cx.provision(&release("^0.1"))
-        .await
-        .expect("upgrade through a range");
+    settle(&cx, &release("^0.1"), "upgrade through a range").await;
     assert!(repository.requests() > fetched);
     assert_eq!(
         release_record(&ns, "from-repo").await.expect("recorded").0,
@@ -975,9 +977,7 @@ async fn packaged_chart_into_a_namespace_it_creates(helm: PathBuf) {
         .create_namespace(true)
         .helm(&helm)
         .wait(WAIT);
-    cx.provision(&release)
-        .await
-        .expect("install from the archive");
+    settle(&cx, &release, "install from the archive").await;
     let namespaces = Api::<k8s_openapi::api::core::v1::Namespace>::all(ns.client().clone());
     assert!(namespaces.get_opt(&target).await.expect("get").is_some());
     let deployments = Api::<Deployment>::namespaced(ns.client().clone(), &target);
@@ -986,7 +986,7 @@ async fn packaged_chart_into_a_namespace_it_creates(helm: PathBuf) {
         deployment.status.and_then(|s| s.available_replicas),
         Some(1)
     );
-    cx.provision(&release).await.expect("no-op");
+    settle(&cx, &release, "no-op").await;
 
     deprovision_until_gone(&cx, &release).await;
     assert!(
@@ -997,5 +997,154 @@ async fn packaged_chart_into_a_namespace_it_creates(helm: PathBuf) {
             .is_none()
     );
     let _ = namespaces.delete(&target, &Default::default()).await;
+    ns.cleanup().await.expect("cleanup");
+}
+
+async fn never_ready_release_yields_then_times_out(helm: PathBuf) {
+    let ns = TestNamespace::create("helm-never")
+        .await
+        .expect("namespace");
+    let cx = context().await;
+    // Long enough that the first call cannot be past it on a loaded machine.
+    let wait = Duration::from_secs(30);
+    let release = || {
+        HelmRelease::new("never", chart("helm-plain"))
+            .namespace(ns.name())
+            .helm(&helm)
+            .set("nodeSelector", json!({"no-such-node": "true"}))
+            .wait(wait)
+    };
+    let started = Instant::now();
+    let first = cx.provision(&release()).await.expect_err("cannot be ready");
+    eprintln!("first provision returned after {:?}", started.elapsed());
+    assert!(first.is_yield(), "{first}");
+    let text = first.to_string();
+    assert!(
+        text.contains(&format!("Deployment {}/never", ns.name())),
+        "{text}"
+    );
+    assert_eq!(
+        release_record(&ns, "never").await.expect("recorded").1,
+        "deployed"
+    );
+
+    // A rebuilt tree (a new node, as after an operator restart) keeps the
+    // deadline: it is counted from the record, not from memory.
+    let mut calls = 1;
+    let error = cluster::eventually(
+        "the deadline to pass",
+        DEADLINE,
+        Duration::from_millis(500),
+        || {
+            calls += 1;
+            let (cx, release) = (&cx, release());
+            async move {
+                match cx.provision(&release).await {
+                    Err(e) if e.is_yield() => None,
+                    other => Some(other),
+                }
+            }
+        },
+    )
+    .await
+    .expect_err("never ready");
+    let text = error.to_string();
+    assert_eq!(error.kind(), ErrorKind::Timeout, "{text}");
+    assert!(text.contains("did not become ready within 30s"), "{text}");
+    assert!(
+        text.contains(&format!("Deployment {}/never", ns.name())),
+        "{text}"
+    );
+    assert!(text.contains("0 available"), "{text}");
+    assert!(started.elapsed() >= wait);
+    eprintln!("{calls} provisions until the timeout");
+    // Still one revision: the yields and the timeout ran helm once.
+    assert_eq!(release_record(&ns, "never").await.expect("recorded").0, 1);
+    deprovision_until_gone(&cx, &release()).await;
+    ns.cleanup().await.expect("cleanup");
+}
+
+async fn kept_crd_is_left_and_deprovision_finishes(helm: PathBuf) {
+    let ns = TestNamespace::create("helm-kept").await.expect("namespace");
+    let cx = context().await;
+    let crd_name = format!("gizmos.{}.helm-tests.provisioners.dev", ns.name());
+    let crds = Api::<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>::all(ns.client().clone());
+    let release = HelmRelease::new("kept", chart("helm-kept"))
+        .namespace(ns.name())
+        .helm(&helm)
+        .wait(WAIT);
+    settle(&cx, &release, "install").await;
+    assert!(crds.get_opt(&crd_name).await.expect("get").is_some());
+
+    deprovision_until_gone(&cx, &release).await;
+    assert!(release_record(&ns, "kept").await.is_none());
+    assert!(
+        ns.api::<Deployment>()
+            .get_opt("kept")
+            .await
+            .expect("get")
+            .is_none()
+    );
+    let crd = crds.get_opt(&crd_name).await.expect("get");
+    assert!(
+        crd.is_some_and(|crd| crd.metadata.deletion_timestamp.is_none()),
+        "the kept CRD is left alone"
+    );
+    // Again: nothing to do.
+    cx.deprovision(&release)
+        .await
+        .expect("missing release is Ok");
+    let _ = crds.delete(&crd_name, &Default::default()).await;
+    ns.cleanup().await.expect("cleanup");
+}
+
+async fn cancelled_root_leaves_no_release_pending(helm: PathBuf) {
+    let ns = TestNamespace::create("helm-cancel")
+        .await
+        .expect("namespace");
+    let cx = context().await;
+    let release = |stuck: bool| {
+        HelmRelease::new("cancelled", chart("helm-plain"))
+            .namespace(ns.name())
+            .helm(&helm)
+            .set("stuckHook", stuck)
+            .grace_period(Duration::from_secs(30))
+    };
+    // Once for the install, once for an upgrade.
+    for (round, expected) in [(1, "pending-install"), (2, "pending-upgrade")] {
+        let token = provisioners::CancellationToken::new();
+        let operator = context().await.with_cancellation(token.clone());
+        let stuck = release(true).set("round", round);
+        let canceller = async {
+            eventually(&format!("the release to be {expected}"), || async {
+                release_record(&ns, "cancelled")
+                    .await
+                    .filter(|r| r.1 == expected)
+            })
+            .await;
+            token.cancel();
+        };
+        let (result, ()) = tokio::join!(operator.provision(&stuck), canceller);
+        assert_eq!(
+            result.expect_err("cancelled").kind(),
+            ErrorKind::Cancelled,
+            "round {round}"
+        );
+        // helm had its grace period to record the outcome.
+        eventually("helm to exit", || async {
+            helm_processes(&helm, ns.name()).is_empty().then_some(())
+        })
+        .await;
+        let (_, status, _) = release_record(&ns, "cancelled").await.expect("recorded");
+        assert!(
+            status == "failed" || status == "deployed",
+            "round {round}: left {status}"
+        );
+    }
+    settle(&cx, &release(false), "provision after the cancellations").await;
+    assert_eq!(
+        release_record(&ns, "cancelled").await.expect("recorded").1,
+        "deployed"
+    );
     ns.cleanup().await.expect("cleanup");
 }
