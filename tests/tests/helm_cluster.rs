@@ -1130,6 +1130,8 @@ async fn cancelled_root_leaves_no_release_pending(helm: PathBuf) {
             ErrorKind::Cancelled,
             "round {round}"
         );
+        // The tree returned at once; helm is still finishing (it was caught
+        // here by SIGPIPE once: its pipes were closed under it).
         // helm had its grace period to record the outcome.
         eventually("helm to exit", || async {
             helm_processes(&helm, ns.name()).is_empty().then_some(())

@@ -60,6 +60,8 @@ mod version;
 mod workdir;
 
 pub use chart::Chart;
-pub use limit::{DEFAULT_MAX_HELM_PROCESSES, max_helm_processes, set_max_helm_processes};
+pub use limit::{
+    DEFAULT_MAX_HELM_PROCESSES, max_helm_processes, set_max_helm_processes, wait_for_helm_processes,
+};
 pub use release::{DEFAULT_GRACE, DEFAULT_TIMEOUT, HelmRelease};
 pub use storage::{DIGEST_LABEL, REVISION_LABEL};

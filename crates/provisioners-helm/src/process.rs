@@ -92,8 +92,11 @@ pub(crate) async fn run(
             "the helm process exited before its id could be read",
         )));
     };
-    let stdout = child.stdout.take();
-    let stderr = child.stderr.take();
+    // Read in tasks of their own: the pipes must stay open while a cancelled
+    // helm exits, or its "Release ... has been cancelled" on stdout kills it
+    // with SIGPIPE before it can mark the release failed.
+    let stdout = tokio::spawn(read_all(child.stdout.take()));
+    let stderr = tokio::spawn(read_all(child.stderr.take()));
     let mut guard = DropGuard(Some(Running {
         child: Some(child),
         pid: Pid::from_raw(pid),
@@ -106,17 +109,8 @@ pub(crate) async fn run(
         let Some(child) = guard.0.as_mut().and_then(|r| r.child.as_mut()) else {
             return Err(RunError::Wait(io::Error::other("lost the helm process")));
         };
-        let completion = async {
-            let (stdout, stderr, status) =
-                tokio::join!(read_all(stdout), read_all(stderr), child.wait());
-            Ok::<_, io::Error>(Output {
-                status: status?,
-                stdout: stdout?,
-                stderr: stderr?,
-            })
-        };
         tokio::select! {
-            output = completion => Some(output),
+            status = child.wait() => Some(status),
             () = cancel.cancelled() => None,
         }
     };
@@ -125,8 +119,20 @@ pub(crate) async fn run(
         return Err(RunError::Wait(io::Error::other("lost the helm process")));
     };
     match finished {
-        Some(output) => {
+        Some(status) => {
             running.child = None;
+            let joined = |read: Result<io::Result<Vec<u8>>, tokio::task::JoinError>| {
+                read.map_err(io::Error::other).and_then(|bytes| bytes)
+            };
+            let output = async {
+                Ok::<_, io::Error>(Output {
+                    status: status?,
+                    stdout: joined(stdout.await)?,
+                    stderr: joined(stderr.await)?,
+                })
+            }
+            .await;
+            // The files go once the output is read (a grandchild may hold the pipes).
             drop(running);
             output.map_err(RunError::Wait)
         }
