@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::{Api, ListParams};
 use kube::config::Kubeconfig;
 use provisioners::{Cluster, Concurrent, Context, ErrorKind, Manifest, Provisioner, Serial};
-use provisioners_helm::{Chart, DIGEST_LABEL, HelmRelease};
+use provisioners_helm::{Chart, DIGEST_LABEL, Drift, HelmRelease};
 use provisioners_testing::cluster::{self, HarnessCluster, TestNamespace};
 use serde_json::json;
 
@@ -63,6 +63,7 @@ both_helms!(
     never_ready_release_yields_then_times_out,
     kept_crd_is_left_and_deprovision_finishes,
     cancelled_root_leaves_no_release_pending,
+    drift_is_repaired_by_a_no_op_provision,
 );
 
 /// Helm 4 applies server-side, and a new release skips helm's own OpenAPI
@@ -1148,5 +1149,91 @@ async fn cancelled_root_leaves_no_release_pending(helm: PathBuf) {
         release_record(&ns, "cancelled").await.expect("recorded").1,
         "deployed"
     );
+    ns.cleanup().await.expect("cleanup");
+}
+
+async fn drift_is_repaired_by_a_no_op_provision(helm: PathBuf) {
+    let ns = TestNamespace::create("helm-drift")
+        .await
+        .expect("namespace");
+    let cx = context().await;
+    let release = |policy: Drift| {
+        HelmRelease::new("drifty", chart("helm-plain"))
+            .namespace(ns.name())
+            .helm(&helm)
+            .values(&json!({"greeting": "as charted", "password": SECRET}))
+            .drift(policy)
+            .wait(WAIT)
+    };
+    settle(&cx, &release(Drift::Repair), "install").await;
+    let revision = || async { release_record(&ns, "drifty").await.expect("recorded").0 };
+    // Nothing drifted: no upgrade (the Secret's stringData, defaults and
+    // helm's own labels are no drift).
+    settle(&cx, &release(Drift::Repair), "no-op").await;
+    assert_eq!(revision().await, 1);
+
+    // The Deployment deleted by hand comes back on the next no-op.
+    let deployments = ns.api::<Deployment>();
+    let before = deployments
+        .get("drifty")
+        .await
+        .expect("deployment")
+        .metadata
+        .uid;
+    deployments
+        .delete("drifty", &Default::default())
+        .await
+        .expect("delete by hand");
+    eventually("the Deployment to be gone", || async {
+        match deployments.get_opt("drifty").await.expect("get") {
+            Some(d) if d.metadata.uid == before => None,
+            _ => Some(()),
+        }
+    })
+    .await;
+    settle(&cx, &release(Drift::Repair), "repair the deletion").await;
+    assert_eq!(revision().await, 2);
+    let after = deployments
+        .get("drifty")
+        .await
+        .expect("restored")
+        .metadata
+        .uid;
+    assert_ne!(after, before);
+    assert_eq!(available(&ns, "drifty").await, Some(1));
+
+    // A field the chart sets, changed by hand, is set back.
+    let config_maps = ns.api::<ConfigMap>();
+    let patch = json!({"data": {"greeting": "by hand"}});
+    config_maps
+        .patch(
+            "drifty-settings",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await
+        .expect("edit by hand");
+    settle(&cx, &release(Drift::Repair), "repair the change").await;
+    assert_eq!(revision().await, 3);
+    let settings = config_maps.get("drifty-settings").await.expect("configmap");
+    assert_eq!(settings.data.expect("data")["greeting"], "as charted");
+
+    // Warn and Ignore leave it as it is.
+    config_maps
+        .delete("drifty-settings", &Default::default())
+        .await
+        .expect("delete by hand");
+    for policy in [Drift::Warn, Drift::Ignore] {
+        settle(&cx, &release(policy), "no-op that does not repair").await;
+        assert_eq!(revision().await, 3, "{policy:?}");
+        assert!(
+            config_maps
+                .get_opt("drifty-settings")
+                .await
+                .expect("get")
+                .is_none()
+        );
+    }
+    deprovision_until_gone(&cx, &release(Drift::Repair)).await;
     ns.cleanup().await.expect("cleanup");
 }

@@ -63,5 +63,5 @@ pub use chart::Chart;
 pub use limit::{
     DEFAULT_MAX_HELM_PROCESSES, max_helm_processes, set_max_helm_processes, wait_for_helm_processes,
 };
-pub use release::{DEFAULT_GRACE, DEFAULT_TIMEOUT, HelmRelease};
+pub use release::{DEFAULT_GRACE, DEFAULT_TIMEOUT, Drift, HelmRelease};
 pub use storage::{DIGEST_LABEL, REVISION_LABEL};

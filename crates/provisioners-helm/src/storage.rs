@@ -21,6 +21,11 @@ pub const DIGEST_LABEL: &str = "provisioners.dev/helm-digest";
 /// whose revision is not the record's own says nothing about that record.
 pub const REVISION_LABEL: &str = "provisioners.dev/helm-revision";
 
+/// The label marking a revision written to repair drift, with a digest of
+/// the drifted objects: finding them exactly so again right after the
+/// repair means the server rewrites them, and they are not repaired again.
+pub(crate) const REPAIR_LABEL: &str = "provisioners.dev/helm-repair";
+
 /// One revision of a release, from its record's labels.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Revision {
@@ -30,6 +35,8 @@ pub(crate) struct Revision {
     pub(crate) status: String,
     /// The digest this crate stored for this very revision, if any.
     pub(crate) digest: Option<String>,
+    /// The drift digest, when this crate wrote this very revision to repair drift.
+    pub(crate) repaired: Option<String>,
     /// The record's Secret.
     pub(crate) secret: String,
     /// The newest older revision that is `deployed`, if any.
@@ -83,6 +90,10 @@ pub(crate) async fn latest(
                 status: labels.get("status").cloned().unwrap_or_default(),
                 digest: labels
                     .get(DIGEST_LABEL)
+                    .filter(|_| stamped == Some(number))
+                    .cloned(),
+                repaired: labels
+                    .get(REPAIR_LABEL)
                     .filter(|_| stamped == Some(number))
                     .cloned(),
                 uninstalled: item
@@ -158,6 +169,9 @@ pub(crate) struct Payload {
     pub(crate) manifest: String,
     #[serde(default)]
     pub(crate) info: Info,
+    /// Helm 4: `ssa` when the release's objects are applied server-side.
+    #[serde(default)]
+    pub(crate) apply_method: Option<String>,
 }
 
 /// The `info` of a release.

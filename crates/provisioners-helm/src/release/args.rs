@@ -6,8 +6,19 @@ use std::time::Duration;
 
 use super::{DEFAULT_TIMEOUT, HelmRelease};
 use crate::chart::Chart;
-use crate::storage::{DIGEST_LABEL, REVISION_LABEL};
+use crate::storage::{DIGEST_LABEL, REPAIR_LABEL, REVISION_LABEL};
 use crate::version::Major;
+
+/// What the upgrade records on its revision, for the no-op fast path.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Stamp<'a> {
+    /// The digest of chart, version, namespace and values.
+    pub(super) digest: &'a str,
+    /// The revision helm is about to write.
+    pub(super) revision: u32,
+    /// The digest of the drift this upgrade repairs, if it does.
+    pub(super) repair: Option<&'a str>,
+}
 
 impl HelmRelease {
     pub(super) fn helm_timeout(&self) -> Duration {
@@ -19,7 +30,7 @@ impl HelmRelease {
         major: Major,
         kubeconfig: &Path,
         values: &Path,
-        stamp: Option<(&str, u32)>,
+        stamp: Option<Stamp<'_>>,
         fresh: bool,
     ) -> Vec<OsString> {
         let mut args: Vec<OsString> = vec!["upgrade".into(), "--install".into()];
@@ -49,10 +60,18 @@ impl HelmRelease {
         // (`null` removes one), so no revision carries a stale stamp.
         args.push("--labels".into());
         args.push(match stamp {
-            Some((digest, revision)) => {
-                format!("{DIGEST_LABEL}={digest},{REVISION_LABEL}={revision}").into()
+            Some(Stamp {
+                digest,
+                revision,
+                repair,
+            }) => {
+                let repair = repair.unwrap_or("null");
+                format!(
+                    "{DIGEST_LABEL}={digest},{REVISION_LABEL}={revision},{REPAIR_LABEL}={repair}"
+                )
+                .into()
             }
-            None => format!("{DIGEST_LABEL}=null,{REVISION_LABEL}=null").into(),
+            None => format!("{DIGEST_LABEL}=null,{REVISION_LABEL}=null,{REPAIR_LABEL}=null").into(),
         });
         if major == Major::Four && fresh {
             // A new release is applied server-side, where the API server
@@ -149,7 +168,11 @@ mod tests {
             Major::Three,
             Path::new("/tmp/w/kubeconfig"),
             Path::new("/tmp/w/values.json"),
-            Some(("abc", 3)),
+            Some(Stamp {
+                digest: "abc",
+                revision: 3,
+                repair: None,
+            }),
             false,
         ));
         assert_eq!(
@@ -169,7 +192,7 @@ mod tests {
                 "/tmp/w/values.json",
                 "--reset-values",
                 "--labels",
-                "provisioners.dev/helm-digest=abc,provisioners.dev/helm-revision=3",
+                "provisioners.dev/helm-digest=abc,provisioners.dev/helm-revision=3,provisioners.dev/helm-repair=null",
                 "--timeout",
                 "90000ms",
             ]
@@ -188,7 +211,8 @@ mod tests {
         ));
         assert!(!helm4.iter().any(|a| a.starts_with("--wait")), "{helm4:?}");
         assert!(helm4.contains(
-            &"provisioners.dev/helm-digest=null,provisioners.dev/helm-revision=null".to_owned()
+            &"provisioners.dev/helm-digest=null,provisioners.dev/helm-revision=null,provisioners.dev/helm-repair=null"
+                .to_owned()
         ));
         // Only a new release under Helm 4 is applied server-side without helm's own validation.
         assert!(!helm4.contains(&"--disable-openapi-validation".to_owned()));

@@ -2,15 +2,20 @@
 //!
 //! The pipeline, one module each: [`args`] (helm's command lines),
 //! [`classify`] (what a failed run means), [`lock`] (one run per release),
-//! [`recovery`] (pending records), [`ready`] (readiness instead of
-//! `--wait`), [`gate`] (the deletion gate).
+//! [`recovery`] (pending records), [`live`] (the release's objects now),
+//! [`ready`] (readiness instead of `--wait`), [`drift`] (repair on a no-op),
+//! [`gate`] (the deletion gate).
 
 mod args;
 mod classify;
+mod drift;
 mod gate;
+mod live;
 mod lock;
 mod ready;
 mod recovery;
+
+pub use self::drift::Drift;
 
 use std::ffi::OsString;
 use std::fmt;
@@ -117,6 +122,7 @@ pub struct HelmRelease {
     parameters: Vec<(String, Value)>,
     wait: Option<Duration>,
     timeout: Option<Duration>,
+    drift: Drift,
     helm: PathBuf,
     grace: Duration,
     temp_dir: Option<PathBuf>,
@@ -139,6 +145,7 @@ impl HelmRelease {
             parameters: Vec::new(),
             wait: None,
             timeout: None,
+            drift: Drift::default(),
             helm: PathBuf::from("helm"),
             grace: DEFAULT_GRACE,
             temp_dir: None,
@@ -196,6 +203,15 @@ impl HelmRelease {
     /// never run with `--wait`.
     pub fn wait(mut self, timeout: Duration) -> Self {
         self.wait = Some(timeout);
+        self
+    }
+
+    /// What a no-op provision does about drift of the release's objects
+    /// (default [`Drift::Repair`]). Looking costs one read of the release
+    /// record and one read per object; [`Drift::Ignore`] without a
+    /// [`wait`](HelmRelease::wait) keeps a no-op at a single API call.
+    pub fn drift(mut self, policy: Drift) -> Self {
+        self.drift = policy;
         self
     }
 
@@ -472,27 +488,103 @@ impl HelmRelease {
         Ok(Some((objects, payload)))
     }
 
-    /// After an install, an upgrade or a no-op: with a [wait](HelmRelease::wait),
-    /// `Ok` only once the release's objects are ready.
-    async fn settled(&self, cx: &Context, revision: &Revision) -> Result<()> {
+    /// The release's objects as rendered for `revision` and as they are now,
+    /// with `revision`'s payload; `None` when its record is gone.
+    async fn live(
+        &self,
+        cx: &Context,
+        revision: &Revision,
+    ) -> Result<Option<(Vec<live::Live>, storage::Payload)>> {
+        let Some(payload) =
+            storage::payload(cx.client(), &self.namespace, &revision.secret).await?
+        else {
+            return Ok(None);
+        };
+        let rendered = parse_manifest(&self.id(), &payload.manifest)?;
+        let mut resolver = Resolver::new(cx.client(), &self.namespace);
+        let objects = live::read(&mut resolver, rendered).await?;
+        Ok(Some((objects, payload)))
+    }
+
+    fn record_changed(&self) -> Error {
+        Error::yielding(format!(
+            "the record of release `{}` changed meanwhile; looking again",
+            self.id()
+        ))
+    }
+
+    /// With a [wait](HelmRelease::wait): `Ok` only once the objects are ready.
+    fn verdict(
+        &self,
+        revision: &Revision,
+        objects: &[live::Live],
+        payload: &storage::Payload,
+    ) -> Result<()> {
         let Some(wait) = self.wait else {
             return Ok(());
         };
-        let Some((objects, payload)) = self.objects(cx, revision).await? else {
-            return Err(Error::yielding(format!(
-                "the record of release `{}` changed meanwhile; looking again",
-                self.id()
-            )));
-        };
-        let mut resolver = Resolver::new(cx.client(), &self.namespace);
-        let not_ready = ready::check(&mut resolver, &objects).await?;
         ready::verdict(
             &self.id(),
             revision.number,
-            &not_ready,
+            &ready::check(objects),
             ready::since(payload.info.last_deployed.as_deref()),
             wait,
         )
+    }
+
+    /// After an install or upgrade: readiness, when there is a wait.
+    async fn settled(&self, cx: &Context, revision: &Revision) -> Result<()> {
+        if self.wait.is_none() {
+            return Ok(());
+        }
+        let (objects, payload) = self
+            .live(cx, revision)
+            .await?
+            .ok_or_else(|| self.record_changed())?;
+        self.verdict(revision, &objects, &payload)
+    }
+
+    /// A release deployed with these very inputs: checks drift and
+    /// readiness. `Ok(Some(..))` when the drift is to be repaired by an upgrade.
+    async fn unchanged(&self, cx: &Context, revision: &Revision) -> Result<Option<Repair>> {
+        if self.wait.is_none() && self.drift == Drift::Ignore {
+            return Ok(None);
+        }
+        let (objects, payload) = self
+            .live(cx, revision)
+            .await?
+            .ok_or_else(|| self.record_changed())?;
+        if self.drift != Drift::Ignore {
+            let drifted = drift::check(&objects);
+            if !drifted.is_empty() {
+                let shown = drifted.shown();
+                match self.drift {
+                    // A field the server keeps rewriting must not cause an
+                    // upgrade per reconcile; a deleted object is always real.
+                    Drift::Repair
+                        if drifted.deleted.is_empty()
+                            && revision.repaired.as_deref() == Some(&drifted.changed_digest) =>
+                    {
+                        tracing::warn!(
+                            release = %self.id(),
+                            drift = %shown,
+                            "drift persists after a repair; not repairing again until the chart or values change"
+                        );
+                    }
+                    Drift::Repair => {
+                        tracing::info!(release = %self.id(), drift = %shown, "repairing drift");
+                        return Ok(Some(Repair {
+                            digest: drifted.changed_digest,
+                            server_side: payload.apply_method.as_deref() == Some("ssa"),
+                        }));
+                    }
+                    _ => {
+                        tracing::warn!(release = %self.id(), drift = %shown, "drift (not repaired)")
+                    }
+                }
+            }
+        }
+        self.verdict(revision, &objects, &payload).map(|()| None)
     }
 
     /// Uninstalls the release unless that is done, and returns the objects
@@ -549,6 +641,15 @@ impl HelmRelease {
     }
 }
 
+/// A drift repair to run.
+#[derive(Debug)]
+struct Repair {
+    /// [`drift::Drifted::changed_digest`], stored with the repairing revision.
+    digest: String,
+    /// Whether helm applies the release server-side (Helm 4).
+    server_side: bool,
+}
+
 #[async_trait]
 impl Provisioner for HelmRelease {
     fn name(&self) -> &str {
@@ -562,19 +663,29 @@ impl Provisioner for HelmRelease {
         let serialised = lock(cx.cluster().id(), &self.namespace, &self.release).await;
 
         let mut latest = storage::latest(cx.client(), &self.namespace, &self.release).await?;
+        let mut repair = None;
         if let Some(revision) = &latest {
             if revision.is_deployed_with(digest.as_deref()) {
                 tracing::debug!(release = %self.id(), revision = revision.number, "no change");
-                return self.settled(cx, revision).await;
-            }
-            if self.recover(cx, &serialised, revision).await? {
+                repair = self.unchanged(cx, revision).await?;
+                if repair.is_none() {
+                    return Ok(());
+                }
+            } else if self.recover(cx, &serialised, revision).await? {
                 latest = storage::latest(cx.client(), &self.namespace, &self.release).await?;
             }
         }
         // helm numbers the revision it is about to write one past the newest.
         let next = latest.as_ref().map_or(1, |r| r.number + 1);
         let fresh = latest.is_none();
-        let stamp = digest.as_deref().map(|digest| (digest, next));
+        let stamp = digest.as_deref().map(|digest| args::Stamp {
+            digest,
+            revision: next,
+            repair: repair.as_ref().map(|r| r.digest.as_str()),
+        });
+        // A repair takes back fields changed by hand, which server-side
+        // apply reports as conflicts with their new manager.
+        let force_conflicts = repair.as_ref().is_some_and(|r| r.server_side);
 
         let kubeconfig = self.kubeconfig(cx)?;
         let major =
@@ -589,7 +700,11 @@ impl Provisioner for HelmRelease {
         self.run_helm(cx, &serialised, "upgrade --install", &values, |work| {
             let kubeconfig = work.write_kubeconfig(kubeconfig)?;
             let values = work.write_private("values.json", &values_json)?;
-            Ok(self.upgrade_args(major, &kubeconfig, &values, stamp, fresh))
+            let mut args = self.upgrade_args(major, &kubeconfig, &values, stamp, fresh);
+            if force_conflicts && major == version::Major::Four {
+                args.push("--force-conflicts".into());
+            }
+            Ok(args)
         })
         .await?;
         if self.wait.is_none() {

@@ -8,7 +8,7 @@ use k8s_openapi::jiff::Timestamp;
 use provisioners_core::readiness::{self, Readiness};
 use provisioners_core::{Error, Result};
 
-use crate::objects::{ObjectRef, Resolver};
+use super::live::Live;
 
 /// What is not ready among a release's objects.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -19,42 +19,41 @@ pub(super) struct NotReady {
     pub(super) failed: Vec<String>,
 }
 
-/// Checks each of `objects` as the server returns it now.
-pub(super) async fn check(resolver: &mut Resolver, objects: &[ObjectRef]) -> Result<NotReady> {
+/// Judges each object as the server returned it.
+pub(super) fn check(objects: &[Live]) -> NotReady {
     let mut not_ready = NotReady::default();
-    for object in objects {
-        let Some((api, resolved)) = resolver.api(object).await? else {
-            not_ready.waiting.push(format!(
-                "{}: the cluster does not serve {} {}",
-                object.shown(),
-                object.api_version,
-                object.kind
-            ));
-            continue;
-        };
-        let live = api
-            .get_opt(&object.name)
-            .await
-            .map_err(|e| Error::kube(format_args!("reading {}", resolved.shown()), e))?;
+    for Live {
+        object,
+        live,
+        served,
+        ..
+    } in objects
+    {
         let Some(live) = live else {
-            not_ready
-                .waiting
-                .push(format!("{}: does not exist", resolved.shown()));
+            // A deleted object is drift, repaired or reported by the drift
+            // policy; an unserved kind will not come by waiting either, but
+            // may while a CRD is being established.
+            if !*served {
+                not_ready.waiting.push(format!(
+                    "{}: the cluster does not serve {} {}",
+                    object.shown(),
+                    object.api_version,
+                    object.kind
+                ));
+            }
             continue;
         };
-        let value = serde_json::to_value(&live)
-            .map_err(|e| Error::helm(format!("{} could not be read: {e}", resolved.shown())))?;
-        match readiness::check(object.group(), &object.kind, &value) {
+        match readiness::check(object.group(), &object.kind, live) {
             Readiness::Ready => {}
             Readiness::Waiting(reason) => not_ready
                 .waiting
-                .push(format!("{}: {reason}", resolved.shown())),
+                .push(format!("{}: {reason}", object.shown())),
             Readiness::Failed(reason) => not_ready
                 .failed
-                .push(format!("{}: {reason}", resolved.shown())),
+                .push(format!("{}: {reason}", object.shown())),
         }
     }
-    Ok(not_ready)
+    not_ready
 }
 
 /// How long ago helm started the revision, from its record's `last_deployed`
