@@ -84,12 +84,13 @@ mod tests {
     #[test]
     fn keep_is_read_like_helm_does() {
         let with = |policy: &str| {
-            let mut meta = ObjectMeta::default();
-            meta.annotations = Some(BTreeMap::from([(
-                RESOURCE_POLICY.to_owned(),
-                policy.to_owned(),
-            )]));
-            kept(&meta)
+            kept(&ObjectMeta {
+                annotations: Some(BTreeMap::from([(
+                    RESOURCE_POLICY.to_owned(),
+                    policy.to_owned(),
+                )])),
+                ..ObjectMeta::default()
+            })
         };
         assert!(with("keep"));
         assert!(with(" Keep "));
