@@ -64,6 +64,7 @@ both_helms!(
     kept_crd_is_left_and_deprovision_finishes,
     cancelled_root_leaves_no_release_pending,
     drift_is_repaired_by_a_no_op_provision,
+    two_processes_racing_on_a_pending_release_do_not_both_act,
 );
 
 /// Helm 4 applies server-side, and a new release skips helm's own OpenAPI
@@ -103,12 +104,18 @@ fn chart(name: &str) -> Chart {
 }
 
 async fn context() -> Context {
+    context_as("helm-tests").await
+}
+
+/// A context whose cluster has the id `id`: two ids are two "processes" to
+/// the release lock, which is per process and cluster.
+async fn context_as(id: &str) -> Context {
     let path = HarnessCluster::Primary
         .kubeconfig_path()
         .expect("PROVISIONERS_KUBECONFIG");
     let kubeconfig = Kubeconfig::read_from(&path).expect("kubeconfig");
     Context::new(
-        Cluster::from_kubeconfig("helm-tests", kubeconfig)
+        Cluster::from_kubeconfig(id.to_owned(), kubeconfig)
             .await
             .expect("cluster"),
     )
@@ -1235,5 +1242,89 @@ async fn drift_is_repaired_by_a_no_op_provision(helm: PathBuf) {
         );
     }
     deprovision_until_gone(&cx, &release(Drift::Repair)).await;
+    ns.cleanup().await.expect("cleanup");
+}
+
+async fn two_processes_racing_on_a_pending_release_do_not_both_act(helm: PathBuf) {
+    let ns = TestNamespace::create("helm-race").await.expect("namespace");
+    let token = provisioners::CancellationToken::new();
+    let first = context_as("process-a")
+        .await
+        .with_cancellation(token.clone());
+    let second = context_as("process-b").await;
+    let release = |holder: &str, stuck: bool| {
+        HelmRelease::new("raced", chart("helm-plain"))
+            .namespace(ns.name())
+            .helm(&helm)
+            .lease_holder(holder.to_owned())
+            .set("stuckHook", stuck)
+            .grace_period(Duration::from_secs(30))
+    };
+    let racer = async {
+        eventually("the release to be pending-install", || async {
+            release_record(&ns, "raced")
+                .await
+                .filter(|r| r.1 == "pending-install")
+        })
+        .await;
+        // The second process finds a pending release while the first one's
+        // helm still works on it: it must neither recover nor uninstall it.
+        for _ in 0..3 {
+            let error = second
+                .provision(&release("process-b", false))
+                .await
+                .expect_err("the first process holds the Lease");
+            assert!(error.is_yield(), "{error}");
+            assert!(
+                error.to_string().contains("another process (process-a)"),
+                "{error}"
+            );
+            let error = second
+                .deprovision(&release("process-b", false))
+                .await
+                .expect_err("the first process holds the Lease");
+            assert!(error.is_yield(), "{error}");
+        }
+        assert_eq!(
+            release_record(&ns, "raced").await.expect("recorded"),
+            (
+                1,
+                "pending-install".to_owned(),
+                release_record(&ns, "raced").await.expect("recorded").2
+            )
+        );
+        assert!(
+            !helm_processes(&helm, ns.name()).is_empty(),
+            "the first helm still runs"
+        );
+        token.cancel();
+    };
+    let stuck = release("process-a", true);
+    let (result, ()) = tokio::join!(first.provision(&stuck), racer);
+    assert_eq!(result.expect_err("cancelled").kind(), ErrorKind::Cancelled);
+    eventually("helm to exit", || async {
+        helm_processes(&helm, ns.name()).is_empty().then_some(())
+    })
+    .await;
+    // Given up by the first process: the second one takes over at once.
+    settle(
+        &second,
+        &release("process-b", false),
+        "the second process takes over",
+    )
+    .await;
+    assert_eq!(
+        release_record(&ns, "raced").await.expect("recorded").1,
+        "deployed"
+    );
+    deprovision_until_gone(&second, &release("process-b", false)).await;
+    assert!(
+        ns.api::<k8s_openapi::api::coordination::v1::Lease>()
+            .get_opt("provisioners-helm.raced")
+            .await
+            .expect("get")
+            .is_none(),
+        "the Lease goes with the release"
+    );
     ns.cleanup().await.expect("cleanup");
 }

@@ -15,16 +15,42 @@ type ReleaseKey = (String, String, String);
 static LOCKS: LazyLock<Mutex<HashMap<ReleaseKey, Weak<tokio::sync::Mutex<()>>>>> =
     LazyLock::new(Mutex::default);
 
-/// The held lock of one release.
+/// The held lock of one release, and its [Lease](super::lease) once taken.
 #[derive(Clone, Debug)]
 pub(super) struct Serialised {
-    _held: Arc<OwnedMutexGuard<()>>,
+    held: Arc<Held>,
+}
+
+#[derive(Debug)]
+struct Held {
+    // Dropped after the Lease (fields drop in order): the Lease is given up
+    // before another call of this process can take the lock.
+    lease: Mutex<Option<super::lease::Held>>,
+    _guard: OwnedMutexGuard<()>,
 }
 
 impl Serialised {
     /// Another holder of the same lock, for a task that may outlive the caller.
     pub(super) fn share(&self) -> Serialised {
         self.clone()
+    }
+
+    /// Keeps `lease` until the lock is released.
+    pub(super) fn hold(&self, lease: super::lease::Held) {
+        *self
+            .held
+            .lease
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(lease);
+    }
+
+    /// Whether a Lease is held with the lock.
+    pub(super) fn has_lease(&self) -> bool {
+        self.held
+            .lease
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .is_some()
     }
 }
 
@@ -46,7 +72,10 @@ pub(super) async fn lock(cluster: &str, namespace: &str, release: &str) -> Seria
         }
     };
     Serialised {
-        _held: Arc::new(mutex.lock_owned().await),
+        held: Arc::new(Held {
+            lease: Mutex::new(None),
+            _guard: mutex.lock_owned().await,
+        }),
     }
 }
 

@@ -10,6 +10,7 @@ mod args;
 mod classify;
 mod drift;
 mod gate;
+mod lease;
 mod live;
 mod lock;
 mod ready;
@@ -123,6 +124,7 @@ pub struct HelmRelease {
     wait: Option<Duration>,
     timeout: Option<Duration>,
     drift: Drift,
+    lease_holder: Option<String>,
     helm: PathBuf,
     grace: Duration,
     temp_dir: Option<PathBuf>,
@@ -146,6 +148,7 @@ impl HelmRelease {
             wait: None,
             timeout: None,
             drift: Drift::default(),
+            lease_holder: None,
             helm: PathBuf::from("helm"),
             grace: DEFAULT_GRACE,
             temp_dir: None,
@@ -212,6 +215,14 @@ impl HelmRelease {
     /// [`wait`](HelmRelease::wait) keeps a no-op at a single API call.
     pub fn drift(mut self, policy: Drift) -> Self {
         self.drift = policy;
+        self
+    }
+
+    /// The identity under which this process holds the release's Lease while
+    /// it runs helm (default: host name, process id and a random part). An
+    /// operator passes its pod name, so that its Leases read well.
+    pub fn lease_holder(mut self, identity: impl Into<String>) -> Self {
+        self.lease_holder = Some(identity.into());
         self
     }
 
@@ -488,6 +499,24 @@ impl HelmRelease {
         Ok(Some((objects, payload)))
     }
 
+    /// Takes the release's Lease for the rest of this call (and the helm it
+    /// runs), or yields while another process holds it.
+    async fn take_lease(&self, cx: &Context, serialised: &Serialised) -> Result<()> {
+        if serialised.has_lease() {
+            return Ok(());
+        }
+        let holder = self
+            .lease_holder
+            .as_deref()
+            .unwrap_or(lease::PROCESS_HOLDER.as_str());
+        if let Some(held) =
+            lease::acquire(cx.client(), &self.namespace, &self.release, holder).await?
+        {
+            serialised.hold(held);
+        }
+        Ok(())
+    }
+
     /// The release's objects as rendered for `revision` and as they are now,
     /// with `revision`'s payload; `None` when its record is gone.
     async fn live(
@@ -664,15 +693,27 @@ impl Provisioner for HelmRelease {
 
         let mut latest = storage::latest(cx.client(), &self.namespace, &self.release).await?;
         let mut repair = None;
-        if let Some(revision) = &latest {
-            if revision.is_deployed_with(digest.as_deref()) {
-                tracing::debug!(release = %self.id(), revision = revision.number, "no change");
-                repair = self.unchanged(cx, revision).await?;
-                if repair.is_none() {
-                    return Ok(());
+        if let Some(revision) = &latest
+            && revision.is_deployed_with(digest.as_deref())
+        {
+            tracing::debug!(release = %self.id(), revision = revision.number, "no change");
+            repair = self.unchanged(cx, revision).await?;
+            if repair.is_none() {
+                return Ok(());
+            }
+        }
+        self.take_lease(cx, &serialised).await?;
+        if repair.is_none() {
+            // Read again under the Lease: a pending record now is not another
+            // process's work in progress.
+            latest = storage::latest(cx.client(), &self.namespace, &self.release).await?;
+            if let Some(revision) = &latest {
+                if revision.is_deployed_with(digest.as_deref()) {
+                    return self.settled(cx, revision).await;
                 }
-            } else if self.recover(cx, &serialised, revision).await? {
-                latest = storage::latest(cx.client(), &self.namespace, &self.release).await?;
+                if self.recover(cx, &serialised, revision).await? {
+                    latest = storage::latest(cx.client(), &self.namespace, &self.release).await?;
+                }
             }
         }
         // helm numbers the revision it is about to write one past the newest.
@@ -722,13 +763,21 @@ impl Provisioner for HelmRelease {
     async fn deprovision(&self, cx: &Context) -> Result<()> {
         self.validate_names()?;
         let serialised = lock(cx.cluster().id(), &self.namespace, &self.release).await;
+        if storage::latest(cx.client(), &self.namespace, &self.release)
+            .await?
+            .is_none()
+        {
+            return Ok(());
+        }
+        self.take_lease(cx, &serialised).await?;
         let Some(latest) = storage::latest(cx.client(), &self.namespace, &self.release).await?
         else {
             return Ok(());
         };
         let seen = self.uninstalled(cx, &serialised, &latest).await?;
         self.gone(cx, &seen, "").await?;
-        storage::forget_all(cx.client(), &self.namespace, &self.release).await
+        storage::forget_all(cx.client(), &self.namespace, &self.release).await?;
+        lease::remove(cx.client(), &self.namespace, &self.release).await
     }
 }
 
