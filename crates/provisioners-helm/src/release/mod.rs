@@ -60,8 +60,8 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 ///   directory (relative chart paths) are kept.
 /// * **Fast no-op.** A digest of chart (content of a local chart, or
 ///   reference and exact version of a remote one), version, namespace and
-///   values is stored as the label [`DIGEST_LABEL`] on helm's release record,
-///   with the revision it was written for ([`REVISION_LABEL`]: a revision made
+///   values is stored as the label [`DIGEST_LABEL`](crate::DIGEST_LABEL) on helm's release record,
+///   with the revision it was written for ([`REVISION_LABEL`](crate::REVISION_LABEL): a revision made
 ///   by hand inherits the labels and so never matches). A release whose
 ///   newest revision is `deployed` with the same digest is recognised with
 ///   one API call, without running helm.
@@ -78,11 +78,19 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 ///   by an object with another UID, or kept (`helm.sh/resource-policy:
 ///   keep`). A missing release is `Ok`.
 /// * **Recovers** a release left `pending-install`, `pending-upgrade` or
-///   `pending-rollback` by a helm that died: provisions of one release are
-///   serialised within the process, so a pending record seen while no helm of
-///   this process works on it is an interrupted one. Its record is deleted and
-///   the upgrade runs again (helm adopts the objects already created). This
-///   assumes one process manages the release, as with a leader-elected controller.
+///   `pending-rollback` by a helm that died. Work on a release is serialised
+///   within the process by a lock, and across processes (two operator
+///   replicas during a rolling update) by a Lease
+///   `provisioners-helm.RELEASE` in the release's namespace, held and renewed
+///   while helm runs: a pending record whose Lease has a live holder yields
+///   "another process is working on release …"; one without is an
+///   interrupted run. An interrupted install is removed and done again, an
+///   interrupted upgrade or rollback is rolled back to the last deployed
+///   revision. The no-op path takes no Lease. The operator needs `get`,
+///   `create`, `update` and `delete` on `leases.coordination.k8s.io` in the
+///   release namespaces.
+/// * **Drift repair** on a no-op: the stored manifest is compared with the
+///   live objects; see [`Drift`] and [`drift`](HelmRelease::drift).
 /// * **Cancellation**: when the context's token fires or the future is
 ///   dropped, helm gets SIGTERM (so it can mark the release failed), then
 ///   SIGKILL after the [grace period](HelmRelease::grace_period). helm runs
