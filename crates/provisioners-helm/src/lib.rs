@@ -56,6 +56,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod chart;
+mod credentials;
 mod limit;
 mod objects;
 mod process;
@@ -66,6 +67,7 @@ mod version;
 mod workdir;
 
 pub use chart::Chart;
+pub use credentials::Credentials;
 pub use limit::{
     DEFAULT_MAX_HELM_PROCESSES, max_helm_processes, set_max_helm_processes, wait_for_helm_processes,
 };

@@ -20,6 +20,10 @@ pub(super) struct Stamp<'a> {
     pub(super) repair: Option<&'a str>,
 }
 
+/// The name under which a repository with credentials is added to the
+/// run's private helm configuration.
+pub(super) const PRIVATE_REPOSITORY: &str = "provisioners-private";
+
 impl HelmRelease {
     pub(super) fn helm_timeout(&self) -> Duration {
         self.timeout.or(self.wait).unwrap_or(DEFAULT_TIMEOUT)
@@ -37,12 +41,22 @@ impl HelmRelease {
         args.push(self.release.clone().into());
         match &self.chart {
             Chart::Local(path) => args.push(path.clone().into()),
+            // Added by `repo add` with its credentials, which `--repo` cannot take
+            // without putting the password on argv.
+            Chart::Repository { name, .. } if self.credentials.is_some() => {
+                args.push(format!("{PRIVATE_REPOSITORY}/{name}").into());
+            }
             Chart::Repository { url, name } => {
                 args.push(name.into());
                 args.push("--repo".into());
                 args.push(url.into());
             }
-            Chart::Oci(reference) => args.push(reference.into()),
+            Chart::Oci(reference) => {
+                args.push(reference.into());
+                if self.plain_http {
+                    args.push("--plain-http".into());
+                }
+            }
         }
         args.extend(self.common_args(kubeconfig));
         if let Some(version) = &self.version {

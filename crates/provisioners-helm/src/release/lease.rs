@@ -11,7 +11,7 @@
 //! is done. A holder that died stops renewing: after the duration the Lease
 //! is free again and its `pending-*` release is recovered.
 
-use std::sync::{Arc, LazyLock};
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -105,39 +105,77 @@ pub(super) async fn acquire(
     let release_id = format!("{namespace}/{release}");
     let leases: Api<Lease> = Api::namespaced(client.clone(), namespace);
     let name = name(release);
+    // Three tries: a 409 may come from this process's own previous hold
+    // being given up at the same moment.
+    let mut tries = 0;
+    let acquired = loop {
+        tries += 1;
+        match try_acquire(&leases, &name, namespace, holder, &release_id).await {
+            Err(Taken::Conflict) if tries < 3 => continue,
+            Err(Taken::Conflict) => return Err(busy(&release_id, "another holder")),
+            Err(Taken::Error(e)) => return Err(e),
+            Err(Taken::NoNamespace) => return Ok(None),
+            Ok(acquired) => break acquired,
+        }
+    };
+    let stop = CancellationToken::new();
+    tokio::spawn(renew(
+        leases,
+        name,
+        holder.to_owned(),
+        acquired,
+        stop.clone(),
+    ));
+    Ok(Some(Held { stop }))
+}
+
+enum Taken {
+    Conflict,
+    NoNamespace,
+    Error(Error),
+}
+
+/// One attempt; returns the acquire time it wrote, which marks this hold.
+async fn try_acquire(
+    leases: &Api<Lease>,
+    name: &str,
+    namespace: &str,
+    holder: &str,
+    release_id: &str,
+) -> std::result::Result<Timestamp, Taken> {
     let kube_error = |e: kube::Error| {
-        Error::kube(
+        Taken::Error(Error::kube(
             format_args!("taking the Lease {namespace}/{name} of release `{release_id}`"),
             e,
-        )
+        ))
     };
+    // The server keeps microseconds: compare what it will return.
     let now = Timestamp::now();
-    match leases.get_opt(&name).await {
+    let now = Timestamp::from_microsecond(now.as_microsecond()).unwrap_or(now);
+    match leases.get_opt(name).await {
         Ok(None) => {
             let lease = Lease {
                 metadata: ObjectMeta {
-                    name: Some(name.clone()),
+                    name: Some(name.to_owned()),
                     namespace: Some(namespace.to_owned()),
                     ..ObjectMeta::default()
                 },
                 spec: Some(spec(holder, now, 0)),
             };
             match leases.create(&PostParams::default(), &lease).await {
-                Ok(_) => {}
-                Err(kube::Error::Api(status)) if status.code == 409 => {
-                    return Err(busy(&release_id, "another holder"));
-                }
+                Ok(_) => Ok(now),
+                Err(kube::Error::Api(status)) if status.code == 409 => Err(Taken::Conflict),
                 Err(kube::Error::Api(status))
                     if status.is_not_found() && status.message.contains("namespace") =>
                 {
-                    return Ok(None);
+                    Err(Taken::NoNamespace)
                 }
-                Err(e) => return Err(kube_error(e)),
+                Err(e) => Err(kube_error(e)),
             }
         }
         Ok(Some(mut lease)) => {
             if let Some(other) = held_by_other(&lease, holder, now) {
-                return Err(busy(&release_id, other));
+                return Err(Taken::Error(busy(release_id, other)));
             }
             let transitions = lease
                 .spec
@@ -146,26 +184,21 @@ pub(super) async fn acquire(
                 .unwrap_or(0);
             lease.spec = Some(spec(holder, now, transitions.saturating_add(1)));
             // The resourceVersion it was read at: a 409 means someone else took it meanwhile.
-            match leases.replace(&name, &PostParams::default(), &lease).await {
-                Ok(_) => {}
-                Err(kube::Error::Api(status)) if status.code == 409 => {
-                    return Err(busy(&release_id, "another holder"));
-                }
-                Err(e) => return Err(kube_error(e)),
+            match leases.replace(name, &PostParams::default(), &lease).await {
+                Ok(_) => Ok(now),
+                Err(kube::Error::Api(status)) if status.code == 409 => Err(Taken::Conflict),
+                Err(e) => Err(kube_error(e)),
             }
         }
         Err(kube::Error::Api(status)) if status.code == 403 => {
-            return Err(Error::invalid(format!(
+            Err(Taken::Error(Error::invalid(format!(
                 "release `{release_id}`: may not read the Lease {namespace}/{name} ({}); grant \
                  get, create and update on leases.coordination.k8s.io in namespace {namespace}",
                 status.message
-            )));
+            ))))
         }
-        Err(e) => return Err(kube_error(e)),
+        Err(e) => Err(kube_error(e)),
     }
-    let stop = CancellationToken::new();
-    tokio::spawn(renew(leases, name, holder.to_owned(), stop.clone()));
-    Ok(Some(Held { stop }))
 }
 
 /// Deletes the Lease of a release that is gone.
@@ -183,8 +216,18 @@ pub(super) async fn remove(client: &kube::Client, namespace: &str, release: &str
 
 /// Renews the Lease until `stop`, then gives it up (clears the holder, so
 /// the next process need not wait for it to expire).
-async fn renew(leases: Api<Lease>, name: String, holder: String, stop: CancellationToken) {
-    let holder = Arc::new(holder);
+async fn renew(
+    leases: Api<Lease>,
+    name: String,
+    holder: String,
+    acquired: Timestamp,
+    stop: CancellationToken,
+) {
+    // This hold, not a later one of the same holder.
+    let ours = |spec: &LeaseSpec| {
+        spec.holder_identity.as_deref() == Some(holder.as_str())
+            && spec.acquire_time.as_ref().map(|t| t.0) == Some(acquired)
+    };
     loop {
         tokio::select! {
             () = stop.cancelled() => break,
@@ -196,7 +239,7 @@ async fn renew(leases: Api<Lease>, name: String, holder: String, stop: Cancellat
         let Some(spec) = lease.spec.as_mut() else {
             continue;
         };
-        if spec.holder_identity.as_deref() != Some(holder.as_str()) {
+        if !ours(spec) {
             tracing::warn!(lease = %name, "lost the Lease of a helm release to another process");
             return;
         }
@@ -207,7 +250,7 @@ async fn renew(leases: Api<Lease>, name: String, holder: String, stop: Cancellat
     }
     if let Ok(Some(mut lease)) = leases.get_opt(&name).await
         && let Some(spec) = lease.spec.as_mut()
-        && spec.holder_identity.as_deref() == Some(holder.as_str())
+        && ours(spec)
     {
         spec.holder_identity = None;
         spec.renew_time = None;

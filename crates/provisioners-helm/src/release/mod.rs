@@ -21,6 +21,7 @@ pub use self::drift::Drift;
 use std::ffi::OsString;
 use std::fmt;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use provisioners_core::{Context, Error, Metadata, Provisioner, Result, async_trait};
@@ -31,6 +32,7 @@ use sha2::{Digest as _, Sha256};
 use self::classify::{classify, trimmed};
 use self::lock::{Serialised, lock};
 use crate::chart::Chart;
+use crate::credentials::Credentials;
 use crate::objects::{ObjectRef, Resolver, Seen, parse_manifest};
 use crate::process::{self, Invocation, Output, RunError};
 use crate::storage::{self, Revision};
@@ -133,6 +135,8 @@ pub struct HelmRelease {
     timeout: Option<Duration>,
     drift: Drift,
     lease_holder: Option<String>,
+    credentials: Option<Credentials>,
+    plain_http: bool,
     helm: PathBuf,
     grace: Duration,
     temp_dir: Option<PathBuf>,
@@ -157,6 +161,8 @@ impl HelmRelease {
             timeout: None,
             drift: Drift::default(),
             lease_holder: None,
+            credentials: None,
+            plain_http: false,
             helm: PathBuf::from("helm"),
             grace: DEFAULT_GRACE,
             temp_dir: None,
@@ -231,6 +237,23 @@ impl HelmRelease {
     /// operator passes its pod name, so that its Leases read well.
     pub fn lease_holder(mut self, identity: impl Into<String>) -> Self {
         self.lease_holder = Some(identity.into());
+        self
+    }
+
+    /// Credentials for the chart's repository or OCI registry, e.g. from
+    /// [`Credentials::from_secret`]. They reach helm only through stdin
+    /// (`repo add` or `registry login` with `--password-stdin`, into the
+    /// run's private configuration) and 0600 files (CA, client
+    /// certificate); never argv, the environment, logs or error text.
+    pub fn credentials(mut self, credentials: Credentials) -> Self {
+        self.credentials = Some(credentials);
+        self
+    }
+
+    /// Talks plain HTTP to the chart's OCI registry (`--plain-http`), e.g. a
+    /// registry on loopback.
+    pub fn plain_http(mut self, plain: bool) -> Self {
+        self.plain_http = plain;
         self
     }
 
@@ -395,13 +418,36 @@ impl HelmRelease {
         values: &Value,
         write: impl FnOnce(&WorkDir) -> std::io::Result<Vec<OsString>>,
     ) -> Result<Output> {
-        let work = WorkDir::new(self.temp_dir.as_deref()).map_err(|e| {
-            Error::helm(format!(
-                "release `{}`: could not create a private directory for helm: {e}",
-                self.id()
-            ))
-        })?;
-        let args = write(&work).map_err(|e| {
+        let work = self.work_dir()?;
+        self.run_helm_in(cx, serialised, action, values, &work, None, write)
+            .await
+    }
+
+    fn work_dir(&self) -> Result<Arc<WorkDir>> {
+        WorkDir::new(self.temp_dir.as_deref())
+            .map(Arc::new)
+            .map_err(|e| {
+                Error::helm(format!(
+                    "release `{}`: could not create a private directory for helm: {e}",
+                    self.id()
+                ))
+            })
+    }
+
+    /// [`run_helm`](Self::run_helm) in `work`, shared by the steps of one
+    /// operation (a registry login, then the upgrade), with `stdin`.
+    #[allow(clippy::too_many_arguments)]
+    async fn run_helm_in(
+        &self,
+        cx: &Context,
+        serialised: &Serialised,
+        action: &str,
+        values: &Value,
+        work: &Arc<WorkDir>,
+        stdin: Option<Vec<u8>>,
+        write: impl FnOnce(&WorkDir) -> std::io::Result<Vec<OsString>>,
+    ) -> Result<Output> {
+        let args = write(work).map_err(|e| {
             Error::helm(format!(
                 "release `{}`: could not write helm's input files: {e}",
                 self.id()
@@ -410,7 +456,8 @@ impl HelmRelease {
         let invocation = Invocation {
             program: self.helm.clone(),
             args,
-            work,
+            work: Arc::clone(work),
+            stdin,
         };
         let stop = cx.cancellation().child_token();
         // Dropped with this future (and harmless once helm is done).
@@ -448,7 +495,12 @@ impl HelmRelease {
         if output.status.success() {
             return Ok(output);
         }
-        let stderr = values::redact(&trimmed(&output.stderr), values);
+        let credentials = self
+            .credentials
+            .as_ref()
+            .map(Credentials::secrets)
+            .unwrap_or_default();
+        let stderr = values::redact(&trimmed(&output.stderr), values, &credentials);
         let exit = match output.status.code() {
             Some(code) => format!("exit {code}"),
             None => output.status.to_string(),
@@ -459,6 +511,70 @@ impl HelmRelease {
             self.chart_shown()
         );
         Err(classify(message, &stderr))
+    }
+
+    /// Makes the chart's credentials known to helm in `work`: `repo add` for
+    /// a repository, `registry login` for an OCI registry.
+    async fn log_in(
+        &self,
+        cx: &Context,
+        serialised: &Serialised,
+        work: &Arc<WorkDir>,
+    ) -> Result<()> {
+        let Some(credentials) = &self.credentials else {
+            return Ok(());
+        };
+        let (action, mut args): (&str, Vec<OsString>) = match &self.chart {
+            Chart::Local(_) => return Ok(()),
+            Chart::Repository { url, .. } => (
+                "repo add",
+                vec![
+                    "repo".into(),
+                    "add".into(),
+                    args::PRIVATE_REPOSITORY.into(),
+                    url.into(),
+                ],
+            ),
+            Chart::Oci(reference) => {
+                let host = reference
+                    .trim_start_matches("oci://")
+                    .split('/')
+                    .next()
+                    .unwrap_or_default();
+                let mut args: Vec<OsString> = vec!["registry".into(), "login".into(), host.into()];
+                if self.plain_http {
+                    args.push("--plain-http".into());
+                }
+                ("registry login", args)
+            }
+        };
+        args.push("--username".into());
+        args.push(credentials.username.clone().into());
+        args.push("--password-stdin".into());
+        let password = credentials.password.clone().into_bytes();
+        self.run_helm_in(
+            cx,
+            serialised,
+            action,
+            &Value::Null,
+            work,
+            Some(password),
+            |work| {
+                if let Some(ca) = &credentials.ca {
+                    args.push("--ca-file".into());
+                    args.push(work.write_private("ca.crt", ca)?.into());
+                }
+                if let Some((cert, key)) = &credentials.client {
+                    args.push("--cert-file".into());
+                    args.push(work.write_private("tls.crt", cert)?.into());
+                    args.push("--key-file".into());
+                    args.push(work.write_private("tls.key", key)?.into());
+                }
+                Ok(args)
+            },
+        )
+        .await
+        .map(drop)
     }
 
     /// `helm rollback` to `revision`.
@@ -746,15 +862,25 @@ impl Provisioner for HelmRelease {
             ))
         })?;
         tracing::info!(release = %self.id(), chart = %self.chart, "helm upgrade --install");
-        self.run_helm(cx, &serialised, "upgrade --install", &values, |work| {
-            let kubeconfig = work.write_kubeconfig(kubeconfig)?;
-            let values = work.write_private("values.json", &values_json)?;
-            let mut args = self.upgrade_args(major, &kubeconfig, &values, stamp, fresh);
-            if force_conflicts && major == version::Major::Four {
-                args.push("--force-conflicts".into());
-            }
-            Ok(args)
-        })
+        let work = self.work_dir()?;
+        self.log_in(cx, &serialised, &work).await?;
+        self.run_helm_in(
+            cx,
+            &serialised,
+            "upgrade --install",
+            &values,
+            &work,
+            None,
+            |work| {
+                let kubeconfig = work.write_kubeconfig(kubeconfig)?;
+                let values = work.write_private("values.json", &values_json)?;
+                let mut args = self.upgrade_args(major, &kubeconfig, &values, stamp, fresh);
+                if force_conflicts && major == version::Major::Four {
+                    args.push("--force-conflicts".into());
+                }
+                Ok(args)
+            },
+        )
         .await?;
         if self.wait.is_none() {
             return Ok(());
