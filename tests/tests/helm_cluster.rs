@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::{Api, ListParams};
 use kube::config::Kubeconfig;
 use provisioners::{Cluster, Concurrent, Context, ErrorKind, Manifest, Provisioner, Serial};
-use provisioners_helm::{Chart, DIGEST_LABEL, Drift, HelmRelease};
+use provisioners_helm::{Chart, Credentials, DIGEST_LABEL, Drift, HelmRelease};
 use provisioners_testing::cluster::{self, HarnessCluster, TestNamespace};
 use serde_json::json;
 
@@ -65,6 +65,7 @@ both_helms!(
     cancelled_root_leaves_no_release_pending,
     drift_is_repaired_by_a_no_op_provision,
     two_processes_racing_on_a_pending_release_do_not_both_act,
+    private_repository_credentials_stay_off_argv_env_and_errors,
 );
 
 /// Helm 4 applies server-side, and a new release skips helm's own OpenAPI
@@ -839,6 +840,12 @@ struct ChartRepository {
 
 impl ChartRepository {
     async fn start(helm: &Path) -> Self {
+        Self::start_with(helm, None).await
+    }
+
+    /// With `authorization`, a request without exactly that header value
+    /// (`Basic base64(user:password)`) gets a 401.
+    async fn start_with(helm: &Path, authorization: Option<&'static str>) -> Self {
         use std::sync::Arc;
         use std::sync::atomic::{AtomicUsize, Ordering};
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -883,6 +890,21 @@ impl ChartRepository {
                     let line = String::from_utf8_lossy(&request);
                     let path = line.split_whitespace().nth(1).unwrap_or("/").to_owned();
                     let file = root.join(path.trim_start_matches('/'));
+                    let authorized = authorization.is_none_or(|expected| {
+                        line.lines().any(|header| {
+                            header.split_once(':').is_some_and(|(name, value)| {
+                                name.eq_ignore_ascii_case("authorization")
+                                    && value.trim() == expected
+                            })
+                        })
+                    });
+                    if !authorized {
+                        let _ = stream
+                            .write_all(b"HTTP/1.1 401 Unauthorized\r\nWWW-Authenticate: Basic realm=\"charts\"\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                            .await;
+                        let _ = stream.shutdown().await;
+                        return;
+                    }
                     let response = match std::fs::read(&file) {
                         Ok(body) if !path.contains("..") => {
                             let mut r = format!(
@@ -1326,5 +1348,117 @@ async fn two_processes_racing_on_a_pending_release_do_not_both_act(helm: PathBuf
             .is_none(),
         "the Lease goes with the release"
     );
+    ns.cleanup().await.expect("cleanup");
+}
+
+const REPO_PASSWORD: &str = "repo-pa55-9c1e-never-on-argv";
+/// `REPO_PASSWORD` and `robot:REPO_PASSWORD` in base64, as an HTTP client sends them.
+const REPO_PASSWORD_FORMS: [&str; 3] = [
+    REPO_PASSWORD,
+    "cmVwby1wYTU1LTljMWUtbmV2ZXItb24tYXJndg==",
+    "cm9ib3Q6cmVwby1wYTU1LTljMWUtbmV2ZXItb24tYXJndg==",
+];
+
+/// Every live process of `helm` (any arguments): what /proc shows of it.
+fn all_helm_processes(helm: &Path) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let mut found = Vec::new();
+    let Ok(proc) = std::fs::read_dir("/proc") else {
+        return found;
+    };
+    for entry in proc.flatten() {
+        let dir = entry.path();
+        let Ok(cmdline) = std::fs::read(dir.join("cmdline")) else {
+            continue;
+        };
+        let program = cmdline.split(|b| *b == 0).next().unwrap_or_default();
+        if Path::new(&*String::from_utf8_lossy(program)) != helm {
+            continue;
+        }
+        let environ = std::fs::read(dir.join("environ")).unwrap_or_default();
+        found.push((cmdline, environ));
+    }
+    found
+}
+
+fn leaks(bytes: &[u8]) -> Option<&'static str> {
+    REPO_PASSWORD_FORMS
+        .into_iter()
+        .find(|form| bytes.windows(form.len()).any(|w| w == form.as_bytes()))
+}
+
+async fn private_repository_credentials_stay_off_argv_env_and_errors(helm: PathBuf) {
+    let ns = TestNamespace::create("helm-private")
+        .await
+        .expect("namespace");
+    let cx = context().await;
+    let repository = ChartRepository::start_with(
+        &helm,
+        Some("Basic cm9ib3Q6cmVwby1wYTU1LTljMWUtbmV2ZXItb24tYXJndg=="),
+    )
+    .await;
+    let release = |password: &str| {
+        HelmRelease::new("private", Chart::repository(&repository.url, "helm-plain"))
+            .namespace(ns.name())
+            .helm(&helm)
+            .version("0.1.0")
+            .credentials(Credentials::basic("robot", password.to_owned()))
+            .wait(WAIT)
+    };
+
+    // Watch every helm process while the release is installed.
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watcher = {
+        let (done, helm) = (std::sync::Arc::clone(&done), helm.clone());
+        tokio::task::spawn_blocking(move || {
+            let mut seen = 0;
+            while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                for (cmdline, environ) in all_helm_processes(&helm) {
+                    seen += 1;
+                    assert_eq!(
+                        leaks(&cmdline),
+                        None,
+                        "the password is on helm's command line"
+                    );
+                    assert_eq!(
+                        leaks(&environ),
+                        None,
+                        "the password is in helm's environment"
+                    );
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            seen
+        })
+    };
+    settle(
+        &cx,
+        &release(REPO_PASSWORD),
+        "install from the private repository",
+    )
+    .await;
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    let seen = watcher.await.expect("watcher");
+    eprintln!("{seen} helm process samples checked");
+    assert!(seen > 0, "no helm process was seen");
+    assert_eq!(available(&ns, "private").await, Some(1));
+
+    // A wrong password: a clear error without the password in any form.
+    let wrong = HelmRelease::new(
+        "private-wrong",
+        Chart::repository(&repository.url, "helm-plain"),
+    )
+    .namespace(ns.name())
+    .helm(&helm)
+    .version("0.1.0")
+    .credentials(Credentials::basic("robot", "wrong-pa55-0d2f"));
+    let error = cx.provision(&wrong).await.expect_err("401");
+    let text = format!("{error} {error:?}");
+    assert!(
+        text.contains("401") || text.contains("nauthorized"),
+        "{text}"
+    );
+    assert!(!text.contains("wrong-pa55-0d2f"), "{text}");
+    assert_eq!(leaks(text.as_bytes()), None, "{text}");
+    deprovision_until_gone(&cx, &release(REPO_PASSWORD)).await;
     ns.cleanup().await.expect("cleanup");
 }
