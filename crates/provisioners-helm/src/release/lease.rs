@@ -165,8 +165,11 @@ async fn try_acquire(
             match leases.create(&PostParams::default(), &lease).await {
                 Ok(_) => Ok(now),
                 Err(kube::Error::Api(status)) if status.code == 409 => Err(Taken::Conflict),
+                // No namespace yet, or one being deleted (with the release's
+                // records): nothing another process could recover either.
                 Err(kube::Error::Api(status))
-                    if status.is_not_found() && status.message.contains("namespace") =>
+                    if (status.is_not_found() && status.message.contains("namespace"))
+                        || (status.code == 403 && status.message.contains("being terminated")) =>
                 {
                     Err(Taken::NoNamespace)
                 }
