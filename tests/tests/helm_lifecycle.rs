@@ -27,6 +27,7 @@ both_helms!(
     drift_is_repaired_by_a_no_op_provision,
     two_processes_racing_on_a_pending_release_do_not_both_act,
     private_repository_credentials_stay_off_argv_env_and_errors,
+    oci_registry_with_and_without_credentials,
 );
 
 async fn never_ready_release_yields_then_times_out(helm: PathBuf) {
@@ -382,6 +383,7 @@ fn all_helm_processes(helm: &Path) -> Vec<(Vec<u8>, Vec<u8>)> {
 fn leaks(bytes: &[u8]) -> Option<&'static str> {
     REPO_PASSWORD_FORMS
         .into_iter()
+        .chain(OCI_PASSWORD_FORMS)
         .find(|form| bytes.windows(form.len()).any(|w| w == form.as_bytes()))
 }
 
@@ -459,5 +461,112 @@ async fn private_repository_credentials_stay_off_argv_env_and_errors(helm: PathB
     assert!(!text.contains("wrong-pa55-0d2f"), "{text}");
     assert_eq!(leaks(text.as_bytes()), None, "{text}");
     deprovision_until_gone(&cx, &release(REPO_PASSWORD)).await;
+    ns.cleanup().await.expect("cleanup");
+}
+
+const OCI_PASSWORD: &str = "oci-pa55-5b7d-never-on-argv";
+const OCI_PASSWORD_FORMS: [&str; 3] = [
+    OCI_PASSWORD,
+    "b2NpLXBhNTUtNWI3ZC1uZXZlci1vbi1hcmd2",
+    "cm9ib3Q6b2NpLXBhNTUtNWI3ZC1uZXZlci1vbi1hcmd2",
+];
+/// `robot` with `OCI_PASSWORD`, bcrypt (cost 4), as the registry's htpasswd wants it.
+const OCI_HTPASSWD: &str = "robot:$2a$04$a5YZ2LqCvu3N9ktE/XlgIe6tvBaXy8NM.VSOvKIoC6Zwa2aAAKXle\n";
+
+/// Samples every helm process until `done`; panics on a leaked password.
+fn watch_helm(
+    helm: &Path,
+    done: &std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> tokio::task::JoinHandle<usize> {
+    let (done, helm) = (std::sync::Arc::clone(done), helm.to_owned());
+    tokio::task::spawn_blocking(move || {
+        let mut seen = 0;
+        while !done.load(std::sync::atomic::Ordering::SeqCst) {
+            for (cmdline, environ) in all_helm_processes(&helm) {
+                seen += 1;
+                assert_eq!(
+                    leaks(&cmdline),
+                    None,
+                    "a password is on helm's command line"
+                );
+                assert_eq!(leaks(&environ), None, "a password is in helm's environment");
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        seen
+    })
+}
+
+async fn oci_registry_with_and_without_credentials(helm: PathBuf) {
+    let ns = TestNamespace::create("helm-oci").await.expect("namespace");
+    let cx = context().await;
+    let chart_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("charts/helm-plain");
+
+    // Without authentication.
+    let open = OciRegistry::start(None).await;
+    open.push(&helm, &chart_dir, None);
+    let release = HelmRelease::new(
+        "oci-open",
+        Chart::oci(format!("{}/charts/helm-plain", open.host)),
+    )
+    .namespace(ns.name())
+    .helm(&helm)
+    .version("0.1.0")
+    .plain_http(true)
+    .wait(WAIT);
+    settle(&cx, &release, "install from the open registry").await;
+    assert_eq!(available(&ns, "oci-open").await, Some(1));
+
+    // With authentication: the password only through stdin.
+    let private = OciRegistry::start(Some(OCI_HTPASSWD)).await;
+    private.push(&helm, &chart_dir, Some(("robot", OCI_PASSWORD)));
+    let release = |credentials: Option<Credentials>| {
+        let release = HelmRelease::new(
+            "oci-private",
+            Chart::oci(format!("{}/charts/helm-plain", private.host)),
+        )
+        .namespace(ns.name())
+        .helm(&helm)
+        .version("0.1.0")
+        .plain_http(true)
+        .wait(WAIT);
+        match credentials {
+            Some(credentials) => release.credentials(credentials),
+            None => release,
+        }
+    };
+    let error = cx
+        .provision(&release(None))
+        .await
+        .expect_err("needs credentials");
+    assert_eq!(
+        leaks(format!("{error} {error:?}").as_bytes()),
+        None,
+        "{error}"
+    );
+    let wrong = cx
+        .provision(&release(Some(Credentials::basic(
+            "robot",
+            "wrong-oci-pa55-31aa",
+        ))))
+        .await
+        .expect_err("wrong password");
+    let text = format!("{wrong} {wrong:?}");
+    assert!(!text.contains("wrong-oci-pa55-31aa"), "{text}");
+
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watcher = watch_helm(&helm, &done);
+    settle(
+        &cx,
+        &release(Some(Credentials::basic("robot", OCI_PASSWORD))),
+        "install from the private registry",
+    )
+    .await;
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        watcher.await.expect("watcher") > 0,
+        "no helm process was seen"
+    );
+    assert_eq!(available(&ns, "oci-private").await, Some(1));
     ns.cleanup().await.expect("cleanup");
 }

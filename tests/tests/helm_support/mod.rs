@@ -349,3 +349,136 @@ impl Drop for ChartRepository {
         self.server.abort();
     }
 }
+
+/// The OCI registry (CNCF distribution) from `cargo xtask tools`:
+/// `PROVISIONERS_REGISTRY`, else its place in the tool cache next to Helm 3.
+pub fn registry_binary() -> PathBuf {
+    if let Some(path) = std::env::var_os("PROVISIONERS_REGISTRY").filter(|p| !p.is_empty()) {
+        return PathBuf::from(path);
+    }
+    let helm3 = cluster::helm3().expect("PROVISIONERS_HELM3");
+    helm3
+        .parent()
+        .and_then(Path::parent)
+        .expect("the tool cache")
+        .join("registry-v3.1.2/registry")
+}
+
+/// An OCI registry on loopback, with basic auth when `htpasswd` is given
+/// (bcrypt lines, as the registry reads them); stopped on drop.
+pub struct OciRegistry {
+    pub host: String,
+    child: std::process::Child,
+    _dir: tempfile::TempDir,
+}
+
+impl OciRegistry {
+    pub async fn start(htpasswd: Option<&str>) -> Self {
+        let dir = temp_root();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let host = format!("127.0.0.1:{port}");
+        let mut config = format!(
+            "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: {host}\n",
+            dir.path().join("storage").display()
+        );
+        if let Some(htpasswd) = htpasswd {
+            let file = dir.path().join("htpasswd");
+            std::fs::write(&file, htpasswd).expect("htpasswd");
+            config.push_str(&format!(
+                "auth:\n  htpasswd:\n    realm: charts\n    path: {}\n",
+                file.display()
+            ));
+        }
+        let config_path = dir.path().join("config.yml");
+        std::fs::write(&config_path, config).expect("registry config");
+        let child = std::process::Command::new(registry_binary())
+            .arg("serve")
+            .arg(&config_path)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start the registry (cargo xtask tools builds it)");
+        let registry = OciRegistry {
+            host,
+            child,
+            _dir: dir,
+        };
+        cluster::eventually(
+            "the registry to listen",
+            DEADLINE,
+            Duration::from_millis(50),
+            || async {
+                tokio::net::TcpStream::connect(&registry.host)
+                    .await
+                    .ok()
+                    .map(drop)
+            },
+        )
+        .await;
+        registry
+    }
+
+    /// Packages `chart` and pushes it to `oci://HOST/charts`, logged in with
+    /// `credentials` (username, password on stdin) in a private helm config.
+    pub fn push(&self, helm: &Path, chart: &Path, credentials: Option<(&str, &str)>) {
+        use std::io::Write as _;
+        let home = temp_root();
+        let env = |cmd: &mut std::process::Command| {
+            cmd.env("HELM_CONFIG_HOME", home.path().join("config"))
+                .env("HELM_CACHE_HOME", home.path().join("cache"))
+                .env("HELM_DATA_HOME", home.path().join("data"));
+        };
+        let mut package = std::process::Command::new(helm);
+        package
+            .arg("package")
+            .arg(chart)
+            .arg("--destination")
+            .arg(home.path());
+        env(&mut package);
+        let packaged = package.output().expect("helm package");
+        assert!(packaged.status.success(), "{packaged:?}");
+        if let Some((username, password)) = credentials {
+            let mut login = std::process::Command::new(helm);
+            login
+                .args(["registry", "login", &self.host, "--plain-http"])
+                .args(["--username", username, "--password-stdin"])
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped());
+            env(&mut login);
+            let mut child = login.spawn().expect("helm registry login");
+            child
+                .stdin
+                .take()
+                .expect("stdin")
+                .write_all(password.as_bytes())
+                .expect("password");
+            let output = child.wait_with_output().expect("login");
+            assert!(output.status.success(), "{output:?}");
+        }
+        let archive = std::fs::read_dir(home.path())
+            .expect("read")
+            .flatten()
+            .map(|e| e.path())
+            .find(|p| p.extension().is_some_and(|e| e == "tgz"))
+            .expect("the packaged chart");
+        let mut push = std::process::Command::new(helm);
+        push.arg("push")
+            .arg(&archive)
+            .arg(format!("oci://{}/charts", self.host))
+            .arg("--plain-http");
+        env(&mut push);
+        let pushed = push.output().expect("helm push");
+        assert!(pushed.status.success(), "{pushed:?}");
+    }
+}
+
+impl Drop for OciRegistry {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
