@@ -5,47 +5,20 @@
 //! (see docs/testing.md): `PROVISIONERS_KUBECONFIG`, `PROVISIONERS_HELM3` and
 //! `PROVISIONERS_HELM4` must be set.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-use kube::api::{Api, ListParams};
-use kube::config::Kubeconfig;
-use provisioners::{Cluster, Concurrent, Context, ErrorKind, Manifest, Provisioner, Serial};
-use provisioners_helm::{Chart, DIGEST_LABEL, HelmRelease};
+use kube::api::Api;
+use provisioners::{Concurrent, ErrorKind, Manifest, Serial};
+use provisioners_helm::{Chart, HelmRelease};
 use provisioners_testing::cluster::{self, HarnessCluster, TestNamespace};
 use serde_json::json;
 
-/// Generous for 2 cores running control planes and a parallel test suite.
-const DEADLINE: Duration = Duration::from_secs(120);
-const WAIT: Duration = Duration::from_secs(120);
-const SECRET: &str = "pa55-word-that-must-not-leak-7f3a";
-
-/// One test per helm version for each scenario.
-macro_rules! both_helms {
-    ($($scenario:ident),* $(,)?) => {
-        mod helm3 {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                #[ignore = "needs the local control plane (cargo xtask test)"]
-                async fn $scenario() {
-                    super::$scenario(super::cluster::helm3().expect("PROVISIONERS_HELM3")).await;
-                }
-            )*
-        }
-        mod helm4 {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                #[ignore = "needs the local control plane (cargo xtask test)"]
-                async fn $scenario() {
-                    super::$scenario(super::cluster::helm4().expect("PROVISIONERS_HELM4")).await;
-                }
-            )*
-        }
-    };
-}
+#[macro_use]
+mod helm_support;
+use helm_support::*;
 
 both_helms!(
     plain_chart_install_upgrade_noop_uninstall,
@@ -90,144 +63,6 @@ async fn helm4_new_release_with_an_unknown_field_is_refused() {
     ns.cleanup().await.expect("cleanup");
 }
 
-fn chart(name: &str) -> Chart {
-    Chart::local(
-        Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("charts")
-            .join(name),
-    )
-}
-
-async fn context() -> Context {
-    let path = HarnessCluster::Primary
-        .kubeconfig_path()
-        .expect("PROVISIONERS_KUBECONFIG");
-    let kubeconfig = Kubeconfig::read_from(&path).expect("kubeconfig");
-    Context::new(
-        Cluster::from_kubeconfig("helm-tests", kubeconfig)
-            .await
-            .expect("cluster"),
-    )
-}
-
-/// A private directory for the release's work directories, so a test can
-/// tell that nothing was left behind.
-fn temp_root() -> tempfile::TempDir {
-    tempfile::Builder::new()
-        .prefix("helm-test-")
-        .tempdir()
-        .expect("temp dir")
-}
-
-fn entries(dir: &Path) -> Vec<PathBuf> {
-    std::fs::read_dir(dir)
-        .expect("read temp root")
-        .map(|e| e.expect("entry").path())
-        .collect()
-}
-
-/// Polls `check` every 20 ms until it returns `Some`, or panics with `what`.
-async fn eventually<T, F, Fut>(what: &str, check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    cluster::eventually(what, DEADLINE, Duration::from_millis(20), check).await
-}
-
-/// The newest revision's (number, status, digest label) from helm's records.
-async fn release_record(
-    ns: &TestNamespace,
-    release: &str,
-) -> Option<(u32, String, Option<String>)> {
-    let secrets = ns
-        .api::<Secret>()
-        .list_metadata(&ListParams::default().labels(&format!("owner=helm,name={release}")))
-        .await
-        .expect("list release records");
-    secrets
-        .items
-        .into_iter()
-        .map(|s| {
-            let labels: BTreeMap<String, String> = s.metadata.labels.unwrap_or_default();
-            (
-                labels["version"].parse::<u32>().expect("version label"),
-                labels["status"].clone(),
-                labels.get(DIGEST_LABEL).cloned(),
-            )
-        })
-        .max_by_key(|r| r.0)
-}
-
-async fn available(ns: &TestNamespace, name: &str) -> Option<i32> {
-    let deployment = ns
-        .api::<Deployment>()
-        .get_opt(name)
-        .await
-        .expect("get deployment")?;
-    deployment.status.and_then(|s| s.available_replicas)
-}
-
-/// A helm process seen in /proc: its pid, arguments and environment.
-struct HelmProcess {
-    pid: u32,
-    args: Vec<String>,
-    environ: Vec<u8>,
-    cmdline: Vec<u8>,
-}
-
-impl HelmProcess {
-    fn flag(&self, name: &str) -> Option<&str> {
-        let i = self.args.iter().position(|a| a == name)?;
-        self.args.get(i + 1).map(String::as_str)
-    }
-}
-
-/// Live (not zombie) helm processes started from `helm` whose arguments name `namespace`.
-fn helm_processes(helm: &Path, namespace: &str) -> Vec<HelmProcess> {
-    let mut found = Vec::new();
-    let Ok(proc) = std::fs::read_dir("/proc") else {
-        return found;
-    };
-    for entry in proc.flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
-            continue;
-        };
-        let args: Vec<String> = cmdline
-            .split(|b| *b == 0)
-            .filter(|a| !a.is_empty())
-            .map(|a| String::from_utf8_lossy(a).into_owned())
-            .collect();
-        if args.first().map(Path::new) != Some(helm) || !args.iter().any(|a| a == namespace) {
-            continue;
-        }
-        let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .map(|stat| stat.contains(") Z "))
-            .unwrap_or(true);
-        if zombie {
-            continue;
-        }
-        let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
-        found.push(HelmProcess {
-            pid,
-            args,
-            environ,
-            cmdline,
-        });
-    }
-    found
-}
-
-fn mode(path: &str) -> Option<u32> {
-    use std::os::unix::fs::PermissionsExt as _;
-    std::fs::metadata(path)
-        .ok()
-        .map(|m| m.permissions().mode() & 0o777)
-}
-
 async fn plain_chart_install_upgrade_noop_uninstall(helm: PathBuf) {
     let ns = TestNamespace::create("helm-plain")
         .await
@@ -243,7 +78,7 @@ async fn plain_chart_install_upgrade_noop_uninstall(helm: PathBuf) {
     };
 
     // Install: the Deployment is Available when provision returns.
-    cx.provision(&release("hello", 1)).await.expect("install");
+    settle(&cx, &release("hello", 1), "install").await;
     assert_eq!(available(&ns, "web").await, Some(1));
     let (revision, status, digest) = release_record(&ns, "web").await.expect("recorded");
     assert_eq!((revision, status.as_str()), (1, "deployed"));
@@ -251,7 +86,7 @@ async fn plain_chart_install_upgrade_noop_uninstall(helm: PathBuf) {
 
     // No change: no helm run, no new revision, and fast.
     let started = Instant::now();
-    cx.provision(&release("hello", 1)).await.expect("no-op");
+    settle(&cx, &release("hello", 1), "no-op").await;
     let noop = started.elapsed();
     assert_eq!(release_record(&ns, "web").await.expect("recorded").0, 1);
     eprintln!("no-op provision took {noop:?}");
@@ -269,9 +104,12 @@ async fn plain_chart_install_upgrade_noop_uninstall(helm: PathBuf) {
         .output()
         .expect("helm upgrade by hand");
     assert!(manual.status.success(), "{manual:?}");
-    cx.provision(&release("hello", 1))
-        .await
-        .expect("provision over the manual revision");
+    settle(
+        &cx,
+        &release("hello", 1),
+        "provision over the manual revision",
+    )
+    .await;
     assert_eq!(release_record(&ns, "web").await.expect("recorded").0, 3);
     let settings = ns
         .api::<ConfigMap>()
@@ -281,9 +119,7 @@ async fn plain_chart_install_upgrade_noop_uninstall(helm: PathBuf) {
     assert_eq!(settings.data.expect("data")["greeting"], "hello");
 
     // Changed values: an upgrade.
-    cx.provision(&release("bonjour", 2))
-        .await
-        .expect("upgrade values");
+    settle(&cx, &release("bonjour", 2), "upgrade values").await;
     assert_eq!(available(&ns, "web").await, Some(2));
     let settings = ns
         .api::<ConfigMap>()
@@ -312,7 +148,7 @@ async fn plain_chart_install_upgrade_noop_uninstall(helm: PathBuf) {
         .values(&json!({"greeting": "bonjour"}))
         .set("replicas", 2)
         .wait(WAIT);
-    cx.provision(&bumped).await.expect("upgrade chart version");
+    settle(&cx, &bumped, "upgrade chart version").await;
     let settings = ns
         .api::<ConfigMap>()
         .get("web-settings")
@@ -320,9 +156,7 @@ async fn plain_chart_install_upgrade_noop_uninstall(helm: PathBuf) {
         .expect("configmap");
     assert_eq!(settings.data.expect("data")["chartVersion"], "0.2.0");
     assert_eq!(release_record(&ns, "web").await.expect("recorded").0, 5);
-    cx.provision(&bumped)
-        .await
-        .expect("no-op after the version change");
+    settle(&cx, &bumped, "no-op after the version change").await;
     assert_eq!(release_record(&ns, "web").await.expect("recorded").0, 5);
 
     // Uninstall gates until the release and its objects are gone.
@@ -362,19 +196,6 @@ async fn plain_chart_install_upgrade_noop_uninstall(helm: PathBuf) {
     ns.cleanup().await.expect("cleanup");
 }
 
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).expect("mkdir");
-    for entry in std::fs::read_dir(from).expect("read chart") {
-        let entry = entry.expect("entry");
-        let target = to.join(entry.file_name());
-        if entry.file_type().expect("type").is_dir() {
-            copy_dir(&entry.path(), &target);
-        } else {
-            std::fs::copy(entry.path(), target).expect("copy");
-        }
-    }
-}
-
 async fn chart_with_crds_and_a_custom_resource(helm: PathBuf) {
     let ns = TestNamespace::create("helm-crds").await.expect("namespace");
     let cx = context().await;
@@ -391,36 +212,23 @@ async fn chart_with_crds_and_a_custom_resource(helm: PathBuf) {
             .helm(&helm)
             .set("size", size.to_owned())
     };
-    cx.provision(&release("small"))
-        .await
-        .expect("install with CRDs");
+    settle(&cx, &release("small"), "install with CRDs").await;
     let api: Api<kube::api::DynamicObject> =
         Api::namespaced_with(ns.client().clone(), ns.name(), &widgets);
     let widget = api.get("gadget").await.expect("custom resource");
     assert_eq!(widget.data["spec"]["size"], "small");
 
-    cx.provision(&release("large")).await.expect("upgrade");
+    settle(&cx, &release("large"), "upgrade").await;
     assert_eq!(
         api.get("gadget").await.expect("cr").data["spec"]["size"],
         "large"
     );
-    cx.provision(&release("large")).await.expect("no-op");
+    settle(&cx, &release("large"), "no-op").await;
     assert_eq!(release_record(&ns, "gadget").await.expect("recorded").0, 2);
 
     deprovision_until_gone(&cx, &release("large")).await;
     assert!(api.get_opt("gadget").await.expect("get").is_none());
     ns.cleanup().await.expect("cleanup");
-}
-
-async fn deprovision_until_gone(cx: &Context, node: &(impl Provisioner + ?Sized)) {
-    eventually("deprovision to finish", || async move {
-        match cx.deprovision(node).await {
-            Ok(()) => Some(()),
-            Err(e) if e.is_yield() => None,
-            Err(e) => panic!("deprovision failed: {e}"),
-        }
-    })
-    .await;
 }
 
 async fn missing_required_value_is_a_clear_error(helm: PathBuf) {
@@ -445,7 +253,7 @@ async fn missing_required_value_is_a_clear_error(helm: PathBuf) {
 
     // With the value it installs.
     let fixed = release.set("database.host", "db.example.com");
-    cx.provision(&fixed).await.expect("install with the value");
+    settle(&cx, &fixed, "install with the value").await;
     let config = ns
         .api::<ConfigMap>()
         .get("db-client-database")
@@ -488,7 +296,7 @@ async fn hooks_run_on_install_and_upgrade(helm: PathBuf) {
             .helm(&helm)
             .set("message", message.to_owned())
     };
-    cx.provision(&release("one")).await.expect("install");
+    settle(&cx, &release("one"), "install").await;
     let config_maps = ns.api::<ConfigMap>();
     assert!(
         config_maps
@@ -503,7 +311,7 @@ async fn hooks_run_on_install_and_upgrade(helm: PathBuf) {
         .expect("post hook");
     assert_eq!(post.data.expect("data")["message"], "one");
 
-    cx.provision(&release("two")).await.expect("upgrade");
+    settle(&cx, &release("two"), "upgrade").await;
     let post = config_maps
         .get("hooked-post-install")
         .await
@@ -542,7 +350,7 @@ async fn inside_serial_and_concurrent_groups_with_other_provisioners(helm: PathB
                 .with(manifest("flags")),
         )
         .with(release("gamma"));
-    cx.provision(&tree).await.expect("provision the tree");
+    settle(&cx, &tree, "provision the tree").await;
     for name in ["alpha", "beta", "gamma"] {
         assert_eq!(available(&ns, name).await, Some(1), "{name}");
     }
@@ -555,9 +363,7 @@ async fn inside_serial_and_concurrent_groups_with_other_provisioners(helm: PathB
                 .is_some()
         );
     }
-    cx.provision(&tree)
-        .await
-        .expect("second provision is a no-op");
+    settle(&cx, &tree, "second provision is a no-op").await;
     assert_eq!(release_record(&ns, "alpha").await.expect("recorded").0, 1);
 
     // An error inside the tree names the node's path.
@@ -597,10 +403,11 @@ async fn secrets_stay_off_argv_and_env_and_files_are_private_and_removed(helm: P
             .grace_period(Duration::from_secs(5))
     };
 
-    // A run that cannot finish (no node matches), watched from /proc, then cancelled.
+    // A run that cannot finish (a hook that never completes, which helm
+    // waits for even without --wait), watched from /proc, then cancelled.
     let token = provisioners::CancellationToken::new();
     let cancelled_cx = context().await.with_cancellation(token.clone());
-    let stuck = release(json!({"no-such-node": "true"}));
+    let stuck = release(json!({"no-such-node": "true"})).set("stuckHook", true);
     let provision = cancelled_cx.provision(&stuck);
     let watch = async {
         let seen = eventually("helm to run", || async {
@@ -660,7 +467,7 @@ async fn secrets_stay_off_argv_and_env_and_files_are_private_and_removed(helm: P
     .await;
 
     // Success, then failure: nothing left behind either time.
-    cx.provision(&release(json!({}))).await.expect("install");
+    settle(&cx, &release(json!({})), "install").await;
     assert!(entries(root.path()).is_empty(), "left behind after success");
     let secret = ns
         .api::<Secret>()
@@ -689,8 +496,8 @@ async fn dropping_a_provision_during_wait_leaves_no_helm_process(helm: PathBuf) 
             .wait(WAIT)
             .grace_period(Duration::from_secs(5))
     };
-    let stuck = release(json!({"no-such-node": "true"}));
-    // Drop the provision as soon as helm is waiting.
+    let stuck = release(json!({"no-such-node": "true"})).set("stuckHook", true);
+    // Drop the provision as soon as helm is waiting (for a hook that never completes).
     tokio::select! {
         result = cx.provision(&stuck) => panic!("finished while it cannot: {result:?}"),
         () = eventually("helm to wait", || async {
@@ -707,9 +514,7 @@ async fn dropping_a_provision_during_wait_leaves_no_helm_process(helm: PathBuf) 
     .await;
 
     // The next provision brings the release to deployed.
-    cx.provision(&release(json!({})))
-        .await
-        .expect("provision after the drop");
+    settle(&cx, &release(json!({})), "provision after the drop").await;
     let (_, status, _) = release_record(&ns, "slow").await.expect("recorded");
     assert_eq!(status, "deployed");
     assert_eq!(available(&ns, "slow").await, Some(1));
@@ -728,7 +533,7 @@ async fn release_stuck_in_pending_install_is_recovered(helm: PathBuf) {
             .set("nodeSelector", node_selector)
             .wait(WAIT)
     };
-    let stuck = release(json!({"no-such-node": "true"}));
+    let stuck = release(json!({"no-such-node": "true"})).set("stuckHook", true);
     let token = provisioners::CancellationToken::new();
     let killing_cx = context().await.with_cancellation(token.clone());
     let provision = killing_cx.provision(&stuck);
@@ -753,23 +558,11 @@ async fn release_stuck_in_pending_install_is_recovered(helm: PathBuf) {
     let (_, status, _) = release_record(&ns, "stuck").await.expect("recorded");
     assert_eq!(status, "pending-install", "helm left it pending");
 
-    cx.provision(&release(json!({}))).await.expect("recovered");
+    settle(&cx, &release(json!({})), "recovered").await;
     let (_, status, _) = release_record(&ns, "stuck").await.expect("recorded");
     assert_eq!(status, "deployed");
     assert_eq!(available(&ns, "stuck").await, Some(1));
     ns.cleanup().await.expect("cleanup");
-}
-
-/// SIGKILLs every helm of `namespace` once the newest record has `status`.
-async fn kill_helm_when(helm: &Path, ns: &TestNamespace, release: &str, status: &str) {
-    eventually(&format!("the release to be {status}"), || async {
-        release_record(ns, release).await.filter(|r| r.1 == status)
-    })
-    .await;
-    for process in helm_processes(helm, ns.name()) {
-        let pid = nix::unistd::Pid::from_raw(i32::try_from(process.pid).expect("pid"));
-        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).expect("SIGKILL helm");
-    }
 }
 
 async fn release_stuck_in_pending_upgrade_is_recovered(helm: PathBuf) {
@@ -785,11 +578,9 @@ async fn release_stuck_in_pending_upgrade_is_recovered(helm: PathBuf) {
             .set("nodeSelector", node_selector)
             .wait(WAIT)
     };
-    cx.provision(&release("one", json!({})))
-        .await
-        .expect("install");
+    settle(&cx, &release("one", json!({})), "install").await;
 
-    let stuck = release("two", json!({"no-such-node": "true"}));
+    let stuck = release("two", json!({"no-such-node": "true"})).set("stuckHook", true);
     let (result, ()) = tokio::join!(
         cx.provision(&stuck),
         kill_helm_when(&helm, &ns, "upgraded", "pending-upgrade")
@@ -798,9 +589,7 @@ async fn release_stuck_in_pending_upgrade_is_recovered(helm: PathBuf) {
     let (revision, status, _) = release_record(&ns, "upgraded").await.expect("recorded");
     assert_eq!((revision, status.as_str()), (2, "pending-upgrade"));
 
-    cx.provision(&release("three", json!({})))
-        .await
-        .expect("recovered");
+    settle(&cx, &release("three", json!({})), "recovered").await;
     // Rolled back to revision 1 (as revision 3), then upgraded (revision 4).
     let (revision, status, _) = release_record(&ns, "upgraded").await.expect("recorded");
     assert_eq!((revision, status.as_str()), (4, "deployed"));
@@ -812,98 +601,6 @@ async fn release_stuck_in_pending_upgrade_is_recovered(helm: PathBuf) {
     assert_eq!(settings.data.expect("data")["greeting"], "three");
     assert_eq!(available(&ns, "upgraded").await, Some(1));
     ns.cleanup().await.expect("cleanup");
-}
-
-/// A chart repository on loopback: `index.yaml` and the packaged chart,
-/// served by a minimal HTTP/1.1 server that counts requests.
-struct ChartRepository {
-    url: String,
-    requests: std::sync::Arc<std::sync::atomic::AtomicUsize>,
-    _dir: tempfile::TempDir,
-    server: tokio::task::JoinHandle<()>,
-}
-
-impl ChartRepository {
-    async fn start(helm: &Path) -> Self {
-        use std::sync::Arc;
-        use std::sync::atomic::{AtomicUsize, Ordering};
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-        let dir = temp_root();
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let url = format!("http://{}", listener.local_addr().expect("address"));
-        let package = std::process::Command::new(helm)
-            .arg("package")
-            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("charts/helm-plain"))
-            .arg("--destination")
-            .arg(dir.path())
-            .output()
-            .expect("helm package");
-        assert!(package.status.success(), "{package:?}");
-        let index = std::process::Command::new(helm)
-            .args(["repo", "index"])
-            .arg(dir.path())
-            .args(["--url", &url])
-            .output()
-            .expect("helm repo index");
-        assert!(index.status.success(), "{index:?}");
-
-        let requests = Arc::new(AtomicUsize::new(0));
-        let root = dir.path().to_owned();
-        let counter = Arc::clone(&requests);
-        let server = tokio::spawn(async move {
-            while let Ok((mut stream, _)) = listener.accept().await {
-                counter.fetch_add(1, Ordering::SeqCst);
-                let root = root.clone();
-                tokio::spawn(async move {
-                    let mut request = Vec::new();
-                    let mut buffer = [0u8; 4096];
-                    while !request.windows(4).any(|w| w == b"\r\n\r\n") {
-                        match stream.read(&mut buffer).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => request.extend_from_slice(&buffer[..n]),
-                        }
-                    }
-                    let line = String::from_utf8_lossy(&request);
-                    let path = line.split_whitespace().nth(1).unwrap_or("/").to_owned();
-                    let file = root.join(path.trim_start_matches('/'));
-                    let response = match std::fs::read(&file) {
-                        Ok(body) if !path.contains("..") => {
-                            let mut r = format!(
-                                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                                body.len()
-                            )
-                            .into_bytes();
-                            r.extend_from_slice(&body);
-                            r
-                        }
-                        _ => b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-                            .to_vec(),
-                    };
-                    let _ = stream.write_all(&response).await;
-                    let _ = stream.shutdown().await;
-                });
-            }
-        });
-        ChartRepository {
-            url,
-            requests,
-            _dir: dir,
-            server,
-        }
-    }
-
-    fn requests(&self) -> usize {
-        self.requests.load(std::sync::atomic::Ordering::SeqCst)
-    }
-}
-
-impl Drop for ChartRepository {
-    fn drop(&mut self) {
-        self.server.abort();
-    }
 }
 
 async fn chart_from_a_repository_with_a_pinned_version(helm: PathBuf) {
@@ -920,9 +617,7 @@ async fn chart_from_a_repository_with_a_pinned_version(helm: PathBuf) {
         .version(version.to_owned())
         .wait(WAIT)
     };
-    cx.provision(&release("0.1.0"))
-        .await
-        .expect("install from the repository");
+    settle(&cx, &release("0.1.0"), "install from the repository").await;
     assert_eq!(available(&ns, "from-repo").await, Some(1));
     let fetched = repository.requests();
     assert!(
@@ -931,7 +626,7 @@ async fn chart_from_a_repository_with_a_pinned_version(helm: PathBuf) {
     );
 
     // Pinned: the no-op needs neither helm nor the repository.
-    cx.provision(&release("0.1.0")).await.expect("no-op");
+    settle(&cx, &release("0.1.0"), "no-op").await;
     assert_eq!(repository.requests(), fetched);
     assert_eq!(
         release_record(&ns, "from-repo").await.expect("recorded").0,
@@ -939,9 +634,7 @@ async fn chart_from_a_repository_with_a_pinned_version(helm: PathBuf) {
     );
 
     // A range cannot be known without asking the repository: helm runs.
-    cx.provision(&release("^0.1"))
-        .await
-        .expect("upgrade through a range");
+    settle(&cx, &release("^0.1"), "upgrade through a range").await;
     assert!(repository.requests() > fetched);
     assert_eq!(
         release_record(&ns, "from-repo").await.expect("recorded").0,
@@ -975,9 +668,7 @@ async fn packaged_chart_into_a_namespace_it_creates(helm: PathBuf) {
         .create_namespace(true)
         .helm(&helm)
         .wait(WAIT);
-    cx.provision(&release)
-        .await
-        .expect("install from the archive");
+    settle(&cx, &release, "install from the archive").await;
     let namespaces = Api::<k8s_openapi::api::core::v1::Namespace>::all(ns.client().clone());
     assert!(namespaces.get_opt(&target).await.expect("get").is_some());
     let deployments = Api::<Deployment>::namespaced(ns.client().clone(), &target);
@@ -986,7 +677,7 @@ async fn packaged_chart_into_a_namespace_it_creates(helm: PathBuf) {
         deployment.status.and_then(|s| s.available_replicas),
         Some(1)
     );
-    cx.provision(&release).await.expect("no-op");
+    settle(&cx, &release, "no-op").await;
 
     deprovision_until_gone(&cx, &release).await;
     assert!(

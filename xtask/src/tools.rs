@@ -26,6 +26,8 @@ pub(crate) const KWOK_VERSION: &str = "v0.8.0";
 pub(crate) const HELM3_VERSION: &str = "v3.22.0";
 /// Helm 4 release (`helm.sh/helm/v4`).
 pub(crate) const HELM4_VERSION: &str = "v4.3.1";
+/// The OCI registry the helm tests push charts to (`github.com/distribution/distribution/v3`).
+pub(crate) const REGISTRY_VERSION: &str = "v3.1.2";
 
 /// Stages shipped in the kwok module that make nodes Ready (with leases) and pods
 /// Running, Succeeded and deleted: the set `kwokctl` installs by default.
@@ -53,6 +55,8 @@ pub(crate) struct Tools {
     pub(crate) kwok_stages: PathBuf,
     pub(crate) helm3: PathBuf,
     pub(crate) helm4: PathBuf,
+    /// An OCI registry (CNCF distribution) for the helm OCI tests.
+    pub(crate) registry: PathBuf,
 }
 
 /// One cache entry: a directory `<name>-<version>` with the files a recipe builds.
@@ -63,15 +67,17 @@ enum Package {
     Kwok,
     Helm3,
     Helm4,
+    Registry,
 }
 
 impl Package {
-    const ALL: [Package; 5] = [
+    const ALL: [Package; 6] = [
         Package::Kubernetes,
         Package::Etcd,
         Package::Kwok,
         Package::Helm3,
         Package::Helm4,
+        Package::Registry,
     ];
 
     fn name(self) -> &'static str {
@@ -81,6 +87,7 @@ impl Package {
             Package::Kwok => "kwok",
             Package::Helm3 => "helm3",
             Package::Helm4 => "helm4",
+            Package::Registry => "registry",
         }
     }
 
@@ -91,6 +98,7 @@ impl Package {
             Package::Kwok => KWOK_VERSION,
             Package::Helm3 => HELM3_VERSION,
             Package::Helm4 => HELM4_VERSION,
+            Package::Registry => REGISTRY_VERSION,
         }
     }
 
@@ -106,6 +114,7 @@ impl Package {
             Package::Etcd => &["etcd"],
             Package::Kwok => &["kwok"],
             Package::Helm3 | Package::Helm4 => &["helm"],
+            Package::Registry => &["registry"],
         }
     }
 
@@ -153,6 +162,7 @@ impl Tools {
             ("kwok-stages", &self.kwok_stages),
             ("helm3", &self.helm3),
             ("helm4", &self.helm4),
+            ("registry", &self.registry),
         ] {
             let _ = writeln!(out, "{name:<24} {}", path.display());
         }
@@ -247,6 +257,7 @@ pub(crate) fn ensure() -> Result<Tools> {
         kwok_stages: Package::Kwok.dir(&cache).join(KWOK_STAGES_FILE),
         helm3: get(Package::Helm3, "helm")?,
         helm4: get(Package::Helm4, "helm")?,
+        registry: get(Package::Registry, "registry")?,
     })
 }
 
@@ -366,6 +377,13 @@ fn build(package: Package, missing: &[&'static str], cache: &Path) -> Result<()>
             "helm.sh/helm/v4/cmd/helm",
             HELM4_VERSION,
             &format!("-s -w -X helm.sh/helm/v4/internal/version.version={HELM4_VERSION}"),
+        )?,
+        Package::Registry => go_install(
+            &work,
+            &out,
+            "github.com/distribution/distribution/v3/cmd/registry",
+            REGISTRY_VERSION,
+            "-s -w",
         )?,
     }
 

@@ -29,9 +29,47 @@ pub fn contains(live: &Value, desired: &Value) -> bool {
     }
 }
 
+/// Like [`contains`], for a manifest as a renderer wrote it (a Helm chart's
+/// templates) rather than as the server returns it: a `null`, an empty map
+/// or an empty list in `desired` also matches a missing key (the server
+/// drops them), and a number matches the same number written as a string
+/// (`cpu: 1` comes back as `"1"`) or as a float (`1.0`).
+pub fn contains_rendered(live: &Value, desired: &Value) -> bool {
+    match (live, desired) {
+        (Value::Object(live), Value::Object(desired)) => {
+            desired.iter().all(|(key, value)| match live.get(key) {
+                Some(l) => contains_rendered(l, value),
+                None => is_empty(value),
+            })
+        }
+        (Value::Array(live), Value::Array(desired)) => {
+            live.len() == desired.len()
+                && live
+                    .iter()
+                    .zip(desired)
+                    .all(|(l, d)| contains_rendered(l, d))
+        }
+        (Value::String(live), Value::Number(desired)) => *live == desired.to_string(),
+        (Value::Number(live), Value::Number(desired)) => {
+            live == desired || live.as_f64().is_some_and(|l| Some(l) == desired.as_f64())
+        }
+        (_, Value::Null) => true,
+        (live, desired) => live == desired,
+    }
+}
+
+fn is_empty(value: &Value) -> bool {
+    match value {
+        Value::Null => true,
+        Value::Object(map) => map.is_empty(),
+        Value::Array(items) => items.is_empty(),
+        _ => false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::contains;
+    use super::{contains, contains_rendered};
     use serde_json::json;
 
     #[test]
@@ -47,5 +85,25 @@ mod tests {
         ));
         assert!(!contains(&json!({"a": {"b": 1, "list": [1]}}), &desired));
         assert!(!contains(&json!({"a": {"b": 1}}), &desired));
+    }
+
+    #[test]
+    fn rendered_manifests_match_what_the_server_keeps() {
+        let rendered = json!({
+            "spec": {"replicas": 1, "cpu": 2, "ratio": 1.0, "annotations": null,
+                     "volumes": [], "securityContext": {}},
+        });
+        let live = json!({"spec": {"replicas": 1, "cpu": "2", "ratio": 1, "other": true}});
+        assert!(contains_rendered(&live, &rendered));
+        assert!(!contains(&live, &rendered));
+        assert!(!contains_rendered(
+            &json!({"spec": {"replicas": 2, "cpu": "2", "ratio": 1}}),
+            &rendered
+        ));
+        assert!(!contains_rendered(
+            &json!({"spec": {}}),
+            &json!({"spec": {"replicas": 1}})
+        ));
+        assert!(!contains_rendered(&json!({"v": "x"}), &json!({"v": ["x"]})));
     }
 }

@@ -1,7 +1,11 @@
 //! `HelmRelease` in a `Concurrent` group against a plain, shell-free loop of
 //! `helm upgrade --install --wait`, side by side on the same cluster: 20
 //! releases of a small chart whose Deployment must become Available, first
-//! installed, then provisioned again with no change.
+//! installed (ours: helm without `--wait`, then provisioned again after each
+//! yield until the readiness check passes, as a controller's requeue would),
+//! then provisioned again with no change: with the drift and readiness check
+//! (the default), and with `Drift::Ignore` and no wait (one API call per
+//! release), which shows what the drift check costs.
 //!
 //! Needs a cluster and the helm binaries: run with `cargo xtask bench helm`,
 //! which starts a local control plane and sets `PROVISIONERS_KUBECONFIG`,
@@ -21,9 +25,12 @@ use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
 use kube::config::Kubeconfig;
 use provisioners_core::{Cluster, Context};
 use provisioners_group::Concurrent;
-use provisioners_helm::{Chart, HelmRelease};
+use provisioners_helm::{Chart, Drift, HelmRelease};
 
 const WAIT: Duration = Duration::from_secs(300);
+
+/// How soon ours provisions again after a yield: a controller's requeue.
+const REQUEUE: Duration = Duration::from_millis(250);
 
 fn env_path(var: &str) -> PathBuf {
     match std::env::var_os(var) {
@@ -79,18 +86,36 @@ async fn all_available(client: &kube::Client, namespace: &str, expected: usize) 
     assert_eq!(available, expected, "Available Deployments in {namespace}");
 }
 
-fn group(helm: &Path, namespace: &str, releases: usize) -> Concurrent {
+/// `checked`: readiness wait and the default drift check; else
+/// `Drift::Ignore` and no wait (the same releases, so a no-op for them too).
+fn group(helm: &Path, namespace: &str, releases: usize, checked: bool) -> Concurrent {
     let mut group = Concurrent::new("bench");
     for i in 0..releases {
-        group.push(
-            HelmRelease::new(format!("app-{i}"), Chart::local(chart()))
-                .namespace(namespace)
-                .helm(helm)
-                .set("greeting", format!("hello {i}"))
-                .wait(WAIT),
-        );
+        let release = HelmRelease::new(format!("app-{i}"), Chart::local(chart()))
+            .namespace(namespace)
+            .helm(helm)
+            .set("greeting", format!("hello {i}"));
+        group.push(if checked {
+            release.wait(WAIT)
+        } else {
+            release.drift(Drift::Ignore)
+        });
     }
     group
+}
+
+/// Provisions `tree` again after each yield until it is done; returns how
+/// many calls it took.
+async fn provision_until_done(cx: &Context, tree: &Concurrent) -> usize {
+    let mut calls = 0;
+    loop {
+        calls += 1;
+        match cx.provision(tree).await {
+            Ok(()) => return calls,
+            Err(e) if e.is_yield() => tokio::time::sleep(REQUEUE).await,
+            Err(e) => panic!("provision the group: {e}"),
+        }
+    }
 }
 
 /// The baseline: `helm upgrade --install --wait`, one release after another,
@@ -158,13 +183,19 @@ async fn main() {
         let plain_ns = format!("bench-{tag}-plain-{run}");
         create_namespace(&client, &ours_ns).await;
         create_namespace(&client, &plain_ns).await;
-        let tree = group(helm, &ours_ns, releases);
+        let checked = group(helm, &ours_ns, releases, true);
+        let unchecked = group(helm, &ours_ns, releases, false);
 
-        for pass in ["first install", "no change"] {
+        for (pass, tree) in [
+            ("first install", &checked),
+            ("no change", &checked),
+            ("no change, `Drift::Ignore`, no wait", &unchecked),
+        ] {
             let started = Instant::now();
-            cx.provision(&tree).await.expect("provision the group");
+            let calls = provision_until_done(&cx, tree).await;
             let ours = started.elapsed();
             all_available(&client, &ours_ns, releases).await;
+            eprintln!("{label} {pass}: {calls} provision calls");
 
             let started = Instant::now();
             let (helm, kubeconfig, ns) = (helm.clone(), kubeconfig_path.clone(), plain_ns.clone());

@@ -6,11 +6,17 @@
 //! until the release and its objects are gone. Values and the cluster's
 //! kubeconfig reach helm through 0600 files in a private directory, never on
 //! the command line or in the environment; a release already deployed with
-//! the same chart, version and values is recognised in one API call without
-//! running helm; a release left `pending-*` by a helm that died is
-//! recovered; cancellation stops helm with SIGTERM, then SIGKILL after a
-//! grace period; a process-wide [bound](set_max_helm_processes) limits how
-//! many helm processes run at once.
+//! the same chart, version and values is recognised without running helm,
+//! and its objects are checked for [drift](Drift) against the manifest
+//! stored in helm's record (and repaired by an upgrade); helm never runs
+//! with `--wait`: readiness is checked with the shared
+//! [rules](provisioners_core::readiness) and `provision` yields until the
+//! release is ready or its deadline has passed; a release left `pending-*`
+//! by a helm that died is recovered, guarded by a per-release Lease against
+//! a second process; cancellation stops helm with SIGTERM, then SIGKILL
+//! after a grace period (see [`wait_for_helm_processes`] for a shutdown); a
+//! process-wide [bound](set_max_helm_processes) limits how many helm
+//! processes run at once.
 //!
 //! # Example
 //!
@@ -50,7 +56,9 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod chart;
+mod credentials;
 mod limit;
+mod objects;
 mod process;
 mod release;
 mod storage;
@@ -59,6 +67,9 @@ mod version;
 mod workdir;
 
 pub use chart::Chart;
-pub use limit::{DEFAULT_MAX_HELM_PROCESSES, max_helm_processes, set_max_helm_processes};
-pub use release::{DEFAULT_GRACE, DEFAULT_TIMEOUT, HelmRelease};
+pub use credentials::Credentials;
+pub use limit::{
+    DEFAULT_MAX_HELM_PROCESSES, max_helm_processes, set_max_helm_processes, wait_for_helm_processes,
+};
+pub use release::{DEFAULT_GRACE, DEFAULT_TIMEOUT, Drift, HelmRelease};
 pub use storage::{DIGEST_LABEL, REVISION_LABEL};

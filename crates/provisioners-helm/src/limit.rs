@@ -78,6 +78,33 @@ pub(crate) async fn acquire() -> Permit {
     }
 }
 
+/// Waits until no helm process started by this crate runs any more.
+///
+/// A cancelled tree returns at once while its helm processes get their
+/// [grace period](crate::HelmRelease::grace_period) to record the outcome in
+/// the background. An operator that is shutting down should await this after
+/// cancelling its root context and before its runtime stops, or a helm still
+/// in its grace period is killed with the runtime and may leave its release
+/// `pending-*`.
+///
+/// ```no_run
+/// # async fn example(token: provisioners_core::CancellationToken) {
+/// token.cancel();
+/// provisioners_helm::wait_for_helm_processes().await;
+/// # }
+/// ```
+pub async fn wait_for_helm_processes() {
+    loop {
+        let notified = LIMIT.freed.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        if state().running == 0 {
+            return;
+        }
+        notified.await;
+    }
+}
+
 #[cfg(test)]
 pub(crate) fn running() -> usize {
     state().running

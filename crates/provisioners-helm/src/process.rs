@@ -12,23 +12,36 @@ use std::ffi::OsString;
 use std::io;
 use std::path::PathBuf;
 use std::process::{ExitStatus, Stdio};
+use std::sync::Arc;
 use std::time::Duration;
 
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
-use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
 use tokio_util::sync::CancellationToken;
 
 use crate::limit::{self, Permit};
 use crate::workdir::WorkDir;
 
-/// One helm run: the binary, its arguments and its private directory.
-#[derive(Debug)]
+/// One helm run: the binary, its arguments, its private directory (shared
+/// by the steps of one operation, removed when the last is done) and what
+/// it reads on stdin (a password for `--password-stdin`).
 pub(crate) struct Invocation {
     pub(crate) program: PathBuf,
     pub(crate) args: Vec<OsString>,
-    pub(crate) work: WorkDir,
+    pub(crate) work: Arc<WorkDir>,
+    pub(crate) stdin: Option<Vec<u8>>,
+}
+
+impl std::fmt::Debug for Invocation {
+    // stdin may hold a password.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Invocation")
+            .field("program", &self.program)
+            .field("args", &self.args)
+            .finish_non_exhaustive()
+    }
 }
 
 /// What a finished process left.
@@ -64,12 +77,17 @@ pub(crate) async fn run(
         program,
         args,
         work,
+        stdin,
     } = invocation;
 
     let mut command = Command::new(&program);
     command
         .args(&args)
-        .stdin(Stdio::null())
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         // The working directory stays this process's: relative chart paths
@@ -92,8 +110,17 @@ pub(crate) async fn run(
             "the helm process exited before its id could be read",
         )));
     };
-    let stdout = child.stdout.take();
-    let stderr = child.stderr.take();
+    // Read in tasks of their own: the pipes must stay open while a cancelled
+    // helm exits, or its "Release ... has been cancelled" on stdout kills it
+    // with SIGPIPE before it can mark the release failed.
+    if let (Some(bytes), Some(mut pipe)) = (stdin, child.stdin.take()) {
+        tokio::spawn(async move {
+            // A helm that exits without reading it closes the pipe: not our error.
+            let _ = pipe.write_all(&bytes).await;
+        });
+    }
+    let stdout = tokio::spawn(read_all(child.stdout.take()));
+    let stderr = tokio::spawn(read_all(child.stderr.take()));
     let mut guard = DropGuard(Some(Running {
         child: Some(child),
         pid: Pid::from_raw(pid),
@@ -106,17 +133,8 @@ pub(crate) async fn run(
         let Some(child) = guard.0.as_mut().and_then(|r| r.child.as_mut()) else {
             return Err(RunError::Wait(io::Error::other("lost the helm process")));
         };
-        let completion = async {
-            let (stdout, stderr, status) =
-                tokio::join!(read_all(stdout), read_all(stderr), child.wait());
-            Ok::<_, io::Error>(Output {
-                status: status?,
-                stdout: stdout?,
-                stderr: stderr?,
-            })
-        };
         tokio::select! {
-            output = completion => Some(output),
+            status = child.wait() => Some(status),
             () = cancel.cancelled() => None,
         }
     };
@@ -125,8 +143,20 @@ pub(crate) async fn run(
         return Err(RunError::Wait(io::Error::other("lost the helm process")));
     };
     match finished {
-        Some(output) => {
+        Some(status) => {
             running.child = None;
+            let joined = |read: Result<io::Result<Vec<u8>>, tokio::task::JoinError>| {
+                read.map_err(io::Error::other).and_then(|bytes| bytes)
+            };
+            let output = async {
+                Ok::<_, io::Error>(Output {
+                    status: status?,
+                    stdout: joined(stdout.await)?,
+                    stderr: joined(stderr.await)?,
+                })
+            }
+            .await;
+            // The files go once the output is read (a grandchild may hold the pipes).
             drop(running);
             output.map_err(RunError::Wait)
         }
@@ -153,7 +183,7 @@ struct Running {
     child: Option<Child>,
     pid: Pid,
     grace: Duration,
-    work: Option<WorkDir>,
+    work: Option<Arc<WorkDir>>,
     permit: Option<Permit>,
 }
 
@@ -228,7 +258,8 @@ mod tests {
         Invocation {
             program: PathBuf::from(program),
             args: args.iter().map(OsString::from).collect(),
-            work: WorkDir::new(Some(root)).unwrap(),
+            work: Arc::new(WorkDir::new(Some(root)).unwrap()),
+            stdin: None,
         }
     }
 
@@ -281,6 +312,18 @@ mod tests {
         let stderr = String::from_utf8(output.stderr).unwrap();
         assert!(stderr.contains("/nonexistent-provisioners"), "{stderr}");
         assert_eq!(std::fs::read_dir(root.path()).unwrap().count(), 0);
+    }
+
+    #[tokio::test]
+    async fn stdin_is_written_and_closed() {
+        let root = tempfile::tempdir().unwrap();
+        let mut cat = invocation("cat", &[], root.path());
+        cat.stdin = Some(b"from stdin".to_vec());
+        let output = run(cat, &CancellationToken::new(), Duration::from_secs(1))
+            .await
+            .unwrap();
+        assert_eq!(output.stdout, b"from stdin");
+        assert!(!format!("{:?}", invocation("cat", &[], root.path())).contains("stdin"));
     }
 
     #[tokio::test]
@@ -422,7 +465,8 @@ mod tests {
             .into_iter()
             .map(OsString::from)
             .collect(),
-            work: WorkDir::new(Some(root.path())).unwrap(),
+            work: Arc::new(WorkDir::new(Some(root.path())).unwrap()),
+            stdin: None,
         };
         let cancel = CancellationToken::new();
         let grace = Duration::from_millis(500);

@@ -1,9 +1,16 @@
-//! Reading Helm's release records (Secrets `sh.helm.release.v1.NAME.vN`)
-//! without decoding them: their labels say everything the fast path needs.
+//! Helm's release records (Secrets `sh.helm.release.v1.NAME.vN`): their
+//! labels say everything the fast path needs; the payload (base64 of gzipped
+//! JSON) is decoded only when the release's objects must be looked at.
 
+use std::io::Read as _;
+
+use base64::Engine as _;
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, DeleteParams, ListParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use provisioners_core::{Error, Result};
+use serde::Deserialize;
+
+use crate::objects::Seen;
 
 /// The label in which the digest of chart, version and values is stored on
 /// the release record (passed to helm with `--labels`).
@@ -14,6 +21,11 @@ pub const DIGEST_LABEL: &str = "provisioners.dev/helm-digest";
 /// whose revision is not the record's own says nothing about that record.
 pub const REVISION_LABEL: &str = "provisioners.dev/helm-revision";
 
+/// The label marking a revision written to repair drift, with a digest of
+/// the drifted objects: finding them exactly so again right after the
+/// repair means the server rewrites them, and they are not repaired again.
+pub(crate) const REPAIR_LABEL: &str = "provisioners.dev/helm-repair";
+
 /// One revision of a release, from its record's labels.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Revision {
@@ -23,11 +35,21 @@ pub(crate) struct Revision {
     pub(crate) status: String,
     /// The digest this crate stored for this very revision, if any.
     pub(crate) digest: Option<String>,
+    /// The drift digest, when this crate wrote this very revision to repair drift.
+    pub(crate) repaired: Option<String>,
     /// The record's Secret.
     pub(crate) secret: String,
     /// The newest older revision that is `deployed`, if any.
     pub(crate) deployed_before: Option<u32>,
+    /// The objects that were live when this crate uninstalled the release
+    /// ([`UNINSTALLED_ANNOTATION`]); `None` before that, or when unreadable.
+    pub(crate) uninstalled: Option<Vec<Seen>>,
 }
+
+/// The annotation in which the objects of an uninstalled release, with their
+/// UIDs, are kept on its last record until they are gone. Written after
+/// `helm uninstall`, which replaces the record (and so its annotations).
+pub(crate) const UNINSTALLED_ANNOTATION: &str = "provisioners.dev/helm-uninstalled-objects";
 
 impl Revision {
     pub(crate) fn is_pending(&self) -> bool {
@@ -70,6 +92,16 @@ pub(crate) async fn latest(
                     .get(DIGEST_LABEL)
                     .filter(|_| stamped == Some(number))
                     .cloned(),
+                repaired: labels
+                    .get(REPAIR_LABEL)
+                    .filter(|_| stamped == Some(number))
+                    .cloned(),
+                uninstalled: item
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(UNINSTALLED_ANNOTATION))
+                    .and_then(|json| serde_json::from_str(json).ok()),
                 secret: item.metadata.name?,
                 deployed_before: None,
             })
@@ -127,4 +159,142 @@ pub(crate) async fn forget_all(
                 e,
             )
         })
+}
+
+/// What this crate reads from a record's payload.
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct Payload {
+    /// The rendered manifest of the release's objects (without `crds/`, hooks).
+    #[serde(default)]
+    pub(crate) manifest: String,
+    #[serde(default)]
+    pub(crate) info: Info,
+    /// Helm 4: `ssa` when the release's objects are applied server-side.
+    #[serde(default)]
+    pub(crate) apply_method: Option<String>,
+}
+
+/// The `info` of a release.
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct Info {
+    /// When helm started this revision (RFC 3339, helm's own clock).
+    #[serde(default)]
+    pub(crate) last_deployed: Option<String>,
+}
+
+/// The most a record may decompress to: Kubernetes caps a Secret at 1 MiB,
+/// a chart compresses well, but a hostile record must not exhaust memory.
+const MAX_PAYLOAD: u64 = 64 << 20;
+
+/// Reads and decodes the payload of the record `secret`; `None` when it is gone.
+pub(crate) async fn payload(
+    client: &kube::Client,
+    namespace: &str,
+    secret: &str,
+) -> Result<Option<Payload>> {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    let Some(record) = secrets.get_opt(secret).await.map_err(|e| {
+        Error::kube(
+            format_args!("reading the helm release record {namespace}/{secret}"),
+            e,
+        )
+    })?
+    else {
+        return Ok(None);
+    };
+    let data = record
+        .data
+        .as_ref()
+        .and_then(|data| data.get("release"))
+        .map(|bytes| bytes.0.as_slice())
+        .unwrap_or_default();
+    decode(data).map(Some).map_err(|e| {
+        Error::helm(format!(
+            "the helm release record {namespace}/{secret} could not be decoded: {e}"
+        ))
+    })
+}
+
+/// helm's encoding: base64 of (usually gzipped) JSON.
+fn decode(data: &[u8]) -> std::result::Result<Payload, String> {
+    let raw = base64::engine::general_purpose::STANDARD
+        .decode(data)
+        .map_err(|e| format!("not base64: {e}"))?;
+    let json = if raw.starts_with(&[0x1f, 0x8b]) {
+        let mut json = Vec::new();
+        flate2::read::GzDecoder::new(raw.as_slice())
+            .take(MAX_PAYLOAD + 1)
+            .read_to_end(&mut json)
+            .map_err(|e| format!("not gzip: {e}"))?;
+        if json.len() as u64 > MAX_PAYLOAD {
+            return Err(format!("larger than {MAX_PAYLOAD} bytes uncompressed"));
+        }
+        json
+    } else {
+        raw
+    };
+    serde_json::from_slice(&json).map_err(|e| format!("not a release: {e}"))
+}
+
+/// Keeps `seen` on the record `secret` (see [`UNINSTALLED_ANNOTATION`]).
+pub(crate) async fn remember_uninstalled(
+    client: &kube::Client,
+    namespace: &str,
+    secret: &str,
+    seen: &[Seen],
+) -> Result<()> {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    let json = serde_json::to_string(seen)
+        .map_err(|e| Error::helm(format!("could not write the uninstalled objects: {e}")))?;
+    let patch = serde_json::json!({"metadata": {"annotations": {UNINSTALLED_ANNOTATION: json}}});
+    secrets
+        .patch(secret, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map(drop)
+        .map_err(|e| {
+            Error::kube(
+                format_args!("annotating the helm release record {namespace}/{secret}"),
+                e,
+            )
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write as _;
+
+    use super::*;
+
+    fn encoded(json: &str, gzip: bool) -> Vec<u8> {
+        let bytes = if gzip {
+            let mut encoder =
+                flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+            encoder.write_all(json.as_bytes()).unwrap();
+            encoder.finish().unwrap()
+        } else {
+            json.as_bytes().to_vec()
+        };
+        base64::engine::general_purpose::STANDARD
+            .encode(bytes)
+            .into_bytes()
+    }
+
+    #[test]
+    fn payloads_are_decoded_gzipped_or_not() {
+        let json = r#"{"name":"web","manifest":"---\nkind: ConfigMap\n","info":{"last_deployed":"2026-12-01T09:00:00.5Z","status":"deployed"},"chart":{"metadata":{}},"version":3}"#;
+        for gzip in [true, false] {
+            let payload = decode(&encoded(json, gzip)).unwrap();
+            assert_eq!(payload.manifest, "---\nkind: ConfigMap\n");
+            assert_eq!(
+                payload.info.last_deployed.as_deref(),
+                Some("2026-12-01T09:00:00.5Z")
+            );
+        }
+        assert!(decode(b"!!").unwrap_err().contains("not base64"));
+        assert!(
+            decode(&encoded("[1]", true))
+                .unwrap_err()
+                .contains("not a release")
+        );
+    }
 }

@@ -96,10 +96,12 @@ pub(crate) fn canonical(value: &Value, out: &mut Vec<u8>) {
 const MIN_REDACTED_LEN: usize = 6;
 
 /// Replaces every string value of `values` (of at least [`MIN_REDACTED_LEN`]
-/// characters) found in `message` by `<redacted>`.
-pub(crate) fn redact(message: &str, values: &Value) -> String {
+/// characters) and every one of `also` (whatever its length) found in
+/// `message` by `<redacted>`.
+pub(crate) fn redact(message: &str, values: &Value, also: &[String]) -> String {
     let mut secrets = Vec::new();
     collect_strings(values, &mut secrets);
+    secrets.extend(also.iter().map(String::as_str).filter(|s| !s.is_empty()));
     // Longest first, so a value containing another is masked whole.
     secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
     let mut message = message.to_owned();
@@ -178,8 +180,12 @@ mod tests {
             json!({"db": {"password": "hunter2hunter2", "user": "app"}, "list": ["tokenvalue"]});
         let message = "Deployment is invalid: value \"hunter2hunter2\" and tokenvalue; app ok";
         assert_eq!(
-            redact(message, &values),
+            redact(message, &values, &[]),
             "Deployment is invalid: value \"<redacted>\" and <redacted>; app ok"
+        );
+        assert_eq!(
+            redact("401 for pw: abc", &Value::Null, &["abc".to_owned()]),
+            "401 for pw: <redacted>"
         );
     }
 }

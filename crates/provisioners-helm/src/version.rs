@@ -59,7 +59,8 @@ async fn run_version(
             .into_iter()
             .map(OsString::from)
             .collect(),
-        work,
+        work: std::sync::Arc::new(work),
+        stdin: None,
     };
     let output = match process::run(invocation, cancel, Duration::from_secs(5)).await {
         Ok(output) => output,

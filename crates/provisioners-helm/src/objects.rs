@@ -1,0 +1,258 @@
+//! The objects of a release, as its stored manifest names them, and how to
+//! reach each of them on the cluster.
+
+use std::collections::HashMap;
+
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
+use kube::discovery::Scope;
+use provisioners_core::{Error, Result};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// One object of a release. `namespace` is the one the object lives in once
+/// [resolved](Resolver::api): `None` for a cluster-scoped object.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct ObjectRef {
+    pub(crate) api_version: String,
+    pub(crate) kind: String,
+    pub(crate) name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) namespace: Option<String>,
+}
+
+impl ObjectRef {
+    pub(crate) fn from_document(document: &Value) -> Option<Self> {
+        let metadata = document.get("metadata")?;
+        Some(ObjectRef {
+            api_version: document.get("apiVersion")?.as_str()?.to_owned(),
+            kind: document.get("kind")?.as_str()?.to_owned(),
+            name: metadata.get("name")?.as_str()?.to_owned(),
+            namespace: metadata
+                .get("namespace")
+                .and_then(Value::as_str)
+                .map(str::to_owned),
+        })
+    }
+
+    /// The API group (`""` for the core group).
+    pub(crate) fn group(&self) -> &str {
+        self.api_version
+            .split_once('/')
+            .map_or("", |(group, _)| group)
+    }
+
+    /// `Kind ns/name` or `Kind name`, for messages.
+    pub(crate) fn shown(&self) -> String {
+        match &self.namespace {
+            Some(ns) => format!("{} {ns}/{}", self.kind, self.name),
+            None => format!("{} {}", self.kind, self.name),
+        }
+    }
+}
+
+/// A live object of a release when its uninstall began: its UID tells it
+/// from a later object of the same name (which is not ours to wait for).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Seen {
+    #[serde(flatten)]
+    pub(crate) object: ObjectRef,
+    pub(crate) uid: String,
+}
+
+/// The documents of a rendered manifest (helm's stored `manifest`), parsed
+/// with the same budgets as everything else read from the cluster.
+pub(crate) fn parse_manifest(release: &str, manifest: &str) -> Result<Vec<(ObjectRef, Value)>> {
+    // Without the snippet: the manifest holds rendered Secrets.
+    let documents: Vec<Value> = serde_saphyr::from_multiple(manifest).map_err(|e| {
+        Error::helm(format!(
+            "the stored manifest of release `{release}` could not be read: {}",
+            e.without_snippet()
+        ))
+    })?;
+    Ok(documents
+        .into_iter()
+        .filter_map(|document| Some((ObjectRef::from_document(&document)?, document)))
+        .collect())
+}
+
+/// Kinds every cluster serves, so that the no-op path and the deletion gate
+/// need no discovery request for them: (group, version, kind, plural, namespaced).
+const BUILT_IN: &[(&str, &str, &str, &str, bool)] = &[
+    ("", "v1", "ConfigMap", "configmaps", true),
+    ("", "v1", "Secret", "secrets", true),
+    ("", "v1", "Service", "services", true),
+    ("", "v1", "ServiceAccount", "serviceaccounts", true),
+    (
+        "",
+        "v1",
+        "PersistentVolumeClaim",
+        "persistentvolumeclaims",
+        true,
+    ),
+    ("", "v1", "Pod", "pods", true),
+    ("", "v1", "Namespace", "namespaces", false),
+    ("", "v1", "PersistentVolume", "persistentvolumes", false),
+    ("apps", "v1", "Deployment", "deployments", true),
+    ("apps", "v1", "StatefulSet", "statefulsets", true),
+    ("apps", "v1", "DaemonSet", "daemonsets", true),
+    ("batch", "v1", "Job", "jobs", true),
+    ("batch", "v1", "CronJob", "cronjobs", true),
+    ("rbac.authorization.k8s.io", "v1", "Role", "roles", true),
+    (
+        "rbac.authorization.k8s.io",
+        "v1",
+        "RoleBinding",
+        "rolebindings",
+        true,
+    ),
+    (
+        "rbac.authorization.k8s.io",
+        "v1",
+        "ClusterRole",
+        "clusterroles",
+        false,
+    ),
+    (
+        "rbac.authorization.k8s.io",
+        "v1",
+        "ClusterRoleBinding",
+        "clusterrolebindings",
+        false,
+    ),
+    ("networking.k8s.io", "v1", "Ingress", "ingresses", true),
+    (
+        "networking.k8s.io",
+        "v1",
+        "NetworkPolicy",
+        "networkpolicies",
+        true,
+    ),
+    (
+        "policy",
+        "v1",
+        "PodDisruptionBudget",
+        "poddisruptionbudgets",
+        true,
+    ),
+    (
+        "apiextensions.k8s.io",
+        "v1",
+        "CustomResourceDefinition",
+        "customresourcedefinitions",
+        false,
+    ),
+];
+
+/// Finds the API of each object's kind: built-in kinds from a table, others
+/// through discovery of their group version, once per kind and resolver.
+pub(crate) struct Resolver {
+    client: kube::Client,
+    default_namespace: String,
+    found: HashMap<(String, String), Option<(ApiResource, bool)>>,
+}
+
+impl Resolver {
+    /// Objects without a namespace land in `default_namespace` (the release's).
+    pub(crate) fn new(client: &kube::Client, default_namespace: &str) -> Self {
+        Resolver {
+            client: client.clone(),
+            default_namespace: default_namespace.to_owned(),
+            found: HashMap::new(),
+        }
+    }
+
+    /// The API of `object`'s kind, and `object` with the namespace it lives
+    /// in; `None` when the cluster does not serve the kind (its CRD is gone,
+    /// so are its objects).
+    pub(crate) async fn api(
+        &mut self,
+        object: &ObjectRef,
+    ) -> Result<Option<(Api<DynamicObject>, ObjectRef)>> {
+        let key = (object.api_version.clone(), object.kind.clone());
+        if !self.found.contains_key(&key) {
+            let found = self.discover(object).await?;
+            self.found.insert(key.clone(), found);
+        }
+        let Some(Some((resource, namespaced))) = self.found.get(&key) else {
+            return Ok(None);
+        };
+        let mut resolved = object.clone();
+        let api = if *namespaced {
+            let ns = object
+                .namespace
+                .clone()
+                .unwrap_or_else(|| self.default_namespace.clone());
+            let api = Api::namespaced_with(self.client.clone(), &ns, resource);
+            resolved.namespace = Some(ns);
+            api
+        } else {
+            resolved.namespace = None;
+            Api::all_with(self.client.clone(), resource)
+        };
+        Ok(Some((api, resolved)))
+    }
+
+    async fn discover(&self, object: &ObjectRef) -> Result<Option<(ApiResource, bool)>> {
+        let (group, version) = match object.api_version.split_once('/') {
+            Some((group, version)) => (group, version),
+            None => ("", object.api_version.as_str()),
+        };
+        if let Some((_, _, _, plural, namespaced)) = BUILT_IN
+            .iter()
+            .find(|(g, v, k, _, _)| *g == group && *v == version && *k == object.kind)
+        {
+            let gvk = GroupVersionKind::gvk(group, version, &object.kind);
+            return Ok(Some((
+                ApiResource::from_gvk_with_plural(&gvk, plural),
+                *namespaced,
+            )));
+        }
+        let gvk = GroupVersionKind::gvk(group, version, &object.kind);
+        match kube::discovery::pinned_kind(&self.client, &gvk).await {
+            Ok((resource, capabilities)) => {
+                Ok(Some((resource, capabilities.scope == Scope::Namespaced)))
+            }
+            Err(kube::Error::Api(status)) if status.is_not_found() => Ok(None),
+            Err(kube::Error::Discovery(_)) => Ok(None),
+            Err(e) => Err(Error::kube(
+                format_args!("discovering {} {}", object.api_version, object.kind),
+                e,
+            )),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn manifests_name_their_objects() {
+        let manifest = "---\n# Source: x/templates/a.yaml\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: a\n---\n# empty\n---\napiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: web\n  namespace: other\nspec: {}\n";
+        let objects = parse_manifest("ns/x", manifest).unwrap();
+        assert_eq!(objects.len(), 2);
+        assert_eq!(objects[0].0.shown(), "ConfigMap a");
+        assert_eq!(objects[0].0.group(), "");
+        assert_eq!(objects[1].0.shown(), "Deployment other/web");
+        assert_eq!(objects[1].0.group(), "apps");
+        assert_eq!(objects[1].1["spec"], json!({}));
+        let error = parse_manifest("ns/x", "a: [\n").unwrap_err();
+        assert!(error.message().contains("release `ns/x`"), "{error}");
+    }
+
+    #[test]
+    fn the_built_in_table_has_unique_kinds() {
+        for (i, a) in BUILT_IN.iter().enumerate() {
+            assert!(
+                !BUILT_IN[i + 1..]
+                    .iter()
+                    .any(|b| (a.0, a.1, a.2) == (b.0, b.1, b.2)),
+                "{a:?}"
+            );
+            assert_eq!(a.3, a.3.to_lowercase());
+        }
+    }
+}

@@ -1,0 +1,296 @@
+//! The command lines helm gets: paths of private files, never values.
+
+use std::ffi::OsString;
+use std::path::Path;
+use std::time::Duration;
+
+use super::{DEFAULT_TIMEOUT, HelmRelease};
+use crate::chart::Chart;
+use crate::storage::{DIGEST_LABEL, REPAIR_LABEL, REVISION_LABEL};
+use crate::version::Major;
+
+/// What the upgrade records on its revision, for the no-op fast path.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Stamp<'a> {
+    /// The digest of chart, version, namespace and values.
+    pub(super) digest: &'a str,
+    /// The revision helm is about to write.
+    pub(super) revision: u32,
+    /// The digest of the drift this upgrade repairs, if it does.
+    pub(super) repair: Option<&'a str>,
+}
+
+/// The name under which a repository with credentials is added to the
+/// run's private helm configuration.
+pub(super) const PRIVATE_REPOSITORY: &str = "provisioners-private";
+
+impl HelmRelease {
+    pub(super) fn helm_timeout(&self) -> Duration {
+        self.timeout.or(self.wait).unwrap_or(DEFAULT_TIMEOUT)
+    }
+
+    pub(super) fn upgrade_args(
+        &self,
+        major: Major,
+        kubeconfig: &Path,
+        values: &Path,
+        stamp: Option<Stamp<'_>>,
+        fresh: bool,
+    ) -> Vec<OsString> {
+        let mut args: Vec<OsString> = vec!["upgrade".into(), "--install".into()];
+        args.push(self.release.clone().into());
+        match &self.chart {
+            Chart::Local(path) => args.push(path.clone().into()),
+            // Added by `repo add` with its credentials, which `--repo` cannot take
+            // without putting the password on argv.
+            Chart::Repository { name, .. } if self.credentials.is_some() => {
+                args.push(format!("{PRIVATE_REPOSITORY}/{name}").into());
+            }
+            Chart::Repository { url, name } => {
+                args.push(name.into());
+                args.push("--repo".into());
+                args.push(url.into());
+            }
+            Chart::Oci(reference) => {
+                args.push(reference.into());
+                if self.plain_http {
+                    args.push("--plain-http".into());
+                }
+            }
+        }
+        args.extend(self.common_args(kubeconfig));
+        if let Some(version) = &self.version {
+            args.push("--version".into());
+            args.push(version.into());
+        }
+        if self.create_namespace {
+            args.push("--create-namespace".into());
+        }
+        args.push("--values".into());
+        args.push(values.into());
+        // Values come from the file only, never from an earlier revision.
+        args.push("--reset-values".into());
+        // helm copies labels from the previous revision: always set both
+        // (`null` removes one), so no revision carries a stale stamp.
+        args.push("--labels".into());
+        args.push(match stamp {
+            Some(Stamp {
+                digest,
+                revision,
+                repair,
+            }) => {
+                let repair = repair.unwrap_or("null");
+                format!(
+                    "{DIGEST_LABEL}={digest},{REVISION_LABEL}={revision},{REPAIR_LABEL}={repair}"
+                )
+                .into()
+            }
+            None => format!("{DIGEST_LABEL}=null,{REVISION_LABEL}=null,{REPAIR_LABEL}=null").into(),
+        });
+        if major == Major::Four && fresh {
+            // A new release is applied server-side, where the API server
+            // rejects unknown fields itself: helm's own OpenAPI validation
+            // (the cluster's schema fetched and checked on every run) adds
+            // nothing but half of helm's CPU time.
+            args.push("--server-side=true".into());
+            args.push("--disable-openapi-validation".into());
+        }
+        // No `--wait`: readiness is checked afterwards and yields, so no
+        // worker is held while the release's objects come up.
+        args.push("--timeout".into());
+        args.push(go_duration(self.helm_timeout()).into());
+        args
+    }
+
+    pub(super) fn uninstall_args(&self, kubeconfig: &Path, background: bool) -> Vec<OsString> {
+        let mut args: Vec<OsString> = vec!["uninstall".into(), self.release.clone().into()];
+        args.extend(self.common_args(kubeconfig));
+        args.push("--ignore-not-found".into());
+        // Deprovision gates on the objects listed in the kept record, then drops it.
+        // No `--wait`: the gate yields instead of holding a worker, and Helm 4's
+        // watcher reports an object still Terminating under foreground
+        // deletion as a failure.
+        args.push("--keep-history".into());
+        args.push("--cascade".into());
+        args.push(
+            if background {
+                "background"
+            } else {
+                "foreground"
+            }
+            .into(),
+        );
+        args.push("--timeout".into());
+        args.push(go_duration(self.helm_timeout()).into());
+        args
+    }
+
+    fn common_args(&self, kubeconfig: &Path) -> Vec<OsString> {
+        vec![
+            "--namespace".into(),
+            self.namespace.clone().into(),
+            "--kubeconfig".into(),
+            kubeconfig.into(),
+        ]
+    }
+
+    pub(super) fn rollback_args(&self, kubeconfig: &Path, revision: u32) -> Vec<OsString> {
+        let mut args: Vec<OsString> = vec![
+            "rollback".into(),
+            self.release.clone().into(),
+            revision.to_string().into(),
+        ];
+        args.extend(self.common_args(kubeconfig));
+        args.push("--timeout".into());
+        args.push(go_duration(self.helm_timeout()).into());
+        args
+    }
+}
+
+/// A duration as Go's `time.ParseDuration` reads it.
+fn go_duration(duration: Duration) -> String {
+    format!("{}ms", duration.as_millis().max(1))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use serde_json::json;
+
+    use super::*;
+
+    fn release() -> HelmRelease {
+        HelmRelease::new("web", Chart::local("/charts/web"))
+            .namespace("apps")
+            .version("1.2.3")
+            .values(&json!({"image": {"tag": "1"}, "password": "s3cr3t-value"}))
+            .set("image.tag", "2")
+            .wait(Duration::from_secs(90))
+    }
+
+    fn strings(args: &[OsString]) -> Vec<String> {
+        args.iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect()
+    }
+
+    #[test]
+    fn upgrade_arguments_carry_paths_never_values() {
+        let release = release();
+        let args = strings(&release.upgrade_args(
+            Major::Three,
+            Path::new("/tmp/w/kubeconfig"),
+            Path::new("/tmp/w/values.json"),
+            Some(Stamp {
+                digest: "abc",
+                revision: 3,
+                repair: None,
+            }),
+            false,
+        ));
+        assert_eq!(
+            args,
+            [
+                "upgrade",
+                "--install",
+                "web",
+                "/charts/web",
+                "--namespace",
+                "apps",
+                "--kubeconfig",
+                "/tmp/w/kubeconfig",
+                "--version",
+                "1.2.3",
+                "--values",
+                "/tmp/w/values.json",
+                "--reset-values",
+                "--labels",
+                "provisioners.dev/helm-digest=abc,provisioners.dev/helm-revision=3,provisioners.dev/helm-repair=null",
+                "--timeout",
+                "90000ms",
+            ]
+        );
+        assert!(
+            !args.iter().any(|a| a.starts_with("--wait")),
+            "helm must not block on readiness: {args:?}"
+        );
+        assert!(!args.iter().any(|a| a.contains("s3cr3t")));
+        let helm4 = strings(&release.upgrade_args(
+            Major::Four,
+            Path::new("k"),
+            Path::new("v"),
+            None,
+            false,
+        ));
+        assert!(!helm4.iter().any(|a| a.starts_with("--wait")), "{helm4:?}");
+        assert!(helm4.contains(
+            &"provisioners.dev/helm-digest=null,provisioners.dev/helm-revision=null,provisioners.dev/helm-repair=null"
+                .to_owned()
+        ));
+        // Only a new release under Helm 4 is applied server-side without helm's own validation.
+        assert!(!helm4.contains(&"--disable-openapi-validation".to_owned()));
+        let fresh =
+            strings(&release.upgrade_args(Major::Four, Path::new("k"), Path::new("v"), None, true));
+        assert!(fresh.contains(&"--server-side=true".to_owned()));
+        assert!(fresh.contains(&"--disable-openapi-validation".to_owned()));
+        let helm3 = strings(&release.upgrade_args(
+            Major::Three,
+            Path::new("k"),
+            Path::new("v"),
+            None,
+            true,
+        ));
+        assert!(
+            !helm3
+                .iter()
+                .any(|a| a.contains("server-side") || a.contains("openapi"))
+        );
+    }
+
+    #[test]
+    fn remote_charts_use_repo_or_oci_references() {
+        let repo = HelmRelease::new(
+            "x",
+            Chart::repository("https://charts.example.com", "nginx"),
+        );
+        let args =
+            strings(&repo.upgrade_args(Major::Four, Path::new("k"), Path::new("v"), None, false));
+        assert_eq!(
+            &args[2..6],
+            ["x", "nginx", "--repo", "https://charts.example.com"]
+        );
+        let oci = HelmRelease::new("x", Chart::oci("registry.example.com/charts/app"));
+        let args =
+            strings(&oci.upgrade_args(Major::Three, Path::new("k"), Path::new("v"), None, true));
+        assert_eq!(args[3], "oci://registry.example.com/charts/app");
+    }
+
+    #[test]
+    fn uninstall_gates_on_deletion() {
+        let args = strings(&release().uninstall_args(Path::new("k"), false));
+        assert_eq!(
+            args,
+            [
+                "uninstall",
+                "web",
+                "--namespace",
+                "apps",
+                "--kubeconfig",
+                "k",
+                "--ignore-not-found",
+                "--keep-history",
+                "--cascade",
+                "foreground",
+                "--timeout",
+                "90000ms",
+            ]
+        );
+        let args = strings(&release().uninstall_args(Path::new("k"), true));
+        assert!(
+            !args.iter().any(|arg| arg.starts_with("--wait")),
+            "{args:?}"
+        );
+        assert!(args.contains(&"background".to_owned()));
+    }
+}

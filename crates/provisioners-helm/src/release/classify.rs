@@ -1,0 +1,111 @@
+//! What a failed helm run means for the caller: bad input, a timeout, a
+//! yield, or a helm failure.
+
+use provisioners_core::Error;
+
+/// helm's stderr without the `Error: ` prefix and noise, at most the last 4 KiB.
+pub(super) fn trimmed(stderr: &[u8]) -> String {
+    let text = String::from_utf8_lossy(stderr);
+    let lines: Vec<&str> = text
+        .lines()
+        .map(str::trim_end)
+        .filter(|line| !line.is_empty() && !line.starts_with("WARNING:"))
+        .collect();
+    let mut joined = lines.join("\n");
+    if let Some(rest) = joined.strip_prefix("Error: ") {
+        joined = rest.to_owned();
+    }
+    const MAX: usize = 4096;
+    if joined.len() > MAX {
+        let mut start = joined.len() - MAX;
+        while !joined.is_char_boundary(start) {
+            start += 1;
+        }
+        joined = format!("...{}", &joined[start..]);
+    }
+    if joined.is_empty() {
+        "(no output on stderr)".to_owned()
+    } else {
+        joined
+    }
+}
+
+/// Render errors and objects the API server refuses as malformed are bad
+/// input (never retried); waits that ran out are timeouts; a release another
+/// process is working on is a yield.
+pub(super) fn classify(message: String, stderr: &str) -> Error {
+    const RENDER: [&str; 4] = [
+        "execution error at (",
+        "parse error at (",
+        "template: ",
+        "values don't meet the specifications of the schema",
+    ];
+    // Objects the API server refuses as malformed (not transient conditions).
+    const REFUSED: [&str; 3] = [
+        "field not declared in schema",
+        "cannot unmarshal",
+        "is invalid: ",
+    ];
+    if RENDER.iter().any(|marker| stderr.contains(marker)) {
+        Error::invalid(format!(
+            "{message}\nthe chart did not render with these values: fix the values or the chart"
+        ))
+    } else if REFUSED.iter().any(|marker| stderr.contains(marker)) {
+        Error::invalid(format!(
+            "{message}\nthe API server refused an object of the chart: fix the values or the chart"
+        ))
+    } else if stderr.contains("another operation (install/upgrade/rollback) is in progress")
+        // Helm 4's watcher on an object foreground deletion has not finished.
+        || (stderr.contains("still exists") && stderr.contains("Terminating"))
+    {
+        // Another process, or the garbage collector, is not done yet: come back later.
+        Error::yielding(message)
+    } else if stderr.contains("context deadline exceeded")
+        || stderr.contains("timed out waiting for the condition")
+    {
+        Error::timeout(message)
+    } else {
+        Error::helm(message)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_are_trimmed_and_classified() {
+        let stderr = trimmed(
+            b"WARNING: kubeconfig is group-readable\nError: INSTALLATION FAILED: execution error at (x/templates/a.yaml:3:4): db.host is required\n",
+        );
+        assert_eq!(
+            stderr,
+            "INSTALLATION FAILED: execution error at (x/templates/a.yaml:3:4): db.host is required"
+        );
+        let error = classify("m".to_owned(), &stderr);
+        assert_eq!(error.kind(), provisioners_core::ErrorKind::Invalid);
+        let error = classify("m".to_owned(), "UPGRADE FAILED: context deadline exceeded");
+        assert_eq!(error.kind(), provisioners_core::ErrorKind::Timeout);
+        let error = classify(
+            "m".to_owned(),
+            "UPGRADE FAILED: another operation (install/upgrade/rollback) is in progress",
+        );
+        assert!(error.is_yield());
+        // Helm 4 with a watcher on an object still under foreground deletion.
+        let error = classify(
+            "m".to_owned(),
+            "uninstallation completed with 1 error(s): resource Deployment/apps/web still exists. status: Terminating",
+        );
+        assert!(error.is_yield());
+        let error = classify(
+            "m".to_owned(),
+            "failed to create typed patch object (ns/x; /v1, Kind=ConfigMap): .dataa: field not declared in schema",
+        );
+        assert_eq!(error.kind(), provisioners_core::ErrorKind::Invalid);
+        let error = classify("m".to_owned(), "UPGRADE FAILED: conflict");
+        assert_eq!(error.kind(), provisioners_core::ErrorKind::Helm);
+        assert_eq!(trimmed(b""), "(no output on stderr)");
+        let long = trimmed("é".repeat(5000).as_bytes());
+        assert!(long.starts_with("...") && long.len() <= 4100);
+    }
+}

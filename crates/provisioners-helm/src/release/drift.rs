@@ -1,0 +1,208 @@
+//! Drift: whether a release's live objects still hold what helm applied,
+//! from helm's stored manifest (no helm process), compared as the manifest
+//! crate does ([`provisioners_core::drift`]).
+
+use base64::Engine as _;
+use provisioners_core::drift::contains_rendered;
+use serde_json::{Map, Value};
+use sha2::{Digest as _, Sha256};
+
+use super::live::Live;
+use crate::values;
+
+/// What a no-op [`provision`](provisioners_core::Provisioner::provision)
+/// does when the release's objects no longer hold what the release applied
+/// (an object deleted by hand, a field the chart sets changed). Set with
+/// [`HelmRelease::drift`](crate::HelmRelease::drift).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Drift {
+    /// Runs `helm upgrade` with the same chart and values, which restores
+    /// deleted objects and changed fields (the default). Objects that are
+    /// found exactly as they were after the previous repair (a value the
+    /// server keeps rewriting) are then only logged, so a release is never
+    /// upgraded on every reconcile; a deleted object is always restored.
+    #[default]
+    Repair,
+    /// Logs a warning naming what drifted and changes nothing.
+    Warn,
+    /// Does not look: a no-op costs one API call.
+    Ignore,
+}
+
+/// What drifted among `objects`.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(super) struct Drifted {
+    /// Objects that no longer exist.
+    pub(super) deleted: Vec<String>,
+    /// Objects that lost what the chart set.
+    pub(super) changed: Vec<String>,
+    /// A digest of the changed objects as they are now (without metadata and
+    /// status): the same after a repair means the server keeps rewriting them.
+    pub(super) changed_digest: String,
+}
+
+impl Drifted {
+    pub(super) fn is_empty(&self) -> bool {
+        self.deleted.is_empty() && self.changed.is_empty()
+    }
+
+    pub(super) fn shown(&self) -> String {
+        self.deleted
+            .iter()
+            .map(|o| format!("{o} was deleted"))
+            .chain(self.changed.iter().map(|o| format!("{o} was changed")))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+/// Compares each object with what helm rendered for it.
+pub(super) fn check(objects: &[Live]) -> Drifted {
+    let mut drifted = Drifted::default();
+    let mut hasher = Sha256::new();
+    for Live {
+        object,
+        desired,
+        live,
+        served,
+    } in objects
+    {
+        match live {
+            // Not served: a CRD that is gone; the repair cannot bring it back
+            // when helm keeps CRDs in `crds/`, and readiness reports it.
+            None if !*served => {}
+            None => drifted.deleted.push(object.shown()),
+            Some(live) => {
+                if !contains_rendered(live, &as_stored(&object.kind, desired)) {
+                    drifted.changed.push(object.shown());
+                    hasher.update(object.shown().as_bytes());
+                    let mut content = Vec::new();
+                    if let Value::Object(map) = live {
+                        let mut map = map.clone();
+                        map.remove("metadata");
+                        map.remove("status");
+                        values::canonical(&Value::Object(map), &mut content);
+                    }
+                    hasher.update(&content);
+                    hasher.update(b"\0");
+                }
+            }
+        }
+    }
+    drifted.changed_digest = hasher.finalize()[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    drifted
+}
+
+/// `desired` as the server stores it: a Secret's `stringData` is merged into
+/// `data`, base64-encoded.
+fn as_stored(kind: &str, desired: &Value) -> Value {
+    let mut stored = desired.clone();
+    if kind != "Secret" {
+        return stored;
+    }
+    let Some(object) = stored.as_object_mut() else {
+        return stored;
+    };
+    let Some(Value::Object(string_data)) = object.remove("stringData") else {
+        return stored;
+    };
+    let data = object
+        .entry("data")
+        .or_insert_with(|| Value::Object(Map::new()));
+    if data.is_null() {
+        *data = Value::Object(Map::new());
+    }
+    if let Value::Object(data) = data {
+        for (key, value) in string_data {
+            let text = match value {
+                Value::String(text) => text,
+                other => other.to_string(),
+            };
+            data.insert(
+                key,
+                Value::String(base64::engine::general_purpose::STANDARD.encode(text)),
+            );
+        }
+    }
+    stored
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::objects::ObjectRef;
+
+    fn object(kind: &str, name: &str) -> ObjectRef {
+        ObjectRef {
+            api_version: "v1".to_owned(),
+            kind: kind.to_owned(),
+            name: name.to_owned(),
+            namespace: Some("apps".to_owned()),
+        }
+    }
+
+    #[test]
+    fn deleted_and_changed_objects_are_named() {
+        let desired = json!({"kind": "ConfigMap", "metadata": {"name": "a"}, "data": {"k": "v"}});
+        let objects = vec![
+            Live {
+                object: object("ConfigMap", "same"),
+                desired: desired.clone(),
+                live: Some(
+                    json!({"kind": "ConfigMap", "metadata": {"name": "a", "uid": "1"}, "data": {"k": "v"}}),
+                ),
+                served: true,
+            },
+            Live {
+                object: object("ConfigMap", "edited"),
+                desired: desired.clone(),
+                live: Some(
+                    json!({"kind": "ConfigMap", "metadata": {"name": "a"}, "data": {"k": "by hand"}}),
+                ),
+                served: true,
+            },
+            Live {
+                object: object("ConfigMap", "gone"),
+                desired,
+                live: None,
+                served: true,
+            },
+        ];
+        let drifted = check(&objects);
+        assert_eq!(drifted.changed, ["ConfigMap apps/edited"]);
+        assert_eq!(drifted.changed_digest.len(), 16);
+        assert_eq!(check(&objects).changed_digest, drifted.changed_digest);
+        assert_eq!(drifted.deleted, ["ConfigMap apps/gone"]);
+        assert_eq!(
+            drifted.shown(),
+            "ConfigMap apps/gone was deleted, ConfigMap apps/edited was changed"
+        );
+    }
+
+    #[test]
+    fn secrets_compare_string_data_as_stored() {
+        let desired =
+            json!({"kind": "Secret", "stringData": {"password": "s3cr3t"}, "data": {"a": "YQ=="}});
+        let live = json!({"kind": "Secret", "data": {"password": "czNjcjN0", "a": "YQ=="}, "type": "Opaque"});
+        let objects = vec![Live {
+            object: object("Secret", "creds"),
+            desired: desired.clone(),
+            live: Some(live),
+            served: true,
+        }];
+        assert!(check(&objects).is_empty());
+        let changed = vec![Live {
+            object: object("Secret", "creds"),
+            desired,
+            live: Some(json!({"kind": "Secret", "data": {"password": "b3RoZXI=", "a": "YQ=="}})),
+            served: true,
+        }];
+        assert_eq!(check(&changed).changed, ["Secret apps/creds"]);
+    }
+}

@@ -1,0 +1,100 @@
+//! The deletion gate: which of a release's objects are still there after
+//! `helm uninstall`, judged by UID.
+//!
+//! An object counts as gone when it no longer exists, when an object of the
+//! same name with another UID stands in its place (someone recreated it: not
+//! ours to wait for), or when it is kept (`helm.sh/resource-policy: keep`,
+//! which helm leaves on purpose). An object being deleted (`Terminating`) is
+//! still there: the gate yields.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use provisioners_core::Result;
+
+use crate::objects::{ObjectRef, Resolver, Seen};
+
+/// The annotation with which a chart keeps an object on uninstall.
+const RESOURCE_POLICY: &str = "helm.sh/resource-policy";
+
+fn kept(meta: &ObjectMeta) -> bool {
+    meta.annotations
+        .as_ref()
+        .and_then(|a| a.get(RESOURCE_POLICY))
+        // As helm compares it.
+        .is_some_and(|policy| policy.trim().eq_ignore_ascii_case("keep"))
+}
+
+/// The objects among `objects` that exist and are not kept, with their UIDs.
+pub(super) async fn snapshot(resolver: &mut Resolver, objects: &[ObjectRef]) -> Result<Vec<Seen>> {
+    let mut seen = Vec::new();
+    for object in objects {
+        let Some((api, resolved)) = resolver.api(object).await? else {
+            continue;
+        };
+        let Some(meta) = api.get_metadata_opt(&object.name).await.map_err(|e| {
+            provisioners_core::Error::kube(format_args!("reading {}", resolved.shown()), e)
+        })?
+        else {
+            continue;
+        };
+        if kept(&meta.metadata) {
+            continue;
+        }
+        if let Some(uid) = meta.metadata.uid {
+            seen.push(Seen {
+                object: resolved,
+                uid,
+            });
+        }
+    }
+    Ok(seen)
+}
+
+/// The objects of `seen` still there (same UID, not kept), as `Kind ns/name`
+/// with `(deleting)` for those already Terminating.
+pub(super) async fn remaining(resolver: &mut Resolver, seen: &[Seen]) -> Result<Vec<String>> {
+    let mut remaining = Vec::new();
+    for Seen { object, uid } in seen {
+        let Some((api, resolved)) = resolver.api(object).await? else {
+            continue;
+        };
+        let Some(meta) = api.get_metadata_opt(&object.name).await.map_err(|e| {
+            provisioners_core::Error::kube(format_args!("reading {}", resolved.shown()), e)
+        })?
+        else {
+            continue;
+        };
+        if meta.metadata.uid.as_ref() != Some(uid) || kept(&meta.metadata) {
+            continue;
+        }
+        if meta.metadata.deletion_timestamp.is_some() {
+            remaining.push(format!("{} (deleting)", resolved.shown()));
+        } else {
+            remaining.push(resolved.shown());
+        }
+    }
+    Ok(remaining)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    #[test]
+    fn keep_is_read_like_helm_does() {
+        let with = |policy: &str| {
+            kept(&ObjectMeta {
+                annotations: Some(BTreeMap::from([(
+                    RESOURCE_POLICY.to_owned(),
+                    policy.to_owned(),
+                )])),
+                ..ObjectMeta::default()
+            })
+        };
+        assert!(with("keep"));
+        assert!(with(" Keep "));
+        assert!(!with("delete"));
+        assert!(!kept(&ObjectMeta::default()));
+    }
+}

@@ -1,0 +1,107 @@
+//! Serialises work on one release within this process.
+//!
+//! A pending record seen under the lock was left by a helm that no longer
+//! runs here. The lock is shared with the task that runs each helm process
+//! ([`Serialised::share`]), so it is released only when both the provision
+//! (or its dropped future) and helm itself are done.
+
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock, Mutex, Weak};
+
+use tokio::sync::OwnedMutexGuard;
+
+type ReleaseKey = (String, String, String);
+
+static LOCKS: LazyLock<Mutex<HashMap<ReleaseKey, Weak<tokio::sync::Mutex<()>>>>> =
+    LazyLock::new(Mutex::default);
+
+/// The held lock of one release, and its [Lease](super::lease) once taken.
+#[derive(Clone, Debug)]
+pub(super) struct Serialised {
+    held: Arc<Held>,
+}
+
+#[derive(Debug)]
+struct Held {
+    // Dropped after the Lease (fields drop in order): the Lease is given up
+    // before another call of this process can take the lock.
+    lease: Mutex<Option<super::lease::Held>>,
+    _guard: OwnedMutexGuard<()>,
+}
+
+impl Serialised {
+    /// Another holder of the same lock, for a task that may outlive the caller.
+    pub(super) fn share(&self) -> Serialised {
+        self.clone()
+    }
+
+    /// Keeps `lease` until the lock is released.
+    pub(super) fn hold(&self, lease: super::lease::Held) {
+        *self
+            .held
+            .lease
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(lease);
+    }
+
+    /// Whether a Lease is held with the lock.
+    pub(super) fn has_lease(&self) -> bool {
+        self.held
+            .lease
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .is_some()
+    }
+}
+
+/// Waits for the lock of `release` in `namespace` on `cluster`.
+pub(super) async fn lock(cluster: &str, namespace: &str, release: &str) -> Serialised {
+    let mutex = {
+        let mut locks = LOCKS
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let key = (cluster.to_owned(), namespace.to_owned(), release.to_owned());
+        match locks.get(&key).and_then(Weak::upgrade) {
+            Some(mutex) => mutex,
+            None => {
+                locks.retain(|_, weak| weak.strong_count() > 0);
+                let mutex = Arc::new(tokio::sync::Mutex::new(()));
+                locks.insert(key, Arc::downgrade(&mutex));
+                mutex
+            }
+        }
+    };
+    Serialised {
+        held: Arc::new(Held {
+            lease: Mutex::new(None),
+            _guard: mutex.lock_owned().await,
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_shared_lock_is_held_until_every_holder_is_done() {
+        let first = lock("c", "ns", "web").await;
+        let helm = first.share();
+        drop(first);
+        let second = tokio::spawn(lock("c", "ns", "web"));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(
+            !second.is_finished(),
+            "the lock was free while helm held it"
+        );
+        drop(helm);
+        tokio::time::timeout(Duration::from_secs(20), second)
+            .await
+            .expect("free once helm is done")
+            .unwrap();
+        // Other releases are not serialised with it.
+        let _other = lock("c", "ns", "api").await;
+    }
+}

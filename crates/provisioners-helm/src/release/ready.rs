@@ -1,0 +1,151 @@
+//! Readiness of a release's objects, by the shared rules of
+//! [`provisioners_core::readiness`], instead of `helm --wait`: a call looks
+//! once and yields, so no worker waits for a rollout.
+
+use std::time::Duration;
+
+use k8s_openapi::jiff::Timestamp;
+use provisioners_core::readiness::{self, Readiness};
+use provisioners_core::{Error, Result};
+
+use super::live::Live;
+
+/// What is not ready among a release's objects.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(super) struct NotReady {
+    /// Not yet: `Kind ns/name: reason`.
+    pub(super) waiting: Vec<String>,
+    /// Will not become ready without a change (a failed Job, a stalled rollout).
+    pub(super) failed: Vec<String>,
+}
+
+/// Judges each object as the server returned it.
+pub(super) fn check(objects: &[Live]) -> NotReady {
+    let mut not_ready = NotReady::default();
+    for Live {
+        object,
+        live,
+        served,
+        ..
+    } in objects
+    {
+        let Some(live) = live else {
+            // A deleted object is drift, repaired or reported by the drift
+            // policy; an unserved kind will not come by waiting either, but
+            // may while a CRD is being established.
+            if !*served {
+                not_ready.waiting.push(format!(
+                    "{}: the cluster does not serve {} {}",
+                    object.shown(),
+                    object.api_version,
+                    object.kind
+                ));
+            }
+            continue;
+        };
+        match readiness::check(object.group(), &object.kind, live) {
+            Readiness::Ready => {}
+            Readiness::Waiting(reason) => not_ready
+                .waiting
+                .push(format!("{}: {reason}", object.shown())),
+            Readiness::Failed(reason) => not_ready
+                .failed
+                .push(format!("{}: {reason}", object.shown())),
+        }
+    }
+    not_ready
+}
+
+/// How long ago helm started the revision, from its record's `last_deployed`
+/// (helm's clock, which is this machine's); `None` when it cannot be read.
+pub(super) fn since(last_deployed: Option<&str>) -> Option<Duration> {
+    let started: Timestamp = last_deployed?.parse().ok()?;
+    let elapsed = Timestamp::now().duration_since(started);
+    // A start in the future (a clock stepped back) counts as just now.
+    Some(Duration::try_from(elapsed).unwrap_or_default())
+}
+
+/// The outcome for a release that is not ready, `elapsed` after helm started
+/// it, with a deadline of `wait`.
+pub(super) fn verdict(
+    release: &str,
+    revision: u32,
+    not_ready: &NotReady,
+    elapsed: Option<Duration>,
+    wait: Duration,
+) -> Result<()> {
+    if !not_ready.failed.is_empty() {
+        return Err(Error::helm(format!(
+            "release `{release}` (revision {revision}) will not become ready without a change: {}",
+            not_ready.failed.join("; ")
+        )));
+    }
+    if not_ready.waiting.is_empty() {
+        return Ok(());
+    }
+    let waiting = not_ready.waiting.join("; ");
+    match elapsed {
+        Some(elapsed) if elapsed >= wait => Err(Error::timeout(format!(
+            "release `{release}` (revision {revision}) did not become ready within {}s: {waiting}",
+            wait.as_secs()
+        ))),
+        _ => Err(Error::yielding(format!(
+            "release `{release}` (revision {revision}) is not ready yet: {waiting}"
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use provisioners_core::ErrorKind;
+
+    use super::*;
+
+    #[test]
+    fn not_ready_yields_until_the_deadline_then_times_out() {
+        let wait = Duration::from_secs(60);
+        let not_ready = NotReady {
+            waiting: vec!["Deployment apps/web: 0 of 1 replicas updated, 0 available".to_owned()],
+            failed: Vec::new(),
+        };
+        let early = verdict(
+            "apps/web",
+            2,
+            &not_ready,
+            Some(Duration::from_secs(5)),
+            wait,
+        )
+        .unwrap_err();
+        assert!(early.is_yield(), "{early}");
+        assert!(early.message().contains("Deployment apps/web"), "{early}");
+        let late = verdict("apps/web", 2, &not_ready, Some(wait), wait).unwrap_err();
+        assert_eq!(late.kind(), ErrorKind::Timeout, "{late}");
+        assert!(late.message().contains("within 60s"), "{late}");
+        assert!(late.message().contains("0 available"), "{late}");
+        // Without a start time there is no deadline to pass.
+        assert!(
+            verdict("apps/web", 2, &not_ready, None, wait)
+                .unwrap_err()
+                .is_yield()
+        );
+        assert!(verdict("apps/web", 2, &NotReady::default(), Some(wait), wait).is_ok());
+        let failed = NotReady {
+            waiting: Vec::new(),
+            failed: vec!["Job apps/migrate: the job failed".to_owned()],
+        };
+        let error = verdict("apps/web", 2, &failed, None, wait).unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::Helm, "{error}");
+    }
+
+    #[test]
+    fn the_start_is_read_from_helm_s_timestamp() {
+        let an_hour_ago = Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_secs(3600);
+        let elapsed = since(Some(&an_hour_ago.to_string())).unwrap();
+        assert!(elapsed >= Duration::from_secs(3600), "{elapsed:?}");
+        assert!(since(Some("2026-12-01T09:00:00.123456789+01:00")).is_some());
+        assert_eq!(since(Some("yesterday")), None);
+        assert_eq!(since(None), None);
+        let future = Timestamp::now() + k8s_openapi::jiff::SignedDuration::from_secs(3600);
+        assert_eq!(since(Some(&future.to_string())), Some(Duration::ZERO));
+    }
+}

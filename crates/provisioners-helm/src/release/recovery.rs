@@ -1,0 +1,58 @@
+//! Recovery of a release whose newest revision a dead helm left half-done.
+
+use provisioners_core::{Context, Result};
+
+use super::HelmRelease;
+use super::lock::Serialised;
+use crate::storage::{self, Revision};
+
+impl HelmRelease {
+    /// Brings a release whose newest revision was left half-done by a dead
+    /// helm back to a state `helm upgrade --install` accepts.
+    /// Returns whether it changed the release's records.
+    pub(super) async fn recover(
+        &self,
+        cx: &Context,
+        serialised: &Serialised,
+        revision: &Revision,
+    ) -> Result<bool> {
+        if revision.status == "pending-install" {
+            // Nothing of an install that never finished is worth keeping, and
+            // objects it left would keep fields the chart no longer sets.
+            tracing::warn!(
+                release = %self.id(),
+                revision = revision.number,
+                "the release was left pending-install by an interrupted helm; removing it first"
+            );
+            self.uninstall(cx, serialised, true).await?;
+            storage::forget_all(cx.client(), &self.namespace, &self.release).await?;
+            Ok(true)
+        } else if revision.is_pending() {
+            tracing::warn!(
+                release = %self.id(),
+                revision = revision.number,
+                status = %revision.status,
+                "the release was left pending by an interrupted helm; rolling back"
+            );
+            match revision.deployed_before {
+                // Back to the last deployed revision, diffed against the
+                // interrupted one: fields it set that the chart does not are
+                // removed (an upgrade from the deployed revision would keep them).
+                Some(deployed) => self.rollback(cx, serialised, deployed).await?,
+                None => storage::forget(cx.client(), &self.namespace, revision).await?,
+            }
+            Ok(true)
+        } else if revision.status == "uninstalling" || revision.status == "uninstalled" {
+            // An uninstall that is not finished: finish it, and install anew
+            // only once its objects are gone (helm would refuse to adopt
+            // objects that are being deleted).
+            tracing::warn!(release = %self.id(), "finishing an earlier uninstall first");
+            let seen = self.uninstalled(cx, serialised, revision).await?;
+            self.gone(cx, &seen, " before installing it again").await?;
+            storage::forget_all(cx.client(), &self.namespace, &self.release).await?;
+            Ok(true)
+        } else {
+            Ok(false)
+        }
+    }
+}

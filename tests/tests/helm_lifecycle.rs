@@ -1,0 +1,572 @@
+//! `HelmRelease` lifecycle on the local control plane, each scenario with
+//! the real Helm 3 and Helm 4 binaries: readiness by yield and its deadline,
+//! the uninstall gate with kept objects, clean cancellation, drift repair,
+//! two processes on one release, private repositories.
+//!
+//! Run like `helm_cluster.rs` (see docs/testing.md).
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::Api;
+use provisioners::ErrorKind;
+use provisioners_helm::{Chart, Credentials, Drift, HelmRelease};
+use provisioners_testing::cluster::{self, TestNamespace};
+use serde_json::json;
+
+#[macro_use]
+mod helm_support;
+use helm_support::*;
+
+both_helms!(
+    never_ready_release_yields_then_times_out,
+    kept_crd_is_left_and_deprovision_finishes,
+    cancelled_root_leaves_no_release_pending,
+    drift_is_repaired_by_a_no_op_provision,
+    two_processes_racing_on_a_pending_release_do_not_both_act,
+    private_repository_credentials_stay_off_argv_env_and_errors,
+    oci_registry_with_and_without_credentials,
+);
+
+async fn never_ready_release_yields_then_times_out(helm: PathBuf) {
+    let ns = TestNamespace::create("helm-never")
+        .await
+        .expect("namespace");
+    let cx = context().await;
+    // Long enough that the first call cannot be past it on a loaded machine.
+    let wait = Duration::from_secs(30);
+    let release = || {
+        HelmRelease::new("never", chart("helm-plain"))
+            .namespace(ns.name())
+            .helm(&helm)
+            .set("nodeSelector", json!({"no-such-node": "true"}))
+            .wait(wait)
+    };
+    let started = Instant::now();
+    let first = cx.provision(&release()).await.expect_err("cannot be ready");
+    eprintln!("first provision returned after {:?}", started.elapsed());
+    assert!(first.is_yield(), "{first}");
+    let text = first.to_string();
+    assert!(
+        text.contains(&format!("Deployment {}/never", ns.name())),
+        "{text}"
+    );
+    assert_eq!(
+        release_record(&ns, "never").await.expect("recorded").1,
+        "deployed"
+    );
+
+    // A rebuilt tree (a new node, as after an operator restart) keeps the
+    // deadline: it is counted from the record, not from memory.
+    let mut calls = 1;
+    let error = cluster::eventually(
+        "the deadline to pass",
+        DEADLINE,
+        Duration::from_millis(500),
+        || {
+            calls += 1;
+            let (cx, release) = (&cx, release());
+            async move {
+                match cx.provision(&release).await {
+                    Err(e) if e.is_yield() => None,
+                    other => Some(other),
+                }
+            }
+        },
+    )
+    .await
+    .expect_err("never ready");
+    let text = error.to_string();
+    assert_eq!(error.kind(), ErrorKind::Timeout, "{text}");
+    assert!(text.contains("did not become ready within 30s"), "{text}");
+    assert!(
+        text.contains(&format!("Deployment {}/never", ns.name())),
+        "{text}"
+    );
+    assert!(text.contains("0 available"), "{text}");
+    assert!(started.elapsed() >= wait);
+    eprintln!("{calls} provisions until the timeout");
+    // Still one revision: the yields and the timeout ran helm once.
+    assert_eq!(release_record(&ns, "never").await.expect("recorded").0, 1);
+    deprovision_until_gone(&cx, &release()).await;
+    ns.cleanup().await.expect("cleanup");
+}
+
+async fn kept_crd_is_left_and_deprovision_finishes(helm: PathBuf) {
+    let ns = TestNamespace::create("helm-kept").await.expect("namespace");
+    let cx = context().await;
+    let crd_name = format!("gizmos.{}.helm-tests.provisioners.dev", ns.name());
+    let crds = Api::<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>::all(ns.client().clone());
+    let release = HelmRelease::new("kept", chart("helm-kept"))
+        .namespace(ns.name())
+        .helm(&helm)
+        .wait(WAIT);
+    settle(&cx, &release, "install").await;
+    assert!(crds.get_opt(&crd_name).await.expect("get").is_some());
+
+    deprovision_until_gone(&cx, &release).await;
+    assert!(release_record(&ns, "kept").await.is_none());
+    assert!(
+        ns.api::<Deployment>()
+            .get_opt("kept")
+            .await
+            .expect("get")
+            .is_none()
+    );
+    let crd = crds.get_opt(&crd_name).await.expect("get");
+    assert!(
+        crd.is_some_and(|crd| crd.metadata.deletion_timestamp.is_none()),
+        "the kept CRD is left alone"
+    );
+    // Again: nothing to do.
+    cx.deprovision(&release)
+        .await
+        .expect("missing release is Ok");
+    let _ = crds.delete(&crd_name, &Default::default()).await;
+    ns.cleanup().await.expect("cleanup");
+}
+
+async fn cancelled_root_leaves_no_release_pending(helm: PathBuf) {
+    let ns = TestNamespace::create("helm-cancel")
+        .await
+        .expect("namespace");
+    let cx = context().await;
+    let release = |stuck: bool| {
+        HelmRelease::new("cancelled", chart("helm-plain"))
+            .namespace(ns.name())
+            .helm(&helm)
+            .set("stuckHook", stuck)
+            .grace_period(Duration::from_secs(30))
+    };
+    // Once for the install, once for an upgrade.
+    for (round, expected) in [(1, "pending-install"), (2, "pending-upgrade")] {
+        let token = provisioners::CancellationToken::new();
+        let operator = context().await.with_cancellation(token.clone());
+        let stuck = release(true).set("round", round);
+        let canceller = async {
+            eventually(&format!("the release to be {expected}"), || async {
+                release_record(&ns, "cancelled")
+                    .await
+                    .filter(|r| r.1 == expected)
+            })
+            .await;
+            token.cancel();
+        };
+        let (result, ()) = tokio::join!(operator.provision(&stuck), canceller);
+        assert_eq!(
+            result.expect_err("cancelled").kind(),
+            ErrorKind::Cancelled,
+            "round {round}"
+        );
+        // The tree returned at once; helm is still finishing (it was caught
+        // here by SIGPIPE once: its pipes were closed under it).
+        // helm had its grace period to record the outcome.
+        eventually("helm to exit", || async {
+            helm_processes(&helm, ns.name()).is_empty().then_some(())
+        })
+        .await;
+        let (_, status, _) = release_record(&ns, "cancelled").await.expect("recorded");
+        assert!(
+            status == "failed" || status == "deployed",
+            "round {round}: left {status}"
+        );
+    }
+    settle(&cx, &release(false), "provision after the cancellations").await;
+    assert_eq!(
+        release_record(&ns, "cancelled").await.expect("recorded").1,
+        "deployed"
+    );
+    ns.cleanup().await.expect("cleanup");
+}
+
+async fn drift_is_repaired_by_a_no_op_provision(helm: PathBuf) {
+    let ns = TestNamespace::create("helm-drift")
+        .await
+        .expect("namespace");
+    let cx = context().await;
+    let release = |policy: Drift| {
+        HelmRelease::new("drifty", chart("helm-plain"))
+            .namespace(ns.name())
+            .helm(&helm)
+            .values(&json!({"greeting": "as charted", "password": SECRET}))
+            .drift(policy)
+            .wait(WAIT)
+    };
+    settle(&cx, &release(Drift::Repair), "install").await;
+    let revision = || async { release_record(&ns, "drifty").await.expect("recorded").0 };
+    // Nothing drifted: no upgrade (the Secret's stringData, defaults and
+    // helm's own labels are no drift).
+    settle(&cx, &release(Drift::Repair), "no-op").await;
+    assert_eq!(revision().await, 1);
+
+    // The Deployment deleted by hand comes back on the next no-op.
+    let deployments = ns.api::<Deployment>();
+    let before = deployments
+        .get("drifty")
+        .await
+        .expect("deployment")
+        .metadata
+        .uid;
+    deployments
+        .delete("drifty", &Default::default())
+        .await
+        .expect("delete by hand");
+    eventually("the Deployment to be gone", || async {
+        match deployments.get_opt("drifty").await.expect("get") {
+            Some(d) if d.metadata.uid == before => None,
+            _ => Some(()),
+        }
+    })
+    .await;
+    settle(&cx, &release(Drift::Repair), "repair the deletion").await;
+    assert_eq!(revision().await, 2);
+    let after = deployments
+        .get("drifty")
+        .await
+        .expect("restored")
+        .metadata
+        .uid;
+    assert_ne!(after, before);
+    assert_eq!(available(&ns, "drifty").await, Some(1));
+
+    // A field the chart sets, changed by hand, is set back.
+    let config_maps = ns.api::<ConfigMap>();
+    let patch = json!({"data": {"greeting": "by hand"}});
+    config_maps
+        .patch(
+            "drifty-settings",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await
+        .expect("edit by hand");
+    settle(&cx, &release(Drift::Repair), "repair the change").await;
+    assert_eq!(revision().await, 3);
+    let settings = config_maps.get("drifty-settings").await.expect("configmap");
+    assert_eq!(settings.data.expect("data")["greeting"], "as charted");
+
+    // Warn and Ignore leave it as it is.
+    config_maps
+        .delete("drifty-settings", &Default::default())
+        .await
+        .expect("delete by hand");
+    for policy in [Drift::Warn, Drift::Ignore] {
+        settle(&cx, &release(policy), "no-op that does not repair").await;
+        assert_eq!(revision().await, 3, "{policy:?}");
+        assert!(
+            config_maps
+                .get_opt("drifty-settings")
+                .await
+                .expect("get")
+                .is_none()
+        );
+    }
+    deprovision_until_gone(&cx, &release(Drift::Repair)).await;
+    ns.cleanup().await.expect("cleanup");
+}
+
+async fn two_processes_racing_on_a_pending_release_do_not_both_act(helm: PathBuf) {
+    let ns = TestNamespace::create("helm-race").await.expect("namespace");
+    let token = provisioners::CancellationToken::new();
+    let first = context_as("process-a")
+        .await
+        .with_cancellation(token.clone());
+    let second = context_as("process-b").await;
+    let release = |holder: &str, stuck: bool| {
+        HelmRelease::new("raced", chart("helm-plain"))
+            .namespace(ns.name())
+            .helm(&helm)
+            .lease_holder(holder.to_owned())
+            .set("stuckHook", stuck)
+            .grace_period(Duration::from_secs(30))
+    };
+    let racer = async {
+        eventually("the release to be pending-install", || async {
+            release_record(&ns, "raced")
+                .await
+                .filter(|r| r.1 == "pending-install")
+        })
+        .await;
+        // The second process finds a pending release while the first one's
+        // helm still works on it: it must neither recover nor uninstall it.
+        for _ in 0..3 {
+            let error = second
+                .provision(&release("process-b", false))
+                .await
+                .expect_err("the first process holds the Lease");
+            assert!(error.is_yield(), "{error}");
+            assert!(
+                error.to_string().contains("another process (process-a)"),
+                "{error}"
+            );
+            let error = second
+                .deprovision(&release("process-b", false))
+                .await
+                .expect_err("the first process holds the Lease");
+            assert!(error.is_yield(), "{error}");
+        }
+        assert_eq!(
+            release_record(&ns, "raced").await.expect("recorded"),
+            (
+                1,
+                "pending-install".to_owned(),
+                release_record(&ns, "raced").await.expect("recorded").2
+            )
+        );
+        assert!(
+            !helm_processes(&helm, ns.name()).is_empty(),
+            "the first helm still runs"
+        );
+        token.cancel();
+    };
+    let stuck = release("process-a", true);
+    let (result, ()) = tokio::join!(first.provision(&stuck), racer);
+    assert_eq!(result.expect_err("cancelled").kind(), ErrorKind::Cancelled);
+    eventually("helm to exit", || async {
+        helm_processes(&helm, ns.name()).is_empty().then_some(())
+    })
+    .await;
+    // Given up by the first process: the second one takes over at once.
+    settle(
+        &second,
+        &release("process-b", false),
+        "the second process takes over",
+    )
+    .await;
+    assert_eq!(
+        release_record(&ns, "raced").await.expect("recorded").1,
+        "deployed"
+    );
+    deprovision_until_gone(&second, &release("process-b", false)).await;
+    assert!(
+        ns.api::<k8s_openapi::api::coordination::v1::Lease>()
+            .get_opt("provisioners-helm.raced")
+            .await
+            .expect("get")
+            .is_none(),
+        "the Lease goes with the release"
+    );
+    ns.cleanup().await.expect("cleanup");
+}
+
+const REPO_PASSWORD: &str = "repo-pa55-9c1e-never-on-argv";
+/// `REPO_PASSWORD` and `robot:REPO_PASSWORD` in base64, as an HTTP client sends them.
+const REPO_PASSWORD_FORMS: [&str; 3] = [
+    REPO_PASSWORD,
+    "cmVwby1wYTU1LTljMWUtbmV2ZXItb24tYXJndg==",
+    "cm9ib3Q6cmVwby1wYTU1LTljMWUtbmV2ZXItb24tYXJndg==",
+];
+
+/// Every live process of `helm` (any arguments): what /proc shows of it.
+fn all_helm_processes(helm: &Path) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let mut found = Vec::new();
+    let Ok(proc) = std::fs::read_dir("/proc") else {
+        return found;
+    };
+    for entry in proc.flatten() {
+        let dir = entry.path();
+        let Ok(cmdline) = std::fs::read(dir.join("cmdline")) else {
+            continue;
+        };
+        let program = cmdline.split(|b| *b == 0).next().unwrap_or_default();
+        if Path::new(&*String::from_utf8_lossy(program)) != helm {
+            continue;
+        }
+        let environ = std::fs::read(dir.join("environ")).unwrap_or_default();
+        found.push((cmdline, environ));
+    }
+    found
+}
+
+fn leaks(bytes: &[u8]) -> Option<&'static str> {
+    REPO_PASSWORD_FORMS
+        .into_iter()
+        .chain(OCI_PASSWORD_FORMS)
+        .find(|form| bytes.windows(form.len()).any(|w| w == form.as_bytes()))
+}
+
+async fn private_repository_credentials_stay_off_argv_env_and_errors(helm: PathBuf) {
+    let ns = TestNamespace::create("helm-private")
+        .await
+        .expect("namespace");
+    let cx = context().await;
+    let repository = ChartRepository::start_with(
+        &helm,
+        Some("Basic cm9ib3Q6cmVwby1wYTU1LTljMWUtbmV2ZXItb24tYXJndg=="),
+    )
+    .await;
+    let release = |password: &str| {
+        HelmRelease::new("private", Chart::repository(&repository.url, "helm-plain"))
+            .namespace(ns.name())
+            .helm(&helm)
+            .version("0.1.0")
+            .credentials(Credentials::basic("robot", password.to_owned()))
+            .wait(WAIT)
+    };
+
+    // Watch every helm process while the release is installed.
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watcher = {
+        let (done, helm) = (std::sync::Arc::clone(&done), helm.clone());
+        tokio::task::spawn_blocking(move || {
+            let mut seen = 0;
+            while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                for (cmdline, environ) in all_helm_processes(&helm) {
+                    seen += 1;
+                    assert_eq!(
+                        leaks(&cmdline),
+                        None,
+                        "the password is on helm's command line"
+                    );
+                    assert_eq!(
+                        leaks(&environ),
+                        None,
+                        "the password is in helm's environment"
+                    );
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            seen
+        })
+    };
+    settle(
+        &cx,
+        &release(REPO_PASSWORD),
+        "install from the private repository",
+    )
+    .await;
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    let seen = watcher.await.expect("watcher");
+    eprintln!("{seen} helm process samples checked");
+    assert!(seen > 0, "no helm process was seen");
+    assert_eq!(available(&ns, "private").await, Some(1));
+
+    // A wrong password: a clear error without the password in any form.
+    let wrong = HelmRelease::new(
+        "private-wrong",
+        Chart::repository(&repository.url, "helm-plain"),
+    )
+    .namespace(ns.name())
+    .helm(&helm)
+    .version("0.1.0")
+    .credentials(Credentials::basic("robot", "wrong-pa55-0d2f"));
+    let error = cx.provision(&wrong).await.expect_err("401");
+    let text = format!("{error} {error:?}");
+    assert!(
+        text.contains("401") || text.contains("nauthorized"),
+        "{text}"
+    );
+    assert!(!text.contains("wrong-pa55-0d2f"), "{text}");
+    assert_eq!(leaks(text.as_bytes()), None, "{text}");
+    deprovision_until_gone(&cx, &release(REPO_PASSWORD)).await;
+    ns.cleanup().await.expect("cleanup");
+}
+
+const OCI_PASSWORD: &str = "oci-pa55-5b7d-never-on-argv";
+const OCI_PASSWORD_FORMS: [&str; 3] = [
+    OCI_PASSWORD,
+    "b2NpLXBhNTUtNWI3ZC1uZXZlci1vbi1hcmd2",
+    "cm9ib3Q6b2NpLXBhNTUtNWI3ZC1uZXZlci1vbi1hcmd2",
+];
+/// `robot` with `OCI_PASSWORD`, bcrypt (cost 4), as the registry's htpasswd wants it.
+const OCI_HTPASSWD: &str = "robot:$2a$04$a5YZ2LqCvu3N9ktE/XlgIe6tvBaXy8NM.VSOvKIoC6Zwa2aAAKXle\n";
+
+/// Samples every helm process until `done`; panics on a leaked password.
+fn watch_helm(
+    helm: &Path,
+    done: &std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> tokio::task::JoinHandle<usize> {
+    let (done, helm) = (std::sync::Arc::clone(done), helm.to_owned());
+    tokio::task::spawn_blocking(move || {
+        let mut seen = 0;
+        while !done.load(std::sync::atomic::Ordering::SeqCst) {
+            for (cmdline, environ) in all_helm_processes(&helm) {
+                seen += 1;
+                assert_eq!(
+                    leaks(&cmdline),
+                    None,
+                    "a password is on helm's command line"
+                );
+                assert_eq!(leaks(&environ), None, "a password is in helm's environment");
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        seen
+    })
+}
+
+async fn oci_registry_with_and_without_credentials(helm: PathBuf) {
+    let ns = TestNamespace::create("helm-oci").await.expect("namespace");
+    let cx = context().await;
+    let chart_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("charts/helm-plain");
+
+    // Without authentication.
+    let open = OciRegistry::start(None).await;
+    open.push(&helm, &chart_dir, None);
+    let release = HelmRelease::new(
+        "oci-open",
+        Chart::oci(format!("{}/charts/helm-plain", open.host)),
+    )
+    .namespace(ns.name())
+    .helm(&helm)
+    .version("0.1.0")
+    .plain_http(true)
+    .wait(WAIT);
+    settle(&cx, &release, "install from the open registry").await;
+    assert_eq!(available(&ns, "oci-open").await, Some(1));
+
+    // With authentication: the password only through stdin.
+    let private = OciRegistry::start(Some(OCI_HTPASSWD)).await;
+    private.push(&helm, &chart_dir, Some(("robot", OCI_PASSWORD)));
+    let release = |credentials: Option<Credentials>| {
+        let release = HelmRelease::new(
+            "oci-private",
+            Chart::oci(format!("{}/charts/helm-plain", private.host)),
+        )
+        .namespace(ns.name())
+        .helm(&helm)
+        .version("0.1.0")
+        .plain_http(true)
+        .wait(WAIT);
+        match credentials {
+            Some(credentials) => release.credentials(credentials),
+            None => release,
+        }
+    };
+    let error = cx
+        .provision(&release(None))
+        .await
+        .expect_err("needs credentials");
+    assert_eq!(
+        leaks(format!("{error} {error:?}").as_bytes()),
+        None,
+        "{error}"
+    );
+    let wrong = cx
+        .provision(&release(Some(Credentials::basic(
+            "robot",
+            "wrong-oci-pa55-31aa",
+        ))))
+        .await
+        .expect_err("wrong password");
+    let text = format!("{wrong} {wrong:?}");
+    assert!(!text.contains("wrong-oci-pa55-31aa"), "{text}");
+
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watcher = watch_helm(&helm, &done);
+    settle(
+        &cx,
+        &release(Some(Credentials::basic("robot", OCI_PASSWORD))),
+        "install from the private registry",
+    )
+    .await;
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        watcher.await.expect("watcher") > 0,
+        "no helm process was seen"
+    );
+    assert_eq!(available(&ns, "oci-private").await, Some(1));
+    ns.cleanup().await.expect("cleanup");
+}
