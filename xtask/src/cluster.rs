@@ -148,6 +148,7 @@ impl TestClusters {
         env.push(("PROVISIONERS_HELM3", tools.helm3.clone()));
         env.push(("PROVISIONERS_HELM4", tools.helm4.clone()));
         env.push(("PROVISIONERS_KUBECTL", tools.kubectl.clone()));
+        env.push(("PROVISIONERS_REGISTRY", tools.registry.clone()));
         env
     }
 
