@@ -22,8 +22,8 @@ async fn prune_deletes_what_left_the_manifest_and_nothing_else() {
     let api = ns.api::<ConfigMap>();
     let inventory_id = format!("prune-{}", ns.name());
 
-    // Same labels as the manifest's objects, inventory label included, but
-    // not in the inventory: prune must leave it alone.
+    // Same labels as the manifest's objects, an inventory label included,
+    // but not ours: prune must leave it alone.
     let mut labels = BTreeMap::new();
     labels.insert("app".to_owned(), "pruned".to_owned());
     labels.insert(INVENTORY_LABEL.to_owned(), inventory_id.clone());
@@ -74,8 +74,16 @@ async fn prune_deletes_what_left_the_manifest_and_nothing_else() {
         );
     }
     assert!(api.get_opt("bystander").await.expect("get").is_some());
-    let inventory = format!("provisioners-inventory-{inventory_id}");
-    assert!(api.get_opt(&inventory).await.expect("get").is_none());
+    let left: Vec<String> = api
+        .list(&Default::default())
+        .await
+        .expect("list")
+        .items
+        .into_iter()
+        .filter_map(|cm| cm.metadata.name)
+        .filter(|name| name.starts_with("provisioners-inventory-"))
+        .collect();
+    assert!(left.is_empty(), "the inventory is left: {left:?}");
     ns.cleanup().await.expect("cleanup");
 }
 
@@ -187,7 +195,10 @@ async fn a_field_manager_conflict_without_force_is_invalid() {
 
     let second_yaml =
         "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: shared\ndata:\n  owner: second\n";
-    let second = Manifest::from_yaml("second", second_yaml).namespace(ns.name());
+    // Another owner's object: adopt it, to reach the field-level conflict.
+    let second = Manifest::from_yaml("second", second_yaml)
+        .namespace(ns.name())
+        .adopt(true);
     let second_cx = cx.clone().with_field_manager("second-manager");
     let error = invalid(&second_cx, &second).await;
     let message = error.to_string();
@@ -204,6 +215,7 @@ async fn a_field_manager_conflict_without_force_is_invalid() {
 
     let forced = Manifest::from_yaml("second", second_yaml)
         .namespace(ns.name())
+        .adopt(true)
         .force(true);
     second_cx.provision(&forced).await.expect("forced");
     let live = ns.api::<ConfigMap>().get("shared").await.expect("get");
@@ -303,7 +315,7 @@ async fn a_typed_resource_applies_waits_and_deletes() {
     let node = Resource::new(&config_map)
         .namespace(ns.name())
         .wait_ready(true);
-    assert_eq!(node.name(), "configmap/typed");
+    assert_eq!(node.name(), "configmap-typed");
     cx.provision(&node).await.expect("provision");
     let api = ns.api::<ConfigMap>();
     let live = api.get("typed").await.expect("get");
