@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DynamicObject, ObjectMeta, Patch, PatchParams, PostParams};
-use provisioners::{Context, Error, ErrorKind, Provisioner};
+use provisioners::{Context, Error, ErrorKind, Owner, Provisioner};
 use provisioners_manifest::{Discovery, INVENTORY_LABEL, Manifest, Resource};
 use provisioners_testing::cluster::TestNamespace;
 
@@ -181,7 +181,7 @@ async fn a_field_manager_conflict_without_force_is_invalid() {
     let ns = TestNamespace::create("manifest-conflict")
         .await
         .expect("namespace");
-    let cx = Context::from_client(ns.client().clone());
+    let cx = Context::from_client(ns.client().clone()).with_owner(Owner::standalone("conflict"));
     let first = Manifest::from_yaml(
         "first",
         "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: shared\ndata:\n  owner: first\n",
@@ -195,10 +195,8 @@ async fn a_field_manager_conflict_without_force_is_invalid() {
 
     let second_yaml =
         "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: shared\ndata:\n  owner: second\n";
-    // Another owner's object: adopt it, to reach the field-level conflict.
-    let second = Manifest::from_yaml("second", second_yaml)
-        .namespace(ns.name())
-        .adopt(true);
+    // One owner, two field managers: the object is ours, its fields are not.
+    let second = Manifest::from_yaml("second", second_yaml).namespace(ns.name());
     let second_cx = cx.clone().with_field_manager("second-manager");
     let error = invalid(&second_cx, &second).await;
     let message = error.to_string();
@@ -215,7 +213,6 @@ async fn a_field_manager_conflict_without_force_is_invalid() {
 
     let forced = Manifest::from_yaml("second", second_yaml)
         .namespace(ns.name())
-        .adopt(true)
         .force(true);
     second_cx.provision(&forced).await.expect("forced");
     let live = ns.api::<ConfigMap>().get("shared").await.expect("get");

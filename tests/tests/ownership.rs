@@ -83,7 +83,15 @@ async fn two_owners_with_identical_trees_never_touch_each_other() {
         .list(&Default::default())
         .await
         .unwrap()
-        .items;
+        .items
+        .into_iter()
+        .filter(|cm| {
+            cm.metadata
+                .name
+                .as_deref()
+                .is_some_and(|n| n.starts_with("provisioners-inventory-"))
+        })
+        .collect::<Vec<_>>();
     assert_eq!(
         inventories.len(),
         1,
@@ -317,7 +325,7 @@ async fn an_empty_directory_prunes_nothing_and_ids_never_collide() {
     let cx = owned(&cx().await, "empty");
     let dir = std::env::temp_dir().join(format!("provisioners-empty-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("cms.yaml"), config_maps(&["x", "y"])).unwrap();
+    std::fs::write(dir.join("cms.yaml"), config_maps(&["xa", "ya"])).unwrap();
     let manifest = Manifest::from_path("dir", &dir)
         .namespace(ns.name())
         .prune(true);
@@ -328,7 +336,7 @@ async fn an_empty_directory_prunes_nothing_and_ids_never_collide() {
     assert_eq!(error.kind(), ErrorKind::Invalid, "{error}");
     assert!(error.to_string().contains("holds no objects"), "{error}");
     let api = ns.api::<ConfigMap>();
-    for name in ["x", "y"] {
+    for name in ["xa", "ya"] {
         assert!(api.get_opt(name).await.unwrap().is_some(), "{name} pruned");
     }
     std::fs::remove_dir_all(&dir).unwrap();

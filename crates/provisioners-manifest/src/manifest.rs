@@ -188,7 +188,8 @@ impl Manifest {
 
     /// Takes over objects that exist without this owner's ownership stamp
     /// (created by hand, or by another tool) instead of failing with an
-    /// [`Invalid`](ErrorKind::Invalid) error. Once stamped, they are ours:
+    /// [`Invalid`](ErrorKind::Invalid) error, fields included (the apply of
+    /// an adopted object is forced). Once stamped, they are ours:
     /// deprovision deletes them. Off by default.
     pub fn adopt(mut self, adopt: bool) -> Self {
         self.adopt = adopt;

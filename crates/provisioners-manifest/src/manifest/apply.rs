@@ -36,10 +36,15 @@ pub(super) fn is_ours_ns(stamp: &Stamp, live: &DynamicObject) -> bool {
 }
 
 impl Manifest {
-    async fn apply_one(&self, cx: &Context, planned: &Planned) -> Result<DynamicObject> {
+    async fn apply_one(
+        &self,
+        cx: &Context,
+        planned: &Planned,
+        force: bool,
+    ) -> Result<DynamicObject> {
         let api = dynamic_api(cx, &planned.kind.resource, planned.key.namespace.as_deref());
         let mut params = PatchParams::apply(cx.field_manager());
-        params.force = self.force;
+        params.force = force;
         let patch = Patch::Apply(&planned.object);
         let name = planned.key.name.as_str();
         retry(cx, || api.patch(name, &params, &patch))
@@ -67,7 +72,7 @@ impl Manifest {
         let mut live = self.list_ours(cx, stamp, &stamped).await;
         let mut check = vec![false; stamped.len()];
         for (i, planned) in stamped.iter().enumerate() {
-            if live[i].is_some() || self.adopt {
+            if live[i].is_some() {
                 continue;
             }
             check[i] = match &planned.key.namespace {
@@ -91,6 +96,7 @@ impl Manifest {
                         None if check => self.read(cx, planned).await?,
                         None => None,
                     };
+                    let mut force = self.force;
                     if let Some(live) = live {
                         match stamp.classify(&live) {
                             Ownership::Ours => {
@@ -104,14 +110,18 @@ impl Manifest {
                                 from = %node,
                                 "taking over from another node of the same owner"
                             ),
+                            Ownership::Foreign(who) if self.adopt => {
+                                tracing::info!(object = %planned.key, owner = %who, "adopting");
+                                // Taking the object over includes its fields.
+                                force = true;
+                            }
+                            Ownership::Foreign(_) if is_shared(planned) => {}
                             Ownership::Foreign(who) => {
-                                if !self.adopt && !is_shared(planned) {
-                                    return Err(foreign_error(planned, stamp, &who));
-                                }
+                                return Err(foreign_error(planned, stamp, &who));
                             }
                         }
                     }
-                    self.apply_one(cx, planned).await
+                    self.apply_one(cx, planned, force).await
                 }
             })
             .collect();
