@@ -48,9 +48,12 @@ impl Manifest {
         key: &ObjectRef,
     ) -> Result<bool> {
         let api = dynamic_api(cx, &kind.resource, key.namespace.as_deref());
-        let live = retry(cx, || api.get_opt(&key.name))
-            .await
-            .map_err(|e| Error::kube(format_args!("reading {key} to delete it"), e))?;
+        let live = match retry(cx, || api.get_opt(&key.name)).await {
+            Ok(live) => live,
+            // Not a Status: the kind is no longer served (its CRD went).
+            Err(kube::Error::Api(status)) if status.code == 404 => None,
+            Err(e) => return Err(Error::kube(format_args!("reading {key} to delete it"), e)),
+        };
         let Some(live) = live else {
             return Ok(true);
         };
