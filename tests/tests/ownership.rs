@@ -405,7 +405,7 @@ fn recording(client: kube::Client, traffic: Arc<Mutex<Traffic>>) -> kube::Client
             }
             Ok::<_, kube::Error>(http::Response::from_parts(
                 parts,
-                kube::client::Body::from(bytes.clone()),
+                kube::client::Body::from(bytes),
             ))
         }
     });
@@ -452,7 +452,7 @@ async fn a_no_op_lists_only_our_objects() {
     let cx = Context::from_client(recording(plain, Arc::clone(&traffic)))
         .with_owner(Owner::standalone("lister"));
     cx.provision(&manifest).await.expect("no-op provision");
-    let traffic = traffic.lock().unwrap();
+    let traffic = std::mem::take(&mut *traffic.lock().unwrap());
     let writes: Vec<_> = traffic
         .requests
         .iter()
@@ -474,7 +474,6 @@ async fn a_no_op_lists_only_our_objects() {
     for (uri, _, _) in &lists {
         assert!(uri.contains("labelSelector="), "{uri}");
     }
-    println!("no-op LIST: {items} items, {bytes} bytes");
-    drop(traffic);
+    eprintln!("no-op LIST: {items} items, {bytes} bytes");
     ns.cleanup().await.expect("cleanup");
 }

@@ -251,7 +251,7 @@ mod tests {
     use super::*;
     use provisioners_core::Owner;
 
-    fn live(annotations: Value) -> DynamicObject {
+    fn live(annotations: &Value) -> DynamicObject {
         serde_json::from_value(json!({
             "apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {
@@ -278,7 +278,7 @@ mod tests {
             long.inventory_id()
         );
         // Another owner, same node: another inventory.
-        let other = cx.clone().with_owner(Owner::standalone("other"));
+        let other = cx.with_owner(Owner::standalone("other"));
         assert_ne!(
             Stamp::new(&other, "app", Some("My_App")).inventory_id(),
             a.inventory_id()
@@ -289,7 +289,7 @@ mod tests {
     async fn live_objects_are_classified_by_owner_and_node() {
         let cx = Context::offline().with_owner(Owner::standalone("me"));
         let stamp = Stamp::new(&cx, "app", None);
-        let mut object = live(json!({}));
+        let mut object = live(&json!({}));
         stamp.mark(&mut object);
         assert_eq!(stamp.classify(&object), Ownership::Ours);
 
@@ -305,13 +305,13 @@ mod tests {
             Ownership::Foreign(who) => assert!(who.contains("standalone:me"), "{who}"),
             other => panic!("{other:?}"),
         }
-        match stamp.classify(&live(json!({}))) {
+        match stamp.classify(&live(&json!({}))) {
             Ownership::Foreign(who) => {
                 assert!(who.contains("`kubectl-client-side-apply`"), "{who}");
             }
             other => panic!("{other:?}"),
         }
-        let helm = live(json!({
+        let helm = live(&json!({
             "meta.helm.sh/release-name": "web", "meta.helm.sh/release-namespace": "apps"
         }));
         assert_eq!(describe_owner(&helm), "owned by Helm release apps/web");
@@ -319,14 +319,14 @@ mod tests {
 
     #[test]
     fn protected_and_annotated_objects_are_kept() {
-        let mut namespace = live(json!({}));
+        let mut namespace = live(&json!({}));
         namespace.metadata.name = Some("kube-system".into());
         assert!(kept("", "Namespace", &namespace).is_some());
         assert!(kept("", "ConfigMap", &namespace).is_none());
-        let orphan = live(json!({ DELETION_POLICY_ANNOTATION: "orphan" }));
+        let orphan = live(&json!({ DELETION_POLICY_ANNOTATION: "orphan" }));
         assert!(kept("", "ConfigMap", &orphan).is_some());
-        let keep = live(json!({ HELM_RESOURCE_POLICY: "keep" }));
+        let keep = live(&json!({ HELM_RESOURCE_POLICY: "keep" }));
         assert!(kept("", "ConfigMap", &keep).is_some());
-        assert!(kept("", "ConfigMap", &live(json!({}))).is_none());
+        assert!(kept("", "ConfigMap", &live(&json!({}))).is_none());
     }
 }
