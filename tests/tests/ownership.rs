@@ -200,6 +200,21 @@ async fn a_pre_existing_object_is_refused_unless_adopted() {
     assert!(message.contains("adopt(true)"), "{message}");
     assert_eq!(api.get("taken").await.unwrap().data.unwrap()["by"], "hand");
 
+    // The same among enough objects of its kind to be checked with one
+    // metadata LIST instead of a GET each.
+    let many = format!(
+        "{}---\n{}",
+        yaml,
+        config_maps(&["other-1", "other-2", "other-3", "other-4"])
+    );
+    let error = cx
+        .provision(&Manifest::from_yaml("many", many).namespace(ns.name()))
+        .await
+        .unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::Invalid, "{error}");
+    assert!(error.to_string().contains("`kubectl-create`"), "{error}");
+    assert_eq!(api.get("taken").await.unwrap().data.unwrap()["by"], "hand");
+
     // Deprovision without adopt never deletes it.
     converge(&cx, &refusing, false, DEADLINE).await;
     assert!(api.get_opt("taken").await.unwrap().is_some(), "deleted");

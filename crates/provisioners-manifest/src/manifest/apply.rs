@@ -2,10 +2,11 @@
 //!
 //! A live object is read before it is applied only where it may exist
 //! without our stamp: through one LIST of our own objects (label selector,
-//! paginated) per kind and namespace with at least [`LIST_FROM`] objects, and
-//! a GET for the rest, except in namespaces our owner created (everything in
-//! them is ours to take over), where a first apply costs one request per
-//! object, as with kubectl.
+//! paginated) per kind and namespace with at least [`LIST_FROM`] objects,
+//! then, for what that did not find, one metadata-only LIST of what exists
+//! (at most a few pages) or a GET per object; except in namespaces our owner
+//! created (everything in them is ours to take over), where a first apply
+//! costs one request per object, as with kubectl.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -27,6 +28,10 @@ const LIST_FROM: usize = 4;
 
 /// Items per page of a LIST.
 const PAGE: u32 = 500;
+
+/// Pages of a metadata LIST of what exists before a first apply; a bigger
+/// namespace is checked object by object instead.
+const EXISTING_PAGES: usize = 4;
 
 /// Whether objects in namespace `live` are ours to take over: it carries our
 /// owner's stamp, and it is not one of the shared system namespaces.
@@ -84,6 +89,8 @@ impl Manifest {
                 None => true,
             };
         }
+        self.read_existing(cx, &stamped, &mut live, &mut check)
+            .await;
         let calls = stamped
             .iter()
             .zip(live.iter_mut())
@@ -168,6 +175,77 @@ impl Manifest {
         };
         namespaces.insert(namespace.to_owned(), ours);
         Ok(ours)
+    }
+
+    /// For kinds with at least [`LIST_FROM`] objects still to check (a first
+    /// apply outside our namespaces), one metadata-only LIST of what exists,
+    /// instead of a GET per object: what it finds is classified from its
+    /// metadata, what it does not is known to be absent. Skipped (GET per
+    /// object) when the namespace holds more than [`EXISTING_PAGES`] pages.
+    async fn read_existing(
+        &self,
+        cx: &Context,
+        objects: &[Planned],
+        live: &mut [Option<DynamicObject>],
+        check: &mut [bool],
+    ) {
+        let mut groups: BTreeMap<(String, String, Option<String>), Vec<usize>> = BTreeMap::new();
+        for (i, planned) in objects.iter().enumerate() {
+            if check[i] && live[i].is_none() {
+                let resource = &planned.kind.resource;
+                groups
+                    .entry((
+                        resource.api_version.clone(),
+                        resource.plural.clone(),
+                        planned.key.namespace.clone(),
+                    ))
+                    .or_default()
+                    .push(i);
+            }
+        }
+        for ((_, _, namespace), indices) in groups {
+            if indices.len() < LIST_FROM {
+                continue;
+            }
+            let first = &objects[indices[0]];
+            let api = dynamic_api(cx, &first.kind.resource, namespace.as_deref());
+            let mut params = ListParams::default().limit(PAGE);
+            let mut existing: HashMap<String, DynamicObject> = HashMap::new();
+            let mut complete = false;
+            for _ in 0..EXISTING_PAGES {
+                let page = match retry(cx, || api.list_metadata(&params)).await {
+                    Ok(page) => page,
+                    Err(error) => {
+                        tracing::debug!(%error, kind = %first.key.kind, "listing what exists failed");
+                        break;
+                    }
+                };
+                for item in page.items {
+                    if let Some(name) = item.metadata.name.clone() {
+                        let object = DynamicObject {
+                            types: None,
+                            metadata: item.metadata,
+                            data: serde_json::Value::Object(Default::default()),
+                        };
+                        existing.insert(name, object);
+                    }
+                }
+                match page.metadata.continue_ {
+                    Some(token) if !token.is_empty() => params = params.continue_token(&token),
+                    _ => {
+                        complete = true;
+                        break;
+                    }
+                }
+            }
+            if !complete {
+                continue;
+            }
+            for i in indices {
+                live[i] = existing.remove(&objects[i].key.name);
+                check[i] = false;
+            }
+        }
     }
 
     /// Our live objects among `objects`, by one paginated LIST of this
