@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DynamicObject, ObjectMeta, Patch, PatchParams, PostParams};
-use provisioners::{Context, Error, ErrorKind, Provisioner};
+use provisioners::{Context, Error, ErrorKind, Owner, Provisioner};
 use provisioners_manifest::{Discovery, INVENTORY_LABEL, Manifest, Resource};
 use provisioners_testing::cluster::TestNamespace;
 
@@ -22,8 +22,8 @@ async fn prune_deletes_what_left_the_manifest_and_nothing_else() {
     let api = ns.api::<ConfigMap>();
     let inventory_id = format!("prune-{}", ns.name());
 
-    // Same labels as the manifest's objects, inventory label included, but
-    // not in the inventory: prune must leave it alone.
+    // Same labels as the manifest's objects, an inventory label included,
+    // but not ours: prune must leave it alone.
     let mut labels = BTreeMap::new();
     labels.insert("app".to_owned(), "pruned".to_owned());
     labels.insert(INVENTORY_LABEL.to_owned(), inventory_id.clone());
@@ -74,8 +74,16 @@ async fn prune_deletes_what_left_the_manifest_and_nothing_else() {
         );
     }
     assert!(api.get_opt("bystander").await.expect("get").is_some());
-    let inventory = format!("provisioners-inventory-{inventory_id}");
-    assert!(api.get_opt(&inventory).await.expect("get").is_none());
+    let left: Vec<String> = api
+        .list(&Default::default())
+        .await
+        .expect("list")
+        .items
+        .into_iter()
+        .filter_map(|cm| cm.metadata.name)
+        .filter(|name| name.starts_with("provisioners-inventory-"))
+        .collect();
+    assert!(left.is_empty(), "the inventory is left: {left:?}");
     ns.cleanup().await.expect("cleanup");
 }
 
@@ -173,7 +181,7 @@ async fn a_field_manager_conflict_without_force_is_invalid() {
     let ns = TestNamespace::create("manifest-conflict")
         .await
         .expect("namespace");
-    let cx = Context::from_client(ns.client().clone());
+    let cx = Context::from_client(ns.client().clone()).with_owner(Owner::standalone("conflict"));
     let first = Manifest::from_yaml(
         "first",
         "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: shared\ndata:\n  owner: first\n",
@@ -187,6 +195,7 @@ async fn a_field_manager_conflict_without_force_is_invalid() {
 
     let second_yaml =
         "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: shared\ndata:\n  owner: second\n";
+    // One owner, two field managers: the object is ours, its fields are not.
     let second = Manifest::from_yaml("second", second_yaml).namespace(ns.name());
     let second_cx = cx.clone().with_field_manager("second-manager");
     let error = invalid(&second_cx, &second).await;
@@ -303,7 +312,7 @@ async fn a_typed_resource_applies_waits_and_deletes() {
     let node = Resource::new(&config_map)
         .namespace(ns.name())
         .wait_ready(true);
-    assert_eq!(node.name(), "configmap/typed");
+    assert_eq!(node.name(), "configmap-typed");
     cx.provision(&node).await.expect("provision");
     let api = ns.api::<ConfigMap>();
     let live = api.get("typed").await.expect("get");

@@ -1,12 +1,13 @@
 //! Remote clusters against the two local control planes: a subtree lands on
 //! the remote only, deprovision removes it, and a deleted kubeconfig Secret
-//! does not wedge the parent's deletion.
+//! does not wedge the parent's deletion, while one deleted with its
+//! namespace first waits for the remote objects to go.
 
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use kube::Api;
-use kube::api::DeleteParams;
+use kube::api::{DeleteParams, Patch, PatchParams};
 use provisioners::testing::cluster::{HarnessCluster, TestNamespace};
 use provisioners::testing::{Recorder, Scripted};
 use provisioners::{Context, Operation, Provisioner, serial};
@@ -115,11 +116,21 @@ async fn a_deleted_kubeconfig_secret_does_not_wedge_the_parent() {
     );
     cx.provision(&tree).await.expect("provision");
 
-    // The cluster "goes away" with its kubeconfig.
+    // The cluster "goes away" with its kubeconfig, deliberately: whoever
+    // deleted the cluster also removed our finalizer.
     ns.api::<Secret>()
         .delete("tenant-kubeconfig", &DeleteParams::default())
         .await
         .expect("delete secret");
+    let unprotect = serde_json::json!({"metadata": {"finalizers": null}});
+    ns.api::<Secret>()
+        .patch(
+            "tenant-kubeconfig",
+            &PatchParams::default(),
+            &Patch::Merge(&unprotect),
+        )
+        .await
+        .expect("remove the finalizer");
     cx.deprovision(&tree)
         .await
         .expect("deprovision must not wedge");
@@ -138,4 +149,83 @@ async fn a_deleted_kubeconfig_secret_does_not_wedge_the_parent() {
     );
     let _ = remote_ns.delete(&target, &DeleteParams::default()).await;
     ns.cleanup().await.expect("cleanup");
+}
+
+#[tokio::test]
+#[ignore = "needs the local control plane (cargo xtask test)"]
+async fn the_kubeconfig_secret_outlives_its_namespace_until_the_remote_objects_are_gone() {
+    let ns = TestNamespace::create("remote-fin")
+        .await
+        .expect("namespace");
+    ns.remote_kubeconfig_secret("tenant-kubeconfig")
+        .await
+        .expect("kubeconfig secret");
+    let target = format!("{}-workload", ns.name());
+    let cx = HarnessCluster::Primary.context().await.expect("context");
+    let remote = SecretKubeconfig::new(cx.client().clone(), ns.name(), "tenant-kubeconfig");
+    let tree = RemoteClusterProvisioner::new(remote)
+        .named("tenant")
+        .provision_on(workload(&target));
+    cx.provision(&tree).await.expect("provision");
+    let secrets = ns.api::<Secret>();
+    let finalizers = secrets
+        .get("tenant-kubeconfig")
+        .await
+        .unwrap()
+        .metadata
+        .finalizers
+        .unwrap_or_default();
+    assert!(
+        finalizers
+            .iter()
+            .any(|f| f.starts_with("provisioners.dev/kubeconfig-")),
+        "{finalizers:?}"
+    );
+
+    // The owner's namespace goes first, Secret and all.
+    let namespaces: Api<Namespace> = Api::all(cx.client().clone());
+    namespaces
+        .delete(ns.name(), &DeleteParams::default())
+        .await
+        .expect("delete the namespace");
+    let start = Instant::now();
+    loop {
+        let secret = secrets
+            .get("tenant-kubeconfig")
+            .await
+            .expect("the Secret stays");
+        if secret.metadata.deletion_timestamp.is_some() {
+            break;
+        }
+        assert!(start.elapsed() < DEADLINE, "the Secret was never deleted");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let remote_client = HarnessCluster::Remote
+        .client()
+        .await
+        .expect("remote client");
+    let remote_cms: Api<ConfigMap> = Api::namespaced(remote_client.clone(), &target);
+    assert!(remote_cms.get_opt("settings").await.unwrap().is_some());
+
+    // The owner's deprovision still reaches the remote cluster.
+    deprovision_until_gone(&cx, &tree).await;
+    let remote_ns: Api<Namespace> = Api::all(remote_client);
+    assert!(
+        remote_ns.get_opt(&target).await.unwrap().is_none(),
+        "the remote objects were deleted"
+    );
+    let start = Instant::now();
+    while secrets
+        .get_opt("tenant-kubeconfig")
+        .await
+        .unwrap()
+        .is_some()
+    {
+        assert!(
+            start.elapsed() < DEADLINE,
+            "the Secret stayed after deprovision"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let _ = ns.cleanup().await;
 }

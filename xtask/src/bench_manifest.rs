@@ -1,5 +1,5 @@
-//! `cargo xtask bench manifest`: `Manifest` against `kubectl apply --server-side`,
-//! same files, same cluster, same run.
+//! `cargo xtask bench manifest`: `Manifest` against `kubectl apply --server-side`
+//! and a bare kube-rs apply loop (the floor), same files, same cluster, same run.
 //!
 //! Both sides are separate processes timed from the outside (wall time from
 //! spawn to exit, so start-up and discovery count for both) and measured
@@ -42,6 +42,7 @@ impl Sample {
 struct Bench {
     kubectl: PathBuf,
     ours: PathBuf,
+    bare: PathBuf,
     kubeconfig: PathBuf,
     work: PathBuf,
     time: Option<PathBuf>,
@@ -58,17 +59,21 @@ pub(crate) fn run(options: &Options) -> Result<()> {
             "provisioners-manifest",
             "--example",
             "apply",
+            "--example",
+            "bare_apply",
         ])
         .run()?;
     let root = crate::workspace_root();
     let work = root.join("target").join("bench-manifest");
     std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
     let cluster = crate::cluster::up(CLUSTER, &tools)?;
+    let examples = std::env::var_os("CARGO_TARGET_DIR")
+        .map_or_else(|| root.join("target"), PathBuf::from)
+        .join("release/examples");
     let bench = Bench {
         kubectl: tools.kubectl,
-        ours: std::env::var_os("CARGO_TARGET_DIR")
-            .map_or_else(|| root.join("target"), PathBuf::from)
-            .join("release/examples/apply"),
+        ours: examples.join("apply"),
+        bare: examples.join("bare_apply"),
         kubeconfig: cluster.kubeconfig.clone(),
         work,
         time: Some(PathBuf::from("/usr/bin/time")).filter(|p| p.exists()),
@@ -112,6 +117,10 @@ impl Bench {
         self.measure(&self.ours, args)
     }
 
+    fn bare(&self, args: &[&str]) -> Result<Sample> {
+        self.measure(&self.bare, args)
+    }
+
     /// 1,000 ConfigMaps in one multi-document file, each round into fresh
     /// namespaces (one per tool), alternating which tool goes first.
     fn config_maps(&self, options: &Options) -> Result<()> {
@@ -130,12 +139,19 @@ impl Bench {
         let rounds = if options.quick { 1 } else { 3 };
         let mut kubectl = (Vec::new(), Vec::new());
         let mut ours = (Vec::new(), Vec::new());
+        let mut bare = (Vec::new(), Vec::new());
         for round in 0..rounds {
             let stamp = format!("{round}-{}", std::process::id());
             let ns_kubectl = format!("bench-kubectl-{stamp}");
             let ns_ours = format!("bench-ours-{stamp}");
+            let ns_bare = format!("bench-bare-{stamp}");
             self.kubectl(&["create", "namespace", &ns_kubectl])?;
             self.kubectl(&["create", "namespace", &ns_ours])?;
+            self.kubectl(&["create", "namespace", &ns_bare])?;
+            // The floor: every object applied, first time and again.
+            let args = ["--namespace", &ns_bare, &file];
+            bare.0.push(self.bare(&args)?);
+            bare.1.push(self.bare(&args)?);
             let run_kubectl = |samples: &mut (Vec<Sample>, Vec<Sample>)| -> Result<()> {
                 let args = ["apply", "--server-side", "-f", &file, "-n", &ns_kubectl];
                 samples.0.push(self.kubectl(&args)?);
@@ -155,12 +171,21 @@ impl Bench {
                 run_ours(&mut ours)?;
                 run_kubectl(&mut kubectl)?;
             }
-            self.kubectl(&["delete", "namespace", &ns_kubectl, &ns_ours, "--wait=false"])?;
+            self.kubectl(&[
+                "delete",
+                "namespace",
+                &ns_kubectl,
+                &ns_ours,
+                &ns_bare,
+                "--wait=false",
+            ])?;
         }
         eprintln!();
         eprintln!("1,000 ConfigMaps, one file, median of {rounds} round(s):");
         report("first apply", &ours.0, &kubectl.0);
+        report_bare("first apply", &ours.0, &bare.0);
         report("no-op re-apply", &ours.1, &kubectl.1);
+        report_bare("no-op re-apply", &ours.1, &bare.1);
         Ok(())
     }
 
@@ -253,5 +278,14 @@ fn report(what: &str, ours: &[Sample], kubectl: &[Sample]) {
         kubectl.wall.as_secs_f64(),
         mib(kubectl.peak_kib),
         ours.wall.as_secs_f64() / kubectl.wall.as_secs_f64().max(f64::EPSILON),
+    );
+}
+
+fn report_bare(what: &str, ours: &[Sample], bare: &[Sample]) {
+    let (ours, bare) = (median(ours), median(bare));
+    eprintln!(
+        "  {what:<20} bare kube-rs loop {:>8.3}s   ours/bare {:.2}",
+        bare.wall.as_secs_f64(),
+        ours.wall.as_secs_f64() / bare.wall.as_secs_f64().max(f64::EPSILON),
     );
 }

@@ -86,17 +86,32 @@ fn demo(tools: &Tools, kubeconfig: &Path, remote: Option<&Path>) -> Cmd {
     cmd
 }
 
-/// What the demo must print when it worked (it also checks the clusters itself).
+/// What the demo must print when it worked (it also checks the clusters
+/// itself). `*` stands for the digest in the Platform's namespace name.
 const EXPECTED: &[&str] = &[
     "== provisioned in",
     "Deployment metrics: 1/1 available",
-    "CustomResourceDefinition dashboards.default-demo.platform.example.com",
-    "on the remote cluster, namespace default-demo:",
+    "CustomResourceDefinition dashboards.default-demo-*.platform.example.com",
+    "on the remote cluster, namespace default-demo-*:",
     "== deprovisioned in",
-    "local cluster: namespace default-demo is gone",
-    "remote cluster: namespace default-demo is gone",
+    "local cluster: namespace default-demo-* is gone",
+    "remote cluster: namespace default-demo-* is gone",
     "demo finished: everything was provisioned, then removed",
 ];
+
+/// Whether a line of `output` holds the parts of `pattern` around `*`, in order.
+fn matches(output: &str, pattern: &str) -> bool {
+    output.lines().any(|line| {
+        let mut rest = line;
+        pattern.split('*').all(|part| match rest.find(part) {
+            Some(at) => {
+                rest = &rest[at + part.len()..];
+                true
+            }
+            None => false,
+        })
+    })
+}
 
 /// Runs the demo against clusters that are up (`cargo xtask test` does, after
 /// the tests) and checks its output.
@@ -108,7 +123,7 @@ pub(crate) fn check(tools: &Tools, kubeconfig: &Path, remote: &Path) -> Result<(
     let missing: Vec<&str> = EXPECTED
         .iter()
         .copied()
-        .filter(|e| !stdout.contains(e))
+        .filter(|e| !matches(&stdout, e))
         .collect();
     if !missing.is_empty() {
         bail!("the demo's output lacks: {}", missing.join(" | "));

@@ -218,11 +218,21 @@ pub(crate) fn in_cluster_kubeconfig(host: &str, port: &str, namespace: &str) -> 
     }
 }
 
-/// The Kubernetes object on whose behalf a tree runs, usually the custom
-/// resource a controller reconciles.
+/// The Kubernetes object (or program) on whose behalf a tree runs, usually
+/// the custom resource a controller reconciles.
 ///
-/// Provisioners use it to label what they create (so it can be found and
-/// pruned) and may set owner references from it.
+/// Provisioners label what they create with it (so it can be found and
+/// pruned) and stamp it with the owner's [identity](Owner::identity): an
+/// object is only ever deleted by the owner whose stamp it carries.
+///
+/// ```
+/// use provisioners_core::Owner;
+///
+/// // A program that is not a controller names itself; keep the id stable
+/// // across runs and unique among the programs sharing a cluster.
+/// let owner = Owner::standalone("acme-bootstrap");
+/// assert_eq!(owner.identity(), "standalone:acme-bootstrap");
+/// ```
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Owner {
@@ -236,6 +246,9 @@ pub struct Owner {
     pub namespace: Option<String>,
     /// The owner's UID, when known.
     pub uid: Option<String>,
+    /// An identity given by a program that has no managed object; see
+    /// [`Owner::standalone`]. Takes precedence over the object's fields.
+    pub id: Option<String>,
     /// Labels that provisioners add to everything they create for this owner.
     pub labels: BTreeMap<String, String>,
 }
@@ -255,7 +268,18 @@ impl Owner {
             name: meta.name.clone().unwrap_or_default(),
             namespace: meta.namespace.clone(),
             uid: meta.uid.clone(),
+            id: None,
             labels: BTreeMap::new(),
+        }
+    }
+
+    /// A program without a managed object, identified by `id`: the id must
+    /// be stable across runs (objects stamped with another id are foreign)
+    /// and unique among the programs and trees that share a cluster.
+    pub fn standalone(id: impl Into<String>) -> Self {
+        Owner {
+            id: Some(id.into()),
+            ..Owner::default()
         }
     }
 
@@ -263,6 +287,30 @@ impl Owner {
     pub fn with_label(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
         self.labels.insert(key.into(), value.into());
         self
+    }
+
+    /// The stable identity stamped on everything made for this owner:
+    /// `standalone:<id>` for a [standalone](Owner::standalone) owner,
+    /// otherwise `<group>/<kind>/<namespace>/<name>` of the managed object,
+    /// followed by `#<uid>` when the UID is known, so that an object deleted
+    /// and recreated under the same name is another owner (as Kubernetes'
+    /// own owner references are).
+    pub fn identity(&self) -> String {
+        if let Some(id) = &self.id {
+            return format!("standalone:{id}");
+        }
+        let group = self.api_version.rsplit_once('/').map_or("", |(g, _)| g);
+        let mut identity = format!(
+            "{group}/{}/{}/{}",
+            self.kind,
+            self.namespace.as_deref().unwrap_or(""),
+            self.name
+        );
+        if let Some(uid) = &self.uid {
+            identity.push('#');
+            identity.push_str(uid);
+        }
+        identity
     }
 }
 
@@ -421,6 +469,22 @@ impl Context {
     /// The object on whose behalf the tree runs, if any.
     pub fn owner(&self) -> Option<&Owner> {
         self.shared.owner.as_deref()
+    }
+
+    /// The identity that provisioners stamp on what they create: the
+    /// [owner's](Owner::identity) when there is one; otherwise, for a
+    /// standalone tree, `tree:<field manager>/<root node name>`, unique per
+    /// tree as long as programs sharing a cluster use distinct field
+    /// managers or root names. Programs that may share both should set
+    /// [`Owner::standalone`].
+    pub fn owner_identity(&self) -> String {
+        match self.owner() {
+            Some(owner) => owner.identity(),
+            None => {
+                let root = self.path().split('/').next().unwrap_or("");
+                format!("tree:{}/{root}", self.field_manager())
+            }
+        }
     }
 
     /// The path of the node running with this context, e.g.

@@ -16,8 +16,14 @@
 //! - yield, naming the CRD, while a custom resource's CRD is not
 //!   established, and fail with [`Invalid`](provisioners_core::ErrorKind::Invalid)
 //!   for a kind that stays unknown past a deadline;
+//! - stamp everything they apply with the owner and node (see
+//!   [`OWNER_ANNOTATION`]), refuse to take over an object that exists
+//!   without that stamp (unless told to adopt it), and only ever delete a
+//!   live object that carries it, with a precondition on its UID;
 //! - optionally wait for readiness and prune objects that left the manifest;
-//! - deprovision in reverse order, yielding until everything is gone.
+//! - deprovision in reverse order, yielding until everything is gone;
+//!   objects the system protects or that are annotated to be kept are
+//!   released (the stamp removed), not deleted.
 //!
 //! Bad input is an `Invalid` error naming the file, line and document, the
 //! object and the field. Transient API failures (connections, 429, 5xx) are
@@ -65,11 +71,15 @@
 mod discovery;
 mod manifest;
 mod object;
+mod ownership;
 mod resource;
 mod retry;
 mod source;
 mod unchanged;
 
 pub use discovery::Discovery;
-pub use manifest::{INVENTORY_LABEL, Manifest};
+pub use manifest::Manifest;
+pub use ownership::{
+    DELETION_POLICY_ANNOTATION, INVENTORY_LABEL, NODE_ANNOTATION, OWNER_ANNOTATION, OWNER_LABEL,
+};
 pub use resource::Resource;

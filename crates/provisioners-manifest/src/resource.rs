@@ -41,7 +41,7 @@ pub struct Resource {
 }
 
 impl Resource {
-    /// The provisioner for `object`, named `kind/name` (lowercase kind).
+    /// The provisioner for `object`, named `kind-name` (lowercase kind).
     pub fn new<K>(object: &K) -> Self
     where
         K: kube::Resource + Serialize,
@@ -50,7 +50,7 @@ impl Resource {
         let dynamic_type = K::DynamicType::default();
         let kind = K::kind(&dynamic_type).to_string();
         let object_name = object.meta().name.clone().unwrap_or_default();
-        let name = format!("{}/{object_name}", kind.to_ascii_lowercase());
+        let name = format!("{}-{object_name}", kind.to_ascii_lowercase());
         let manifest = to_dynamic(object)
             .map(|dynamic| Manifest::from_objects(name.clone(), [dynamic]))
             .map_err(|e| format!("{kind} {object_name} cannot be serialized: {e}"));
@@ -76,6 +76,12 @@ impl Resource {
     /// Takes over fields of other field managers; see [`Manifest::force`].
     pub fn force(self, force: bool) -> Self {
         self.map(|m| m.force(force))
+    }
+
+    /// Takes over the object if it exists without our stamp; see
+    /// [`Manifest::adopt`].
+    pub fn adopt(self, adopt: bool) -> Self {
+        self.map(|m| m.adopt(adopt))
     }
 
     fn manifest(&self) -> Result<&Manifest> {
@@ -135,6 +141,6 @@ mod tests {
         let types = dynamic.types.unwrap();
         assert_eq!(types.api_version, "v1");
         assert_eq!(types.kind, "ConfigMap");
-        assert_eq!(Resource::new(&config_map).name(), "configmap/x");
+        assert_eq!(Resource::new(&config_map).name(), "configmap-x");
     }
 }

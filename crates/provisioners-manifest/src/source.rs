@@ -37,6 +37,17 @@ impl std::fmt::Debug for Source {
     }
 }
 
+/// The source in messages: its name or path, never its content.
+impl fmt::Display for Source {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Source::Yaml { name, .. } => f.write_str(name),
+            Source::Path(path) => write!(f, "{}", path.display()),
+            Source::Objects(_) => f.write_str("objects"),
+        }
+    }
+}
+
 /// Where one object came from, for messages: `file.yaml:12 (document 3)`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Origin {

@@ -6,9 +6,15 @@
 //! the remote's kubeconfig) land there. Remotes nest: a remote subtree may
 //! hold another remote.
 //!
-//! During deprovision, a remote whose kubeconfig is gone (its Secret was
-//! deleted along with the cluster) counts as already cleaned up, so deleting
-//! the parent never wedges on a cluster that no longer exists.
+//! While a subtree is provisioned on a cluster whose kubeconfig comes from a
+//! [`SecretKubeconfig`], the Secret carries a finalizer of ours
+//! (`provisioners.dev/kubeconfig-<digest of owner and node>`), removed after
+//! the subtree's deprovision, as Kubernetes protects a PVC in use: deleting
+//! the Secret's namespace (with the owner in it) first does not leave the
+//! remote objects behind. During deprovision, a remote whose kubeconfig is
+//! gone *despite* that (the cluster and its Secret deleted deliberately)
+//! counts as already cleaned up, so deleting the parent never wedges on a
+//! cluster that no longer exists.
 //!
 //! Two [`RemoteCluster`] implementations come with the crate:
 //! [`SecretKubeconfig`] reads the kubeconfig from a Secret (the usual case
@@ -39,9 +45,12 @@
 
 mod secret;
 
+use std::any::Any;
 use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
+
+use sha2::{Digest, Sha256};
 
 use kube::config::Kubeconfig;
 use provisioners_core::{
@@ -59,6 +68,8 @@ pub use secret::SecretKubeconfig;
 pub struct RemoteClusterProvisioner {
     name: Cow<'static, str>,
     remote: Arc<dyn RemoteCluster>,
+    /// The remote's Secret, when it is one: protected by a finalizer.
+    secret: Option<SecretKubeconfig>,
     background_deletion: Option<bool>,
     child: Box<dyn Provisioner>,
 }
@@ -68,6 +79,7 @@ pub struct RemoteClusterProvisioner {
 pub struct RemoteTarget {
     name: Option<Cow<'static, str>>,
     remote: Arc<dyn RemoteCluster>,
+    secret: Option<SecretKubeconfig>,
     background_deletion: Option<bool>,
 }
 
@@ -78,9 +90,15 @@ impl RemoteClusterProvisioner {
         reason = "reads as `new(remote).provision_on(child)`"
     )]
     pub fn new(remote: impl RemoteCluster + 'static) -> RemoteTarget {
+        // `RemoteCluster` (in core) has no notion of protecting its source;
+        // the one source we can protect is recognised here.
+        let secret = (&remote as &dyn Any)
+            .downcast_ref::<SecretKubeconfig>()
+            .cloned();
         RemoteTarget {
             name: None,
             remote: Arc::new(remote),
+            secret,
             background_deletion: None,
         }
     }
@@ -130,6 +148,7 @@ impl RemoteTarget {
         RemoteClusterProvisioner {
             name,
             remote: self.remote,
+            secret: self.secret,
             background_deletion: self.background_deletion,
             child: Box::new(child),
         }
@@ -144,6 +163,9 @@ impl Provisioner for RemoteClusterProvisioner {
 
     async fn provision(&self, cx: &Context) -> Result<()> {
         let kubeconfig = self.remote.config().await?;
+        if let Some(secret) = &self.secret {
+            secret.protect(&finalizer(cx)).await?;
+        }
         let remote = self.remote_context(cx, kubeconfig).await?;
         remote.provision(&self.child).await
     }
@@ -163,8 +185,28 @@ impl Provisioner for RemoteClusterProvisioner {
             Err(error) => return Err(error),
         };
         let remote = self.remote_context(cx, kubeconfig).await?;
-        remote.deprovision(&self.child).await
+        remote.deprovision(&self.child).await?;
+        if let Some(secret) = &self.secret {
+            secret.release(&finalizer(cx)).await?;
+        }
+        Ok(())
     }
+}
+
+/// The finalizer this node puts on its kubeconfig Secret: one per owner and
+/// node, so that two subtrees reading one Secret do not release each other's.
+fn finalizer(cx: &Context) -> String {
+    let mut hasher = Sha256::new();
+    hasher.update(cx.owner_identity().as_bytes());
+    hasher.update([0]);
+    hasher.update(cx.path().as_bytes());
+    let hex: String = hasher
+        .finalize()
+        .iter()
+        .take(16)
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    format!("provisioners.dev/kubeconfig-{hex}")
 }
 
 impl fmt::Debug for RemoteClusterProvisioner {

@@ -4,6 +4,7 @@ use std::fmt;
 
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
+use kube::api::{Patch, PatchParams};
 use kube::config::Kubeconfig;
 use provisioners_core::{Error, RemoteCluster, Result, async_trait};
 
@@ -14,7 +15,10 @@ const DEFAULT_KEY: &str = "kubeconfig";
 /// Secret (by default `kubeconfig`), through the given client.
 ///
 /// A missing Secret is [`ErrorKind::NotFound`](provisioners_core::ErrorKind::NotFound)
-/// (so deprovisioning counts the cluster as gone); a Secret without the key
+/// (so deprovisioning counts the cluster as gone);
+/// while a [`RemoteClusterProvisioner`](crate::RemoteClusterProvisioner)'s
+/// subtree is provisioned, the Secret carries a finalizer of ours, so that
+/// deleting it (or its namespace) first does not orphan the remote objects; a Secret without the key
 /// or with a value that is not a kubeconfig is
 /// [`ErrorKind::Invalid`](provisioners_core::ErrorKind::Invalid). The
 /// kubeconfig's content never appears in errors or logs.
@@ -80,6 +84,69 @@ impl SecretKubeconfig {
             "Secret {}/{} (kubeconfig of remote cluster `{}`)",
             self.namespace, self.name, self.id
         )
+    }
+}
+
+impl SecretKubeconfig {
+    /// Adds `finalizer` to the Secret, so that it outlives a deletion (of
+    /// itself or its namespace) until the subtree that reads it is
+    /// deprovisioned. A Secret already being deleted cannot gain one: it is
+    /// left as it is.
+    pub(crate) async fn protect(&self, finalizer: &str) -> Result<()> {
+        self.set_finalizer(finalizer, true).await
+    }
+
+    /// Removes `finalizer` from the Secret, if it is still there.
+    pub(crate) async fn release(&self, finalizer: &str) -> Result<()> {
+        self.set_finalizer(finalizer, false).await
+    }
+
+    async fn set_finalizer(&self, finalizer: &str, present: bool) -> Result<()> {
+        let secrets: Api<Secret> = Api::namespaced(self.client.clone(), &self.namespace);
+        // A conflict means someone else changed the list meanwhile: read it again.
+        for _ in 0..3 {
+            let Some(secret) = secrets
+                .get_metadata_opt(&self.name)
+                .await
+                .map_err(|e| Error::kube(format_args!("reading {}", self.describe()), e))?
+            else {
+                return Ok(());
+            };
+            let mut finalizers = secret.metadata.finalizers.clone().unwrap_or_default();
+            let has = finalizers.iter().any(|f| f == finalizer);
+            if has == present || (present && secret.metadata.deletion_timestamp.is_some()) {
+                return Ok(());
+            }
+            if present {
+                finalizers.push(finalizer.to_owned());
+            } else {
+                finalizers.retain(|f| f != finalizer);
+            }
+            let patch = serde_json::json!({
+                "metadata": {
+                    "resourceVersion": secret.metadata.resource_version,
+                    "finalizers": finalizers,
+                }
+            });
+            match secrets
+                .patch(&self.name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(_) => return Ok(()),
+                Err(kube::Error::Api(status)) if status.code == 409 => continue,
+                Err(kube::Error::Api(status)) if status.code == 404 => return Ok(()),
+                Err(e) => {
+                    return Err(Error::kube(
+                        format_args!("updating the finalizers of {}", self.describe()),
+                        e,
+                    ));
+                }
+            }
+        }
+        Err(Error::yielding(format!(
+            "the finalizers of {} keep changing; trying again later",
+            self.describe()
+        )))
     }
 }
 

@@ -43,6 +43,7 @@ use provisioners::{
 use provisioners_runtime::metrics::Metrics;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
 
 /// The finalizer the operator puts on every `Platform`.
 pub const FINALIZER: &str = "example.com/platform";
@@ -140,13 +141,28 @@ impl Platform {
     }
 
     /// The namespace the platform's components live in:
-    /// `<platform namespace>-<platform name>`.
+    /// `<platform namespace>-<platform name>-<digest>`, cut to fit a DNS
+    /// label. The digest is of the pair itself, so that Platform `c` in
+    /// namespace `a-b` and Platform `b-c` in namespace `a` (both `a-b-c`
+    /// before it) never share a namespace.
     pub fn target_namespace(&self) -> String {
-        format!(
-            "{}-{}",
-            self.namespace().unwrap_or_else(|| "default".into()),
-            self.name_any()
-        )
+        let namespace = self.namespace().unwrap_or_else(|| "default".into());
+        let name = self.name_any();
+        let mut hasher = Sha256::new();
+        hasher.update(namespace.as_bytes());
+        // Neither part can hold a NUL: the pair is read back unambiguously.
+        hasher.update([0]);
+        hasher.update(name.as_bytes());
+        let digest: String = hasher
+            .finalize()
+            .iter()
+            .take(4)
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        // 63 characters at most, so the Dashboard group's first label fits too.
+        let head: String = format!("{namespace}-{name}").chars().take(54).collect();
+        let head = head.trim_end_matches('-');
+        format!("{head}-{digest}")
     }
 
     /// The API group of the platform's own Dashboard CRD. One group per
@@ -455,4 +471,29 @@ async fn run_controller(
     };
     let supersede = state.reconciler.supersede_on_change(metadata, config);
     futures::future::join(controller, supersede).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn platform(namespace: &str, name: &str) -> Platform {
+        let mut platform = Platform::new(name, PlatformSpec::default());
+        platform.metadata.namespace = Some(namespace.into());
+        platform
+    }
+
+    #[test]
+    fn target_namespaces_never_collide_across_tenants() {
+        let a = platform("a-b", "c").target_namespace();
+        let b = platform("a", "b-c").target_namespace();
+        assert_ne!(a, b);
+        assert!(a.starts_with("a-b-c-"), "{a}");
+        let long = platform(&"n".repeat(63), &"p".repeat(63)).target_namespace();
+        assert!(long.len() <= 63, "{long}");
+        assert!(
+            long.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        );
+    }
 }

@@ -1,0 +1,391 @@
+//! Applying: the ownership check, the no-op check, and server-side apply.
+//!
+//! A live object is read before it is applied only where it may exist
+//! without our stamp: through one LIST of our own objects (label selector,
+//! paginated) per kind and namespace with at least [`LIST_FROM`] objects,
+//! then, for what that did not find, one metadata-only LIST of what exists
+//! (at most a few pages) or a GET per object; except in namespaces our owner
+//! created (everything in them is ours to take over), where a first apply
+//! costs one request per object, as with kubectl.
+
+use std::collections::{BTreeMap, HashMap};
+
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
+use provisioners_core::{Context, Error, Result};
+
+use super::plan::Planned;
+use super::{Manifest, bounded, dynamic_api};
+use crate::object::{ObjectRef, Tier};
+use crate::ownership::{Ownership, PROTECTED_NAMESPACES, Stamp};
+use crate::retry::retry;
+use crate::source::Origin;
+use crate::unchanged;
+
+/// Objects of one kind in one namespace from which one LIST is cheaper
+/// than applying each (a no-op apply still costs the server a full request).
+const LIST_FROM: usize = 4;
+
+/// Items per page of a LIST.
+const PAGE: u32 = 500;
+
+/// Pages of a metadata LIST of what exists before a first apply; a bigger
+/// namespace is checked object by object instead.
+const EXISTING_PAGES: usize = 4;
+
+/// Whether objects in namespace `live` are ours to take over: it carries our
+/// owner's stamp, and it is not one of the shared system namespaces.
+pub(super) fn is_ours_ns(stamp: &Stamp, live: &DynamicObject) -> bool {
+    let name = live.metadata.name.as_deref().unwrap_or_default();
+    !PROTECTED_NAMESPACES.contains(&name) && stamp.is_our_owner(live)
+}
+
+impl Manifest {
+    async fn apply_one(
+        &self,
+        cx: &Context,
+        planned: &Planned,
+        force: bool,
+    ) -> Result<DynamicObject> {
+        let api = dynamic_api(cx, &planned.kind.resource, planned.key.namespace.as_deref());
+        let mut params = PatchParams::apply(cx.field_manager());
+        params.force = force;
+        let patch = Patch::Apply(&planned.object);
+        let name = planned.key.name.as_str();
+        retry(cx, || api.patch(name, &params, &patch))
+            .await
+            .map_err(|e| apply_error(&planned.origin, &planned.key, e))
+    }
+
+    /// Applies `objects` concurrently; the server's answers in the same
+    /// order. `namespaces` caches whether a namespace is ours.
+    pub(super) async fn apply_all(
+        &self,
+        cx: &Context,
+        stamp: &Stamp,
+        namespaces: &mut HashMap<String, bool>,
+        objects: &[Planned],
+    ) -> Result<Vec<Result<DynamicObject>>> {
+        let stamped: Vec<Planned> = objects
+            .iter()
+            .map(|planned| {
+                let mut planned = planned.clone();
+                unchanged::stamp(&mut planned.object);
+                planned
+            })
+            .collect();
+        let mut live = self.list_ours(cx, stamp, &stamped).await;
+        let mut check = vec![false; stamped.len()];
+        for (i, planned) in stamped.iter().enumerate() {
+            if live[i].is_some() {
+                continue;
+            }
+            check[i] = match &planned.key.namespace {
+                Some(namespace) => {
+                    !self
+                        .namespace_is_ours(cx, stamp, namespaces, namespace)
+                        .await?
+                }
+                None => true,
+            };
+        }
+        self.read_existing(cx, &stamped, &mut live, &mut check)
+            .await;
+        let calls = stamped
+            .iter()
+            .zip(live.iter_mut())
+            .zip(check)
+            .map(|((planned, live), check)| {
+                let live = live.take();
+                async move {
+                    let live = match live {
+                        Some(live) => Some(live),
+                        None if check => self.read(cx, planned).await?,
+                        None => None,
+                    };
+                    let mut force = self.force;
+                    if let Some(live) = live {
+                        match stamp.classify(&live) {
+                            Ownership::Ours => {
+                                if unchanged::is_applied(&live, &planned.object, cx.field_manager())
+                                {
+                                    return Ok(live);
+                                }
+                            }
+                            Ownership::OurOwnerOtherNode(node) => tracing::info!(
+                                object = %planned.key,
+                                from = %node,
+                                "taking over from another node of the same owner"
+                            ),
+                            Ownership::Foreign(who) if self.adopt => {
+                                tracing::info!(object = %planned.key, owner = %who, "adopting");
+                                // Taking the object over includes its fields.
+                                force = true;
+                            }
+                            Ownership::Foreign(_) if is_shared(planned) => {}
+                            Ownership::Foreign(who) => {
+                                return Err(foreign_error(planned, stamp, &who));
+                            }
+                        }
+                    }
+                    self.apply_one(cx, planned, force).await
+                }
+            })
+            .collect();
+        Ok(bounded(calls, self.concurrency).await)
+    }
+
+    async fn read(&self, cx: &Context, planned: &Planned) -> Result<Option<DynamicObject>> {
+        let api = dynamic_api(cx, &planned.kind.resource, planned.key.namespace.as_deref());
+        retry(cx, || api.get_opt(&planned.key.name))
+            .await
+            .map_err(|e| {
+                Error::kube(
+                    format_args!(
+                        "{}: reading {} before applying it",
+                        planned.origin, planned.key
+                    ),
+                    e,
+                )
+            })
+    }
+
+    async fn namespace_is_ours(
+        &self,
+        cx: &Context,
+        stamp: &Stamp,
+        namespaces: &mut HashMap<String, bool>,
+        namespace: &str,
+    ) -> Result<bool> {
+        if let Some(ours) = namespaces.get(namespace) {
+            return Ok(*ours);
+        }
+        let api: Api<Namespace> = Api::all(cx.client().clone());
+        let live = retry(cx, || api.get_opt(namespace))
+            .await
+            .map_err(|e| Error::kube(format_args!("reading Namespace {namespace}"), e))?;
+        let ours = match live {
+            Some(live) => {
+                let dynamic: DynamicObject = serde_json::to_value(live)
+                    .and_then(serde_json::from_value)
+                    .map_err(|e| Error::invalid(format!("reading Namespace {namespace}: {e}")))?;
+                is_ours_ns(stamp, &dynamic)
+            }
+            None => false,
+        };
+        namespaces.insert(namespace.to_owned(), ours);
+        Ok(ours)
+    }
+
+    /// For kinds with at least [`LIST_FROM`] objects still to check (a first
+    /// apply outside our namespaces), one metadata-only LIST of what exists,
+    /// instead of a GET per object: what it finds is classified from its
+    /// metadata, what it does not is known to be absent. Skipped (GET per
+    /// object) when the namespace holds more than [`EXISTING_PAGES`] pages.
+    async fn read_existing(
+        &self,
+        cx: &Context,
+        objects: &[Planned],
+        live: &mut [Option<DynamicObject>],
+        check: &mut [bool],
+    ) {
+        let mut groups: BTreeMap<(String, String, Option<String>), Vec<usize>> = BTreeMap::new();
+        for (i, planned) in objects.iter().enumerate() {
+            if check[i] && live[i].is_none() {
+                let resource = &planned.kind.resource;
+                groups
+                    .entry((
+                        resource.api_version.clone(),
+                        resource.plural.clone(),
+                        planned.key.namespace.clone(),
+                    ))
+                    .or_default()
+                    .push(i);
+            }
+        }
+        for ((_, _, namespace), indices) in groups {
+            if indices.len() < LIST_FROM {
+                continue;
+            }
+            let first = &objects[indices[0]];
+            let api = dynamic_api(cx, &first.kind.resource, namespace.as_deref());
+            let mut params = ListParams::default().limit(PAGE);
+            let mut existing: HashMap<String, DynamicObject> = HashMap::new();
+            let mut complete = false;
+            for _ in 0..EXISTING_PAGES {
+                let page = match retry(cx, || api.list_metadata(&params)).await {
+                    Ok(page) => page,
+                    Err(error) => {
+                        tracing::debug!(%error, kind = %first.key.kind, "listing what exists failed");
+                        break;
+                    }
+                };
+                for item in page.items {
+                    if let Some(name) = item.metadata.name.clone() {
+                        let object = DynamicObject {
+                            types: None,
+                            metadata: item.metadata,
+                            data: serde_json::Value::Object(Default::default()),
+                        };
+                        existing.insert(name, object);
+                    }
+                }
+                match page.metadata.continue_ {
+                    Some(token) if !token.is_empty() => params = params.continue_token(&token),
+                    _ => {
+                        complete = true;
+                        break;
+                    }
+                }
+            }
+            if !complete {
+                continue;
+            }
+            for i in indices {
+                live[i] = existing.remove(&objects[i].key.name);
+                check[i] = false;
+            }
+        }
+    }
+
+    /// Our live objects among `objects`, by one paginated LIST of this
+    /// node's objects (label selector) per kind and namespace with at least
+    /// [`LIST_FROM`] objects. A failed LIST only means those objects are
+    /// read or applied one by one.
+    async fn list_ours(
+        &self,
+        cx: &Context,
+        stamp: &Stamp,
+        objects: &[Planned],
+    ) -> Vec<Option<DynamicObject>> {
+        let mut out: Vec<Option<DynamicObject>> = vec![None; objects.len()];
+        let mut groups: BTreeMap<(String, String, Option<String>), Vec<usize>> = BTreeMap::new();
+        for (i, planned) in objects.iter().enumerate() {
+            let resource = &planned.kind.resource;
+            groups
+                .entry((
+                    resource.api_version.clone(),
+                    resource.plural.clone(),
+                    planned.key.namespace.clone(),
+                ))
+                .or_default()
+                .push(i);
+        }
+        let selector = stamp.selector();
+        for ((_, _, namespace), indices) in groups {
+            if indices.len() < LIST_FROM {
+                continue;
+            }
+            let first = &objects[indices[0]];
+            let api = dynamic_api(cx, &first.kind.resource, namespace.as_deref());
+            let items = match list_all(cx, &api, &selector).await {
+                Ok(items) => items,
+                Err(error) => {
+                    tracing::debug!(%error, kind = %first.key.kind, "listing our objects failed");
+                    continue;
+                }
+            };
+            let mut by_name: HashMap<String, DynamicObject> = items
+                .into_iter()
+                .filter_map(|o| Some((o.metadata.name.clone()?, o)))
+                .collect();
+            for i in indices {
+                out[i] = by_name.remove(&objects[i].key.name);
+            }
+        }
+        out
+    }
+}
+
+/// Every object matching `selector`, page by page.
+pub(super) async fn list_all(
+    cx: &Context,
+    api: &Api<DynamicObject>,
+    selector: &str,
+) -> Result<Vec<DynamicObject>, kube::Error> {
+    let mut params = ListParams::default().labels(selector).limit(PAGE);
+    let mut items = Vec::new();
+    loop {
+        let page = retry(cx, || api.list(&params)).await?;
+        items.extend(page.items);
+        match page.metadata.continue_ {
+            Some(token) if !token.is_empty() => params = params.continue_token(&token),
+            _ => return Ok(items),
+        }
+    }
+}
+
+/// Namespaces the API server never deletes: applying to them (labels for
+/// Pod Security, say) needs no adoption, since we only ever release them.
+fn is_shared(planned: &Planned) -> bool {
+    planned.tier == Tier::Namespace && PROTECTED_NAMESPACES.contains(&planned.key.name.as_str())
+}
+
+fn foreign_error(planned: &Planned, stamp: &Stamp, who: &str) -> Error {
+    Error::invalid(format!(
+        "{}: {} already exists and is not ours ({who}; we are `{}`): it was not changed; \
+         delete it or rename ours, or set adopt(true) on this node to take it over",
+        planned.origin,
+        planned.key,
+        stamp.owner()
+    ))
+}
+
+/// The error of a failed apply, naming where the object came from.
+fn apply_error(origin: &Origin, key: &ObjectRef, error: kube::Error) -> Error {
+    match &error {
+        kube::Error::Api(status) if status.code == 409 => Error::invalid(format!(
+            "{origin}: {key}: conflict with another field manager: {}; the fields are managed by \
+             someone else: stop them managing these fields, or set force(true) to take them over",
+            status.message
+        ))
+        .with_source(error),
+        kube::Error::Api(status) if matches!(status.code, 400 | 422) => Error::invalid(format!(
+            "{origin}: {key}: rejected by the API server: {}",
+            status.message
+        ))
+        .with_source(error),
+        _ => Error::kube(format_args!("{origin}: applying {key}"), error),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use provisioners_core::ErrorKind;
+    use std::sync::Arc;
+
+    #[test]
+    fn conflicts_and_rejections_are_invalid_and_name_the_object() {
+        let origin = Origin::new(Arc::from("a.yaml"), 3, 2);
+        let key = ObjectRef {
+            api_version: "v1".into(),
+            kind: "ConfigMap".into(),
+            namespace: Some("ns".into()),
+            name: "x".into(),
+        };
+        let status = |code| {
+            kube::Error::Api(Box::new(
+                kube::core::Status::failure("the message", "Reason").with_code(code),
+            ))
+        };
+        let conflict = apply_error(&origin, &key, status(409));
+        assert_eq!(conflict.kind(), ErrorKind::Invalid);
+        assert!(!conflict.is_transient());
+        assert!(
+            conflict
+                .message()
+                .starts_with("a.yaml:3 (document 2): ConfigMap ns/x: conflict")
+        );
+        let rejected = apply_error(&origin, &key, status(422));
+        assert_eq!(rejected.kind(), ErrorKind::Invalid);
+        assert!(
+            rejected
+                .message()
+                .contains("rejected by the API server: the message")
+        );
+        let unavailable = apply_error(&origin, &key, status(503));
+        assert_eq!(unavailable.kind(), ErrorKind::Kube);
+        assert!(unavailable.is_transient());
+    }
+}

@@ -1,0 +1,260 @@
+//! Checked deletes, for prune and deprovision.
+//!
+//! A candidate (from the documents or the inventory) is deleted only when
+//! its live object carries our stamp, with a precondition on the UID that
+//! stamp was read from, so a replaced object is never deleted. It is gone
+//! when no live object has that UID.
+
+use std::collections::BTreeSet;
+
+use kube::api::{DeleteParams, Patch, PatchParams, Preconditions, PropagationPolicy};
+use provisioners_core::{Context, Error, ErrorKind, Result};
+
+use super::{Manifest, bounded, dynamic_api, list};
+use crate::discovery::Kind;
+use crate::object::{Identity, ObjectRef, Tier};
+use crate::ownership::{Ownership, Stamp, kept};
+use crate::retry::retry;
+
+/// Propagation for deleting an object of `group`/`kind`: foreground for
+/// workloads, so that gating holds (no Pod of a deleted Deployment
+/// remains when deprovision returns `Ok`); background for everything else,
+/// which has no dependents to wait for, so that it does not wait for the
+/// garbage collector (which only learns of a new CRD's kinds at its next
+/// resync, 30 s).
+pub(crate) fn propagation(cx: &Context, group: &str, kind: &str) -> PropagationPolicy {
+    let workload = matches!(
+        (group, kind),
+        (
+            "apps",
+            "Deployment" | "ReplicaSet" | "StatefulSet" | "DaemonSet"
+        ) | ("batch", "Job" | "CronJob")
+            | ("", "ReplicationController")
+    );
+    if workload && !cx.background_deletion() {
+        PropagationPolicy::Foreground
+    } else {
+        PropagationPolicy::Background
+    }
+}
+
+impl Manifest {
+    /// Deletes (or releases) one object if it is ours; whether it is gone.
+    async fn remove(
+        &self,
+        cx: &Context,
+        stamp: &Stamp,
+        kind: &Kind,
+        key: &ObjectRef,
+    ) -> Result<bool> {
+        let api = dynamic_api(cx, &kind.resource, key.namespace.as_deref());
+        let live = match retry(cx, || api.get_opt(&key.name)).await {
+            Ok(live) => live,
+            // Not a Status: the kind is no longer served (its CRD went).
+            Err(kube::Error::Api(status)) if status.code == 404 => None,
+            Err(e) => return Err(Error::kube(format_args!("reading {key} to delete it"), e)),
+        };
+        let Some(live) = live else {
+            return Ok(true);
+        };
+        match stamp.classify(&live) {
+            Ownership::Ours => {}
+            Ownership::OurOwnerOtherNode(node) => {
+                tracing::info!(object = %key, node = %node, "not deleting: another node of this owner applied it last");
+                return Ok(true);
+            }
+            Ownership::Foreign(who) => {
+                tracing::warn!(object = %key, owner = %who, "not deleting: the live object is not ours");
+                return Ok(true);
+            }
+        }
+        if live.metadata.deletion_timestamp.is_some() {
+            return Ok(false);
+        }
+        let uid = live.metadata.uid.clone().unwrap_or_default();
+        if let Some(why) = kept(key.group(), &key.kind, &live) {
+            let patch = Patch::Merge(stamp.release_patch(&uid));
+            let params = PatchParams::default();
+            return match retry(cx, || api.patch(&key.name, &params, &patch)).await {
+                Ok(_) => {
+                    tracing::warn!(object = %key, reason = %why, "released, not deleted: our stamp was removed");
+                    Ok(true)
+                }
+                Err(kube::Error::Api(status)) if status.code == 404 => Ok(true),
+                // Replaced since it was read: look again next time.
+                Err(kube::Error::Api(status)) if matches!(status.code, 409 | 422) => Ok(false),
+                Err(e) => Err(Error::kube(format_args!("releasing {key}"), e)),
+            };
+        }
+        let params = DeleteParams {
+            propagation_policy: Some(propagation(cx, key.group(), &key.kind)),
+            preconditions: Some(Preconditions {
+                uid: Some(uid),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        match retry(cx, || api.delete(&key.name, &params)).await {
+            Ok(either) => Ok(either.is_right()),
+            Err(kube::Error::Api(status)) if status.code == 404 => Ok(true),
+            // The UID precondition failed: another object took the name.
+            Err(kube::Error::Api(status)) if status.code == 409 => Ok(false),
+            Err(e) => Err(Error::kube(format_args!("deleting {key}"), e)),
+        }
+    }
+
+    /// Removes `targets` concurrently; those not gone yet.
+    async fn remove_all(
+        &self,
+        cx: &Context,
+        stamp: &Stamp,
+        targets: &[(ObjectRef, Kind)],
+    ) -> Result<Vec<ObjectRef>> {
+        let calls = targets
+            .iter()
+            .map(|(key, kind)| async move {
+                let gone = self.remove(cx, stamp, kind, key).await?;
+                Ok((!gone).then(|| key.clone()))
+            })
+            .collect();
+        let results: Vec<Result<Option<ObjectRef>>> = bounded(calls, self.concurrency).await;
+        let mut pending = Vec::new();
+        let mut errors = Vec::new();
+        for result in results {
+            match result {
+                Ok(Some(key)) => pending.push(key),
+                Ok(None) => {}
+                Err(e) => errors.push(e),
+            }
+        }
+        if errors.is_empty() {
+            Ok(pending)
+        } else {
+            Err(Error::group(errors))
+        }
+    }
+
+    /// Removes the objects of `stale` that are still ours; returns those
+    /// that are not gone yet.
+    pub(super) async fn prune_objects(
+        &self,
+        cx: &Context,
+        stamp: &Stamp,
+        stale: Vec<ObjectRef>,
+    ) -> Result<Vec<ObjectRef>> {
+        let mut targets = Vec::new();
+        for key in stale {
+            // A kind that is no longer served (its CRD went) took its objects with it.
+            if let Some(kind) = self
+                .discovery
+                .resolve(cx, &key.api_version, &key.kind)
+                .await?
+            {
+                targets.push((key, kind));
+            }
+        }
+        self.remove_all(cx, stamp, &targets).await
+    }
+
+    pub(super) async fn deprovision_inner(&self, cx: &Context) -> Result<()> {
+        self.check_node_name()?;
+        let documents = match self.load().await {
+            Ok(documents) => documents,
+            // The files are gone: the inventory still says what to delete.
+            Err(e) if e.kind() == ErrorKind::NotFound && self.prune => Vec::new(),
+            Err(e) => return Err(e),
+        };
+        let stamp = self.stamp(cx);
+        let mut plan = self.plan(cx, &stamp, documents).await?;
+        let failed = std::mem::take(&mut plan.failed);
+        let mut targets: Vec<(ObjectRef, Kind, Tier)> = plan
+            .resolved
+            .into_iter()
+            .map(|p| (p.key, p.kind, p.tier))
+            .collect();
+        if self.prune {
+            let mut seen: BTreeSet<Identity> =
+                targets.iter().map(|(k, _, _)| k.identity()).collect();
+            for key in self.read_inventory(cx, &stamp).await? {
+                if !seen.insert(key.identity()) {
+                    continue;
+                }
+                if let Some(kind) = self
+                    .discovery
+                    .resolve(cx, &key.api_version, &key.kind)
+                    .await?
+                {
+                    let tier = Tier::of(key.group(), &key.kind);
+                    targets.push((key, kind, tier));
+                }
+            }
+        }
+        // Unresolved kinds are not served: their objects are gone already.
+        for tier in Tier::ALL.into_iter().rev() {
+            let objects: Vec<(ObjectRef, Kind)> = targets
+                .iter()
+                .filter(|(_, _, t)| *t == tier)
+                .map(|(key, kind, _)| (key.clone(), kind.clone()))
+                .collect();
+            if objects.is_empty() {
+                continue;
+            }
+            let mut pending: Vec<String> = self
+                .remove_all(cx, &stamp, &objects)
+                .await?
+                .iter()
+                .map(ObjectRef::to_string)
+                .collect();
+            if !pending.is_empty() {
+                pending.sort();
+                return Err(Error::yielding(format!(
+                    "waiting for the deletion of {}",
+                    list(&pending)
+                )));
+            }
+        }
+        if !failed.is_empty() {
+            return Err(Error::group(failed));
+        }
+        if self.prune {
+            self.delete_inventory(cx, &stamp).await?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn workloads_are_deleted_in_the_foreground_the_rest_in_the_background() {
+        let cx = Context::offline();
+        for (group, kind) in [
+            ("apps", "Deployment"),
+            ("batch", "Job"),
+            ("apps", "StatefulSet"),
+        ] {
+            assert!(
+                matches!(propagation(&cx, group, kind), PropagationPolicy::Foreground),
+                "{kind}"
+            );
+        }
+        for (group, kind) in [
+            ("", "ConfigMap"),
+            ("", "Namespace"),
+            ("monitoring.coreos.com", "Prometheus"),
+            ("apiextensions.k8s.io", "CustomResourceDefinition"),
+        ] {
+            assert!(
+                matches!(propagation(&cx, group, kind), PropagationPolicy::Background),
+                "{kind}"
+            );
+        }
+        let background = cx.with_background_deletion(true);
+        assert!(matches!(
+            propagation(&background, "apps", "Deployment"),
+            PropagationPolicy::Background
+        ));
+    }
+}

@@ -1,0 +1,122 @@
+//! The inventory of a pruning node: a ConfigMap listing what it applied.
+//!
+//! It is a hint for finding candidates to prune or deprovision, never proof
+//! of ownership: it lives in a namespace a tenant may write to, so every
+//! entry is checked against the ownership stamp of the live object.
+
+use std::collections::BTreeSet;
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, Preconditions};
+use provisioners_core::{Context, Error, Result};
+
+use super::Manifest;
+use crate::object::ObjectRef;
+use crate::ownership::{Ownership, Stamp};
+use crate::retry::retry;
+
+impl Manifest {
+    fn inventory_api(&self, cx: &Context, stamp: &Stamp) -> (Api<ConfigMap>, String) {
+        let namespace = self
+            .inventory
+            .as_ref()
+            .and_then(|(namespace, _)| namespace.clone())
+            .unwrap_or_else(|| self.default_namespace(cx));
+        let name = format!("provisioners-inventory-{}", stamp.inventory_id());
+        (Api::namespaced(cx.client().clone(), &namespace), name)
+    }
+
+    pub(super) async fn read_inventory(
+        &self,
+        cx: &Context,
+        stamp: &Stamp,
+    ) -> Result<Vec<ObjectRef>> {
+        let (api, name) = self.inventory_api(cx, stamp);
+        let config_map = match retry(cx, || api.get_opt(&name)).await {
+            Ok(config_map) => config_map,
+            // Its namespace does not exist yet (or any more): nothing recorded.
+            Err(kube::Error::Api(status)) if status.code == 404 => None,
+            Err(e) => {
+                return Err(Error::kube(
+                    format_args!("reading the inventory ConfigMap {name}"),
+                    e,
+                ));
+            }
+        };
+        let Some(text) = config_map
+            .and_then(|c| c.data)
+            .and_then(|mut data| data.remove("objects"))
+        else {
+            return Ok(Vec::new());
+        };
+        serde_json::from_str(&text).map_err(|e| {
+            Error::invalid(format!(
+                "the inventory ConfigMap {name} is not readable ({e}); delete it to start over \
+                 (objects it listed will then not be pruned)"
+            ))
+        })
+    }
+
+    pub(super) async fn write_inventory(
+        &self,
+        cx: &Context,
+        stamp: &Stamp,
+        objects: &BTreeSet<ObjectRef>,
+    ) -> Result<()> {
+        let (api, name) = self.inventory_api(cx, stamp);
+        let text = serde_json::to_string(objects)
+            .map_err(|e| Error::invalid(format!("encoding the inventory failed: {e}")))?;
+        let mut config_map: DynamicObject = serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": { "name": name },
+            "data": { "objects": text },
+        }))
+        .map_err(|e| Error::invalid(format!("encoding the inventory failed: {e}")))?;
+        stamp.mark(&mut config_map);
+        let params = PatchParams::apply(cx.field_manager()).force();
+        let patch = Patch::Apply(&config_map);
+        retry(cx, || api.patch(&name, &params, &patch))
+            .await
+            .map_err(|e| Error::kube(format_args!("writing the inventory ConfigMap {name}"), e))?;
+        Ok(())
+    }
+
+    /// Deletes the inventory, if it is the one we wrote.
+    pub(super) async fn delete_inventory(&self, cx: &Context, stamp: &Stamp) -> Result<()> {
+        let (api, name) = self.inventory_api(cx, stamp);
+        let live = match retry(cx, || api.get_opt(&name)).await {
+            Ok(Some(live)) => live,
+            Ok(None) => return Ok(()),
+            Err(kube::Error::Api(status)) if status.code == 404 => return Ok(()),
+            Err(e) => {
+                return Err(Error::kube(
+                    format_args!("reading the inventory ConfigMap {name}"),
+                    e,
+                ));
+            }
+        };
+        let dynamic: DynamicObject = serde_json::to_value(&live)
+            .and_then(serde_json::from_value)
+            .map_err(|e| Error::invalid(format!("reading the inventory {name}: {e}")))?;
+        if stamp.classify(&dynamic) != Ownership::Ours {
+            tracing::warn!(inventory = %name, "not deleting an inventory ConfigMap without our stamp");
+            return Ok(());
+        }
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: live.metadata.uid.clone(),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        match retry(cx, || api.delete(&name, &params)).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+            Err(e) => Err(Error::kube(
+                format_args!("deleting the inventory ConfigMap {name}"),
+                e,
+            )),
+        }
+    }
+}
