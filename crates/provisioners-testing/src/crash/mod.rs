@@ -1,0 +1,998 @@
+//! The crash-point driver: proves that a tree converges from a crash at
+//! every write, that the next pass then writes nothing, and that
+//! deprovision leaves nothing behind.
+//!
+//! A [`CrashTest`] runs the tree's operation once cleanly through a
+//! [fault proxy](crate::faults::Proxy), counting its `W` writes
+//! ([`RequestInfo::is_write`](crate::faults::RequestInfo::is_write)). Then,
+//! for every crash point `k` in `1..=W` (or a chosen subset), in a fresh
+//! [`Scope`] (a new namespace and a new token in every name, so no run sees
+//! another's objects):
+//!
+//! 1. the operation runs with the first `k - 1` writes let through; the
+//!    `k`-th is held and never forwarded;
+//! 2. the run is then aborted as a killed process would be: the child
+//!    processes connected to the proxy (helm) get SIGKILL, the future is
+//!    dropped, everything still held or arriving later is reset;
+//! 3. a new tree, built again by the builder as a restarted operator would,
+//!    runs the operation to completion with no faults (yields and transient
+//!    errors are retried; any other error fails the test);
+//! 4. the live state must equal the clean run's ([`Snapshot`]: objects,
+//!    labels, annotations, spec/data, owned fields per manager; helm
+//!    releases by the status of their newest record), a second pass must
+//!    succeed at once with **0 writes**, and a deprovision must leave
+//!    nothing.
+//!
+//! The deprovision sweep does the same for a deprovision crashed at each
+//! of its writes.
+//!
+//! # Example: testing your own tree
+//!
+//! A tree of your own (here a [`Manifest`](https://docs.rs/provisioners-manifest)-like
+//! node is stood in by any `Provisioner`), on the cluster `cargo xtask test`
+//! brings up:
+//!
+//! ```no_run
+//! use provisioners_core::Provisioner;
+//! use provisioners_testing::crash::{CrashTest, Points, Scope};
+//!
+//! /// Your tree, with every name it makes derived from the scope.
+//! fn my_tree(scope: &Scope) -> Box<dyn Provisioner> {
+//!     # let _ = scope.namespace();
+//!     # unimplemented!()
+//!     // Box::new(Manifest::from_yaml("app", app_yaml(scope.namespace())).namespace(scope.namespace()))
+//! }
+//!
+//! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+//! let report = CrashTest::new("my-app", my_tree)
+//!     .points(Points::All)
+//!     .provision_sweep()
+//!     .await?;
+//! println!("{report}");
+//! assert!(report.crashed() > 0);
+//!
+//! // Deprovision crashed at its 1st, middle and last write.
+//! CrashTest::new("my-app", my_tree)
+//!     .points(Points::Spread(3))
+//!     .deprovision_sweep()
+//!     .await?;
+//! # Ok(())
+//! # }
+//! ```
+
+mod process;
+mod snapshot;
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
+use provisioners_core::{Context, Operation, Provisioner};
+
+pub use snapshot::Snapshot;
+
+use crate::cluster::{HarnessCluster, NAMESPACE_LABEL};
+use crate::faults::{Hold, Match, Proxy, ProxyError, Record, Rule};
+use snapshot::Selection;
+
+/// Builds the tree under test for one run.
+pub type Builder = dyn Fn(&Scope) -> Box<dyn Provisioner> + Send + Sync;
+
+/// Adjusts the context of a run (owner, field manager, observer...).
+pub type Configure = dyn Fn(Context, &Scope) -> Context + Send + Sync;
+
+/// Prepares a phase of a run: e.g. writes the Secret a remote-cluster node
+/// reads, with [`Scope::remote_kubeconfig`].
+pub type Setup = dyn Fn(Scope) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send>> + Send + Sync;
+
+/// Where one run lives: a namespace of its own and a token to put in every
+/// name, so runs never see each other's objects.
+#[derive(Clone, Debug)]
+pub struct Scope {
+    token: String,
+    namespace: String,
+    remote_kubeconfig: Option<kube::config::Kubeconfig>,
+}
+
+impl Scope {
+    /// A short lowercase token unique to the run; the live-state comparison
+    /// replaces it by `<token>`.
+    pub fn token(&self) -> &str {
+        &self.token
+    }
+
+    /// The run's namespace on the primary cluster, created by the driver
+    /// (its name contains the token).
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// `base-<token>`: a name for something cluster-scoped (a namespace
+    /// the tree creates, a CRD group) that must differ between runs.
+    pub fn name(&self, base: &str) -> String {
+        format!("{base}-{}", self.token)
+    }
+
+    /// With [`CrashTest::remote`]: a kubeconfig for the remote harness
+    /// cluster through this phase's proxy, to hand to remote-cluster nodes
+    /// (the faults and the write count cover both clusters).
+    pub fn remote_kubeconfig(&self) -> Option<&kube::config::Kubeconfig> {
+        self.remote_kubeconfig.as_ref()
+    }
+}
+
+/// Which crash points to run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Points {
+    /// Every write `1..=W`.
+    All,
+    /// These writes (those past `W` are skipped).
+    Only(Vec<u64>),
+    /// `n` points spread evenly over `1..=W`, the first and the last included.
+    Spread(usize),
+}
+
+impl Points {
+    fn select(&self, writes: u64) -> Vec<u64> {
+        match self {
+            Points::All => (1..=writes).collect(),
+            Points::Only(points) => {
+                let mut points: Vec<u64> = points.iter().copied().filter(|k| (1..=writes).contains(k)).collect();
+                points.sort_unstable();
+                points.dedup();
+                points
+            }
+            Points::Spread(n) => {
+                let n = u64::try_from(*n).unwrap_or(u64::MAX).min(writes);
+                if n == 0 {
+                    return Vec::new();
+                }
+                if n == 1 {
+                    return vec![1];
+                }
+                let mut points: Vec<u64> = (0..n).map(|i| 1 + i * (writes - 1) / (n - 1)).collect();
+                points.dedup();
+                points
+            }
+        }
+    }
+}
+
+/// Why a crash test failed: which point, which phase, what was seen.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CrashError {
+    /// The harness could not do its part (proxy, namespace, snapshot).
+    #[error("{test}: harness: {message}")]
+    Harness {
+        /// The test.
+        test: String,
+        /// What went wrong.
+        message: String,
+    },
+    /// An operation ended in a permanent error.
+    #[error("{test}: {phase}: {error}")]
+    Failed {
+        /// The test.
+        test: String,
+        /// The phase, with its crash point.
+        phase: String,
+        /// The error, as the tree reported it.
+        error: String,
+    },
+    /// An operation did not converge in time.
+    #[error("{test}: {phase}: not converged after {waited:?} ({passes} passes); last: {last}")]
+    NotConverged {
+        /// The test.
+        test: String,
+        /// The phase.
+        phase: String,
+        /// How long.
+        waited: Duration,
+        /// How many passes.
+        passes: u32,
+        /// The last yield or transient error.
+        last: String,
+    },
+    /// The live state after recovery differs from the clean run's.
+    #[error("{test}: after a crash at write {point} ({held}), the live state differs from the clean run's:\n  {}", diff.join("\n  "))]
+    Diverged {
+        /// The test.
+        test: String,
+        /// The crash point.
+        point: u64,
+        /// The write the run died on.
+        held: String,
+        /// What differs.
+        diff: Vec<String>,
+    },
+    /// A pass after convergence wrote something.
+    #[error("{test}: {phase}: the pass after convergence made {} writes: {}", writes.len(), writes.join("; "))]
+    NotIdempotent {
+        /// The test.
+        test: String,
+        /// The phase.
+        phase: String,
+        /// The writes, as `verb resource namespace/name`.
+        writes: Vec<String>,
+    },
+    /// Something was left after a deprovision.
+    #[error("{test}: {phase}: deprovision left {}", objects.join(", "))]
+    Leftovers {
+        /// The test.
+        test: String,
+        /// The phase.
+        phase: String,
+        /// What was left.
+        objects: Vec<String>,
+    },
+    /// A child process or request of an aborted run was still around.
+    #[error("{test}: {phase}: {message}")]
+    Leaked {
+        /// The test.
+        test: String,
+        /// The phase.
+        phase: String,
+        /// What leaked.
+        message: String,
+    },
+}
+
+/// What one crash point did.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct PointReport {
+    /// The write the run died on (`k - 1` writes went through).
+    pub point: u64,
+    /// That write, or `None` when the run finished before making it (a
+    /// run whose write count varies).
+    pub held: Option<String>,
+    /// Child processes killed at the crash.
+    pub killed: usize,
+    /// Writes the recovery made.
+    pub recovery_writes: u64,
+    /// Passes the recovery needed (1 = no yield).
+    pub recovery_passes: u32,
+    /// How long the point took, crash to clean-up.
+    pub elapsed: Duration,
+}
+
+/// What a sweep covered.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Report {
+    /// The test's name.
+    pub test: String,
+    /// The operation crashed.
+    pub operation: Operation,
+    /// Writes of the clean run of that operation.
+    pub writes: u64,
+    /// Every request of the clean run.
+    pub requests: u64,
+    /// Passes of the clean run.
+    pub passes: u32,
+    /// The crash points run.
+    pub points: Vec<PointReport>,
+    /// The whole sweep.
+    pub elapsed: Duration,
+}
+
+impl Report {
+    /// Crash points where the run really died (the held write was reached).
+    pub fn crashed(&self) -> usize {
+        self.points.iter().filter(|p| p.held.is_some()).count()
+    }
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} {:?}: clean run {} writes, {} requests, {} passes; {} crash points ({} crashed) in {:.1?}",
+            self.test,
+            self.operation,
+            self.writes,
+            self.requests,
+            self.passes,
+            self.points.len(),
+            self.crashed(),
+            self.elapsed
+        )?;
+        for p in &self.points {
+            write!(
+                f,
+                "\n  write {}: {}; killed {}; recovery {} writes in {} passes; {:.1?}",
+                p.point,
+                p.held.as_deref().unwrap_or("not reached"),
+                p.killed,
+                p.recovery_writes,
+                p.recovery_passes,
+                p.elapsed
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// What a transient-fault run saw.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct TransientReport {
+    /// The test's name.
+    pub test: String,
+    /// Requests during provision and deprovision.
+    pub requests: u64,
+    /// Faults injected.
+    pub faults: u64,
+    /// Passes to converge the provision.
+    pub provision_passes: u32,
+    /// Passes to converge the deprovision.
+    pub deprovision_passes: u32,
+    /// The transient errors and yields the tree reported along the way.
+    pub transient_errors: u32,
+    /// The whole run.
+    pub elapsed: Duration,
+}
+
+impl fmt::Display for TransientReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}: {} requests, {} faults injected; provision {} passes, deprovision {} passes, \
+             {} transient errors or yields; {:.1?}",
+            self.test,
+            self.requests,
+            self.faults,
+            self.provision_passes,
+            self.deprovision_passes,
+            self.transient_errors,
+            self.elapsed
+        )
+    }
+}
+
+/// A crash-point test of one tree. See the [module docs](self).
+#[must_use]
+pub struct CrashTest {
+    name: String,
+    build: Arc<Builder>,
+    initial: Option<Arc<Builder>>,
+    configure: Option<Arc<Configure>>,
+    setup: Option<Arc<Setup>>,
+    points: Points,
+    deadline: Duration,
+    poll: Duration,
+    remote: bool,
+    kill_children: bool,
+    ignored: Vec<String>,
+}
+
+impl fmt::Debug for CrashTest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CrashTest")
+            .field("name", &self.name)
+            .field("points", &self.points)
+            .field("deadline", &self.deadline)
+            .field("remote", &self.remote)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One phase's proxies: the primary and, with [`CrashTest::remote`], a sibling.
+struct Phase {
+    proxy: Proxy,
+    remote: Option<Proxy>,
+}
+
+impl Phase {
+    fn ports(&self) -> Vec<u16> {
+        std::iter::once(self.proxy.port())
+            .chain(self.remote.as_ref().map(Proxy::port))
+            .collect()
+    }
+}
+
+/// What a converged operation took.
+struct Converged {
+    passes: u32,
+    transient: u32,
+}
+
+impl CrashTest {
+    /// A crash test of the tree `build` makes for each run, on the primary
+    /// harness cluster, with every crash point.
+    pub fn new(
+        name: impl Into<String>,
+        build: impl Fn(&Scope) -> Box<dyn Provisioner> + Send + Sync + 'static,
+    ) -> Self {
+        CrashTest {
+            name: name.into(),
+            build: Arc::new(build),
+            initial: None,
+            configure: None,
+            setup: None,
+            points: Points::All,
+            deadline: Duration::from_secs(180),
+            poll: Duration::from_millis(200),
+            remote: false,
+            kill_children: true,
+            ignored: Vec::new(),
+        }
+    }
+
+    /// Provisions the tree `initial` makes before every run of the
+    /// operation under test, uncounted and without faults: crash an
+    /// *upgrade* by starting from the previous version. The tree under test
+    /// must take over what `initial` made (same names), so its deprovision
+    /// leaves nothing.
+    pub fn starting_from(
+        mut self,
+        initial: impl Fn(&Scope) -> Box<dyn Provisioner> + Send + Sync + 'static,
+    ) -> Self {
+        self.initial = Some(Arc::new(initial));
+        self
+    }
+
+    /// Which crash points to run; [`Points::All`] unless set.
+    pub fn points(mut self, points: Points) -> Self {
+        self.points = points;
+        self
+    }
+
+    /// How long one operation may take to converge (180 s unless set:
+    /// generous, for a loaded CI machine).
+    pub fn deadline(mut self, deadline: Duration) -> Self {
+        self.deadline = deadline;
+        self
+    }
+
+    /// The pause between passes of a yielding operation (200 ms unless set).
+    pub fn poll(mut self, poll: Duration) -> Self {
+        self.poll = poll;
+        self
+    }
+
+    /// Adjusts each run's context (owner, field manager, observer).
+    pub fn configure(mut self, configure: impl Fn(Context, &Scope) -> Context + Send + Sync + 'static) -> Self {
+        self.configure = Some(Arc::new(configure));
+        self
+    }
+
+    /// Runs `setup` before every phase, after the scope's namespace exists.
+    pub fn setup(
+        mut self,
+        setup: impl Fn(Scope) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send>>
+        + Send
+        + Sync
+        + 'static,
+    ) -> Self {
+        self.setup = Some(Arc::new(setup));
+        self
+    }
+
+    /// Also proxies the remote harness cluster
+    /// ([`Scope::remote_kubeconfig`]); its writes count with the primary's,
+    /// and snapshots include the run's namespaces there.
+    pub fn remote(mut self, remote: bool) -> Self {
+        self.remote = remote;
+        self
+    }
+
+    /// Leaves the object with this snapshot key out of every comparison,
+    /// e.g. `core/Secret crash-<token>/remote-kubeconfig` for a Secret the
+    /// [setup](CrashTest::setup) writes with different contents per phase.
+    /// Keys are `group/Kind namespace/name` with the token as `<token>`
+    /// (`core` for the core group).
+    pub fn ignore(mut self, key: impl Into<String>) -> Self {
+        self.ignored.push(key.into());
+        self
+    }
+
+    /// Whether a crash SIGKILLs the child processes connected to the proxy
+    /// before dropping the run (the default, as the death of an operator's
+    /// pod would). Without it, only the future is dropped, and children see
+    /// what dropping does to them (for helm: SIGTERM, then SIGKILL after
+    /// its grace period); their late requests are reset.
+    pub fn kill_children(mut self, kill: bool) -> Self {
+        self.kill_children = kill;
+        self
+    }
+
+    /// Crashes `provision` at each selected write and checks recovery.
+    ///
+    /// # Errors
+    ///
+    /// The first failed check, naming the crash point, the phase and what
+    /// was seen.
+    pub async fn provision_sweep(&self) -> Result<Report, CrashError> {
+        self.sweep(Operation::Provision).await
+    }
+
+    /// Crashes `deprovision` at each selected write and checks it still
+    /// ends with nothing left.
+    ///
+    /// # Errors
+    ///
+    /// As [`CrashTest::provision_sweep`].
+    pub async fn deprovision_sweep(&self) -> Result<Report, CrashError> {
+        self.sweep(Operation::Deprovision).await
+    }
+
+    /// Runs provision and deprovision with `rules` installed on every
+    /// request (rates of 409/429/5xx, resets, latency): both must converge
+    /// through yields and transient errors alone, leave the clean run's
+    /// state, and leave no child process behind.
+    ///
+    /// # Errors
+    ///
+    /// As [`CrashTest::provision_sweep`]; a permanent error is a failure.
+    pub async fn transient(&self, rules: Vec<Rule>) -> Result<TransientReport, CrashError> {
+        let started = Instant::now();
+        let clean = self.clean_run().await?;
+        let scope = self.scope().await?;
+        self.prepare(&scope, "transient: initial state").await?;
+        let phase = self.phase(&scope, "transient").await?;
+        for rule in rules {
+            phase.proxy.add(rule);
+        }
+        let (cx, scope_for_phase) = self.context(&phase, &scope).await?;
+        self.run_setup(&scope_for_phase, "transient").await?;
+        let tree = (self.build)(&scope_for_phase);
+        let provision = self
+            .converge(tree.as_ref(), &cx, Operation::Provision, "transient provision")
+            .await?;
+        phase.proxy.clear_rules();
+        let live = self.snapshot(&scope, &cx).await?;
+        let diff = clean.snapshot.diff(&live);
+        if !diff.is_empty() {
+            return Err(CrashError::Diverged {
+                test: self.name.clone(),
+                point: 0,
+                held: "transient faults".to_owned(),
+                diff,
+            });
+        }
+        let counts = phase.proxy.counts();
+        let deprovision = self
+            .converge(tree.as_ref(), &cx, Operation::Deprovision, "transient deprovision")
+            .await?;
+        self.check_gone(&scope, &cx, "transient deprovision").await?;
+        drop(tree);
+        self.check_no_children(&phase, "transient").await?;
+        self.finish(scope).await;
+        Ok(TransientReport {
+            test: self.name.clone(),
+            requests: counts.requests(),
+            faults: counts.faults(),
+            provision_passes: provision.passes,
+            deprovision_passes: deprovision.passes,
+            transient_errors: provision.transient + deprovision.transient,
+            elapsed: started.elapsed(),
+        })
+    }
+
+    async fn sweep(&self, operation: Operation) -> Result<Report, CrashError> {
+        let started = Instant::now();
+        let clean = self.clean_run().await?;
+        let (writes, requests, passes) = match operation {
+            Operation::Provision => (clean.provision_writes, clean.provision_requests, clean.provision_passes),
+            Operation::Deprovision => (
+                clean.deprovision_writes,
+                clean.deprovision_requests,
+                clean.deprovision_passes,
+            ),
+        };
+        let mut points = Vec::new();
+        for point in self.points.select(writes) {
+            points.push(self.crash_point(operation, point, &clean.snapshot).await?);
+        }
+        Ok(Report {
+            test: self.name.clone(),
+            operation,
+            writes,
+            requests,
+            passes,
+            points,
+            elapsed: started.elapsed(),
+        })
+    }
+
+    /// Brings the scope to the starting state: [`CrashTest::starting_from`].
+    async fn prepare(&self, scope: &Scope, what: &str) -> Result<(), CrashError> {
+        let Some(initial) = &self.initial else {
+            return Ok(());
+        };
+        let phase = self.phase(scope, "initial state").await?;
+        let (cx, scope_for_phase) = self.context(&phase, scope).await?;
+        self.run_setup(&scope_for_phase, what).await?;
+        let tree = initial(&scope_for_phase);
+        self.converge(tree.as_ref(), &cx, Operation::Provision, what)
+            .await
+            .map(drop)
+    }
+
+    async fn clean_run(&self) -> Result<Clean, CrashError> {
+        let scope = self.scope().await?;
+        self.prepare(&scope, "clean run: initial state").await?;
+        let phase = self.phase(&scope, "clean").await?;
+        let (cx, scope_for_phase) = self.context(&phase, &scope).await?;
+        self.run_setup(&scope_for_phase, "clean").await?;
+        let tree = (self.build)(&scope_for_phase);
+        let provision = self
+            .converge(tree.as_ref(), &cx, Operation::Provision, "clean provision")
+            .await?;
+        let counts = phase.proxy.counts();
+        let snapshot = self.snapshot(&scope, &cx).await?;
+        self.second_pass(tree.as_ref(), &cx, &phase, "clean run").await?;
+        phase.proxy.reset_counts();
+        let deprovision = self
+            .converge(tree.as_ref(), &cx, Operation::Deprovision, "clean deprovision")
+            .await?;
+        let deprovision_counts = phase.proxy.counts();
+        self.check_gone(&scope, &cx, "clean deprovision").await?;
+        drop(tree);
+        self.finish(scope).await;
+        if snapshot.is_empty() {
+            return Err(self.harness("the clean run left no objects to compare: is the tree built in the scope's namespace?"));
+        }
+        Ok(Clean {
+            snapshot,
+            provision_writes: counts.writes(),
+            provision_requests: counts.requests(),
+            provision_passes: provision.passes,
+            deprovision_writes: deprovision_counts.writes(),
+            deprovision_requests: deprovision_counts.requests(),
+            deprovision_passes: deprovision.passes,
+        })
+    }
+
+    async fn crash_point(&self, operation: Operation, point: u64, clean: &Snapshot) -> Result<PointReport, CrashError> {
+        let started = Instant::now();
+        let scope = self.scope().await?;
+        let label = |what: &str| format!("crash at {operation:?} write {point}: {what}");
+        self.prepare(&scope, &label("initial state")).await?;
+
+        if operation == Operation::Deprovision {
+            let phase = self.phase(&scope, "provision").await?;
+            let (cx, scope_for_phase) = self.context(&phase, &scope).await?;
+            self.run_setup(&scope_for_phase, &label("provision")).await?;
+            let tree = (self.build)(&scope_for_phase);
+            self.converge(tree.as_ref(), &cx, Operation::Provision, &label("provision"))
+                .await?;
+        }
+
+        // The crashed run: writes 1..point-1 go through, the point-th is held.
+        let crash = self.phase(&scope, "crash").await?;
+        let hold = Hold::new();
+        crash.proxy.add(Rule::on(Match::writes()).from(point).hold(&hold));
+        let (cx, scope_for_phase) = self.context(&crash, &scope).await?;
+        self.run_setup(&scope_for_phase, &label("crashed run")).await?;
+        let tree = (self.build)(&scope_for_phase);
+        let crashed_label = label("crashed run");
+        let (held, killed) = {
+            let run = self.converge(tree.as_ref(), &cx, operation, &crashed_label);
+            tokio::pin!(run);
+            tokio::select! {
+                finished = &mut run => {
+                    finished?;
+                    (None, 0)
+                }
+                request = hold.reached() => {
+                    let killed = if self.kill_children {
+                        let children: Vec<i32> = crash.ports().into_iter().flat_map(process::connected_descendants).collect();
+                        for pid in &children {
+                            process::kill_hard(*pid);
+                        }
+                        children.len()
+                    } else {
+                        0
+                    };
+                    (Some(request), killed)
+                }
+            }
+            // `run` is dropped here: the crash.
+        };
+        drop(tree);
+        drop(cx);
+        hold.refuse();
+        crash.proxy.add(Rule::on(Match::any()).reset());
+        self.wait_children_gone(&crash, &label("crashed run")).await?;
+
+        // The restarted process: a new tree and context, no faults.
+        let recovery = self.phase(&scope, "recovery").await?;
+        let (cx, scope_for_phase) = self.context(&recovery, &scope).await?;
+        self.run_setup(&scope_for_phase, &label("recovery")).await?;
+        let tree = (self.build)(&scope_for_phase);
+        let converged = self.converge(tree.as_ref(), &cx, operation, &label("recovery")).await?;
+        let recovery_writes = recovery.proxy.counts().writes();
+        match operation {
+            Operation::Provision => {
+                let live = self.snapshot(&scope, &cx).await?;
+                let diff = clean.diff(&live);
+                if !diff.is_empty() {
+                    return Err(CrashError::Diverged {
+                        test: self.name.clone(),
+                        point,
+                        held: held.as_ref().map_or_else(|| "not reached".to_owned(), ToString::to_string),
+                        diff,
+                    });
+                }
+                self.second_pass(tree.as_ref(), &cx, &recovery, &label("recovery")).await?;
+                self.converge(tree.as_ref(), &cx, Operation::Deprovision, &label("deprovision"))
+                    .await?;
+                self.check_gone(&scope, &cx, &label("deprovision")).await?;
+            }
+            Operation::Deprovision => {
+                self.check_gone(&scope, &cx, &label("recovery")).await?;
+            }
+        }
+        drop(tree);
+        drop(crash);
+        self.finish(scope).await;
+        Ok(PointReport {
+            point,
+            held: held.map(|r| r.to_string()),
+            killed,
+            recovery_writes,
+            recovery_passes: converged.passes,
+            elapsed: started.elapsed(),
+        })
+    }
+
+    /// Runs `operation` until it returns `Ok`, retrying yields and transient
+    /// errors every `poll`, until the deadline.
+    async fn converge(
+        &self,
+        tree: &dyn Provisioner,
+        cx: &Context,
+        operation: Operation,
+        phase: &str,
+    ) -> Result<Converged, CrashError> {
+        let started = Instant::now();
+        let mut passes = 0;
+        let mut transient = 0;
+        loop {
+            passes += 1;
+            let result = match operation {
+                Operation::Provision => cx.provision(tree).await,
+                Operation::Deprovision => cx.deprovision(tree).await,
+            };
+            let error = match result {
+                Ok(()) => return Ok(Converged { passes, transient }),
+                Err(error) if error.is_yield() || error.is_transient() => error,
+                Err(error) => {
+                    return Err(CrashError::Failed {
+                        test: self.name.clone(),
+                        phase: phase.to_owned(),
+                        error: format!("{error} (kind {:?}, not transient)", error.kind()),
+                    });
+                }
+            };
+            transient += 1;
+            if started.elapsed() >= self.deadline {
+                return Err(CrashError::NotConverged {
+                    test: self.name.clone(),
+                    phase: phase.to_owned(),
+                    waited: self.deadline,
+                    passes,
+                    last: error.to_string(),
+                });
+            }
+            tokio::time::sleep(self.poll).await;
+        }
+    }
+
+    /// One more pass right after convergence: `Ok` at once, no write.
+    async fn second_pass(&self, tree: &dyn Provisioner, cx: &Context, phase: &Phase, label: &str) -> Result<(), CrashError> {
+        phase.proxy.reset_counts();
+        let what = format!("{label}, second pass");
+        cx.provision(tree).await.map_err(|error| CrashError::Failed {
+            test: self.name.clone(),
+            phase: what.clone(),
+            error: error.to_string(),
+        })?;
+        let writes: Vec<String> = phase
+            .proxy
+            .journal()
+            .into_iter()
+            .filter(|r: &Record| r.request.is_write())
+            .map(|r| r.request.to_string())
+            .collect();
+        if writes.is_empty() {
+            Ok(())
+        } else {
+            Err(CrashError::NotIdempotent {
+                test: self.name.clone(),
+                phase: what,
+                writes,
+            })
+        }
+    }
+
+    async fn check_gone(&self, scope: &Scope, cx: &Context, phase: &str) -> Result<(), CrashError> {
+        let left = self.snapshot(scope, cx).await?.leftovers(&selection(scope, cx));
+        if left.is_empty() {
+            Ok(())
+        } else {
+            Err(CrashError::Leftovers {
+                test: self.name.clone(),
+                phase: phase.to_owned(),
+                objects: left.keys().into_iter().map(str::to_owned).collect(),
+            })
+        }
+    }
+
+    async fn check_no_children(&self, phase: &Phase, label: &str) -> Result<(), CrashError> {
+        let children: Vec<i32> = phase.ports().into_iter().flat_map(process::connected_descendants).collect();
+        if children.is_empty() {
+            Ok(())
+        } else {
+            Err(CrashError::Leaked {
+                test: self.name.clone(),
+                phase: label.to_owned(),
+                message: format!("child processes still connected after the run: {children:?}"),
+            })
+        }
+    }
+
+    /// After a crash: the aborted run's children must be gone (killed, or
+    /// stopped by dropping) before the restart runs.
+    async fn wait_children_gone(&self, phase: &Phase, label: &str) -> Result<(), CrashError> {
+        let started = Instant::now();
+        loop {
+            let children: Vec<i32> = phase.ports().into_iter().flat_map(process::connected_descendants).collect();
+            if children.is_empty() {
+                return Ok(());
+            }
+            if started.elapsed() > self.deadline {
+                return Err(CrashError::Leaked {
+                    test: self.name.clone(),
+                    phase: label.to_owned(),
+                    message: format!("child processes of the aborted run still running after {:?}: {children:?}", self.deadline),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn scope(&self) -> Result<Scope, CrashError> {
+        let token = token();
+        let namespace = format!("crash-{token}");
+        let client = HarnessCluster::Primary
+            .client()
+            .await
+            .map_err(|e| self.harness(format!("{e}")))?;
+        let object = Namespace {
+            metadata: ObjectMeta {
+                name: Some(namespace.clone()),
+                labels: Some([(NAMESPACE_LABEL.to_owned(), "true".to_owned())].into()),
+                ..ObjectMeta::default()
+            },
+            ..Namespace::default()
+        };
+        Api::<Namespace>::all(client)
+            .create(&PostParams::default(), &object)
+            .await
+            .map_err(|e| self.harness(format!("creating namespace {namespace}: {e}")))?;
+        Ok(Scope {
+            token,
+            namespace,
+            remote_kubeconfig: None,
+        })
+    }
+
+    async fn phase(&self, scope: &Scope, what: &str) -> Result<Phase, CrashError> {
+        let harness = |e: ProxyError| self.harness(format!("starting the proxy for {what} of {}: {e}", scope.token));
+        let proxy = Proxy::start(HarnessCluster::Primary).await.map_err(harness)?;
+        let remote = if self.remote {
+            Some(proxy.sibling(HarnessCluster::Remote).await.map_err(harness)?)
+        } else {
+            None
+        };
+        Ok(Phase { proxy, remote })
+    }
+
+    async fn context(&self, phase: &Phase, scope: &Scope) -> Result<(Context, Scope), CrashError> {
+        let cx = phase
+            .proxy
+            .context(&format!("crash-{}", scope.token))
+            .await
+            .map_err(|e| self.harness(e.to_string()))?;
+        let scope = Scope {
+            remote_kubeconfig: phase.remote.as_ref().map(|p| p.kubeconfig().clone()),
+            ..scope.clone()
+        };
+        // A field manager of the run's own, unless configured otherwise:
+        // cluster-scoped objects are recognised by it.
+        let cx = cx.with_field_manager(format!("crash-{}", scope.token));
+        let cx = match &self.configure {
+            Some(configure) => configure(cx, &scope),
+            None => cx,
+        };
+        Ok((cx, scope))
+    }
+
+    async fn run_setup(&self, scope: &Scope, phase: &str) -> Result<(), CrashError> {
+        match &self.setup {
+            Some(setup) => setup(scope.clone()).await.map_err(|e| CrashError::Failed {
+                test: self.name.clone(),
+                phase: format!("{phase}: setup"),
+                error: e,
+            }),
+            None => Ok(()),
+        }
+    }
+
+    async fn snapshot(&self, scope: &Scope, cx: &Context) -> Result<Snapshot, CrashError> {
+        let selection = selection(scope, cx);
+        let mut clusters = vec![HarnessCluster::Primary];
+        if self.remote {
+            clusters.push(HarnessCluster::Remote);
+        }
+        let mut all = Snapshot::default();
+        for (i, cluster) in clusters.into_iter().enumerate() {
+            let client = cluster.client().await.map_err(|e| self.harness(e.to_string()))?;
+            let snapshot = Snapshot::take(&client, &selection)
+                .await
+                .map_err(|e| self.harness(format!("reading the live state: {e}")))?;
+            all.merge(i, snapshot);
+        }
+        all.remove(&self.ignored);
+        Ok(all)
+    }
+
+    /// Deletes the run's namespace (and whatever a failed check left in it)
+    /// without waiting.
+    async fn finish(&self, scope: Scope) {
+        if let Ok(client) = HarnessCluster::Primary.client().await {
+            let _ = Api::<Namespace>::all(client)
+                .delete(&scope.namespace, &DeleteParams::background())
+                .await;
+        }
+    }
+
+    fn harness(&self, message: impl Into<String>) -> CrashError {
+        CrashError::Harness {
+            test: self.name.clone(),
+            message: message.into(),
+        }
+    }
+}
+
+struct Clean {
+    snapshot: Snapshot,
+    provision_writes: u64,
+    provision_requests: u64,
+    provision_passes: u32,
+    deprovision_writes: u64,
+    deprovision_requests: u64,
+    deprovision_passes: u32,
+}
+
+fn selection<'a>(scope: &'a Scope, cx: &'a Context) -> Selection<'a> {
+    Selection {
+        token: &scope.token,
+        field_manager: cx.field_manager(),
+        own_namespace: &scope.namespace,
+    }
+}
+
+/// Eight lowercase hex digits from the clock and a counter: unique within
+/// and across test processes, and short enough for DNS labels.
+fn token() -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static COUNTER: AtomicU32 = AtomicU32::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    let mixed = (nanos as u64)
+        ^ u64::from(std::process::id()).rotate_left(32)
+        ^ u64::from(COUNTER.fetch_add(1, Ordering::Relaxed)).rotate_left(48);
+    format!("{:08x}", (mixed ^ (mixed >> 32)) as u32)
+}
