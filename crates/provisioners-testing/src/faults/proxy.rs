@@ -614,6 +614,7 @@ struct Cut {
     inner: kube::client::Body,
     events_left: Option<u64>,
     deadline: Option<Pin<Box<tokio::time::Sleep>>>,
+    flush: Option<Pin<Box<tokio::time::Sleep>>>,
     cut: bool,
 }
 
@@ -623,6 +624,7 @@ impl Cut {
             inner,
             events_left: events,
             deadline: after.map(|d| Box::pin(tokio::time::sleep(d))),
+            flush: None,
             cut: events == Some(0),
         }
     }
@@ -649,13 +651,22 @@ impl Body for Cut {
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = &mut *self;
         if this.cut {
+            // hyper drops unflushed data when a body fails: give the events
+            // let through a moment to reach the client before the break.
+            let flush = this
+                .flush
+                .get_or_insert_with(|| Box::pin(tokio::time::sleep(Duration::from_millis(100))));
+            if flush.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
             return Poll::Ready(Some(Err(Box::new(StreamCut))));
         }
         if let Some(deadline) = &mut this.deadline
             && deadline.as_mut().poll(cx).is_ready()
         {
+            this.deadline = None;
             this.cut = true;
-            return Poll::Ready(Some(Err(Box::new(StreamCut))));
+            return self.poll_frame(cx);
         }
         let frame = match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Pending => return Poll::Pending,
