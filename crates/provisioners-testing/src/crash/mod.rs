@@ -5,9 +5,10 @@
 //! A [`CrashTest`] runs the tree's operation once cleanly through a
 //! [fault proxy](crate::faults::Proxy), counting its `W` writes
 //! ([`RequestInfo::is_write`](crate::faults::RequestInfo::is_write)). Then,
-//! for every crash point `k` in `1..=W` (or a chosen subset), in a fresh
-//! [`Scope`] (a new namespace and a new token in every name, so no run sees
-//! another's objects):
+//! for every crash point `k` in `1..=W` (or a chosen subset), from the same
+//! clean state (the sweep's [`Scope`]: one namespace and one token in every
+//! name, which each run's deprovision check proves empty again, so no run
+//! sees another's objects and values derived from names compare equal):
 //!
 //! 1. the operation runs with the first `k - 1` writes let through; the
 //!    `k`-th is held and never forwarded;
@@ -18,42 +19,75 @@
 //!    runs the operation to completion with no faults (yields and transient
 //!    errors are retried; any other error fails the test);
 //! 4. the live state must equal the clean run's ([`Snapshot`]: objects,
-//!    labels, annotations, spec/data, owned fields per manager; helm
-//!    releases by the status of their newest record), a second pass must
-//!    succeed at once with **0 writes**, and a deprovision must leave
-//!    nothing.
+//!    labels, annotations, the fields some manager owns and the managers
+//!    that own them; helm releases by the status of their newest record),
+//!    a second pass must succeed at once with **0 writes** (or, with
+//!    [`SecondPass::NoChanges`], nothing stored anew), and a deprovision
+//!    must leave nothing.
 //!
 //! The deprovision sweep does the same for a deprovision crashed at each
 //! of its writes.
 //!
 //! # Example: testing your own tree
 //!
-//! A tree of your own (here a [`Manifest`](https://docs.rs/provisioners-manifest)-like
-//! node is stood in by any `Provisioner`), on the cluster `cargo xtask test`
-//! brings up:
+//! Any tree works: the builder makes it for each run, with every name it
+//! creates derived from the [`Scope`]. Here a leaf of one's own that applies
+//! a ConfigMap; a tree of `Manifest`s and `HelmRelease`s is built the same
+//! way. Run it on the cluster `cargo xtask test` brings up:
 //!
 //! ```no_run
-//! use provisioners_core::Provisioner;
+//! use k8s_openapi::api::core::v1::ConfigMap;
+//! use kube::api::{Api, Patch, PatchParams};
+//! use provisioners_core::{async_trait, Context, Error, Provisioner, Result};
 //! use provisioners_testing::crash::{CrashTest, Points, Scope};
 //!
-//! /// Your tree, with every name it makes derived from the scope.
-//! fn my_tree(scope: &Scope) -> Box<dyn Provisioner> {
-//!     # let _ = scope.namespace();
-//!     # unimplemented!()
-//!     // Box::new(Manifest::from_yaml("app", app_yaml(scope.namespace())).namespace(scope.namespace()))
+//! /// Applies one ConfigMap unless it is already there; deletes it on deprovision.
+//! struct Settings {
+//!     namespace: String,
 //! }
 //!
-//! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
-//! let report = CrashTest::new("my-app", my_tree)
-//!     .points(Points::All)
-//!     .provision_sweep()
-//!     .await?;
-//! println!("{report}");
-//! assert!(report.crashed() > 0);
+//! #[async_trait]
+//! impl Provisioner for Settings {
+//!     fn name(&self) -> &str {
+//!         "settings"
+//!     }
+//!     async fn provision(&self, cx: &Context) -> Result<()> {
+//!         let api: Api<ConfigMap> = Api::namespaced(cx.client().clone(), &self.namespace);
+//!         let live = api.get_opt("settings").await.map_err(|e| Error::kube("reading settings", e))?;
+//!         if live.is_none() {
+//!             let object = serde_json::json!({
+//!                 "apiVersion": "v1", "kind": "ConfigMap",
+//!                 "metadata": { "name": "settings" }, "data": { "mode": "on" },
+//!             });
+//!             api.patch("settings", &PatchParams::apply(cx.field_manager()), &Patch::Apply(&object))
+//!                 .await
+//!                 .map_err(|e| Error::kube("applying settings", e))?;
+//!         }
+//!         Ok(())
+//!     }
+//!     async fn deprovision(&self, cx: &Context) -> Result<()> {
+//!         let api: Api<ConfigMap> = Api::namespaced(cx.client().clone(), &self.namespace);
+//!         match api.delete("settings", &Default::default()).await {
+//!             Ok(_) => Err(Error::yielding("waiting for settings to go")),
+//!             Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+//!             Err(e) => Err(Error::kube("deleting settings", e)),
+//!         }
+//!     }
+//! }
 //!
-//! // Deprovision crashed at its 1st, middle and last write.
+//! fn my_tree(scope: &Scope) -> Box<dyn Provisioner> {
+//!     Box::new(Settings { namespace: scope.namespace().to_owned() })
+//! }
+//!
+//! # async fn example() -> std::result::Result<(), Box<dyn std::error::Error>> {
+//! // Provision crashed at every write; the report says what each point held.
+//! let report = CrashTest::new("my-app", my_tree).provision_sweep().await?;
+//! println!("{report}");
+//! assert_eq!(report.crashed(), report.points.len());
+//!
+//! // Deprovision crashed at its first and last write.
 //! CrashTest::new("my-app", my_tree)
-//!     .points(Points::Spread(3))
+//!     .points(Points::Spread(2))
 //!     .deprovision_sweep()
 //!     .await?;
 //! # Ok(())
@@ -161,6 +195,20 @@ impl Points {
             }
         }
     }
+}
+
+/// What the pass right after convergence may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum SecondPass {
+    /// No write request at all (the default): a converged tree knows it is
+    /// converged without asking the API server to apply anything.
+    #[default]
+    NoWrites,
+    /// Write requests are allowed as long as no object is stored anew (no
+    /// `resourceVersion` changes): for trees that re-apply unchanged
+    /// objects with server-side apply, which the server turns into no-ops.
+    NoChanges,
 }
 
 /// Why a crash test failed: which point, which phase, what was seen.
@@ -370,6 +418,7 @@ pub struct CrashTest {
     remote: bool,
     kill_children: bool,
     ignored: Vec<String>,
+    second_pass: SecondPass,
 }
 
 impl fmt::Debug for CrashTest {
@@ -422,6 +471,7 @@ impl CrashTest {
             remote: false,
             kill_children: true,
             ignored: Vec::new(),
+            second_pass: SecondPass::NoWrites,
         }
     }
 
@@ -483,6 +533,13 @@ impl CrashTest {
         self
     }
 
+    /// What the pass after convergence may do; [`SecondPass::NoWrites`]
+    /// unless set.
+    pub fn second_pass(mut self, second_pass: SecondPass) -> Self {
+        self.second_pass = second_pass;
+        self
+    }
+
     /// Leaves the object with this snapshot key out of every comparison,
     /// e.g. `core/Secret crash-<token>/remote-kubeconfig` for a Secret the
     /// [setup](CrashTest::setup) writes with different contents per phase.
@@ -533,8 +590,9 @@ impl CrashTest {
     /// As [`CrashTest::provision_sweep`]; a permanent error is a failure.
     pub async fn transient(&self, rules: Vec<Rule>) -> Result<TransientReport, CrashError> {
         let started = Instant::now();
-        let clean = self.clean_run().await?;
-        let scope = self.scope().await?;
+        let token = token();
+        let scope = self.scope(&token).await?;
+        let clean = self.clean_run(&scope).await?;
         self.prepare(&scope, "transient: initial state").await?;
         let phase = self.phase(&scope, "transient").await?;
         for rule in rules {
@@ -564,7 +622,7 @@ impl CrashTest {
         self.check_gone(&scope, &cx, "transient deprovision").await?;
         drop(tree);
         self.check_no_children(&phase, "transient").await?;
-        self.finish(scope).await;
+        self.finish(scope).await?;
         Ok(TransientReport {
             test: self.name.clone(),
             requests: counts.requests(),
@@ -578,7 +636,9 @@ impl CrashTest {
 
     async fn sweep(&self, operation: Operation) -> Result<Report, CrashError> {
         let started = Instant::now();
-        let clean = self.clean_run().await?;
+        let token = token();
+        let scope = self.scope(&token).await?;
+        let clean = self.clean_run(&scope).await?;
         let (writes, requests, passes) = match operation {
             Operation::Provision => (clean.provision_writes, clean.provision_requests, clean.provision_passes),
             Operation::Deprovision => (
@@ -589,8 +649,9 @@ impl CrashTest {
         };
         let mut points = Vec::new();
         for point in self.points.select(writes) {
-            points.push(self.crash_point(operation, point, &clean.snapshot).await?);
+            points.push(self.crash_point(&scope, operation, point, &clean.snapshot).await?);
         }
+        self.finish(scope).await?;
         Ok(Report {
             test: self.name.clone(),
             operation,
@@ -616,8 +677,8 @@ impl CrashTest {
             .map(drop)
     }
 
-    async fn clean_run(&self) -> Result<Clean, CrashError> {
-        let scope = self.scope().await?;
+    async fn clean_run(&self, scope: &Scope) -> Result<Clean, CrashError> {
+        let scope = scope.clone();
         self.prepare(&scope, "clean run: initial state").await?;
         let phase = self.phase(&scope, "clean").await?;
         let (cx, scope_for_phase) = self.context(&phase, &scope).await?;
@@ -628,7 +689,7 @@ impl CrashTest {
             .await?;
         let counts = phase.proxy.counts();
         let snapshot = self.snapshot(&scope, &cx).await?;
-        self.second_pass(tree.as_ref(), &cx, &phase, "clean run").await?;
+        self.check_second_pass(tree.as_ref(), &cx, &phase, &scope, "clean run").await?;
         phase.proxy.reset_counts();
         let deprovision = self
             .converge(tree.as_ref(), &cx, Operation::Deprovision, "clean deprovision")
@@ -636,7 +697,7 @@ impl CrashTest {
         let deprovision_counts = phase.proxy.counts();
         self.check_gone(&scope, &cx, "clean deprovision").await?;
         drop(tree);
-        self.finish(scope).await;
+        drop(scope);
         if snapshot.is_empty() {
             return Err(self.harness("the clean run left no objects to compare: is the tree built in the scope's namespace?"));
         }
@@ -651,9 +712,15 @@ impl CrashTest {
         })
     }
 
-    async fn crash_point(&self, operation: Operation, point: u64, clean: &Snapshot) -> Result<PointReport, CrashError> {
+    async fn crash_point(
+        &self,
+        scope: &Scope,
+        operation: Operation,
+        point: u64,
+        clean: &Snapshot,
+    ) -> Result<PointReport, CrashError> {
         let started = Instant::now();
-        let scope = self.scope().await?;
+        let scope = scope.clone();
         let label = |what: &str| format!("crash at {operation:?} write {point}: {what}");
         self.prepare(&scope, &label("initial state")).await?;
 
@@ -722,7 +789,7 @@ impl CrashTest {
                         diff,
                     });
                 }
-                self.second_pass(tree.as_ref(), &cx, &recovery, &label("recovery")).await?;
+                self.check_second_pass(tree.as_ref(), &cx, &recovery, &scope, &label("recovery")).await?;
                 self.converge(tree.as_ref(), &cx, Operation::Deprovision, &label("deprovision"))
                     .await?;
                 self.check_gone(&scope, &cx, &label("deprovision")).await?;
@@ -733,7 +800,7 @@ impl CrashTest {
         }
         drop(tree);
         drop(crash);
-        self.finish(scope).await;
+        drop(scope);
         Ok(PointReport {
             point,
             held: held.map(|r| r.to_string()),
@@ -787,22 +854,44 @@ impl CrashTest {
         }
     }
 
-    /// One more pass right after convergence: `Ok` at once, no write.
-    async fn second_pass(&self, tree: &dyn Provisioner, cx: &Context, phase: &Phase, label: &str) -> Result<(), CrashError> {
-        phase.proxy.reset_counts();
+    /// One more pass right after convergence: `Ok` at once, and no write
+    /// (or, with [`SecondPass::NoChanges`], nothing stored anew).
+    async fn check_second_pass(
+        &self,
+        tree: &dyn Provisioner,
+        cx: &Context,
+        phase: &Phase,
+        scope: &Scope,
+        label: &str,
+    ) -> Result<(), CrashError> {
         let what = format!("{label}, second pass");
+        let before = match self.second_pass {
+            SecondPass::NoWrites => None,
+            SecondPass::NoChanges => Some(self.snapshot(scope, cx).await?),
+        };
+        phase.proxy.reset_counts();
         cx.provision(tree).await.map_err(|error| CrashError::Failed {
             test: self.name.clone(),
             phase: what.clone(),
             error: error.to_string(),
         })?;
-        let writes: Vec<String> = phase
-            .proxy
-            .journal()
-            .into_iter()
-            .filter(|r: &Record| r.request.is_write())
-            .map(|r| r.request.to_string())
-            .collect();
+        let writes: Vec<String> = match before {
+            None => phase
+                .proxy
+                .journal()
+                .into_iter()
+                .filter(|r: &Record| r.request.is_write())
+                .map(|r| r.request.to_string())
+                .collect(),
+            Some(before) => {
+                let after = self.snapshot(scope, cx).await?;
+                before
+                    .changed(&after)
+                    .into_iter()
+                    .map(|key| format!("{key} stored anew"))
+                    .collect()
+            }
+        };
         if writes.is_empty() {
             Ok(())
         } else {
@@ -860,8 +949,11 @@ impl CrashTest {
         }
     }
 
-    async fn scope(&self) -> Result<Scope, CrashError> {
-        let token = token();
+    /// The scope of a sweep: every run gets the same names (values derived
+    /// from them, such as digests, then compare equal) and the same
+    /// namespace, which each run's deprovision check proves empty again.
+    async fn scope(&self, token: &str) -> Result<Scope, CrashError> {
+        let token = token.to_owned();
         let namespace = format!("crash-{token}");
         let client = HarnessCluster::Primary
             .client()
@@ -946,13 +1038,34 @@ impl CrashTest {
         Ok(all)
     }
 
-    /// Deletes the run's namespace (and whatever a failed check left in it)
-    /// without waiting.
-    async fn finish(&self, scope: Scope) {
-        if let Ok(client) = HarnessCluster::Primary.client().await {
-            let _ = Api::<Namespace>::all(client)
-                .delete(&scope.namespace, &DeleteParams::background())
-                .await;
+    /// Deletes the run's namespace and waits until it is gone, so the next
+    /// run of the sweep starts from the same clean state. After a failed
+    /// check nothing waits: the namespace is only asked to go.
+    async fn finish(&self, scope: Scope) -> Result<(), CrashError> {
+        let client = HarnessCluster::Primary
+            .client()
+            .await
+            .map_err(|e| self.harness(e.to_string()))?;
+        let api = Api::<Namespace>::all(client);
+        match api.delete(&scope.namespace, &DeleteParams::background()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.code == 404 => return Ok(()),
+            Err(e) => return Err(self.harness(format!("deleting namespace {}: {e}", scope.namespace))),
+        }
+        let started = Instant::now();
+        loop {
+            match api.get_opt(&scope.namespace).await {
+                Ok(None) => return Ok(()),
+                Ok(Some(_)) | Err(_) if started.elapsed() < self.deadline => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                _ => {
+                    return Err(self.harness(format!(
+                        "namespace {} still there {:?} after its deletion",
+                        scope.namespace, self.deadline
+                    )));
+                }
+            }
         }
     }
 

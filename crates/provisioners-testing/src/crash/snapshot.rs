@@ -15,6 +15,9 @@ use serde_json::{Map, Value};
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Snapshot {
     objects: BTreeMap<String, Value>,
+    /// `resourceVersion` by key (helm records each by their own name):
+    /// what tells a pass that changed nothing from one that did.
+    versions: BTreeMap<String, String>,
 }
 
 /// Where to look.
@@ -125,16 +128,21 @@ impl Snapshot {
             if derived || namespace_default {
                 continue;
             }
+            let version = meta.resource_version.clone().unwrap_or_default();
             if resource.kind == "Secret"
                 && object.data.get("type").and_then(Value::as_str) == Some("helm.sh/release.v1")
             {
                 let labels = meta.labels.clone().unwrap_or_default();
                 let release = labels.get("name").cloned().unwrap_or_default();
-                let version = labels.get("version").and_then(|v| v.parse().ok()).unwrap_or(0);
+                let revision = labels.get("version").and_then(|v| v.parse().ok()).unwrap_or(0);
                 let status = labels.get("status").cloned().unwrap_or_default();
                 let key = format!("{namespace}/{release}");
-                if helm_records.get(&key).is_none_or(|(newest, _)| version > *newest) {
-                    helm_records.insert(key, (version, status));
+                snapshot.versions.insert(
+                    untokened(&format!("helm record {namespace}/{name}"), selection.token),
+                    meta.resource_version.clone().unwrap_or_default(),
+                );
+                if helm_records.get(&key).is_none_or(|(newest, _)| revision > *newest) {
+                    helm_records.insert(key, (revision, status));
                 }
                 continue;
             }
@@ -145,9 +153,11 @@ impl Snapshot {
                 if namespace.is_empty() { name } else { format!("{namespace}/{name}") }
             );
             let value = serde_json::to_value(&object).unwrap_or(Value::Null);
+            let key = untokened(&key, selection.token);
+            snapshot.versions.insert(key.clone(), version);
             snapshot
                 .objects
-                .insert(untokened(&key, selection.token), normalize(&resource.kind, value, selection.token));
+                .insert(key, normalize(&resource.kind, value, selection.token));
         }
         for (release, (_, status)) in helm_records {
             snapshot.objects.insert(
@@ -158,18 +168,35 @@ impl Snapshot {
         Ok(snapshot)
     }
 
+    /// Objects stored anew between `self` and `later` (a changed
+    /// `resourceVersion`, or new or gone), by key.
+    pub fn changed(&self, later: &Snapshot) -> Vec<String> {
+        let mut keys: Vec<String> = Vec::new();
+        for (key, version) in &self.versions {
+            if later.versions.get(key) != Some(version) {
+                keys.push(key.clone());
+            }
+        }
+        keys.extend(later.versions.keys().filter(|k| !self.versions.contains_key(*k)).cloned());
+        keys
+    }
+
     /// Adds the objects of the `index`-th cluster (0 = primary, keys as
     /// they are; others prefixed with `cluster <index>: `).
     pub(crate) fn merge(&mut self, index: usize, other: Snapshot) {
+        let prefixed = |key: String| if index == 0 { key } else { format!("cluster {index}: {key}") };
         for (key, value) in other.objects {
-            let key = if index == 0 { key } else { format!("cluster {index}: {key}") };
-            self.objects.insert(key, value);
+            self.objects.insert(prefixed(key), value);
+        }
+        for (key, version) in other.versions {
+            self.versions.insert(prefixed(key), version);
         }
     }
 
     pub(crate) fn remove(&mut self, keys: &[String]) {
         for key in keys {
             self.objects.remove(key);
+            self.versions.remove(key);
         }
     }
 
@@ -178,6 +205,7 @@ impl Snapshot {
     pub(crate) fn leftovers(mut self, selection: &Selection<'_>) -> Snapshot {
         let own = format!("core/Namespace {}", untokened(selection.own_namespace, selection.token));
         self.objects.remove(&own);
+        self.versions.remove(&own);
         self
     }
 }
@@ -222,53 +250,142 @@ fn untokened(text: &str, token: &str) -> String {
     text.replace(token, "<token>")
 }
 
-fn normalize(kind: &str, mut value: Value, token: &str) -> Value {
-    if let Some(object) = value.as_object_mut() {
-        object.remove("status");
-        if kind == "Lease" {
-            // Holder and renew times are the lease's whole point, and differ.
-            object.remove("spec");
-        }
-        if let Some(Value::Object(meta)) = object.get_mut("metadata") {
-            for volatile in [
-                "uid",
-                "resourceVersion",
-                "creationTimestamp",
-                "generation",
-                "selfLink",
-                "deletionGracePeriodSeconds",
-            ] {
-                meta.remove(volatile);
-            }
-            if meta.remove("deletionTimestamp").is_some() {
-                meta.insert("terminating".to_owned(), Value::Bool(true));
-            }
-            if let Some(Value::Array(owners)) = meta.get_mut("ownerReferences") {
-                for owner in owners.iter_mut().filter_map(Value::as_object_mut) {
-                    owner.remove("uid");
-                }
-            }
-            if let Some(Value::Array(fields)) = meta.remove("managedFields") {
-                let mut kept: Vec<Value> = fields
-                    .into_iter()
-                    .filter_map(|entry| {
-                        let Value::Object(mut entry) = entry else {
-                            return None;
-                        };
-                        // Status is the controllers' report, not what the tree owns.
-                        if entry.get("subresource").and_then(Value::as_str) == Some("status") {
-                            return None;
-                        }
-                        entry.remove("time");
-                        Some(Value::Object(entry))
-                    })
-                    .collect();
-                kept.sort_by_key(Value::to_string);
-                meta.insert("managedFields".to_owned(), Value::Array(kept));
-            }
+/// Keeps the identity, labels, annotations and owner references, the
+/// managed-field entries (without times), and of the body only the fields
+/// some manager owns: what the server fills in by itself (a Service's
+/// `clusterIP`, defaults) and `status` are not what a tree made.
+fn normalize(kind: &str, value: Value, token: &str) -> Value {
+    let Value::Object(mut object) = value else {
+        return untoken_value(value, token);
+    };
+    object.remove("status");
+    if kind == "Lease" {
+        // Holder and renew times are the lease's whole point, and differ.
+        object.remove("spec");
+    }
+    let mut meta = match object.remove("metadata") {
+        Some(Value::Object(meta)) => meta,
+        _ => Map::new(),
+    };
+    for volatile in [
+        "uid",
+        "resourceVersion",
+        "creationTimestamp",
+        "generation",
+        "selfLink",
+        "deletionGracePeriodSeconds",
+    ] {
+        meta.remove(volatile);
+    }
+    if meta.remove("deletionTimestamp").is_some() {
+        meta.insert("terminating".to_owned(), Value::Bool(true));
+    }
+    if let Some(Value::Array(owners)) = meta.get_mut("ownerReferences") {
+        for owner in owners.iter_mut().filter_map(Value::as_object_mut) {
+            owner.remove("uid");
         }
     }
-    untoken_value(value, token)
+    let mut owned = Map::new();
+    if let Some(Value::Array(fields)) = meta.remove("managedFields") {
+        let mut kept: Vec<Value> = fields
+            .into_iter()
+            .filter_map(|entry| {
+                let Value::Object(mut entry) = entry else {
+                    return None;
+                };
+                // Status is the controllers' report, not what the tree owns.
+                if entry.get("subresource").and_then(Value::as_str) == Some("status") {
+                    return None;
+                }
+                entry.remove("time");
+                if let Some(Value::Object(fields)) = entry.get("fieldsV1") {
+                    merge_fields(&mut owned, fields);
+                }
+                Some(Value::Object(entry))
+            })
+            .collect();
+        kept.sort_by_key(Value::to_string);
+        meta.insert("managedFields".to_owned(), Value::Array(kept));
+    }
+    let body = Value::Object(object);
+    let mut projected = match project(&body, &owned) {
+        Some(Value::Object(projected)) => projected,
+        _ => Map::new(),
+    };
+    projected.remove("metadata");
+    projected.insert("metadata".to_owned(), Value::Object(meta));
+    untoken_value(Value::Object(projected), token)
+}
+
+/// Unions a `fieldsV1` set into `into`.
+fn merge_fields(into: &mut Map<String, Value>, fields: &Map<String, Value>) {
+    for (key, sub) in fields {
+        let entry = into.entry(key.clone()).or_insert_with(|| Value::Object(Map::new()));
+        if let (Value::Object(entry), Value::Object(sub)) = (entry, sub) {
+            merge_fields(entry, sub);
+        }
+    }
+}
+
+/// The parts of `value` that the `fieldsV1` set `fields` names: `f:<field>`
+/// for map fields, `k:<keys>` for list items by key, `v:<value>` for set
+/// items, `i:<index>` for list items by position; an empty set means the
+/// whole value.
+fn project(value: &Value, fields: &Map<String, Value>) -> Option<Value> {
+    let children: Vec<(&String, &Map<String, Value>)> = fields
+        .iter()
+        .filter(|(k, _)| k.as_str() != ".")
+        .filter_map(|(k, v)| Some((k, v.as_object()?)))
+        .collect();
+    if children.is_empty() {
+        return Some(value.clone());
+    }
+    match value {
+        Value::Object(map) => {
+            let mut out = Map::new();
+            for (key, sub) in children {
+                if let Some(name) = key.strip_prefix("f:")
+                    && let Some(child) = map.get(name)
+                    && let Some(projected) = project(child, sub)
+                {
+                    out.insert(name.to_owned(), projected);
+                }
+            }
+            Some(Value::Object(out))
+        }
+        Value::Array(items) => {
+            let mut out = Vec::new();
+            for item in items {
+                for (key, sub) in &children {
+                    let matches = if let Some(keys) = key.strip_prefix("k:") {
+                        serde_json::from_str::<Map<String, Value>>(keys)
+                            .is_ok_and(|keys| keys.iter().all(|(k, v)| item.get(k) == Some(v)))
+                    } else if let Some(set_value) = key.strip_prefix("v:") {
+                        serde_json::from_str::<Value>(set_value).is_ok_and(|v| v == *item)
+                    } else {
+                        false
+                    };
+                    if matches {
+                        if let Some(projected) = project(item, sub) {
+                            out.push(projected);
+                        }
+                        break;
+                    }
+                }
+            }
+            for (key, sub) in &children {
+                if let Some(index) = key.strip_prefix("i:").and_then(|i| i.parse::<usize>().ok())
+                    && let Some(item) = items.get(index)
+                    && let Some(projected) = project(item, sub)
+                {
+                    out.push(projected);
+                }
+            }
+            Some(Value::Array(out))
+        }
+        // A set of sub-fields over a scalar: the scalar is what is owned.
+        scalar => Some(scalar.clone()),
+    }
 }
 
 fn untoken_value(value: Value, token: &str) -> Value {
@@ -321,11 +438,11 @@ mod tests {
                     "labels": { "app": "x" },
                     "ownerReferences": [{ "apiVersion": "v1", "kind": "ConfigMap", "name": "o", "uid": uid }],
                     "managedFields": [
-                        { "manager": "provisioners", "operation": "Apply", "time": time, "fieldsV1": { "f:data": {} } },
+                        { "manager": "provisioners", "operation": "Apply", "time": time, "fieldsV1": { "f:data": { "f:k": {} } } },
                         { "manager": "kcm", "operation": "Update", "subresource": "status", "time": time },
                     ],
                 },
-                "data": { "k": token },
+                "data": { "k": token, "filled-by-the-server": uid },
                 "status": { "phase": time },
             })
         };
@@ -334,6 +451,7 @@ mod tests {
         assert_eq!(a, b);
         assert_eq!(a["metadata"]["name"], "cm-<token>");
         assert_eq!(a["metadata"]["managedFields"].as_array().map(Vec::len), Some(1));
+        assert_eq!(a["data"], serde_json::json!({ "k": "<token>" }), "only owned fields");
         let c = normalize("ConfigMap", object("u1", "t1", "aaa"), "zzz");
         assert_ne!(a, c);
         let mut paths = Vec::new();
@@ -342,10 +460,43 @@ mod tests {
     }
 
     #[test]
+    fn projection_follows_fields_v1_keys_sets_and_whole_values() {
+        let service = serde_json::json!({
+            "spec": {
+                "clusterIP": "10.96.0.7",
+                "ports": [{ "port": 80, "protocol": "TCP", "targetPort": 8080, "nodePort": 31000 }],
+                "selector": { "app": "demo" },
+                "finalizers": ["a", "b"],
+            }
+        });
+        let fields = serde_json::json!({
+            "f:spec": {
+                "f:ports": { "k:{\"port\":80,\"protocol\":\"TCP\"}": { ".": {}, "f:port": {}, "f:targetPort": {} } },
+                "f:selector": {},
+                "f:finalizers": { "v:\"b\"": {} },
+            }
+        });
+        let projected = project(&service, fields.as_object().expect("map")).expect("projected");
+        assert_eq!(
+            projected,
+            serde_json::json!({
+                "spec": {
+                    "ports": [{ "port": 80, "targetPort": 8080 }],
+                    "selector": { "app": "demo" },
+                    "finalizers": ["b"],
+                }
+            })
+        );
+    }
+
+    #[test]
     fn diffs_name_missing_unexpected_and_changed_objects() {
         let one = |v: i64| Snapshot {
             objects: [("core/ConfigMap a".to_owned(), serde_json::json!({ "v": v }))].into(),
+            versions: [("core/ConfigMap a".to_owned(), v.to_string())].into(),
         };
+        assert_eq!(one(1).changed(&one(2)), ["core/ConfigMap a"]);
+        assert!(one(1).changed(&one(1)).is_empty());
         assert!(one(1).diff(&one(1)).is_empty());
         assert_eq!(one(1).diff(&one(2)), ["differs: core/ConfigMap a: /v: 1 != 2"]);
         let empty = Snapshot::default();
