@@ -22,13 +22,14 @@ use provisioners_testing::crash::{CrashError, CrashTest, Points, Scope, SecondPa
 use provisioners_testing::faults::{Fault, Match, Rule};
 use serde_json::json;
 
+/// Whether `cargo xtask test --faults-full` runs us.
+fn full() -> bool {
+    std::env::var_os("PROVISIONERS_FAULTS_FULL").is_some_and(|v| v == "1")
+}
+
 /// Every point with `--faults-full`, `ci` otherwise.
 fn points(ci: Points) -> Points {
-    if std::env::var_os("PROVISIONERS_FAULTS_FULL").is_some_and(|v| v == "1") {
-        Points::All
-    } else {
-        ci
-    }
+    if full() { Points::All } else { ci }
 }
 
 /// Prints what a run covered, and appends it to `PROVISIONERS_FAULTS_REPORT`
@@ -113,7 +114,7 @@ subjects:
 /// `Manifest` re-applies (a server-side no-op PATCH) every object of a kind
 /// with fewer than 4 objects in a namespace on every pass: nothing is stored
 /// anew, but it is a write request. The strict check is
-/// `manifest_second_pass_makes_no_write_request` below.
+/// `bug_manifest_second_pass_makes_no_write_request` below.
 const MANIFEST_SECOND_PASS: SecondPass = SecondPass::NoChanges;
 
 fn app(scope: &Scope) -> Box<dyn Provisioner> {
@@ -125,7 +126,7 @@ fn app(scope: &Scope) -> Box<dyn Provisioner> {
 async fn manifest_of_an_application_converges_from_every_crash() {
     let provision = CrashTest::new("manifest app", app)
         .second_pass(MANIFEST_SECOND_PASS)
-        .points(points(Points::Spread(3)))
+        .points(points(Points::Spread(2)))
         .provision_sweep()
         .await
         .unwrap_or_else(|e| panic!("{e}"));
@@ -133,7 +134,7 @@ async fn manifest_of_an_application_converges_from_every_crash() {
     assert!(provision.crashed() >= 2, "{provision}");
     let deprovision = CrashTest::new("manifest app", app)
         .second_pass(MANIFEST_SECOND_PASS)
-        .points(points(Points::Spread(2)))
+        .points(points(Points::Only(vec![1])))
         .deprovision_sweep()
         .await
         .unwrap_or_else(|e| panic!("{e}"));
@@ -185,14 +186,20 @@ fn kube_prometheus(scope: &Scope) -> Box<dyn Provisioner> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the local control plane (cargo xtask test)"]
 async fn kube_prometheus_slice_with_crds_converges_from_every_crash() {
+    // CI: a crash between the CRDs and their custom resources.
     let provision = CrashTest::new("kube-prometheus slice", kube_prometheus)
         .second_pass(MANIFEST_SECOND_PASS)
-        .points(points(Points::Spread(3)))
+        .points(points(Points::Only(vec![7])))
         .provision_sweep()
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     report(&provision);
     assert!(provision.writes >= 13, "{provision}");
+    // Deleting CRDs with their custom resources takes the longest of all:
+    // the deprovision sweep runs with --faults-full only.
+    if !full() {
+        return;
+    }
     let deprovision = CrashTest::new("kube-prometheus slice", kube_prometheus)
         .second_pass(MANIFEST_SECOND_PASS)
         .points(points(Points::Spread(2)))
@@ -205,7 +212,7 @@ async fn kube_prometheus_slice_with_crds_converges_from_every_crash() {
 /// Regression for the issue's "the next pass makes 0 writes" on a manifest.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "bug: Manifest re-applies unchanged objects (no-op SSA PATCH per object when a kind has < 4 objects in a namespace), see issue 11"]
-async fn manifest_second_pass_makes_no_write_request() {
+async fn bug_manifest_second_pass_makes_no_write_request() {
     let result = CrashTest::new("manifest app, strict second pass", app)
         .points(Points::Only(Vec::new()))
         .provision_sweep()
@@ -220,25 +227,45 @@ async fn manifest_second_pass_makes_no_write_request() {
 #[ignore = "needs the local control plane (cargo xtask test)"]
 async fn manifest_converges_through_transient_faults() {
     let run = CrashTest::new("manifest app", app)
-        .transient(transient_rules(11))
+        .second_pass(MANIFEST_SECOND_PASS)
+        .transient(transient_rules(11, false))
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     report(&run);
     assert!(run.faults > 0, "{run}");
 }
 
-/// 409, 429, 500, 503 and resets on a share of every request, reproducibly.
-fn transient_rules(seed: u64) -> Vec<Rule> {
-    vec![
-        Rule::on(Match::writes()).rate(0.05).seed(seed).fail(Fault::Conflict),
+/// Regression: a 409 on a server-side apply that is not a field-manager
+/// conflict (no `FieldManagerConflict` cause: "the object has been
+/// modified") is transient, but `Manifest` reports every 409 as an
+/// `Invalid` field-manager conflict.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "bug: Manifest's apply_error turns every 409 into an Invalid field-manager conflict, also an optimistic-concurrency 409, see issue 11"]
+async fn bug_manifest_converges_through_409_conflicts() {
+    let run = CrashTest::new("manifest app", app)
+        .second_pass(MANIFEST_SECOND_PASS)
+        .transient(vec![Rule::on(Match::writes()).every(3).fail(Fault::Conflict)])
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    report(&run);
+}
+
+/// 429, 500, 503 and resets (and, with `conflicts`, 409 on writes) on a
+/// share of every request, reproducibly.
+fn transient_rules(seed: u64, conflicts: bool) -> Vec<Rule> {
+    let mut rules = vec![
         Rule::on(Match::any())
-            .rate(0.03)
+            .rate(0.04)
             .seed(seed + 1)
             .fail(Fault::TooManyRequests { retry_after: 1 }),
-        Rule::on(Match::any()).rate(0.03).seed(seed + 2).fail(Fault::InternalError),
-        Rule::on(Match::any()).rate(0.03).seed(seed + 3).fail(Fault::ServiceUnavailable),
-        Rule::on(Match::any()).rate(0.03).seed(seed + 4).reset(),
-    ]
+        Rule::on(Match::any()).rate(0.04).seed(seed + 2).fail(Fault::InternalError),
+        Rule::on(Match::any()).rate(0.04).seed(seed + 3).fail(Fault::ServiceUnavailable),
+        Rule::on(Match::any()).rate(0.04).seed(seed + 4).reset(),
+    ];
+    if conflicts {
+        rules.push(Rule::on(Match::writes()).rate(0.05).seed(seed).fail(Fault::Conflict));
+    }
+    rules
 }
 
 // ---------------------------------------------------------------- helm
@@ -269,7 +296,9 @@ fn assert_empty(dir: &Path) {
     assert!(left.is_empty(), "helm work directories left: {left:?}");
 }
 
-async fn helm_install_upgrade_uninstall(helm: PathBuf, ci: Points) {
+/// Install, upgrade and uninstall, each crashed at the points chosen; with
+/// `upgrade_and_uninstall` false (Helm 3 in CI) only the install.
+async fn helm_install_upgrade_uninstall(helm: PathBuf, ci: Points, upgrade_and_uninstall: bool) {
     let temp = Arc::new(tempfile::tempdir().expect("temp dir"));
     let install = {
         let (helm, temp) = (helm.clone(), Arc::clone(&temp));
@@ -288,6 +317,9 @@ async fn helm_install_upgrade_uninstall(helm: PathBuf, ci: Points) {
         "{report_install}"
     );
     assert_empty(temp.path());
+    if !upgrade_and_uninstall && !full() {
+        return;
+    }
 
     let upgrade = {
         let (helm, temp) = (helm.clone(), Arc::clone(&temp));
@@ -314,23 +346,26 @@ async fn helm_install_upgrade_uninstall(helm: PathBuf, ci: Points) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the local control plane (cargo xtask test)"]
 async fn helm4_release_converges_from_every_crash() {
-    helm_install_upgrade_uninstall(cluster::helm4().expect("PROVISIONERS_HELM4"), Points::Spread(3)).await;
+    helm_install_upgrade_uninstall(cluster::helm4().expect("PROVISIONERS_HELM4"), Points::Spread(2), true).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the local control plane (cargo xtask test)"]
 async fn helm3_release_converges_from_every_crash() {
-    helm_install_upgrade_uninstall(cluster::helm3().expect("PROVISIONERS_HELM3"), Points::Spread(2)).await;
+    helm_install_upgrade_uninstall(cluster::helm3().expect("PROVISIONERS_HELM3"), Points::Spread(2), false).await;
 }
 
+/// Regression: a transient API fault that helm meets (a reset, 409, 429,
+/// 5xx) ends helm with exit 1, which `HelmRelease` reports as a permanent
+/// `ErrorKind::Helm` error instead of a transient one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs the local control plane (cargo xtask test)"]
-async fn helm_release_converges_through_transient_faults() {
+#[ignore = "bug: helm's exit 1 on a transient API fault (reset, 409/429/5xx) is a permanent ErrorKind::Helm error, see issue 11"]
+async fn bug_helm_release_converges_through_transient_faults() {
     let helm = cluster::helm4().expect("PROVISIONERS_HELM4");
     let temp = tempfile::tempdir().expect("temp dir");
     let root = temp.path().to_owned();
     let run = CrashTest::new("helm4 release", move |scope: &Scope| release(&helm, &root, scope, "hello"))
-        .transient(transient_rules(23))
+        .transient(transient_rules(23, true))
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     report(&run);
@@ -392,15 +427,21 @@ async fn platform_tree_converges_from_every_crash() {
         }) as std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>>
     };
     let provision = CrashTest::new("platform", build.clone())
+        .second_pass(MANIFEST_SECOND_PASS)
         .remote(true)
         .setup(setup.clone())
         .ignore(format!("core/Secret crash-<token>/{REMOTE_SECRET}"))
-        .points(points(Points::Spread(4)))
+        // CI: the crash at the metrics release's record (helm is killed).
+        .points(points(Points::Only(vec![5])))
         .provision_sweep()
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     report(&provision);
+    if !full() {
+        return;
+    }
     let deprovision = CrashTest::new("platform", build)
+        .second_pass(MANIFEST_SECOND_PASS)
         .remote(true)
         .setup(setup)
         .ignore(format!("core/Secret crash-<token>/{REMOTE_SECRET}"))
