@@ -36,7 +36,10 @@ impl Provisioner for ConfigMaps {
         for name in &self.names {
             // Idempotent the way a provisioner must be: nothing to write, no write.
             let live = api.get_opt(name).await.map_err(|e| kube("reading", e))?;
-            if live.is_some_and(|cm| cm.data.is_some_and(|d| d.get("name") == Some(&(*name).to_owned()))) {
+            if live.is_some_and(|cm| {
+                cm.data
+                    .is_some_and(|d| d.get("name") == Some(&(*name).to_owned()))
+            }) {
                 continue;
             }
             let object = json!({
@@ -44,9 +47,13 @@ impl Provisioner for ConfigMaps {
                 "metadata": { "name": name, "labels": { "app": "crash-test" } },
                 "data": { "name": name },
             });
-            api.patch(name, &PatchParams::apply(cx.field_manager()), &Patch::Apply(&object))
-                .await
-                .map_err(|e| kube("applying", e))?;
+            api.patch(
+                name,
+                &PatchParams::apply(cx.field_manager()),
+                &Patch::Apply(&object),
+            )
+            .await
+            .map_err(|e| kube("applying", e))?;
         }
         Ok(())
     }
@@ -55,7 +62,12 @@ impl Provisioner for ConfigMaps {
         let api: Api<ConfigMap> = Api::namespaced(cx.client().clone(), &self.namespace);
         let mut present = false;
         for name in &self.names {
-            if api.get_opt(name).await.map_err(|e| kube("reading", e))?.is_some() {
+            if api
+                .get_opt(name)
+                .await
+                .map_err(|e| kube("reading", e))?
+                .is_some()
+            {
                 present = true;
                 match api.delete(name, &DeleteParams::default()).await {
                     Ok(_) => {}
@@ -90,7 +102,12 @@ async fn a_correct_tree_passes_every_crash_point_with_exact_counts() {
     assert_eq!(report.operation, Operation::Provision);
     assert_eq!(report.writes, 3);
     assert_eq!(report.crashed(), 3);
-    for ((point, name), missing) in report.points.iter().zip(["cm-1", "cm-2", "cm-3"]).zip([3, 2, 1]) {
+    for ((point, name), missing) in report
+        .points
+        .iter()
+        .zip(["cm-1", "cm-2", "cm-3"])
+        .zip([3, 2, 1])
+    {
         let held = point.held.as_deref().expect("crashed");
         assert!(held.starts_with("patch configmaps crash-"), "{held}");
         assert!(held.ends_with(&format!("/{name}")), "{held}");
@@ -107,7 +124,10 @@ async fn a_correct_tree_passes_every_crash_point_with_exact_counts() {
     eprintln!("{report}");
     // Three deletes; point 99 is past the end and skipped.
     assert_eq!(report.writes, 3);
-    assert_eq!(report.points.iter().map(|p| p.point).collect::<Vec<_>>(), [1, 3]);
+    assert_eq!(
+        report.points.iter().map(|p| p.point).collect::<Vec<_>>(),
+        [1, 3]
+    );
     assert_eq!(report.crashed(), 2);
 }
 
@@ -125,13 +145,23 @@ impl Provisioner for MarkerFirst {
 
     async fn provision(&self, cx: &Context) -> Result<()> {
         let api: Api<ConfigMap> = Api::namespaced(cx.client().clone(), &self.inner.namespace);
-        if api.get_opt("marker").await.map_err(|e| kube("reading", e))?.is_some() {
+        if api
+            .get_opt("marker")
+            .await
+            .map_err(|e| kube("reading", e))?
+            .is_some()
+        {
             return Ok(());
         }
-        let marker = json!({ "apiVersion": "v1", "kind": "ConfigMap", "metadata": { "name": "marker" } });
-        api.patch("marker", &PatchParams::apply(cx.field_manager()), &Patch::Apply(&marker))
-            .await
-            .map_err(|e| kube("marking", e))?;
+        let marker =
+            json!({ "apiVersion": "v1", "kind": "ConfigMap", "metadata": { "name": "marker" } });
+        api.patch(
+            "marker",
+            &PatchParams::apply(cx.field_manager()),
+            &Patch::Apply(&marker),
+        )
+        .await
+        .map_err(|e| kube("marking", e))?;
         self.inner.provision(cx).await
     }
 
@@ -162,7 +192,11 @@ async fn a_tree_that_skips_work_after_a_crash_is_caught() {
     // Crash at write 1 (the marker itself) recovers; at write 2 the marker
     // went through and cm-1, cm-2 never come.
     assert_eq!(*point, 2, "{error}");
-    assert!(diff.iter().any(|d| d.contains("missing: core/ConfigMap crash-<token>/cm-1")), "{error}");
+    assert!(
+        diff.iter()
+            .any(|d| d.contains("missing: core/ConfigMap crash-<token>/cm-1")),
+        "{error}"
+    );
 }
 
 /// Creates a new ConfigMap (generateName) on every pass: not idempotent.
@@ -198,11 +232,14 @@ impl Provisioner for CreatesEveryTime {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the local control plane (cargo xtask test)"]
 async fn a_second_pass_that_writes_is_caught() {
-    let error = CrashTest::new("creates-every-time", |scope: &Scope| -> Box<dyn Provisioner> {
-        Box::new(CreatesEveryTime {
-            namespace: scope.namespace().to_owned(),
-        })
-    })
+    let error = CrashTest::new(
+        "creates-every-time",
+        |scope: &Scope| -> Box<dyn Provisioner> {
+            Box::new(CreatesEveryTime {
+                namespace: scope.namespace().to_owned(),
+            })
+        },
+    )
     .provision_sweep()
     .await
     .expect_err("the second pass writes");
@@ -233,7 +270,9 @@ impl Provisioner for ForgetsOne {
     async fn deprovision(&self, cx: &Context) -> Result<()> {
         self.deprovisions.fetch_add(1, Ordering::SeqCst);
         let api: Api<ConfigMap> = Api::namespaced(cx.client().clone(), &self.inner.namespace);
-        let _ = api.delete(self.inner.names[0], &DeleteParams::default()).await;
+        let _ = api
+            .delete(self.inner.names[0], &DeleteParams::default())
+            .await;
         Ok(())
     }
 }
@@ -243,15 +282,18 @@ impl Provisioner for ForgetsOne {
 async fn a_deprovision_that_leaves_objects_is_caught() {
     let deprovisions = Arc::new(AtomicU64::new(0));
     let counter = Arc::clone(&deprovisions);
-    let error = CrashTest::new("forgets-one", move |scope: &Scope| -> Box<dyn Provisioner> {
-        Box::new(ForgetsOne {
-            inner: ConfigMaps {
-                namespace: scope.namespace().to_owned(),
-                names: vec!["kept-1", "kept-2"],
-            },
-            deprovisions: Arc::clone(&counter),
-        })
-    })
+    let error = CrashTest::new(
+        "forgets-one",
+        move |scope: &Scope| -> Box<dyn Provisioner> {
+            Box::new(ForgetsOne {
+                inner: ConfigMaps {
+                    namespace: scope.namespace().to_owned(),
+                    names: vec!["kept-1", "kept-2"],
+                },
+                deprovisions: Arc::clone(&counter),
+            })
+        },
+    )
     .provision_sweep()
     .await
     .expect_err("the leftover must be caught");

@@ -6,7 +6,9 @@ use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
+use kube::api::{
+    Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
+};
 use provisioners_helm::{Chart, HelmRelease};
 use provisioners_testing::cluster::{self, HarnessCluster, TestNamespace};
 use provisioners_testing::faults::{Fault, Hold, Match, Outcome, Proxy, Rule, Verb};
@@ -26,7 +28,10 @@ fn config_map(name: &str) -> ConfigMap {
 }
 
 async fn proxied(proxy: &Proxy, ns: &TestNamespace) -> Api<ConfigMap> {
-    let cx = proxy.context("proxied").await.expect("context over the proxy");
+    let cx = proxy
+        .context("proxied")
+        .await
+        .expect("context over the proxy");
     Api::namespaced(cx.client().clone(), ns.name())
 }
 
@@ -40,7 +45,9 @@ fn api_code(error: &kube::Error) -> Option<u16> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the local control plane (cargo xtask test)"]
 async fn a_rule_for_the_third_write_fails_exactly_the_third() {
-    let ns = TestNamespace::create("faults-third").await.expect("namespace");
+    let ns = TestNamespace::create("faults-third")
+        .await
+        .expect("namespace");
     let proxy = Proxy::start(HarnessCluster::Primary).await.expect("proxy");
     let rule = proxy.add(Rule::on(Match::writes()).nth(3).fail(Fault::InternalError));
     let api = proxied(&proxy, &ns).await;
@@ -60,7 +67,11 @@ async fn a_rule_for_the_third_write_fails_exactly_the_third() {
     // The failed write never reached the API server.
     let direct = ns.api::<ConfigMap>();
     for i in 1..=5 {
-        let present = direct.get_opt(&format!("cm-{i}")).await.expect("get").is_some();
+        let present = direct
+            .get_opt(&format!("cm-{i}"))
+            .await
+            .expect("get")
+            .is_some();
         assert_eq!(present, i != 3, "cm-{i}");
     }
     let counts = proxy.counts();
@@ -74,10 +85,14 @@ async fn a_rule_for_the_third_write_fails_exactly_the_third() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the local control plane (cargo xtask test)"]
 async fn counts_match_a_known_sequence_of_calls() {
-    let ns = TestNamespace::create("faults-counts").await.expect("namespace");
+    let ns = TestNamespace::create("faults-counts")
+        .await
+        .expect("namespace");
     let proxy = Proxy::start(HarnessCluster::Primary).await.expect("proxy");
     let api = proxied(&proxy, &ns).await;
-    api.create(&PostParams::default(), &config_map("a")).await.expect("create");
+    api.create(&PostParams::default(), &config_map("a"))
+        .await
+        .expect("create");
     api.get("a").await.expect("get");
     api.list(&Default::default()).await.expect("list");
     let patch = json!({ "data": { "k": "patched" } });
@@ -85,16 +100,28 @@ async fn counts_match_a_known_sequence_of_calls() {
         .await
         .expect("merge patch");
     let apply = json!({ "apiVersion": "v1", "kind": "ConfigMap", "metadata": { "name": "b" }, "data": { "k": "v" } });
-    api.patch("b", &PatchParams::apply("faults-test"), &Patch::Apply(&apply))
-        .await
-        .expect("apply");
-    api.patch("b", &PatchParams::apply("faults-test").dry_run(), &Patch::Apply(&apply))
-        .await
-        .expect("dry-run apply");
+    api.patch(
+        "b",
+        &PatchParams::apply("faults-test"),
+        &Patch::Apply(&apply),
+    )
+    .await
+    .expect("apply");
+    api.patch(
+        "b",
+        &PatchParams::apply("faults-test").dry_run(),
+        &Patch::Apply(&apply),
+    )
+    .await
+    .expect("dry-run apply");
     let mut replaced = api.get("a").await.expect("get");
     replaced.data = Some([("k".to_owned(), "replaced".to_owned())].into());
-    api.replace("a", &PostParams::default(), &replaced).await.expect("replace");
-    api.delete("a", &DeleteParams::default()).await.expect("delete");
+    api.replace("a", &PostParams::default(), &replaced)
+        .await
+        .expect("replace");
+    api.delete("a", &DeleteParams::default())
+        .await
+        .expect("delete");
     api.delete_collection(&DeleteParams::default(), &Default::default())
         .await
         .expect("delete collection");
@@ -129,12 +156,18 @@ async fn counts_match_a_known_sequence_of_calls() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the local control plane (cargo xtask test)"]
 async fn faults_carry_status_bodies_and_retry_after() {
-    let ns = TestNamespace::create("faults-status").await.expect("namespace");
+    let ns = TestNamespace::create("faults-status")
+        .await
+        .expect("namespace");
     let proxy = Proxy::start(HarnessCluster::Primary).await.expect("proxy");
     let api = proxied(&proxy, &ns).await;
     for (fault, code, reason) in [
         (Fault::Conflict, 409, "Conflict"),
-        (Fault::TooManyRequests { retry_after: 3 }, 429, "TooManyRequests"),
+        (
+            Fault::TooManyRequests { retry_after: 3 },
+            429,
+            "TooManyRequests",
+        ),
         (Fault::InternalError, 500, "InternalError"),
         (Fault::ServiceUnavailable, 503, "ServiceUnavailable"),
     ] {
@@ -146,7 +179,11 @@ async fn faults_carry_status_bodies_and_retry_after() {
         let kube::Error::Api(status) = &error else {
             panic!("not an API error: {error}");
         };
-        assert_eq!((status.code, status.reason.as_str()), (code, reason), "{status:?}");
+        assert_eq!(
+            (status.code, status.reason.as_str()),
+            (code, reason),
+            "{status:?}"
+        );
         assert!(!status.message.is_empty());
         // The provisioners classification sees it as transient.
         let classified = provisioners::Error::kube("creating x", error);
@@ -155,7 +192,11 @@ async fn faults_carry_status_bodies_and_retry_after() {
     }
 
     // The raw response of a 429 carries Retry-After.
-    proxy.add(Rule::on(Match::any()).times(1).fail(Fault::TooManyRequests { retry_after: 2 }));
+    proxy.add(
+        Rule::on(Match::any())
+            .times(1)
+            .fail(Fault::TooManyRequests { retry_after: 2 }),
+    );
     let cx = proxy.context("raw").await.expect("context");
     let request = http::Request::get(format!("/api/v1/namespaces/{}/configmaps", ns.name()))
         .body(kube::client::Body::empty())
@@ -169,7 +210,9 @@ async fn faults_carry_status_bodies_and_retry_after() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the local control plane (cargo xtask test)"]
 async fn resets_delays_and_an_unknown_token() {
-    let ns = TestNamespace::create("faults-reset").await.expect("namespace");
+    let ns = TestNamespace::create("faults-reset")
+        .await
+        .expect("namespace");
     let proxy = Proxy::start(HarnessCluster::Primary).await.expect("proxy");
     let api = proxied(&proxy, &ns).await;
     let rule = proxy.add(Rule::on(Match::writes()).nth(1).reset());
@@ -177,15 +220,31 @@ async fn resets_delays_and_an_unknown_token() {
         .create(&PostParams::default(), &config_map("reset"))
         .await
         .expect_err("reset");
-    assert_eq!(api_code(&error), None, "a connection error, not an API answer: {error}");
+    assert_eq!(
+        api_code(&error),
+        None,
+        "a connection error, not an API answer: {error}"
+    );
     assert!(provisioners::Error::kube("creating", error).is_transient());
     assert_eq!(rule.fired(), 1);
-    assert!(ns.api::<ConfigMap>().get_opt("reset").await.expect("get").is_none());
+    assert!(
+        ns.api::<ConfigMap>()
+            .get_opt("reset")
+            .await
+            .expect("get")
+            .is_none()
+    );
     // A new connection works.
-    api.create(&PostParams::default(), &config_map("reset")).await.expect("after the reset");
+    api.create(&PostParams::default(), &config_map("reset"))
+        .await
+        .expect("after the reset");
 
     // A delay holds the request at least that long (a lower bound only).
-    proxy.add(Rule::on(Match::verb(Verb::Get)).times(1).delay(Duration::from_millis(300)));
+    proxy.add(
+        Rule::on(Match::verb(Verb::Get))
+            .times(1)
+            .delay(Duration::from_millis(300)),
+    );
     let started = Instant::now();
     api.get("reset").await.expect("delayed get");
     assert!(started.elapsed() >= Duration::from_millis(300));
@@ -203,14 +262,19 @@ async fn resets_delays_and_an_unknown_token() {
     let stranger: Api<ConfigMap> = Api::namespaced(stranger.client().clone(), ns.name());
     let error = stranger.get("reset").await.expect_err("unauthorized");
     assert_eq!(api_code(&error), Some(401));
-    assert!(matches!(proxy.journal().last().map(|r| &r.outcome), Some(Outcome::Unauthorized)));
+    assert!(matches!(
+        proxy.journal().last().map(|r| &r.outcome),
+        Some(Outcome::Unauthorized)
+    ));
     ns.cleanup().await.expect("cleanup");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the local control plane (cargo xtask test)"]
 async fn a_watch_is_cut_after_n_events() {
-    let ns = TestNamespace::create("faults-watch").await.expect("namespace");
+    let ns = TestNamespace::create("faults-watch")
+        .await
+        .expect("namespace");
     for i in 0..4 {
         ns.api::<ConfigMap>()
             .create(&PostParams::default(), &config_map(&format!("w{i}")))
@@ -218,7 +282,11 @@ async fn a_watch_is_cut_after_n_events() {
             .expect("create");
     }
     let proxy = Proxy::start(HarnessCluster::Primary).await.expect("proxy");
-    let rule = proxy.add(Rule::on(Match::verb(Verb::Watch)).times(1).cut_after_events(2));
+    let rule = proxy.add(
+        Rule::on(Match::verb(Verb::Watch))
+            .times(1)
+            .cut_after_events(2),
+    );
     let api = proxied(&proxy, &ns).await;
     // resourceVersion 0: the server first sends ADDED for what exists (4
     // ConfigMaps plus kube-root-ca.crt), more than the cut lets through.
@@ -255,7 +323,9 @@ async fn a_watch_is_cut_after_n_events() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the local control plane (cargo xtask test)"]
 async fn a_held_request_waits_for_release_or_refusal() {
-    let ns = TestNamespace::create("faults-hold").await.expect("namespace");
+    let ns = TestNamespace::create("faults-hold")
+        .await
+        .expect("namespace");
     let proxy = Proxy::start(HarnessCluster::Primary).await.expect("proxy");
     let api = proxied(&proxy, &ns).await;
     let direct = ns.api::<ConfigMap>();
@@ -264,14 +334,26 @@ async fn a_held_request_waits_for_release_or_refusal() {
     proxy.add(Rule::on(Match::writes()).nth(1).hold(&hold));
     let create = tokio::spawn({
         let api = api.clone();
-        async move { api.create(&PostParams::default(), &config_map("held")).await }
+        async move {
+            api.create(&PostParams::default(), &config_map("held"))
+                .await
+        }
     });
     let held = hold.reached().await;
-    assert_eq!((held.verb, held.resource.as_str()), (Verb::Create, "configmaps"));
+    assert_eq!(
+        (held.verb, held.resource.as_str()),
+        (Verb::Create, "configmaps")
+    );
     assert!(!create.is_finished());
-    assert!(direct.get_opt("held").await.expect("get").is_none(), "not forwarded while held");
+    assert!(
+        direct.get_opt("held").await.expect("get").is_none(),
+        "not forwarded while held"
+    );
     hold.release();
-    create.await.expect("join").expect("forwarded once released");
+    create
+        .await
+        .expect("join")
+        .expect("forwarded once released");
     assert!(direct.get_opt("held").await.expect("get").is_some());
 
     // A rule counts from when it is installed: this is its first write.
@@ -279,7 +361,10 @@ async fn a_held_request_waits_for_release_or_refusal() {
     proxy.add(Rule::on(Match::writes()).nth(1).hold(&hold));
     let create = tokio::spawn({
         let api = api.clone();
-        async move { api.create(&PostParams::default(), &config_map("refused")).await }
+        async move {
+            api.create(&PostParams::default(), &config_map("refused"))
+                .await
+        }
     });
     hold.reached().await;
     hold.refuse();
@@ -292,7 +377,9 @@ async fn a_held_request_waits_for_release_or_refusal() {
 /// helm reads the proxy's kubeconfig and its requests are counted: its
 /// release record (a Secret) and the chart's objects.
 async fn helm_goes_through_the_proxy(helm: std::path::PathBuf) {
-    let ns = TestNamespace::create("faults-helm").await.expect("namespace");
+    let ns = TestNamespace::create("faults-helm")
+        .await
+        .expect("namespace");
     let proxy = Proxy::start(HarnessCluster::Primary).await.expect("proxy");
     let cx = proxy.context("helm").await.expect("context");
     let release = HelmRelease::new(
@@ -301,40 +388,58 @@ async fn helm_goes_through_the_proxy(helm: std::path::PathBuf) {
     )
     .namespace(ns.name())
     .helm(&helm);
-    cluster::eventually("the release to be provisioned", DEADLINE, Duration::from_millis(200), || {
-        let (cx, release) = (&cx, &release);
-        async move {
-            match cx.provision(release).await {
-                Ok(()) => Some(()),
-                Err(e) if e.is_yield() => None,
-                Err(e) => panic!("provision failed: {e}"),
+    cluster::eventually(
+        "the release to be provisioned",
+        DEADLINE,
+        Duration::from_millis(200),
+        || {
+            let (cx, release) = (&cx, &release);
+            async move {
+                match cx.provision(release).await {
+                    Ok(()) => Some(()),
+                    Err(e) if e.is_yield() => None,
+                    Err(e) => panic!("provision failed: {e}"),
+                }
             }
-        }
-    })
+        },
+    )
     .await;
     let counts = proxy.counts();
     eprintln!("helm install through the proxy: {counts}");
     // The chart: one ConfigMap, one Secret, one Deployment, each written once
     // at least (created, or applied server-side by Helm 4).
     let written = |resource: &str| {
-        counts.get(Verb::Create, resource) + counts.get(Verb::Patch, resource) + counts.get(Verb::Update, resource)
+        counts.get(Verb::Create, resource)
+            + counts.get(Verb::Patch, resource)
+            + counts.get(Verb::Update, resource)
     };
     assert!(written("configmaps") >= 1, "{counts}");
     assert!(written("deployments.apps") >= 1, "{counts}");
     // The Secret count holds the chart's Secret and helm's release record,
     // created and then updated to `deployed`.
     assert!(written("secrets") >= 3, "{counts}");
-    assert!(ns.api::<ConfigMap>().get_opt("web-settings").await.expect("get").is_some());
-    cluster::eventually("the release to be uninstalled", DEADLINE, Duration::from_millis(200), || {
-        let (cx, release) = (&cx, &release);
-        async move {
-            match cx.deprovision(release).await {
-                Ok(()) => Some(()),
-                Err(e) if e.is_yield() => None,
-                Err(e) => panic!("deprovision failed: {e}"),
+    assert!(
+        ns.api::<ConfigMap>()
+            .get_opt("web-settings")
+            .await
+            .expect("get")
+            .is_some()
+    );
+    cluster::eventually(
+        "the release to be uninstalled",
+        DEADLINE,
+        Duration::from_millis(200),
+        || {
+            let (cx, release) = (&cx, &release);
+            async move {
+                match cx.deprovision(release).await {
+                    Ok(()) => Some(()),
+                    Err(e) if e.is_yield() => None,
+                    Err(e) => panic!("deprovision failed: {e}"),
+                }
             }
-        }
-    })
+        },
+    )
     .await;
     assert!(proxy.counts().get(Verb::Delete, "configmaps") >= 1);
     ns.cleanup().await.expect("cleanup");

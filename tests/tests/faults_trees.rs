@@ -38,7 +38,10 @@ fn report(what: impl std::fmt::Display) {
     use std::io::Write as _;
     eprintln!("[faults] {what}");
     if let Some(path) = std::env::var_os("PROVISIONERS_FAULTS_REPORT")
-        && let Ok(mut file) = std::fs::OpenOptions::new().create(true).append(true).open(path)
+        && let Ok(mut file) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
     {
         let _ = writeln!(file, "{what}");
     }
@@ -114,7 +117,7 @@ subjects:
 /// `Manifest` re-applies (a server-side no-op PATCH) every object of a kind
 /// with fewer than 4 objects in a namespace on every pass: nothing is stored
 /// anew, but it is a write request. The strict check is
-/// `bug_manifest_second_pass_makes_no_write_request` below.
+/// `known_bug_manifest_second_pass_makes_no_write_request` below.
 const MANIFEST_SECOND_PASS: SecondPass = SecondPass::NoChanges;
 
 fn app(scope: &Scope) -> Box<dyn Provisioner> {
@@ -170,8 +173,14 @@ fn kube_prometheus_slice(scope: &Scope) -> String {
         let text = std::fs::read_to_string(dir.join(file))
             .unwrap_or_else(|e| panic!("reading {file} of the kube-prometheus fixture: {e}"));
         let text = text
-            .replace("namespace: monitoring", &format!("namespace: {}", scope.namespace()))
-            .replace("name: blackbox-exporter\n", &format!("name: {}\n", scope.name("blackbox-exporter")));
+            .replace(
+                "namespace: monitoring",
+                &format!("namespace: {}", scope.namespace()),
+            )
+            .replace(
+                "name: blackbox-exporter\n",
+                &format!("name: {}\n", scope.name("blackbox-exporter")),
+            );
         yaml.push_str("---\n");
         yaml.push_str(&text);
         yaml.push('\n');
@@ -180,7 +189,10 @@ fn kube_prometheus_slice(scope: &Scope) -> String {
 }
 
 fn kube_prometheus(scope: &Scope) -> Box<dyn Provisioner> {
-    Box::new(Manifest::from_yaml("kube-prometheus", kube_prometheus_slice(scope)).namespace(scope.namespace()))
+    Box::new(
+        Manifest::from_yaml("kube-prometheus", kube_prometheus_slice(scope))
+            .namespace(scope.namespace()),
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -212,7 +224,7 @@ async fn kube_prometheus_slice_with_crds_converges_from_every_crash() {
 /// Regression for the issue's "the next pass makes 0 writes" on a manifest.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "bug: Manifest re-applies unchanged objects (no-op SSA PATCH per object when a kind has < 4 objects in a namespace), see issue 11"]
-async fn bug_manifest_second_pass_makes_no_write_request() {
+async fn known_bug_manifest_second_pass_makes_no_write_request() {
     let result = CrashTest::new("manifest app, strict second pass", app)
         .points(Points::Only(Vec::new()))
         .provision_sweep()
@@ -241,10 +253,12 @@ async fn manifest_converges_through_transient_faults() {
 /// `Invalid` field-manager conflict.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "bug: Manifest's apply_error turns every 409 into an Invalid field-manager conflict, also an optimistic-concurrency 409, see issue 11"]
-async fn bug_manifest_converges_through_409_conflicts() {
+async fn known_bug_manifest_converges_through_409_conflicts() {
     let run = CrashTest::new("manifest app", app)
         .second_pass(MANIFEST_SECOND_PASS)
-        .transient(vec![Rule::on(Match::writes()).every(3).fail(Fault::Conflict)])
+        .transient(vec![
+            Rule::on(Match::writes()).every(3).fail(Fault::Conflict),
+        ])
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     report(&run);
@@ -258,12 +272,23 @@ fn transient_rules(seed: u64, conflicts: bool) -> Vec<Rule> {
             .rate(0.04)
             .seed(seed + 1)
             .fail(Fault::TooManyRequests { retry_after: 1 }),
-        Rule::on(Match::any()).rate(0.04).seed(seed + 2).fail(Fault::InternalError),
-        Rule::on(Match::any()).rate(0.04).seed(seed + 3).fail(Fault::ServiceUnavailable),
+        Rule::on(Match::any())
+            .rate(0.04)
+            .seed(seed + 2)
+            .fail(Fault::InternalError),
+        Rule::on(Match::any())
+            .rate(0.04)
+            .seed(seed + 3)
+            .fail(Fault::ServiceUnavailable),
         Rule::on(Match::any()).rate(0.04).seed(seed + 4).reset(),
     ];
     if conflicts {
-        rules.push(Rule::on(Match::writes()).rate(0.05).seed(seed).fail(Fault::Conflict));
+        rules.push(
+            Rule::on(Match::writes())
+                .rate(0.05)
+                .seed(seed)
+                .fail(Fault::Conflict),
+        );
     }
     rules
 }
@@ -271,7 +296,11 @@ fn transient_rules(seed: u64, conflicts: bool) -> Vec<Rule> {
 // ---------------------------------------------------------------- helm
 
 fn chart(name: &str) -> Chart {
-    Chart::local(Path::new(env!("CARGO_MANIFEST_DIR")).join("charts").join(name))
+    Chart::local(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("charts")
+            .join(name),
+    )
 }
 
 /// The helm-plain chart as release `web` in the run's namespace, its work
@@ -304,16 +333,22 @@ async fn helm_install_upgrade_uninstall(helm: PathBuf, ci: Points, upgrade_and_u
         let (helm, temp) = (helm.clone(), Arc::clone(&temp));
         move |scope: &Scope| release(&helm, temp.path(), scope, "hello")
     };
-    let report_install = CrashTest::new(format!("helm install ({})", helm.display()), install.clone())
-        .points(points(ci.clone()))
-        .provision_sweep()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let report_install = CrashTest::new(
+        format!("helm install ({})", helm.display()),
+        install.clone(),
+    )
+    .points(points(ci.clone()))
+    .provision_sweep()
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
     report(&report_install);
     assert!(report_install.crashed() >= 1, "{report_install}");
     // The first write of an install is helm's release record.
     assert!(
-        report_install.points[0].held.as_deref().is_some_and(|h| h.contains("secrets")),
+        report_install.points[0]
+            .held
+            .as_deref()
+            .is_some_and(|h| h.contains("secrets")),
         "{report_install}"
     );
     assert_empty(temp.path());
@@ -346,13 +381,46 @@ async fn helm_install_upgrade_uninstall(helm: PathBuf, ci: Points, upgrade_and_u
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the local control plane (cargo xtask test)"]
 async fn helm4_release_converges_from_every_crash() {
-    helm_install_upgrade_uninstall(cluster::helm4().expect("PROVISIONERS_HELM4"), Points::Spread(2), true).await;
+    helm_install_upgrade_uninstall(
+        cluster::helm4().expect("PROVISIONERS_HELM4"),
+        Points::Spread(2),
+        true,
+    )
+    .await;
+}
+
+/// What dropping a provision does to its helm child today, without the
+/// SIGKILL a dying pod would deliver: `HelmRelease` sends SIGTERM, helm
+/// tries to record the release as failed (those requests arrive late, and
+/// are reset), then exits; the restart converges.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the local control plane (cargo xtask test)"]
+async fn helm4_install_dropped_without_a_kill_converges() {
+    let helm = cluster::helm4().expect("PROVISIONERS_HELM4");
+    let temp = tempfile::tempdir().expect("temp dir");
+    let root = temp.path().to_owned();
+    let run = CrashTest::new("helm4 install, dropped only", move |scope: &Scope| {
+        release(&helm, &root, scope, "hello")
+    })
+    .kill_children(false)
+    .points(points(Points::Only(vec![3])))
+    .provision_sweep()
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    report(&run);
+    assert!(run.points.iter().all(|p| p.killed == 0), "{run}");
+    assert_empty(temp.path());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the local control plane (cargo xtask test)"]
 async fn helm3_release_converges_from_every_crash() {
-    helm_install_upgrade_uninstall(cluster::helm3().expect("PROVISIONERS_HELM3"), Points::Spread(2), false).await;
+    helm_install_upgrade_uninstall(
+        cluster::helm3().expect("PROVISIONERS_HELM3"),
+        Points::Spread(2),
+        false,
+    )
+    .await;
 }
 
 /// Regression: a transient API fault that helm meets (a reset, 409, 429,
@@ -360,14 +428,16 @@ async fn helm3_release_converges_from_every_crash() {
 /// `ErrorKind::Helm` error instead of a transient one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "bug: helm's exit 1 on a transient API fault (reset, 409/429/5xx) is a permanent ErrorKind::Helm error, see issue 11"]
-async fn bug_helm_release_converges_through_transient_faults() {
+async fn known_bug_helm_release_converges_through_transient_faults() {
     let helm = cluster::helm4().expect("PROVISIONERS_HELM4");
     let temp = tempfile::tempdir().expect("temp dir");
     let root = temp.path().to_owned();
-    let run = CrashTest::new("helm4 release", move |scope: &Scope| release(&helm, &root, scope, "hello"))
-        .transient(transient_rules(23, true))
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let run = CrashTest::new("helm4 release", move |scope: &Scope| {
+        release(&helm, &root, scope, "hello")
+    })
+    .transient(transient_rules(23, true))
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
     report(&run);
     assert_empty(temp.path());
 }
@@ -404,7 +474,11 @@ async fn platform_tree_converges_from_every_crash() {
         move |scope: &Scope| -> Box<dyn Provisioner> {
             let mut settings = Settings::new(&helm);
             settings.helm_timeout = Duration::from_secs(120);
-            Box::new(platform_operator::tree(&platform(scope), &settings, &reader))
+            Box::new(platform_operator::tree(
+                &platform(scope),
+                &settings,
+                &reader,
+            ))
         }
     };
     // Each phase has its own proxy in front of the remote cluster: the
@@ -420,11 +494,16 @@ async fn platform_tree_converges_from_every_crash() {
                 "stringData": { "kubeconfig": text },
             });
             Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client, scope.namespace())
-                .patch(REMOTE_SECRET, &PatchParams::apply("crash-test-setup").force(), &Patch::Apply(&secret))
+                .patch(
+                    REMOTE_SECRET,
+                    &PatchParams::apply("crash-test-setup").force(),
+                    &Patch::Apply(&secret),
+                )
                 .await
                 .map(drop)
                 .map_err(|e| format!("writing the remote kubeconfig Secret: {e}"))
-        }) as std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>>
+        })
+            as std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>>
     };
     let provision = CrashTest::new("platform", build.clone())
         .second_pass(MANIFEST_SECOND_PASS)

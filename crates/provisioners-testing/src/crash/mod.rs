@@ -121,7 +121,8 @@ pub type Configure = dyn Fn(Context, &Scope) -> Context + Send + Sync;
 
 /// Prepares a phase of a run: e.g. writes the Secret a remote-cluster node
 /// reads, with [`Scope::remote_kubeconfig`].
-pub type Setup = dyn Fn(Scope) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send>> + Send + Sync;
+pub type Setup =
+    dyn Fn(Scope) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send>> + Send + Sync;
 
 /// Where one run lives: a namespace of its own and a token to put in every
 /// name, so runs never see each other's objects.
@@ -176,7 +177,11 @@ impl Points {
         match self {
             Points::All => (1..=writes).collect(),
             Points::Only(points) => {
-                let mut points: Vec<u64> = points.iter().copied().filter(|k| (1..=writes).contains(k)).collect();
+                let mut points: Vec<u64> = points
+                    .iter()
+                    .copied()
+                    .filter(|k| (1..=writes).contains(k))
+                    .collect();
                 points.sort_unstable();
                 points.dedup();
                 points
@@ -302,6 +307,9 @@ pub struct PointReport {
     pub held: Option<String>,
     /// Child processes killed at the crash.
     pub killed: usize,
+    /// Requests that reached the crashed run's proxy after the abort (all
+    /// reset): what the aborted run, or its children, still tried to do.
+    pub late_requests: u64,
     /// Writes the recovery made.
     pub recovery_writes: u64,
     /// Passes the recovery needed (1 = no yield).
@@ -354,10 +362,11 @@ impl fmt::Display for Report {
         for p in &self.points {
             write!(
                 f,
-                "\n  write {}: {}; killed {}; recovery {} writes in {} passes; {:.1?}",
+                "\n  write {}: {}; killed {}; {} late requests; recovery {} writes in {} passes; {:.1?}",
                 p.point,
                 p.held.as_deref().unwrap_or("not reached"),
                 p.killed,
+                p.late_requests,
                 p.recovery_writes,
                 p.recovery_passes,
                 p.elapsed
@@ -508,7 +517,10 @@ impl CrashTest {
     }
 
     /// Adjusts each run's context (owner, field manager, observer).
-    pub fn configure(mut self, configure: impl Fn(Context, &Scope) -> Context + Send + Sync + 'static) -> Self {
+    pub fn configure(
+        mut self,
+        configure: impl Fn(Context, &Scope) -> Context + Send + Sync + 'static,
+    ) -> Self {
         self.configure = Some(Arc::new(configure));
         self
     }
@@ -602,7 +614,12 @@ impl CrashTest {
         self.run_setup(&scope_for_phase, "transient").await?;
         let tree = (self.build)(&scope_for_phase);
         let provision = self
-            .converge(tree.as_ref(), &cx, Operation::Provision, "transient provision")
+            .converge(
+                tree.as_ref(),
+                &cx,
+                Operation::Provision,
+                "transient provision",
+            )
             .await?;
         phase.proxy.clear_rules();
         let live = self.snapshot(&scope, &cx).await?;
@@ -617,9 +634,15 @@ impl CrashTest {
         }
         let counts = phase.proxy.counts();
         let deprovision = self
-            .converge(tree.as_ref(), &cx, Operation::Deprovision, "transient deprovision")
+            .converge(
+                tree.as_ref(),
+                &cx,
+                Operation::Deprovision,
+                "transient deprovision",
+            )
             .await?;
-        self.check_gone(&scope, &cx, "transient deprovision").await?;
+        self.check_gone(&scope, &cx, "transient deprovision")
+            .await?;
         drop(tree);
         self.check_no_children(&phase, "transient").await?;
         self.finish(scope).await?;
@@ -640,7 +663,11 @@ impl CrashTest {
         let scope = self.scope(&token).await?;
         let clean = self.clean_run(&scope).await?;
         let (writes, requests, passes) = match operation {
-            Operation::Provision => (clean.provision_writes, clean.provision_requests, clean.provision_passes),
+            Operation::Provision => (
+                clean.provision_writes,
+                clean.provision_requests,
+                clean.provision_passes,
+            ),
             Operation::Deprovision => (
                 clean.deprovision_writes,
                 clean.deprovision_requests,
@@ -649,7 +676,10 @@ impl CrashTest {
         };
         let mut points = Vec::new();
         for point in self.points.select(writes) {
-            points.push(self.crash_point(&scope, operation, point, &clean.snapshot).await?);
+            points.push(
+                self.crash_point(&scope, operation, point, &clean.snapshot)
+                    .await?,
+            );
         }
         self.finish(scope).await?;
         Ok(Report {
@@ -689,10 +719,16 @@ impl CrashTest {
             .await?;
         let counts = phase.proxy.counts();
         let snapshot = self.snapshot(&scope, &cx).await?;
-        self.check_second_pass(tree.as_ref(), &cx, &phase, &scope, "clean run").await?;
+        self.check_second_pass(tree.as_ref(), &cx, &phase, &scope, "clean run")
+            .await?;
         phase.proxy.reset_counts();
         let deprovision = self
-            .converge(tree.as_ref(), &cx, Operation::Deprovision, "clean deprovision")
+            .converge(
+                tree.as_ref(),
+                &cx,
+                Operation::Deprovision,
+                "clean deprovision",
+            )
             .await?;
         let deprovision_counts = phase.proxy.counts();
         self.check_gone(&scope, &cx, "clean deprovision").await?;
@@ -727,18 +763,27 @@ impl CrashTest {
         if operation == Operation::Deprovision {
             let phase = self.phase(&scope, "provision").await?;
             let (cx, scope_for_phase) = self.context(&phase, &scope).await?;
-            self.run_setup(&scope_for_phase, &label("provision")).await?;
-            let tree = (self.build)(&scope_for_phase);
-            self.converge(tree.as_ref(), &cx, Operation::Provision, &label("provision"))
+            self.run_setup(&scope_for_phase, &label("provision"))
                 .await?;
+            let tree = (self.build)(&scope_for_phase);
+            self.converge(
+                tree.as_ref(),
+                &cx,
+                Operation::Provision,
+                &label("provision"),
+            )
+            .await?;
         }
 
         // The crashed run: writes 1..point-1 go through, the point-th is held.
         let crash = self.phase(&scope, "crash").await?;
         let hold = Hold::new();
-        crash.proxy.add(Rule::on(Match::writes()).from(point).hold(&hold));
+        crash
+            .proxy
+            .add(Rule::on(Match::writes()).from(point).hold(&hold));
         let (cx, scope_for_phase) = self.context(&crash, &scope).await?;
-        self.run_setup(&scope_for_phase, &label("crashed run")).await?;
+        self.run_setup(&scope_for_phase, &label("crashed run"))
+            .await?;
         let tree = (self.build)(&scope_for_phase);
         let crashed_label = label("crashed run");
         let (held, killed) = {
@@ -766,16 +811,21 @@ impl CrashTest {
         };
         drop(tree);
         drop(cx);
+        let at_abort = crash.proxy.counts().requests();
         hold.refuse();
         crash.proxy.add(Rule::on(Match::any()).reset());
-        self.wait_children_gone(&crash, &label("crashed run")).await?;
+        self.wait_children_gone(&crash, &label("crashed run"))
+            .await?;
+        let late_requests = crash.proxy.counts().requests() - at_abort;
 
         // The restarted process: a new tree and context, no faults.
         let recovery = self.phase(&scope, "recovery").await?;
         let (cx, scope_for_phase) = self.context(&recovery, &scope).await?;
         self.run_setup(&scope_for_phase, &label("recovery")).await?;
         let tree = (self.build)(&scope_for_phase);
-        let converged = self.converge(tree.as_ref(), &cx, operation, &label("recovery")).await?;
+        let converged = self
+            .converge(tree.as_ref(), &cx, operation, &label("recovery"))
+            .await?;
         let recovery_writes = recovery.proxy.counts().writes();
         match operation {
             Operation::Provision => {
@@ -785,13 +835,21 @@ impl CrashTest {
                     return Err(CrashError::Diverged {
                         test: self.name.clone(),
                         point,
-                        held: held.as_ref().map_or_else(|| "not reached".to_owned(), ToString::to_string),
+                        held: held
+                            .as_ref()
+                            .map_or_else(|| "not reached".to_owned(), ToString::to_string),
                         diff,
                     });
                 }
-                self.check_second_pass(tree.as_ref(), &cx, &recovery, &scope, &label("recovery")).await?;
-                self.converge(tree.as_ref(), &cx, Operation::Deprovision, &label("deprovision"))
+                self.check_second_pass(tree.as_ref(), &cx, &recovery, &scope, &label("recovery"))
                     .await?;
+                self.converge(
+                    tree.as_ref(),
+                    &cx,
+                    Operation::Deprovision,
+                    &label("deprovision"),
+                )
+                .await?;
                 self.check_gone(&scope, &cx, &label("deprovision")).await?;
             }
             Operation::Deprovision => {
@@ -805,6 +863,7 @@ impl CrashTest {
             point,
             held: held.map(|r| r.to_string()),
             killed,
+            late_requests,
             recovery_writes,
             recovery_passes: converged.passes,
             elapsed: started.elapsed(),
@@ -870,11 +929,13 @@ impl CrashTest {
             SecondPass::NoChanges => Some(self.snapshot(scope, cx).await?),
         };
         phase.proxy.reset_counts();
-        cx.provision(tree).await.map_err(|error| CrashError::Failed {
-            test: self.name.clone(),
-            phase: what.clone(),
-            error: error.to_string(),
-        })?;
+        cx.provision(tree)
+            .await
+            .map_err(|error| CrashError::Failed {
+                test: self.name.clone(),
+                phase: what.clone(),
+                error: error.to_string(),
+            })?;
         let writes: Vec<String> = match before {
             None => phase
                 .proxy
@@ -904,7 +965,10 @@ impl CrashTest {
     }
 
     async fn check_gone(&self, scope: &Scope, cx: &Context, phase: &str) -> Result<(), CrashError> {
-        let left = self.snapshot(scope, cx).await?.leftovers(&selection(scope, cx));
+        let left = self
+            .snapshot(scope, cx)
+            .await?
+            .leftovers(&selection(scope, cx));
         if left.is_empty() {
             Ok(())
         } else {
@@ -917,7 +981,11 @@ impl CrashTest {
     }
 
     async fn check_no_children(&self, phase: &Phase, label: &str) -> Result<(), CrashError> {
-        let children: Vec<i32> = phase.ports().into_iter().flat_map(process::connected_descendants).collect();
+        let children: Vec<i32> = phase
+            .ports()
+            .into_iter()
+            .flat_map(process::connected_descendants)
+            .collect();
         if children.is_empty() {
             Ok(())
         } else {
@@ -934,7 +1002,11 @@ impl CrashTest {
     async fn wait_children_gone(&self, phase: &Phase, label: &str) -> Result<(), CrashError> {
         let started = Instant::now();
         loop {
-            let children: Vec<i32> = phase.ports().into_iter().flat_map(process::connected_descendants).collect();
+            let children: Vec<i32> = phase
+                .ports()
+                .into_iter()
+                .flat_map(process::connected_descendants)
+                .collect();
             if children.is_empty() {
                 return Ok(());
             }
@@ -942,7 +1014,10 @@ impl CrashTest {
                 return Err(CrashError::Leaked {
                     test: self.name.clone(),
                     phase: label.to_owned(),
-                    message: format!("child processes of the aborted run still running after {:?}: {children:?}", self.deadline),
+                    message: format!(
+                        "child processes of the aborted run still running after {:?}: {children:?}",
+                        self.deadline
+                    ),
                 });
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -979,10 +1054,22 @@ impl CrashTest {
     }
 
     async fn phase(&self, scope: &Scope, what: &str) -> Result<Phase, CrashError> {
-        let harness = |e: ProxyError| self.harness(format!("starting the proxy for {what} of {}: {e}", scope.token));
-        let proxy = Proxy::start(HarnessCluster::Primary).await.map_err(harness)?;
+        let harness = |e: ProxyError| {
+            self.harness(format!(
+                "starting the proxy for {what} of {}: {e}",
+                scope.token
+            ))
+        };
+        let proxy = Proxy::start(HarnessCluster::Primary)
+            .await
+            .map_err(harness)?;
         let remote = if self.remote {
-            Some(proxy.sibling(HarnessCluster::Remote).await.map_err(harness)?)
+            Some(
+                proxy
+                    .sibling(HarnessCluster::Remote)
+                    .await
+                    .map_err(harness)?,
+            )
         } else {
             None
         };
@@ -1028,7 +1115,10 @@ impl CrashTest {
         }
         let mut all = Snapshot::default();
         for (i, cluster) in clusters.into_iter().enumerate() {
-            let client = cluster.client().await.map_err(|e| self.harness(e.to_string()))?;
+            let client = cluster
+                .client()
+                .await
+                .map_err(|e| self.harness(e.to_string()))?;
             let snapshot = Snapshot::take(&client, &selection)
                 .await
                 .map_err(|e| self.harness(format!("reading the live state: {e}")))?;
@@ -1047,10 +1137,15 @@ impl CrashTest {
             .await
             .map_err(|e| self.harness(e.to_string()))?;
         let api = Api::<Namespace>::all(client);
-        match api.delete(&scope.namespace, &DeleteParams::background()).await {
+        match api
+            .delete(&scope.namespace, &DeleteParams::background())
+            .await
+        {
             Ok(_) => {}
             Err(kube::Error::Api(status)) if status.code == 404 => return Ok(()),
-            Err(e) => return Err(self.harness(format!("deleting namespace {}: {e}", scope.namespace))),
+            Err(e) => {
+                return Err(self.harness(format!("deleting namespace {}: {e}", scope.namespace)));
+            }
         }
         let started = Instant::now();
         loop {

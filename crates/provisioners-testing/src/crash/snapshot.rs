@@ -77,17 +77,20 @@ impl Snapshot {
     ) -> Result<Snapshot, kube::Error> {
         let discovery = Discovery::new(client.clone()).run_aggregated().await?;
         let mut found = Vec::new();
-        let namespaces: Vec<String> = Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
-            .list_metadata(&ListParams::default())
-            .await?
-            .items
-            .into_iter()
-            .filter_map(|ns| ns.metadata.name)
-            .filter(|name| name.contains(selection.token))
-            .collect();
+        let namespaces: Vec<String> =
+            Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
+                .list_metadata(&ListParams::default())
+                .await?
+                .items
+                .into_iter()
+                .filter_map(|ns| ns.metadata.name)
+                .filter(|name| name.contains(selection.token))
+                .collect();
         for group in discovery.groups() {
             for (resource, capabilities) in group.recommended_resources() {
-                if !capabilities.supports_operation(verbs::LIST) || skipped(&resource.group, &resource.plural) {
+                if !capabilities.supports_operation(verbs::LIST)
+                    || skipped(&resource.group, &resource.plural)
+                {
                     continue;
                 }
                 match capabilities.scope {
@@ -95,7 +98,9 @@ impl Snapshot {
                         for namespace in &namespaces {
                             let api: Api<DynamicObject> =
                                 Api::namespaced_with(client.clone(), namespace, &resource);
-                            found.extend(list(&api).await?.into_iter().map(|o| (resource.clone(), o)));
+                            found.extend(
+                                list(&api).await?.into_iter().map(|o| (resource.clone(), o)),
+                            );
                         }
                     }
                     ResourceScope::Cluster => {
@@ -134,23 +139,37 @@ impl Snapshot {
             {
                 let labels = meta.labels.clone().unwrap_or_default();
                 let release = labels.get("name").cloned().unwrap_or_default();
-                let revision = labels.get("version").and_then(|v| v.parse().ok()).unwrap_or(0);
+                let revision = labels
+                    .get("version")
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0);
                 let status = labels.get("status").cloned().unwrap_or_default();
                 let key = format!("{namespace}/{release}");
                 snapshot.versions.insert(
                     untokened(&format!("helm record {namespace}/{name}"), selection.token),
                     meta.resource_version.clone().unwrap_or_default(),
                 );
-                if helm_records.get(&key).is_none_or(|(newest, _)| revision > *newest) {
+                if helm_records
+                    .get(&key)
+                    .is_none_or(|(newest, _)| revision > *newest)
+                {
                     helm_records.insert(key, (revision, status));
                 }
                 continue;
             }
             let key = format!(
                 "{}/{} {}",
-                if resource.group.is_empty() { "core" } else { &resource.group },
+                if resource.group.is_empty() {
+                    "core"
+                } else {
+                    &resource.group
+                },
                 resource.kind,
-                if namespace.is_empty() { name } else { format!("{namespace}/{name}") }
+                if namespace.is_empty() {
+                    name
+                } else {
+                    format!("{namespace}/{name}")
+                }
             );
             let value = serde_json::to_value(&object).unwrap_or(Value::Null);
             let key = untokened(&key, selection.token);
@@ -177,14 +196,26 @@ impl Snapshot {
                 keys.push(key.clone());
             }
         }
-        keys.extend(later.versions.keys().filter(|k| !self.versions.contains_key(*k)).cloned());
+        keys.extend(
+            later
+                .versions
+                .keys()
+                .filter(|k| !self.versions.contains_key(*k))
+                .cloned(),
+        );
         keys
     }
 
     /// Adds the objects of the `index`-th cluster (0 = primary, keys as
     /// they are; others prefixed with `cluster <index>: `).
     pub(crate) fn merge(&mut self, index: usize, other: Snapshot) {
-        let prefixed = |key: String| if index == 0 { key } else { format!("cluster {index}: {key}") };
+        let prefixed = |key: String| {
+            if index == 0 {
+                key
+            } else {
+                format!("cluster {index}: {key}")
+            }
+        };
         for (key, value) in other.objects {
             self.objects.insert(prefixed(key), value);
         }
@@ -203,7 +234,10 @@ impl Snapshot {
     /// The same snapshot without the run's own namespace: what must be gone
     /// after a deprovision.
     pub(crate) fn leftovers(mut self, selection: &Selection<'_>) -> Snapshot {
-        let own = format!("core/Namespace {}", untokened(selection.own_namespace, selection.token));
+        let own = format!(
+            "core/Namespace {}",
+            untokened(selection.own_namespace, selection.token)
+        );
         self.objects.remove(&own);
         self.versions.remove(&own);
         self
@@ -238,7 +272,9 @@ fn skipped(group: &str, plural: &str) -> bool {
 
 fn belongs_to_run(object: &DynamicObject, selection: &Selection<'_>) -> bool {
     let meta = &object.metadata;
-    meta.name.as_deref().is_some_and(|n| n.contains(selection.token))
+    meta.name
+        .as_deref()
+        .is_some_and(|n| n.contains(selection.token))
         || meta
             .managed_fields
             .iter()
@@ -320,7 +356,9 @@ fn normalize(kind: &str, value: Value, token: &str) -> Value {
 /// Unions a `fieldsV1` set into `into`.
 fn merge_fields(into: &mut Map<String, Value>, fields: &Map<String, Value>) {
     for (key, sub) in fields {
-        let entry = into.entry(key.clone()).or_insert_with(|| Value::Object(Map::new()));
+        let entry = into
+            .entry(key.clone())
+            .or_insert_with(|| Value::Object(Map::new()));
         if let (Value::Object(entry), Value::Object(sub)) = (entry, sub) {
             merge_fields(entry, sub);
         }
@@ -391,7 +429,9 @@ fn project(value: &Value, fields: &Map<String, Value>) -> Option<Value> {
 fn untoken_value(value: Value, token: &str) -> Value {
     match value {
         Value::String(s) => Value::String(untokened(&s, token)),
-        Value::Array(items) => Value::Array(items.into_iter().map(|v| untoken_value(v, token)).collect()),
+        Value::Array(items) => {
+            Value::Array(items.into_iter().map(|v| untoken_value(v, token)).collect())
+        }
         Value::Object(map) => Value::Object(
             map.into_iter()
                 .map(|(k, v)| (untokened(&k, token), untoken_value(v, token)))
@@ -450,8 +490,15 @@ mod tests {
         let b = normalize("ConfigMap", object("u2", "t2", "bbb"), "bbb");
         assert_eq!(a, b);
         assert_eq!(a["metadata"]["name"], "cm-<token>");
-        assert_eq!(a["metadata"]["managedFields"].as_array().map(Vec::len), Some(1));
-        assert_eq!(a["data"], serde_json::json!({ "k": "<token>" }), "only owned fields");
+        assert_eq!(
+            a["metadata"]["managedFields"].as_array().map(Vec::len),
+            Some(1)
+        );
+        assert_eq!(
+            a["data"],
+            serde_json::json!({ "k": "<token>" }),
+            "only owned fields"
+        );
         let c = normalize("ConfigMap", object("u1", "t1", "aaa"), "zzz");
         assert_ne!(a, c);
         let mut paths = Vec::new();
@@ -498,7 +545,10 @@ mod tests {
         assert_eq!(one(1).changed(&one(2)), ["core/ConfigMap a"]);
         assert!(one(1).changed(&one(1)).is_empty());
         assert!(one(1).diff(&one(1)).is_empty());
-        assert_eq!(one(1).diff(&one(2)), ["differs: core/ConfigMap a: /v: 1 != 2"]);
+        assert_eq!(
+            one(1).diff(&one(2)),
+            ["differs: core/ConfigMap a: /v: 1 != 2"]
+        );
         let empty = Snapshot::default();
         assert_eq!(one(1).diff(&empty), ["missing: core/ConfigMap a"]);
         assert_eq!(empty.diff(&one(1)), ["unexpected: core/ConfigMap a"]);

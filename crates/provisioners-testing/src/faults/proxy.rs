@@ -194,7 +194,8 @@ impl Proxy {
         upstream.default_retry = false;
         upstream.read_timeout = None;
         let namespace = upstream.default_namespace.clone();
-        let upstream = kube::Client::try_from(upstream).map_err(|e| ProxyError::Upstream(Box::new(e)))?;
+        let upstream =
+            kube::Client::try_from(upstream).map_err(|e| ProxyError::Upstream(Box::new(e)))?;
         let server_tls = tls::server_tls()?;
         let listener = TcpListener::bind(("127.0.0.1", 0))
             .await
@@ -508,24 +509,27 @@ async fn handle(
                 _ => None,
             };
             shared.state.record(info, Outcome::Failed(fault));
-            let code = StatusCode::from_u16(fault.code()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            let code =
+                StatusCode::from_u16(fault.code()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
             return Ok(status_response(code, &body, retry_after));
         }
         Some(Action::Reset) => {
             shared.state.record(info, Outcome::Reset);
             return Err(reset(&socket));
         }
-        Some(Action::Hold(hold)) => {
-            if hold.wait(info.clone()).await == Decision::Refuse {
-                shared.state.record(info, Outcome::Reset);
-                return Err(reset(&socket));
-            }
+        Some(Action::Hold(hold)) if hold.wait(info.clone()).await == Decision::Refuse => {
+            shared.state.record(info, Outcome::Reset);
+            return Err(reset(&socket));
         }
         _ => {}
     }
 
     let (parts, body) = request.into_parts();
-    let Ok(body) = body.collect().await.map(http_body_util::Collected::to_bytes) else {
+    let Ok(body) = body
+        .collect()
+        .await
+        .map(http_body_util::Collected::to_bytes)
+    else {
         shared.state.record(info, Outcome::Reset);
         return Err(reset(&socket));
     };
@@ -546,7 +550,11 @@ async fn handle(
         Ok(Err(_)) | Err(_) => {
             let body = Fault::ServiceUnavailable.status(&info);
             shared.state.record(info, Outcome::Unreachable);
-            return Ok(status_response(StatusCode::SERVICE_UNAVAILABLE, &body, None));
+            return Ok(status_response(
+                StatusCode::SERVICE_UNAVAILABLE,
+                &body,
+                None,
+            ));
         }
     };
     let (mut parts, body) = response.into_parts();
@@ -594,7 +602,11 @@ fn status_response(
     retry_after: Option<u32>,
 ) -> Response<ProxyBody> {
     let bytes = Bytes::from(serde_json::to_vec(body).unwrap_or_default());
-    let mut response = Response::new(Full::new(bytes).map_err(|never| match never {}).boxed_unsync());
+    let mut response = Response::new(
+        Full::new(bytes)
+            .map_err(|never| match never {})
+            .boxed_unsync(),
+    );
     *response.status_mut() = code;
     response.headers_mut().insert(
         header::CONTENT_TYPE,

@@ -222,14 +222,14 @@ mod tests {
 
     use super::*;
 
-    fn parse(method: Method, url: &str) -> RequestInfo {
-        RequestInfo::parse(&method, url)
+    fn parse(method: &Method, url: &str) -> RequestInfo {
+        RequestInfo::parse(method, url)
     }
 
     #[test]
     fn namespaced_objects_collections_and_subresources() {
         let r = parse(
-            Method::PATCH,
+            &Method::PATCH,
             "/apis/apps/v1/namespaces/ns1/deployments/web/status?fieldManager=x",
         );
         assert_eq!(r.verb, Verb::Patch);
@@ -243,51 +243,51 @@ mod tests {
         assert!(r.is_write());
         assert_eq!(r.to_string(), "patch deployments.apps/status ns1/web");
 
-        let r = parse(Method::GET, "/api/v1/namespaces/ns1/configmaps");
+        let r = parse(&Method::GET, "/api/v1/namespaces/ns1/configmaps");
         assert_eq!((r.verb, r.resource.as_str()), (Verb::List, "configmaps"));
         let r = parse(
-            Method::GET,
+            &Method::GET,
             "/api/v1/namespaces/ns1/configmaps?watch=true&resourceVersion=1",
         );
         assert_eq!(r.verb, Verb::Watch);
-        let r = parse(Method::DELETE, "/api/v1/namespaces/ns1/pods");
+        let r = parse(&Method::DELETE, "/api/v1/namespaces/ns1/pods");
         assert_eq!(r.verb, Verb::DeleteCollection);
-        let r = parse(Method::POST, "/api/v1/namespaces/ns1/secrets");
-        assert_eq!((r.verb, r.name.clone()), (Verb::Create, None));
+        let r = parse(&Method::POST, "/api/v1/namespaces/ns1/secrets");
+        assert_eq!((r.verb, r.name), (Verb::Create, None));
     }
 
     #[test]
     fn namespaces_themselves() {
-        let r = parse(Method::DELETE, "/api/v1/namespaces/team-a");
+        let r = parse(&Method::DELETE, "/api/v1/namespaces/team-a");
         assert_eq!((r.verb, r.resource.as_str()), (Verb::Delete, "namespaces"));
         assert_eq!(r.name.as_deref(), Some("team-a"));
-        let r = parse(Method::PUT, "/api/v1/namespaces/team-a/finalize");
+        let r = parse(&Method::PUT, "/api/v1/namespaces/team-a/finalize");
         assert_eq!(
             (r.resource.as_str(), r.subresource.as_str()),
             ("namespaces", "finalize")
         );
         assert_eq!(r.name.as_deref(), Some("team-a"));
-        let r = parse(Method::POST, "/api/v1/namespaces");
-        assert_eq!((r.verb, r.name.clone()), (Verb::Create, None));
-        let r = parse(Method::GET, "/api/v1/namespaces");
+        let r = parse(&Method::POST, "/api/v1/namespaces");
+        assert_eq!((r.verb, r.name), (Verb::Create, None));
+        let r = parse(&Method::GET, "/api/v1/namespaces");
         assert_eq!(r.verb, Verb::List);
     }
 
     #[test]
     fn cluster_scoped_discovery_dry_runs_and_reviews() {
         let r = parse(
-            Method::PATCH,
+            &Method::PATCH,
             "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/a.example.com?dryRun=All",
         );
         assert!(r.dry_run && !r.is_write());
         assert_eq!(r.namespace, None);
         for url in ["/api", "/apis", "/apis/apps/v1", "/version", "/openapi/v2"] {
-            let r = parse(Method::GET, url);
+            let r = parse(&Method::GET, url);
             assert!(!r.is_resource, "{url}");
             assert_eq!(r.verb, Verb::Get);
         }
         let r = parse(
-            Method::POST,
+            &Method::POST,
             "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews",
         );
         assert!(r.verb.is_mutating() && !r.is_write());

@@ -388,7 +388,7 @@ impl Installed {
             When::Always => true,
             When::Nth(k) => n == k,
             When::From(k) => n >= k,
-            When::Every(k) => n % k == 0,
+            When::Every(k) => n.is_multiple_of(k),
             When::Rate { per_million, seed } => splitmix(seed ^ n) % 1_000_000 < per_million,
         };
         let within_limit = self
@@ -525,10 +525,7 @@ mod tests {
     use super::*;
 
     fn write(resource: &str) -> RequestInfo {
-        RequestInfo::parse(
-            &Method::POST,
-            &format!("/api/v1/namespaces/ns/{resource}"),
-        )
+        RequestInfo::parse(&Method::POST, &format!("/api/v1/namespaces/ns/{resource}"))
     }
 
     fn read() -> RequestInfo {
@@ -575,10 +572,7 @@ mod tests {
         assert_eq!(fired(1), fired(1));
         let n = fired(1);
         assert!((800..1200).contains(&n), "{n} of 4000 at 25%");
-        assert_eq!(
-            Installed::new(0, Rule::on(Match::any()).rate(0.0).reset()).fires(&read()),
-            false
-        );
+        assert!(!Installed::new(0, Rule::on(Match::any()).rate(0.0).reset()).fires(&read()));
     }
 
     #[test]
@@ -586,9 +580,14 @@ mod tests {
         let m = Match::writes().resource("configmaps").namespace("ns");
         assert!(m.matches(&write("configmaps")));
         assert!(!m.matches(&write("secrets")));
-        assert!(!Match::writes().namespace("other").matches(&write("configmaps")));
+        assert!(
+            !Match::writes()
+                .namespace("other")
+                .matches(&write("configmaps"))
+        );
         assert!(Match::verb(Verb::Get).name("a").matches(&read()));
-        let deploy = RequestInfo::parse(&Method::PATCH, "/apis/apps/v1/namespaces/ns/deployments/d");
+        let deploy =
+            RequestInfo::parse(&Method::PATCH, "/apis/apps/v1/namespaces/ns/deployments/d");
         assert!(Match::any().resource("deployments.apps").matches(&deploy));
         assert!(Match::any().subresource("").matches(&deploy));
     }

@@ -28,14 +28,17 @@ pub(crate) fn server_tls() -> Result<ServerTls, ProxyError> {
     ca.distinguished_name
         .push(DnType::CommonName, "provisioners-faults-proxy-ca");
     ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::DigitalSignature];
+    ca.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
     let ca_cert = ca.self_signed(&ca_key).map_err(tls)?;
     let ca_pem = ca_cert.pem();
     let issuer = Issuer::new(ca, ca_key);
 
     let key = KeyPair::generate().map_err(tls)?;
-    let mut serving =
-        CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()]).map_err(tls)?;
+    let mut serving = CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])
+        .map_err(tls)?;
     serving
         .distinguished_name
         .push(DnType::CommonName, "provisioners-faults-proxy");
