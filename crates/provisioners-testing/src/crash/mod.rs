@@ -621,7 +621,7 @@ impl CrashTest {
                 "transient provision",
             )
             .await?;
-        phase.proxy.clear_rules();
+        // Read directly, not through the faults.
         let live = self.snapshot(&scope, &cx).await?;
         let diff = clean.snapshot.diff(&live);
         if !diff.is_empty() {
@@ -632,7 +632,6 @@ impl CrashTest {
                 diff,
             });
         }
-        let counts = phase.proxy.counts();
         let deprovision = self
             .converge(
                 tree.as_ref(),
@@ -641,6 +640,7 @@ impl CrashTest {
                 "transient deprovision",
             )
             .await?;
+        let counts = phase.proxy.counts();
         self.check_gone(&scope, &cx, "transient deprovision")
             .await?;
         drop(tree);

@@ -4,7 +4,8 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use kube::api::{Api, DynamicObject, ListParams};
+use futures::StreamExt as _;
+use kube::api::{Api, ApiResource, DynamicObject, ListParams};
 use kube::discovery::{Discovery, Scope as ResourceScope, verbs};
 use serde_json::{Map, Value};
 
@@ -76,7 +77,6 @@ impl Snapshot {
         selection: &Selection<'_>,
     ) -> Result<Snapshot, kube::Error> {
         let discovery = Discovery::new(client.clone()).run_aggregated().await?;
-        let mut found = Vec::new();
         let namespaces: Vec<String> =
             Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
                 .list_metadata(&ListParams::default())
@@ -86,6 +86,9 @@ impl Snapshot {
                 .filter_map(|ns| ns.metadata.name)
                 .filter(|name| name.contains(selection.token))
                 .collect();
+        // One LIST per resource and namespace (and per cluster-scoped
+        // resource), a few at a time.
+        let mut lists = Vec::new();
         for group in discovery.groups() {
             for (resource, capabilities) in group.recommended_resources() {
                 if !capabilities.supports_operation(verbs::LIST)
@@ -96,25 +99,33 @@ impl Snapshot {
                 match capabilities.scope {
                     ResourceScope::Namespaced => {
                         for namespace in &namespaces {
-                            let api: Api<DynamicObject> =
-                                Api::namespaced_with(client.clone(), namespace, &resource);
-                            found.extend(
-                                list(&api).await?.into_iter().map(|o| (resource.clone(), o)),
-                            );
+                            let api = Api::namespaced_with(client.clone(), namespace, &resource);
+                            lists.push((resource.clone(), api, false));
                         }
                     }
                     ResourceScope::Cluster => {
-                        let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
-                        found.extend(
-                            list(&api)
-                                .await?
-                                .into_iter()
-                                .filter(|o| belongs_to_run(o, selection))
-                                .map(|o| (resource.clone(), o)),
-                        );
+                        let api = Api::all_with(client.clone(), &resource);
+                        lists.push((resource, api, true));
                     }
                 }
             }
+        }
+        let listed: Vec<Result<Vec<(ApiResource, DynamicObject)>, kube::Error>> =
+            futures::stream::iter(lists)
+                .map(|(resource, api, cluster_scoped)| async move {
+                    let items = list(&api).await?;
+                    Ok(items
+                        .into_iter()
+                        .filter(|o| !cluster_scoped || belongs_to_run(o, selection))
+                        .map(|o| (resource.clone(), o))
+                        .collect())
+                })
+                .buffer_unordered(8)
+                .collect()
+                .await;
+        let mut found = Vec::new();
+        for result in listed {
+            found.extend(result?);
         }
 
         let mut snapshot = Snapshot::default();
