@@ -601,9 +601,21 @@ impl CrashTest {
                 }
                 request = hold.reached() => {
                     let killed = if self.kill_children {
-                        let children: Vec<i32> = crash.ports().into_iter().flat_map(process::connected_descendants).collect();
+                        let ours = crash.ports();
+                        let others: std::collections::BTreeSet<u16> = crate::faults::live_ports()
+                            .into_iter()
+                            .filter(|p| !ours.contains(p))
+                            .collect();
+                        let children: Vec<i32> = ours
+                            .iter()
+                            .flat_map(|port| process::connected_descendants_only(*port, &others))
+                            .collect();
                         for pid in &children {
-                            process::kill_hard(*pid);
+                            // Checked again at the last moment: a pid that just
+                            // exited may already be someone else's.
+                            if ours.iter().any(|port| process::connected_descendants_only(*port, &others).contains(pid)) {
+                                process::kill_hard(*pid);
+                            }
                         }
                         children.len()
                     } else {

@@ -8,28 +8,47 @@ use std::fs;
 use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::Pid;
 
-/// Descendants of this process with a TCP connection to 127.0.0.1:`port`.
-pub(crate) fn connected_descendants(port: u16) -> Vec<i32> {
+/// Descendants of this process with a TCP connection to 127.0.0.1:`port`
+/// and none to another of `other_ports` (another test's proxy: that
+/// process is someone else's).
+pub(crate) fn connected_descendants_only(port: u16, other_ports: &BTreeSet<u16>) -> Vec<i32> {
     let inodes = socket_inodes_to(port);
     if inodes.is_empty() {
         return Vec::new();
     }
+    let others: BTreeSet<u64> = other_ports
+        .iter()
+        .filter(|p| **p != port)
+        .flat_map(|p| socket_inodes_to(*p))
+        .collect();
     descendants()
         .into_iter()
         .filter(|pid| {
-            let Ok(fds) = fs::read_dir(format!("/proc/{pid}/fd")) else {
-                return false;
-            };
-            fds.flatten().any(|fd| {
-                fs::read_link(fd.path()).is_ok_and(|target| {
-                    let target = target.to_string_lossy();
-                    target
-                        .strip_prefix("socket:[")
-                        .and_then(|rest| rest.strip_suffix(']'))
-                        .and_then(|inode| inode.parse::<u64>().ok())
-                        .is_some_and(|inode| inodes.contains(&inode))
-                })
-            })
+            let sockets = socket_fds(*pid);
+            sockets.iter().any(|i| inodes.contains(i))
+                && !sockets.iter().any(|i| others.contains(i))
+        })
+        .collect()
+}
+
+/// Descendants of this process with a TCP connection to 127.0.0.1:`port`.
+pub(crate) fn connected_descendants(port: u16) -> Vec<i32> {
+    connected_descendants_only(port, &BTreeSet::new())
+}
+
+/// The socket inodes among `pid`'s open files.
+fn socket_fds(pid: i32) -> Vec<u64> {
+    let Ok(fds) = fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return Vec::new();
+    };
+    fds.flatten()
+        .filter_map(|fd| {
+            let target = fs::read_link(fd.path()).ok()?;
+            target
+                .to_string_lossy()
+                .strip_prefix("socket:[")
+                .and_then(|rest| rest.strip_suffix(']'))
+                .and_then(|inode| inode.parse::<u64>().ok())
         })
         .collect()
 }

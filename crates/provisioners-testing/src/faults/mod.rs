@@ -35,6 +35,7 @@ mod request;
 mod rule;
 mod tls;
 
+pub(crate) use proxy::live_ports;
 pub use proxy::{Counts, Outcome, Proxy, Record};
 pub use request::{RequestInfo, Verb};
 pub use rule::{Action, Fault, Hold, Match, Rule, RuleBuilder, RuleHandle};

@@ -214,6 +214,7 @@ impl Proxy {
         let (dir, kubeconfig_path) = write_kubeconfig(&kubeconfig)?;
 
         let shared = Arc::new(Shared { upstream, state });
+        lock(&LIVE_PORTS).insert(port);
         let shutdown = CancellationToken::new();
         tokio::spawn(accept(
             listener,
@@ -314,8 +315,20 @@ impl fmt::Debug for Proxy {
 
 impl Drop for Proxy {
     fn drop(&mut self) {
+        lock(&LIVE_PORTS).remove(&self.port);
         self.shutdown.cancel();
     }
+}
+
+/// Ports of the proxies alive in this process: the crash driver must not
+/// take a process talking to another proxy (another test's helm) for one of
+/// its own.
+static LIVE_PORTS: Mutex<std::collections::BTreeSet<u16>> =
+    Mutex::new(std::collections::BTreeSet::new());
+
+/// The ports of every proxy alive in this process.
+pub(crate) fn live_ports() -> std::collections::BTreeSet<u16> {
+    lock(&LIVE_PORTS).clone()
 }
 
 /// A poisoned lock only means a test thread panicked; the data is plain counters.
