@@ -24,6 +24,7 @@ cargo xtask <task>
 tasks:
   demo      provision and deprovision the example Platform tree on two local control planes
   test      fmt, clippy, unit, doc and cluster tests: what CI runs
+            [--faults-full]: every crash point of the fault-injection suite
   bench     benchmarks, printed side by side; see docs/benchmarks.md
   tools     build the pinned control-plane and Helm binaries into the cache (--print: paths)
   cluster   up|down|env|status [--name NAME]: a local control plane; see docs/testing.md

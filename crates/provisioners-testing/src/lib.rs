@@ -52,6 +52,12 @@
 #[cfg(feature = "cluster")]
 #[cfg_attr(docsrs, doc(cfg(feature = "cluster")))]
 pub mod cluster;
+#[cfg(feature = "faults")]
+#[cfg_attr(docsrs, doc(cfg(feature = "faults")))]
+pub mod crash;
+#[cfg(feature = "faults")]
+#[cfg_attr(docsrs, doc(cfg(feature = "faults")))]
+pub mod faults;
 mod recorder;
 mod scripted;
 
