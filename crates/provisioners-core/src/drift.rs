@@ -13,7 +13,8 @@
 //! assert!(!contains(&json!({"data": {"k": "changed"}}), &applied));
 //! ```
 
-use serde_json::Value;
+use base64::Engine as _;
+use serde_json::{Map, Value};
 
 /// Every value of `desired` is in `live`: objects may have more keys (set by
 /// the server or by other managers); lists must match element by element.
@@ -56,6 +57,41 @@ pub fn contains_rendered(live: &Value, desired: &Value) -> bool {
         (_, Value::Null) => true,
         (live, desired) => live == desired,
     }
+}
+
+/// `desired` as the server stores it: a Secret's `stringData` is merged into
+/// `data`, base64-encoded, so that it can be compared with the live Secret
+/// (which has no `stringData`).
+pub fn as_stored(kind: &str, desired: &Value) -> Value {
+    let mut stored = desired.clone();
+    if kind != "Secret" {
+        return stored;
+    }
+    let Some(object) = stored.as_object_mut() else {
+        return stored;
+    };
+    let Some(Value::Object(string_data)) = object.remove("stringData") else {
+        return stored;
+    };
+    let data = object
+        .entry("data")
+        .or_insert_with(|| Value::Object(Map::new()));
+    if data.is_null() {
+        *data = Value::Object(Map::new());
+    }
+    if let Value::Object(data) = data {
+        for (key, value) in string_data {
+            let text = match value {
+                Value::String(text) => text,
+                other => other.to_string(),
+            };
+            data.insert(
+                key,
+                Value::String(base64::engine::general_purpose::STANDARD.encode(text)),
+            );
+        }
+    }
+    stored
 }
 
 fn is_empty(value: &Value) -> bool {

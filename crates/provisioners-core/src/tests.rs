@@ -274,4 +274,3 @@ fn in_cluster_kubeconfig_names_the_token_file_not_the_token() {
     let server = v6.clusters[0].cluster.as_ref().unwrap().server.clone();
     assert_eq!(server.as_deref(), Some("https://[fd00::1]:6443"));
 }
-

@@ -50,6 +50,14 @@ pub(crate) fn is_applied(
     else {
         return false;
     };
+    // A Secret's `stringData` is stored as `data`.
+    let kind = desired
+        .get("kind")
+        .and_then(Value::as_str)
+        .map(str::to_owned);
+    if let Some(kind) = kind {
+        desired = provisioners_core::drift::as_stored(&kind, &desired);
+    }
     // Items of a LIST carry no apiVersion and kind; the list was of this kind.
     if let Value::Object(desired) = &mut desired {
         desired.remove("apiVersion");
@@ -115,6 +123,25 @@ mod tests {
         let live = live_from(&want, "me", "Apply");
         let fewer = desired(&json!({"k": "v"}));
         assert!(!is_applied(&live, &fewer, "me"));
+    }
+
+    #[test]
+    fn a_secret_applied_with_string_data_is_recognised() {
+        let mut want = object(json!({
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": "s", "namespace": "n"},
+            "stringData": {"token": "t0ken"},
+        }));
+        stamp(&mut want);
+        let mut live = serde_json::to_value(&want).unwrap();
+        let live_object = live.as_object_mut().unwrap();
+        live_object.remove("stringData");
+        live_object.insert("data".into(), json!({"token": "dDBrZW4="}));
+        live["metadata"]["managedFields"] =
+            json!([{"manager": "me", "operation": "Apply", "apiVersion": "v1"}]);
+        assert!(is_applied(&object(live.clone()), &want, "me"));
+        live["data"]["token"] = json!("b3RoZXI=");
+        assert!(!is_applied(&object(live), &want, "me"));
     }
 
     #[test]

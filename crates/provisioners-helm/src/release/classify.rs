@@ -46,6 +46,23 @@ pub(super) fn classify(message: String, stderr: &str) -> Error {
         "cannot unmarshal",
         "is invalid: ",
     ];
+    // How client-go reports 409/429/5xx from the API server and broken
+    // connections.
+    const TRANSIENT: [&str; 13] = [
+        "the object has been modified",
+        "the server has received too many requests",
+        "Too many requests",
+        "an error on the server",
+        "Internal error occurred",
+        "the server is currently unable to handle the request",
+        "connection reset by peer",
+        "connection refused",
+        "unexpected EOF",
+        "http2: client connection lost",
+        "i/o timeout",
+        "Kubernetes cluster unreachable",
+        "TLS handshake timeout",
+    ];
     if RENDER.iter().any(|marker| stderr.contains(marker)) {
         Error::invalid(format!(
             "{message}\nthe chart did not render with these values: fix the values or the chart"
@@ -60,6 +77,10 @@ pub(super) fn classify(message: String, stderr: &str) -> Error {
     {
         // Another process, or the garbage collector, is not done yet: come back later.
         Error::yielding(message)
+    } else if TRANSIENT.iter().any(|marker| stderr.contains(marker)) {
+        // The API server or the connection to it failed, not the chart:
+        // the next pass retries (a failed release is upgraded in place).
+        Error::helm(message).with_transient(true)
     } else if stderr.contains("context deadline exceeded")
         || stderr.contains("timed out waiting for the condition")
     {
@@ -102,7 +123,19 @@ mod tests {
             "failed to create typed patch object (ns/x; /v1, Kind=ConfigMap): .dataa: field not declared in schema",
         );
         assert_eq!(error.kind(), provisioners_core::ErrorKind::Invalid);
+        for stderr in [
+            "UPGRADE FAILED: Operation cannot be fulfilled on secrets \"sh.helm.release.v1.web.v2\": the object has been modified; please apply your changes to the latest version and try again",
+            "INSTALLATION FAILED: the server has received too many requests and has asked us to try again later (post configmaps)",
+            "INSTALLATION FAILED: an error on the server (\"Internal error occurred\") has prevented the request from succeeding",
+            "UPGRADE FAILED: the server is currently unable to handle the request (patch deployments.apps web)",
+            "Kubernetes cluster unreachable: Get \"https://127.0.0.1:1/version\": read tcp: connection reset by peer",
+        ] {
+            let error = classify("m".to_owned(), stderr);
+            assert_eq!(error.kind(), provisioners_core::ErrorKind::Helm, "{stderr}");
+            assert!(error.is_transient(), "{stderr}");
+        }
         let error = classify("m".to_owned(), "UPGRADE FAILED: conflict");
+        assert!(!error.is_transient());
         assert_eq!(error.kind(), provisioners_core::ErrorKind::Helm);
         assert_eq!(trimmed(b""), "(no output on stderr)");
         let long = trimmed("é".repeat(5000).as_bytes());

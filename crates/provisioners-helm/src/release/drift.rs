@@ -2,9 +2,8 @@
 //! from helm's stored manifest (no helm process), compared as the manifest
 //! crate does ([`provisioners_core::drift`]).
 
-use base64::Engine as _;
-use provisioners_core::drift::contains_rendered;
-use serde_json::{Map, Value};
+use provisioners_core::drift::{as_stored, contains_rendered};
+use serde_json::Value;
 use sha2::{Digest as _, Sha256};
 
 use super::live::Live;
@@ -95,40 +94,6 @@ pub(super) fn check(objects: &[Live]) -> Drifted {
         .map(|b| format!("{b:02x}"))
         .collect();
     drifted
-}
-
-/// `desired` as the server stores it: a Secret's `stringData` is merged into
-/// `data`, base64-encoded.
-fn as_stored(kind: &str, desired: &Value) -> Value {
-    let mut stored = desired.clone();
-    if kind != "Secret" {
-        return stored;
-    }
-    let Some(object) = stored.as_object_mut() else {
-        return stored;
-    };
-    let Some(Value::Object(string_data)) = object.remove("stringData") else {
-        return stored;
-    };
-    let data = object
-        .entry("data")
-        .or_insert_with(|| Value::Object(Map::new()));
-    if data.is_null() {
-        *data = Value::Object(Map::new());
-    }
-    if let Value::Object(data) = data {
-        for (key, value) in string_data {
-            let text = match value {
-                Value::String(text) => text,
-                other => other.to_string(),
-            };
-            data.insert(
-                key,
-                Value::String(base64::engine::general_purpose::STANDARD.encode(text)),
-            );
-        }
-    }
-    stored
 }
 
 #[cfg(test)]

@@ -2,9 +2,9 @@
 //!
 //! A live object is read before it is applied only where it may exist
 //! without our stamp: through one LIST of our own objects (label selector,
-//! paginated) per kind and namespace with at least [`LIST_FROM`] objects,
-//! then, for what that did not find, one metadata-only LIST of what exists
-//! (at most a few pages) or a GET per object; except in namespaces our owner
+//! paginated) per kind and namespace, then, for what that did not find, one
+//! metadata-only LIST of what exists (at most a few pages, for kinds with at
+//! least [`LIST_FROM`] objects) or a GET per object; except in namespaces our owner
 //! created (everything in them is ours to take over), where a first apply
 //! costs one request per object, as with kubectl.
 
@@ -249,9 +249,10 @@ impl Manifest {
     }
 
     /// Our live objects among `objects`, by one paginated LIST of this
-    /// node's objects (label selector) per kind and namespace with at least
-    /// [`LIST_FROM`] objects. A failed LIST only means those objects are
-    /// read or applied one by one.
+    /// node's objects (label selector) per kind and namespace, however few:
+    /// a read that only returns what we manage is cheaper than a no-op
+    /// apply, and lets an unchanged pass make no write at all. A failed LIST
+    /// only means those objects are read or applied one by one.
     async fn list_ours(
         &self,
         cx: &Context,
@@ -273,9 +274,6 @@ impl Manifest {
         }
         let selector = stamp.selector();
         for ((_, _, namespace), indices) in groups {
-            if indices.len() < LIST_FROM {
-                continue;
-            }
             let first = &objects[indices[0]];
             let api = dynamic_api(cx, &first.kind.resource, namespace.as_deref());
             let items = match list_all(cx, &api, &selector).await {
@@ -334,7 +332,7 @@ fn foreign_error(planned: &Planned, stamp: &Stamp, who: &str) -> Error {
 /// The error of a failed apply, naming where the object came from.
 fn apply_error(origin: &Origin, key: &ObjectRef, error: kube::Error) -> Error {
     match &error {
-        kube::Error::Api(status) if status.code == 409 => Error::invalid(format!(
+        kube::Error::Api(status) if status.code == 409 && is_field_manager_conflict(status) => Error::invalid(format!(
             "{origin}: {key}: conflict with another field manager: {}; the fields are managed by \
              someone else: stop them managing these fields, or set force(true) to take them over",
             status.message
@@ -347,6 +345,18 @@ fn apply_error(origin: &Origin, key: &ObjectRef, error: kube::Error) -> Error {
         .with_source(error),
         _ => Error::kube(format_args!("{origin}: applying {key}"), error),
     }
+}
+
+/// A server-side apply conflict with another field manager, which only a
+/// change of ownership resolves; any other 409 ("the object has been
+/// modified", a racing create) is transient.
+fn is_field_manager_conflict(status: &kube::core::Status) -> bool {
+    status.details.as_ref().is_some_and(|details| {
+        details
+            .causes
+            .iter()
+            .any(|cause| cause.reason == "FieldManagerConflict")
+    }) || status.message.starts_with("Apply failed with")
 }
 
 #[cfg(test)]
@@ -369,7 +379,21 @@ mod tests {
                 kube::core::Status::failure("the message", "Reason").with_code(code),
             ))
         };
-        let conflict = apply_error(&origin, &key, status(409));
+        let field_manager_conflict = || {
+            kube::Error::Api(Box::new(
+                kube::core::Status::failure("Apply failed with 1 conflict", "Conflict")
+                    .with_code(409)
+                    .with_details(
+                        serde_json::from_value(serde_json::json!({"causes": [{
+                            "reason": "FieldManagerConflict",
+                            "message": "conflict with \"kubectl\"",
+                            "field": ".data.k",
+                        }]}))
+                        .unwrap(),
+                    ),
+            ))
+        };
+        let conflict = apply_error(&origin, &key, field_manager_conflict());
         assert_eq!(conflict.kind(), ErrorKind::Invalid);
         assert!(!conflict.is_transient());
         assert!(
@@ -384,6 +408,9 @@ mod tests {
                 .message()
                 .contains("rejected by the API server: the message")
         );
+        // "the object has been modified": try again.
+        let modified = apply_error(&origin, &key, status(409));
+        assert!(modified.is_transient(), "{modified}");
         let unavailable = apply_error(&origin, &key, status(503));
         assert_eq!(unavailable.kind(), ErrorKind::Kube);
         assert!(unavailable.is_transient());
