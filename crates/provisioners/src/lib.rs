@@ -13,6 +13,7 @@
 //! | `helm` | [`provisioners-helm`] | `HelmRelease` (the helm CLI, Helm 3 and 4) |
 //! | `remote` | [`provisioners-remote`] | `RemoteClusterProvisioner`, `SecretKubeconfig` |
 //! | `runtime` | [`provisioners-runtime`] | `Reconciler` for kube-runtime controllers |
+//! | `metrics` | [`provisioners-runtime`] | Prometheus metrics of trees and reconciles (`runtime::metrics`) |
 //! | `testing` | [`provisioners-testing`] | scripted and no-op provisioners for tests |
 //! | `rustls-tls` (default) | | TLS for the Kubernetes client |
 //! | `full` | | everything |

@@ -130,6 +130,9 @@ async fn main() -> anyhow::Result<()> {
     tracing::info!(cluster = cx.cluster().id(), "reconciling Platforms");
     let platforms = kube::Api::all(cx.client().clone());
     run_with(cx, platforms, Settings::new(helm), options).await;
+    // helm children stopped by the shutdown get their grace period to mark
+    // their releases failed (not pending) before the process exits.
+    provisioners::helm::wait_for_helm_processes().await;
     Ok(())
 }
 
