@@ -6,7 +6,7 @@ use std::fmt;
 use std::future::Future;
 use std::pin::pin;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use futures::future::{Either, select};
 use kube::config::{
@@ -22,6 +22,13 @@ use crate::{Error, Provisioner, Result};
 /// The field manager used for server-side apply unless
 /// [`Context::with_field_manager`] says otherwise.
 pub const DEFAULT_FIELD_MANAGER: &str = "provisioners";
+
+/// How long a cancelled tree's root waits for its nodes to stop on their own
+/// before dropping them, unless [`Context::with_shutdown_grace`] says
+/// otherwise: long enough for a helm process to get its own 10 s
+/// [grace period](https://docs.rs/provisioners-helm) after SIGTERM, and
+/// shorter than Kubernetes' default `terminationGracePeriodSeconds` (30 s).
+pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(20);
 
 const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 
@@ -346,6 +353,7 @@ struct Shared {
     field_manager: Cow<'static, str>,
     owner: Option<Arc<Owner>>,
     observer: Option<Arc<dyn Observer>>,
+    shutdown_grace: Duration,
 }
 
 impl Context {
@@ -360,6 +368,7 @@ impl Context {
                 field_manager: Cow::Borrowed(DEFAULT_FIELD_MANAGER),
                 owner: None,
                 observer: None,
+                shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
             }),
             path: None,
         }
@@ -403,6 +412,25 @@ impl Context {
     pub fn with_cancellation(mut self, token: CancellationToken) -> Self {
         self.shared_mut().cancel = token;
         self
+    }
+
+    /// How long the root waits, once the token fires, for the tree to stop
+    /// on its own before dropping it (default [`DEFAULT_SHUTDOWN_GRACE`]).
+    ///
+    /// Leaves that run something outside the process honour the token and
+    /// finish cleanly within the grace: a helm leaf sends SIGTERM, waits for
+    /// helm to record the outcome, and returns `Cancelled` only after helm
+    /// has exited. Leaves that ignore the token are dropped when the grace
+    /// ends. `Duration::ZERO` drops the tree as soon as the token fires.
+    pub fn with_shutdown_grace(mut self, grace: Duration) -> Self {
+        self.shared_mut().shutdown_grace = grace;
+        self
+    }
+
+    /// How long a cancelled root waits for its tree; see
+    /// [`Context::with_shutdown_grace`].
+    pub fn shutdown_grace(&self) -> Duration {
+        self.shared.shutdown_grace
     }
 
     /// Deletes with background propagation instead of foreground, e.g. for
@@ -499,8 +527,11 @@ impl Context {
     /// should be run: it extends the path with the node's name, runs it in a
     /// `tracing` span, reports to the observer, and attaches the path to any
     /// error that leaves the node. At the root (an empty path) it also stops
-    /// the whole tree, by dropping it, when the cancellation token fires,
-    /// returning [`ErrorKind::Cancelled`](crate::ErrorKind::Cancelled).
+    /// the whole tree when the cancellation token fires: it gives the tree
+    /// its [shutdown grace](Context::with_shutdown_grace) to stop on its own,
+    /// then drops it, returning [`ErrorKind::Cancelled`](crate::ErrorKind::Cancelled).
+    /// Once the token has fired, no node starts: composite nodes that run
+    /// their children through this method stop starting new ones.
     ///
     /// # Errors
     ///
@@ -546,12 +577,13 @@ impl Context {
             }
         };
         let work = async {
+            // Nothing starts once cancelled.
+            if self.is_cancelled() {
+                return Err(Error::cancelled());
+            }
             // Only the root races the token: dropping it drops every node below.
             if self.path.is_none() {
-                if self.is_cancelled() {
-                    return Err(Error::cancelled());
-                }
-                until_cancelled(&self.shared.cancel, work).await
+                until_cancelled(&self.shared.cancel, self.shared.shutdown_grace, work).await
             } else {
                 work.await
             }
@@ -572,15 +604,34 @@ impl Context {
     }
 }
 
+/// Runs `work` until it ends or, once `token` fires, for at most `grace`
+/// more; a tree still running then is dropped. A tree that ends within the
+/// grace reports what it did, which for leaves honouring the token is
+/// `Cancelled`.
 async fn until_cancelled(
     token: &CancellationToken,
+    grace: Duration,
     work: impl Future<Output = Result<()>>,
 ) -> Result<()> {
     let work = pin!(work);
     let cancelled = pin!(token.cancelled());
-    match select(work, cancelled).await {
-        Either::Left((result, _)) => result,
-        Either::Right(((), _)) => Err(Error::cancelled()),
+    let work = match select(work, cancelled).await {
+        Either::Left((result, _)) => return result,
+        Either::Right(((), work)) => work,
+    };
+    if grace.is_zero() {
+        return Err(Error::cancelled());
+    }
+    tracing::debug!(grace = ?grace, "cancelled: waiting for the tree to stop");
+    match tokio::time::timeout(grace, work).await {
+        Ok(result) => result,
+        Err(_) => {
+            tracing::warn!(
+                grace = ?grace,
+                "cancelled: the tree did not stop within its shutdown grace and was dropped"
+            );
+            Err(Error::cancelled())
+        }
     }
 }
 
@@ -646,6 +697,7 @@ impl fmt::Debug for Context {
             .field("field_manager", &self.shared.field_manager)
             .field("background_deletion", &self.shared.background_deletion)
             .field("owner", &self.shared.owner)
+            .field("shutdown_grace", &self.shared.shutdown_grace)
             .field("cancelled", &self.is_cancelled())
             .finish_non_exhaustive()
     }

@@ -92,7 +92,7 @@ pub mod readiness;
 mod remote;
 
 pub use async_trait::async_trait;
-pub use context::{Cluster, Context, DEFAULT_FIELD_MANAGER, Owner};
+pub use context::{Cluster, Context, DEFAULT_FIELD_MANAGER, DEFAULT_SHUTDOWN_GRACE, Owner};
 pub use error::{Error, ErrorKind, Result};
 pub use observe::{Event, Observer, Operation, Outcome, Phase};
 pub use provisioner::{Managed, ManagerProvisioner, Metadata, Provisioner};

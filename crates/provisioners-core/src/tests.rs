@@ -210,6 +210,93 @@ async fn cancelling_the_token_stops_the_tree_and_reports_cancelled() {
     assert_eq!(seen.lock().unwrap().len(), 1);
 }
 
+/// A leaf that, like helm, needs a moment after the token fires to stop
+/// cleanly, and records whether it got it.
+struct Stopping {
+    needs: Duration,
+    stopped: Arc<Mutex<bool>>,
+}
+
+#[async_trait]
+impl Provisioner for Stopping {
+    fn name(&self) -> &str {
+        "helm-like"
+    }
+
+    async fn provision(&self, cx: &Context) -> Result<()> {
+        cx.cancellation().cancelled().await;
+        tokio::time::sleep(self.needs).await;
+        *self.stopped.lock().unwrap() = true;
+        Err(Error::cancelled())
+    }
+
+    async fn deprovision(&self, _: &Context) -> Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cancelled_root_gives_its_tree_the_shutdown_grace() {
+    let seen = Arc::default();
+    let stopped = Arc::new(Mutex::new(false));
+    let tree = Parent(
+        "root",
+        vec![
+            Box::new(Stopping {
+                needs: Duration::from_secs(5),
+                stopped: Arc::clone(&stopped),
+            }),
+            Box::new(leaf("after", || Ok(()), &seen)),
+        ],
+    );
+    let cx = Context::offline().with_shutdown_grace(Duration::from_secs(8));
+    assert_eq!(cx.shutdown_grace(), Duration::from_secs(8));
+    let token = cx.cancellation().clone();
+    let started = tokio::time::Instant::now();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        token.cancel();
+    });
+    let error = cx.provision(&tree).await.unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::Cancelled);
+    assert!(*stopped.lock().unwrap(), "the leaf must get to stop cleanly");
+    assert_eq!(started.elapsed(), Duration::from_secs(6), "returns when the leaf stops");
+    assert!(
+        seen.lock().unwrap().is_empty(),
+        "no node starts once the token has fired"
+    );
+
+    // A leaf that needs longer than the grace is dropped when it ends.
+    let stopped = Arc::new(Mutex::new(false));
+    let slow = Stopping {
+        needs: Duration::from_secs(60),
+        stopped: Arc::clone(&stopped),
+    };
+    let cx = Context::offline().with_shutdown_grace(Duration::from_secs(8));
+    let token = cx.cancellation().clone();
+    let started = tokio::time::Instant::now();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        token.cancel();
+    });
+    let error = cx.provision(&slow).await.unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::Cancelled);
+    assert!(!*stopped.lock().unwrap());
+    assert_eq!(started.elapsed(), Duration::from_secs(9));
+
+    // Zero grace drops at once.
+    let cx = Context::offline().with_shutdown_grace(Duration::ZERO);
+    let token = cx.cancellation().clone();
+    let started = tokio::time::Instant::now();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        token.cancel();
+    });
+    let error = cx.provision(&slow).await.unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::Cancelled);
+    assert_eq!(started.elapsed(), Duration::from_secs(1));
+}
+
 #[tokio::test]
 async fn the_offline_context_fails_api_calls_clearly() {
     let cx = Context::offline();

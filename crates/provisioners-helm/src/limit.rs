@@ -80,12 +80,16 @@ pub(crate) async fn acquire() -> Permit {
 
 /// Waits until no helm process started by this crate runs any more.
 ///
-/// A cancelled tree returns at once while its helm processes get their
-/// [grace period](crate::HelmRelease::grace_period) to record the outcome in
-/// the background. An operator that is shutting down should await this after
-/// cancelling its root context and before its runtime stops, or a helm still
-/// in its grace period is killed with the runtime and may leave its release
-/// `pending-*`.
+/// A cancelled tree's root waits up to its
+/// [shutdown grace](provisioners_core::Context::with_shutdown_grace) for helm
+/// to stop: helm gets SIGTERM and its own
+/// [grace period](crate::HelmRelease::grace_period) to record the outcome,
+/// and the tree returns `Cancelled` once helm has exited. When the root's
+/// grace is the shorter one, or a tree's future is dropped by its caller,
+/// helm goes on in the background, still holding the release's lock. An
+/// operator that is shutting down should await this after its trees have
+/// returned and before its runtime stops, or a helm still in its grace
+/// period is killed with the runtime and may leave its release `pending-*`.
 ///
 /// ```no_run
 /// # async fn example(token: provisioners_core::CancellationToken) {

@@ -52,7 +52,9 @@ impl Step {
         }
     }
 
-    /// Waits `delay` (on Tokio's clock) before returning.
+    /// Waits `delay` (on Tokio's clock) before returning. Like a well-behaved
+    /// leaf, the wait ends early with `Cancelled` when the context's
+    /// cancellation token fires.
     pub fn after(mut self, delay: Duration) -> Self {
         self.delay = delay;
         self
@@ -171,11 +173,21 @@ impl Scripted {
             index,
             done: false,
         };
-        if !step.delay.is_zero() {
-            tokio::time::sleep(step.delay).await;
-        }
-        let result = step.result();
+        let cancelled = if step.delay.is_zero() {
+            false
+        } else {
+            // Ends early, and Ok, when the token fires within the delay.
+            tokio::time::timeout(step.delay, cx.cancellation().cancelled())
+                .await
+                .is_ok()
+        };
+        let result = if cancelled {
+            Err(Error::cancelled())
+        } else {
+            step.result()
+        };
         let outcome = match &result {
+            _ if cancelled => CallOutcome::Cancelled,
             Ok(()) => CallOutcome::Ok,
             Err(e) if e.is_yield() => CallOutcome::Yielded,
             Err(_) => CallOutcome::Failed,

@@ -93,7 +93,10 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 ///   dropped, helm gets SIGTERM (so it can mark the release failed), then
 ///   SIGKILL after the [grace period](HelmRelease::grace_period). helm runs
 ///   in a task of its own that holds the release's lock until helm has
-///   exited, whatever happens to the caller.
+///   exited, whatever happens to the caller. `provision` returns
+///   `Cancelled` once helm has exited, which the root's
+///   [shutdown grace](provisioners_core::Context::with_shutdown_grace)
+///   (20 s by default) leaves time for.
 /// * A process-wide [bound](crate::set_max_helm_processes) on helm processes.
 ///
 /// ```no_run
@@ -266,7 +269,11 @@ impl HelmRelease {
         self
     }
 
-    /// How long helm gets to exit after SIGTERM when cancelled (default [`DEFAULT_GRACE`]).
+    /// How long helm gets to exit after SIGTERM when cancelled (default
+    /// [`DEFAULT_GRACE`]). Keep it below the root context's
+    /// [shutdown grace](provisioners_core::Context::with_shutdown_grace), or
+    /// the tree returns before helm has exited (helm then goes on in the
+    /// background; see [`wait_for_helm_processes`](crate::wait_for_helm_processes)).
     pub fn grace_period(mut self, grace: Duration) -> Self {
         self.grace = grace;
         self
