@@ -259,8 +259,15 @@ async fn a_cancelled_root_gives_its_tree_the_shutdown_grace() {
     });
     let error = cx.provision(&tree).await.unwrap_err();
     assert_eq!(error.kind(), ErrorKind::Cancelled);
-    assert!(*stopped.lock().unwrap(), "the leaf must get to stop cleanly");
-    assert_eq!(started.elapsed(), Duration::from_secs(6), "returns when the leaf stops");
+    assert!(
+        *stopped.lock().unwrap(),
+        "the leaf must get to stop cleanly"
+    );
+    assert_eq!(
+        started.elapsed(),
+        Duration::from_secs(6),
+        "returns when the leaf stops"
+    );
     assert!(
         seen.lock().unwrap().is_empty(),
         "no node starts once the token has fired"
