@@ -358,6 +358,43 @@ async fn two_processes_racing_on_a_pending_release_do_not_both_act(helm: PathBuf
             .is_none(),
         "the Lease goes with the release"
     );
+    // A deprovision that stopped between forgetting the records and deleting
+    // the Lease left it behind: the next one deletes it, unless another
+    // live holder has it (it may be installing the release anew).
+    let leases = ns.api::<k8s_openapi::api::coordination::v1::Lease>();
+    let leftover = |holder: &str| {
+        use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+        let now = MicroTime(k8s_openapi::jiff::Timestamp::now());
+        Lease {
+            metadata: kube::api::ObjectMeta {
+                name: Some("provisioners-helm.raced".to_owned()),
+                ..Default::default()
+            },
+            spec: Some(LeaseSpec {
+                holder_identity: Some(holder.to_owned()),
+                lease_duration_seconds: Some(300),
+                acquire_time: Some(now.clone()),
+                renew_time: Some(now),
+                ..Default::default()
+            }),
+        }
+    };
+    for (holder, kept) in [("process-b", false), ("process-c", true)] {
+        leases
+            .create(&Default::default(), &leftover(holder))
+            .await
+            .expect("create the leftover Lease");
+        second
+            .deprovision(&release("process-b", false))
+            .await
+            .expect("a missing release is Ok");
+        let left = leases
+            .get_opt("provisioners-helm.raced")
+            .await
+            .expect("get");
+        assert_eq!(left.is_some(), kept, "Lease held by {holder}");
+    }
     ns.cleanup().await.expect("cleanup");
 }
 

@@ -17,7 +17,7 @@ use std::time::Duration;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use kube::api::{Api, ObjectMeta, PostParams};
+use kube::api::{Api, DeleteParams, ObjectMeta, PostParams, Preconditions};
 use provisioners_core::{Error, Result};
 use tokio_util::sync::CancellationToken;
 
@@ -210,6 +210,54 @@ pub(super) async fn remove(client: &kube::Client, namespace: &str, release: &str
     match leases.delete(&name(release), &Default::default()).await {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(status)) if status.is_not_found() => Ok(()),
+        Err(e) => Err(Error::kube(
+            format_args!("deleting the Lease of release `{namespace}/{release}`"),
+            e,
+        )),
+    }
+}
+
+/// Deletes the Lease a deprovision left behind when it stopped between
+/// forgetting the release's records and deleting the Lease (a crash, a
+/// dropped call), unless another live holder has it: that process may be
+/// installing the release again and has not written its record yet. The
+/// delete is conditional on the resourceVersion read, so a lease taken
+/// meanwhile is left alone.
+pub(super) async fn remove_leftover(
+    client: &kube::Client,
+    namespace: &str,
+    release: &str,
+    holder: &str,
+) -> Result<()> {
+    let leases: Api<Lease> = Api::namespaced(client.clone(), namespace);
+    let name = name(release);
+    let read = |e| {
+        Error::kube(
+            format_args!("reading the Lease of release `{namespace}/{release}`"),
+            e,
+        )
+    };
+    let Some(lease) = leases.get_opt(&name).await.map_err(read)? else {
+        return Ok(());
+    };
+    if let Some(other) = held_by_other(&lease, holder, Timestamp::now()) {
+        tracing::debug!(
+            lease = %name, holder = %other,
+            "the release is gone but another process holds its Lease; leaving it"
+        );
+        return Ok(());
+    }
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            resource_version: lease.metadata.resource_version.clone(),
+            uid: lease.metadata.uid.clone(),
+        }),
+        ..DeleteParams::default()
+    };
+    match leases.delete(&name, &params).await {
+        Ok(_) => Ok(()),
+        // Gone meanwhile, or changed: taken by a process that is working on it.
+        Err(kube::Error::Api(status)) if status.is_not_found() || status.code == 409 => Ok(()),
         Err(e) => Err(Error::kube(
             format_args!("deleting the Lease of release `{namespace}/{release}`"),
             e,

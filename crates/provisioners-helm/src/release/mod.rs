@@ -415,16 +415,20 @@ impl HelmRelease {
         Ok(Some((objects, payload)))
     }
 
+    /// Who this process is on the release's Lease.
+    fn holder(&self) -> &str {
+        self.lease_holder
+            .as_deref()
+            .unwrap_or(lease::PROCESS_HOLDER.as_str())
+    }
+
     /// Takes the release's Lease for the rest of this call (and the helm it
     /// runs), or yields while another process holds it.
     async fn take_lease(&self, cx: &Context, serialised: &Serialised) -> Result<()> {
         if serialised.has_lease() {
             return Ok(());
         }
-        let holder = self
-            .lease_holder
-            .as_deref()
-            .unwrap_or(lease::PROCESS_HOLDER.as_str());
+        let holder = self.holder();
         if let Some(held) =
             lease::acquire(cx.client(), &self.namespace, &self.release, holder).await?
         {
@@ -693,7 +697,15 @@ impl Provisioner for HelmRelease {
             .await?
             .is_none()
         {
-            return Ok(());
+            // Gone; a Lease may still be left from a deprovision that
+            // stopped right before deleting it.
+            return lease::remove_leftover(
+                cx.client(),
+                &self.namespace,
+                &self.release,
+                self.holder(),
+            )
+            .await;
         }
         self.take_lease(cx, &serialised).await?;
         let Some(latest) = storage::latest(cx.client(), &self.namespace, &self.release).await?

@@ -306,14 +306,18 @@ fn normalize(kind: &str, value: Value, token: &str) -> Value {
         return untoken_value(value, token);
     };
     object.remove("status");
-    if kind == "Lease" {
-        // Holder and renew times are the lease's whole point, and differ.
-        object.remove("spec");
-    }
     let mut meta = match object.remove("metadata") {
         Some(Value::Object(meta)) => meta,
         _ => Map::new(),
     };
+    if kind == "Lease" {
+        // Holder and renew times are the lease's whole point, and differ: a
+        // crashed holder leaves them set until the lease expires (then
+        // anyone may take it), a clean one clears them. Which fields are set
+        // shows in the managed fields too.
+        object.remove("spec");
+        meta.remove("managedFields");
+    }
     for volatile in [
         "uid",
         "resourceVersion",
