@@ -157,13 +157,23 @@ impl Error {
     ///
     /// If every child error is a yield the result is itself a
     /// [yield](ErrorKind::Yield), so a group that is merely waiting is not
-    /// reported as failed. A single child error is returned unchanged. An
+    /// reported as failed. If every child was cancelled or is waiting, the
+    /// result is [`ErrorKind::Cancelled`]: a cancelled tree reports one
+    /// `cancelled`, not a group. A single child error is returned unchanged. An
     /// empty list is a programming error reported as [`ErrorKind::Invalid`].
     pub fn group(mut children: Vec<Error>) -> Self {
         match children.len() {
             0 => return Error::invalid("an error group was built from no errors"),
             1 => return children.pop().unwrap_or_else(Error::cancelled),
             _ => {}
+        }
+        // A cancelled run: whatever was still waiting no longer matters.
+        let cancelled = children.iter().any(|c| c.kind() == ErrorKind::Cancelled)
+            && children
+                .iter()
+                .all(|c| c.kind() == ErrorKind::Cancelled || c.is_yield());
+        if cancelled {
+            return Error::cancelled();
         }
         let all_yield = children.iter().all(Error::is_yield);
         let transient = children.iter().all(Error::is_transient);
@@ -350,6 +360,23 @@ mod tests {
             error.at(&path("g")).to_string(),
             "g: waiting for 2 children: g/a: a not ready; g/b: b not ready"
         );
+    }
+
+    #[test]
+    fn a_group_of_cancelled_and_waiting_children_is_cancelled() {
+        let error = Error::group(vec![
+            Error::cancelled().at(&path("g/a")),
+            Error::yielding("b not ready").at(&path("g/b")),
+        ]);
+        assert_eq!(error.kind(), ErrorKind::Cancelled);
+        assert_eq!(error.at(&path("g")).to_string(), "g: cancelled");
+        // A real failure during the shutdown grace is kept.
+        let error = Error::group(vec![
+            Error::cancelled().at(&path("g/a")),
+            Error::invalid("bad").at(&path("g/b")),
+        ]);
+        assert_eq!(error.kind(), ErrorKind::Group);
+        assert_eq!(error.children().len(), 2);
     }
 
     #[test]
