@@ -7,18 +7,22 @@
 //! ```text
 //! Serial <platform name>
 //! ├── Manifest base             Namespace <ns>-<name> and a per-platform Dashboard CRD
-//! ├── Concurrent components
-//! │   ├── Manifest config        a ConfigMap describing the selection
-//! │   ├── Conditional metrics    spec.metrics    -> HelmRelease metrics (charts/metrics)
-//! │   └── Conditional dashboards spec.dashboards -> Manifest dashboards (a Dashboard)
-//! └── Conditional remote         spec.remote.enabled
-//!     └── RemoteClusterProvisioner cluster (kubeconfig from a Secret)
-//!         └── Manifest agent     a Namespace and ConfigMap on the remote cluster
+//! └── Concurrent components
+//!     ├── Manifest config        a ConfigMap describing the selection
+//!     ├── Conditional metrics    spec.metrics    -> HelmRelease metrics (charts/metrics)
+//!     ├── Conditional dashboards spec.dashboards -> Manifest dashboards (a Dashboard)
+//!     └── Conditional remote     spec.remote.enabled
+//!         └── RemoteClusterProvisioner cluster (kubeconfig from a Secret)
+//!             └── Manifest agent a Namespace and ConfigMap on the remote cluster
 //! ```
 //!
 //! Turning a component off deprovisions it on the next reconcile; deleting
 //! the `Platform` deprovisions the whole tree in reverse order before the
-//! finalizer goes. See `docs/writing-an-operator.md` for the walk-through.
+//! finalizer goes. The remote agent needs nothing of `base` (its kubeconfig
+//! Secret lives in the Platform's own namespace), so it runs beside the
+//! local components: its namespace deletion (which the namespace controller
+//! starts only 5 s after the request) overlaps theirs instead of preceding
+//! the whole local deprovision. See `docs/writing-an-operator.md` for the walk-through.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -212,7 +216,7 @@ pub fn tree(platform: &Platform, settings: &Settings, client: &kube::Client) -> 
         .helm(&settings.helm)
         .set("retention", "14d")
         .wait(settings.helm_timeout);
-    let components = Concurrent::new("components")
+    let mut components = Concurrent::new("components")
         .with(manifest("config", config_yaml(platform)))
         .with(Conditional::when("metrics", spec.metrics, metrics))
         .with(Conditional::when(
@@ -220,17 +224,15 @@ pub fn tree(platform: &Platform, settings: &Settings, client: &kube::Client) -> 
             spec.dashboards,
             manifest("dashboards", dashboards_yaml(platform)),
         ));
-    let mut root = Serial::new(platform.name_any()).with(base).with(components);
-
     if let Some(remote) = &spec.remote {
         let namespace = platform.namespace().unwrap_or_else(|| "default".into());
         let kubeconfig = SecretKubeconfig::new(client.clone(), namespace, &remote.secret_name);
         let agent = RemoteClusterProvisioner::new(kubeconfig)
             .named("cluster")
             .provision_on(manifest("agent", agent_yaml(platform)).wait_ready(true));
-        root.push(Conditional::when("remote", remote.enabled, agent));
+        components.push(Conditional::when("remote", remote.enabled, agent));
     }
-    root
+    Serial::new(platform.name_any()).with(base).with(components)
 }
 
 fn base_yaml(platform: &Platform) -> String {
