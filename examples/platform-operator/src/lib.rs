@@ -204,13 +204,21 @@ impl Settings {
 
 /// The tree for `platform`; `client` reads the remote's kubeconfig Secret.
 pub fn tree(platform: &Platform, settings: &Settings, client: &kube::Client) -> Serial {
+    let base = Manifest::from_yaml("base", base_yaml(platform))
+        .with_discovery(settings.discovery.clone())
+        .wait_ready(true);
+    Serial::new(platform.name_any())
+        .with(base)
+        .with(components(platform, settings, client))
+}
+
+/// Everything that lives in `base`'s namespace or needs nothing of it, at once.
+fn components(platform: &Platform, settings: &Settings, client: &kube::Client) -> Concurrent {
     let spec = &platform.spec;
     let target = platform.target_namespace();
     let manifest = |name: &'static str, yaml: String| {
         Manifest::from_yaml(name, yaml).with_discovery(settings.discovery.clone())
     };
-
-    let base = manifest("base", base_yaml(platform)).wait_ready(true);
     let metrics = HelmRelease::new("metrics", Chart::local(settings.charts.join("metrics")))
         .namespace(&target)
         .helm(&settings.helm)
@@ -232,7 +240,7 @@ pub fn tree(platform: &Platform, settings: &Settings, client: &kube::Client) -> 
             .provision_on(manifest("agent", agent_yaml(platform)).wait_ready(true));
         components.push(Conditional::when("remote", remote.enabled, agent));
     }
-    Serial::new(platform.name_any()).with(base).with(components)
+    components
 }
 
 fn base_yaml(platform: &Platform) -> String {
@@ -483,6 +491,24 @@ mod tests {
         let mut platform = Platform::new(name, PlatformSpec::default());
         platform.metadata.namespace = Some(namespace.into());
         platform
+    }
+
+    #[tokio::test]
+    async fn the_remote_agent_is_a_component_beside_the_local_ones() {
+        let mut p = platform("team", "p");
+        p.spec.remote = Some(RemoteSpec {
+            secret_name: "kubeconfig".into(),
+            enabled: true,
+        });
+        let cx = Context::offline();
+        let settings = Settings::new("helm");
+        let root = tree(&p, &settings, cx.client());
+        let names: Vec<&str> = root.children().iter().map(|c| c.name()).collect();
+        assert_eq!(names, ["base", "components"]);
+        // Deprovision runs the components, remote included, at once, then base.
+        let components = components(&p, &settings, cx.client());
+        let names: Vec<&str> = components.children().iter().map(|c| c.name()).collect();
+        assert_eq!(names, ["config", "metrics", "dashboards", "remote"]);
     }
 
     #[test]
