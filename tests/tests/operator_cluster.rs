@@ -270,7 +270,11 @@ async fn a_platform_lives_and_dies_by_its_spec() {
     )));
     let order = deletion.first_starts(Operation::Deprovision);
     let position = |path: &str| order.iter().position(|p| p == path).expect(path);
-    assert!(position("p/remote") < position("p/components"), "{order:?}");
+    // The remote agent is a component: it goes beside the others, before the base.
+    assert!(
+        position("p/components/remote") < position("p/base"),
+        "{order:?}"
+    );
     assert!(position("p/components") < position("p/base"), "{order:?}");
     assert!(deletion.seen("p", Operation::Deprovision, "done"));
 

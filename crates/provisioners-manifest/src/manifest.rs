@@ -44,7 +44,9 @@ const LISTED: usize = 8;
 /// CRD's name; an unknown kind that stays unknown for
 /// [`unknown_kind_deadline`](Manifest::unknown_kind_deadline) is an
 /// [`Invalid`](ErrorKind::Invalid) error. Deprovision deletes in reverse
-/// order and yields until everything is gone.
+/// order (CRDs and Namespaces together, last) and yields until everything
+/// is gone; an object already being deleted is waited for, not deleted
+/// again.
 ///
 /// # Ownership
 ///

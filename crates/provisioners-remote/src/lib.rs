@@ -54,7 +54,7 @@ use sha2::{Digest, Sha256};
 
 use kube::config::Kubeconfig;
 use provisioners_core::{
-    Cluster, Context, ErrorKind, Provisioner, RemoteCluster, Result, async_trait,
+    Cluster, Context, Error, ErrorKind, Provisioner, RemoteCluster, Result, async_trait,
 };
 
 pub use secret::SecretKubeconfig;
@@ -113,6 +113,20 @@ impl RemoteClusterProvisioner {
         self.child.as_ref()
     }
 
+    /// A node name is one path segment: not empty, no `/`.
+    fn check_name(&self) -> Result<()> {
+        if self.name.is_empty() || self.name.contains('/') {
+            return Err(Error::invalid(format!(
+                "RemoteClusterProvisioner node `{}` (remote `{}`): a node name may not be empty \
+                 or contain `/` (it separates the segments of a path); name the node with \
+                 RemoteTarget::named, or give the remote another id",
+                self.name,
+                self.remote.id()
+            )));
+        }
+        Ok(())
+    }
+
     /// The context the child runs with: the parent's, targeting the remote.
     async fn remote_context(&self, cx: &Context, kubeconfig: Kubeconfig) -> Result<Context> {
         let cluster = Cluster::from_kubeconfig(self.remote.id(), kubeconfig).await?;
@@ -162,6 +176,7 @@ impl Provisioner for RemoteClusterProvisioner {
     }
 
     async fn provision(&self, cx: &Context) -> Result<()> {
+        self.check_name()?;
         let kubeconfig = self.remote.config().await?;
         if let Some(secret) = &self.secret {
             secret.protect(&finalizer(cx)).await?;
@@ -171,6 +186,7 @@ impl Provisioner for RemoteClusterProvisioner {
     }
 
     async fn deprovision(&self, cx: &Context) -> Result<()> {
+        self.check_name()?;
         let kubeconfig = match self.remote.config().await {
             Ok(kubeconfig) => kubeconfig,
             Err(error) if error.kind() == ErrorKind::NotFound => {

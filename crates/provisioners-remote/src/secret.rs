@@ -43,7 +43,13 @@ pub struct SecretKubeconfig {
 
 impl SecretKubeconfig {
     /// The kubeconfig in Secret `namespace/name`, key `kubeconfig`, read
-    /// with `client`. The remote's id is `namespace/name`.
+    /// with `client`.
+    ///
+    /// The remote's id (the cluster id, and the node name of a
+    /// [`RemoteClusterProvisioner`](crate::RemoteClusterProvisioner) that is
+    /// not [`named`](crate::RemoteTarget::named)) is `namespace.name`: a node
+    /// name may not contain `/`, and a namespace name holds no `.`, so the
+    /// first `.` still tells the two apart.
     pub fn new(
         client: kube::Client,
         namespace: impl Into<String>,
@@ -51,7 +57,7 @@ impl SecretKubeconfig {
     ) -> Self {
         let (namespace, name) = (namespace.into(), name.into());
         SecretKubeconfig {
-            id: format!("{namespace}/{name}"),
+            id: format!("{namespace}.{name}"),
             client,
             namespace,
             name,
@@ -74,6 +80,7 @@ impl SecretKubeconfig {
     }
 
     /// Uses another id (the node name and cluster id in paths and logs).
+    /// As a node name it may not be empty or contain `/`.
     pub fn id(mut self, id: impl Into<String>) -> Self {
         self.id = id.into();
         self

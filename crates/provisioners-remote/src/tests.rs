@@ -6,7 +6,7 @@ use provisioners_core::{
 };
 use provisioners_testing::{Recorder, Scripted};
 
-use crate::{RemoteClusterProvisioner, StaticKubeconfig};
+use crate::{RemoteClusterProvisioner, SecretKubeconfig, StaticKubeconfig};
 
 /// A kubeconfig for a server that is never contacted by these tests.
 fn kubeconfig(server: &str) -> Kubeconfig {
@@ -160,4 +160,47 @@ async fn an_unusable_kubeconfig_is_invalid_and_names_the_remote() {
         "{error}"
     );
     assert_eq!(recorder.calls().len(), 0);
+}
+
+#[tokio::test]
+async fn a_secret_remote_is_named_without_a_slash() {
+    let cx = Context::offline();
+    let remote = SecretKubeconfig::new(cx.client().clone(), "clusters", "tenant-a.kubeconfig");
+    assert_eq!(RemoteCluster::id(&remote), "clusters.tenant-a.kubeconfig");
+    let tree = RemoteClusterProvisioner::new(remote).provision_on(Probe::default());
+    assert_eq!(tree.name(), "clusters.tenant-a.kubeconfig");
+    assert!(!tree.name().contains('/'));
+}
+
+#[tokio::test]
+async fn a_node_name_with_a_slash_is_invalid_and_named() {
+    let recorder = Recorder::new();
+    let tree = RemoteClusterProvisioner::new(StaticKubeconfig::new(
+        "clusters/tenant-a",
+        kubeconfig("https://127.0.0.1:1"),
+    ))
+    .provision_on(Scripted::new("child", &recorder));
+    let cx = Context::offline();
+    for error in [
+        cx.provision(&tree).await.unwrap_err(),
+        cx.deprovision(&tree).await.unwrap_err(),
+    ] {
+        assert_eq!(error.kind(), ErrorKind::Invalid, "{error}");
+        assert!(
+            error
+                .to_string()
+                .contains("RemoteClusterProvisioner node `clusters/tenant-a`"),
+            "{error}"
+        );
+    }
+    assert_eq!(recorder.calls().len(), 0);
+
+    // Named, the same remote is fine.
+    let named = RemoteClusterProvisioner::new(StaticKubeconfig::new(
+        "clusters/tenant-a",
+        kubeconfig("https://127.0.0.1:1"),
+    ))
+    .named("tenant-a")
+    .provision_on(Probe::default());
+    cx.provision(&named).await.unwrap();
 }

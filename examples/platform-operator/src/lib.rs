@@ -7,18 +7,22 @@
 //! ```text
 //! Serial <platform name>
 //! ├── Manifest base             Namespace <ns>-<name> and a per-platform Dashboard CRD
-//! ├── Concurrent components
-//! │   ├── Manifest config        a ConfigMap describing the selection
-//! │   ├── Conditional metrics    spec.metrics    -> HelmRelease metrics (charts/metrics)
-//! │   └── Conditional dashboards spec.dashboards -> Manifest dashboards (a Dashboard)
-//! └── Conditional remote         spec.remote.enabled
-//!     └── RemoteClusterProvisioner cluster (kubeconfig from a Secret)
-//!         └── Manifest agent     a Namespace and ConfigMap on the remote cluster
+//! └── Concurrent components
+//!     ├── Manifest config        a ConfigMap describing the selection
+//!     ├── Conditional metrics    spec.metrics    -> HelmRelease metrics (charts/metrics)
+//!     ├── Conditional dashboards spec.dashboards -> Manifest dashboards (a Dashboard)
+//!     └── Conditional remote     spec.remote.enabled
+//!         └── RemoteClusterProvisioner cluster (kubeconfig from a Secret)
+//!             └── Manifest agent a Namespace and ConfigMap on the remote cluster
 //! ```
 //!
 //! Turning a component off deprovisions it on the next reconcile; deleting
 //! the `Platform` deprovisions the whole tree in reverse order before the
-//! finalizer goes. See `docs/writing-an-operator.md` for the walk-through.
+//! finalizer goes. The remote agent needs nothing of `base` (its kubeconfig
+//! Secret lives in the Platform's own namespace), so it runs beside the
+//! local components: its namespace deletion (which the namespace controller
+//! starts only 5 s after the request) overlaps theirs instead of preceding
+//! the whole local deprovision. See `docs/writing-an-operator.md` for the walk-through.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -200,19 +204,27 @@ impl Settings {
 
 /// The tree for `platform`; `client` reads the remote's kubeconfig Secret.
 pub fn tree(platform: &Platform, settings: &Settings, client: &kube::Client) -> Serial {
+    let base = Manifest::from_yaml("base", base_yaml(platform))
+        .with_discovery(settings.discovery.clone())
+        .wait_ready(true);
+    Serial::new(platform.name_any())
+        .with(base)
+        .with(components(platform, settings, client))
+}
+
+/// Everything that lives in `base`'s namespace or needs nothing of it, at once.
+fn components(platform: &Platform, settings: &Settings, client: &kube::Client) -> Concurrent {
     let spec = &platform.spec;
     let target = platform.target_namespace();
     let manifest = |name: &'static str, yaml: String| {
         Manifest::from_yaml(name, yaml).with_discovery(settings.discovery.clone())
     };
-
-    let base = manifest("base", base_yaml(platform)).wait_ready(true);
     let metrics = HelmRelease::new("metrics", Chart::local(settings.charts.join("metrics")))
         .namespace(&target)
         .helm(&settings.helm)
         .set("retention", "14d")
         .wait(settings.helm_timeout);
-    let components = Concurrent::new("components")
+    let mut components = Concurrent::new("components")
         .with(manifest("config", config_yaml(platform)))
         .with(Conditional::when("metrics", spec.metrics, metrics))
         .with(Conditional::when(
@@ -220,17 +232,15 @@ pub fn tree(platform: &Platform, settings: &Settings, client: &kube::Client) -> 
             spec.dashboards,
             manifest("dashboards", dashboards_yaml(platform)),
         ));
-    let mut root = Serial::new(platform.name_any()).with(base).with(components);
-
     if let Some(remote) = &spec.remote {
         let namespace = platform.namespace().unwrap_or_else(|| "default".into());
         let kubeconfig = SecretKubeconfig::new(client.clone(), namespace, &remote.secret_name);
         let agent = RemoteClusterProvisioner::new(kubeconfig)
             .named("cluster")
             .provision_on(manifest("agent", agent_yaml(platform)).wait_ready(true));
-        root.push(Conditional::when("remote", remote.enabled, agent));
+        components.push(Conditional::when("remote", remote.enabled, agent));
     }
-    root
+    components
 }
 
 fn base_yaml(platform: &Platform) -> String {
@@ -481,6 +491,24 @@ mod tests {
         let mut platform = Platform::new(name, PlatformSpec::default());
         platform.metadata.namespace = Some(namespace.into());
         platform
+    }
+
+    #[tokio::test]
+    async fn the_remote_agent_is_a_component_beside_the_local_ones() {
+        let mut p = platform("team", "p");
+        p.spec.remote = Some(RemoteSpec {
+            secret_name: "kubeconfig".into(),
+            enabled: true,
+        });
+        let cx = Context::offline();
+        let settings = Settings::new("helm");
+        let root = tree(&p, &settings, cx.client());
+        let names: Vec<&str> = root.children().iter().map(|c| c.name()).collect();
+        assert_eq!(names, ["base", "components"]);
+        // Deprovision runs the components, remote included, at once, then base.
+        let components = components(&p, &settings, cx.client());
+        let names: Vec<&str> = components.children().iter().map(|c| c.name()).collect();
+        assert_eq!(names, ["config", "metrics", "dashboards", "remote"]);
     }
 
     #[test]

@@ -38,6 +38,18 @@ pub(crate) fn propagation(cx: &Context, group: &str, kind: &str) -> PropagationP
     }
 }
 
+/// Deprovision's order: each step is deleted, and waited for until gone,
+/// before the next starts. The apply order reversed, except that CRDs and
+/// Namespaces go in one step: by then every object of ours in them is gone,
+/// and neither waits on the other, so waiting for the CRDs first would only
+/// delay the namespace controller (which starts 5 s after the request).
+const DELETION_STEPS: [&[Tier]; 4] = [
+    &[Tier::Custom],
+    &[Tier::Builtin],
+    &[Tier::ClusterRbac],
+    &[Tier::CustomResourceDefinition, Tier::Namespace],
+];
+
 impl Manifest {
     /// Deletes (or releases) one object if it is ours; whether it is gone.
     async fn remove(
@@ -190,10 +202,10 @@ impl Manifest {
             }
         }
         // Unresolved kinds are not served: their objects are gone already.
-        for tier in Tier::ALL.into_iter().rev() {
+        for step in DELETION_STEPS {
             let objects: Vec<(ObjectRef, Kind)> = targets
                 .iter()
-                .filter(|(_, _, t)| *t == tier)
+                .filter(|(_, _, t)| step.contains(t))
                 .map(|(key, kind, _)| (key.clone(), kind.clone()))
                 .collect();
             if objects.is_empty() {
@@ -226,6 +238,23 @@ impl Manifest {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn deletion_steps_cover_every_tier_once_in_reverse_apply_order() {
+        for tier in Tier::ALL {
+            let steps = DELETION_STEPS.iter().filter(|s| s.contains(&tier)).count();
+            assert_eq!(steps, 1, "{tier:?}");
+        }
+        // Every tier of a step was applied after every tier of the next.
+        for pair in DELETION_STEPS.windows(2) {
+            let (earlier, later) = (pair[0], pair[1]);
+            assert!(
+                earlier.iter().all(|e| later.iter().all(|l| e > l)),
+                "{earlier:?} before {later:?}"
+            );
+        }
+        assert_eq!(DELETION_STEPS[0], &[Tier::Custom]);
+    }
 
     #[tokio::test]
     async fn workloads_are_deleted_in_the_foreground_the_rest_in_the_background() {
