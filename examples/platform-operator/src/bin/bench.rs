@@ -33,7 +33,7 @@ use futures::StreamExt;
 use http::Method;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{DeleteParams, ListParams, ObjectMeta, PostParams};
-use kube::runtime::controller::{Action, Controller};
+use kube::runtime::controller::{self, Action, Controller};
 use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
 use platform_operator::{FIELD_MANAGER, FINALIZER, Platform, PlatformSpec, install_crd};
@@ -236,6 +236,9 @@ struct Shared {
     helm: std::path::PathBuf,
     chart: std::path::PathBuf,
     discovery: Discovery,
+    /// At most this many reconciles at once (kube's `Controller` default
+    /// is unbounded).
+    concurrency: u16,
 }
 
 fn tree(platform: &Platform, shared: &Shared) -> Serial {
@@ -285,6 +288,7 @@ async fn reconcile(platform: Arc<Platform>, shared: Arc<Shared>) -> Result<Actio
 async fn controller(cx: Context, shared: Arc<Shared>, stop: CancellationToken) {
     let platforms: Api<Platform> = Api::namespaced(cx.client().clone(), NAMESPACE);
     Controller::new(platforms, watcher::Config::default())
+        .with_config(controller::Config::default().concurrency(shared.concurrency))
         .graceful_shutdown_on(async move { stop.cancelled().await })
         .run(
             reconcile,
@@ -405,14 +409,25 @@ async fn main() -> anyhow::Result<()> {
     let mut n = 100usize;
     let mut helm = std::path::PathBuf::from("helm");
     let mut delete = true;
+    // Four reconciles per helm process slot: the slots stay busy while the
+    // other trees make their API calls, and 1,000 trees started at once do
+    // not swamp the API server (unbounded, the first applies timed out).
+    let mut concurrency = 4 * provisioners::helm::max_helm_processes() as u16;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--n" => n = args.next().context("--n needs a number")?.parse()?,
             "--helm" => helm = args.next().context("--helm needs a path")?.into(),
             "--skip-delete" => delete = false,
+            "--concurrency" => {
+                concurrency = args
+                    .next()
+                    .context("--concurrency needs a number")?
+                    .parse()?;
+            }
             other => bail!(
-                "unknown argument `{other}`; usage: bench --n N [--helm PATH] [--skip-delete]"
+                "unknown argument `{other}`; usage: bench --n N [--helm PATH] [--skip-delete] \
+                 [--concurrency N (0: unbounded)]"
             ),
         }
     }
@@ -480,10 +495,11 @@ async fn main() -> anyhow::Result<()> {
             helm: helm.clone(),
             chart: chart.clone(),
             discovery: Discovery::new(),
+            concurrency,
         })
     };
 
-    println!("== operator bench, N = {n}");
+    println!("== operator bench, N = {n}, at most {concurrency} reconciles at once");
     for i in 0..n {
         let platform = Platform::new(&format!("p{i:04}"), PlatformSpec::default());
         let mut attempts = 0;
