@@ -5,7 +5,7 @@
 //!
 //! N is 100 and 1,000 (20 with `--quick`; `PROVISIONERS_BENCH_OPERATOR_N=100,300`
 //! to choose). The work is done by the `bench` binary of `platform-operator`, built in
-//! release mode; this only brings the cluster up and down around it.
+//! release mode; this only brings a fresh cluster up and down around each N.
 
 use anyhow::Result;
 
@@ -14,6 +14,9 @@ use crate::process::Cmd;
 
 /// The cluster the suite starts (and stops, unless it was already up).
 const CLUSTER: &str = "bench-operator";
+
+/// The largest N whose deletion is measured on a cluster torn down anyway.
+const DELETE_UP_TO: usize = 100;
 
 pub(crate) fn run(options: &Options) -> Result<()> {
     let sizes: &[&str] = if options.quick {
@@ -26,10 +29,13 @@ pub(crate) fn run(options: &Options) -> Result<()> {
         Err(_) => sizes.iter().map(|s| (*s).to_owned()).collect(),
     };
     let tools = crate::tools::ensure()?;
-    let cluster = crate::cluster::up(CLUSTER, &tools)?;
-    let mut result = Ok(());
     for n in &sizes {
-        result = Cmd::new("cargo")
+        // A fresh cluster per size: the bench needs an empty namespace, and
+        // waiting for a large N to be deleted measures the control plane's
+        // namespace finalization (about 2 s a tree), not the operator.
+        let cluster = crate::cluster::up(CLUSTER, &tools)?;
+        let large = n.parse::<usize>().map_or(true, |n| n > DELETE_UP_TO);
+        let mut bench = Cmd::new("cargo")
             .args([
                 "run",
                 "--locked",
@@ -43,15 +49,15 @@ pub(crate) fn run(options: &Options) -> Result<()> {
                 n,
             ])
             .arg("--helm")
-            .arg(&tools.helm4)
-            .env("KUBECONFIG", &cluster.kubeconfig)
-            .run();
-        if result.is_err() {
-            break;
+            .arg(&tools.helm4);
+        if cluster.started_now && large {
+            bench = bench.arg("--skip-delete");
         }
+        let result = bench.env("KUBECONFIG", &cluster.kubeconfig).run();
+        if cluster.started_now {
+            crate::cluster::down(CLUSTER)?;
+        }
+        result?;
     }
-    if cluster.started_now {
-        crate::cluster::down(CLUSTER)?;
-    }
-    result
+    Ok(())
 }

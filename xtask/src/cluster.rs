@@ -504,9 +504,11 @@ fn start(name: &str, dir: &Path, tools: &Tools, started: &mut Vec<Started>) -> R
                 "type": "kwok",
             },
         },
+        // Room for `cargo xtask bench operator` at N = 1,000 (a Pod per tree) on
+        // one node: a real kubelet's 110 is a kubelet limit, kwok runs no pods.
         "status": {
-            "allocatable": {"cpu": "32", "memory": "256Gi", "pods": "110"},
-            "capacity": {"cpu": "32", "memory": "256Gi", "pods": "110"},
+            "allocatable": {"cpu": "1000", "memory": "4Ti", "pods": "5000"},
+            "capacity": {"cpu": "1000", "memory": "4Ti", "pods": "5000"},
         },
     });
     let created = api.post_json("/api/v1/nodes", &node)?;

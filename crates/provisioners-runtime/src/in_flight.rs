@@ -102,11 +102,27 @@ impl Run<'_> {
         &self.token
     }
 
-    /// Whether this tree, not the whole controller, was cancelled: a newer
-    /// spec superseded it.
-    pub(crate) fn is_superseded(&self) -> bool {
-        self.token.is_cancelled() && !self.parent.is_cancelled()
+    /// Whether the tree was told to stop, and why.
+    pub(crate) fn stopped(&self) -> Stopped {
+        if !self.token.is_cancelled() {
+            Stopped::No
+        } else if self.parent.is_cancelled() {
+            Stopped::Cancelled
+        } else {
+            Stopped::Superseded
+        }
     }
+}
+
+/// Whether a tree's token fired before it returned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Stopped {
+    /// It ran undisturbed.
+    No,
+    /// Only this tree was cancelled: a newer spec superseded it.
+    Superseded,
+    /// The controller's token (shutdown, lost leadership) stopped every tree.
+    Cancelled,
 }
 
 impl Drop for Run<'_> {
@@ -145,6 +161,10 @@ mod tests {
         assert!(!a.token().is_cancelled());
         assert!(registry.supersede("ns/a", spec(3, false)));
         assert!(a.token().is_cancelled() && !b.token().is_cancelled());
+        assert_eq!(
+            (a.stopped(), b.stopped()),
+            (Stopped::Superseded, Stopped::No)
+        );
         assert!(!registry.supersede("ns/a", spec(4, false)), "once");
 
         assert!(registry.supersede("ns/b", spec(2, true)), "deletion");
@@ -165,5 +185,6 @@ mod tests {
         let run = registry.start("ns/a".into(), spec(2, false), &parent);
         parent.cancel();
         assert!(run.token().is_cancelled(), "shutdown reaches every tree");
+        assert_eq!(run.stopped(), Stopped::Cancelled);
     }
 }

@@ -26,9 +26,13 @@ use provisioners_core::{CancellationToken, Error, Result};
 /// record unchanged for `lease_duration`, by its own clock (no clock skew
 /// between replicas matters). Every write carries the resourceVersion it
 /// read, so two candidates never both win: the loser gets a conflict.
-/// The margin between the renew deadline and the lease duration is what
-/// lets a stepping-down holder's trees stop (helm gets SIGTERM) and report
-/// `Cancelled` before a standby may take over.
+/// A stepping-down holder cancels its work at the renew deadline; a standby
+/// may take over at the lease duration. The trees of the old holder get
+/// their [shutdown grace](provisioners_core::Context::with_shutdown_grace)
+/// (20 s by default), which can outlast that margin (5 s with the defaults):
+/// a helm process still exiting then keeps its release's Lease
+/// (`provisioners-helm`), so the new leader's reconcile of that release
+/// yields until the old helm is gone, and never runs helm beside it.
 ///
 /// ```no_run
 /// use provisioners_runtime::LeaderElection;

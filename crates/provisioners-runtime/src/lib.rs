@@ -23,7 +23,12 @@
 //!   for work that is merely in progress);
 //! - on graceful shutdown (the context's cancellation token, which should also
 //!   drive `Controller::graceful_shutdown_on`) stops the tree and reports
-//!   `Cancelled`.
+//!   `Cancelled`. A stopped tree gets the context's
+//!   [shutdown grace](provisioners_core::Context::with_shutdown_grace) (20 s
+//!   by default) to stop on its own: no node starts any more, a helm leaf
+//!   sends helm SIGTERM and returns once helm has recorded the outcome and
+//!   exited. Whatever the tree returns then (a cancelled helm leaf beside
+//!   waiting siblings, say) is reported as the stop, not as a failure.
 //!
 //! And for production:
 //!
@@ -31,7 +36,11 @@
 //!   token; [`Reconciler::supersede_on_change`] watches the objects'
 //!   metadata and cancels a tree whose object got a newer
 //!   `metadata.generation` (or started deleting), so the new spec is
-//!   reconciled at once instead of after the old one's long step.
+//!   reconciled as soon as the old tree has stopped (within its shutdown
+//!   grace: a helm install in flight gets SIGTERM and exits first) instead
+//!   of after the old one's long step. The superseded reconcile writes no
+//!   status; an old tree that finished within the grace is reported
+//!   `Provisioned` at its own generation.
 //! - **Events** ([`Reconciler::events`]): provisioning, provisioned, a node
 //!   failed (with its path), deprovisioning, deprovisioned, superseded;
 //!   once per generation, not on every requeue.
@@ -41,8 +50,9 @@
 //!   counts with `prometheus-client`, and `metrics::serve`, a tiny
 //!   `/metrics`, `/healthz`, `/readyz` endpoint.
 //! - **Leader election** ([`LeaderElection`]): a `coordination.k8s.io` Lease;
-//!   only the holder reconciles, losing it cancels the trees in flight, a
-//!   standby takes over within the lease duration. Shards are Kubernetes'
+//!   only the holder reconciles, losing it cancels the trees in flight (each
+//!   with its shutdown grace), a standby takes over within the lease
+//!   duration. Shards are Kubernetes'
 //!   own: each replica set watches a label selector in `watcher::Config`.
 //!
 //! # Example

@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 
 use crate::condition::Reason;
 use crate::events::{Events, Why};
-use crate::in_flight::{InFlight, Spec};
+use crate::in_flight::{InFlight, Spec, Stopped};
 use crate::{status, summary};
 
 /// The annotation that pauses reconciliation when set to `"true"`.
@@ -333,7 +333,7 @@ impl Reconciler {
             self.publish(&report, Why::Deprovisioning, "deprovisioning")
                 .await;
             let result = cx.deprovision(managed).await;
-            let superseded = run.is_superseded();
+            let stopped = run.stopped();
             drop(run);
             if result.is_ok() {
                 self.publish(&report, Why::Deprovisioned, "everything is gone")
@@ -345,7 +345,7 @@ impl Reconciler {
                 return Ok((ReconcileResult::Deprovisioned, Action::await_change()));
             }
             return self
-                .finish(&report, &result, Reason::Deprovisioning, superseded)
+                .finish(&report, &result, Reason::Deprovisioning, stopped)
                 .await;
         }
 
@@ -357,9 +357,9 @@ impl Reconciler {
             self.publish(&report, Why::Provisioning, &note).await;
         }
         let result = cx.provision(managed).await;
-        let superseded = run.is_superseded();
+        let stopped = run.stopped();
         drop(run);
-        self.finish(&report, &result, Reason::Provisioning, superseded)
+        self.finish(&report, &result, Reason::Provisioning, stopped)
             .await
     }
 
@@ -369,15 +369,20 @@ impl Reconciler {
         report: &Report<'_>,
         result: &Result<()>,
         in_progress: Reason,
-        superseded: bool,
+        stopped: Stopped,
     ) -> Result<(ReconcileResult, Action)> {
         let outcome = match result {
             Ok(()) => ReconcileResult::Provisioned,
+            // A stopped tree has its shutdown grace to wind down, so it may
+            // end in anything but `Cancelled` alone: a group of a cancelled
+            // helm leaf and waiting siblings, a helm error on SIGTERM. That
+            // is the stop, not a failure of the tree.
+            Err(_) if stopped == Stopped::Superseded => ReconcileResult::Superseded,
+            Err(_) if stopped == Stopped::Cancelled => ReconcileResult::Cancelled,
             Err(e) if e.is_yield() && in_progress == Reason::Deprovisioning => {
                 ReconcileResult::Deprovisioning
             }
             Err(e) if e.is_yield() => ReconcileResult::Provisioning,
-            Err(e) if e.kind() == ErrorKind::Cancelled && superseded => ReconcileResult::Superseded,
             Err(e) if e.kind() == ErrorKind::Cancelled => ReconcileResult::Cancelled,
             Err(_) => ReconcileResult::Errored,
         };
@@ -394,6 +399,11 @@ impl Reconciler {
             tracing::info!(object = %report.target, "superseded");
             return Ok((outcome, Action::await_change()));
         }
+        let in_progress = if outcome == ReconcileResult::Cancelled {
+            Reason::Cancelled
+        } else {
+            in_progress
+        };
         let written = self.write_status(report, result, in_progress).await?;
         match result {
             Ok(()) if written => {

@@ -9,6 +9,8 @@ use crate::summary;
 
 /// The status merge patch that reports `result` on `current` (the object as
 /// JSON), or `None` when the status already says exactly that.
+/// `in_progress` is the reason of a yield (provisioning, deprovisioning), or
+/// [`Reason::Cancelled`] for a tree that was stopped, whatever it returned.
 /// `waiting_field` names the field listing waiting nodes, if any.
 pub(crate) fn patch(
     current: &Value,
@@ -19,7 +21,9 @@ pub(crate) fn patch(
 ) -> Option<Value> {
     let (status, reason, message) = match result {
         Ok(()) => ("True", Reason::Provisioned, "provisioned".to_owned()),
-        Err(e) if e.is_yield() => ("False", in_progress, summary::message(e)),
+        Err(e) if e.is_yield() || in_progress == Reason::Cancelled => {
+            ("False", in_progress, summary::message(e))
+        }
         Err(e) if e.kind() == ErrorKind::Cancelled => {
             ("False", Reason::Cancelled, summary::message(e))
         }
@@ -143,6 +147,23 @@ mod tests {
             &json!({ "status": done["status"].clone() }),
             Some(2)
         ));
+    }
+
+    #[test]
+    fn a_stopped_tree_is_cancelled_whatever_its_leaves_returned() {
+        let stopped = Err(Error::group(vec![
+            Error::cancelled().at(&Arc::from("p/app")),
+            Error::yielding("pods pending").at(&Arc::from("p/config")),
+        ]));
+        let patch = patch(&json!({}), &stopped, Reason::Cancelled, Some(1), None).unwrap();
+        let condition = &patch["status"]["conditions"][0];
+        assert_eq!(condition["reason"], "Cancelled");
+        assert_eq!(condition["status"], "False");
+        let not_stopped = super::patch(&json!({}), &stopped, Reason::Provisioning, Some(1), None);
+        assert_eq!(
+            not_stopped.unwrap()["status"]["conditions"][0]["reason"],
+            "Errored"
+        );
     }
 
     #[test]

@@ -11,7 +11,8 @@ use kube::api::ObjectMeta;
 use kube::client::Body;
 use kube::runtime::controller::Action;
 use provisioners_core::{Context, Managed, Operation};
-use provisioners_testing::{Recorder, Scripted, Step};
+use provisioners_group::Concurrent;
+use provisioners_testing::{CallOutcome, Recorder, Scripted, Step};
 use serde_json::{Value, json};
 use tower_test::mock;
 
@@ -324,4 +325,76 @@ async fn a_newer_generation_supersedes_the_running_tree_without_a_status_write()
         !reconciler.context().is_cancelled(),
         "only that tree stopped"
     );
+}
+
+/// A platform-like tree: a long step that honours the token (a helm
+/// install) beside one that waits, so a stopped tree returns a group of a
+/// cancellation and a yield within its shutdown grace, not `Cancelled`.
+fn long_beside_waiting(recorder: &Recorder) -> Concurrent {
+    Concurrent::new("p")
+        .with(Scripted::new("app", recorder).on_provision([Step::delay(Duration::from_secs(600))]))
+        .with(Scripted::new("config", recorder).on_provision([Step::yielding("not ready")]))
+}
+
+async fn until_running(reconciler: &Reconciler) {
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while reconciler.in_flight() == 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the tree started");
+}
+
+#[tokio::test]
+async fn a_superseded_tree_that_winds_down_in_its_grace_is_superseded_not_errored() {
+    let (reconciler, handle) = mocked();
+    // A status write or an event would need the API: none may happen.
+    drop(handle);
+    let reconciler = Arc::new(reconciler);
+    let recorder = Recorder::new();
+    let managed = Managed::new(object(3, &[FINALIZER]), long_beside_waiting(&recorder));
+    let running = {
+        let reconciler = Arc::clone(&reconciler);
+        tokio::spawn(async move { reconciler.reconcile(&managed).await })
+    };
+    until_running(&reconciler).await;
+    assert!(reconciler.supersede(object(4, &[FINALIZER]).as_ref()));
+    let action = tokio::time::timeout(Duration::from_secs(10), running)
+        .await
+        .expect("the tree stopped within its grace")
+        .unwrap()
+        .expect("superseded: no status write");
+    assert_eq!(action, Action::await_change());
+    let app = recorder.calls_of("app", Operation::Provision);
+    assert_eq!(app.len(), 1);
+    assert_eq!(
+        app[0].outcome,
+        CallOutcome::Cancelled,
+        "the long step stopped itself"
+    );
+}
+
+#[tokio::test]
+async fn a_shutdown_during_a_long_step_reports_cancelled_not_errored() {
+    let (reconciler, mut handle) = mocked();
+    let reconciler = Arc::new(reconciler);
+    let recorder = Recorder::new();
+    let managed = Managed::new(object(3, &[FINALIZER]), long_beside_waiting(&recorder));
+    let running = {
+        let reconciler = Arc::clone(&reconciler);
+        tokio::spawn(async move { reconciler.reconcile(&managed).await })
+    };
+    until_running(&reconciler).await;
+    reconciler.context().cancellation().cancel();
+    let status = expect(&mut handle, Method::PATCH, STATUS, reply()).await;
+    let action = tokio::time::timeout(Duration::from_secs(10), running)
+        .await
+        .expect("the tree stopped within its grace")
+        .unwrap()
+        .unwrap();
+    assert_eq!(action, Action::await_change(), "no requeue on shutdown");
+    let condition = &status["status"]["conditions"][0];
+    assert_eq!(condition["reason"], "Cancelled", "{condition}");
+    assert_eq!(condition["observedGeneration"], 3);
 }

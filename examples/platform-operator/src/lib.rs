@@ -32,7 +32,7 @@ use futures::StreamExt;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Patch, PatchParams};
 use kube::core::PartialObjectMeta;
-use kube::runtime::controller::{Action, Controller};
+use kube::runtime::controller::{self, Action, Controller};
 use kube::runtime::events::Reporter;
 use kube::runtime::watcher;
 use kube::{Api, CustomResource, CustomResourceExt, ResourceExt};
@@ -387,7 +387,16 @@ pub struct Options {
     pub metrics: Option<Arc<Metrics>>,
     /// Reconcile only while holding this Lease.
     pub leader_election: Option<LeaderElection>,
+    /// At most this many Platforms reconciled at once (0: unbounded).
+    pub concurrency: u16,
 }
+
+/// Reconciles at once unless [`Options::concurrency`] says otherwise: four
+/// per helm process slot, so the slots stay busy while the other trees make
+/// their API calls. kube's `Controller` is unbounded by default; with 1,000
+/// Platforms started at once that swamped a small API server (the first
+/// applies timed out, see `docs/benchmarks.md`).
+pub const DEFAULT_CONCURRENCY: u16 = 32;
 
 impl Options {
     /// Requeue after `requeue`, the whole cluster, no events, no metrics,
@@ -399,6 +408,7 @@ impl Options {
             events: None,
             metrics: None,
             leader_election: None,
+            concurrency: DEFAULT_CONCURRENCY,
         }
     }
 
@@ -463,6 +473,7 @@ async fn run_controller(
     });
     let config = options.watcher_config();
     let controller = Controller::new(platforms.clone(), config.clone())
+        .with_config(controller::Config::default().concurrency(options.concurrency))
         .graceful_shutdown_on(async move { shutdown.cancelled().await })
         .run(
             reconcile,

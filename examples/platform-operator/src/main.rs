@@ -1,5 +1,6 @@
 //! The Platform operator:
-//! `platform-operator [--crd] [--helm PATH] [--metrics-addr ADDR] [--leader-elect] [--shard SELECTOR]`.
+//! `platform-operator [--crd] [--helm PATH] [--metrics-addr ADDR] [--leader-elect] [--shard SELECTOR]
+//! [--concurrency N]`.
 //!
 //! With `--crd`, prints the `Platform` CRD (JSON, as `kubectl apply -f -`
 //! takes it). Otherwise installs the CRD, then reconciles `Platform`s on the
@@ -11,7 +12,9 @@
 //! - `--leader-elect` reconciles only while holding the Lease
 //!   `platform-operator[-<shard>]` in `POD_NAMESPACE` (default `default`) as
 //!   `POD_NAME` (default the host name and process id);
-//! - `--shard` reconciles only the Platforms matching a label selector.
+//! - `--shard` reconciles only the Platforms matching a label selector;
+//! - `--concurrency` bounds the reconciles at once (default
+//!   `DEFAULT_CONCURRENCY`, 32; 0 for unbounded).
 
 #![allow(clippy::print_stdout)]
 
@@ -27,7 +30,7 @@ use provisioners::{Cluster, Context};
 use provisioners_runtime::metrics::{Health, Metrics, serve};
 
 const USAGE: &str = "usage: platform-operator [--crd] [--helm PATH] [--metrics-addr ADDR|off] \
-                     [--leader-elect] [--shard SELECTOR]";
+                     [--leader-elect] [--shard SELECTOR] [--concurrency N]";
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -42,6 +45,7 @@ async fn main() -> anyhow::Result<()> {
     let mut metrics_addr = Some(String::from("0.0.0.0:8080"));
     let mut leader_elect = false;
     let mut shard = None;
+    let mut concurrency = platform_operator::DEFAULT_CONCURRENCY;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
@@ -57,6 +61,12 @@ async fn main() -> anyhow::Result<()> {
             }
             "--leader-elect" => leader_elect = true,
             "--shard" => shard = Some(args.next().context("--shard needs a label selector")?),
+            "--concurrency" => {
+                let n = args.next().context("--concurrency needs a number")?;
+                concurrency = n
+                    .parse()
+                    .with_context(|| format!("--concurrency {n}: not a number from 0 to 65535"))?;
+            }
             other => bail!("unknown argument `{other}`; {USAGE}"),
         }
     }
@@ -125,6 +135,7 @@ async fn main() -> anyhow::Result<()> {
         ));
     }
     options.shard = shard;
+    options.concurrency = concurrency;
     // Standbys are ready too: readiness says the process works, not that it leads.
     health.set_ready(true);
     tracing::info!(cluster = cx.cluster().id(), "reconciling Platforms");

@@ -16,13 +16,16 @@
 //! Measured: time until all N are Available (one operator, fresh cluster
 //! state); a full no-op resync (a new controller lists and reconciles all N
 //! again: time, API writes, which must be 0, and API requests per object);
-//! operator RSS and the peak summed RSS of helm children; then the time
-//! until all N are deleted (everything deprovisioned).
+//! operator RSS and the peak summed RSS of helm children; where the wall
+//! time goes (summed per tree node, beside operator and helm CPU); then the
+//! time until all N are deleted (everything deprovisioned; `--skip-delete`
+//! leaves them for the cluster's teardown).
 
 #![allow(clippy::print_stdout)]
 
-use std::sync::Arc;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
@@ -30,7 +33,7 @@ use futures::StreamExt;
 use http::Method;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{DeleteParams, ListParams, ObjectMeta, PostParams};
-use kube::runtime::controller::{Action, Controller};
+use kube::runtime::controller::{self, Action, Controller};
 use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
 use platform_operator::{FIELD_MANAGER, FINALIZER, Platform, PlatformSpec, install_crd};
@@ -38,8 +41,8 @@ use provisioners::helm::Chart;
 use provisioners::manifest::Discovery;
 use provisioners::runtime::{ReconcileObserver, ReconcileResult};
 use provisioners::{
-    CancellationToken, Cluster, Concurrent, Context, Error, HelmRelease, Managed, Manifest,
-    Reconciler, Serial,
+    CancellationToken, Cluster, Concurrent, Context, Error, Event, HelmRelease, Managed, Manifest,
+    Observer, Operation, Outcome, Phase, Reconciler, Serial,
 };
 
 const NAMESPACE: &str = "bench";
@@ -150,6 +153,72 @@ where
     });
 }
 
+/// Wall time of one tree node, summed over every tree and pass.
+#[derive(Clone, Copy, Debug, Default)]
+struct NodeTime {
+    runs: u64,
+    done: u64,
+    yielded: u64,
+    failed: u64,
+    total: Duration,
+}
+
+/// Where the wall time goes: [`NodeTime`] per node path below the root
+/// (`base`, `components/app`, ...; `(tree)` for the whole tree), so the
+/// helm leaf's share stands beside the manifests'.
+#[derive(Default)]
+struct Phases(Mutex<BTreeMap<String, NodeTime>>);
+
+impl Observer for Phases {
+    fn on_event(&self, event: &Event<'_>) {
+        let Phase::Finished { elapsed, outcome } = &event.phase else {
+            return;
+        };
+        if event.operation != Operation::Provision {
+            return;
+        }
+        let node = event
+            .path
+            .split_once('/')
+            .map_or("(tree)", |(_, rest)| rest);
+        let mut phases = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let time = phases.entry(node.to_owned()).or_default();
+        time.runs += 1;
+        time.total += *elapsed;
+        match outcome {
+            Outcome::Done => time.done += 1,
+            Outcome::Yielded(_) => time.yielded += 1,
+            _ => time.failed += 1,
+        }
+    }
+}
+
+impl Phases {
+    /// Prints the sums and starts over.
+    fn report(&self, what: &str) {
+        let mut phases = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        println!("  wall time per node, summed over all trees ({what}):");
+        for (node, t) in phases.iter() {
+            println!(
+                "    {node:<18} {:>9.1} s in {:>5} runs ({:.3} s/run): {} done, {} yielded, {} failed",
+                t.total.as_secs_f64(),
+                t.runs,
+                t.total.as_secs_f64() / t.runs.max(1) as f64,
+                t.done,
+                t.yielded,
+                t.failed
+            );
+        }
+        phases.clear();
+    }
+}
+
 /// Counts reconciles that ended provisioned.
 #[derive(Default)]
 struct Provisioned(AtomicUsize);
@@ -167,6 +236,9 @@ struct Shared {
     helm: std::path::PathBuf,
     chart: std::path::PathBuf,
     discovery: Discovery,
+    /// At most this many reconciles at once (kube's `Controller` default
+    /// is unbounded).
+    concurrency: u16,
 }
 
 fn tree(platform: &Platform, shared: &Shared) -> Serial {
@@ -216,6 +288,7 @@ async fn reconcile(platform: Arc<Platform>, shared: Arc<Shared>) -> Result<Actio
 async fn controller(cx: Context, shared: Arc<Shared>, stop: CancellationToken) {
     let platforms: Api<Platform> = Api::namespaced(cx.client().clone(), NAMESPACE);
     Controller::new(platforms, watcher::Config::default())
+        .with_config(controller::Config::default().concurrency(shared.concurrency))
         .graceful_shutdown_on(async move { stop.cancelled().await })
         .run(
             reconcile,
@@ -288,6 +361,9 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = usize>,
 {
+    // Each poll LISTs every Platform: slower for large N, so the polls do
+    // not load the API server that is being measured.
+    let poll = Duration::from_millis(500).max(Duration::from_millis(2 * n as u64));
     let started = Instant::now();
     let mut peak_helm = 0;
     let mut last_report = Instant::now();
@@ -304,7 +380,7 @@ where
             eprintln!("  {what}: {done}/{n} after {:.0?}", started.elapsed());
             last_report = Instant::now();
         }
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        tokio::time::sleep(poll).await;
     }
 }
 
@@ -332,12 +408,27 @@ async fn main() -> anyhow::Result<()> {
         .init();
     let mut n = 100usize;
     let mut helm = std::path::PathBuf::from("helm");
+    let mut delete = true;
+    // Four reconciles per helm process slot: the slots stay busy while the
+    // other trees make their API calls, and 1,000 trees started at once do
+    // not swamp the API server (unbounded, the first applies timed out).
+    let mut concurrency = 4 * provisioners::helm::max_helm_processes() as u16;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--n" => n = args.next().context("--n needs a number")?.parse()?,
             "--helm" => helm = args.next().context("--helm needs a path")?.into(),
-            other => bail!("unknown argument `{other}`; usage: bench --n N [--helm PATH]"),
+            "--skip-delete" => delete = false,
+            "--concurrency" => {
+                concurrency = args
+                    .next()
+                    .context("--concurrency needs a number")?
+                    .parse()?;
+            }
+            other => bail!(
+                "unknown argument `{other}`; usage: bench --n N [--helm PATH] [--skip-delete] \
+                 [--concurrency N (0: unbounded)]"
+            ),
         }
     }
 
@@ -360,7 +451,10 @@ async fn main() -> anyhow::Result<()> {
         ))
         .build();
     let cluster = Cluster::new("bench", client.clone(), Some(kubeconfig));
-    let cx = Context::new(cluster).with_field_manager(FIELD_MANAGER);
+    let phases = Arc::new(Phases::default());
+    let cx = Context::new(cluster)
+        .with_field_manager(FIELD_MANAGER)
+        .with_observer(phases.clone());
 
     install_crd(&client).await?;
     let namespaces: Api<Namespace> = Api::all(client.clone());
@@ -401,10 +495,11 @@ async fn main() -> anyhow::Result<()> {
             helm: helm.clone(),
             chart: chart.clone(),
             discovery: Discovery::new(),
+            concurrency,
         })
     };
 
-    println!("== operator bench, N = {n}");
+    println!("== operator bench, N = {n}, at most {concurrency} reconciles at once");
     for i in 0..n {
         let platform = Platform::new(&format!("p{i:04}"), PlatformSpec::default());
         let mut attempts = 0;
@@ -434,6 +529,7 @@ async fn main() -> anyhow::Result<()> {
         operator_rss / 1024,
         helm_peak / 1024
     );
+    phases.report("to all Available");
 
     // 2. A full no-op resync: a new controller lists and reconciles all N.
     // Beside it, watches (on a client of their own) count what changes.
@@ -480,15 +576,20 @@ async fn main() -> anyhow::Result<()> {
         resync_helm_cpu - helm_cpu
     );
     println!(
-        "  requests: reads {} ({:.1}/object), applies {} ({:.1}/object), status writes {}, other writes {}, watches {}",
-        during.reads,
-        per(during.reads),
+        "  requests: {:.1}/object; writes {} (applies {}, status writes {}, other writes {}); reads {} ({:.1}/object), watches {}",
+        per(during.reads + during.applies + during.statuses + during.other_writes),
+        during.applies + during.statuses + during.other_writes,
         during.applies,
-        per(during.applies),
         during.statuses,
         during.other_writes,
+        during.reads,
+        per(during.reads),
         during.watches
     );
+    phases.report("no-op resync");
+    if !delete {
+        return Ok(());
+    }
 
     // 3. Delete everything: every tree deprovisioned, every finalizer gone.
     let stop = CancellationToken::new();
