@@ -159,10 +159,23 @@ mod tests {
         let condition = &patch["status"]["conditions"][0];
         assert_eq!(condition["reason"], "Cancelled");
         assert_eq!(condition["status"], "False");
-        let not_stopped = super::patch(&json!({}), &stopped, Reason::Provisioning, Some(1), None);
+        // The same leaves with a real failure, in a tree that was not
+        // stopped: an error (a group of only cancelled and waiting children
+        // is itself `Cancelled`).
+        let failed = Err(Error::group(vec![
+            Error::cancelled().at(&Arc::from("p/app")),
+            Error::invalid("bad values").at(&Arc::from("p/config")),
+        ]));
+        let not_stopped = super::patch(&json!({}), &failed, Reason::Provisioning, Some(1), None);
         assert_eq!(
             not_stopped.unwrap()["status"]["conditions"][0]["reason"],
             "Errored"
+        );
+        let stopped_failed =
+            super::patch(&json!({}), &failed, Reason::Cancelled, Some(1), None).unwrap();
+        assert_eq!(
+            stopped_failed["status"]["conditions"][0]["reason"],
+            "Cancelled"
         );
     }
 
