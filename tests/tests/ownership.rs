@@ -9,9 +9,7 @@ use futures::{StreamExt, stream};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, ServiceAccount};
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use provisioners::{Context, ErrorKind, Owner};
-use provisioners_manifest::{
-    INVENTORY_LABEL, Manifest, NODE_ANNOTATION, OWNER_ANNOTATION, OWNER_LABEL,
-};
+use provisioners_manifest::{INVENTORY_LABEL, Manifest, OWNER_ANNOTATION, stamped_by};
 use provisioners_testing::cluster::{HarnessCluster, TestNamespace};
 
 mod manifest_support;
@@ -98,8 +96,8 @@ async fn two_owners_with_identical_trees_never_touch_each_other() {
         "only the other owner's inventory is left"
     );
     assert_eq!(
-        inventories[0].metadata.annotations.as_ref().unwrap()[OWNER_ANNOTATION],
-        "standalone:tenant-b"
+        stamped_by(&inventories[0].metadata).map(|(owner, _)| owner),
+        Some("standalone:tenant-b".to_owned())
     );
     for ns in [a, b, shared] {
         ns.cleanup().await.expect("cleanup");
@@ -226,8 +224,8 @@ async fn a_pre_existing_object_is_refused_unless_adopted() {
     let live = api.get("taken").await.unwrap();
     assert_eq!(live.data.unwrap()["by"], "us");
     assert_eq!(
-        live.metadata.annotations.unwrap()[OWNER_ANNOTATION],
-        "standalone:adopter"
+        stamped_by(&live.metadata).map(|(owner, _)| owner),
+        Some("standalone:adopter".to_owned())
     );
     converge(&cx, &adopting, false, DEADLINE).await;
     assert!(
@@ -254,8 +252,8 @@ async fn objects_the_cluster_recreates_are_gone_for_us() {
     let accounts: Api<ServiceAccount> = Api::namespaced(cx.client().clone(), &name);
     let account = accounts.get("default").await.expect("default SA");
     assert_eq!(
-        account.metadata.annotations.unwrap()[OWNER_ANNOTATION],
-        "standalone:recreated"
+        stamped_by(&account.metadata).map(|(owner, _)| owner),
+        Some("standalone:recreated".to_owned())
     );
     converge(&cx, &manifest, false, DEADLINE).await;
     assert!(
@@ -281,21 +279,16 @@ async fn a_protected_namespace_is_released_not_deleted() {
     let namespaces: Api<Namespace> = Api::all(cx.client().clone());
     let live = namespaces.get("default").await.unwrap();
     assert_eq!(live.metadata.labels.as_ref().unwrap()[&key], "x");
-    assert!(live.metadata.labels.unwrap().contains_key(OWNER_LABEL));
+    assert!(live.metadata.labels.unwrap().contains_key(INVENTORY_LABEL));
 
     converge(&cx, &manifest, false, DEADLINE).await;
     let live = namespaces.get("default").await.expect("default stays");
     assert!(live.metadata.deletion_timestamp.is_none());
     let labels = live.metadata.labels.unwrap_or_default();
-    assert!(!labels.contains_key(OWNER_LABEL), "{labels:?}");
     assert!(!labels.contains_key(INVENTORY_LABEL), "{labels:?}");
     let annotations = live.metadata.annotations.unwrap_or_default();
     assert!(
         !annotations.contains_key(OWNER_ANNOTATION),
-        "{annotations:?}"
-    );
-    assert!(
-        !annotations.contains_key(NODE_ANNOTATION),
         "{annotations:?}"
     );
     // Tidy: the test's own label goes with a plain patch.

@@ -79,7 +79,5 @@ mod unchanged;
 
 pub use discovery::Discovery;
 pub use manifest::Manifest;
-pub use ownership::{
-    DELETION_POLICY_ANNOTATION, INVENTORY_LABEL, NODE_ANNOTATION, OWNER_ANNOTATION, OWNER_LABEL,
-};
+pub use ownership::{DELETION_POLICY_ANNOTATION, INVENTORY_LABEL, OWNER_ANNOTATION, stamped_by};
 pub use resource::Resource;

@@ -2,42 +2,81 @@
 //!
 //! Every object a [`Manifest`](crate::Manifest) applies carries
 //!
-//! - the label [`OWNER_LABEL`]: a digest of the owner's identity, and the
-//!   label [`INVENTORY_LABEL`]: the node's inventory id (a digest of owner and
-//!   node), so that our objects can be selected;
-//! - the annotations [`OWNER_ANNOTATION`] (the owner's full identity, see
-//!   [`Context::owner_identity`]) and [`NODE_ANNOTATION`] (the node: its path
-//!   in the tree, or the id given with
-//!   [`Manifest::inventory`](crate::Manifest::inventory)).
+//! - the label [`INVENTORY_LABEL`]: the node's inventory id (a readable head
+//!   of the node's name and a digest of owner and node), so that one LIST
+//!   with a label selector finds the node's objects;
+//! - the annotation [`OWNER_ANNOTATION`]: the full identity, owner (see
+//!   [`Context::owner_identity`]) and node (its path in the tree, or the id
+//!   given with [`Manifest::inventory`](crate::Manifest::inventory)), as a
+//!   small JSON object, e.g.
+//!   `{"owner":"example.dev/Platform/team-a/p1#<uid>","node":"p1/components/metrics"}`.
 //!
-//! Only an object whose live annotations name our owner *and* our node is
+//! With the applied digest of the no-op check that is three metadata fields:
+//! each field we add costs the API server on every apply (one more field
+//! in the managed-fields set), so owner and node share one annotation.
+//!
+//! Only an object whose live annotation names our owner *and* our node is
 //! deleted, and only with a precondition on its UID. An object stamped by
 //! our owner under another node (a parent of the node was renamed) is taken
 //! over by the new node without further ado; one without our owner's stamp
-//! is foreign.
+//! (or with an annotation that does not parse) is foreign.
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::DynamicObject;
 use provisioners_core::Context;
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
 use crate::object::label_value;
 use crate::unchanged::DIGEST_ANNOTATION;
 
-/// Label whose value is a digest of the owner's identity.
-pub const OWNER_LABEL: &str = "provisioners.dev/owner";
-
 /// Label whose value is the inventory id of the node that applied the
 /// object: a digest of the owner's identity and the node.
 pub const INVENTORY_LABEL: &str = "provisioners.dev/inventory";
 
-/// Annotation holding the owner's full identity.
+/// Annotation holding the full identity of whoever applied the object: a
+/// JSON object with the owner's identity (`owner`) and the node (`node`).
 pub const OWNER_ANNOTATION: &str = "provisioners.dev/owner";
 
-/// Annotation holding the node (path or given id) that applied the object.
-pub const NODE_ANNOTATION: &str = "provisioners.dev/node";
+/// The value of [`OWNER_ANNOTATION`].
+#[derive(Serialize, Deserialize)]
+struct Identity<'a> {
+    owner: std::borrow::Cow<'a, str>,
+    node: std::borrow::Cow<'a, str>,
+}
+
+/// The owner's identity and the node in an object's ownership stamp
+/// ([`OWNER_ANNOTATION`]), if it carries one that parses.
+///
+/// ```
+/// use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+/// use provisioners_manifest::{OWNER_ANNOTATION, stamped_by};
+///
+/// let meta = ObjectMeta {
+///     annotations: Some([(
+///         OWNER_ANNOTATION.to_owned(),
+///         r#"{"owner":"standalone:demo","node":"platform/base"}"#.to_owned(),
+///     )].into()),
+///     ..ObjectMeta::default()
+/// };
+/// assert_eq!(
+///     stamped_by(&meta),
+///     Some(("standalone:demo".to_owned(), "platform/base".to_owned()))
+/// );
+/// assert_eq!(stamped_by(&ObjectMeta::default()), None);
+/// ```
+pub fn stamped_by(meta: &ObjectMeta) -> Option<(String, String)> {
+    let value = meta.annotations.as_ref()?.get(OWNER_ANNOTATION)?;
+    let identity: Identity<'_> = serde_json::from_str(value).ok()?;
+    Some((identity.owner.into_owned(), identity.node.into_owned()))
+}
+
+fn stamp_of(live: &DynamicObject) -> Option<(String, String)> {
+    stamped_by(&live.metadata)
+}
 
 /// Annotation that keeps an object when its node is deprovisioned or prunes
 /// it: with the value `orphan`, the object is released (its stamp removed)
@@ -56,9 +95,10 @@ pub(crate) const PROTECTED_NAMESPACES: [&str; 4] =
 #[derive(Clone, Debug)]
 pub(crate) struct Stamp {
     owner: String,
-    owner_label: String,
     node: String,
     inventory_id: String,
+    /// The [`OWNER_ANNOTATION`] value.
+    annotation: String,
 }
 
 /// How a live object relates to a [`Stamp`].
@@ -82,7 +122,6 @@ impl Stamp {
             None if cx.path().is_empty() => name.to_owned(),
             None => cx.path().to_owned(),
         };
-        let owner_label = hex(&Sha256::digest(owner.as_bytes()), 20);
         let mut hasher = Sha256::new();
         hasher.update(owner.as_bytes());
         // A separator that neither part can contain keeps (a, bc) and (ab, c) apart.
@@ -93,11 +132,16 @@ impl Stamp {
         let head: String = label_value(name).chars().take(24).collect();
         let head = head.trim_end_matches(|c: char| !c.is_ascii_alphanumeric());
         let inventory_id = format!("{head}-{digest}");
+        let annotation = serde_json::to_string(&Identity {
+            owner: owner.as_str().into(),
+            node: node.as_str().into(),
+        })
+        .unwrap_or_default();
         Stamp {
             owner,
-            owner_label,
             node,
             inventory_id,
+            annotation,
         }
     }
 
@@ -116,51 +160,32 @@ impl Stamp {
         format!("{INVENTORY_LABEL}={}", self.inventory_id)
     }
 
-    /// The labels of the stamp.
-    pub(crate) fn labels(&self) -> [(&'static str, &str); 2] {
-        [
-            (OWNER_LABEL, &self.owner_label),
-            (INVENTORY_LABEL, &self.inventory_id),
-        ]
-    }
-
     /// Puts the stamp on `object`.
     pub(crate) fn mark(&self, object: &mut DynamicObject) {
-        let labels = object.metadata.labels.get_or_insert_with(BTreeMap::new);
-        for (key, value) in self.labels() {
-            labels.insert(key.to_owned(), value.to_owned());
-        }
-        let annotations = object
+        object
+            .metadata
+            .labels
+            .get_or_insert_with(BTreeMap::new)
+            .insert(INVENTORY_LABEL.to_owned(), self.inventory_id.clone());
+        object
             .metadata
             .annotations
-            .get_or_insert_with(BTreeMap::new);
-        annotations.insert(OWNER_ANNOTATION.to_owned(), self.owner.clone());
-        annotations.insert(NODE_ANNOTATION.to_owned(), self.node.clone());
+            .get_or_insert_with(BTreeMap::new)
+            .insert(OWNER_ANNOTATION.to_owned(), self.annotation.clone());
     }
 
     /// Whose `live` is.
     pub(crate) fn classify(&self, live: &DynamicObject) -> Ownership {
-        let annotations = live.metadata.annotations.as_ref();
-        let owner = annotations.and_then(|a| a.get(OWNER_ANNOTATION));
-        let node = annotations.and_then(|a| a.get(NODE_ANNOTATION));
-        match (owner, node) {
-            (Some(owner), Some(node)) if *owner == self.owner && *node == self.node => {
-                Ownership::Ours
-            }
-            (Some(owner), node) if *owner == self.owner => {
-                Ownership::OurOwnerOtherNode(node.cloned().unwrap_or_default())
-            }
+        match stamp_of(live) {
+            Some((owner, node)) if owner == self.owner && node == self.node => Ownership::Ours,
+            Some((owner, node)) if owner == self.owner => Ownership::OurOwnerOtherNode(node),
             _ => Ownership::Foreign(describe_owner(live)),
         }
     }
 
     /// Whether `live` carries our owner's stamp, whatever the node.
     pub(crate) fn is_our_owner(&self, live: &DynamicObject) -> bool {
-        live.metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(OWNER_ANNOTATION))
-            .is_some_and(|owner| *owner == self.owner)
+        stamp_of(live).is_some_and(|(owner, _)| owner == self.owner)
     }
 
     /// A JSON merge patch that removes the stamp (and the applied digest)
@@ -170,10 +195,9 @@ impl Stamp {
         json!({
             "metadata": {
                 "uid": uid,
-                "labels": { OWNER_LABEL: null, INVENTORY_LABEL: null },
+                "labels": { INVENTORY_LABEL: null },
                 "annotations": {
                     OWNER_ANNOTATION: null,
-                    NODE_ANNOTATION: null,
                     DIGEST_ANNOTATION: null,
                 },
             }
@@ -208,11 +232,12 @@ pub(crate) fn kept(group: &str, kind: &str, live: &DynamicObject) -> Option<Stri
 /// stamp, a Helm release, or the field managers that wrote it.
 pub(crate) fn describe_owner(live: &DynamicObject) -> String {
     let annotations = live.metadata.annotations.as_ref();
-    if let Some(owner) = annotations.and_then(|a| a.get(OWNER_ANNOTATION)) {
-        let node = annotations
-            .and_then(|a| a.get(NODE_ANNOTATION))
-            .map_or(String::new(), |n| format!(", node `{n}`"));
-        return format!("owned by `{owner}`{node}");
+    if let Some((owner, node)) = stamp_of(live) {
+        return format!("owned by `{owner}`, node `{node}`");
+    }
+    if annotations.is_some_and(|a| a.contains_key(OWNER_ANNOTATION)) {
+        // Never quoted: the value is whatever someone wrote there.
+        return format!("an {OWNER_ANNOTATION} annotation that is not a stamp we can read");
     }
     if let Some(release) = annotations.and_then(|a| a.get("meta.helm.sh/release-name")) {
         let namespace = annotations
@@ -292,6 +317,13 @@ mod tests {
         let mut object = live(&json!({}));
         stamp.mark(&mut object);
         assert_eq!(stamp.classify(&object), Ownership::Ours);
+        // One label, one annotation: every field costs each apply.
+        assert_eq!(object.metadata.labels.as_ref().unwrap().len(), 1);
+        assert_eq!(object.metadata.annotations.as_ref().unwrap().len(), 1);
+        assert_eq!(
+            stamped_by(&object.metadata),
+            Some(("standalone:me".to_owned(), "app".to_owned()))
+        );
 
         let renamed = Stamp::new(&cx, "app", Some("platform/app"));
         assert_eq!(
@@ -308,6 +340,15 @@ mod tests {
         match stamp.classify(&live(&json!({}))) {
             Ownership::Foreign(who) => {
                 assert!(who.contains("`kubectl-client-side-apply`"), "{who}");
+            }
+            other => panic!("{other:?}"),
+        }
+        // A hand-written annotation that is no stamp: foreign, not quoted.
+        let tampered = live(&json!({ OWNER_ANNOTATION: "standalone:me" }));
+        match stamp.classify(&tampered) {
+            Ownership::Foreign(who) => {
+                assert!(who.contains("not a stamp"), "{who}");
+                assert!(!who.contains("standalone:me"), "{who}");
             }
             other => panic!("{other:?}"),
         }

@@ -238,48 +238,66 @@ pub(crate) fn parse_yaml(source: &Arc<str>, text: &str) -> Result<Vec<Document>>
             let at = if line > 0 {
                 format!(
                     "{source}:{line} (document {})",
-                    document_at_line(text, line)
+                    Documents::of(text).at(line)
                 )
             } else {
                 source.to_string()
             };
             Error::invalid(format!("{at}: not valid YAML: {message}"))
         })?;
+    let starts = Documents::of(text);
     let mut documents = Vec::with_capacity(values.len());
     for spanned in values {
         let line = spanned.referenced.line();
-        let origin = Origin::new(Arc::clone(source), line, document_at_line(text, line));
+        let origin = Origin::new(Arc::clone(source), line, starts.at(line));
         push_value(origin, spanned.value, &mut documents)?;
     }
     Ok(documents)
 }
 
-/// The 1-based index of the document holding `line`: the `---` markers
-/// before it, plus one unless the stream starts with one.
-fn document_at_line(text: &str, line: u64) -> usize {
-    let mut markers = 0;
-    let mut starts_with_marker = false;
-    let mut seen_content = false;
-    for (i, l) in text.lines().enumerate() {
-        if i as u64 + 1 >= line {
-            break;
-        }
-        if l == "---" || l.starts_with("--- ") || l.starts_with("---\t") {
-            if !seen_content {
-                starts_with_marker = true;
+/// Where the documents of one YAML stream start: the lines of its `---`
+/// markers, found in one pass, so that naming the document of each of
+/// thousands of objects stays linear in the size of the text.
+struct Documents {
+    /// 1-based lines of the `---` markers, in order.
+    markers: Vec<u64>,
+    /// Whether the first thing in the stream is a marker (then the first
+    /// document starts after it, and is still document 1).
+    starts_with_marker: bool,
+}
+
+impl Documents {
+    fn of(text: &str) -> Self {
+        let mut markers = Vec::new();
+        let mut starts_with_marker = false;
+        let mut seen_content = false;
+        for (i, l) in text.lines().enumerate() {
+            if l == "---" || l.starts_with("--- ") || l.starts_with("---\t") {
+                if !seen_content {
+                    starts_with_marker = true;
+                }
+                markers.push(i as u64 + 1);
+                seen_content = true;
+            } else if !l.trim().is_empty() && !l.trim_start().starts_with('#') {
+                seen_content = true;
             }
-            markers += 1;
-            seen_content = true;
-        } else if !l.trim().is_empty() && !l.trim_start().starts_with('#') {
-            seen_content = true;
+        }
+        Documents {
+            markers,
+            starts_with_marker,
         }
     }
-    if starts_with_marker {
-        markers
-    } else {
-        markers + 1
+
+    /// The 1-based index of the document holding `line`: the markers before
+    /// it, plus one unless the stream starts with one.
+    fn at(&self, line: u64) -> usize {
+        let before = self.markers.partition_point(|&marker| marker < line);
+        if self.starts_with_marker && before > 0 {
+            before
+        } else {
+            before + 1
+        }
     }
-    .max(1)
 }
 
 fn describe(value: &Value) -> &'static str {
@@ -391,6 +409,31 @@ mod tests {
         assert_eq!(docs[0].origin.to_string(), "test.yaml:1 (document 1)");
         assert_eq!(docs[1].origin.to_string(), "test.yaml:8 (document 3)");
         assert_eq!(docs[1].object.metadata.name.as_deref(), Some("b"));
+    }
+
+    #[test]
+    fn a_leading_marker_does_not_start_a_second_document() {
+        let docs = parse(
+            "# header\n---\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: a\n---\n\
+             apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: b\n",
+        )
+        .unwrap();
+        assert_eq!(docs[0].origin.to_string(), "test.yaml:3 (document 1)");
+        assert_eq!(docs[1].origin.to_string(), "test.yaml:8 (document 2)");
+    }
+
+    #[test]
+    fn thousands_of_documents_keep_their_index() {
+        // Naming each document's index was once quadratic in the stream.
+        let text: String = (0..5000)
+            .map(|i| format!("---\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: c{i}\n"))
+            .collect();
+        let docs = parse(&text).unwrap();
+        assert_eq!(docs.len(), 5000);
+        assert_eq!(
+            docs[4999].origin.to_string(),
+            "test.yaml:24997 (document 5000)"
+        );
     }
 
     #[test]
