@@ -25,17 +25,40 @@ pub(crate) struct Options {
     pub(crate) quick: bool,
 }
 
+const USAGE: &str = "\
+cargo xtask bench [SUITE...] [--quick]
+
+suites (all of them when none is named):
+  tree      combinator overhead on trees of 10,000 no-op leaves
+  helm      HelmRelease against a plain helm loop, Helm 3 and 4
+  manifest  Manifest against kubectl apply --server-side and a bare kube-rs loop
+            (kube-prometheus too when PROVISIONERS_FIXTURES is set)
+  operator  the example operator reconciling N Platforms
+            (PROVISIONERS_BENCH_OPERATOR_N=100,1000 picks N)
+
+  --quick   fewer rounds and sizes: a smoke run
+
+Results are recorded by hand in docs/benchmarks.md.
+";
+
 pub(crate) fn run(args: &[String]) -> Result<()> {
     let mut options = Options { quick: false };
     let mut selected = Vec::new();
     for arg in args {
         match arg.as_str() {
+            "-h" | "--help" | "help" => {
+                print!("{USAGE}");
+                return Ok(());
+            }
             "--quick" => options.quick = true,
             name => match SUITES.iter().find(|(suite, _)| *suite == name) {
                 Some(suite) => selected.push(suite),
                 None => {
                     let names: Vec<_> = SUITES.iter().map(|(n, _)| *n).collect();
-                    bail!("unknown benchmark `{name}`; known: {}", names.join(", "));
+                    bail!(
+                        "unknown benchmark `{name}`; known: {} (cargo xtask bench --help)",
+                        names.join(", ")
+                    );
                 }
             },
         }
