@@ -74,10 +74,6 @@ pub fn stamped_by(meta: &ObjectMeta) -> Option<(String, String)> {
     Some((identity.owner.into_owned(), identity.node.into_owned()))
 }
 
-fn stamp_of(live: &DynamicObject) -> Option<(String, String)> {
-    stamped_by(&live.metadata)
-}
-
 /// Annotation that keeps an object when its node is deprovisioned or prunes
 /// it: with the value `orphan`, the object is released (its stamp removed)
 /// instead of deleted.
@@ -176,7 +172,7 @@ impl Stamp {
 
     /// Whose `live` is.
     pub(crate) fn classify(&self, live: &DynamicObject) -> Ownership {
-        match stamp_of(live) {
+        match stamped_by(&live.metadata) {
             Some((owner, node)) if owner == self.owner && node == self.node => Ownership::Ours,
             Some((owner, node)) if owner == self.owner => Ownership::OurOwnerOtherNode(node),
             _ => Ownership::Foreign(describe_owner(live)),
@@ -185,7 +181,7 @@ impl Stamp {
 
     /// Whether `live` carries our owner's stamp, whatever the node.
     pub(crate) fn is_our_owner(&self, live: &DynamicObject) -> bool {
-        stamp_of(live).is_some_and(|(owner, _)| owner == self.owner)
+        stamped_by(&live.metadata).is_some_and(|(owner, _)| owner == self.owner)
     }
 
     /// A JSON merge patch that removes the stamp (and the applied digest)
@@ -232,7 +228,7 @@ pub(crate) fn kept(group: &str, kind: &str, live: &DynamicObject) -> Option<Stri
 /// stamp, a Helm release, or the field managers that wrote it.
 pub(crate) fn describe_owner(live: &DynamicObject) -> String {
     let annotations = live.metadata.annotations.as_ref();
-    if let Some((owner, node)) = stamp_of(live) {
+    if let Some((owner, node)) = stamped_by(&live.metadata) {
         return format!("owned by `{owner}`, node `{node}`");
     }
     if annotations.is_some_and(|a| a.contains_key(OWNER_ANNOTATION)) {

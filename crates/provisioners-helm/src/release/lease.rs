@@ -207,9 +207,30 @@ async fn try_acquire(
 /// Deletes the Lease of a release that is gone.
 pub(super) async fn remove(client: &kube::Client, namespace: &str, release: &str) -> Result<()> {
     let leases: Api<Lease> = Api::namespaced(client.clone(), namespace);
-    match leases.delete(&name(release), &Default::default()).await {
+    delete(&leases, namespace, release, None).await
+}
+
+/// Deletes the release's Lease; already gone is done. With `preconditions`,
+/// a conflict (replaced or changed meanwhile) is done too: whoever changed
+/// it is working on the release.
+async fn delete(
+    leases: &Api<Lease>,
+    namespace: &str,
+    release: &str,
+    preconditions: Option<Preconditions>,
+) -> Result<()> {
+    let conditional = preconditions.is_some();
+    let params = DeleteParams {
+        preconditions,
+        ..DeleteParams::default()
+    };
+    match leases.delete(&name(release), &params).await {
         Ok(_) => Ok(()),
-        Err(kube::Error::Api(status)) if status.is_not_found() => Ok(()),
+        Err(kube::Error::Api(status))
+            if status.is_not_found() || (conditional && status.code == 409) =>
+        {
+            Ok(())
+        }
         Err(e) => Err(Error::kube(
             format_args!("deleting the Lease of release `{namespace}/{release}`"),
             e,
@@ -247,22 +268,11 @@ pub(super) async fn remove_leftover(
         );
         return Ok(());
     }
-    let params = DeleteParams {
-        preconditions: Some(Preconditions {
-            resource_version: lease.metadata.resource_version.clone(),
-            uid: lease.metadata.uid.clone(),
-        }),
-        ..DeleteParams::default()
+    let preconditions = Preconditions {
+        resource_version: lease.metadata.resource_version.clone(),
+        uid: lease.metadata.uid.clone(),
     };
-    match leases.delete(&name, &params).await {
-        Ok(_) => Ok(()),
-        // Gone meanwhile, or changed: taken by a process that is working on it.
-        Err(kube::Error::Api(status)) if status.is_not_found() || status.code == 409 => Ok(()),
-        Err(e) => Err(Error::kube(
-            format_args!("deleting the Lease of release `{namespace}/{release}`"),
-            e,
-        )),
-    }
+    delete(&leases, namespace, release, Some(preconditions)).await
 }
 
 /// Renews the Lease until `stop`, then gives it up (clears the holder, so
