@@ -14,7 +14,7 @@
 //! use std::sync::Arc;
 //! use std::sync::atomic::{AtomicBool, Ordering};
 //! use provisioners_conditional::Conditional;
-//! use provisioners_core::{Context, Operation};
+//! use provisioners_core::{Context, Operation, Provisioner};
 //! use provisioners_testing::{Recorder, Scripted};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
@@ -23,10 +23,11 @@
 //! let enabled = Arc::new(AtomicBool::new(true));
 //! let flag = Arc::clone(&enabled);
 //! let monitoring = Conditional::new(
-//!     "monitoring-enabled",
 //!     move || flag.load(Ordering::Relaxed),
 //!     Scripted::new("prometheus", &recorder),
 //! );
+//! // A wrapper takes its child's name: no extra path segment.
+//! assert_eq!(monitoring.name(), "prometheus");
 //!
 //! let cx = Context::offline();
 //! cx.provision(&monitoring).await.unwrap(); // on: installs prometheus
@@ -43,28 +44,32 @@
 use std::borrow::Cow;
 use std::fmt;
 
-use provisioners_core::{Context, Provisioner, Result, async_trait};
+use provisioners_core::{Context, Metadata, Provisioner, Result, async_trait};
 
 /// Provisions its child while `condition()` is true and deprovisions it
 /// while it is false; deprovisioning always deprovisions the child.
 ///
 /// The condition is evaluated at every provision, so a flag read from the
 /// reconciled object's spec takes effect on the next reconcile.
+///
+/// A conditional takes its child's name and adds no segment to paths, so
+/// `platform/metrics` stays `platform/metrics` whether or not it can be
+/// switched off. [`Conditional::named`] makes it a node of its own.
+#[must_use]
 pub struct Conditional {
-    name: Cow<'static, str>,
+    metadata: Option<Metadata>,
     condition: Box<dyn Fn() -> bool + Send + Sync>,
     child: Box<dyn Provisioner>,
 }
 
 impl Conditional {
-    /// A conditional node called `name` around `child`.
+    /// A conditional around `child`, switched by `condition`.
     pub fn new(
-        name: impl Into<Cow<'static, str>>,
         condition: impl Fn() -> bool + Send + Sync + 'static,
         child: impl Provisioner + 'static,
     ) -> Self {
         Conditional {
-            name: name.into(),
+            metadata: None,
             condition: Box::new(condition),
             child: Box::new(child),
         }
@@ -72,12 +77,15 @@ impl Conditional {
 
     /// A conditional whose condition is fixed when the tree is built, the
     /// usual case when a tree is rebuilt from a spec at every reconcile.
-    pub fn when(
-        name: impl Into<Cow<'static, str>>,
-        enabled: bool,
-        child: impl Provisioner + 'static,
-    ) -> Self {
-        Conditional::new(name, move || enabled, child)
+    pub fn when(enabled: bool, child: impl Provisioner + 'static) -> Self {
+        Conditional::new(move || enabled, child)
+    }
+
+    /// Makes the conditional a node called `name`, with its child below it
+    /// (`name/child` in paths).
+    pub fn named(mut self, name: impl Into<Cow<'static, str>>) -> Self {
+        self.metadata = Some(Metadata::new(name));
+        self
     }
 
     /// The current value of the condition.
@@ -94,26 +102,36 @@ impl Conditional {
 #[async_trait]
 impl Provisioner for Conditional {
     fn name(&self) -> &str {
-        &self.name
+        match &self.metadata {
+            Some(metadata) => metadata.name(),
+            None => self.child.name(),
+        }
     }
 
+    // Unnamed, the conditional is its child's node: the child runs in this
+    // context, with no segment of its own.
     async fn provision(&self, cx: &Context) -> Result<()> {
-        if self.is_enabled() {
-            cx.provision(&self.child).await
-        } else {
-            cx.deprovision(&self.child).await
+        match (self.metadata.is_some(), self.is_enabled()) {
+            (true, true) => cx.provision(&self.child).await,
+            (true, false) => cx.deprovision(&self.child).await,
+            (false, true) => self.child.provision(cx).await,
+            (false, false) => self.child.deprovision(cx).await,
         }
     }
 
     async fn deprovision(&self, cx: &Context) -> Result<()> {
-        cx.deprovision(&self.child).await
+        if self.metadata.is_some() {
+            cx.deprovision(&self.child).await
+        } else {
+            self.child.deprovision(cx).await
+        }
     }
 }
 
 impl fmt::Debug for Conditional {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Conditional")
-            .field("name", &self.name)
+            .field("name", &self.name())
             .field("enabled", &self.is_enabled())
             .field("child", &self.child.name())
             .finish()
@@ -133,7 +151,7 @@ mod tests {
     #[tokio::test]
     async fn true_provisions_the_child() {
         let recorder = Recorder::new();
-        let node = Conditional::when("c", true, Scripted::new("child", &recorder));
+        let node = Conditional::when(true, Scripted::new("child", &recorder)).named("c");
         Context::offline().provision(&node).await.unwrap();
         assert_eq!(recorder.started(Operation::Provision), ["child"]);
         assert!(recorder.started(Operation::Deprovision).is_empty());
@@ -143,7 +161,7 @@ mod tests {
     #[tokio::test]
     async fn false_deprovisions_the_child() {
         let recorder = Recorder::new();
-        let node = Conditional::when("c", false, Scripted::new("child", &recorder));
+        let node = Conditional::when(false, Scripted::new("child", &recorder)).named("c");
         Context::offline().provision(&node).await.unwrap();
         assert!(recorder.started(Operation::Provision).is_empty());
         assert_eq!(recorder.started(Operation::Deprovision), ["child"]);
@@ -153,7 +171,7 @@ mod tests {
     async fn deprovision_always_deprovisions_the_child() {
         for enabled in [true, false] {
             let recorder = Recorder::new();
-            let node = Conditional::when("c", enabled, Scripted::new("child", &recorder));
+            let node = Conditional::when(enabled, Scripted::new("child", &recorder)).named("c");
             Context::offline().deprovision(&node).await.unwrap();
             assert_eq!(
                 recorder.started(Operation::Deprovision),
@@ -171,7 +189,7 @@ mod tests {
         let read = Arc::clone(&flag);
         let child = Scripted::new("child", &recorder)
             .on_deprovision([Step::yielding("pods terminating"), Step::ok()]);
-        let node = Conditional::new("c", move || read.load(Ordering::SeqCst), child);
+        let node = Conditional::new(move || read.load(Ordering::SeqCst), child).named("c");
         let cx = Context::offline();
 
         cx.provision(&node).await.unwrap();
@@ -192,5 +210,27 @@ mod tests {
             .collect::<Vec<_>>();
         assert_eq!(calls.len(), 3);
         assert_eq!(recorder.count("child", Operation::Deprovision), 2);
+    }
+
+    #[tokio::test]
+    async fn an_unnamed_conditional_is_its_child_in_paths() {
+        let recorder = Recorder::new();
+        let child = Scripted::new("child", &recorder)
+            .on_deprovision([Step::yielding("pods terminating"), Step::ok()]);
+        let node = Conditional::when(false, child);
+        assert_eq!(node.name(), "child");
+        let cx = Context::offline();
+        let error = cx.provision(&node).await.unwrap_err();
+        assert!(error.is_yield());
+        assert_eq!(error.to_string(), "child: pods terminating");
+        cx.deprovision(&node).await.unwrap();
+        assert!(recorder.calls().iter().all(|c| c.path == "child"));
+        assert_eq!(recorder.count("child", Operation::Deprovision), 2);
+        assert_eq!(recorder.count("child", Operation::Provision), 0);
+
+        let recorder = Recorder::new();
+        let node = Conditional::when(true, Scripted::new("child", &recorder));
+        cx.provision(&node).await.unwrap();
+        assert_eq!(recorder.calls()[0].path, "child");
     }
 }

@@ -1,7 +1,6 @@
 //! [`Context`]: what every provisioner needs to know about where and how it runs.
 
 use std::borrow::Cow;
-use std::collections::BTreeMap;
 use std::fmt;
 use std::future::Future;
 use std::pin::pin;
@@ -9,15 +8,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::future::{Either, select};
-use kube::config::{
-    AuthInfo, Context as KubeContext, KubeConfigOptions, Kubeconfig, NamedAuthInfo, NamedCluster,
-    NamedContext,
-};
+use kube::config::Kubeconfig;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::observe::{Event, Observer, Operation, Outcome, Phase};
-use crate::{Error, Provisioner, Result};
+use crate::{Cluster, Error, Owner, Provisioner, Result};
 
 /// The field manager used for server-side apply unless
 /// [`Context::with_field_manager`] says otherwise.
@@ -29,297 +25,6 @@ pub const DEFAULT_FIELD_MANAGER: &str = "provisioners";
 /// [grace period](https://docs.rs/provisioners-helm) after SIGTERM, and
 /// shorter than Kubernetes' default `terminationGracePeriodSeconds` (30 s).
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(20);
-
-const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
-
-/// One Kubernetes cluster: an id, a client, and (when there is one) the
-/// kubeconfig the client was built from, so that the helm CLI can reach the
-/// same cluster.
-#[derive(Clone)]
-pub struct Cluster {
-    id: Arc<str>,
-    client: kube::Client,
-    kubeconfig: Option<Arc<Kubeconfig>>,
-}
-
-impl Cluster {
-    /// A cluster reached through an existing client and, optionally, the
-    /// kubeconfig that describes the same cluster.
-    pub fn new(
-        id: impl Into<Arc<str>>,
-        client: kube::Client,
-        kubeconfig: Option<Kubeconfig>,
-    ) -> Self {
-        Cluster {
-            id: id.into(),
-            client,
-            kubeconfig: kubeconfig.map(Arc::new),
-        }
-    }
-
-    /// Builds a client from `kubeconfig` (its current context).
-    ///
-    /// The client does not use kube's built-in retries of 429, 503 and 504,
-    /// which back off for minutes: a transient failure comes back at once as
-    /// a [transient](Error::is_transient) error, so the tree yields and the
-    /// controller requeues at its own constant pace.
-    ///
-    /// # Errors
-    ///
-    /// [`ErrorKind::Invalid`](crate::ErrorKind::Invalid) when the kubeconfig
-    /// cannot be turned into a client configuration, naming the cluster id.
-    pub async fn from_kubeconfig(id: impl Into<Arc<str>>, kubeconfig: Kubeconfig) -> Result<Self> {
-        let id = id.into();
-        let mut config =
-            kube::Config::from_custom_kubeconfig(kubeconfig.clone(), &KubeConfigOptions::default())
-                .await
-                .map_err(|e| {
-                    Error::invalid(format!(
-                        "the kubeconfig of cluster `{id}` is not usable: {e}"
-                    ))
-                    .with_source(e)
-                })?;
-        config.default_retry = false;
-        let client = kube::Client::try_from(config).map_err(|e| {
-            Error::kube(format_args!("building a client for cluster `{id}`"), e)
-                .with_transient(false)
-        })?;
-        Ok(Cluster {
-            id,
-            client,
-            kubeconfig: Some(Arc::new(kubeconfig)),
-        })
-    }
-
-    /// The cluster this process is pointed at: the kubeconfig from
-    /// `KUBECONFIG` or `~/.kube/config` when there is one, otherwise the
-    /// cluster the pod runs in (see [`Cluster::in_cluster`]).
-    ///
-    /// # Errors
-    ///
-    /// [`ErrorKind::NotFound`](crate::ErrorKind::NotFound) when there is
-    /// neither a kubeconfig nor an in-cluster service account;
-    /// [`ErrorKind::Invalid`](crate::ErrorKind::Invalid) when a kubeconfig
-    /// exists but cannot be used (it is not silently skipped).
-    pub async fn infer() -> Result<Self> {
-        match Kubeconfig::read() {
-            Ok(kubeconfig) => {
-                let id = kubeconfig
-                    .current_context
-                    .clone()
-                    .unwrap_or_else(|| "default".to_owned());
-                Cluster::from_kubeconfig(id, kubeconfig).await
-            }
-            // A kubeconfig that exists but cannot be read is a mistake to
-            // report, not a reason to try another cluster.
-            Err(kubeconfig_error) if kubeconfig_exists() => Err(Error::invalid(format!(
-                "the kubeconfig (KUBECONFIG or ~/.kube/config) cannot be used: {kubeconfig_error}"
-            ))),
-            Err(kubeconfig_error) => Cluster::in_cluster().await.map_err(|e| {
-                Error::not_found(format!(
-                    "no cluster to talk to: no usable kubeconfig ({kubeconfig_error}) and not \
-                     in a pod ({}); set KUBECONFIG",
-                    e.message()
-                ))
-            }),
-        }
-    }
-
-    /// The cluster this pod runs in, through its service account.
-    ///
-    /// A kubeconfig is synthesized that names the service account's CA file
-    /// and *token file* (never the token's value), so the helm CLI reaches the
-    /// same cluster and token rotation keeps working.
-    ///
-    /// # Errors
-    ///
-    /// [`ErrorKind::NotFound`](crate::ErrorKind::NotFound) outside a pod.
-    pub async fn in_cluster() -> Result<Self> {
-        let host = std::env::var("KUBERNETES_SERVICE_HOST")
-            .map_err(|_| Error::not_found("KUBERNETES_SERVICE_HOST is not set"))?;
-        let port = std::env::var("KUBERNETES_SERVICE_PORT_HTTPS")
-            .or_else(|_| std::env::var("KUBERNETES_SERVICE_PORT"))
-            .unwrap_or_else(|_| "443".to_owned());
-        let namespace = std::fs::read_to_string(format!("{SERVICE_ACCOUNT_DIR}/namespace"))
-            .map(|ns| ns.trim().to_owned())
-            .unwrap_or_else(|_| "default".to_owned());
-        let kubeconfig = in_cluster_kubeconfig(&host, &port, &namespace);
-        Cluster::from_kubeconfig("in-cluster", kubeconfig).await
-    }
-
-    /// The cluster's id: unique among the clusters one tree talks to.
-    pub fn id(&self) -> &str {
-        &self.id
-    }
-
-    /// The client for this cluster.
-    pub fn client(&self) -> &kube::Client {
-        &self.client
-    }
-
-    /// The kubeconfig describing this cluster, if the cluster was built from one.
-    pub fn kubeconfig(&self) -> Option<&Kubeconfig> {
-        self.kubeconfig.as_deref()
-    }
-}
-
-impl fmt::Debug for Cluster {
-    // The kubeconfig may hold credentials: never print it.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Cluster")
-            .field("id", &self.id)
-            .field(
-                "kubeconfig",
-                &self.kubeconfig.as_ref().map(|_| "<redacted>"),
-            )
-            .finish_non_exhaustive()
-    }
-}
-
-/// Whether `KUBECONFIG` or `~/.kube/config` names a kubeconfig to use.
-fn kubeconfig_exists() -> bool {
-    let from_env = std::env::var_os("KUBECONFIG").is_some_and(|v| !v.is_empty());
-    let home = std::env::var_os("HOME")
-        .map(|home| std::path::Path::new(&home).join(".kube").join("config"))
-        .is_some_and(|path| path.exists());
-    from_env || home
-}
-
-pub(crate) fn in_cluster_kubeconfig(host: &str, port: &str, namespace: &str) -> Kubeconfig {
-    let host = if host.contains(':') {
-        format!("[{host}]")
-    } else {
-        host.to_owned()
-    };
-    let name = "in-cluster".to_owned();
-    Kubeconfig {
-        clusters: vec![NamedCluster {
-            name: name.clone(),
-            cluster: Some(kube::config::Cluster {
-                server: Some(format!("https://{host}:{port}")),
-                certificate_authority: Some(format!("{SERVICE_ACCOUNT_DIR}/ca.crt")),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }],
-        auth_infos: vec![NamedAuthInfo {
-            name: name.clone(),
-            auth_info: Some(AuthInfo {
-                token_file: Some(format!("{SERVICE_ACCOUNT_DIR}/token")),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }],
-        contexts: vec![NamedContext {
-            name: name.clone(),
-            context: Some(KubeContext {
-                cluster: name.clone(),
-                user: Some(name.clone()),
-                namespace: Some(namespace.to_owned()),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }],
-        current_context: Some(name),
-        ..Default::default()
-    }
-}
-
-/// The Kubernetes object (or program) on whose behalf a tree runs, usually
-/// the custom resource a controller reconciles.
-///
-/// Provisioners label what they create with it (so it can be found and
-/// pruned) and stamp it with the owner's [identity](Owner::identity): an
-/// object is only ever deleted by the owner whose stamp it carries.
-///
-/// ```
-/// use provisioners_core::Owner;
-///
-/// // A program that is not a controller names itself; keep the id stable
-/// // across runs and unique among the programs sharing a cluster.
-/// let owner = Owner::standalone("acme-bootstrap");
-/// assert_eq!(owner.identity(), "standalone:acme-bootstrap");
-/// ```
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Owner {
-    /// `apiVersion` of the owner, e.g. `example.com/v1`.
-    pub api_version: String,
-    /// `kind` of the owner, e.g. `Platform`.
-    pub kind: String,
-    /// The owner's name.
-    pub name: String,
-    /// The owner's namespace, for a namespaced owner.
-    pub namespace: Option<String>,
-    /// The owner's UID, when known.
-    pub uid: Option<String>,
-    /// An identity given by a program that has no managed object; see
-    /// [`Owner::standalone`]. Takes precedence over the object's fields.
-    pub id: Option<String>,
-    /// Labels that provisioners add to everything they create for this owner.
-    pub labels: BTreeMap<String, String>,
-}
-
-impl Owner {
-    /// The identity of `object`, with no extra labels.
-    pub fn of<K>(object: &K) -> Self
-    where
-        K: kube::Resource,
-        K::DynamicType: Default,
-    {
-        let dynamic_type = K::DynamicType::default();
-        let meta = object.meta();
-        Owner {
-            api_version: K::api_version(&dynamic_type).into_owned(),
-            kind: K::kind(&dynamic_type).into_owned(),
-            name: meta.name.clone().unwrap_or_default(),
-            namespace: meta.namespace.clone(),
-            uid: meta.uid.clone(),
-            id: None,
-            labels: BTreeMap::new(),
-        }
-    }
-
-    /// A program without a managed object, identified by `id`: the id must
-    /// be stable across runs (objects stamped with another id are foreign)
-    /// and unique among the programs and trees that share a cluster.
-    pub fn standalone(id: impl Into<String>) -> Self {
-        Owner {
-            id: Some(id.into()),
-            ..Owner::default()
-        }
-    }
-
-    /// Adds a label that provisioners put on everything they create.
-    pub fn with_label(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
-        self.labels.insert(key.into(), value.into());
-        self
-    }
-
-    /// The stable identity stamped on everything made for this owner:
-    /// `standalone:<id>` for a [standalone](Owner::standalone) owner,
-    /// otherwise `<group>/<kind>/<namespace>/<name>` of the managed object,
-    /// followed by `#<uid>` when the UID is known, so that an object deleted
-    /// and recreated under the same name is another owner (as Kubernetes'
-    /// own owner references are).
-    pub fn identity(&self) -> String {
-        if let Some(id) = &self.id {
-            return format!("standalone:{id}");
-        }
-        let group = self.api_version.rsplit_once('/').map_or("", |(g, _)| g);
-        let mut identity = format!(
-            "{group}/{}/{}/{}",
-            self.kind,
-            self.namespace.as_deref().unwrap_or(""),
-            self.name
-        );
-        if let Some(uid) = &self.uid {
-            identity.push('#');
-            identity.push_str(uid);
-        }
-        identity
-    }
-}
 
 /// Where and how a tree runs: the target cluster, cancellation, deletion
 /// policy, field manager, owner and progress observer.
@@ -374,11 +79,12 @@ impl Context {
         }
     }
 
-    /// A context over a bare client (no kubeconfig), e.g. one built over a
-    /// mock service in unit tests. Provisioners that drive a CLI need a
-    /// kubeconfig and fail with a clear error on such a context.
+    /// A context over a bare client (no kubeconfig), wrapped in the default
+    /// [client policy](crate::ClientPolicy): see [`Cluster::new`].
+    /// Provisioners that drive a CLI need a kubeconfig and fail with a clear
+    /// error on such a context.
     pub fn from_client(client: kube::Client) -> Self {
-        Context::new(Cluster::new("client", client, None))
+        Context::new(Cluster::new("client", client))
     }
 
     /// A context with no cluster behind it: every API request fails with a
@@ -392,9 +98,11 @@ impl Context {
                  Cluster::infer or Cluster::from_kubeconfig",
             )
         });
-        let mut cx = Context::from_client(kube::Client::new(service, "default"));
-        cx.shared_mut().cluster.id = Arc::from("offline");
-        cx
+        // No policy: retrying a request that can never succeed only slows tests.
+        Context::new(Cluster::unmanaged(
+            "offline",
+            kube::Client::new(service, "default"),
+        ))
     }
 
     fn shared_mut(&mut self) -> &mut Shared {
@@ -465,7 +173,7 @@ impl Context {
 
     /// The target cluster's client.
     pub fn client(&self) -> &kube::Client {
-        &self.shared.cluster.client
+        self.shared.cluster.client()
     }
 
     /// The target cluster's kubeconfig, if it has one.
@@ -551,10 +259,13 @@ impl Context {
     }
 
     async fn run<P: Provisioner + ?Sized>(&self, node: &P, operation: Operation) -> Result<()> {
+        let name = node.name();
+        if name.is_empty() || name.contains('/') {
+            return Err(self.bad_name(name));
+        }
         let path: Arc<str> = match &self.path {
-            None => Arc::from(node.name()),
+            None => Arc::from(name),
             Some(parent) => {
-                let name = node.name();
                 let mut joined = String::with_capacity(parent.len() + 1 + name.len());
                 joined.push_str(parent);
                 joined.push('/');
@@ -601,6 +312,25 @@ impl Context {
             }
             e.at(&path)
         })
+    }
+}
+
+impl Context {
+    /// The error for a node whose name cannot be a path segment.
+    #[cold]
+    fn bad_name(&self, name: &str) -> Error {
+        let under = match self.path.as_deref() {
+            Some(parent) => format!(" (under `{parent}`)"),
+            None => String::new(),
+        };
+        let error = Error::invalid(format!(
+            "node `{name}`{under}: a node name may not be empty or contain `/` (it separates \
+             path segments); rename the node"
+        ));
+        match &self.path {
+            Some(parent) => error.at(parent),
+            None => error,
+        }
     }
 }
 

@@ -10,31 +10,49 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 type BoxError = Box<dyn StdError + Send + Sync + 'static>;
 
-/// What went wrong, in the coarse classes a controller acts on.
+/// What the caller should do about an error.
+///
+/// Kinds name the action, not the origin: a failed helm run and a refused
+/// API request are both [`Failed`](ErrorKind::Failed) when retrying cannot
+/// help, and both [`Unavailable`](ErrorKind::Unavailable) when it may. The
+/// origin is in [`std::error::Error::source`] (a [`kube::Error`], or a leaf
+/// crate's own type such as `provisioners_helm::HelmFailure`).
 ///
 /// Match on this rather than on messages. New kinds may be added, so keep a
 /// wildcard arm.
+///
+/// | kind | the caller should | transient |
+/// |---|---|---|
+/// | [`Yield`](ErrorKind::Yield) | come back later: not done yet, not a failure | yes |
+/// | [`Unavailable`](ErrorKind::Unavailable) | retry later: the cluster or a tool failed for now | yes |
+/// | [`Timeout`](ErrorKind::Timeout) | report it, and retry later if it wants | yes |
+/// | [`Invalid`](ErrorKind::Invalid) | fix the input | no |
+/// | [`NotFound`](ErrorKind::NotFound) | create what is missing, or fix the reference | no |
+/// | [`Failed`](ErrorKind::Failed) | have a human look: retrying the same call will not help | no |
+/// | [`Cancelled`](ErrorKind::Cancelled) | stop | no |
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum ErrorKind {
     /// Not done yet: the work is in progress and the caller should come back
     /// later (a controller requeues). Carries a human reason. Not a failure.
     Yield,
-    /// Something that must exist does not (a remote cluster's kubeconfig, a
-    /// chart, a file).
-    NotFound,
+    /// The cluster or a tool failed in a way that may pass: a dropped
+    /// connection, throttling (429), a server error (5xx), a conflicting
+    /// write (409), a helm run killed by a signal. Retry later.
+    Unavailable,
+    /// A deadline passed before the work finished; retrying may work.
+    Timeout,
     /// Bad input: never retried, and the message says exactly what and where.
     Invalid,
-    /// The Kubernetes API refused or failed a request.
-    Kube,
-    /// The helm CLI failed.
-    Helm,
+    /// Something that must exist does not (a remote cluster's kubeconfig, a
+    /// chart, a file, an object the API answered 404 for).
+    NotFound,
+    /// Refused or failed for good: forbidden (401/403), a helm run that
+    /// failed, a workload that will not become ready. Retrying the same call
+    /// will not help until something changes.
+    Failed,
     /// The work was cancelled through the context's token.
     Cancelled,
-    /// A deadline passed before the work finished.
-    Timeout,
-    /// Several children of a group failed; see [`Error::children`].
-    Group,
 }
 
 impl ErrorKind {
@@ -42,13 +60,34 @@ impl ErrorKind {
     pub fn as_str(self) -> &'static str {
         match self {
             ErrorKind::Yield => "yield",
-            ErrorKind::NotFound => "not-found",
-            ErrorKind::Invalid => "invalid",
-            ErrorKind::Kube => "kube",
-            ErrorKind::Helm => "helm",
-            ErrorKind::Cancelled => "cancelled",
+            ErrorKind::Unavailable => "unavailable",
             ErrorKind::Timeout => "timeout",
-            ErrorKind::Group => "group",
+            ErrorKind::Invalid => "invalid",
+            ErrorKind::NotFound => "not-found",
+            ErrorKind::Failed => "failed",
+            ErrorKind::Cancelled => "cancelled",
+        }
+    }
+
+    /// Whether the same call may succeed later without any change of input.
+    pub fn is_transient(self) -> bool {
+        matches!(
+            self,
+            ErrorKind::Yield | ErrorKind::Unavailable | ErrorKind::Timeout
+        )
+    }
+
+    /// How much a kind outweighs others when a group of children reports
+    /// one kind: a child that needs a human wins over one that will pass.
+    fn weight(self) -> u8 {
+        match self {
+            ErrorKind::Yield => 0,
+            ErrorKind::Unavailable => 1,
+            ErrorKind::Timeout => 2,
+            ErrorKind::Failed => 3,
+            ErrorKind::NotFound => 4,
+            ErrorKind::Invalid => 5,
+            ErrorKind::Cancelled => 6,
         }
     }
 }
@@ -79,7 +118,6 @@ struct Inner {
     kind: ErrorKind,
     path: Option<Arc<str>>,
     message: Cow<'static, str>,
-    transient: bool,
     source: Option<BoxError>,
     children: Vec<Error>,
 }
@@ -87,13 +125,11 @@ struct Inner {
 impl Error {
     /// An error of `kind` with a message. Prefer the named constructors.
     pub fn new(kind: ErrorKind, message: impl Into<Cow<'static, str>>) -> Self {
-        let transient = matches!(kind, ErrorKind::Yield | ErrorKind::Timeout);
         Error {
             inner: Box::new(Inner {
                 kind,
                 path: None,
                 message: message.into(),
-                transient,
                 source: None,
                 children: Vec::new(),
             }),
@@ -104,6 +140,18 @@ impl Error {
     /// `"Deployment monitoring/grafana: 0 of 1 replicas available"`.
     pub fn yielding(reason: impl Into<Cow<'static, str>>) -> Self {
         Error::new(ErrorKind::Yield, reason)
+    }
+
+    /// The cluster or a tool failed for now; retrying later may work.
+    pub fn unavailable(message: impl Into<Cow<'static, str>>) -> Self {
+        Error::new(ErrorKind::Unavailable, message)
+    }
+
+    /// Failed for good until something changes; `message` says what failed
+    /// and, where it can, what to change. Attach the cause with
+    /// [`Error::with_source`].
+    pub fn failed(message: impl Into<Cow<'static, str>>) -> Self {
+        Error::new(ErrorKind::Failed, message)
     }
 
     /// Something needed does not exist; `what` names it.
@@ -118,11 +166,17 @@ impl Error {
 
     /// The Kubernetes API failed while doing `action` (e.g. `"applying ConfigMap ns/name"`).
     ///
-    /// The server's message is kept, and connection failures, conflicts from
-    /// races (409), throttling (429) and server errors (5xx) are marked
-    /// transient.
+    /// The server's message is kept, the [`kube::Error`] is the
+    /// [source](std::error::Error::source), and the kind says what to do:
+    ///
+    /// | failure | kind |
+    /// |---|---|
+    /// | connection failures, timeouts, 409, 410, 429, 5xx | [`Unavailable`](ErrorKind::Unavailable) |
+    /// | 400, 422, an unusable configuration | [`Invalid`](ErrorKind::Invalid) |
+    /// | 404 | [`NotFound`](ErrorKind::NotFound) |
+    /// | 401, 403 and everything else | [`Failed`](ErrorKind::Failed) |
     pub fn kube(action: impl fmt::Display, source: kube::Error) -> Self {
-        let transient = is_transient_kube(&source);
+        let kind = kube_kind(&source);
         let message = match &source {
             kube::Error::Api(status) => {
                 format!(
@@ -132,15 +186,7 @@ impl Error {
             }
             other => format!("{action}: {other}"),
         };
-        let mut error = Error::new(ErrorKind::Kube, message).with_source(source);
-        error.inner.transient = transient;
-        error
-    }
-
-    /// The helm CLI failed; `message` carries the exit code and trimmed stderr,
-    /// never values.
-    pub fn helm(message: impl Into<Cow<'static, str>>) -> Self {
-        Error::new(ErrorKind::Helm, message)
+        Error::new(kind, message).with_source(source)
     }
 
     /// The work was cancelled.
@@ -155,12 +201,21 @@ impl Error {
 
     /// Combines the failures of several children into one error that keeps all of them.
     ///
-    /// If every child error is a yield the result is itself a
-    /// [yield](ErrorKind::Yield), so a group that is merely waiting is not
-    /// reported as failed. If every child was cancelled or is waiting, the
-    /// result is [`ErrorKind::Cancelled`]: a cancelled tree reports one
-    /// `cancelled`, not a group. A single child error is returned unchanged. An
-    /// empty list is a programming error reported as [`ErrorKind::Invalid`].
+    /// The group's kind is derived from its children, so a caller acts on a
+    /// group as on any error:
+    ///
+    /// - every child a yield: a [yield](ErrorKind::Yield), so a group that is
+    ///   merely waiting is not reported as failed;
+    /// - every child cancelled or waiting: [`ErrorKind::Cancelled`], so a
+    ///   cancelled tree reports one `cancelled`;
+    /// - otherwise the weightiest kind among the children that were not
+    ///   cancelled, in the order `Invalid`, `NotFound`, `Failed`, `Timeout`,
+    ///   `Unavailable`: the group is [transient](Error::is_transient)
+    ///   exactly when every such child is.
+    ///
+    /// [`Error::children`] keeps every child. A single child error is
+    /// returned unchanged. An empty list is a programming error reported as
+    /// [`ErrorKind::Invalid`].
     pub fn group(mut children: Vec<Error>) -> Self {
         match children.len() {
             0 => return Error::invalid("an error group was built from no errors"),
@@ -175,27 +230,26 @@ impl Error {
         if cancelled {
             return Error::cancelled();
         }
-        let all_yield = children.iter().all(Error::is_yield);
-        let transient = children.iter().all(Error::is_transient);
-        let (kind, message) = if all_yield {
-            (
-                ErrorKind::Yield,
-                format!("waiting for {} children", children.len()),
-            )
+        let kind = children
+            .iter()
+            .map(Error::kind)
+            .filter(|kind| *kind != ErrorKind::Cancelled)
+            .max_by_key(|kind| kind.weight())
+            .unwrap_or(ErrorKind::Cancelled);
+        let message = if kind == ErrorKind::Yield {
+            format!("waiting for {} children", children.len())
         } else {
             let failed = children.iter().filter(|c| !c.is_yield()).count();
-            let message = if failed == children.len() {
+            if failed == children.len() {
                 format!("{failed} children failed")
             } else {
                 format!(
                     "{failed} children failed, {} waiting",
                     children.len() - failed
                 )
-            };
-            (ErrorKind::Group, message)
+            }
         };
         let mut error = Error::new(kind, message);
-        error.inner.transient = transient;
         error.inner.children = children;
         error
     }
@@ -203,12 +257,6 @@ impl Error {
     /// Attaches the underlying cause, returned by [`std::error::Error::source`].
     pub fn with_source(mut self, source: impl Into<BoxError>) -> Self {
         self.inner.source = Some(source.into());
-        self
-    }
-
-    /// Overrides whether retrying the same call later may succeed.
-    pub fn with_transient(mut self, transient: bool) -> Self {
-        self.inner.transient = transient;
         self
     }
 
@@ -238,8 +286,7 @@ impl Error {
         &self.inner.message
     }
 
-    /// The child errors of a [group](ErrorKind::Group) (or of a yield made of
-    /// several children); empty otherwise.
+    /// The child errors of a [group](Error::group); empty otherwise.
     pub fn children(&self) -> &[Error] {
         &self.inner.children
     }
@@ -267,20 +314,33 @@ impl Error {
         self.inner.kind == ErrorKind::Yield
     }
 
+    /// Whether this error combines several children (see [`Error::group`]).
+    pub fn is_group(&self) -> bool {
+        !self.inner.children.is_empty()
+    }
+
     /// Whether the same call may succeed later without any change of input:
-    /// yields, timeouts, and Kubernetes errors such as connection failures,
-    /// 409 conflicts, 429 and 5xx. Never true for [`ErrorKind::Invalid`].
+    /// true for [yields](ErrorKind::Yield), [`Unavailable`](ErrorKind::Unavailable)
+    /// and [`Timeout`](ErrorKind::Timeout); see [`ErrorKind::is_transient`].
     pub fn is_transient(&self) -> bool {
-        self.inner.transient
+        self.inner.kind.is_transient()
     }
 }
 
-/// Connection failures, races (409), throttling (429) and server errors (5xx).
-fn is_transient_kube(error: &kube::Error) -> bool {
+/// What a caller should do about a failed API call; see [`Error::kube`].
+fn kube_kind(error: &kube::Error) -> ErrorKind {
     match error {
-        kube::Error::Api(status) => matches!(status.code, 409 | 429 | 500..=599),
-        kube::Error::HyperError(_) | kube::Error::Service(_) | kube::Error::ReadEvents(_) => true,
-        _ => false,
+        kube::Error::Api(status) => match status.code {
+            400 | 422 => ErrorKind::Invalid,
+            404 => ErrorKind::NotFound,
+            409 | 410 | 429 | 500..=599 => ErrorKind::Unavailable,
+            _ => ErrorKind::Failed,
+        },
+        kube::Error::HyperError(_) | kube::Error::Service(_) | kube::Error::ReadEvents(_) => {
+            ErrorKind::Unavailable
+        }
+        kube::Error::InferConfig(_) | kube::Error::TlsRequired => ErrorKind::Invalid,
+        _ => ErrorKind::Failed,
     }
 }
 
@@ -306,9 +366,6 @@ impl fmt::Debug for Error {
             debug.field("path", path);
         }
         debug.field("message", &self.inner.message);
-        if self.inner.transient {
-            debug.field("transient", &true);
-        }
         if let Some(source) = &self.inner.source {
             debug.field("source", source);
         }
@@ -375,7 +432,8 @@ mod tests {
             Error::cancelled().at(&path("g/a")),
             Error::invalid("bad").at(&path("g/b")),
         ]);
-        assert_eq!(error.kind(), ErrorKind::Group);
+        assert_eq!(error.kind(), ErrorKind::Invalid);
+        assert!(error.is_group());
         assert_eq!(error.children().len(), 2);
     }
 
@@ -384,9 +442,11 @@ mod tests {
         let error = Error::group(vec![
             Error::yielding("a not ready").at(&path("g/a")),
             Error::invalid("b is bad").at(&path("g/b")),
-            Error::helm("c failed").at(&path("g/c")),
+            Error::failed("c failed").at(&path("g/c")),
         ]);
-        assert_eq!(error.kind(), ErrorKind::Group);
+        // The weightiest child decides: bad input outweighs a failed run.
+        assert_eq!(error.kind(), ErrorKind::Invalid);
+        assert!(error.is_group());
         assert!(!error.is_yield());
         assert!(!error.is_transient());
         assert_eq!(error.children().len(), 3);
@@ -425,19 +485,86 @@ mod tests {
                 kube::Error::Api(Box::new(status)),
             )
         }
-        for code in [409, 429, 500, 503] {
+        for code in [409, 410, 429, 500, 503] {
+            assert_eq!(api(code).kind(), ErrorKind::Unavailable, "{code}");
             assert!(api(code).is_transient(), "{code} should be transient");
         }
-        for code in [400, 403, 404, 422] {
+        for (code, kind) in [
+            (400, ErrorKind::Invalid),
+            (401, ErrorKind::Failed),
+            (403, ErrorKind::Failed),
+            (404, ErrorKind::NotFound),
+            (422, ErrorKind::Invalid),
+        ] {
+            assert_eq!(api(code).kind(), kind, "{code}");
             assert!(!api(code).is_transient(), "{code} should not be transient");
         }
+        let tls = Error::kube("building a client", kube::Error::TlsRequired);
+        assert_eq!(tls.kind(), ErrorKind::Invalid);
         let error = api(422);
-        assert_eq!(error.kind(), ErrorKind::Kube);
+        assert_eq!(error.kind(), ErrorKind::Invalid);
         assert_eq!(
             error.message(),
             "applying ConfigMap ns/x: boom (422 Reason)"
         );
         assert!(error.source().is_some());
+    }
+
+    #[test]
+    fn a_group_takes_the_weightiest_kind_and_is_transient_only_if_every_child_is() {
+        let passing = Error::group(vec![
+            Error::yielding("a").at(&path("g/a")),
+            Error::unavailable("b").at(&path("g/b")),
+            Error::timeout("c").at(&path("g/c")),
+        ]);
+        assert_eq!(passing.kind(), ErrorKind::Timeout);
+        assert!(passing.is_transient());
+        assert_eq!(passing.children().len(), 3);
+        assert_eq!(passing.message(), "2 children failed, 1 waiting");
+
+        let lasting = Error::group(vec![
+            Error::unavailable("a").at(&path("g/a")),
+            Error::failed("b").at(&path("g/b")),
+        ]);
+        assert_eq!(lasting.kind(), ErrorKind::Failed);
+        assert!(!lasting.is_transient());
+
+        let missing = Error::group(vec![
+            Error::failed("a").at(&path("g/a")),
+            Error::not_found("b").at(&path("g/b")),
+            Error::cancelled().at(&path("g/c")),
+        ]);
+        // A cancelled sibling does not hide a real failure.
+        assert_eq!(missing.kind(), ErrorKind::NotFound);
+        assert_eq!(missing.children().len(), 3);
+    }
+
+    #[test]
+    fn kinds_have_stable_names() {
+        let names: Vec<_> = [
+            ErrorKind::Yield,
+            ErrorKind::Unavailable,
+            ErrorKind::Timeout,
+            ErrorKind::Invalid,
+            ErrorKind::NotFound,
+            ErrorKind::Failed,
+            ErrorKind::Cancelled,
+        ]
+        .iter()
+        .map(|k| k.as_str())
+        .collect();
+        assert_eq!(
+            names,
+            [
+                "yield",
+                "unavailable",
+                "timeout",
+                "invalid",
+                "not-found",
+                "failed",
+                "cancelled"
+            ]
+        );
     }
 
     #[test]

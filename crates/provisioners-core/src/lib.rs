@@ -83,18 +83,24 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod cluster;
 mod context;
 pub mod drift;
 mod error;
 mod observe;
+mod owner;
+mod policy;
 mod provisioner;
 pub mod readiness;
 mod remote;
 
 pub use async_trait::async_trait;
-pub use context::{Cluster, Context, DEFAULT_FIELD_MANAGER, DEFAULT_SHUTDOWN_GRACE, Owner};
+pub use cluster::Cluster;
+pub use context::{Context, DEFAULT_FIELD_MANAGER, DEFAULT_SHUTDOWN_GRACE};
 pub use error::{Error, ErrorKind, Result};
 pub use observe::{Event, Observer, Operation, Outcome, Phase};
+pub use owner::Owner;
+pub use policy::{ClientPolicy, DEFAULT_BACKOFF, DEFAULT_REQUEST_TIMEOUT, PolicyService};
 pub use provisioner::{Managed, ManagerProvisioner, Metadata, Provisioner};
 pub use remote::RemoteCluster;
 /// Re-exported so that users name the same token type as [`Context`].

@@ -143,7 +143,7 @@ async fn the_observer_sees_every_node_start_and_finish() {
     let cx = Context::offline().with_observer(recorder.clone());
     assert!(cx.provision(&tree).await.unwrap_err().is_yield());
     let _ = cx
-        .deprovision(&leaf("bad", || Err(Error::helm("exit 1")), &seen))
+        .deprovision(&leaf("bad", || Err(Error::failed("exit 1")), &seen))
         .await;
 
     assert_eq!(
@@ -352,7 +352,7 @@ async fn settings_carry_over_to_child_contexts() {
 
 #[test]
 fn in_cluster_kubeconfig_names_the_token_file_not_the_token() {
-    let kubeconfig = crate::context::in_cluster_kubeconfig("10.0.0.1", "443", "ops");
+    let kubeconfig = crate::cluster::in_cluster_kubeconfig("10.0.0.1", "443", "ops");
     let user = kubeconfig.auth_infos[0].auth_info.as_ref().unwrap();
     assert_eq!(
         user.token_file.as_deref(),
@@ -364,7 +364,80 @@ fn in_cluster_kubeconfig_names_the_token_file_not_the_token() {
     let context = kubeconfig.contexts[0].context.as_ref().unwrap();
     assert_eq!(context.namespace.as_deref(), Some("ops"));
 
-    let v6 = crate::context::in_cluster_kubeconfig("fd00::1", "6443", "ops");
+    let v6 = crate::cluster::in_cluster_kubeconfig("fd00::1", "6443", "ops");
     let server = v6.clusters[0].cluster.as_ref().unwrap().server.clone();
     assert_eq!(server.as_deref(), Some("https://[fd00::1]:6443"));
+}
+
+#[tokio::test]
+async fn a_node_name_that_is_empty_or_holds_a_slash_is_invalid_and_nothing_runs() {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    struct Parent(Leaf);
+    #[async_trait::async_trait]
+    impl Provisioner for Parent {
+        fn name(&self) -> &str {
+            "platform"
+        }
+        async fn provision(&self, cx: &Context) -> Result<()> {
+            cx.provision(&self.0).await
+        }
+        async fn deprovision(&self, cx: &Context) -> Result<()> {
+            cx.deprovision(&self.0).await
+        }
+    }
+    for name in ["a/b", ""] {
+        let tree = Parent(leaf(name, || Ok(()), &seen));
+        let error = Context::offline().provision(&tree).await.unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::Invalid, "{name:?}");
+        assert_eq!(error.path(), Some("platform"));
+        assert!(
+            error.message().starts_with(&format!(
+                "node `{name}` (under `platform`): a node name may not"
+            )),
+            "{error}"
+        );
+    }
+    let root = leaf("x/y", || Ok(()), &seen);
+    let error = Context::offline().deprovision(&root).await.unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::Invalid);
+    assert!(error.to_string().starts_with("node `x/y`: "), "{error}");
+    assert!(seen.lock().unwrap().is_empty(), "no node ran");
+}
+
+#[tokio::test]
+async fn cluster_state_is_one_value_per_type_shared_by_clones_and_derived_clusters() {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    #[derive(Default)]
+    struct Shared(AtomicU32);
+
+    let cx = Context::offline();
+    let cluster = cx.cluster().clone();
+    cluster.state::<AtomicU32>().fetch_add(1, Ordering::SeqCst);
+    assert_eq!(cx.cluster().state::<AtomicU32>().load(Ordering::SeqCst), 1);
+    assert!(Arc::ptr_eq(
+        &cluster.state::<AtomicU32>(),
+        &cx.cluster().state::<AtomicU32>()
+    ));
+
+    let kubeconfig: kube::config::Kubeconfig = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Config", "current-context": "r",
+        "clusters": [{"name": "r", "cluster": {"server": "https://127.0.0.1:1"}}],
+        "users": [{"name": "r", "user": {"token": "t"}}],
+        "contexts": [{"name": "r", "context": {"cluster": "r", "user": "r"}}],
+    }))
+    .unwrap();
+    let remote = cluster.derive("remote", kubeconfig).await.unwrap();
+    assert_eq!(remote.id(), "remote");
+    // Its own state, the parent's shared state.
+    assert_eq!(remote.state::<AtomicU32>().load(Ordering::SeqCst), 0);
+    cluster
+        .shared_state::<Shared>()
+        .0
+        .fetch_add(5, Ordering::SeqCst);
+    assert_eq!(remote.shared_state::<Shared>().0.load(Ordering::SeqCst), 5);
+    // Derived from an unmanaged cluster: no policy either.
+    assert!(remote.policy().is_none());
+
+    let set = cluster.with_state(AtomicU32::new(7));
+    assert_eq!(set.state::<AtomicU32>().load(Ordering::SeqCst), 7);
 }

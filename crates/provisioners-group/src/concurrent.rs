@@ -5,7 +5,7 @@ use std::fmt;
 
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
-use provisioners_core::{Context, Error, Operation, Provisioner, Result, async_trait};
+use provisioners_core::{Context, Error, Metadata, Operation, Provisioner, Result, async_trait};
 
 /// Provisions (or deprovisions) all its children at once and waits for every
 /// one of them: a failing child does not cancel its siblings. The result
@@ -13,7 +13,7 @@ use provisioners_core::{Context, Error, Operation, Provisioner, Result, async_tr
 /// them are yields the group yields (see [`Error::group`]).
 ///
 /// Children run interleaved on the calling task, which suits work that
-/// waits on the API server or a child process. [`Concurrent::limit`] bounds
+/// waits on the API server or a child process. [`Concurrent::concurrency`] bounds
 /// how many run at once.
 ///
 /// ```
@@ -27,21 +27,22 @@ use provisioners_core::{Context, Error, Operation, Provisioner, Result, async_tr
 ///     .with(Noop::new("metrics-server"))
 ///     .with(Noop::new("cert-manager"))
 ///     .with(Noop::new("ingress"))
-///     .limit(2);
+///     .concurrency(2);
 /// Context::offline().provision(&addons).await.unwrap();
 /// # }
 /// ```
+#[must_use]
 pub struct Concurrent {
-    name: Cow<'static, str>,
+    metadata: Metadata,
     children: Vec<Box<dyn Provisioner>>,
-    limit: Option<usize>,
+    pub(crate) limit: Option<usize>,
 }
 
 impl Concurrent {
     /// An empty group called `name`, with no bound on parallelism.
     pub fn new(name: impl Into<Cow<'static, str>>) -> Self {
         Concurrent {
-            name: name.into(),
+            metadata: Metadata::new(name),
             children: Vec::new(),
             limit: None,
         }
@@ -60,14 +61,9 @@ impl Concurrent {
 
     /// Runs at most `n` children at once; the next starts as soon as one
     /// finishes. A limit of 0 is taken as 1, so the group always makes progress.
-    pub fn limit(mut self, n: usize) -> Self {
+    pub fn concurrency(mut self, n: usize) -> Self {
         self.limit = Some(n.max(1));
         self
-    }
-
-    /// The bound set by [`Concurrent::limit`], if any.
-    pub fn max_in_flight(&self) -> Option<usize> {
-        self.limit
     }
 
     /// The children, in the order they were added.
@@ -125,7 +121,7 @@ async fn run_child(
 impl<N: Into<Cow<'static, str>>> From<(N, Vec<Box<dyn Provisioner>>)> for Concurrent {
     fn from((name, children): (N, Vec<Box<dyn Provisioner>>)) -> Self {
         Concurrent {
-            name: name.into(),
+            metadata: Metadata::new(name),
             children,
             limit: None,
         }
@@ -141,7 +137,7 @@ impl Extend<Box<dyn Provisioner>> for Concurrent {
 #[async_trait]
 impl Provisioner for Concurrent {
     fn name(&self) -> &str {
-        &self.name
+        self.metadata.name()
     }
 
     async fn provision(&self, cx: &Context) -> Result<()> {
@@ -157,7 +153,7 @@ impl fmt::Debug for Concurrent {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let names: Vec<&str> = self.children.iter().map(|c| c.name()).collect();
         f.debug_struct("Concurrent")
-            .field("name", &self.name)
+            .field("name", &self.metadata.name())
             .field("limit", &self.limit)
             .field("children", &names)
             .finish()

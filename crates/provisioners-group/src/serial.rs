@@ -3,7 +3,7 @@
 use std::borrow::Cow;
 use std::fmt;
 
-use provisioners_core::{Context, Provisioner, Result, async_trait};
+use provisioners_core::{Context, Metadata, Provisioner, Result, async_trait};
 
 /// Provisions its children one after another, in the order they were added,
 /// and stops at the first error or yield. Deprovisions them in *reverse*
@@ -28,8 +28,9 @@ use provisioners_core::{Context, Provisioner, Result, async_trait};
 /// Context::offline().provision(&platform).await.unwrap();
 /// # }
 /// ```
+#[must_use]
 pub struct Serial {
-    name: Cow<'static, str>,
+    metadata: Metadata,
     children: Vec<Box<dyn Provisioner>>,
 }
 
@@ -37,7 +38,7 @@ impl Serial {
     /// An empty group called `name`.
     pub fn new(name: impl Into<Cow<'static, str>>) -> Self {
         Serial {
-            name: name.into(),
+            metadata: Metadata::new(name),
             children: Vec::new(),
         }
     }
@@ -72,7 +73,7 @@ impl Serial {
 impl<N: Into<Cow<'static, str>>> From<(N, Vec<Box<dyn Provisioner>>)> for Serial {
     fn from((name, children): (N, Vec<Box<dyn Provisioner>>)) -> Self {
         Serial {
-            name: name.into(),
+            metadata: Metadata::new(name),
             children,
         }
     }
@@ -87,7 +88,7 @@ impl Extend<Box<dyn Provisioner>> for Serial {
 #[async_trait]
 impl Provisioner for Serial {
     fn name(&self) -> &str {
-        &self.name
+        self.metadata.name()
     }
 
     async fn provision(&self, cx: &Context) -> Result<()> {
@@ -109,7 +110,7 @@ impl fmt::Debug for Serial {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let names: Vec<&str> = self.children.iter().map(|c| c.name()).collect();
         f.debug_struct("Serial")
-            .field("name", &self.name)
+            .field("name", &self.metadata.name())
             .field("children", &names)
             .finish()
     }

@@ -93,12 +93,14 @@ async fn concurrent_runs_every_child_even_when_one_fails_early() {
         ok("fails-at-once", &recorder).on_provision([Step::fail("early")]),
         ok("slow", &recorder).on_provision([Step::delay(5 * SECOND)]),
         ok("fails-late", &recorder)
-            .on_provision([Step::fail_with(ErrorKind::Helm, "late").after(3 * SECOND)]),
+            .on_provision([Step::fail_with(ErrorKind::Failed, "late").after(3 * SECOND)]),
         ok("fine", &recorder).on_provision([Step::delay(SECOND)]),
     );
     let error = Context::offline().provision(&group).await.unwrap_err();
 
-    assert_eq!(error.kind(), ErrorKind::Group);
+    // Bad input (`Step::fail`) outweighs a failed run.
+    assert_eq!(error.kind(), ErrorKind::Invalid);
+    assert!(error.is_group());
     let paths: Vec<_> = error.children().iter().map(|e| e.path().unwrap()).collect();
     assert_eq!(paths, ["c/fails-at-once", "c/fails-late"]);
     assert_eq!(
@@ -145,7 +147,7 @@ async fn concurrent_children_really_overlap() {
 async fn concurrent_limit_bounds_the_children_in_flight() {
     for limit in [1, 2, 3] {
         let recorder = Recorder::new();
-        let mut group = Concurrent::new("c").limit(limit);
+        let mut group = Concurrent::new("c").concurrency(limit);
         for i in 0..10u64 {
             // Uneven durations, so that slots free up out of order.
             let delay = Duration::from_millis(100 * (1 + i % 3));
@@ -155,13 +157,13 @@ async fn concurrent_limit_bounds_the_children_in_flight() {
         assert_eq!(recorder.count("n", Operation::Provision), 10);
         assert_eq!(recorder.max_in_flight(), limit, "limit {limit}");
     }
-    assert_eq!(Concurrent::new("zero").limit(0).max_in_flight(), Some(1));
+    assert_eq!(Concurrent::new("zero").concurrency(0).limit, Some(1));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_limit_holds_on_a_multi_threaded_runtime_in_real_time() {
     let recorder = Recorder::new();
-    let mut group = Concurrent::new("c").limit(3);
+    let mut group = Concurrent::new("c").concurrency(3);
     for _ in 0..20 {
         group.push(ok("n", &recorder).on_provision([Step::delay(Duration::from_millis(20))]));
     }
@@ -193,7 +195,8 @@ async fn a_concurrent_group_whose_failures_are_all_yields_is_a_yield() {
         ok("b", &recorder).on_provision([Step::fail("bad value")]),
     );
     let error = Context::offline().provision(&group).await.unwrap_err();
-    assert_eq!(error.kind(), ErrorKind::Group);
+    assert_eq!(error.kind(), ErrorKind::Invalid);
+    assert!(error.is_group());
     assert!(!error.is_transient());
     assert_eq!(error.children().len(), 2);
 }
@@ -206,12 +209,14 @@ async fn a_single_failure_passes_through_with_its_own_path() {
         concurrent!(
             "group",
             ok("fine", &recorder),
-            ok("leaf", &recorder).on_provision([Step::fail_with(ErrorKind::Kube, "422 invalid")]),
+            ok("leaf", &recorder)
+                .on_provision([Step::fail_with(ErrorKind::Failed, "403 forbidden")]),
         ),
     );
     let error = Context::offline().provision(&group).await.unwrap_err();
-    assert_eq!(error.kind(), ErrorKind::Kube);
-    assert_eq!(error.to_string(), "root/group/leaf: 422 invalid");
+    assert_eq!(error.kind(), ErrorKind::Failed);
+    assert!(!error.is_group());
+    assert_eq!(error.to_string(), "root/group/leaf: 403 forbidden");
 }
 
 #[tokio::test]

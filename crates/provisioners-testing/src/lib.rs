@@ -58,6 +58,9 @@ pub mod crash;
 #[cfg(feature = "faults")]
 #[cfg_attr(docsrs, doc(cfg(feature = "faults")))]
 pub mod faults;
+#[cfg(feature = "mock")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mock")))]
+pub mod mock;
 mod recorder;
 mod scripted;
 
@@ -77,14 +80,14 @@ mod tests {
         let recorder = Recorder::new();
         let node = Scripted::new("n", &recorder).on_provision([
             Step::yielding("wait"),
-            Step::fail_with(ErrorKind::Helm, "exit 1"),
+            Step::fail_with(ErrorKind::Failed, "exit 1"),
             Step::ok().after(Duration::from_secs(5)),
         ]);
         let cx = Context::offline();
         assert!(cx.provision(&node).await.unwrap_err().is_yield());
         assert_eq!(
             cx.provision(&node).await.unwrap_err().kind(),
-            ErrorKind::Helm
+            ErrorKind::Failed
         );
         let before = tokio::time::Instant::now();
         cx.provision(&node).await.unwrap();
