@@ -104,7 +104,7 @@ impl ClientPolicy {
     /// `client` with every request going through this policy.
     pub fn wrap(&self, client: kube::Client) -> kube::Client {
         let namespace = client.default_namespace().to_owned();
-        let valid_until = client.valid_until().clone();
+        let valid_until = *client.valid_until();
         let send = tower::service_fn(move |request: Request<Body>| {
             let client = client.clone();
             async move { client.send(request).await }
