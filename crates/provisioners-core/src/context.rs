@@ -7,12 +7,15 @@ use std::pin::pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use futures::future::{Either, select};
 use kube::config::Kubeconfig;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::observe::{Event, Observer, Operation, Outcome, Phase};
+use crate::path::{Lazy, NodePath};
 use crate::{Cluster, Error, Owner, Provisioner, Result};
 
 /// The field manager used for server-side apply unless
@@ -47,13 +50,16 @@ pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(20);
 #[derive(Clone)]
 pub struct Context {
     shared: Arc<Shared>,
-    path: Option<Arc<str>>,
+    node: Option<NodePath>,
 }
 
 #[derive(Clone)]
 struct Shared {
     cluster: Cluster,
     cancel: CancellationToken,
+    /// Set by the root once it has seen `cancel` fire: what nodes check
+    /// before starting, an atomic load where the token takes a lock.
+    stopping: Arc<AtomicBool>,
     background_deletion: bool,
     field_manager: Cow<'static, str>,
     owner: Option<Arc<Owner>>,
@@ -69,13 +75,14 @@ impl Context {
             shared: Arc::new(Shared {
                 cluster,
                 cancel: CancellationToken::new(),
+                stopping: Arc::default(),
                 background_deletion: false,
                 field_manager: Cow::Borrowed(DEFAULT_FIELD_MANAGER),
                 owner: None,
                 observer: None,
                 shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
             }),
-            path: None,
+            node: None,
         }
     }
 
@@ -118,7 +125,9 @@ impl Context {
 
     /// Uses `token` for cancellation; cancelling it stops the tree.
     pub fn with_cancellation(mut self, token: CancellationToken) -> Self {
-        self.shared_mut().cancel = token;
+        let shared = self.shared_mut();
+        shared.cancel = token;
+        shared.stopping = Arc::default();
         self
     }
 
@@ -226,7 +235,7 @@ impl Context {
     /// The path of the node running with this context, e.g.
     /// `platform/monitoring`; empty at the root, before any node.
     pub fn path(&self) -> &str {
-        self.path.as_deref().unwrap_or("")
+        self.node.as_ref().map_or("", NodePath::as_str)
     }
 
     /// Provisions `node` as a child of the current node.
@@ -263,23 +272,25 @@ impl Context {
         if name.is_empty() || name.contains('/') {
             return Err(self.bad_name(name));
         }
-        let path: Arc<str> = match &self.path {
-            None => Arc::from(name),
-            Some(parent) => {
-                let mut joined = String::with_capacity(parent.len() + 1 + name.len());
-                joined.push_str(parent);
-                joined.push('/');
-                joined.push_str(name);
-                Arc::from(joined)
-            }
-        };
+        // Nothing starts once cancelled. The root checks the token itself
+        // (once per tree); below it, the flag the root sets is enough.
+        let root = self.node.is_none();
+        if self.shared.stopping.load(Ordering::Relaxed) || (root && self.is_cancelled()) {
+            return Err(Error::cancelled().at(&self.child_path(name)));
+        }
         let cx = Context {
             shared: Arc::clone(&self.shared),
-            path: Some(Arc::clone(&path)),
+            node: Some(NodePath::new(
+                self.node.as_ref().map(|parent| Arc::clone(parent.shared())),
+                name,
+            )),
+        };
+        let Some(path) = cx.node.as_ref() else {
+            return Err(Error::invalid("a child context has no path"));
         };
         let span = match operation {
-            Operation::Provision => tracing::info_span!("provision", node = %path),
-            Operation::Deprovision => tracing::info_span!("deprovision", node = %path),
+            Operation::Provision => tracing::info_span!("provision", node = %Lazy(path)),
+            Operation::Deprovision => tracing::info_span!("deprovision", node = %Lazy(path)),
         };
         let work = async {
             match operation {
@@ -288,13 +299,15 @@ impl Context {
             }
         };
         let work = async {
-            // Nothing starts once cancelled.
-            if self.is_cancelled() {
-                return Err(Error::cancelled());
-            }
             // Only the root races the token: dropping it drops every node below.
-            if self.path.is_none() {
-                until_cancelled(&self.shared.cancel, self.shared.shutdown_grace, work).await
+            if root {
+                until_cancelled(
+                    &self.shared.cancel,
+                    &self.shared.stopping,
+                    self.shared.shutdown_grace,
+                    work,
+                )
+                .await
             } else {
                 work.await
             }
@@ -303,15 +316,22 @@ impl Context {
 
         let result = match &self.shared.observer {
             None => work.await,
-            Some(observer) => observed(observer.as_ref(), &path, operation, work).await,
+            Some(observer) => observed(observer.as_ref(), path.as_str(), operation, work).await,
         };
         result.map_err(|e| {
             // Log where the error arose, not again at every ancestor.
             if e.path().is_none() && !e.is_yield() {
-                tracing::debug!(node = %path, error = %e, "node failed");
+                tracing::debug!(node = %Lazy(path), error = %e, "node failed");
             }
-            e.at(&path)
+            e.at(path.shared())
         })
+    }
+
+    /// The path a child called `name` would have.
+    #[cold]
+    fn child_path(&self, name: &str) -> Arc<str> {
+        let child = NodePath::new(self.node.as_ref().map(|n| Arc::clone(n.shared())), name);
+        Arc::clone(child.shared())
     }
 }
 
@@ -319,16 +339,16 @@ impl Context {
     /// The error for a node whose name cannot be a path segment.
     #[cold]
     fn bad_name(&self, name: &str) -> Error {
-        let under = match self.path.as_deref() {
-            Some(parent) => format!(" (under `{parent}`)"),
+        let under = match &self.node {
+            Some(parent) => format!(" (under `{}`)", parent.as_str()),
             None => String::new(),
         };
         let error = Error::invalid(format!(
             "node `{name}`{under}: a node name may not be empty or contain `/` (it separates \
              path segments); rename the node"
         ));
-        match &self.path {
-            Some(parent) => error.at(parent),
+        match &self.node {
+            Some(parent) => error.at(parent.shared()),
             None => error,
         }
     }
@@ -338,17 +358,22 @@ impl Context {
 /// more; a tree still running then is dropped. A tree that ends within the
 /// grace reports what it did, which for leaves honouring the token is
 /// `Cancelled`.
+///
+/// The token is polled before the tree, so `stopping` is set before any
+/// node polled after the token fired can start.
 async fn until_cancelled(
     token: &CancellationToken,
+    stopping: &AtomicBool,
     grace: Duration,
     work: impl Future<Output = Result<()>>,
 ) -> Result<()> {
     let work = pin!(work);
     let cancelled = pin!(token.cancelled());
-    let work = match select(work, cancelled).await {
-        Either::Left((result, _)) => return result,
-        Either::Right(((), work)) => work,
+    let work = match select(cancelled, work).await {
+        Either::Right((result, _)) => return result,
+        Either::Left(((), work)) => work,
     };
+    stopping.store(true, Ordering::Relaxed);
     if grace.is_zero() {
         return Err(Error::cancelled());
     }

@@ -89,6 +89,7 @@ pub mod drift;
 mod error;
 mod observe;
 mod owner;
+mod path;
 mod policy;
 mod provisioner;
 pub mod readiness;
