@@ -27,11 +27,19 @@ fn config_map(name: &str) -> ConfigMap {
     }
 }
 
+/// A context over the proxy whose client does not retry: these tests check
+/// that each fault arrives as injected, which a retry would hide.
+async fn unretried(proxy: &Proxy, id: &str) -> provisioners::Context {
+    let cx = proxy.context(id).await.expect("context over the proxy");
+    let cluster = cx
+        .cluster()
+        .clone()
+        .with_policy(provisioners::ClientPolicy::new().backoff([]));
+    cx.with_cluster(cluster)
+}
+
 async fn proxied(proxy: &Proxy, ns: &TestNamespace) -> Api<ConfigMap> {
-    let cx = proxy
-        .context("proxied")
-        .await
-        .expect("context over the proxy");
+    let cx = unretried(proxy, "proxied").await;
     Api::namespaced(cx.client().clone(), ns.name())
 }
 
@@ -197,7 +205,7 @@ async fn faults_carry_status_bodies_and_retry_after() {
             .times(1)
             .fail(Fault::TooManyRequests { retry_after: 2 }),
     );
-    let cx = proxy.context("raw").await.expect("context");
+    let cx = unretried(&proxy, "raw").await;
     let request = http::Request::get(format!("/api/v1/namespaces/{}/configmaps", ns.name()))
         .body(kube::client::Body::empty())
         .expect("request");
@@ -455,4 +463,54 @@ async fn helm3_goes_through_the_proxy() {
 #[ignore = "needs the local control plane (cargo xtask test)"]
 async fn helm4_goes_through_the_proxy() {
     helm_goes_through_the_proxy(cluster::helm4().expect("PROVISIONERS_HELM4")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the local control plane (cargo xtask test)"]
+async fn the_client_policy_rides_out_transient_faults_but_never_resends_a_create() {
+    let ns = TestNamespace::create("faults-policy")
+        .await
+        .expect("namespace");
+    let proxy = Proxy::start(HarnessCluster::Primary).await.expect("proxy");
+    // The default policy, as every Cluster installs it.
+    let cx = proxy.context("policy").await.expect("context");
+    let api: Api<ConfigMap> = Api::namespaced(cx.client().clone(), ns.name());
+    api.create(&PostParams::default(), &config_map("policy"))
+        .await
+        .expect("create");
+
+    // Two 503s on reads, then the real answer: one call, three requests.
+    let rule = proxy.add(
+        Rule::on(Match::any())
+            .times(2)
+            .fail(Fault::ServiceUnavailable),
+    );
+    let read = api.get("policy").await.expect("read through two 503s");
+    assert_eq!(read.data.unwrap_or_default()["k"], "policy");
+    assert_eq!(rule.fired(), 2);
+
+    // A 500 on a patch (a write that may be resent): retried.
+    let rule = proxy.add(Rule::on(Match::writes()).times(1).fail(Fault::InternalError));
+    api.patch(
+        "policy",
+        &PatchParams::apply("faults-policy"),
+        &Patch::Apply(json!({"apiVersion": "v1", "kind": "ConfigMap", "data": {"k": "patched"}})),
+    )
+    .await
+    .expect("patch through a 500");
+    assert_eq!(rule.fired(), 1);
+
+    // A 500 on a create is not resent: the caller sees it.
+    let rule = proxy.add(Rule::on(Match::writes()).times(1).fail(Fault::InternalError));
+    let error = api
+        .create(&PostParams::default(), &config_map("created-once"))
+        .await
+        .expect_err("a create is not resent");
+    assert_eq!(api_code(&error), Some(500));
+    assert_eq!(rule.fired(), 1);
+    assert_eq!(
+        provisioners::Error::kube("creating", error).kind(),
+        provisioners::ErrorKind::Unavailable
+    );
+    ns.cleanup().await.expect("cleanup");
 }

@@ -14,7 +14,6 @@ fn tree(recorder: &Recorder, enabled: &Arc<AtomicBool>, addons: [Scripted; 3]) -
     let [x, y, z] = addons;
     let flag = Arc::clone(enabled);
     Conditional::new(
-        "feature",
         move || flag.load(Ordering::SeqCst),
         serial!(
             "platform",
@@ -23,6 +22,7 @@ fn tree(recorder: &Recorder, enabled: &Arc<AtomicBool>, addons: [Scripted; 3]) -
             Scripted::new("b", recorder),
         ),
     )
+    .named("feature")
 }
 
 fn addon(name: &'static str, recorder: &Recorder) -> Scripted {
@@ -78,7 +78,7 @@ async fn errors_deep_in_a_tree_name_their_full_path() {
     let addons = [
         addon("x", &recorder),
         Scripted::new("y", &recorder).on_provision([Step::fail_with(
-            ErrorKind::Helm,
+            ErrorKind::Failed,
             "helm upgrade failed (exit 1)",
         )]),
         Scripted::new("z", &recorder).on_provision([Step::yielding("0/1 replicas available")]),
@@ -86,7 +86,9 @@ async fn errors_deep_in_a_tree_name_their_full_path() {
     let root = tree(&recorder, &enabled, addons);
     let error = Context::offline().provision(&root).await.unwrap_err();
 
-    assert_eq!(error.kind(), ErrorKind::Group);
+    // A group takes its weightiest child's kind: a failed run outweighs a wait.
+    assert_eq!(error.kind(), ErrorKind::Failed);
+    assert!(error.is_group());
     assert_eq!(error.path(), Some("feature/platform/addons"));
     assert_eq!(
         error.to_string(),
