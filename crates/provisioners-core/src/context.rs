@@ -48,6 +48,7 @@ pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(20);
 /// # }
 /// ```
 #[derive(Clone)]
+#[must_use]
 pub struct Context {
     shared: Arc<Shared>,
     node: Option<NodePath>,

@@ -19,6 +19,7 @@ use std::collections::BTreeMap;
 /// ```
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
+#[must_use]
 pub struct Owner {
     /// `apiVersion` of the owner, e.g. `example.com/v1`.
     pub api_version: String,

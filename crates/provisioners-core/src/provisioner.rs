@@ -172,8 +172,14 @@ where
     }
 }
 
-/// What every provisioner has in common: its name. Embed it and return
-/// [`Metadata::name`] from [`Provisioner::name`].
+/// What every provisioner has in common: its name. The one way to name a
+/// node: embed it, take the name as the constructor's first argument, and
+/// return [`Metadata::name`] from [`Provisioner::name`].
+///
+/// A name is one segment of the node's path, so it may not be empty or
+/// contain `/`; [`Context::provision`] checks it before the node runs.
+/// Wrappers that add no node of their own (a conditional, a remote target)
+/// return their child's name instead, unless they are given one.
 ///
 /// ```
 /// use provisioners_core::Metadata;
@@ -182,6 +188,7 @@ where
 /// assert_eq!(metadata.name(), "prometheus");
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[must_use]
 pub struct Metadata {
     name: Cow<'static, str>,
 }
