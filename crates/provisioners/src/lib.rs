@@ -2,7 +2,10 @@
 //! resources as trees of small, reusable nodes.
 //!
 //! This facade re-exports the workspace's crates behind features, so one
-//! dependency picks what you need:
+//! dependency picks what you need. Every type you name is at the root
+//! (`provisioners::Chart`, `provisioners::SecretKubeconfig`); each crate is
+//! also a module (`provisioners::helm`, `provisioners::manifest`, ...) for
+//! its constants and functions.
 //!
 //! | feature | crate | what |
 //! |---|---|---|
@@ -10,12 +13,13 @@
 //! | `group` (default) | [`provisioners-group`] | `Serial`, `Concurrent` |
 //! | `conditional` (default) | [`provisioners-conditional`] | `Conditional` |
 //! | `manifest` | [`provisioners-manifest`] | `Manifest`, `Resource` (server-side apply) |
-//! | `helm` | [`provisioners-helm`] | `HelmRelease` (the helm CLI, Helm 3 and 4) |
-//! | `remote` | [`provisioners-remote`] | `RemoteClusterProvisioner`, `SecretKubeconfig` |
-//! | `runtime` | [`provisioners-runtime`] | `Reconciler` for kube-runtime controllers |
+//! | `helm` | [`provisioners-helm`] | `HelmRelease`, `Chart`, `Credentials`, `HelmProcesses` (the helm CLI, Helm 3 and 4) |
+//! | `remote` | [`provisioners-remote`] | `RemoteClusterProvisioner`, `SecretKubeconfig`, `StaticKubeconfig` |
+//! | `runtime` | [`provisioners-runtime`] | `Reconciler`, `LeaderElection` for kube-runtime controllers |
 //! | `metrics` | [`provisioners-runtime`] | Prometheus metrics of trees and reconciles (`runtime::metrics`) |
 //! | `testing` | [`provisioners-testing`] | scripted and no-op provisioners for tests |
-//! | `rustls-tls` (default) | | TLS for the Kubernetes client |
+//! | `rustls-tls` (default) | | TLS for the Kubernetes client through rustls |
+//! | `openssl-tls` | | TLS through OpenSSL instead (with `default-features = false`) |
 //! | `full` | | everything |
 //!
 //! [`provisioners-group`]: https://docs.rs/provisioners-group
@@ -46,7 +50,7 @@
 //!     "platform",
 //!     Step("namespace"),
 //!     concurrent!("addons", Step("ingress"), Step("cert-manager")),
-//!     Conditional::when("monitoring", monitoring, Step("prometheus")),
+//!     Conditional::when(monitoring, Step("prometheus")),
 //! );
 //!
 //! // In a real program: Context::new(Cluster::infer().await?).
@@ -66,12 +70,19 @@ pub use provisioners_conditional::{self as conditional, Conditional};
 #[cfg(feature = "group")]
 pub use provisioners_group::{self as group, Concurrent, Serial, concurrent, serial};
 #[cfg(feature = "helm")]
-pub use provisioners_helm::{self as helm, HelmRelease};
+pub use provisioners_helm::{
+    self as helm, Chart, Credentials, Drift, HelmFailure, HelmProcesses, HelmRelease,
+};
 #[cfg(feature = "manifest")]
 pub use provisioners_manifest::{self as manifest, Manifest, Resource};
 #[cfg(feature = "remote")]
-pub use provisioners_remote::{self as remote, RemoteClusterProvisioner};
+pub use provisioners_remote::{
+    self as remote, RemoteClusterProvisioner, RemoteTarget, SecretKubeconfig, StaticKubeconfig,
+};
 #[cfg(feature = "runtime")]
-pub use provisioners_runtime::{self as runtime, Reconciler};
+pub use provisioners_runtime::{
+    self as runtime, LeaderElection, Reason, ReconcileObserver, ReconcileResult, Reconciler,
+    Waiting,
+};
 #[cfg(feature = "testing")]
 pub use provisioners_testing as testing;
