@@ -307,7 +307,7 @@ async fn an_operator_killed_mid_provision_converges_when_started_again() {
     // Kill it (no graceful shutdown) while the helm release is being installed.
     eventually("the metrics release to start", || async {
         events.seen(
-            "k/components/metrics/metrics",
+            "k/components/metrics",
             Operation::Provision,
             "started",
         )
@@ -411,7 +411,7 @@ async fn a_standby_converges_a_helm_install_its_killed_leader_left_and_serves_me
         .create(&PostParams::default(), &platform("ha", spec))
         .await
         .unwrap();
-    let helm_node = "ha/components/metrics/metrics";
+    let helm_node = "ha/components/metrics";
     eventually("the leader to start the helm install", || async {
         events_a.seen(helm_node, Operation::Provision, "started")
             || events_b.seen(helm_node, Operation::Provision, "started")
@@ -468,7 +468,7 @@ async fn a_standby_converges_a_helm_install_its_killed_leader_left_and_serves_me
     assert!(scraped.starts_with("HTTP/1.1 200"), "{scraped}");
     assert!(
         scraped.contains(
-            r#"provisioners_node_duration_seconds_count{node="components/metrics/metrics",operation="provision",outcome="done"}"#
+            r#"provisioners_node_duration_seconds_count{node="components/metrics",operation="provision",outcome="done"}"#
         ),
         "{scraped}"
     );

@@ -9,12 +9,15 @@
 //! ├── Manifest base             Namespace <ns>-<name> and a per-platform Dashboard CRD
 //! └── Concurrent components
 //!     ├── Manifest config        a ConfigMap describing the selection
-//!     ├── Conditional metrics    spec.metrics    -> HelmRelease metrics (charts/metrics)
-//!     ├── Conditional dashboards spec.dashboards -> Manifest dashboards (a Dashboard)
-//!     └── Conditional remote     spec.remote.enabled
-//!         └── RemoteClusterProvisioner cluster (kubeconfig from a Secret)
-//!             └── Manifest agent a Namespace and ConfigMap on the remote cluster
+//!     ├── HelmRelease metrics    (charts/metrics)         while spec.metrics
+//!     ├── Manifest dashboards    a Dashboard              while spec.dashboards
+//!     └── RemoteClusterProvisioner remote  (kubeconfig from a Secret) while spec.remote.enabled
+//!         └── Manifest agent     a Namespace and ConfigMap on the remote cluster
 //! ```
+//!
+//! Each "while" is a `Conditional`, which takes its child's name: the
+//! paths are `p/components/metrics`, `p/components/dashboards` and
+//! `p/components/remote/agent`.
 //!
 //! Turning a component off deprovisions it on the next reconcile; deleting
 //! the `Platform` deprovisions the whole tree in reverse order before the
@@ -107,7 +110,7 @@ pub struct PlatformStatus {
 /// One node that is not done yet.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, JsonSchema)]
 pub struct WaitingNode {
-    /// The node's path, e.g. `p/components/metrics/metrics`.
+    /// The node's path, e.g. `p/components/metrics`.
     pub node: String,
     /// What it waits for.
     pub reason: String,
@@ -226,9 +229,8 @@ fn components(platform: &Platform, settings: &Settings, client: &kube::Client) -
         .wait(settings.helm_timeout);
     let mut components = Concurrent::new("components")
         .with(manifest("config", config_yaml(platform)))
-        .with(Conditional::when("metrics", spec.metrics, metrics))
+        .with(Conditional::when(spec.metrics, metrics))
         .with(Conditional::when(
-            "dashboards",
             spec.dashboards,
             manifest("dashboards", dashboards_yaml(platform)),
         ));
@@ -236,9 +238,9 @@ fn components(platform: &Platform, settings: &Settings, client: &kube::Client) -
         let namespace = platform.namespace().unwrap_or_else(|| "default".into());
         let kubeconfig = SecretKubeconfig::new(client.clone(), namespace, &remote.secret_name);
         let agent = RemoteClusterProvisioner::new(kubeconfig)
-            .named("cluster")
+            .named("remote")
             .provision_on(manifest("agent", agent_yaml(platform)).wait_ready(true));
-        components.push(Conditional::when("remote", remote.enabled, agent));
+        components.push(Conditional::when(remote.enabled, agent));
     }
     components
 }
