@@ -490,7 +490,11 @@ async fn the_client_policy_rides_out_transient_faults_but_never_resends_a_create
     assert_eq!(rule.fired(), 2);
 
     // A 500 on a patch (a write that may be resent): retried.
-    let rule = proxy.add(Rule::on(Match::writes()).times(1).fail(Fault::InternalError));
+    let rule = proxy.add(
+        Rule::on(Match::writes())
+            .times(1)
+            .fail(Fault::InternalError),
+    );
     api.patch(
         "policy",
         &PatchParams::apply("faults-policy"),
@@ -501,7 +505,11 @@ async fn the_client_policy_rides_out_transient_faults_but_never_resends_a_create
     assert_eq!(rule.fired(), 1);
 
     // A 500 on a create is not resent: the caller sees it.
-    let rule = proxy.add(Rule::on(Match::writes()).times(1).fail(Fault::InternalError));
+    let rule = proxy.add(
+        Rule::on(Match::writes())
+            .times(1)
+            .fail(Fault::InternalError),
+    );
     let error = api
         .create(&PostParams::default(), &config_map("created-once"))
         .await

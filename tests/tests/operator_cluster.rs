@@ -306,11 +306,7 @@ async fn an_operator_killed_mid_provision_converges_when_started_again() {
 
     // Kill it (no graceful shutdown) while the helm release is being installed.
     eventually("the metrics release to start", || async {
-        events.seen(
-            "k/components/metrics",
-            Operation::Provision,
-            "started",
-        )
+        events.seen("k/components/metrics", Operation::Provision, "started")
     })
     .await;
     operator.task.abort();

@@ -4,7 +4,7 @@ use std::borrow::Cow;
 use std::fmt;
 use std::future::Future;
 use std::pin::pin;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -50,8 +50,19 @@ pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(20);
 #[derive(Clone)]
 #[must_use]
 pub struct Context {
-    shared: Arc<Shared>,
+    /// What this context shares with its siblings: one reference count per
+    /// child, not one per setting.
+    frame: Arc<Frame>,
     node: Option<NodePath>,
+    /// The frame of this node's children, made when the first one runs.
+    children: OnceLock<Arc<Frame>>,
+}
+
+#[derive(Clone)]
+struct Frame {
+    shared: Arc<Shared>,
+    /// The path of the node whose children run in this frame.
+    parent: Option<Arc<str>>,
 }
 
 #[derive(Clone)]
@@ -72,7 +83,7 @@ impl Context {
     /// A context targeting `cluster`, with a fresh cancellation token,
     /// foreground deletion and the [default field manager](DEFAULT_FIELD_MANAGER).
     pub fn new(cluster: Cluster) -> Self {
-        Context {
+        Context::in_frame(Arc::new(Frame {
             shared: Arc::new(Shared {
                 cluster,
                 cancel: CancellationToken::new(),
@@ -83,8 +94,20 @@ impl Context {
                 observer: None,
                 shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
             }),
+            parent: None,
+        }))
+    }
+
+    fn in_frame(frame: Arc<Frame>) -> Self {
+        Context {
+            frame,
             node: None,
+            children: OnceLock::new(),
         }
+    }
+
+    fn shared(&self) -> &Shared {
+        &self.frame.shared
     }
 
     /// A context over a bare client (no kubeconfig), wrapped in the default
@@ -114,7 +137,22 @@ impl Context {
     }
 
     fn shared_mut(&mut self) -> &mut Shared {
-        Arc::make_mut(&mut self.shared)
+        // Children made from now on see the change.
+        self.children = OnceLock::new();
+        Arc::make_mut(&mut Arc::make_mut(&mut self.frame).shared)
+    }
+
+    /// The frame this node's children run in.
+    fn children_frame(&self) -> &Arc<Frame> {
+        match &self.node {
+            None => &self.frame,
+            Some(node) => self.children.get_or_init(|| {
+                Arc::new(Frame {
+                    shared: Arc::clone(&self.frame.shared),
+                    parent: Some(Arc::clone(node.shared(self.frame.parent.as_ref()))),
+                })
+            }),
+        }
     }
 
     /// The same context targeting another cluster: what a remote-cluster
@@ -148,7 +186,7 @@ impl Context {
     /// How long a cancelled root waits for its tree; see
     /// [`Context::with_shutdown_grace`].
     pub fn shutdown_grace(&self) -> Duration {
-        self.shared.shutdown_grace
+        self.shared().shutdown_grace
     }
 
     /// Deletes with background propagation instead of foreground, e.g. for
@@ -178,43 +216,43 @@ impl Context {
 
     /// The target cluster.
     pub fn cluster(&self) -> &Cluster {
-        &self.shared.cluster
+        &self.shared().cluster
     }
 
     /// The target cluster's client.
     pub fn client(&self) -> &kube::Client {
-        self.shared.cluster.client()
+        self.shared().cluster.client()
     }
 
     /// The target cluster's kubeconfig, if it has one.
     pub fn kubeconfig(&self) -> Option<&Kubeconfig> {
-        self.shared.cluster.kubeconfig()
+        self.shared().cluster.kubeconfig()
     }
 
     /// The cancellation token: leaves that wait on something outside the
     /// process (a child process, a long watch) should honour it.
     pub fn cancellation(&self) -> &CancellationToken {
-        &self.shared.cancel
+        &self.shared().cancel
     }
 
     /// Whether cancellation was requested.
     pub fn is_cancelled(&self) -> bool {
-        self.shared.cancel.is_cancelled()
+        self.shared().cancel.is_cancelled()
     }
 
     /// Whether deletions use background propagation.
     pub fn background_deletion(&self) -> bool {
-        self.shared.background_deletion
+        self.shared().background_deletion
     }
 
     /// The field manager for server-side apply.
     pub fn field_manager(&self) -> &str {
-        &self.shared.field_manager
+        &self.shared().field_manager
     }
 
     /// The object on whose behalf the tree runs, if any.
     pub fn owner(&self) -> Option<&Owner> {
-        self.shared.owner.as_deref()
+        self.shared().owner.as_deref()
     }
 
     /// The identity that provisioners stamp on what they create: the
@@ -236,7 +274,10 @@ impl Context {
     /// The path of the node running with this context, e.g.
     /// `platform/monitoring`; empty at the root, before any node.
     pub fn path(&self) -> &str {
-        self.node.as_ref().map_or("", NodePath::as_str)
+        match &self.node {
+            None => "",
+            Some(node) => node.as_str(self.frame.parent.as_ref()),
+        }
     }
 
     /// Provisions `node` as a child of the current node.
@@ -276,22 +317,24 @@ impl Context {
         // Nothing starts once cancelled. The root checks the token itself
         // (once per tree); below it, the flag the root sets is enough.
         let root = self.node.is_none();
-        if self.shared.stopping.load(Ordering::Relaxed) || (root && self.is_cancelled()) {
+        if self.shared().stopping.load(Ordering::Relaxed) || (root && self.is_cancelled()) {
             return Err(Error::cancelled().at(&self.child_path(name)));
         }
+        let frame = self.children_frame();
         let cx = Context {
-            shared: Arc::clone(&self.shared),
-            node: Some(NodePath::new(
-                self.node.as_ref().map(|parent| Arc::clone(parent.shared())),
-                name,
-            )),
+            frame: Arc::clone(frame),
+            node: Some(NodePath::new(name)),
+            children: OnceLock::new(),
         };
         let Some(path) = cx.node.as_ref() else {
             return Err(Error::invalid("a child context has no path"));
         };
+        let parent = frame.parent.as_ref();
         let span = match operation {
-            Operation::Provision => tracing::info_span!("provision", node = %Lazy(path)),
-            Operation::Deprovision => tracing::info_span!("deprovision", node = %Lazy(path)),
+            Operation::Provision => tracing::info_span!("provision", node = %Lazy(path, parent)),
+            Operation::Deprovision => {
+                tracing::info_span!("deprovision", node = %Lazy(path, parent))
+            }
         };
         let work = async {
             match operation {
@@ -303,9 +346,9 @@ impl Context {
             // Only the root races the token: dropping it drops every node below.
             if root {
                 until_cancelled(
-                    &self.shared.cancel,
-                    &self.shared.stopping,
-                    self.shared.shutdown_grace,
+                    &self.shared().cancel,
+                    &self.shared().stopping,
+                    self.shared().shutdown_grace,
                     work,
                 )
                 .await
@@ -315,24 +358,26 @@ impl Context {
         }
         .instrument(span);
 
-        let result = match &self.shared.observer {
+        let result = match &self.shared().observer {
             None => work.await,
-            Some(observer) => observed(observer.as_ref(), path.as_str(), operation, work).await,
+            Some(observer) => {
+                observed(observer.as_ref(), path.as_str(parent), operation, work).await
+            }
         };
         result.map_err(|e| {
             // Log where the error arose, not again at every ancestor.
             if e.path().is_none() && !e.is_yield() {
-                tracing::debug!(node = %Lazy(path), error = %e, "node failed");
+                tracing::debug!(node = %Lazy(path, parent), error = %e, "node failed");
             }
-            e.at(path.shared())
+            e.at(path.shared(parent))
         })
     }
 
     /// The path a child called `name` would have.
     #[cold]
     fn child_path(&self, name: &str) -> Arc<str> {
-        let child = NodePath::new(self.node.as_ref().map(|n| Arc::clone(n.shared())), name);
-        Arc::clone(child.shared())
+        let frame = self.children_frame();
+        Arc::clone(NodePath::new(name).shared(frame.parent.as_ref()))
     }
 }
 
@@ -341,15 +386,15 @@ impl Context {
     #[cold]
     fn bad_name(&self, name: &str) -> Error {
         let under = match &self.node {
-            Some(parent) => format!(" (under `{}`)", parent.as_str()),
+            Some(_) => format!(" (under `{}`)", self.path()),
             None => String::new(),
         };
         let error = Error::invalid(format!(
             "node `{name}`{under}: a node name may not be empty or contain `/` (it separates \
              path segments); rename the node"
         ));
-        match &self.node {
-            Some(parent) => error.at(parent.shared()),
+        match &self.children_frame().parent {
+            Some(parent) => error.at(parent),
             None => error,
         }
     }
@@ -449,11 +494,11 @@ impl fmt::Debug for Context {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Context")
             .field("path", &self.path())
-            .field("cluster", &self.shared.cluster)
-            .field("field_manager", &self.shared.field_manager)
-            .field("background_deletion", &self.shared.background_deletion)
-            .field("owner", &self.shared.owner)
-            .field("shutdown_grace", &self.shared.shutdown_grace)
+            .field("cluster", &self.shared().cluster)
+            .field("field_manager", &self.shared().field_manager)
+            .field("background_deletion", &self.shared().background_deletion)
+            .field("owner", &self.shared().owner)
+            .field("shutdown_grace", &self.shared().shutdown_grace)
             .field("cancelled", &self.is_cancelled())
             .finish_non_exhaustive()
     }

@@ -3,9 +3,10 @@
 //! Running a node makes a child context. Building `parent/name` as a string
 //! for each of them (two allocations and a copy) was most of a tree's
 //! overhead per node, yet a path is read only by an error, an observer, an
-//! enabled span or a leaf that asks. So a child keeps its parent's path
-//! (built once per group) and a copy of its own name (inline when short),
-//! and joins them on first read.
+//! enabled span or a leaf that asks. So a child context shares one frame
+//! with its siblings (the settings and the parent's path, built once per
+//! group), keeps a copy of its own name (inline when short), and joins
+//! them on first read.
 
 use std::fmt;
 use std::sync::{Arc, OnceLock};
@@ -13,33 +14,34 @@ use std::sync::{Arc, OnceLock};
 /// Names up to this many bytes are kept inline: no allocation per node.
 const INLINE: usize = 22;
 
+/// A node's name and, once read, its full path. The parent's path is kept
+/// by the context (one per group), not here.
 #[derive(Clone)]
 pub(crate) struct NodePath {
-    parent: Option<Arc<str>>,
     name: Name,
     full: OnceLock<Arc<str>>,
 }
 
 impl NodePath {
-    pub(crate) fn new(parent: Option<Arc<str>>, name: &str) -> Self {
+    pub(crate) fn new(name: &str) -> Self {
         NodePath {
-            parent,
             name: Name::new(name),
             full: OnceLock::new(),
         }
     }
 
-    /// The full path, e.g. `platform/addons/ingress`.
-    pub(crate) fn as_str(&self) -> &str {
-        match &self.parent {
+    /// The full path under `parent`, e.g. `platform/addons/ingress`.
+    pub(crate) fn as_str<'a>(&'a self, parent: Option<&Arc<str>>) -> &'a str {
+        match parent {
             None => self.name.as_str(),
-            Some(_) => self.shared(),
+            Some(_) => self.shared(parent),
         }
     }
 
-    /// The full path as a shared string, built once.
-    pub(crate) fn shared(&self) -> &Arc<str> {
-        self.full.get_or_init(|| match &self.parent {
+    /// The full path under `parent` as a shared string, built once (the
+    /// parent of a node never changes).
+    pub(crate) fn shared(&self, parent: Option<&Arc<str>>) -> &Arc<str> {
+        self.full.get_or_init(|| match parent {
             None => Arc::from(self.name.as_str()),
             Some(parent) => {
                 let name = self.name.as_str();
@@ -86,13 +88,13 @@ impl Name {
     }
 }
 
-/// Displays a context's path; for span fields, which are only formatted
-/// when the span is recorded.
-pub(crate) struct Lazy<'a>(pub(crate) &'a NodePath);
+/// Displays a node's path; for span fields, which are only formatted when
+/// the span is recorded.
+pub(crate) struct Lazy<'a>(pub(crate) &'a NodePath, pub(crate) Option<&'a Arc<str>>);
 
 impl fmt::Display for Lazy<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.0.as_str())
+        f.write_str(self.0.as_str(self.1))
     }
 }
 
@@ -102,17 +104,22 @@ mod tests {
 
     #[test]
     fn a_path_joins_its_parent_and_name_once() {
-        let root = NodePath::new(None, "platform");
-        assert_eq!(root.as_str(), "platform");
-        let child = NodePath::new(Some(Arc::clone(root.shared())), "addons");
-        assert_eq!(child.as_str(), "platform/addons");
-        assert!(Arc::ptr_eq(child.shared(), child.shared()));
+        let root = NodePath::new("platform");
+        assert_eq!(root.as_str(None), "platform");
+        let root_path = Arc::clone(root.shared(None));
+        let child = NodePath::new("addons");
+        assert_eq!(child.as_str(Some(&root_path)), "platform/addons");
+        let child_path = Arc::clone(child.shared(Some(&root_path)));
+        assert!(Arc::ptr_eq(&child_path, child.shared(Some(&root_path))));
         let long = "a-name-that-is-longer-than-twenty-two-bytes";
-        let leaf = NodePath::new(Some(Arc::clone(child.shared())), long);
-        assert_eq!(leaf.as_str(), format!("platform/addons/{long}"));
+        let leaf = NodePath::new(long);
+        assert_eq!(
+            leaf.as_str(Some(&child_path)),
+            format!("platform/addons/{long}")
+        );
         let exact = "x".repeat(INLINE);
-        assert_eq!(NodePath::new(None, &exact).as_str(), exact);
+        assert_eq!(NodePath::new(&exact).as_str(None), exact);
         let unicode = "prométhée-ü";
-        assert_eq!(NodePath::new(None, unicode).as_str(), unicode);
+        assert_eq!(NodePath::new(unicode).as_str(None), unicode);
     }
 }

@@ -441,3 +441,53 @@ async fn cluster_state_is_one_value_per_type_shared_by_clones_and_derived_cluste
     let set = cluster.with_state(AtomicU32::new(7));
     assert_eq!(set.state::<AtomicU32>().load(Ordering::SeqCst), 7);
 }
+
+#[tokio::test]
+async fn a_context_changed_after_its_children_ran_gives_new_children_the_change() {
+    /// Records the cluster id and path each run sees.
+    struct Probe(&'static str, Arc<Mutex<Vec<String>>>);
+    #[async_trait::async_trait]
+    impl Provisioner for Probe {
+        fn name(&self) -> &str {
+            self.0
+        }
+        async fn provision(&self, cx: &Context) -> Result<()> {
+            let seen = format!("{} {} {}", cx.cluster().id(), cx.path(), cx.field_manager());
+            self.1.lock().unwrap().push(seen);
+            Ok(())
+        }
+        async fn deprovision(&self, _cx: &Context) -> Result<()> {
+            Ok(())
+        }
+    }
+    /// Runs `a` in its own context, then `b` in one targeting another cluster.
+    struct Remote(Probe, Probe);
+    #[async_trait::async_trait]
+    impl Provisioner for Remote {
+        fn name(&self) -> &str {
+            "remote"
+        }
+        async fn provision(&self, cx: &Context) -> Result<()> {
+            cx.provision(&self.0).await?;
+            let other = crate::Cluster::unmanaged("other", cx.client().clone());
+            let remote = cx.clone().with_cluster(other).with_field_manager("fm");
+            remote.provision(&self.1).await?;
+            // The original context is unchanged for later children.
+            cx.provision(&self.0).await
+        }
+        async fn deprovision(&self, _cx: &Context) -> Result<()> {
+            Ok(())
+        }
+    }
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let tree = Remote(Probe("a", Arc::clone(&seen)), Probe("b", Arc::clone(&seen)));
+    Context::offline().provision(&tree).await.unwrap();
+    assert_eq!(
+        *seen.lock().unwrap(),
+        [
+            "offline remote/a provisioners",
+            "other remote/b fm",
+            "offline remote/a provisioners"
+        ]
+    );
+}
