@@ -5,9 +5,6 @@
 #![allow(clippy::print_stdout)]
 
 mod bench;
-mod bench_helm;
-mod bench_manifest;
-mod bench_operator;
 mod cluster;
 mod demo;
 mod process;
