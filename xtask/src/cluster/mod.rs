@@ -206,7 +206,11 @@ pub(crate) fn up(name: &str, tools: &Tools) -> Result<RunningCluster> {
     let kubeconfig = dir.join("kubeconfig");
     if let Some(state) = State::load(&dir)? {
         if state.processes.iter().all(Started::alive) {
-            eprintln!("cluster `{name}` is already up ({})", state.server);
+            eprintln!(
+                "cluster `{name}` is already up: {} (logs: {})",
+                state.server,
+                relative(&dir.join("logs")).display()
+            );
             return Ok(RunningCluster {
                 name: name.to_owned(),
                 kubeconfig,
@@ -220,10 +224,11 @@ pub(crate) fn up(name: &str, tools: &Tools) -> Result<RunningCluster> {
     let started_at = Instant::now();
     let mut started = Vec::new();
     match start(name, &dir, tools, &mut started) {
-        Ok(_server) => {
+        Ok(server) => {
             eprintln!(
-                "cluster `{name}` ready in {:.1}s",
-                started_at.elapsed().as_secs_f64()
+                "cluster `{name}` ready in {:.1}s: {server} (logs: {})",
+                started_at.elapsed().as_secs_f64(),
+                relative(&dir.join("logs")).display()
             );
             Ok(RunningCluster {
                 name: name.to_owned(),
@@ -253,6 +258,11 @@ pub(super) fn free_ports<const N: usize>() -> Result<[u16; N]> {
         *port = listener.local_addr()?.port();
     }
     Ok(ports)
+}
+
+/// `path` relative to the workspace root, for messages.
+fn relative(path: &Path) -> &Path {
+    path.strip_prefix(crate::workspace_root()).unwrap_or(path)
 }
 
 /// Starts every component of cluster `name` in `dir` and waits until it is
