@@ -9,6 +9,8 @@ mod cluster;
 mod demo;
 mod process;
 mod test;
+#[cfg(test)]
+mod tidy;
 mod tools;
 
 use std::path::{Path, PathBuf};
