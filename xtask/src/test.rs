@@ -202,8 +202,8 @@ fn facade_features(metadata: &Metadata) -> Result<()> {
 /// dependency on another of them to its freshly packaged `.crate` through a
 /// temporary local registry, so verification needs nothing on crates.io.
 /// Measured on the project machine (2 cores, load average 7-8 from other
-/// builds, 2026-12-01): 4m27s for the nine crates, most of it building each
-/// one's dependencies once more from its packed sources.
+/// builds, 2026-12-01): 4m27s for the nine crates, each built once from its
+/// packed sources (dependencies shared through `target/`).
 fn package(metadata: &Metadata) -> Result<()> {
     let mut cmd = Cmd::new("cargo")
         .args(["package", "--workspace", "--locked"])
