@@ -307,7 +307,7 @@ pub(crate) fn down(name: &str) -> Result<()> {
             remove_data(&dir)?;
             eprintln!(
                 "cluster `{name}` is down (logs kept in {})",
-                dir.join("logs").display()
+                relative(&dir.join("logs")).display()
             );
         }
         None => eprintln!("cluster `{name}` is not up"),
