@@ -5,13 +5,12 @@
 #![allow(clippy::print_stdout)]
 
 mod bench;
-mod bench_helm;
-mod bench_manifest;
-mod bench_operator;
 mod cluster;
 mod demo;
 mod process;
 mod test;
+#[cfg(test)]
+mod tidy;
 mod tools;
 
 use std::path::{Path, PathBuf};

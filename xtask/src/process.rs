@@ -1,5 +1,7 @@
 //! The one place where xtask spawns child processes: never through a shell,
-//! always echoing what runs, and failing with the command line on a non-zero exit.
+//! echoing what runs (a detached child's command line goes to the first line
+//! of its log instead, so a cluster's start-up stays one line), and failing
+//! with the command line on a non-zero exit.
 
 use std::ffi::OsStr;
 use std::fs::File;
@@ -105,15 +107,17 @@ impl Cmd {
 
 impl Cmd {
     /// Starts the child in its own process group, detached from ours so it
-    /// outlives xtask, with stdin closed and stdout and stderr going to `log`.
-    /// Returns its PID.
+    /// outlives xtask, with stdin closed and stdout and stderr going to `log`,
+    /// whose first line is the command line. Returns its PID.
     pub(crate) fn spawn_detached(mut self, log: &Path) -> Result<u32> {
+        use std::io::Write as _;
         use std::os::unix::process::CommandExt as _;
 
-        let out =
+        let mut out =
             File::create(log).with_context(|| format!("could not create {}", log.display()))?;
+        writeln!(out, "$ {}", self.display)
+            .with_context(|| format!("could not write {}", log.display()))?;
         let err = out.try_clone()?;
-        eprintln!("$ {}  (log: {})", self.display, log.display());
         let child = self
             .inner
             .stdin(Stdio::null())

@@ -157,6 +157,43 @@ pub(crate) fn write_file(path: &Path, contents: &str, mode: u32) -> Result<()> {
         .with_context(|| format!("could not write {}", path.display()))
 }
 
+/// A kubeconfig for the cluster `name` at `server`, with the CA and a client
+/// identity embedded.
+pub(crate) fn kubeconfig_yaml(
+    name: &str,
+    server: &str,
+    ca_pem: &str,
+    identity: &CertifiedKey,
+) -> String {
+    use base64::Engine as _;
+    let b64 = |pem: &str| base64::engine::general_purpose::STANDARD.encode(pem);
+    let context = format!("provisioners-{name}");
+    format!(
+        "apiVersion: v1
+kind: Config
+clusters:
+- name: {context}
+  cluster:
+    server: {server}
+    certificate-authority-data: {ca}
+users:
+- name: {context}
+  user:
+    client-certificate-data: {cert}
+    client-key-data: {key}
+contexts:
+- name: {context}
+  context:
+    cluster: {context}
+    user: {context}
+current-context: {context}
+",
+        ca = b64(ca_pem),
+        cert = b64(&identity.cert_pem),
+        key = b64(&identity.key_pem),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

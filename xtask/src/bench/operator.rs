@@ -9,7 +9,7 @@
 
 use anyhow::Result;
 
-use crate::bench::Options;
+use super::Options;
 use crate::process::Cmd;
 
 /// The cluster the suite starts (and stops, unless it was already up).

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::bench::Options;
+use super::Options;
 use crate::process::Cmd;
 
 /// The cluster this benchmark starts (and takes down if it started it).
