@@ -64,7 +64,8 @@ async fn a_subtree_lands_on_the_remote_cluster_and_not_on_the_first() {
 
     let cx = HarnessCluster::Primary.context().await.expect("context");
     let remote =
-        SecretKubeconfig::new(cx.client().clone(), ns.name(), "tenant-kubeconfig").id("tenant");
+        SecretKubeconfig::new(cx.client().clone(), ns.name(), "tenant-kubeconfig")
+            .cluster_id("tenant");
     let tree = RemoteClusterProvisioner::new(remote).provision_on(workload(&target));
     cx.provision(&tree).await.expect("provision on the remote");
 

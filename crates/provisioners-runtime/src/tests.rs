@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::ObjectMeta;
 use kube::client::Body;
 use kube::runtime::controller::Action;
-use provisioners_core::{Context, Managed, Operation};
+use provisioners_core::{Cluster, Context, ErrorKind, Managed, Operation};
 use provisioners_group::Concurrent;
 use provisioners_testing::{CallOutcome, Recorder, Scripted, Step};
 use serde_json::{Value, json};
@@ -25,7 +25,9 @@ type Handle = mock::Handle<Request<Body>, Response<Body>>;
 fn mocked() -> (Reconciler, Handle) {
     let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
     let client = kube::Client::new(service, "default");
-    let reconciler = Reconciler::new(Context::from_client(client), FINALIZER);
+    // Unmanaged (no client policy): every request the flow makes is one
+    // the test answers.
+    let reconciler = Reconciler::new(Context::new(Cluster::unmanaged("mock", client)), FINALIZER);
     (reconciler, handle)
 }
 
@@ -279,6 +281,11 @@ async fn an_api_failure_is_an_error_of_the_reconcile() {
     });
     let error = reconciler.reconcile(&managed).await.unwrap_err();
     server.await.unwrap();
+    assert_eq!(
+        error.kind(),
+        ErrorKind::Unavailable,
+        "a conflict passes: {error}"
+    );
     assert!(error.is_transient(), "{error}");
     assert!(
         error
