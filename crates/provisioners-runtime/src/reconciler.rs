@@ -314,10 +314,10 @@ impl Reconciler {
             self.forget(&target);
             return Ok((ReconcileResult::Deprovisioned, Action::await_change()));
         }
-        // Not kube::runtime::finalizer: it returns right after adding the
-        // finalizer (a second pass, which a generation predicate never
-        // triggers), and it removes the finalizer on any `Ok`, while a
-        // deprovision that yields must keep it.
+        // Not kube::runtime::finalizer (kube-runtime 5.0): it returns right
+        // after adding the finalizer (a second pass, which a generation
+        // predicate never triggers), and it removes the finalizer on any
+        // `Ok`, while a deprovision that yields must keep it.
         if !deleting && !has_finalizer {
             self.add_finalizer(&target, object).await?;
         }
