@@ -9,18 +9,20 @@ use provisioners_core::{Cluster, Error, Result};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-/// How many remote clusters one cluster keeps. Kubeconfigs rotate (a new
-/// token is a new digest, so a new entry) and remotes come and go with the
-/// objects that name them: without a bound, every rotation would keep a
-/// client, its connections and its state for the life of the process.
-/// 256 is well above the remotes one operator drives at once.
+/// How many remote clusters one cluster keeps. Remotes come and go with the
+/// objects that name them (a rotated kubeconfig replaces its remote's
+/// entry, a deleted object's remote is never asked for again): without a
+/// bound, every remote ever reached would keep a client, its connections
+/// and its state for the life of the process. 256 is well above the
+/// remotes one operator drives at once.
 pub(crate) const CAPACITY: usize = 256;
 
 /// The remote clusters built from one cluster, in that cluster's
 /// [state](Cluster::state), keyed by remote id and a digest of the
 /// kubeconfig: the same kubeconfig gives the same [`Cluster`] on every pass
 /// (so what provisioners keep in its state, a discovery cache or helm's
-/// release locks, lasts), and a changed one gives a new `Cluster`.
+/// release locks, lasts), and a changed one gives a new `Cluster` that
+/// replaces the remote's old one.
 pub(crate) struct RemoteClusters {
     capacity: usize,
     entries: Mutex<Entries>,
@@ -103,6 +105,9 @@ impl RemoteClusters {
             entry.used = now;
             return entry.cluster.clone();
         }
+        // The same remote with another kubeconfig: the old one was rotated
+        // away, and its client need not wait for eviction.
+        entries.clusters.retain(|old, _| old.id != key.id);
         if entries.clusters.len() >= self.capacity {
             let oldest = entries
                 .clusters
@@ -224,38 +229,42 @@ mod tests {
             .await
             .unwrap();
         assert!(!same(&first, &changed));
+        assert_eq!(clusters.len(), 1, "the changed kubeconfig replaced the old");
         let other_id = clusters
             .get(&parent, "tenant-b", kubeconfig("https://127.0.0.1:1"))
             .await
             .unwrap();
         assert!(!same(&first, &other_id));
-        assert_eq!(clusters.len(), 3);
+        assert!(!same(&changed, &other_id));
+        assert_eq!(clusters.len(), 2);
+        let changed_again = clusters
+            .get(&parent, "tenant", kubeconfig("https://127.0.0.2:1"))
+            .await
+            .unwrap();
+        assert!(same(&changed, &changed_again), "another id left it alone");
     }
 
     #[tokio::test]
     async fn the_cache_is_bounded_and_evicts_the_least_recently_used() {
         let parent = Context::offline().cluster().clone();
         let clusters = RemoteClusters::with_capacity(2);
-        let get = |server: &'static str| {
+        let get = |id: &'static str| {
             let (clusters, parent) = (&clusters, &parent);
             async move {
                 clusters
-                    .get(parent, "tenant", kubeconfig(server))
+                    .get(parent, id, kubeconfig("https://127.0.0.1:1"))
                     .await
                     .unwrap()
             }
         };
-        let a = get("https://127.0.0.1:1").await;
-        let b = get("https://127.0.0.2:1").await;
-        assert!(
-            same(&a, &get("https://127.0.0.1:1").await),
-            "a is used again"
-        );
-        let _c = get("https://127.0.0.3:1").await;
+        let a = get("a").await;
+        let b = get("b").await;
+        assert!(same(&a, &get("a").await), "a is used again");
+        let _c = get("c").await;
         assert_eq!(clusters.len(), 2);
-        assert!(same(&a, &get("https://127.0.0.1:1").await), "a was kept");
+        assert!(same(&a, &get("a").await), "a was kept");
         assert!(
-            !same(&b, &get("https://127.0.0.2:1").await),
+            !same(&b, &get("b").await),
             "b, the least recently used, was evicted and is built anew"
         );
         assert_eq!(clusters.len(), 2);

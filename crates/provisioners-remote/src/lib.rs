@@ -89,7 +89,8 @@ pub use secret::SecretKubeconfig;
 /// digest of its kubeconfig: the same kubeconfig reaches the remote through
 /// the same `Cluster` on every pass, so what provisioners learn about it
 /// (discovery, helm's release locks) lasts; a changed kubeconfig (a rotated
-/// token) gets a new one. The last 256 remotes used are kept per parent.
+/// token) gets a new one, which replaces the old. The 256 remotes used
+/// last are kept per parent.
 #[must_use]
 pub struct RemoteClusterProvisioner {
     metadata: Option<Metadata>,
