@@ -235,10 +235,11 @@ async fn the_kubeconfig_secret_outlives_its_namespace_until_the_remote_objects_a
     let _ = ns.cleanup().await;
 }
 
-/// Records, for every pass, which cluster state the subtree ran with, and
-/// checks that the remote answers through the context's client.
+/// Records, for every pass, which cluster state the subtree ran with (kept
+/// alive, so that a new cluster's state cannot reuse a dropped one's
+/// address), and checks that the remote answers through the context's client.
 #[derive(Clone, Default)]
-struct ClusterProbe(Arc<Mutex<Vec<(usize, String)>>>);
+struct ClusterProbe(Arc<Mutex<Vec<(Arc<AtomicU8>, String)>>>);
 
 #[provisioners::async_trait]
 impl Provisioner for ClusterProbe {
@@ -251,7 +252,7 @@ impl Provisioner for ClusterProbe {
             .get("kube-system")
             .await
             .map_err(|e| provisioners::Error::kube("reading kube-system on the remote", e))?;
-        let state = Arc::as_ptr(&cx.cluster().state::<AtomicU8>()) as usize;
+        let state = cx.cluster().state::<AtomicU8>();
         let namespace = cx.client().default_namespace().to_owned();
         self.0.lock().unwrap().push((state, namespace));
         Ok(())
@@ -322,12 +323,10 @@ async fn every_pass_reaches_the_remote_through_one_cluster_until_its_kubeconfig_
 
     let seen = probe.0.lock().unwrap().clone();
     assert_eq!(seen.len(), 4, "{seen:?}");
-    assert_eq!(seen[0], seen[1], "one cluster for one kubeconfig");
-    assert_eq!(seen[0], seen[2], "the same content is the same kubeconfig");
-    assert_ne!(
-        seen[0].0, seen[3].0,
-        "a changed kubeconfig is a new cluster"
-    );
+    let same = |a: usize, b: usize| Arc::ptr_eq(&seen[a].0, &seen[b].0);
+    assert!(same(0, 1), "one cluster for one kubeconfig");
+    assert!(same(0, 2), "the same content is the same kubeconfig");
+    assert!(!same(0, 3), "a changed kubeconfig is a new cluster");
     assert_eq!(seen[3].1, "rotated", "built from the new kubeconfig");
     assert_ne!(seen[0].1, "rotated");
 

@@ -1,3 +1,4 @@
+use std::sync::atomic::AtomicU8;
 use std::sync::{Arc, Mutex};
 
 use kube::config::Kubeconfig;
@@ -256,12 +257,10 @@ async fn a_node_name_with_a_slash_is_invalid_and_named() {
     );
 }
 
-/// Records which cluster state each call saw.
+/// Records which cluster state each call saw (kept alive, so that a new
+/// cluster's state cannot reuse a dropped one's address).
 #[derive(Clone, Default)]
-struct StateProbe(Arc<Mutex<Vec<usize>>>);
-
-#[derive(Default)]
-struct Marker;
+struct StateProbe(Arc<Mutex<Vec<Arc<AtomicU8>>>>);
 
 #[async_trait]
 impl Provisioner for StateProbe {
@@ -269,8 +268,10 @@ impl Provisioner for StateProbe {
         "state"
     }
     async fn provision(&self, cx: &Context) -> Result<()> {
-        let state = cx.cluster().state::<Marker>();
-        self.0.lock().unwrap().push(Arc::as_ptr(&state) as usize);
+        self.0
+            .lock()
+            .unwrap()
+            .push(cx.cluster().state::<AtomicU8>());
         Ok(())
     }
     async fn deprovision(&self, cx: &Context) -> Result<()> {
@@ -295,13 +296,15 @@ async fn every_pass_reaches_a_remote_through_the_same_cluster_until_its_kubeconf
     let clone = Context::new(cx.cluster().clone());
     clone.provision(&tree("https://127.0.0.9:1")).await.unwrap();
     let seen = probe.0.lock().unwrap().clone();
-    assert_eq!(
-        seen[0], seen[1],
-        "the same kubeconfig: the same cluster state"
+    assert_eq!(seen.len(), 5);
+    let same = |a: usize, b: usize| Arc::ptr_eq(&seen[a], &seen[b]);
+    assert!(same(0, 1), "the same kubeconfig: the same cluster state");
+    assert!(same(0, 2));
+    assert!(!same(0, 3), "a changed kubeconfig: a new cluster");
+    assert!(same(3, 4));
+    let parent = cx.cluster().state::<AtomicU8>();
+    assert!(
+        !seen.iter().any(|s| Arc::ptr_eq(s, &parent)),
+        "the remote's state is its own"
     );
-    assert_eq!(seen[0], seen[2]);
-    assert_ne!(seen[0], seen[3], "a changed kubeconfig: a new cluster");
-    assert_eq!(seen[3], seen[4]);
-    let parent = Arc::as_ptr(&cx.cluster().state::<Marker>()) as usize;
-    assert!(!seen.contains(&parent), "the remote's state is its own");
 }
