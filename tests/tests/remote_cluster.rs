@@ -239,7 +239,10 @@ async fn the_kubeconfig_secret_outlives_its_namespace_until_the_remote_objects_a
 /// alive, so that a new cluster's state cannot reuse a dropped one's
 /// address), and checks that the remote answers through the context's client.
 #[derive(Clone, Default)]
-struct ClusterProbe(Arc<Mutex<Vec<(Arc<AtomicU8>, String)>>>);
+struct ClusterProbe(Arc<Mutex<Vec<Pass>>>);
+
+/// One pass as the probe saw it: its cluster's state and default namespace.
+type Pass = (Arc<AtomicU8>, String);
 
 #[provisioners::async_trait]
 impl Provisioner for ClusterProbe {
