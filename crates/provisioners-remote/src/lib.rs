@@ -1,20 +1,31 @@
 //! Run a subtree of provisioners against another Kubernetes cluster.
 //!
 //! [`RemoteClusterProvisioner`] asks a [`RemoteCluster`] for its kubeconfig,
-//! builds a client from it, and runs its child with a context that targets
-//! that cluster, so manifests and Helm releases below it (the helm CLI gets
+//! reaches that cluster through a [`Cluster`](provisioners_core::Cluster)
+//! derived from the parent's, and runs its child with a context that
+//! targets it, so manifests and Helm releases below it (the helm CLI gets
 //! the remote's kubeconfig) land there. Remotes nest: a remote subtree may
 //! hold another remote.
 //!
+//! A remote takes its child's name and adds no path segment, as a
+//! `Conditional` does: moving `addons` to another cluster keeps its path
+//! `platform/addons`. [`RemoteTarget::named`] gives it a segment of its own.
+//!
+//! The remote's `Cluster` is built once per kubeconfig and kept (in the
+//! parent cluster's [state](provisioners_core::Cluster::state)): requests
+//! to it go through the parent's client policy, and what provisioners keep
+//! per cluster (discovery, helm's release locks) lasts from one reconcile to
+//! the next. A changed kubeconfig (a rotated token) is a new `Cluster`.
+//!
 //! While a subtree is provisioned on a cluster whose kubeconfig comes from a
 //! [`SecretKubeconfig`], the Secret carries a finalizer of ours
-//! (`provisioners.dev/kubeconfig-<digest of owner and node>`), removed after
-//! the subtree's deprovision, as Kubernetes protects a PVC in use: deleting
-//! the Secret's namespace (with the owner in it) first does not leave the
-//! remote objects behind. During deprovision, a remote whose kubeconfig is
-//! gone *despite* that (the cluster and its Secret deleted deliberately)
-//! counts as already cleaned up, so deleting the parent never wedges on a
-//! cluster that no longer exists.
+//! (`provisioners.dev/kubeconfig-<digest of owner and node path>`), removed
+//! after the subtree's deprovision, as Kubernetes protects a PVC in use:
+//! deleting the Secret's namespace (with the owner in it) first does not
+//! leave the remote objects behind. During deprovision, a remote whose
+//! kubeconfig is gone *despite* that (the cluster and its Secret deleted
+//! deliberately) counts as already cleaned up, so deleting the parent never
+//! wedges on a cluster that no longer exists.
 //!
 //! Two [`RemoteCluster`] implementations come with the crate:
 //! [`SecretKubeconfig`] reads the kubeconfig from a Secret (the usual case
@@ -24,17 +35,19 @@
 //! # Example
 //!
 //! ```no_run
-//! use provisioners_core::{Cluster, Context};
+//! use provisioners_core::{Cluster, Context, Provisioner};
 //! use provisioners_remote::{RemoteClusterProvisioner, SecretKubeconfig};
 //! # use provisioners_testing::Noop;
 //!
 //! # async fn example() -> provisioners_core::Result<()> {
 //! let cx = Context::new(Cluster::infer().await?);
-//! // The kubeconfig of a workload cluster, in Secret `clusters/tenant-a`, key `kubeconfig`.
+//! // The kubeconfig of a workload cluster, in Secret `clusters/tenant-a`, key `kubeconfig`,
+//! // read through the context's client (and its client policy).
 //! let remote = SecretKubeconfig::new(cx.client().clone(), "clusters", "tenant-a");
 //! let tree = RemoteClusterProvisioner::new(remote)
 //!     .background_deletion(true) // a throwaway cluster: do not wait on its contents
 //!     .provision_on(Noop::new("addons"));
+//! assert_eq!(tree.name(), "addons"); // the child's name: no extra path segment
 //!
 //! cx.provision(&tree).await?;
 //! # Ok(())
@@ -43,6 +56,7 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod clusters;
 mod secret;
 
 use std::any::Any;
@@ -54,19 +68,32 @@ use sha2::{Digest, Sha256};
 
 use kube::config::Kubeconfig;
 use provisioners_core::{
-    Cluster, Context, Error, ErrorKind, Provisioner, RemoteCluster, Result, async_trait,
+    Context, ErrorKind, Metadata, Provisioner, RemoteCluster, Result, async_trait,
 };
 
+use crate::clusters::RemoteClusters;
 pub use secret::SecretKubeconfig;
 
 /// Runs a child provisioner against the cluster a [`RemoteCluster`] describes.
 ///
 /// Built with [`RemoteClusterProvisioner::new`] and
-/// [`RemoteTarget::provision_on`]. Its node name is the remote's id unless
-/// [`RemoteTarget::named`] says otherwise, so errors read
-/// `platform/tenant-a/addons/ingress: ...`.
+/// [`RemoteTarget::provision_on`]. Like a `Conditional`, it takes its
+/// child's name and adds no segment to paths: `platform/addons` stays
+/// `platform/addons` when it moves to another cluster.
+/// [`RemoteTarget::named`] makes it a node of its own (`platform/tenant-a/addons`).
+///
+/// The [`Cluster`](provisioners_core::Cluster) for the remote is
+/// [derived](provisioners_core::Cluster::derive) from the parent's (same
+/// client policy, the parent's shared state such as the helm process bound)
+/// and kept in the parent cluster's state, keyed by the remote's id and a
+/// digest of its kubeconfig: the same kubeconfig reaches the remote through
+/// the same `Cluster` on every pass, so what provisioners learn about it
+/// (discovery, helm's release locks) lasts; a changed kubeconfig (a rotated
+/// token) gets a new one, which replaces the old. The 256 remotes used
+/// last are kept per parent.
+#[must_use]
 pub struct RemoteClusterProvisioner {
-    name: Cow<'static, str>,
+    metadata: Option<Metadata>,
     remote: Arc<dyn RemoteCluster>,
     /// The remote's Secret, when it is one: protected by a finalizer.
     secret: Option<SecretKubeconfig>,
@@ -76,8 +103,9 @@ pub struct RemoteClusterProvisioner {
 
 /// A remote cluster waiting for the subtree to run on it; see
 /// [`RemoteClusterProvisioner::new`].
+#[must_use]
 pub struct RemoteTarget {
-    name: Option<Cow<'static, str>>,
+    metadata: Option<Metadata>,
     remote: Arc<dyn RemoteCluster>,
     secret: Option<SecretKubeconfig>,
     background_deletion: Option<bool>,
@@ -96,7 +124,7 @@ impl RemoteClusterProvisioner {
             .downcast_ref::<SecretKubeconfig>()
             .cloned();
         RemoteTarget {
-            name: None,
+            metadata: None,
             remote: Arc::new(remote),
             secret,
             background_deletion: None,
@@ -113,23 +141,13 @@ impl RemoteClusterProvisioner {
         self.child.as_ref()
     }
 
-    /// A node name is one path segment: not empty, no `/`.
-    fn check_name(&self) -> Result<()> {
-        if self.name.is_empty() || self.name.contains('/') {
-            return Err(Error::invalid(format!(
-                "RemoteClusterProvisioner node `{}` (remote `{}`): a node name may not be empty \
-                 or contain `/` (it separates the segments of a path); name the node with \
-                 RemoteTarget::named, or give the remote another id",
-                self.name,
-                self.remote.id()
-            )));
-        }
-        Ok(())
-    }
-
     /// The context the child runs with: the parent's, targeting the remote.
     async fn remote_context(&self, cx: &Context, kubeconfig: Kubeconfig) -> Result<Context> {
-        let cluster = Cluster::from_kubeconfig(self.remote.id(), kubeconfig).await?;
+        let cluster = cx
+            .cluster()
+            .state::<RemoteClusters>()
+            .get(cx.cluster(), self.remote.id(), kubeconfig)
+            .await?;
         let mut remote = cx.clone().with_cluster(cluster);
         if let Some(background) = self.background_deletion {
             remote = remote.with_background_deletion(background);
@@ -139,9 +157,11 @@ impl RemoteClusterProvisioner {
 }
 
 impl RemoteTarget {
-    /// Names the node (default: the remote's id).
+    /// Makes the remote a node called `name`, with its child below it
+    /// (`name/child` in paths). Unnamed, it takes its child's name and adds
+    /// no segment.
     pub fn named(mut self, name: impl Into<Cow<'static, str>>) -> Self {
-        self.name = Some(name.into());
+        self.metadata = Some(Metadata::new(name));
         self
     }
 
@@ -156,11 +176,8 @@ impl RemoteTarget {
 
     /// Runs `child` on the remote cluster.
     pub fn provision_on(self, child: impl Provisioner + 'static) -> RemoteClusterProvisioner {
-        let name = self
-            .name
-            .unwrap_or_else(|| Cow::Owned(self.remote.id().to_owned()));
         RemoteClusterProvisioner {
-            name,
+            metadata: self.metadata,
             remote: self.remote,
             secret: self.secret,
             background_deletion: self.background_deletion,
@@ -172,21 +189,28 @@ impl RemoteTarget {
 #[async_trait]
 impl Provisioner for RemoteClusterProvisioner {
     fn name(&self) -> &str {
-        &self.name
+        match &self.metadata {
+            Some(metadata) => metadata.name(),
+            None => self.child.name(),
+        }
     }
 
     async fn provision(&self, cx: &Context) -> Result<()> {
-        self.check_name()?;
         let kubeconfig = self.remote.config().await?;
         if let Some(secret) = &self.secret {
             secret.protect(&finalizer(cx)).await?;
         }
         let remote = self.remote_context(cx, kubeconfig).await?;
-        remote.provision(&self.child).await
+        // Unnamed, this node is its child's: the child runs in this node's
+        // context (retargeted), with no segment of its own.
+        if self.metadata.is_some() {
+            remote.provision(&self.child).await
+        } else {
+            self.child.provision(&remote).await
+        }
     }
 
     async fn deprovision(&self, cx: &Context) -> Result<()> {
-        self.check_name()?;
         let kubeconfig = match self.remote.config().await {
             Ok(kubeconfig) => kubeconfig,
             Err(error) if error.kind() == ErrorKind::NotFound => {
@@ -201,7 +225,11 @@ impl Provisioner for RemoteClusterProvisioner {
             Err(error) => return Err(error),
         };
         let remote = self.remote_context(cx, kubeconfig).await?;
-        remote.deprovision(&self.child).await?;
+        if self.metadata.is_some() {
+            remote.deprovision(&self.child).await?;
+        } else {
+            self.child.deprovision(&remote).await?;
+        }
         if let Some(secret) = &self.secret {
             secret.release(&finalizer(cx)).await?;
         }
@@ -211,6 +239,8 @@ impl Provisioner for RemoteClusterProvisioner {
 
 /// The finalizer this node puts on its kubeconfig Secret: one per owner and
 /// node, so that two subtrees reading one Secret do not release each other's.
+/// It hashes the node's path: a node whose path changes (a new name, a new
+/// place in the tree) no longer recognises the finalizer it set before.
 fn finalizer(cx: &Context) -> String {
     let mut hasher = Sha256::new();
     hasher.update(cx.owner_identity().as_bytes());
@@ -228,7 +258,8 @@ fn finalizer(cx: &Context) -> String {
 impl fmt::Debug for RemoteClusterProvisioner {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RemoteClusterProvisioner")
-            .field("name", &self.name)
+            .field("name", &self.name())
+            .field("named", &self.metadata.is_some())
             .field("remote", &self.remote.id())
             .field("background_deletion", &self.background_deletion)
             .field("child", &self.child.name())
@@ -238,6 +269,7 @@ impl fmt::Debug for RemoteClusterProvisioner {
 
 /// A remote cluster whose kubeconfig is known when the tree is built.
 #[derive(Clone)]
+#[must_use]
 pub struct StaticKubeconfig {
     id: String,
     kubeconfig: Kubeconfig,

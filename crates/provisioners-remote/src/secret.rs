@@ -11,6 +11,10 @@ use provisioners_core::{Error, RemoteCluster, Result, async_trait};
 /// The key under which Cluster API and most tools store a kubeconfig.
 const DEFAULT_KEY: &str = "kubeconfig";
 
+/// How many times a finalizer update that conflicts is redone before the
+/// node yields (the list is contended; the next pass tries again).
+const FINALIZER_ATTEMPTS: usize = 3;
+
 /// A remote cluster whose kubeconfig is read, at every use, from a key of a
 /// Secret (by default `kubeconfig`), through the given client.
 ///
@@ -31,7 +35,13 @@ const DEFAULT_KEY: &str = "kubeconfig";
 /// token) is refused as `Invalid`; only inline credentials are accepted.
 /// [`SecretKubeconfig::trust_local_references`] lifts that for Secrets you
 /// fully control.
+///
+/// Give it the context's client (`cx.client()`), so that reading the
+/// Secret and updating its finalizers go through the cluster's client
+/// policy (a bounded time per request, a few quick retries of transient
+/// failures) like every other request of the tree.
 #[derive(Clone)]
+#[must_use]
 pub struct SecretKubeconfig {
     id: String,
     client: kube::Client,
@@ -45,11 +55,9 @@ impl SecretKubeconfig {
     /// The kubeconfig in Secret `namespace/name`, key `kubeconfig`, read
     /// with `client`.
     ///
-    /// The remote's id (the cluster id, and the node name of a
-    /// [`RemoteClusterProvisioner`](crate::RemoteClusterProvisioner) that is
-    /// not [`named`](crate::RemoteTarget::named)) is `namespace.name`: a node
-    /// name may not contain `/`, and a namespace name holds no `.`, so the
-    /// first `.` still tells the two apart.
+    /// The remote's [cluster id](SecretKubeconfig::cluster_id) is
+    /// `namespace.name` (a namespace name holds no `.`, so the first `.`
+    /// tells the two apart).
     pub fn new(
         client: kube::Client,
         namespace: impl Into<String>,
@@ -79,9 +87,12 @@ impl SecretKubeconfig {
         self
     }
 
-    /// Uses another id (the node name and cluster id in paths and logs).
-    /// As a node name it may not be empty or contain `/`.
-    pub fn id(mut self, id: impl Into<String>) -> Self {
+    /// Uses another cluster id (default `namespace.name`): the id of the
+    /// remote's [`Cluster`](provisioners_core::Cluster) in logs and errors,
+    /// unique among the clusters a tree talks to. Not a node name: a
+    /// [`RemoteClusterProvisioner`](crate::RemoteClusterProvisioner) takes
+    /// its child's name or [its own](crate::RemoteTarget::named).
+    pub fn cluster_id(mut self, id: impl Into<String>) -> Self {
         self.id = id.into();
         self
     }
@@ -110,8 +121,10 @@ impl SecretKubeconfig {
 
     async fn set_finalizer(&self, finalizer: &str, present: bool) -> Result<()> {
         let secrets: Api<Secret> = Api::namespaced(self.client.clone(), &self.namespace);
-        // A conflict means someone else changed the list meanwhile: read it again.
-        for _ in 0..3 {
+        // A conflict means someone else changed the list meanwhile: read it
+        // again and redo the change. That is a step of this logic, not a
+        // transport retry (the client policy does those, for 409 never).
+        for _ in 0..FINALIZER_ATTEMPTS {
             let Some(secret) = secrets
                 .get_metadata_opt(&self.name)
                 .await
@@ -135,8 +148,9 @@ impl SecretKubeconfig {
                     "finalizers": finalizers,
                 }
             });
+            // Metadata in, metadata out: the answer does not carry the kubeconfig again.
             match secrets
-                .patch(&self.name, &PatchParams::default(), &Patch::Merge(&patch))
+                .patch_metadata(&self.name, &PatchParams::default(), &Patch::Merge(&patch))
                 .await
             {
                 Ok(_) => return Ok(()),
@@ -252,59 +266,4 @@ impl fmt::Debug for SecretKubeconfig {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn kubeconfig(user: &str, cluster_extra: &str) -> Kubeconfig {
-        Kubeconfig::from_yaml(&format!(
-            "apiVersion: v1
-kind: Config
-clusters:
-- name: c
-  cluster:
-    server: https://127.0.0.1:6443
-{cluster_extra}
-users:
-- name: u
-  user:
-{user}
-contexts:
-- name: x
-  context: {{cluster: c, user: u}}
-current-context: x
-"
-        ))
-        .unwrap()
-    }
-
-    #[test]
-    fn commands_and_local_files_are_local_references() {
-        let inline = kubeconfig("    token: abc", "");
-        assert_eq!(local_reference(&inline), None);
-        let cases = [
-            (
-                "    tokenFile: /var/run/secrets/kubernetes.io/serviceaccount/token",
-                "",
-                "tokenFile",
-            ),
-            (
-                "    exec: {command: sh, apiVersion: client.authentication.k8s.io/v1}",
-                "",
-                "exec",
-            ),
-            ("    client-key: /etc/key.pem", "", "client-key"),
-            (
-                "    token: abc",
-                "    certificate-authority: /etc/ca.crt",
-                "certificate-authority",
-            ),
-        ];
-        for (user, cluster, field) in cases {
-            assert_eq!(
-                local_reference(&kubeconfig(user, cluster)),
-                Some(field),
-                "{field}"
-            );
-        }
-    }
-}
+mod tests;

@@ -1,3 +1,4 @@
+use std::sync::atomic::AtomicU8;
 use std::sync::{Arc, Mutex};
 
 use kube::config::Kubeconfig;
@@ -9,7 +10,7 @@ use provisioners_testing::{Recorder, Scripted};
 use crate::{RemoteClusterProvisioner, SecretKubeconfig, StaticKubeconfig};
 
 /// A kubeconfig for a server that is never contacted by these tests.
-fn kubeconfig(server: &str) -> Kubeconfig {
+pub(crate) fn kubeconfig(server: &str) -> Kubeconfig {
     Kubeconfig::from_yaml(&format!(
         "apiVersion: v1
 kind: Config
@@ -62,6 +63,22 @@ impl Provisioner for Probe {
     }
 }
 
+/// A node `platform` over one child.
+struct Parent<P>(P);
+
+#[async_trait]
+impl<P: Provisioner> Provisioner for Parent<P> {
+    fn name(&self) -> &str {
+        "platform"
+    }
+    async fn provision(&self, cx: &Context) -> Result<()> {
+        cx.provision(&self.0).await
+    }
+    async fn deprovision(&self, cx: &Context) -> Result<()> {
+        cx.deprovision(&self.0).await
+    }
+}
+
 /// A remote whose kubeconfig is gone.
 struct Gone;
 
@@ -84,16 +101,15 @@ async fn the_child_runs_with_a_context_for_the_remote() {
     ))
     .background_deletion(true)
     .provision_on(probe.clone());
+    // A remote takes its child's name: no segment of its own.
+    assert_eq!(tree.name(), "probe");
     let cx = Context::offline();
 
     cx.provision(&tree).await.unwrap();
     cx.deprovision(&tree).await.unwrap();
     assert_eq!(
         *probe.0.lock().unwrap(),
-        [
-            "tenant-a tenant-a/probe ns=team background=true",
-            "-tenant-a tenant-a/probe"
-        ]
+        ["tenant-a probe ns=team background=true", "-tenant-a probe"]
     );
     assert!(
         !cx.background_deletion(),
@@ -120,7 +136,7 @@ async fn remotes_nest() {
     Context::offline().provision(&outer).await.unwrap();
     assert_eq!(
         *probe.0.lock().unwrap(),
-        ["inner workload/inner/probe ns=team background=false"]
+        ["inner workload/probe ns=team background=false"]
     );
 }
 
@@ -138,7 +154,7 @@ async fn a_remote_whose_kubeconfig_is_gone_counts_as_deprovisioned() {
     assert_eq!(error.kind(), ErrorKind::NotFound);
     assert_eq!(
         error.to_string(),
-        "gone: Secret clusters/gone does not exist"
+        "child: Secret clusters/gone does not exist"
     );
 }
 
@@ -156,51 +172,139 @@ async fn an_unusable_kubeconfig_is_invalid_and_names_the_remote() {
     assert!(
         error
             .to_string()
-            .starts_with("broken: the kubeconfig of cluster `broken`"),
+            .starts_with("child: the kubeconfig of cluster `broken`"),
         "{error}"
     );
     assert_eq!(recorder.calls().len(), 0);
 }
 
 #[tokio::test]
-async fn a_secret_remote_is_named_without_a_slash() {
+async fn a_remote_takes_its_childs_name_whatever_its_id() {
     let cx = Context::offline();
     let remote = SecretKubeconfig::new(cx.client().clone(), "clusters", "tenant-a.kubeconfig");
     assert_eq!(RemoteCluster::id(&remote), "clusters.tenant-a.kubeconfig");
     let tree = RemoteClusterProvisioner::new(remote).provision_on(Probe::default());
-    assert_eq!(tree.name(), "clusters.tenant-a.kubeconfig");
-    assert!(!tree.name().contains('/'));
+    assert_eq!(tree.name(), "probe");
+
+    // The id is the cluster's, not a node name: a `/` in it is fine.
+    let probe = Probe::default();
+    let tree = RemoteClusterProvisioner::new(StaticKubeconfig::new(
+        "clusters/tenant-a",
+        kubeconfig("https://127.0.0.1:1"),
+    ))
+    .provision_on(probe.clone());
+    cx.provision(&tree).await.unwrap();
+    assert_eq!(
+        *probe.0.lock().unwrap(),
+        ["clusters/tenant-a probe ns=team background=false"]
+    );
 }
 
 #[tokio::test]
 async fn a_node_name_with_a_slash_is_invalid_and_named() {
     let recorder = Recorder::new();
     let tree = RemoteClusterProvisioner::new(StaticKubeconfig::new(
-        "clusters/tenant-a",
+        "tenant-a",
         kubeconfig("https://127.0.0.1:1"),
     ))
+    .named("clusters/tenant-a")
     .provision_on(Scripted::new("child", &recorder));
+    let parent = Parent(tree);
     let cx = Context::offline();
     for error in [
-        cx.provision(&tree).await.unwrap_err(),
-        cx.deprovision(&tree).await.unwrap_err(),
+        cx.provision(&parent).await.unwrap_err(),
+        cx.deprovision(&parent).await.unwrap_err(),
     ] {
         assert_eq!(error.kind(), ErrorKind::Invalid, "{error}");
         assert!(
-            error
-                .to_string()
-                .contains("RemoteClusterProvisioner node `clusters/tenant-a`"),
+            error.to_string().contains(
+                "node `clusters/tenant-a` (under `platform`): a node name may not be empty or \
+                 contain `/`"
+            ),
             "{error}"
         );
     }
     assert_eq!(recorder.calls().len(), 0);
 
-    // Named, the same remote is fine.
+    // An unnamed remote is checked under its child's name.
+    let unnamed = RemoteClusterProvisioner::new(StaticKubeconfig::new(
+        "tenant-a",
+        kubeconfig("https://127.0.0.1:1"),
+    ))
+    .provision_on(Scripted::new("a/b", &recorder));
+    let error = cx.provision(&unnamed).await.unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::Invalid, "{error}");
+    assert!(
+        error
+            .to_string()
+            .contains("node `a/b`: a node name may not be empty or contain `/`"),
+        "{error}"
+    );
+    assert_eq!(recorder.calls().len(), 0);
+
+    // Named with one segment, the same remote is fine.
+    let probe = Probe::default();
     let named = RemoteClusterProvisioner::new(StaticKubeconfig::new(
-        "clusters/tenant-a",
+        "tenant-a",
         kubeconfig("https://127.0.0.1:1"),
     ))
     .named("tenant-a")
-    .provision_on(Probe::default());
+    .provision_on(probe.clone());
     cx.provision(&named).await.unwrap();
+    assert_eq!(
+        *probe.0.lock().unwrap(),
+        ["tenant-a tenant-a/probe ns=team background=false"]
+    );
+}
+
+/// Records which cluster state each call saw (kept alive, so that a new
+/// cluster's state cannot reuse a dropped one's address).
+#[derive(Clone, Default)]
+struct StateProbe(Arc<Mutex<Vec<Arc<AtomicU8>>>>);
+
+#[async_trait]
+impl Provisioner for StateProbe {
+    fn name(&self) -> &str {
+        "state"
+    }
+    async fn provision(&self, cx: &Context) -> Result<()> {
+        self.0
+            .lock()
+            .unwrap()
+            .push(cx.cluster().state::<AtomicU8>());
+        Ok(())
+    }
+    async fn deprovision(&self, cx: &Context) -> Result<()> {
+        self.provision(cx).await
+    }
+}
+
+#[tokio::test]
+async fn every_pass_reaches_a_remote_through_the_same_cluster_until_its_kubeconfig_changes() {
+    let cx = Context::offline();
+    let probe = StateProbe::default();
+    let tree = |server: &str| {
+        RemoteClusterProvisioner::new(StaticKubeconfig::new("tenant-a", kubeconfig(server)))
+            .provision_on(probe.clone())
+    };
+    // A tree is rebuilt on every reconcile: the cluster must not be.
+    cx.provision(&tree("https://127.0.0.1:1")).await.unwrap();
+    cx.provision(&tree("https://127.0.0.1:1")).await.unwrap();
+    cx.deprovision(&tree("https://127.0.0.1:1")).await.unwrap();
+    cx.provision(&tree("https://127.0.0.9:1")).await.unwrap();
+    // A clone of the parent's cluster shares its remotes.
+    let clone = Context::new(cx.cluster().clone());
+    clone.provision(&tree("https://127.0.0.9:1")).await.unwrap();
+    let seen = probe.0.lock().unwrap().clone();
+    assert_eq!(seen.len(), 5);
+    let same = |a: usize, b: usize| Arc::ptr_eq(&seen[a], &seen[b]);
+    assert!(same(0, 1), "the same kubeconfig: the same cluster state");
+    assert!(same(0, 2));
+    assert!(!same(0, 3), "a changed kubeconfig: a new cluster");
+    assert!(same(3, 4));
+    let parent = cx.cluster().state::<AtomicU8>();
+    assert!(
+        !seen.iter().any(|s| Arc::ptr_eq(s, &parent)),
+        "the remote's state is its own"
+    );
 }

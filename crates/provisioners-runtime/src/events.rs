@@ -130,3 +130,114 @@ impl Events {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use http::Method;
+    use provisioners_testing::mock::{self, ApiMock};
+    use serde_json::Value;
+    use tokio::task::JoinHandle;
+
+    use super::*;
+
+    const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/ns/events";
+
+    fn reference() -> ObjectReference {
+        ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("ConfigMap".into()),
+            name: Some("p".into()),
+            namespace: Some("ns".into()),
+            uid: Some("u-1".into()),
+            ..ObjectReference::default()
+        }
+    }
+
+    fn publish(
+        events: &Arc<Events>,
+        generation: i64,
+        why: Why,
+        note: &'static str,
+    ) -> JoinHandle<()> {
+        let events = Arc::clone(events);
+        tokio::spawn(async move {
+            events
+                .publish("ns/p", Some(generation), &reference(), why, note)
+                .await;
+        })
+    }
+
+    /// The next request, which must write an event, answered with `status`.
+    async fn written(api: &mut ApiMock, status: u16) -> (Method, Value) {
+        let pending = api.next().await;
+        assert!(pending.uri.path().starts_with(EVENTS), "{}", pending.uri);
+        let (method, body) = (pending.method.clone(), pending.body.clone());
+        let reply = if status < 400 {
+            body.clone()
+        } else {
+            serde_json::json!({})
+        };
+        pending.answer(status, reply);
+        (method, body)
+    }
+
+    /// `task` ends without another request: one would wait for an answer
+    /// that never comes.
+    async fn ends_without_a_request(task: JoinHandle<()>) {
+        tokio::time::timeout(Duration::from_secs(10), task)
+            .await
+            .expect("no request")
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn an_event_is_published_once_per_generation_and_again_after_a_failure() {
+        let (cx, mut api) = mock::context();
+        let events = Arc::new(Events::new(cx.client().clone(), "op".into()));
+
+        let task = publish(&events, 1, Why::Provisioning, "provisioning generation 1");
+        let (method, body) = written(&mut api, 201).await;
+        task.await.unwrap();
+        assert_eq!(method, Method::POST);
+        assert_eq!(body["reason"], "Provisioning");
+        assert_eq!(body["note"], "provisioning generation 1");
+        assert_eq!(body["type"], "Normal");
+        assert_eq!(body["action"], "Provision");
+        assert_eq!(body["regarding"]["name"], "p");
+
+        // A requeue of the same generation publishes nothing.
+        ends_without_a_request(publish(
+            &events,
+            1,
+            Why::Provisioning,
+            "provisioning generation 1",
+        ))
+        .await;
+
+        // A failed publish is tried again on the next reconcile.
+        let task = publish(&events, 1, Why::NodeFailed, "p/a: boom");
+        let (_, body) = written(&mut api, 500).await;
+        task.await.unwrap();
+        assert_eq!(body["type"], "Warning");
+        let task = publish(&events, 1, Why::NodeFailed, "p/a: boom");
+        let (method, _) = written(&mut api, 201).await;
+        task.await.unwrap();
+        assert_eq!(method, Method::POST);
+        ends_without_a_request(publish(&events, 1, Why::NodeFailed, "p/a: boom")).await;
+
+        // A new generation publishes again (kube's recorder makes it a series).
+        let task = publish(&events, 2, Why::Provisioning, "provisioning generation 1");
+        let (method, _) = written(&mut api, 200).await;
+        task.await.unwrap();
+        assert_eq!(method, Method::PATCH);
+
+        // So does an object that was forgotten (deleted, then made again).
+        events.forget("ns/p");
+        let task = publish(&events, 2, Why::Provisioning, "provisioning generation 1");
+        written(&mut api, 200).await;
+        task.await.unwrap();
+    }
+}

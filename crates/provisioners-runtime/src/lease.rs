@@ -34,14 +34,21 @@ use provisioners_core::{CancellationToken, Error, Result};
 /// (`provisioners-helm`), so the new leader's reconcile of that release
 /// yields until the old helm is gone, and never runs helm beside it.
 ///
-/// ```no_run
-/// use provisioners_runtime::LeaderElection;
-/// use provisioners_core::CancellationToken;
+/// Give it the context's client, `cx.client()`: the cluster's client policy
+/// bounds each Lease request (so a hung API server cannot hold a round
+/// forever) and retries transient failures quickly within a round. A
+/// creation (POST) is not retried on an ambiguous failure, so a Lease this
+/// replica created is never reported back to it as someone else's.
 ///
-/// # async fn example(client: kube::Client) -> provisioners_core::Result<()> {
-/// let shutdown = CancellationToken::new();
+/// ```no_run
+/// use provisioners_core::{CancellationToken, Cluster, Context};
+/// use provisioners_runtime::LeaderElection;
+///
+/// # async fn example() -> provisioners_core::Result<()> {
+/// let cx = Context::new(Cluster::infer().await?);
+/// let shutdown = cx.cancellation().clone();
 /// let identity = std::env::var("POD_NAME").unwrap_or_else(|_| "local".into());
-/// LeaderElection::new(client, "operators", "platform-operator", identity)
+/// LeaderElection::new(cx.client().clone(), "operators", "platform-operator", identity)
 ///     .run(shutdown, |term| async move {
 ///         // Run the controller until `term` is cancelled (lease lost or shutdown).
 ///         term.cancelled().await;
@@ -50,6 +57,7 @@ use provisioners_core::{CancellationToken, Error, Result};
 /// # }
 /// ```
 #[derive(Clone, Debug)]
+#[must_use]
 pub struct LeaderElection {
     api: Api<Lease>,
     name: String,
@@ -82,7 +90,6 @@ impl LeaderElection {
     /// How long a lease is valid after its last renewal; a standby takes
     /// over after that. The renew deadline becomes two thirds of it and the
     /// retry period a fifth of it (at least 100 ms).
-    #[must_use]
     pub fn lease_duration(mut self, duration: Duration) -> Self {
         self.lease_duration = duration;
         self.renew_deadline = duration * 2 / 3;
@@ -104,7 +111,9 @@ impl LeaderElection {
     ///
     /// [`ErrorKind::Invalid`](provisioners_core::ErrorKind::Invalid) when the
     /// timings cannot work (the renew deadline must be shorter than the
-    /// lease duration); API failures are retried, not returned.
+    /// lease duration). API failures of any kind are never returned: a
+    /// round that fails is tried again after the retry period, and a holder
+    /// that cannot renew within the renew deadline steps down.
     pub async fn run<F, Fut>(&self, shutdown: CancellationToken, mut lead: F) -> Result<()>
     where
         F: FnMut(CancellationToken) -> Fut,
@@ -138,7 +147,14 @@ impl LeaderElection {
                 if term.is_cancelled() {
                     continue;
                 }
-                if self.try_acquire_or_renew(&mut observed).await {
+                // A renewal that hangs must not keep a holder that can no
+                // longer renew: the round ends at the renew deadline.
+                let remaining = self.renew_deadline.saturating_sub(last_renewal.elapsed());
+                let renewed =
+                    tokio::time::timeout(remaining, self.try_acquire_or_renew(&mut observed))
+                        .await
+                        .unwrap_or(false);
+                if renewed {
                     last_renewal = Instant::now();
                 } else if !self.holds(&observed) || last_renewal.elapsed() >= self.renew_deadline {
                     tracing::warn!(lease = %self.name, identity = %self.identity, "lost the lease: stopping");
@@ -399,6 +415,57 @@ mod tests {
         assert!(!election.try_acquire_or_renew(&mut observed).await);
         server.await.unwrap();
         assert!(!election.holds(&observed));
+    }
+
+    #[tokio::test]
+    async fn a_holder_whose_renewal_hangs_steps_down_at_the_renew_deadline() {
+        let (election, mut handle) = election();
+        // Renew deadline 200 ms, a round every 100 ms.
+        let election = election.lease_duration(Duration::from_millis(300));
+        let shutdown = CancellationToken::new();
+        let (stepped_down, mut stepped_down_rx) = tokio::sync::mpsc::unbounded_channel();
+        let run = tokio::spawn({
+            let shutdown = shutdown.clone();
+            async move {
+                election
+                    .run(shutdown, |term| {
+                        let stepped_down = stepped_down.clone();
+                        async move {
+                            term.cancelled().await;
+                            let _ = stepped_down.send(());
+                        }
+                    })
+                    .await
+            }
+        });
+        answer(
+            &mut handle,
+            "GET",
+            404,
+            json!({ "kind": "Status", "apiVersion": "v1",
+            "status": "Failure", "reason": "NotFound", "code": 404, "message": "not found" }),
+        )
+        .await;
+        let (create, respond) = handle.next_request().await.expect("a create");
+        assert_eq!(create.method().as_str(), "POST");
+        respond.send_response(
+            Response::builder()
+                .status(201)
+                .body(Body::from(
+                    serde_json::to_vec(&lease(Some("me"), "1")).unwrap(),
+                ))
+                .unwrap(),
+        );
+        // The first renewal's read never gets an answer.
+        let (renewal, _never_answered) = handle.next_request().await.expect("a renewal");
+        assert_eq!(renewal.method().as_str(), "GET");
+        tokio::time::timeout(Duration::from_secs(30), stepped_down_rx.recv())
+            .await
+            .expect("the holder stepped down while its renewal hung")
+            .expect("the work ran");
+        shutdown.cancel();
+        drop(handle);
+        run.await.unwrap().unwrap();
     }
 
     #[tokio::test]

@@ -17,8 +17,9 @@
 //!   [`Cancelled`](Reason::Cancelled), the `observedGeneration` the tree was
 //!   built from, and a message bounded to [`MAX_MESSAGE`] bytes (the first
 //!   failures with their paths, then "and N more"); plus `status.waiting`,
-//!   what each waiting node waits for. Only when something changed: a no-op
-//!   reconcile writes nothing;
+//!   what each waiting node waits for ([`Reconciler::waiting_field`] renames
+//!   it, [`Reconciler::no_waiting_field`] leaves it out). Only when something
+//!   changed: a no-op reconcile writes nothing;
 //! - maps a yield or an error to a *constant* requeue (no exponential backoff
 //!   for work that is merely in progress);
 //! - on graceful shutdown (the context's cancellation token, which should also
@@ -49,11 +50,16 @@
 //!   recording per-node duration histograms, outcome counters and reconcile
 //!   counts with `prometheus-client`, and `metrics::serve`, a tiny
 //!   `/metrics`, `/healthz`, `/readyz` endpoint.
-//! - **Leader election** ([`LeaderElection`]): a `coordination.k8s.io` Lease;
-//!   only the holder reconciles, losing it cancels the trees in flight (each
-//!   with its shutdown grace), a standby takes over within the lease
-//!   duration. Shards are Kubernetes'
+//! - **Leader election** ([`LeaderElection`], given `cx.client()`): a
+//!   `coordination.k8s.io` Lease; only the holder reconciles, losing it
+//!   cancels the trees in flight (each with its shutdown grace), a standby
+//!   takes over within the lease duration. Shards are Kubernetes'
 //!   own: each replica set watches a label selector in `watcher::Config`.
+//!
+//! Every API call here (finalizer and status patches, events, the Lease)
+//! goes through the context's client, so through the cluster's
+//! [client policy](provisioners_core::ClientPolicy): a bounded time per
+//! request and a few quick retries of transient failures, none written here.
 //!
 //! # Example
 //!

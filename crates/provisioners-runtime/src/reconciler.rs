@@ -83,6 +83,12 @@ pub trait ReconcileObserver: Send + Sync {
 ///
 /// Cheap to share: put it in an `Arc` and hand it to the controller as its
 /// context. See the [crate docs](crate) for what a reconcile does.
+///
+/// Its API calls (finalizer and status patches, events) go through the
+/// context's client, so through the cluster's client policy: a bounded time
+/// per request and a few quick retries of transient failures. Whatever
+/// still fails is an `Err` of the reconcile, which the controller requeues.
+#[must_use]
 pub struct Reconciler {
     context: Context,
     finalizer: String,
@@ -128,7 +134,6 @@ impl Reconciler {
     }
 
     /// The constant requeue after a yield or an error (default 5 s).
-    #[must_use]
     pub fn requeue_after(mut self, requeue: Duration) -> Self {
         self.requeue = requeue;
         self
@@ -136,26 +141,31 @@ impl Reconciler {
 
     /// Reconciles a provisioned object again after `resync`, to repair drift
     /// (default: only when the object or the controller's watches change).
-    #[must_use]
     pub fn resync_after(mut self, resync: Duration) -> Self {
         self.resync = Some(resync);
         self
     }
 
     /// Uses another annotation to pause reconciliation.
-    #[must_use]
     pub fn paused_annotation(mut self, annotation: impl Into<String>) -> Self {
         self.paused_annotation = annotation.into();
         self
     }
 
-    /// The `status` field that lists the waiting nodes (default `waiting`),
-    /// or `None` to write none. The status schema must have the field (an
-    /// array of `{node, reason}`) or preserve unknown fields: a field the
-    /// server prunes is written again on every reconcile that yields.
-    #[must_use]
-    pub fn waiting_field(mut self, field: Option<&str>) -> Self {
-        self.waiting_field = field.map(str::to_owned);
+    /// The `status` field that lists the waiting nodes (default
+    /// [`waiting`](DEFAULT_WAITING_FIELD)). The status schema must have the
+    /// field (an array of `{node, reason}`) or preserve unknown fields: a
+    /// field the server prunes is written again on every reconcile that
+    /// yields.
+    pub fn waiting_field(mut self, field: impl Into<String>) -> Self {
+        self.waiting_field = Some(field.into());
+        self
+    }
+
+    /// Lists no waiting nodes in the status: only the `Available` condition
+    /// is written (for a status schema without such a field).
+    pub fn no_waiting_field(mut self) -> Self {
+        self.waiting_field = None;
         self
     }
 
@@ -165,7 +175,6 @@ impl Reconciler {
     /// deprovisioned, superseded. The same event is published once per
     /// generation of an object, not on every requeue. Needs RBAC to
     /// `create` and `patch` `events.k8s.io` `events`.
-    #[must_use]
     pub fn events(mut self, reporter: impl Into<Reporter>) -> Self {
         self.events = Some(Events::new(self.context.client().clone(), reporter.into()));
         self
@@ -173,7 +182,6 @@ impl Reconciler {
 
     /// Tells `observer` how every reconcile ended (e.g. the metrics of the
     /// `metrics` feature).
-    #[must_use]
     pub fn observe_reconciles(mut self, observer: Arc<dyn ReconcileObserver>) -> Self {
         self.observer = Some(observer);
         self
@@ -266,8 +274,12 @@ impl Reconciler {
     ///
     /// # Errors
     ///
-    /// [`ErrorKind::Kube`] for failed API calls, [`ErrorKind::Invalid`] for an
-    /// object without a name.
+    /// A failed API call, with the kind [`Error::kube`] gives it: most often
+    /// [`ErrorKind::Unavailable`] (a conflicting write, 409, when the object
+    /// changed meanwhile; the API unreachable or overloaded), which passes
+    /// on a requeue; [`ErrorKind::Failed`] when it was refused (RBAC) and
+    /// [`ErrorKind::NotFound`] when the object is gone. [`ErrorKind::Invalid`]
+    /// for an object without a name.
     pub async fn reconcile<M>(&self, managed: &M) -> Result<Action>
     where
         M: ManagerProvisioner,
@@ -302,10 +314,10 @@ impl Reconciler {
             self.forget(&target);
             return Ok((ReconcileResult::Deprovisioned, Action::await_change()));
         }
-        // Not kube::runtime::finalizer: it returns right after adding the
-        // finalizer (a second pass, which a generation predicate never
-        // triggers), and it removes the finalizer on any `Ok`, while a
-        // deprovision that yields must keep it.
+        // Not kube::runtime::finalizer (kube-runtime 5.0): it returns right
+        // after adding the finalizer (a second pass, which a generation
+        // predicate never triggers), and it removes the finalizer on any
+        // `Ok`, while a deprovision that yields must keep it.
         if !deleting && !has_finalizer {
             self.add_finalizer(&target, object).await?;
         }

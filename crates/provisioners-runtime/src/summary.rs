@@ -93,6 +93,8 @@ pub(crate) fn truncate(text: &str, max: usize) -> String {
 mod tests {
     use std::sync::Arc;
 
+    use provisioners_core::ErrorKind;
+
     use super::*;
 
     fn at(e: Error, path: &str) -> Error {
@@ -101,7 +103,8 @@ mod tests {
 
     #[test]
     fn one_failure_is_written_as_it_is() {
-        let e = at(Error::helm("exit 1: boom"), "p/metrics");
+        let e = at(Error::failed("exit 1: boom"), "p/metrics");
+        assert_eq!(e.kind(), ErrorKind::Failed);
         assert_eq!(message(&e), "p/metrics: exit 1: boom");
         assert!(waiting(&e).is_empty());
     }
@@ -118,6 +121,8 @@ mod tests {
             .collect();
         children.push(at(Error::invalid("bad values"), "p/chart"));
         let e = at(Error::group(children), "p");
+        assert_eq!(e.kind(), ErrorKind::Invalid, "the weightiest child's kind");
+        assert!(!e.is_transient());
         let m = message(&e);
         assert!(
             m.starts_with("1 nodes failed, 50 waiting: p/chart: bad values; p/w0: pod 0 pending"),
@@ -139,13 +144,15 @@ mod tests {
     fn a_huge_tree_stays_under_the_bound_and_cuts_on_a_character() {
         let long = "é".repeat(40_000);
         let children = (0..100)
-            .map(|i| at(Error::helm(long.clone()), &format!("p/n{i}")))
+            .map(|i| at(Error::failed(long.clone()), &format!("p/n{i}")))
             .collect();
         let e = at(Error::group(children), "p");
+        assert_eq!(e.kind(), ErrorKind::Failed);
+        assert!(e.is_group());
         let m = message(&e);
         assert!(m.len() <= MAX_MESSAGE, "{}", m.len());
         assert!(m.ends_with("and 97 more"));
-        let single = at(Error::helm(long), "p/n");
+        let single = at(Error::failed(long), "p/n");
         let m = message(&single);
         assert!(m.len() <= MAX_MESSAGE && m.ends_with('…'));
     }

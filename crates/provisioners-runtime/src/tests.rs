@@ -1,32 +1,31 @@
-//! The reconcile flow against a mocked API (`tower-test`): which requests a
-//! reconcile makes, in which order, with which bodies. The same flow runs
-//! against the real control plane in `tests/tests/runtime_cluster.rs`.
+//! The reconcile flow against a mocked API (`provisioners_testing::mock`):
+//! which requests a reconcile makes, in which order, with which bodies. The
+//! same flow runs against the real control plane in
+//! `tests/tests/runtime_cluster.rs`.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::{Method, Request, Response};
+use http::Method;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::ObjectMeta;
-use kube::client::Body;
 use kube::runtime::controller::Action;
-use provisioners_core::{Context, Managed, Operation};
+use provisioners_core::{ErrorKind, Managed, Operation};
 use provisioners_group::Concurrent;
+use provisioners_testing::mock::{self, ApiMock};
 use provisioners_testing::{CallOutcome, Recorder, Scripted, Step};
 use serde_json::{Value, json};
-use tower_test::mock;
 
 use crate::Reconciler;
 
 const FINALIZER: &str = "example.com/platform";
 
-type Handle = mock::Handle<Request<Body>, Response<Body>>;
-
-fn mocked() -> (Reconciler, Handle) {
-    let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
-    let client = kube::Client::new(service, "default");
-    let reconciler = Reconciler::new(Context::from_client(client), FINALIZER);
-    (reconciler, handle)
+/// A reconciler whose every request is answered by the returned mock. Its
+/// cluster is unmanaged (no client policy): every request the flow makes is
+/// one the test answers.
+fn mocked() -> (Reconciler, ApiMock) {
+    let (cx, api) = mock::context();
+    (Reconciler::new(cx, FINALIZER), api)
 }
 
 /// An object as a controller would hand it over.
@@ -53,30 +52,6 @@ fn deleting(mut cm: ConfigMap) -> Arc<ConfigMap> {
     Arc::new(cm)
 }
 
-/// Answers the next request, which must be `method path`, with `reply`,
-/// and returns its body.
-async fn expect(handle: &mut Handle, method: Method, path: &str, reply: Value) -> Value {
-    let (request, respond) = tokio::time::timeout(Duration::from_secs(10), handle.next_request())
-        .await
-        .unwrap_or_else(|_| panic!("no {method} {path} request"))
-        .expect("the client is gone");
-    assert_eq!(request.method(), method, "{}", request.uri());
-    assert_eq!(request.uri().path(), path);
-    let body = request.into_body().collect_bytes().await.unwrap();
-    let body = if body.is_empty() {
-        Value::Null
-    } else {
-        serde_json::from_slice(&body).unwrap()
-    };
-    respond.send_response(
-        Response::builder()
-            .status(200)
-            .body(Body::from(serde_json::to_vec(&reply).unwrap()))
-            .unwrap(),
-    );
-    body
-}
-
 const OBJECT: &str = "/api/v1/namespaces/ns/configmaps/p";
 const STATUS: &str = "/api/v1/namespaces/ns/configmaps/p/status";
 
@@ -86,14 +61,14 @@ fn reply() -> Value {
 
 #[tokio::test]
 async fn a_new_object_gets_the_finalizer_then_a_provisioning_condition_with_its_generation() {
-    let (reconciler, mut handle) = mocked();
+    let (reconciler, mut api) = mocked();
     let recorder = Recorder::new();
     let tree = Scripted::new("p", &recorder).on_provision([Step::yielding("chart not ready")]);
     let managed = Managed::new(object(3, &[]), tree);
 
     let server = tokio::spawn(async move {
-        let finalizer = expect(&mut handle, Method::PATCH, OBJECT, reply()).await;
-        let status = expect(&mut handle, Method::PATCH, STATUS, reply()).await;
+        let finalizer = api.expect(Method::PATCH, OBJECT, 200, reply()).await;
+        let status = api.expect(Method::PATCH, STATUS, 200, reply()).await;
         (finalizer, status)
     });
     let action = reconciler.reconcile(&managed).await.unwrap();
@@ -120,9 +95,9 @@ async fn a_new_object_gets_the_finalizer_then_a_provisioning_condition_with_its_
 
 #[tokio::test]
 async fn a_paused_object_makes_no_request_and_runs_nothing() {
-    let (reconciler, handle) = mocked();
+    let (reconciler, api) = mocked();
     // Any request would now fail the reconcile.
-    drop(handle);
+    drop(api);
     let recorder = Recorder::new();
     let mut cm = object(3, &[]).as_ref().clone();
     cm.metadata.annotations = Some([("provisioners.dev/paused".into(), "true".into())].into());
@@ -187,7 +162,7 @@ fn with_status(generation: i64, status: Value) -> Arc<WithStatus> {
 
 #[tokio::test]
 async fn an_unchanged_provisioned_object_writes_nothing_and_a_new_generation_writes_once() {
-    let (reconciler, mut handle) = mocked();
+    let (reconciler, mut api) = mocked();
     let recorder = Recorder::new();
 
     // Same generation, same outcome: not a single request.
@@ -195,24 +170,19 @@ async fn an_unchanged_provisioned_object_writes_nothing_and_a_new_generation_wri
         with_status(3, provisioned_at(3)),
         Scripted::new("p", &recorder),
     );
-    let server = tokio::spawn(async move {
-        let none = tokio::time::timeout(Duration::from_millis(300), handle.next_request()).await;
-        assert!(none.is_err(), "a no-op reconcile made a request");
-        handle
-    });
-    assert_eq!(
-        reconciler.reconcile(&managed).await.unwrap(),
-        Action::await_change()
-    );
-    let mut handle = server.await.unwrap();
+    // A request would wait for an answer that never comes.
+    let action = tokio::time::timeout(Duration::from_secs(10), reconciler.reconcile(&managed))
+        .await
+        .expect("a no-op reconcile made a request")
+        .unwrap();
+    assert_eq!(action, Action::await_change());
 
     // Generation 4: the condition follows, its transition time does not move.
     let managed = Managed::new(
         with_status(4, provisioned_at(3)),
         Scripted::new("p", &recorder),
     );
-    let server =
-        tokio::spawn(async move { expect(&mut handle, Method::PATCH, STATUS, reply()).await });
+    let server = tokio::spawn(async move { api.expect(Method::PATCH, STATUS, 200, reply()).await });
     reconciler.reconcile(&managed).await.unwrap();
     let status = server.await.unwrap();
     let condition = &status["status"]["conditions"][0];
@@ -227,7 +197,7 @@ async fn an_unchanged_provisioned_object_writes_nothing_and_a_new_generation_wri
 
 #[tokio::test]
 async fn deletion_keeps_the_finalizer_while_the_tree_yields_and_removes_it_when_gone() {
-    let (reconciler, mut handle) = mocked();
+    let (reconciler, mut api) = mocked();
     let recorder = Recorder::new();
     let tree = Scripted::new("p", &recorder)
         .on_deprovision([Step::yielding("pods terminating"), Step::ok()]);
@@ -235,8 +205,8 @@ async fn deletion_keeps_the_finalizer_while_the_tree_yields_and_removes_it_when_
     let managed = Managed::new(cm, tree);
 
     let server = tokio::spawn(async move {
-        let status = expect(&mut handle, Method::PATCH, STATUS, reply()).await;
-        let finalizers = expect(&mut handle, Method::PATCH, OBJECT, reply()).await;
+        let status = api.expect(Method::PATCH, STATUS, 200, reply()).await;
+        let finalizers = api.expect(Method::PATCH, OBJECT, 200, reply()).await;
         (status, finalizers)
     });
     assert_eq!(
@@ -263,22 +233,21 @@ async fn deletion_keeps_the_finalizer_while_the_tree_yields_and_removes_it_when_
 
 #[tokio::test]
 async fn an_api_failure_is_an_error_of_the_reconcile() {
-    let (reconciler, mut handle) = mocked();
+    let (reconciler, mut api) = mocked();
     let recorder = Recorder::new();
     let managed = Managed::new(object(3, &[]), Scripted::new("p", &recorder));
     let server = tokio::spawn(async move {
-        let (_, respond) = handle.next_request().await.unwrap();
         let status = json!({ "kind": "Status", "apiVersion": "v1", "status": "Failure",
             "message": "the object has been modified", "reason": "Conflict", "code": 409 });
-        respond.send_response(
-            Response::builder()
-                .status(409)
-                .body(Body::from(serde_json::to_vec(&status).unwrap()))
-                .unwrap(),
-        );
+        api.expect(Method::PATCH, OBJECT, 409, status).await;
     });
     let error = reconciler.reconcile(&managed).await.unwrap_err();
     server.await.unwrap();
+    assert_eq!(
+        error.kind(),
+        ErrorKind::Unavailable,
+        "a conflict passes: {error}"
+    );
     assert!(error.is_transient(), "{error}");
     assert!(
         error
@@ -291,8 +260,8 @@ async fn an_api_failure_is_an_error_of_the_reconcile() {
 
 #[tokio::test]
 async fn a_newer_generation_supersedes_the_running_tree_without_a_status_write() {
-    let (reconciler, handle) = mocked();
-    drop(handle);
+    let (reconciler, api) = mocked();
+    drop(api);
     let reconciler = Arc::new(reconciler);
     let recorder = Recorder::new();
     let tree = Scripted::new("p", &recorder).on_provision([Step::delay(Duration::from_secs(600))]);
@@ -348,9 +317,9 @@ async fn until_running(reconciler: &Reconciler) {
 
 #[tokio::test]
 async fn a_superseded_tree_that_winds_down_in_its_grace_is_superseded_not_errored() {
-    let (reconciler, handle) = mocked();
+    let (reconciler, api) = mocked();
     // A status write or an event would need the API: none may happen.
-    drop(handle);
+    drop(api);
     let reconciler = Arc::new(reconciler);
     let recorder = Recorder::new();
     let managed = Managed::new(object(3, &[FINALIZER]), long_beside_waiting(&recorder));
@@ -377,7 +346,7 @@ async fn a_superseded_tree_that_winds_down_in_its_grace_is_superseded_not_errore
 
 #[tokio::test]
 async fn a_shutdown_during_a_long_step_reports_cancelled_not_errored() {
-    let (reconciler, mut handle) = mocked();
+    let (reconciler, mut api) = mocked();
     let reconciler = Arc::new(reconciler);
     let recorder = Recorder::new();
     let managed = Managed::new(object(3, &[FINALIZER]), long_beside_waiting(&recorder));
@@ -387,7 +356,7 @@ async fn a_shutdown_during_a_long_step_reports_cancelled_not_errored() {
     };
     until_running(&reconciler).await;
     reconciler.context().cancellation().cancel();
-    let status = expect(&mut handle, Method::PATCH, STATUS, reply()).await;
+    let status = api.expect(Method::PATCH, STATUS, 200, reply()).await;
     let action = tokio::time::timeout(Duration::from_secs(10), running)
         .await
         .expect("the tree stopped within its grace")

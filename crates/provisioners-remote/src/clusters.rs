@@ -1,0 +1,300 @@
+//! [`RemoteClusters`]: the remote clusters reached from one cluster, kept
+//! across passes.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, PoisonError};
+
+use kube::config::Kubeconfig;
+use provisioners_core::{Cluster, Error, Result};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+/// How many remote clusters one cluster keeps. Remotes come and go with the
+/// objects that name them (a rotated kubeconfig replaces its remote's
+/// entry, a deleted object's remote is never asked for again): without a
+/// bound, every remote ever reached would keep a client, its connections
+/// and its state for the life of the process. 256 is well above the
+/// remotes one operator drives at once.
+pub(crate) const CAPACITY: usize = 256;
+
+/// The remote clusters built from one cluster, in that cluster's
+/// [state](Cluster::state), keyed by remote id and a digest of the
+/// kubeconfig: the same kubeconfig gives the same [`Cluster`] on every pass
+/// (so what provisioners keep in its state, a discovery cache or helm's
+/// release locks, lasts), and a changed one gives a new `Cluster` that
+/// replaces the remote's old one.
+pub(crate) struct RemoteClusters {
+    capacity: usize,
+    entries: Mutex<Entries>,
+}
+
+#[derive(Default)]
+struct Entries {
+    clusters: HashMap<Key, Entry>,
+    /// Bumped on every hit, so the least recently used entry goes first.
+    clock: u64,
+}
+
+#[derive(Clone, PartialEq, Eq, Hash)]
+struct Key {
+    id: String,
+    digest: [u8; 32],
+}
+
+struct Entry {
+    cluster: Cluster,
+    used: u64,
+}
+
+impl Default for RemoteClusters {
+    fn default() -> Self {
+        RemoteClusters::with_capacity(CAPACITY)
+    }
+}
+
+impl RemoteClusters {
+    pub(crate) fn with_capacity(capacity: usize) -> Self {
+        RemoteClusters {
+            capacity: capacity.max(1),
+            entries: Mutex::default(),
+        }
+    }
+
+    /// The cluster `id` reached through `kubeconfig` from `parent`: the one
+    /// built earlier for the same id and kubeconfig, or a new one
+    /// [derived](Cluster::derive) from `parent` (same client policy, the
+    /// parent's shared state, state of its own).
+    ///
+    /// # Errors
+    ///
+    /// As [`Cluster::derive`]: `Invalid` when the kubeconfig is not usable.
+    pub(crate) async fn get(
+        &self,
+        parent: &Cluster,
+        id: &str,
+        kubeconfig: Kubeconfig,
+    ) -> Result<Cluster> {
+        let key = Key {
+            id: id.to_owned(),
+            digest: digest(&kubeconfig)?,
+        };
+        if let Some(cluster) = self.lookup(&key) {
+            return Ok(cluster);
+        }
+        // Built outside the lock: building a client may take a while.
+        let built = parent.derive(id, kubeconfig).await?;
+        Ok(self.insert(key, built))
+    }
+
+    fn lookup(&self, key: &Key) -> Option<Cluster> {
+        let mut entries = self.lock();
+        entries.clock += 1;
+        let now = entries.clock;
+        let entry = entries.clusters.get_mut(key)?;
+        entry.used = now;
+        Some(entry.cluster.clone())
+    }
+
+    /// Keeps `built` unless a concurrent pass kept one for `key` first (then
+    /// that one is returned, so both passes share one cluster).
+    fn insert(&self, key: Key, built: Cluster) -> Cluster {
+        let mut entries = self.lock();
+        entries.clock += 1;
+        let now = entries.clock;
+        if let Some(entry) = entries.clusters.get_mut(&key) {
+            entry.used = now;
+            return entry.cluster.clone();
+        }
+        // The same remote with another kubeconfig: the old one was rotated
+        // away, and its client need not wait for eviction.
+        entries.clusters.retain(|old, _| old.id != key.id);
+        if entries.clusters.len() >= self.capacity {
+            let oldest = entries
+                .clusters
+                .iter()
+                .min_by_key(|(_, entry)| entry.used)
+                .map(|(key, _)| key.clone());
+            if let Some(oldest) = oldest {
+                entries.clusters.remove(&oldest);
+            }
+        }
+        entries.clusters.insert(
+            key,
+            Entry {
+                cluster: built.clone(),
+                used: now,
+            },
+        );
+        built
+    }
+
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.lock().clusters.len()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Entries> {
+        self.entries.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// A digest of everything in `kubeconfig` (credentials included, so a
+/// rotated token is a new cluster), independent of the order of map keys.
+/// Only the digest is kept: the content is never stored or logged here.
+fn digest(kubeconfig: &Kubeconfig) -> Result<[u8; 32]> {
+    let value = serde_json::to_value(kubeconfig).map_err(|e| {
+        // serde_json's message names a type or position, never the content.
+        Error::invalid(format!("a remote kubeconfig cannot be serialized: {e}"))
+    })?;
+    let mut hasher = Sha256::new();
+    hash_value(&value, &mut hasher);
+    Ok(hasher.finalize().into())
+}
+
+/// Feeds `value` to `hasher` with object keys sorted (some kubeconfig
+/// fields are hash maps, whose order differs between two reads), each
+/// item tagged and length-prefixed so that distinct values never collide.
+fn hash_value(value: &Value, hasher: &mut Sha256) {
+    fn bytes(tag: u8, data: &[u8], hasher: &mut Sha256) {
+        hasher.update([tag]);
+        hasher.update((data.len() as u64).to_le_bytes());
+        hasher.update(data);
+    }
+    match value {
+        Value::Null => hasher.update([0]),
+        Value::Bool(b) => hasher.update([1, u8::from(*b)]),
+        Value::Number(n) => bytes(2, n.to_string().as_bytes(), hasher),
+        Value::String(s) => bytes(3, s.as_bytes(), hasher),
+        Value::Array(items) => {
+            hasher.update([4]);
+            hasher.update((items.len() as u64).to_le_bytes());
+            for item in items {
+                hash_value(item, hasher);
+            }
+        }
+        Value::Object(map) => {
+            hasher.update([5]);
+            hasher.update((map.len() as u64).to_le_bytes());
+            let mut keys: Vec<&String> = map.keys().collect();
+            keys.sort();
+            for key in keys {
+                bytes(3, key.as_bytes(), hasher);
+                hash_value(&map[key.as_str()], hasher);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::AtomicU8;
+
+    use provisioners_core::Context;
+
+    use super::*;
+    use crate::tests::kubeconfig;
+
+    /// Whether two clusters are one: they share their state.
+    fn same(a: &Cluster, b: &Cluster) -> bool {
+        Arc::ptr_eq(&a.state::<AtomicU8>(), &b.state::<AtomicU8>())
+    }
+
+    #[tokio::test]
+    async fn the_same_kubeconfig_is_the_same_cluster_and_a_changed_one_a_new_one() {
+        let parent = Context::offline().cluster().clone();
+        let clusters = RemoteClusters::default();
+        let first = clusters
+            .get(&parent, "tenant", kubeconfig("https://127.0.0.1:1"))
+            .await
+            .unwrap();
+        let again = clusters
+            .get(&parent, "tenant", kubeconfig("https://127.0.0.1:1"))
+            .await
+            .unwrap();
+        assert!(same(&first, &again));
+        assert_eq!(first.id(), "tenant");
+        assert!(first.kubeconfig().is_some(), "helm needs the kubeconfig");
+        assert!(
+            Arc::ptr_eq(
+                &first.shared_state::<AtomicU8>(),
+                &parent.shared_state::<AtomicU8>()
+            ),
+            "a remote shares its parent's shared state"
+        );
+        assert!(!same(&first, &parent), "but has state of its own");
+
+        let changed = clusters
+            .get(&parent, "tenant", kubeconfig("https://127.0.0.2:1"))
+            .await
+            .unwrap();
+        assert!(!same(&first, &changed));
+        assert_eq!(clusters.len(), 1, "the changed kubeconfig replaced the old");
+        let other_id = clusters
+            .get(&parent, "tenant-b", kubeconfig("https://127.0.0.1:1"))
+            .await
+            .unwrap();
+        assert!(!same(&first, &other_id));
+        assert!(!same(&changed, &other_id));
+        assert_eq!(clusters.len(), 2);
+        let changed_again = clusters
+            .get(&parent, "tenant", kubeconfig("https://127.0.0.2:1"))
+            .await
+            .unwrap();
+        assert!(same(&changed, &changed_again), "another id left it alone");
+    }
+
+    #[tokio::test]
+    async fn the_cache_is_bounded_and_evicts_the_least_recently_used() {
+        let parent = Context::offline().cluster().clone();
+        let clusters = RemoteClusters::with_capacity(2);
+        let get = |id: &'static str| {
+            let (clusters, parent) = (&clusters, &parent);
+            async move {
+                clusters
+                    .get(parent, id, kubeconfig("https://127.0.0.1:1"))
+                    .await
+                    .unwrap()
+            }
+        };
+        let a = get("a").await;
+        let b = get("b").await;
+        assert!(same(&a, &get("a").await), "a is used again");
+        let _c = get("c").await;
+        assert_eq!(clusters.len(), 2);
+        assert!(same(&a, &get("a").await), "a was kept");
+        assert!(
+            !same(&b, &get("b").await),
+            "b, the least recently used, was evicted and is built anew"
+        );
+        assert_eq!(clusters.len(), 2);
+    }
+
+    #[test]
+    fn the_digest_does_not_depend_on_map_order_but_on_every_value() {
+        let mut a = kubeconfig("https://127.0.0.1:1");
+        let env: Vec<(String, String)> = (0..16).map(|i| (format!("K{i}"), "v".into())).collect();
+        let exec = |pairs: &[(String, String)]| kube::config::ExecConfig {
+            api_version: Some("client.authentication.k8s.io/v1".into()),
+            command: Some("true".into()),
+            env: Some(vec![pairs.iter().cloned().collect()]),
+            ..Default::default()
+        };
+        let mut b = a.clone();
+        let mut reversed = env.clone();
+        reversed.reverse();
+        if let Some(user) = a.auth_infos[0].auth_info.as_mut() {
+            user.exec = Some(exec(&env));
+        }
+        if let Some(user) = b.auth_infos[0].auth_info.as_mut() {
+            user.exec = Some(exec(&reversed));
+        }
+        assert_eq!(digest(&a).unwrap(), digest(&b).unwrap());
+
+        let mut rotated = a.clone();
+        if let Some(user) = rotated.auth_infos[0].auth_info.as_mut() {
+            user.token = Some("another-token".to_owned().into());
+        }
+        assert_ne!(digest(&a).unwrap(), digest(&rotated).unwrap());
+    }
+}

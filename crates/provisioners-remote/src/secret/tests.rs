@@ -1,0 +1,394 @@
+//! `SecretKubeconfig` against a mocked API: reading the kubeconfig and
+//! updating the Secret's finalizers, request by request.
+
+use std::collections::BTreeMap;
+
+use http::Method;
+use k8s_openapi::ByteString;
+use provisioners_core::ErrorKind;
+use provisioners_testing::mock::{self, ApiMock};
+use serde_json::{Value, json};
+
+use super::*;
+
+const SECRET: &str = "/api/v1/namespaces/clusters/secrets/tenant-a";
+const OURS: &str = "provisioners.dev/kubeconfig-ours";
+
+/// A Secret `clusters/tenant-a` holding `data`.
+fn secret(data: &[(&str, &[u8])]) -> Value {
+    let secret = Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some("tenant-a".into()),
+            namespace: Some("clusters".into()),
+            ..Default::default()
+        },
+        data: Some(
+            data.iter()
+                .map(|(k, v)| ((*k).to_owned(), ByteString(v.to_vec())))
+                .collect::<BTreeMap<_, _>>(),
+        ),
+        ..Default::default()
+    };
+    serde_json::to_value(secret).unwrap()
+}
+
+/// The Secret's metadata as the API returns it to `get_metadata_opt`.
+fn metadata(finalizers: &[&str], resource_version: &str, deleting: bool) -> Value {
+    let mut meta = json!({
+        "name": "tenant-a", "namespace": "clusters",
+        "resourceVersion": resource_version, "finalizers": finalizers,
+    });
+    if deleting {
+        meta["deletionTimestamp"] = json!("2026-12-01T00:00:00Z");
+    }
+    json!({ "apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata", "metadata": meta })
+}
+
+/// Runs `config()` on a mocked API whose one request (the Secret) gets
+/// `status` and `reply`.
+async fn config_with(
+    remote: SecretKubeconfig,
+    mut api: ApiMock,
+    status: u16,
+    reply: Value,
+) -> Result<Kubeconfig> {
+    let read = tokio::spawn(async move { remote.config().await });
+    api.expect(Method::GET, SECRET, status, reply).await;
+    read.await.unwrap()
+}
+
+fn mocked() -> (SecretKubeconfig, ApiMock) {
+    let (cx, api) = mock::context();
+    (
+        SecretKubeconfig::new(cx.client().clone(), "clusters", "tenant-a"),
+        api,
+    )
+}
+
+const INLINE: &str = "apiVersion: v1
+kind: Config
+clusters:
+- name: c
+  cluster: {server: 'https://127.0.0.1:6443'}
+users:
+- name: u
+  user: {token: s3cr3t-t0ken}
+contexts:
+- name: x
+  context: {cluster: c, user: u}
+current-context: x
+";
+
+#[tokio::test]
+async fn a_kubeconfig_with_inline_credentials_is_read_from_its_key() {
+    let (remote, api) = mocked();
+    let kubeconfig = config_with(
+        remote,
+        api,
+        200,
+        secret(&[("kubeconfig", INLINE.as_bytes())]),
+    )
+    .await
+    .unwrap();
+    assert_eq!(kubeconfig.current_context.as_deref(), Some("x"));
+
+    let (remote, api) = mocked();
+    let other_key = config_with(
+        remote.key("value"),
+        api,
+        200,
+        secret(&[("value", INLINE.as_bytes())]),
+    )
+    .await
+    .unwrap();
+    assert_eq!(other_key.clusters[0].name, "c");
+}
+
+#[tokio::test]
+async fn a_missing_secret_is_not_found_and_names_the_secret() {
+    let (remote, api) = mocked();
+    let error = config_with(remote, api, 404, json!({})).await.unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::NotFound, "{error}");
+    assert_eq!(
+        error.message(),
+        "Secret clusters/tenant-a (kubeconfig of remote cluster `clusters.tenant-a`) does not exist"
+    );
+}
+
+#[tokio::test]
+async fn a_refused_read_keeps_the_kind_of_the_api_failure() {
+    let (remote, api) = mocked();
+    let error = config_with(remote, api, 403, json!({})).await.unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::Failed, "{error}");
+    assert!(
+        error
+            .message()
+            .starts_with("reading Secret clusters/tenant-a"),
+        "{error}"
+    );
+    let (remote, api) = mocked();
+    let error = config_with(remote, api, 503, json!({})).await.unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::Unavailable, "{error}");
+    assert!(error.is_transient());
+}
+
+#[tokio::test]
+async fn a_missing_key_is_invalid_and_lists_the_keys_present() {
+    let (remote, api) = mocked();
+    let reply = secret(&[("value", INLINE.as_bytes()), ("ca.crt", b"---")]);
+    let error = config_with(remote, api, 200, reply).await.unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::Invalid, "{error}");
+    assert_eq!(
+        error.message(),
+        "Secret clusters/tenant-a (kubeconfig of remote cluster `clusters.tenant-a`) has no key \
+         `kubeconfig` (keys: ca.crt, value); set the key with SecretKubeconfig::key"
+    );
+    assert!(!error.message().contains("s3cr3t"), "no content: {error}");
+
+    let (remote, api) = mocked();
+    let error = config_with(remote, api, 200, secret(&[]))
+        .await
+        .unwrap_err();
+    assert!(error.message().contains("(keys: none)"), "{error}");
+}
+
+#[tokio::test]
+async fn a_value_that_is_not_a_kubeconfig_is_invalid_without_quoting_it() {
+    let cases: [(&[u8], &str); 3] = [
+        (b"\xffs3cr3t\xfe", "is not UTF-8 text"),
+        (b"users: [s3cr3t: {", "does not hold a valid kubeconfig"),
+        (b"s3cr3t-just-a-token", "does not hold a valid kubeconfig"),
+    ];
+    for (value, says) in cases {
+        let (remote, api) = mocked();
+        let error = config_with(remote, api, 200, secret(&[("kubeconfig", value)]))
+            .await
+            .unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::Invalid, "{error}");
+        assert!(error.message().ends_with(says), "{error}");
+        assert!(error.message().contains("key `kubeconfig`"), "{error}");
+        assert!(
+            !format!("{error} {error:?}").contains("s3cr3t"),
+            "the content leaked: {error:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn commands_and_token_files_are_refused_unless_trusted() {
+    let exec = INLINE.replace(
+        "user: {token: s3cr3t-t0ken}",
+        "user: {exec: {command: /bin/s3cr3t-helper, apiVersion: client.authentication.k8s.io/v1}}",
+    );
+    let token_file = INLINE.replace(
+        "user: {token: s3cr3t-t0ken}",
+        "user: {tokenFile: /var/run/secrets/kubernetes.io/serviceaccount/token}",
+    );
+    for (kubeconfig, field) in [(&exec, "exec"), (&token_file, "tokenFile")] {
+        let (remote, api) = mocked();
+        let reply = secret(&[("kubeconfig", kubeconfig.as_bytes())]);
+        let error = config_with(remote, api, 200, reply.clone())
+            .await
+            .unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::Invalid, "{error}");
+        assert!(
+            error
+                .message()
+                .contains(&format!("the kubeconfig uses `{field}`")),
+            "{error}"
+        );
+        assert!(
+            error.message().contains("trust_local_references"),
+            "{error}"
+        );
+        assert!(!error.message().contains("s3cr3t"), "{error}");
+
+        let (remote, api) = mocked();
+        let trusted = config_with(remote.trust_local_references(true), api, 200, reply)
+            .await
+            .expect("a trusted Secret may run commands and read files");
+        assert!(trusted.auth_infos[0].auth_info.is_some());
+    }
+}
+
+/// Runs `protect(OURS)` (or `release`) on a mocked API.
+fn set(remote: SecretKubeconfig, present: bool) -> tokio::task::JoinHandle<Result<()>> {
+    tokio::spawn(async move {
+        if present {
+            remote.protect(OURS).await
+        } else {
+            remote.release(OURS).await
+        }
+    })
+}
+
+#[tokio::test]
+async fn protecting_adds_the_finalizer_with_an_optimistic_lock() {
+    let (remote, mut api) = mocked();
+    let done = set(remote, true);
+    api.expect(Method::GET, SECRET, 200, metadata(&["other"], "7", false))
+        .await;
+    let patch = api
+        .expect(
+            Method::PATCH,
+            SECRET,
+            200,
+            metadata(&["other", OURS], "8", false),
+        )
+        .await;
+    done.await.unwrap().unwrap();
+    assert_eq!(patch["metadata"]["finalizers"], json!(["other", OURS]));
+    assert_eq!(patch["metadata"]["resourceVersion"], "7");
+}
+
+#[tokio::test]
+async fn a_conflict_reads_the_secret_again_and_three_conflicts_yield() {
+    let (remote, mut api) = mocked();
+    let done = set(remote, true);
+    api.expect(Method::GET, SECRET, 200, metadata(&[], "7", false))
+        .await;
+    api.expect(Method::PATCH, SECRET, 409, json!({})).await;
+    // Someone else added a finalizer meanwhile: it is kept.
+    api.expect(Method::GET, SECRET, 200, metadata(&["other"], "8", false))
+        .await;
+    let patch = api
+        .expect(
+            Method::PATCH,
+            SECRET,
+            200,
+            metadata(&["other", OURS], "9", false),
+        )
+        .await;
+    done.await.unwrap().unwrap();
+    assert_eq!(patch["metadata"]["finalizers"], json!(["other", OURS]));
+    assert_eq!(patch["metadata"]["resourceVersion"], "8");
+
+    let (remote, mut api) = mocked();
+    let done = set(remote, false);
+    for version in ["7", "8", "9"] {
+        api.expect(Method::GET, SECRET, 200, metadata(&[OURS], version, false))
+            .await;
+        let patch = api.expect(Method::PATCH, SECRET, 409, json!({})).await;
+        assert_eq!(patch["metadata"]["finalizers"], json!([]));
+        assert_eq!(patch["metadata"]["resourceVersion"], version);
+    }
+    let error = done.await.unwrap().unwrap_err();
+    assert!(error.is_yield(), "{error:?}");
+    assert!(error.message().contains("keep changing"), "{error}");
+}
+
+#[tokio::test]
+async fn a_secret_that_is_gone_needs_no_finalizer_change() {
+    // Gone before the read.
+    let (remote, mut api) = mocked();
+    let done = set(remote, false);
+    api.expect(Method::GET, SECRET, 404, json!({})).await;
+    done.await.unwrap().unwrap();
+    // Gone between the read and the patch.
+    let (remote, mut api) = mocked();
+    let done = set(remote, false);
+    api.expect(Method::GET, SECRET, 200, metadata(&[OURS], "7", true))
+        .await;
+    api.expect(Method::PATCH, SECRET, 404, json!({})).await;
+    done.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn a_secret_being_deleted_gains_no_finalizer_but_still_loses_ours() {
+    // The task ends after the read: a PATCH would wait for an answer
+    // that never comes, and `done` would not finish.
+    let (remote, mut api) = mocked();
+    let done = set(remote, true);
+    api.expect(Method::GET, SECRET, 200, metadata(&["other"], "7", true))
+        .await;
+    tokio::time::timeout(std::time::Duration::from_secs(10), done)
+        .await
+        .expect("no request after the read")
+        .unwrap()
+        .unwrap();
+
+    let (remote, mut api) = mocked();
+    let done = set(remote, false);
+    api.expect(
+        Method::GET,
+        SECRET,
+        200,
+        metadata(&["other", OURS], "7", true),
+    )
+    .await;
+    let patch = api
+        .expect(Method::PATCH, SECRET, 200, metadata(&["other"], "8", true))
+        .await;
+    done.await.unwrap().unwrap();
+    assert_eq!(patch["metadata"]["finalizers"], json!(["other"]));
+}
+
+#[tokio::test]
+async fn a_refused_finalizer_update_is_an_error_naming_the_secret() {
+    let (remote, mut api) = mocked();
+    let done = set(remote, true);
+    api.expect(Method::GET, SECRET, 200, metadata(&[], "7", false))
+        .await;
+    api.expect(Method::PATCH, SECRET, 403, json!({})).await;
+    let error = done.await.unwrap().unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::Failed, "{error}");
+    assert!(
+        error
+            .message()
+            .starts_with("updating the finalizers of Secret clusters/tenant-a"),
+        "{error}"
+    );
+}
+
+fn kubeconfig(user: &str, cluster_extra: &str) -> Kubeconfig {
+    Kubeconfig::from_yaml(&format!(
+        "apiVersion: v1
+kind: Config
+clusters:
+- name: c
+  cluster:
+    server: https://127.0.0.1:6443
+{cluster_extra}
+users:
+- name: u
+  user:
+{user}
+contexts:
+- name: x
+  context: {{cluster: c, user: u}}
+current-context: x
+"
+    ))
+    .unwrap()
+}
+
+#[test]
+fn commands_and_local_files_are_local_references() {
+    let inline = kubeconfig("    token: abc", "");
+    assert_eq!(local_reference(&inline), None);
+    let cases = [
+        (
+            "    tokenFile: /var/run/secrets/kubernetes.io/serviceaccount/token",
+            "",
+            "tokenFile",
+        ),
+        (
+            "    exec: {command: sh, apiVersion: client.authentication.k8s.io/v1}",
+            "",
+            "exec",
+        ),
+        ("    client-key: /etc/key.pem", "", "client-key"),
+        (
+            "    token: abc",
+            "    certificate-authority: /etc/ca.crt",
+            "certificate-authority",
+        ),
+    ];
+    for (user, cluster, field) in cases {
+        assert_eq!(
+            local_reference(&kubeconfig(user, cluster)),
+            Some(field),
+            "{field}"
+        );
+    }
+}
