@@ -210,8 +210,8 @@ mod tests {
         );
     }
 
-    #[test]
-    fn the_clocks_live_on_the_cluster() {
+    #[tokio::test]
+    async fn the_clocks_live_on_the_cluster() {
         let cx = Context::offline();
         let clocks = NotReadySince::of(&cx);
         let since = clocks.since("app", "a");
