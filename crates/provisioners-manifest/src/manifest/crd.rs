@@ -182,7 +182,7 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn crd(conditions: serde_json::Value) -> DynamicObject {
+    fn crd(conditions: &serde_json::Value) -> DynamicObject {
         serde_json::from_value(json!({
             "apiVersion": "apiextensions.k8s.io/v1",
             "kind": "CustomResourceDefinition",
@@ -204,18 +204,18 @@ mod tests {
             json!({"type": type_, "status": status, "lastTransitionTime": "2026-01-01T00:00:00Z",
                    "reason": "R", "message": "m"})
         };
-        assert!(is_established(&crd(json!([
+        assert!(is_established(&crd(&json!([
             condition("NamesAccepted", "True"),
             condition("Established", "True"),
         ]))));
-        assert!(!is_established(&crd(json!([condition(
+        assert!(!is_established(&crd(&json!([condition(
             "Established",
             "False"
         )]))));
-        assert!(!is_established(&crd(json!([condition(
+        assert!(!is_established(&crd(&json!([condition(
             "NamesAccepted",
             "True"
         )]))));
-        assert!(!is_established(&crd(json!([]))));
+        assert!(!is_established(&crd(&json!([]))));
     }
 }

@@ -216,8 +216,10 @@ mod tests {
         let clocks = NotReadySince::of(&cx);
         let since = clocks.since("app", "a");
         // A clone of the context (a tree rebuilt at the next reconcile) sees it.
-        let again = NotReadySince::of(&cx.clone());
+        let next_pass = cx.clone();
+        let again = NotReadySince::of(&next_pass);
         assert_eq!(again.since("app", "a"), since);
+        assert!(std::sync::Arc::ptr_eq(&again, &NotReadySince::of(&cx)));
         let elsewhere = NotReadySince::of(&Context::offline());
         std::thread::sleep(Duration::from_millis(2));
         assert!(
