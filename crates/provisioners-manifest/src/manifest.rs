@@ -13,6 +13,9 @@ mod inventory;
 mod plan;
 mod ready;
 
+#[cfg(test)]
+mod mock_tests;
+
 use std::borrow::Cow;
 use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
