@@ -5,9 +5,7 @@
 //! clock that makes the deadline hold across passes (and across trees
 //! rebuilt at every reconcile) lives in the cluster's state, keyed by node
 //! path and restarted whenever the content applied changes, as a new helm
-//! revision restarts [`HelmRelease::wait`]'s.
-//!
-//! [`HelmRelease::wait`]: https://docs.rs/provisioners-helm
+//! revision restarts the clock of `HelmRelease::wait` (provisioners-helm).
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Mutex, PoisonError};
