@@ -174,3 +174,25 @@ async fn cancellation_ends_the_crd_wait() {
         .unwrap();
     assert_eq!(outcome.unwrap_err().kind(), ErrorKind::Cancelled);
 }
+
+#[tokio::test(start_paused = true)]
+async fn discovery_that_hangs_fails_its_objects_after_5_seconds() {
+    let (cx, mut api) = mock::context();
+    let provision = spawn(&cx, Manifest::from_yaml("hang", config_map("a")));
+    let discovery = api.next().await;
+    assert_eq!(
+        (&discovery.method, discovery.uri.path()),
+        (&Method::GET, "/api/v1")
+    );
+    // Never answered: the clock (paused) runs to the discovery bound.
+    let error = provision.await.unwrap().expect_err("no discovery");
+    assert_eq!(error.kind(), ErrorKind::Unavailable, "{error}");
+    assert!(
+        error.to_string().contains(
+            "<hang>:1 (document 1): ConfigMap a: discovering the kinds of apiVersion v1: no \
+             answer within 5s"
+        ),
+        "{error}"
+    );
+    drop(discovery);
+}
