@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DynamicObject, ObjectMeta, Patch, PatchParams, PostParams};
 use provisioners::{Context, Error, ErrorKind, Owner, Provisioner};
-use provisioners_manifest::{Discovery, INVENTORY_LABEL, Manifest, Resource};
+use provisioners_manifest::{INVENTORY_LABEL, Manifest, Resource};
 use provisioners_testing::cluster::TestNamespace;
 
 mod manifest_support;
@@ -41,7 +41,7 @@ async fn prune_deletes_what_left_the_manifest_and_nothing_else() {
 
     let first = Manifest::from_yaml("prune", config_maps(&["a", "b", "c"]))
         .namespace(ns.name())
-        .inventory(None, &inventory_id)
+        .node_id(&inventory_id)
         .prune(true);
     cx.provision(&first).await.expect("first provision");
     for name in ["a", "b", "c"] {
@@ -50,7 +50,7 @@ async fn prune_deletes_what_left_the_manifest_and_nothing_else() {
 
     let second = Manifest::from_yaml("prune", config_maps(&["a", "c"]))
         .namespace(ns.name())
-        .inventory(None, &inventory_id)
+        .node_id(&inventory_id)
         .prune(true);
     // Yields until the pruned object is gone (foreground deletion).
     converge(&cx, &second, true, Duration::from_secs(60)).await;
@@ -230,13 +230,12 @@ async fn an_unknown_kind_yields_then_fails_at_the_deadline() {
     let yaml = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: fine\n---\napiVersion: \
                 gadgets.example.invalid/v1\nkind: Gadget\nmetadata:\n  name: g\n";
     // Rebuilt at every pass, as a controller rebuilds its tree at every
-    // reconcile: the shared discovery keeps the deadline's clock.
-    let discovery = Discovery::new();
+    // reconcile: the cluster's discovery (in its state, reached through the
+    // same context) keeps the deadline's clock.
     let manifest = || {
         Manifest::from_yaml("unknown", yaml)
             .namespace(ns.name())
             .unknown_kind_deadline(Duration::from_secs(2))
-            .with_discovery(discovery.clone())
     };
 
     let error = cx.provision(&manifest()).await.expect_err("must yield");
@@ -287,6 +286,68 @@ async fn an_unknown_kind_yields_then_fails_at_the_deadline() {
 
 #[tokio::test]
 #[ignore = "needs the local control plane (cargo xtask test)"]
+async fn wait_yields_while_not_ready_then_times_out_until_the_content_changes() {
+    let ns = TestNamespace::create("manifest-wait")
+        .await
+        .expect("namespace");
+    let cx = Context::from_client(ns.client().clone());
+    // No such storage class: the claim stays Pending.
+    let claim = |revision: &str| {
+        format!(
+            "apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata:\n  name: claim\n  labels:\n    \
+             revision: \"{revision}\"\nspec:\n  storageClassName: no-such-class\n  accessModes: \
+             [ReadWriteOnce]\n  resources:\n    requests:\n      storage: 1Mi\n"
+        )
+    };
+    // Rebuilt at every pass: the clock lives in the cluster's state.
+    let manifest = |revision: &str| {
+        Manifest::from_yaml("wait", claim(revision))
+            .namespace(ns.name())
+            .wait(Duration::from_secs(2))
+    };
+
+    let error = cx.provision(&manifest("1")).await.expect_err("not ready");
+    assert!(error.is_yield(), "{error}");
+    assert!(
+        error.message().contains(&format!(
+            "not ready: PersistentVolumeClaim {}/claim",
+            ns.name()
+        )),
+        "{error}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let error = loop {
+        let error = cx.provision(&manifest("1")).await.expect_err("never ready");
+        if !error.is_yield() {
+            break error;
+        }
+        assert!(Instant::now() < deadline, "still yielding: {error}");
+        tokio::time::sleep(POLL).await;
+    };
+    assert_eq!(error.kind(), ErrorKind::Timeout, "{error}");
+    assert!(error.is_transient(), "{error}");
+    assert!(
+        error
+            .message()
+            .contains("not ready within 2s: PersistentVolumeClaim"),
+        "{error}"
+    );
+    // Past the deadline it stays a timeout...
+    let again = cx.provision(&manifest("1")).await.expect_err("never ready");
+    assert_eq!(again.kind(), ErrorKind::Timeout, "{again}");
+    // ...until the content changes, which restarts the clock.
+    let changed = cx.provision(&manifest("2")).await.expect_err("not ready");
+    assert!(changed.is_yield(), "{changed}");
+    // Without a wait, applied is done.
+    let no_wait = Manifest::from_yaml("wait", claim("2")).namespace(ns.name());
+    cx.provision(&no_wait).await.expect("applied");
+
+    converge(&cx, &no_wait, false, Duration::from_secs(60)).await;
+    ns.cleanup().await.expect("cleanup");
+}
+
+#[tokio::test]
+#[ignore = "needs the local control plane (cargo xtask test)"]
 async fn an_empty_manifest_is_ok_on_a_cluster() {
     let cx = cx().await;
     let manifest = Manifest::from_yaml("empty", "");
@@ -309,10 +370,10 @@ async fn a_typed_resource_applies_waits_and_deletes() {
         data: Some([("k".to_owned(), "v".to_owned())].into()),
         ..ConfigMap::default()
     };
-    let node = Resource::new(&config_map)
+    let node = Resource::new("typed", &config_map)
         .namespace(ns.name())
-        .wait_ready(true);
-    assert_eq!(node.name(), "configmap-typed");
+        .wait(Duration::from_secs(60));
+    assert_eq!(node.name(), "typed");
     cx.provision(&node).await.expect("provision");
     let api = ns.api::<ConfigMap>();
     let live = api.get("typed").await.expect("get");

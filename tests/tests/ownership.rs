@@ -53,7 +53,8 @@ async fn two_owners_with_identical_trees_never_touch_each_other() {
     let tree = |ns: &str, names: &[&str]| {
         Manifest::from_yaml("base", config_maps(names))
             .namespace(ns)
-            .inventory(Some(shared.name().to_owned()), "base")
+            .inventory_namespace(shared.name())
+            .node_id("base")
             .prune(true)
     };
     converge(&cx_a, &tree(a.name(), &["a", "b", "c"]), true, DEADLINE).await;
@@ -352,11 +353,11 @@ async fn an_empty_directory_prunes_nothing_and_ids_never_collide() {
     // Ids that sanitise to the same label value get distinct inventories.
     let first = Manifest::from_yaml("ids", config_maps(&["p"]))
         .namespace(ns.name())
-        .inventory(None, "My_App")
+        .node_id("My_App")
         .prune(true);
     let second = Manifest::from_yaml("ids", config_maps(&["q"]))
         .namespace(ns.name())
-        .inventory(None, "my-app")
+        .node_id("my-app")
         .prune(true);
     converge(&cx, &first, true, DEADLINE).await;
     converge(&cx, &second, true, DEADLINE).await;

@@ -2,7 +2,7 @@
 //! would: provision again after each yield until done.
 //!
 //! ```sh
-//! KUBECONFIG=... cargo run --example apply -- [--delete [--background]] [--namespace NS] [--wait-ready] PATH
+//! KUBECONFIG=... cargo run --example apply -- [--delete [--background]] [--namespace NS] [--wait SECONDS] PATH
 //! ```
 //!
 //! `cargo xtask bench manifest` runs it side by side with `kubectl apply --server-side`.
@@ -19,7 +19,7 @@ const REQUEUE: Duration = Duration::from_millis(250);
 #[tokio::main]
 async fn main() -> ExitCode {
     let mut delete = false;
-    let mut wait_ready = false;
+    let mut wait = None;
     let mut background = false;
     let mut namespace = None;
     let mut path = None;
@@ -27,20 +27,26 @@ async fn main() -> ExitCode {
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--delete" => delete = true,
-            "--wait-ready" => wait_ready = true,
+            "--wait" => match args.next().and_then(|s| s.parse().ok()) {
+                Some(seconds) => wait = Some(Duration::from_secs(seconds)),
+                None => {
+                    eprintln!("--wait takes a number of seconds");
+                    return ExitCode::from(2);
+                }
+            },
             "--background" => background = true,
             "--namespace" => namespace = args.next(),
             _ if path.is_none() && !arg.starts_with("--") => path = Some(arg),
             _ => {
                 eprintln!(
-                    "usage: apply [--delete [--background]] [--namespace NS] [--wait-ready] PATH"
+                    "usage: apply [--delete [--background]] [--namespace NS] [--wait SECONDS] PATH"
                 );
                 return ExitCode::from(2);
             }
         }
     }
     let Some(path) = path else {
-        eprintln!("usage: apply [--delete [--background]] [--namespace NS] [--wait-ready] PATH");
+        eprintln!("usage: apply [--delete [--background]] [--namespace NS] [--wait SECONDS] PATH");
         return ExitCode::from(2);
     };
     let cluster = match Cluster::infer().await {
@@ -51,7 +57,10 @@ async fn main() -> ExitCode {
         }
     };
     let cx = Context::new(cluster).with_background_deletion(background);
-    let mut manifest = Manifest::from_path("apply", path).wait_ready(wait_ready);
+    let mut manifest = Manifest::from_path("apply", path);
+    if let Some(wait) = wait {
+        manifest = manifest.wait(wait);
+    }
     if let Some(namespace) = namespace {
         manifest = manifest.namespace(namespace);
     }

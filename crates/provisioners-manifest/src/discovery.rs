@@ -2,7 +2,9 @@
 //!
 //! Only the group-versions a manifest uses are fetched (`/api/v1`,
 //! `/apis/apps/v1`, ...), so an aggregated `APIService` that is down breaks
-//! nothing but the objects of its own group.
+//! nothing but the objects of its own group. The cache lives in the
+//! cluster's state ([`Cluster::state`](provisioners_core::Cluster::state)),
+//! so every manifest of every tree on that cluster shares it.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -12,11 +14,15 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::APIResourceList;
 use kube::core::ApiResource;
 use provisioners_core::{Context, Error, Result};
 
-use crate::retry::{DISCOVERY_TIMEOUT, retry_within};
-
 /// A kind on a cluster does not appear within this long of the last fetch
 /// only if it is really missing: refetch after it.
 const REFRESH_AFTER: Duration = Duration::from_secs(1);
+
+/// The bound on one group-version's discovery, retries included: shorter
+/// than the client's 20 s per request, because these answers are small and
+/// an aggregated API that hangs should fail its own objects quickly, not
+/// hold up the whole manifest.
+const DISCOVERY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What the cluster serves for one kind.
 #[derive(Clone, Debug)]
@@ -32,22 +38,20 @@ struct GroupVersion {
     kinds: Option<Arc<HashMap<String, Kind>>>,
 }
 
-type Clusters = HashMap<String, HashMap<String, GroupVersion>>;
-
-/// A cache of API discovery, keyed by cluster id and group-version.
+/// A cluster's API discovery, by group-version, with the clocks of the
+/// kinds nodes wait for.
 ///
-/// Every [`Manifest`](crate::Manifest) has one; share one between many
-/// manifests with [`Manifest::with_discovery`](crate::Manifest::with_discovery)
-/// so that a tree discovers each group-version once. Cloning shares the cache.
-/// A kind that is not found is looked up again (at most once a second), so a
-/// CRD installed meanwhile is picked up.
-#[derive(Clone, Default)]
-pub struct Discovery {
-    clusters: Arc<Mutex<Clusters>>,
-    /// Per cluster and node path: when each kind (`apiVersion kind`) the
-    /// node needs was first seen unknown. Kept here, not in the `Manifest`,
-    /// so that the deadline holds across trees rebuilt at every reconcile.
-    unknown_since: Arc<Mutex<HashMap<String, HashMap<String, Instant>>>>,
+/// One per cluster, in [`Cluster::state`](provisioners_core::Cluster::state)
+/// (see [`Discovery::of`]), so a tree discovers each group-version once and
+/// trees rebuilt at every reconcile keep their deadlines. A kind that is not
+/// found is looked up again (at most once a second), so a CRD installed
+/// meanwhile is picked up.
+#[derive(Default)]
+pub(crate) struct Discovery {
+    versions: Mutex<HashMap<String, GroupVersion>>,
+    /// Per node path: when each kind (`apiVersion kind`) the node needs was
+    /// first seen unknown.
+    unknown_since: Mutex<HashMap<String, HashMap<String, Instant>>>,
 }
 
 impl std::fmt::Debug for Discovery {
@@ -57,9 +61,9 @@ impl std::fmt::Debug for Discovery {
 }
 
 impl Discovery {
-    /// An empty cache.
-    pub fn new() -> Self {
-        Discovery::default()
+    /// The discovery of the context's cluster, made on first use.
+    pub(crate) fn of(cx: &Context) -> Arc<Discovery> {
+        cx.cluster().state::<Discovery>()
     }
 
     /// When `kind` was first seen unknown by the node `scope` (now, if never).
@@ -88,17 +92,15 @@ impl Discovery {
         }
     }
 
-    fn cached(&self, cluster: &str, api_version: &str) -> Option<GroupVersion> {
-        let clusters = self.clusters.lock().unwrap_or_else(PoisonError::into_inner);
-        clusters.get(cluster)?.get(api_version).cloned()
+    fn cached(&self, api_version: &str) -> Option<GroupVersion> {
+        let versions = self.versions.lock().unwrap_or_else(PoisonError::into_inner);
+        versions.get(api_version).cloned()
     }
 
-    /// Forgets `api_version` on `cluster`, e.g. after a CRD serving it was established.
-    pub(crate) fn invalidate(&self, cluster: &str, api_version: &str) {
-        let mut clusters = self.clusters.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(versions) = clusters.get_mut(cluster) {
-            versions.remove(api_version);
-        }
+    /// Forgets `api_version`, e.g. after a CRD serving it was established.
+    pub(crate) fn invalidate(&self, api_version: &str) {
+        let mut versions = self.versions.lock().unwrap_or_else(PoisonError::into_inner);
+        versions.remove(api_version);
     }
 
     /// The kind `kind` of `api_version` on the context's cluster, or `None`
@@ -106,16 +108,16 @@ impl Discovery {
     ///
     /// # Errors
     ///
-    /// A [`Kube`](provisioners_core::ErrorKind::Kube) error when discovery of
-    /// that group-version fails (transient for a 503 of an aggregated API).
+    /// The error of [`Error::kube`] when discovery of that group-version
+    /// fails ([`Unavailable`](provisioners_core::ErrorKind::Unavailable) for
+    /// a 503 of an aggregated API, or no answer within 5 s).
     pub(crate) async fn resolve(
         &self,
         cx: &Context,
         api_version: &str,
         kind: &str,
     ) -> Result<Option<Kind>> {
-        let cluster = cx.cluster().id();
-        if let Some(cached) = self.cached(cluster, api_version) {
+        if let Some(cached) = self.cached(api_version) {
             let found = cached.kinds.as_ref().and_then(|k| k.get(kind)).cloned();
             if found.is_some() || cached.fetched.elapsed() < REFRESH_AFTER {
                 return Ok(found);
@@ -126,11 +128,9 @@ impl Discovery {
             kinds: fetch(cx, api_version).await?.map(Arc::new),
         };
         let found = fetched.kinds.as_ref().and_then(|k| k.get(kind)).cloned();
-        self.clusters
+        self.versions
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .entry(cluster.to_owned())
-            .or_default()
             .insert(api_version.to_owned(), fetched);
         Ok(found)
     }
@@ -138,16 +138,21 @@ impl Discovery {
 
 async fn fetch(cx: &Context, api_version: &str) -> Result<Option<HashMap<String, Kind>>> {
     let client = cx.client();
-    let list: Result<APIResourceList, kube::Error> =
-        retry_within(cx, DISCOVERY_TIMEOUT, || async {
-            if api_version.contains('/') {
-                client.list_api_group_resources(api_version).await
-            } else {
-                client.list_core_api_resources(api_version).await
-            }
-        })
-        .await;
-    let list = match list {
+    let call = async {
+        if api_version.contains('/') {
+            client.list_api_group_resources(api_version).await
+        } else {
+            client.list_core_api_resources(api_version).await
+        }
+    };
+    let Ok(list) = tokio::time::timeout(DISCOVERY_TIMEOUT, call).await else {
+        return Err(Error::unavailable(format!(
+            "discovering the kinds of apiVersion {api_version}: no answer within {}s (the API \
+             server, or the aggregated API serving this group, is unavailable or overloaded)",
+            DISCOVERY_TIMEOUT.as_secs()
+        )));
+    };
+    let list: APIResourceList = match list {
         Ok(list) => list,
         Err(kube::Error::Api(status)) if status.code == 404 => return Ok(None),
         Err(e) => {

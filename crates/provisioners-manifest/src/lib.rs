@@ -5,29 +5,46 @@
 //! read recursively in path order) or [`DynamicObject`](kube::api::DynamicObject)s;
 //! a `Resource` takes one typed object. Both:
 //!
-//! - resolve kinds through API discovery, cached per cluster and per
-//!   group-version (see [`Discovery`]), so an aggregated API that is down
-//!   only affects its own objects;
+//! - resolve kinds through API discovery, cached per group-version in the
+//!   cluster's state ([`Cluster::state`](provisioners_core::Cluster::state):
+//!   every manifest on a cluster shares it, nothing to pass around), so an
+//!   aggregated API that is down only affects its own objects;
 //! - apply under the context's field manager, in order: Namespaces, CRDs,
 //!   cluster RBAC, built-in kinds, custom resources; each step concurrently
 //!   with a bound; a re-provision that would change nothing is one LIST
 //!   per kind and namespace (objects carry a digest annotation,
 //!   `provisioners.dev/applied-digest`), not one apply per object;
-//! - yield, naming the CRD, while a custom resource's CRD is not
-//!   established, and fail with [`Invalid`](provisioners_core::ErrorKind::Invalid)
-//!   for a kind that stays unknown past a deadline;
+//! - wait for the CRDs they apply to be established (a watch, through
+//!   kube's `await_condition`, for up to 10 s), yield, naming the CRD, while
+//!   a custom resource's CRD is not established, and fail with
+//!   [`Invalid`](provisioners_core::ErrorKind::Invalid) for a kind that
+//!   stays unknown past a deadline;
 //! - stamp everything they apply with the owner and node (see
 //!   [`OWNER_ANNOTATION`]), refuse to take over an object that exists
 //!   without that stamp (unless told to adopt it), and only ever delete a
 //!   live object that carries it, with a precondition on its UID;
-//! - optionally wait for readiness and prune objects that left the manifest;
+//! - optionally wait for readiness ([`Manifest::wait`]: a yield while not
+//!   ready, [`Timeout`](provisioners_core::ErrorKind::Timeout) past the
+//!   deadline) and prune objects that left the manifest;
 //! - deprovision in reverse order, yielding until everything is gone;
 //!   objects the system protects or that are annotated to be kept are
 //!   released (the stamp removed), not deleted.
 //!
 //! Bad input is an `Invalid` error naming the file, line and document, the
-//! object and the field. Transient API failures (connections, 429, 5xx) are
-//! retried briefly and then returned as transient errors.
+//! object and the field. Requests go through the cluster's client, whose
+//! [`ClientPolicy`](provisioners_core::ClientPolicy) bounds and briefly
+//! retries them; what still fails is an error of the kind
+//! [`Error::kube`](provisioners_core::Error::kube) gives it
+//! ([`Unavailable`](provisioners_core::ErrorKind::Unavailable) for
+//! connections, 429 and 5xx: retry later).
+//!
+//! # Permissions
+//!
+//! Besides what the objects themselves need (`get`, `list`, `patch`,
+//! `delete` on their kinds), a manifest that applies CRDs needs `list` and
+//! `watch` on `customresourcedefinitions` (to wait for them to be
+//! established), and a pruning one `get`, `patch` and `delete` on the
+//! inventory ConfigMaps.
 //!
 //! Parsing uses `serde-saphyr` (the parser `kube` uses) with its budgets on:
 //! alias bombs, deep nesting and oversized input are refused.
@@ -37,6 +54,7 @@
 //! # Example
 //!
 //! ```no_run
+//! use std::time::Duration;
 //! use provisioners_core::{Cluster, Context};
 //! use provisioners_manifest::Manifest;
 //!
@@ -59,7 +77,8 @@
 //!   level: debug
 //! "#,
 //! )
-//! .prune(true);
+//! .prune(true)
+//! .wait(Duration::from_secs(120));
 //! cx.provision(&app).await?;
 //! cx.deprovision(&app).await?; // a yield until the namespace is gone
 //! # Ok(())
@@ -73,11 +92,9 @@ mod manifest;
 mod object;
 mod ownership;
 mod resource;
-mod retry;
 mod source;
 mod unchanged;
 
-pub use discovery::Discovery;
 pub use manifest::Manifest;
 pub use ownership::{DELETION_POLICY_ANNOTATION, INVENTORY_LABEL, OWNER_ANNOTATION, stamped_by};
 pub use resource::Resource;

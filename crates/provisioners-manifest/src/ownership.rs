@@ -7,7 +7,7 @@
 //!   with a label selector finds the node's objects;
 //! - the annotation [`OWNER_ANNOTATION`]: the full identity, owner (see
 //!   [`Context::owner_identity`]) and node (its path in the tree, or the id
-//!   given with [`Manifest::inventory`](crate::Manifest::inventory)), as a
+//!   given with [`Manifest::node_id`](crate::Manifest::node_id)), as a
 //!   small JSON object, e.g.
 //!   `{"owner":"example.dev/Platform/team-a/p1#<uid>","node":"p1/components/metrics"}`.
 //!

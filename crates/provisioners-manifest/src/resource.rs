@@ -1,7 +1,10 @@
 //! [`Resource`]: one typed object, applied like a one-object manifest.
 
+use std::borrow::Cow;
+use std::time::Duration;
+
 use kube::api::DynamicObject;
-use provisioners_core::{Context, Error, Provisioner, Result, async_trait};
+use provisioners_core::{Context, Error, Metadata, Provisioner, Result, async_trait};
 use serde::Serialize;
 
 use crate::Manifest;
@@ -21,7 +24,7 @@ use crate::Manifest;
 ///
 /// # async fn example() -> provisioners_core::Result<()> {
 /// let cx = Context::new(Cluster::infer().await?);
-/// let settings = Resource::new(&ConfigMap {
+/// let settings = Resource::new("settings", &ConfigMap {
 ///     metadata: ObjectMeta {
 ///         name: Some("settings".into()),
 ///         ..ObjectMeta::default()
@@ -35,26 +38,27 @@ use crate::Manifest;
 /// # }
 /// ```
 #[derive(Debug)]
+#[must_use]
 pub struct Resource {
     manifest: Result<Manifest, String>,
-    name: String,
+    metadata: Metadata,
 }
 
 impl Resource {
-    /// The provisioner for `object`, named `kind-name` (lowercase kind).
-    pub fn new<K>(object: &K) -> Self
+    /// The node `name` for `object`.
+    pub fn new<K>(name: impl Into<Cow<'static, str>>, object: &K) -> Self
     where
         K: kube::Resource + Serialize,
         K::DynamicType: Default,
     {
+        let metadata = Metadata::new(name);
         let dynamic_type = K::DynamicType::default();
         let kind = K::kind(&dynamic_type).to_string();
         let object_name = object.meta().name.clone().unwrap_or_default();
-        let name = format!("{}-{object_name}", kind.to_ascii_lowercase());
         let manifest = to_dynamic(object)
-            .map(|dynamic| Manifest::from_objects(name.clone(), [dynamic]))
+            .map(|dynamic| Manifest::from_objects(metadata.name().to_owned(), [dynamic]))
             .map_err(|e| format!("{kind} {object_name} cannot be serialized: {e}"));
-        Resource { manifest, name }
+        Resource { manifest, metadata }
     }
 
     fn map(mut self, f: impl FnOnce(Manifest) -> Manifest) -> Self {
@@ -68,9 +72,16 @@ impl Resource {
         self.map(|m| m.namespace(namespace))
     }
 
-    /// Waits until the object is ready; see [`Manifest::wait_ready`].
-    pub fn wait_ready(self, wait: bool) -> Self {
-        self.map(|m| m.wait_ready(wait))
+    /// Waits until the object is ready, at most `timeout`; see
+    /// [`Manifest::wait`].
+    pub fn wait(self, timeout: Duration) -> Self {
+        self.map(|m| m.wait(timeout))
+    }
+
+    /// The node's id in the ownership stamp; see [`Manifest::node_id`].
+    pub fn node_id(self, id: impl Into<String>) -> Self {
+        let id = id.into();
+        self.map(|m| m.node_id(id))
     }
 
     /// Takes over fields of other field managers; see [`Manifest::force`].
@@ -110,7 +121,7 @@ where
 #[async_trait]
 impl Provisioner for Resource {
     fn name(&self) -> &str {
-        &self.name
+        self.metadata.name()
     }
 
     async fn provision(&self, cx: &Context) -> Result<()> {
@@ -141,6 +152,6 @@ mod tests {
         let types = dynamic.types.unwrap();
         assert_eq!(types.api_version, "v1");
         assert_eq!(types.kind, "ConfigMap");
-        assert_eq!(Resource::new(&config_map).name(), "configmap-x");
+        assert_eq!(Resource::new("settings", &config_map).name(), "settings");
     }
 }

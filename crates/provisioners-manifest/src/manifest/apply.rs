@@ -18,7 +18,6 @@ use super::plan::Planned;
 use super::{Manifest, bounded, dynamic_api};
 use crate::object::{ObjectRef, Tier};
 use crate::ownership::{Ownership, PROTECTED_NAMESPACES, Stamp};
-use crate::retry::retry;
 use crate::source::Origin;
 use crate::unchanged;
 
@@ -52,7 +51,7 @@ impl Manifest {
         params.force = force;
         let patch = Patch::Apply(&planned.object);
         let name = planned.key.name.as_str();
-        retry(cx, || api.patch(name, &params, &patch))
+        api.patch(name, &params, &patch)
             .await
             .map_err(|e| apply_error(&planned.origin, &planned.key, e))
     }
@@ -137,17 +136,15 @@ impl Manifest {
 
     async fn read(&self, cx: &Context, planned: &Planned) -> Result<Option<DynamicObject>> {
         let api = dynamic_api(cx, &planned.kind.resource, planned.key.namespace.as_deref());
-        retry(cx, || api.get_opt(&planned.key.name))
-            .await
-            .map_err(|e| {
-                Error::kube(
-                    format_args!(
-                        "{}: reading {} before applying it",
-                        planned.origin, planned.key
-                    ),
-                    e,
-                )
-            })
+        api.get_opt(&planned.key.name).await.map_err(|e| {
+            Error::kube(
+                format_args!(
+                    "{}: reading {} before applying it",
+                    planned.origin, planned.key
+                ),
+                e,
+            )
+        })
     }
 
     async fn namespace_is_ours(
@@ -161,7 +158,8 @@ impl Manifest {
             return Ok(*ours);
         }
         let api: Api<Namespace> = Api::all(cx.client().clone());
-        let live = retry(cx, || api.get_opt(namespace))
+        let live = api
+            .get_opt(namespace)
             .await
             .map_err(|e| Error::kube(format_args!("reading Namespace {namespace}"), e))?;
         let ours = match live {
@@ -213,7 +211,7 @@ impl Manifest {
             let mut existing: HashMap<String, DynamicObject> = HashMap::new();
             let mut complete = false;
             for _ in 0..EXISTING_PAGES {
-                let page = match retry(cx, || api.list_metadata(&params)).await {
+                let page = match api.list_metadata(&params).await {
                     Ok(page) => page,
                     Err(error) => {
                         tracing::debug!(%error, kind = %first.key.kind, "listing what exists failed");
@@ -276,7 +274,7 @@ impl Manifest {
         for ((_, _, namespace), indices) in groups {
             let first = &objects[indices[0]];
             let api = dynamic_api(cx, &first.kind.resource, namespace.as_deref());
-            let items = match list_all(cx, &api, &selector).await {
+            let items = match list_all(&api, &selector).await {
                 Ok(items) => items,
                 Err(error) => {
                     tracing::debug!(%error, kind = %first.key.kind, "listing our objects failed");
@@ -297,14 +295,13 @@ impl Manifest {
 
 /// Every object matching `selector`, page by page.
 pub(super) async fn list_all(
-    cx: &Context,
     api: &Api<DynamicObject>,
     selector: &str,
 ) -> Result<Vec<DynamicObject>, kube::Error> {
     let mut params = ListParams::default().labels(selector).limit(PAGE);
     let mut items = Vec::new();
     loop {
-        let page = retry(cx, || api.list(&params)).await?;
+        let page = api.list(&params).await?;
         items.extend(page.items);
         match page.metadata.continue_ {
             Some(token) if !token.is_empty() => params = params.continue_token(&token),
@@ -411,8 +408,9 @@ mod tests {
         // "the object has been modified": try again.
         let modified = apply_error(&origin, &key, status(409));
         assert!(modified.is_transient(), "{modified}");
+        assert_eq!(modified.kind(), ErrorKind::Unavailable, "{modified}");
         let unavailable = apply_error(&origin, &key, status(503));
-        assert_eq!(unavailable.kind(), ErrorKind::Kube);
+        assert_eq!(unavailable.kind(), ErrorKind::Unavailable);
         assert!(unavailable.is_transient());
     }
 }

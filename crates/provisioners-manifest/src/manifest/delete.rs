@@ -10,11 +10,10 @@ use std::collections::BTreeSet;
 use kube::api::{DeleteParams, Patch, PatchParams, Preconditions, PropagationPolicy};
 use provisioners_core::{Context, Error, ErrorKind, Result};
 
-use super::{Manifest, bounded, dynamic_api, list};
-use crate::discovery::Kind;
+use super::{Manifest, bounded, dynamic_api, list, ready};
+use crate::discovery::{Discovery, Kind};
 use crate::object::{Identity, ObjectRef, Tier};
 use crate::ownership::{Ownership, Stamp, kept};
-use crate::retry::retry;
 
 /// Propagation for deleting an object of `group`/`kind`: foreground for
 /// workloads, so that gating holds (no Pod of a deleted Deployment
@@ -60,7 +59,7 @@ impl Manifest {
         key: &ObjectRef,
     ) -> Result<bool> {
         let api = dynamic_api(cx, &kind.resource, key.namespace.as_deref());
-        let live = match retry(cx, || api.get_opt(&key.name)).await {
+        let live = match api.get_opt(&key.name).await {
             Ok(live) => live,
             // Not a Status: the kind is no longer served (its CRD went).
             Err(kube::Error::Api(status)) if status.code == 404 => None,
@@ -87,7 +86,7 @@ impl Manifest {
         if let Some(why) = kept(key.group(), &key.kind, &live) {
             let patch = Patch::Merge(stamp.release_patch(&uid));
             let params = PatchParams::default();
-            return match retry(cx, || api.patch(&key.name, &params, &patch)).await {
+            return match api.patch(&key.name, &params, &patch).await {
                 Ok(_) => {
                     tracing::warn!(object = %key, reason = %why, "released, not deleted: our stamp was removed");
                     Ok(true)
@@ -106,7 +105,7 @@ impl Manifest {
             }),
             ..DeleteParams::default()
         };
-        match retry(cx, || api.delete(&key.name, &params)).await {
+        match api.delete(&key.name, &params).await {
             Ok(either) => Ok(either.is_right()),
             Err(kube::Error::Api(status)) if status.code == 404 => Ok(true),
             // The UID precondition failed: another object took the name.
@@ -154,14 +153,11 @@ impl Manifest {
         stamp: &Stamp,
         stale: Vec<ObjectRef>,
     ) -> Result<Vec<ObjectRef>> {
+        let discovery = Discovery::of(cx);
         let mut targets = Vec::new();
         for key in stale {
             // A kind that is no longer served (its CRD went) took its objects with it.
-            if let Some(kind) = self
-                .discovery
-                .resolve(cx, &key.api_version, &key.kind)
-                .await?
-            {
+            if let Some(kind) = discovery.resolve(cx, &key.api_version, &key.kind).await? {
                 targets.push((key, kind));
             }
         }
@@ -169,7 +165,6 @@ impl Manifest {
     }
 
     pub(super) async fn deprovision_inner(&self, cx: &Context) -> Result<()> {
-        self.check_node_name()?;
         let documents = match self.load().await {
             Ok(documents) => documents,
             // The files are gone: the inventory still says what to delete.
@@ -185,17 +180,14 @@ impl Manifest {
             .map(|p| (p.key, p.kind, p.tier))
             .collect();
         if self.prune {
+            let discovery = Discovery::of(cx);
             let mut seen: BTreeSet<Identity> =
                 targets.iter().map(|(k, _, _)| k.identity()).collect();
             for key in self.read_inventory(cx, &stamp).await? {
                 if !seen.insert(key.identity()) {
                     continue;
                 }
-                if let Some(kind) = self
-                    .discovery
-                    .resolve(cx, &key.api_version, &key.kind)
-                    .await?
-                {
+                if let Some(kind) = discovery.resolve(cx, &key.api_version, &key.kind).await? {
                     let tier = Tier::of(key.group(), &key.kind);
                     targets.push((key, kind, tier));
                 }
@@ -231,6 +223,7 @@ impl Manifest {
         if self.prune {
             self.delete_inventory(cx, &stamp).await?;
         }
+        ready::forget(cx, &self.scope(cx));
         Ok(())
     }
 }

@@ -13,14 +13,12 @@ use provisioners_core::{Context, Error, Result};
 use super::Manifest;
 use crate::object::ObjectRef;
 use crate::ownership::{Ownership, Stamp};
-use crate::retry::retry;
 
 impl Manifest {
     fn inventory_api(&self, cx: &Context, stamp: &Stamp) -> (Api<ConfigMap>, String) {
         let namespace = self
-            .inventory
-            .as_ref()
-            .and_then(|(namespace, _)| namespace.clone())
+            .inventory_namespace
+            .clone()
             .unwrap_or_else(|| self.default_namespace(cx));
         let name = format!("provisioners-inventory-{}", stamp.inventory_id());
         (Api::namespaced(cx.client().clone(), &namespace), name)
@@ -32,7 +30,7 @@ impl Manifest {
         stamp: &Stamp,
     ) -> Result<Vec<ObjectRef>> {
         let (api, name) = self.inventory_api(cx, stamp);
-        let config_map = match retry(cx, || api.get_opt(&name)).await {
+        let config_map = match api.get_opt(&name).await {
             Ok(config_map) => config_map,
             // Its namespace does not exist yet (or any more): nothing recorded.
             Err(kube::Error::Api(status)) if status.code == 404 => None,
@@ -76,7 +74,7 @@ impl Manifest {
         stamp.mark(&mut config_map);
         let params = PatchParams::apply(cx.field_manager()).force();
         let patch = Patch::Apply(&config_map);
-        retry(cx, || api.patch(&name, &params, &patch))
+        api.patch(&name, &params, &patch)
             .await
             .map_err(|e| Error::kube(format_args!("writing the inventory ConfigMap {name}"), e))?;
         Ok(())
@@ -85,7 +83,7 @@ impl Manifest {
     /// Deletes the inventory, if it is the one we wrote.
     pub(super) async fn delete_inventory(&self, cx: &Context, stamp: &Stamp) -> Result<()> {
         let (api, name) = self.inventory_api(cx, stamp);
-        let live = match retry(cx, || api.get_opt(&name)).await {
+        let live = match api.get_opt(&name).await {
             Ok(Some(live)) => live,
             Ok(None) => return Ok(()),
             Err(kube::Error::Api(status)) if status.code == 404 => return Ok(()),
@@ -110,7 +108,7 @@ impl Manifest {
             }),
             ..DeleteParams::default()
         };
-        match retry(cx, || api.delete(&name, &params)).await {
+        match api.delete(&name, &params).await {
             Ok(_) => Ok(()),
             Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
             Err(e) => Err(Error::kube(

@@ -3,11 +3,11 @@
 use std::collections::{BTreeMap, HashMap};
 
 use kube::api::DynamicObject;
-use provisioners_core::{Context, Error, ErrorKind, Result};
+use provisioners_core::{Context, Error, Result};
 use serde_json::Value;
 
 use super::Manifest;
-use crate::discovery::Kind;
+use crate::discovery::{Discovery, Kind};
 use crate::object::{Identity, ObjectRef, Tier, check_name, group_of};
 use crate::ownership::Stamp;
 use crate::source::{Document, Origin};
@@ -57,6 +57,7 @@ impl Manifest {
         documents: Vec<Document>,
     ) -> Result<Plan> {
         let crds = crds_of(&documents);
+        let discovery = Discovery::of(cx);
         let default_namespace = self.default_namespace(cx);
         let labels: BTreeMap<String, String> = cx
             .owner()
@@ -81,30 +82,21 @@ impl Manifest {
             // A group-version whose discovery fails (an aggregated API that
             // is down) fails its own objects only, once per plan.
             if let Some(failure) = failed_versions.get(&types.api_version) {
-                plan.failed.push(
-                    Error::new(
-                        ErrorKind::Kube,
-                        format!("{origin}: {} {name}: {failure}", types.kind),
-                    )
-                    .with_transient(true),
-                );
+                plan.failed.push(Error::unavailable(format!(
+                    "{origin}: {} {name}: {failure}",
+                    types.kind
+                )));
                 continue;
             }
-            let kind = match self
-                .discovery
-                .resolve(cx, &types.api_version, &types.kind)
-                .await
-            {
+            let kind = match discovery.resolve(cx, &types.api_version, &types.kind).await {
                 Ok(kind) => kind,
                 Err(e) if e.is_transient() => {
                     failed_versions.insert(types.api_version.clone(), e.message().to_owned());
-                    plan.failed.push(
-                        Error::new(
-                            ErrorKind::Kube,
-                            format!("{origin}: {} {name}: {}", types.kind, e.message()),
-                        )
-                        .with_transient(true),
-                    );
+                    plan.failed.push(Error::unavailable(format!(
+                        "{origin}: {} {name}: {}",
+                        types.kind,
+                        e.message()
+                    )));
                     continue;
                 }
                 Err(e) => {
@@ -189,11 +181,11 @@ impl Manifest {
         cx: &Context,
         unresolved: Vec<Unresolved>,
     ) -> Result<(Vec<Planned>, Vec<Unresolved>)> {
+        let discovery = Discovery::of(cx);
         let mut now = Vec::new();
         let mut still = Vec::new();
         for object in unresolved {
-            let Some(kind) = self
-                .discovery
+            let Some(kind) = discovery
                 .resolve(cx, &object.key.api_version, &object.key.kind)
                 .await?
             else {

@@ -1,0 +1,198 @@
+//! The request conversations of a provision, against a mocked API
+//! (`provisioners_testing::mock`): what is cached on the cluster, and how
+//! the CRD wait ends. Behaviour on a real control plane is in
+//! `tests/tests/manifest_cluster.rs`.
+
+use std::time::Duration;
+
+use http::Method;
+use provisioners_core::{Context, ErrorKind, Result};
+use provisioners_testing::mock::{self, ApiMock};
+use serde_json::{Value, json};
+use tokio::task::JoinHandle;
+
+use crate::Manifest;
+
+fn config_map(name: &str) -> String {
+    format!("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {name}\n  namespace: ns\n")
+}
+
+fn empty_list(kind: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": kind, "metadata": {}, "items": []})
+}
+
+fn spawn(cx: &Context, manifest: Manifest) -> JoinHandle<Result<()>> {
+    let cx = cx.clone();
+    tokio::spawn(async move { cx.provision(&manifest).await })
+}
+
+/// Answers a first apply of ConfigMap `name` in `ns` after discovery: our
+/// LIST, the namespace, the object, the apply.
+async fn first_apply(api: &mut ApiMock, name: &str) {
+    api.expect(
+        Method::GET,
+        "/api/v1/namespaces/ns/configmaps",
+        200,
+        empty_list("ConfigMapList"),
+    )
+    .await;
+    api.expect(Method::GET, "/api/v1/namespaces/ns", 404, json!({}))
+        .await;
+    let path = format!("/api/v1/namespaces/ns/configmaps/{name}");
+    api.expect(Method::GET, &path, 404, json!({})).await;
+    let applied = api.next().await;
+    assert_eq!(
+        (&applied.method, applied.uri.path()),
+        (&Method::PATCH, path.as_str())
+    );
+    let body = applied.body.clone();
+    applied.answer(200, body);
+}
+
+#[tokio::test]
+async fn discovery_is_fetched_once_per_cluster_for_every_manifest() {
+    let (cx, mut api) = mock::context();
+    let first = spawn(&cx, Manifest::from_yaml("first", config_map("a")));
+    api.expect(
+        Method::GET,
+        "/api/v1",
+        200,
+        json!({"kind": "APIResourceList", "groupVersion": "v1", "resources": [
+            {"name": "configmaps", "singularName": "configmap", "namespaced": true,
+             "kind": "ConfigMap", "verbs": ["get", "list", "patch"]},
+        ]}),
+    )
+    .await;
+    first_apply(&mut api, "a").await;
+    first.await.unwrap().expect("first provision");
+
+    // Another node, built separately, on the same cluster: no discovery.
+    let second = spawn(&cx, Manifest::from_yaml("second", config_map("b")));
+    first_apply(&mut api, "b").await;
+    second.await.unwrap().expect("second provision");
+}
+
+fn crd_yaml() -> &'static str {
+    "apiVersion: apiextensions.k8s.io/v1\nkind: CustomResourceDefinition\nmetadata:\n  name: \
+     widgets.example.com\nspec:\n  group: example.com\n  names:\n    kind: Widget\n    plural: \
+     widgets\n  scope: Namespaced\n  versions:\n  - name: v1\n    served: true\n    storage: true\n"
+}
+
+/// Answers the apply of the CRD of [`crd_yaml`] (not established in the
+/// answer) up to the watch's LIST, which is returned unanswered.
+async fn apply_crd(api: &mut ApiMock) -> mock::Pending {
+    api.expect(
+        Method::GET,
+        "/apis/apiextensions.k8s.io/v1",
+        200,
+        json!({"kind": "APIResourceList", "groupVersion": "apiextensions.k8s.io/v1", "resources": [
+            {"name": "customresourcedefinitions", "singularName": "customresourcedefinition",
+             "namespaced": false, "kind": "CustomResourceDefinition",
+             "verbs": ["get", "list", "watch", "patch"]},
+        ]}),
+    )
+    .await;
+    let crds = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions";
+    api.expect(
+        Method::GET,
+        crds,
+        200,
+        empty_list("CustomResourceDefinitionList"),
+    )
+    .await;
+    let path = format!("{crds}/widgets.example.com");
+    api.expect(Method::GET, &path, 404, json!({})).await;
+    let applied = api.next().await;
+    assert_eq!(
+        (&applied.method, applied.uri.path()),
+        (&Method::PATCH, path.as_str())
+    );
+    let body = applied.body.clone();
+    applied.answer(200, body);
+    let watch = api.next().await;
+    assert_eq!(
+        (&watch.method, watch.uri.path()),
+        (&Method::GET, crds),
+        "{}",
+        watch.uri
+    );
+    assert!(
+        watch
+            .uri
+            .query()
+            .is_some_and(|q| q.contains("metadata.name%3Dwidgets.example.com")),
+        "the watch is of this CRD only: {}",
+        watch.uri
+    );
+    watch
+}
+
+#[tokio::test]
+async fn a_crd_is_established_through_a_watch() {
+    let (cx, mut api) = mock::context();
+    let provision = spawn(&cx, Manifest::from_yaml("crd", crd_yaml()));
+    let watch = apply_crd(&mut api).await;
+    let mut established = json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": "widgets.example.com"},
+        "spec": {
+            "group": "example.com",
+            "names": {"kind": "Widget", "plural": "widgets"},
+            "scope": "Namespaced",
+            "versions": [{"name": "v1", "served": true, "storage": true}],
+        },
+    });
+    established["metadata"]["resourceVersion"] = json!("2");
+    established["status"] = json!({"conditions": [{
+        "type": "Established", "status": "True", "reason": "InitialNamesAccepted",
+        "message": "the initial names have been accepted",
+        "lastTransitionTime": "2026-01-01T00:00:00Z",
+    }]});
+    watch.answer(
+        200,
+        json!({"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinitionList",
+               "metadata": {"resourceVersion": "2"}, "items": [established]}),
+    );
+    provision
+        .await
+        .unwrap()
+        .expect("established: nothing else to wait for");
+}
+
+#[tokio::test]
+async fn cancellation_ends_the_crd_wait() {
+    let (cx, mut api) = mock::context();
+    // Without the race, the tree would only stop when the grace runs out.
+    let cx = cx.with_shutdown_grace(Duration::from_secs(3600));
+    let provision = spawn(&cx, Manifest::from_yaml("crd", crd_yaml()));
+    let _watch = apply_crd(&mut api).await;
+    cx.cancellation().cancel();
+    let outcome = tokio::time::timeout(Duration::from_secs(60), provision)
+        .await
+        .expect("the wait stops on cancellation")
+        .unwrap();
+    assert_eq!(outcome.unwrap_err().kind(), ErrorKind::Cancelled);
+}
+
+#[tokio::test(start_paused = true)]
+async fn discovery_that_hangs_fails_its_objects_after_5_seconds() {
+    let (cx, mut api) = mock::context();
+    let provision = spawn(&cx, Manifest::from_yaml("hang", config_map("a")));
+    let discovery = api.next().await;
+    assert_eq!(
+        (&discovery.method, discovery.uri.path()),
+        (&Method::GET, "/api/v1")
+    );
+    // Never answered: the clock (paused) runs to the discovery bound.
+    let error = provision.await.unwrap().expect_err("no discovery");
+    assert_eq!(error.kind(), ErrorKind::Unavailable, "{error}");
+    assert!(
+        error.to_string().contains(
+            "<hang>:1 (document 1): ConfigMap a: discovering the kinds of apiVersion v1: no \
+             answer within 5s"
+        ),
+        "{error}"
+    );
+    drop(discovery);
+}

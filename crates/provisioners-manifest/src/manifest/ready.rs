@@ -1,0 +1,228 @@
+//! Waiting for readiness: a yield while objects are not ready, `Timeout`
+//! once they have not been for the node's [`wait`](super::Manifest::wait).
+//!
+//! A provision looks once and yields, so no worker waits for a rollout. The
+//! clock that makes the deadline hold across passes (and across trees
+//! rebuilt at every reconcile) lives in the cluster's state, keyed by node
+//! path and restarted whenever the content applied changes, as a new helm
+//! revision restarts the clock of `HelmRelease::wait` (provisioners-helm).
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use kube::api::DynamicObject;
+use provisioners_core::readiness::{self, Readiness};
+use provisioners_core::{Context, Error, Result};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use super::list;
+use super::plan::Planned;
+use crate::object::Tier;
+
+/// Per node path: the digest of the content last seen not ready, and since
+/// when. One per cluster, in its state.
+#[derive(Default)]
+pub(super) struct NotReadySince {
+    nodes: Mutex<HashMap<String, (String, Instant)>>,
+}
+
+impl NotReadySince {
+    fn of(cx: &Context) -> std::sync::Arc<NotReadySince> {
+        cx.cluster().state::<NotReadySince>()
+    }
+
+    /// Since when the node `scope` has seen `digest` not ready (now, if it
+    /// saw other content, or nothing, not ready before).
+    fn since(&self, scope: &str, digest: &str) -> Instant {
+        let mut nodes = self.nodes.lock().unwrap_or_else(PoisonError::into_inner);
+        match nodes.get(scope) {
+            Some((seen, since)) if seen == digest => *since,
+            _ => {
+                let now = Instant::now();
+                nodes.insert(scope.to_owned(), (digest.to_owned(), now));
+                now
+            }
+        }
+    }
+
+    fn forget(&self, scope: &str) {
+        let mut nodes = self.nodes.lock().unwrap_or_else(PoisonError::into_inner);
+        nodes.remove(scope);
+    }
+}
+
+/// What is not ready among the applied objects.
+#[derive(Debug, Default)]
+struct NotReady {
+    waiting: Vec<String>,
+    failed: Vec<String>,
+}
+
+fn check(applied: &[(Planned, DynamicObject)], established: &BTreeSet<String>) -> NotReady {
+    let mut not_ready = NotReady::default();
+    for (planned, live) in applied {
+        // Their apply answers predate the wait in `establish`.
+        if planned.tier == Tier::CustomResourceDefinition && established.contains(&planned.key.name)
+        {
+            continue;
+        }
+        let value = serde_json::to_value(live).unwrap_or(Value::Null);
+        match readiness::check(&planned.kind.resource.group, &planned.key.kind, &value) {
+            Readiness::Ready => {}
+            Readiness::Waiting(why) => not_ready.waiting.push(format!("{} ({why})", planned.key)),
+            Readiness::Failed(why) => not_ready.failed.push(format!("{} ({why})", planned.key)),
+        }
+    }
+    not_ready
+}
+
+/// A digest of what the node applied: its objects as planned (the live
+/// status is not content).
+fn digest(applied: &[(Planned, DynamicObject)]) -> String {
+    let mut hasher = Sha256::new();
+    for (planned, _) in applied {
+        hasher.update(planned.key.to_string().as_bytes());
+        hasher.update([0]);
+        hasher.update(serde_json::to_vec(&planned.object).unwrap_or_default());
+        hasher.update([0]);
+    }
+    hasher
+        .finalize()
+        .iter()
+        .take(16)
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// Readiness of what node `scope` applied, waiting at most `wait` for it.
+pub(super) fn wait_ready(
+    cx: &Context,
+    scope: &str,
+    applied: &[(Planned, DynamicObject)],
+    established: &BTreeSet<String>,
+    wait: Duration,
+) -> Result<()> {
+    let not_ready = check(applied, established);
+    let clocks = NotReadySince::of(cx);
+    if not_ready.failed.is_empty() && not_ready.waiting.is_empty() {
+        clocks.forget(scope);
+        return Ok(());
+    }
+    let since = clocks.since(scope, &digest(applied));
+    verdict(&not_ready, since.elapsed(), wait)
+}
+
+/// Forgets the clock of node `scope` (it was deprovisioned).
+pub(super) fn forget(cx: &Context, scope: &str) {
+    NotReadySince::of(cx).forget(scope);
+}
+
+/// The outcome for objects that are not ready, `elapsed` after the node
+/// first saw this content not ready.
+fn verdict(not_ready: &NotReady, elapsed: Duration, wait: Duration) -> Result<()> {
+    if !not_ready.failed.is_empty() {
+        return Err(Error::failed(format!(
+            "will not become ready without a change: {}",
+            list(&not_ready.failed)
+        )));
+    }
+    if not_ready.waiting.is_empty() {
+        return Ok(());
+    }
+    if elapsed >= wait {
+        return Err(Error::timeout(format!(
+            "not ready within {wait:?}: {}",
+            list(&not_ready.waiting)
+        )));
+    }
+    Err(Error::yielding(format!(
+        "not ready: {}",
+        list(&not_ready.waiting)
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use provisioners_core::ErrorKind;
+
+    use super::*;
+
+    #[test]
+    fn not_ready_yields_until_the_deadline_then_times_out() {
+        let wait = Duration::from_secs(60);
+        let not_ready = NotReady {
+            waiting: vec!["Deployment apps/web (0 of 1 replicas available)".to_owned()],
+            failed: Vec::new(),
+        };
+        let early = verdict(&not_ready, Duration::from_secs(5), wait).unwrap_err();
+        assert!(early.is_yield(), "{early}");
+        assert!(
+            early
+                .message()
+                .starts_with("not ready: Deployment apps/web"),
+            "{early}"
+        );
+        let late = verdict(&not_ready, wait, wait).unwrap_err();
+        assert_eq!(late.kind(), ErrorKind::Timeout, "{late}");
+        assert!(late.is_transient(), "a timeout may pass: {late}");
+        assert!(
+            late.message()
+                .contains("not ready within 60s: Deployment apps/web"),
+            "{late}"
+        );
+    }
+
+    #[test]
+    fn what_will_not_become_ready_fails_at_once() {
+        let not_ready = NotReady {
+            waiting: vec!["Deployment apps/web (rolling out)".to_owned()],
+            failed: vec!["Job apps/migrate (BackoffLimitExceeded)".to_owned()],
+        };
+        let error = verdict(&not_ready, Duration::ZERO, Duration::from_secs(60)).unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::Failed, "{error}");
+        assert!(!error.is_transient());
+        assert!(error.message().contains("Job apps/migrate"), "{error}");
+        assert!(verdict(&NotReady::default(), Duration::MAX, Duration::ZERO).is_ok());
+    }
+
+    #[test]
+    fn the_clock_survives_passes_and_restarts_with_new_content() {
+        let clocks = NotReadySince::default();
+        let first = clocks.since("p/app", "a");
+        assert_eq!(
+            clocks.since("p/app", "a"),
+            first,
+            "the same content keeps its clock"
+        );
+        assert_eq!(clocks.since("p/other", "a"), clocks.since("p/other", "a"));
+        std::thread::sleep(Duration::from_millis(2));
+        let changed = clocks.since("p/app", "b");
+        assert!(changed > first, "new content restarts the clock");
+        clocks.forget("p/app");
+        std::thread::sleep(Duration::from_millis(2));
+        assert!(
+            clocks.since("p/app", "b") > changed,
+            "ready forgets the clock"
+        );
+    }
+
+    #[tokio::test]
+    async fn the_clocks_live_on_the_cluster() {
+        let cx = Context::offline();
+        let clocks = NotReadySince::of(&cx);
+        let since = clocks.since("app", "a");
+        // A clone of the context (a tree rebuilt at the next reconcile) sees it.
+        let next_pass = cx.clone();
+        let again = NotReadySince::of(&next_pass);
+        assert_eq!(again.since("app", "a"), since);
+        assert!(std::sync::Arc::ptr_eq(&again, &NotReadySince::of(&cx)));
+        let elsewhere = NotReadySince::of(&Context::offline());
+        std::thread::sleep(Duration::from_millis(2));
+        assert!(
+            elsewhere.since("app", "a") > since,
+            "another cluster, another clock"
+        );
+    }
+}
