@@ -40,7 +40,6 @@ use kube::runtime::events::Reporter;
 use kube::runtime::watcher;
 use kube::{Api, CustomResource, CustomResourceExt, ResourceExt};
 use provisioners::helm::Chart;
-use provisioners::manifest::Discovery;
 use provisioners::remote::SecretKubeconfig;
 use provisioners::runtime::LeaderElection;
 use provisioners::{
@@ -188,28 +187,28 @@ pub struct Settings {
     pub charts: PathBuf,
     /// How long the metrics release may take to become ready.
     pub helm_timeout: Duration,
-    /// One discovery cache for all trees: no re-discovery per reconcile.
-    pub discovery: Discovery,
+    /// How long a manifest may stay not ready (the namespace and CRD of
+    /// `base`, the remote agent) before its node reports a timeout.
+    pub ready_timeout: Duration,
 }
 
 impl Settings {
-    /// Settings with `helm`, the charts shipped with this crate, and a
-    /// two-minute helm timeout.
+    /// Settings with `helm`, the charts shipped with this crate, a
+    /// two-minute helm timeout and a ten-minute readiness timeout for
+    /// manifests.
     pub fn new(helm: impl Into<PathBuf>) -> Self {
         Settings {
             helm: helm.into(),
             charts: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("charts"),
             helm_timeout: Duration::from_secs(120),
-            discovery: Discovery::new(),
+            ready_timeout: Duration::from_secs(600),
         }
     }
 }
 
 /// The tree for `platform`; `client` reads the remote's kubeconfig Secret.
 pub fn tree(platform: &Platform, settings: &Settings, client: &kube::Client) -> Serial {
-    let base = Manifest::from_yaml("base", base_yaml(platform))
-        .with_discovery(settings.discovery.clone())
-        .wait_ready(true);
+    let base = Manifest::from_yaml("base", base_yaml(platform)).wait(settings.ready_timeout);
     Serial::new(platform.name_any())
         .with(base)
         .with(components(platform, settings, client))
@@ -219,9 +218,7 @@ pub fn tree(platform: &Platform, settings: &Settings, client: &kube::Client) -> 
 fn components(platform: &Platform, settings: &Settings, client: &kube::Client) -> Concurrent {
     let spec = &platform.spec;
     let target = platform.target_namespace();
-    let manifest = |name: &'static str, yaml: String| {
-        Manifest::from_yaml(name, yaml).with_discovery(settings.discovery.clone())
-    };
+    let manifest = |name: &'static str, yaml: String| Manifest::from_yaml(name, yaml);
     let metrics = HelmRelease::new("metrics", Chart::local(settings.charts.join("metrics")))
         .namespace(&target)
         .helm(&settings.helm)
@@ -239,7 +236,7 @@ fn components(platform: &Platform, settings: &Settings, client: &kube::Client) -
         let kubeconfig = SecretKubeconfig::new(client.clone(), namespace, &remote.secret_name);
         let agent = RemoteClusterProvisioner::new(kubeconfig)
             .named("remote")
-            .provision_on(manifest("agent", agent_yaml(platform)).wait_ready(true));
+            .provision_on(manifest("agent", agent_yaml(platform)).wait(settings.ready_timeout));
         components.push(Conditional::when(remote.enabled, agent));
     }
     components

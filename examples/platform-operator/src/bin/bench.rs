@@ -38,7 +38,6 @@ use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
 use platform_operator::{FIELD_MANAGER, FINALIZER, Platform, PlatformSpec, install_crd};
 use provisioners::helm::Chart;
-use provisioners::manifest::Discovery;
 use provisioners::runtime::{ReconcileObserver, ReconcileResult};
 use provisioners::{
     CancellationToken, Cluster, Concurrent, Context, Error, Event, HelmRelease, Managed, Manifest,
@@ -235,7 +234,6 @@ struct Shared {
     reconciler: Reconciler,
     helm: std::path::PathBuf,
     chart: std::path::PathBuf,
-    discovery: Discovery,
     /// At most this many reconciles at once (kube's `Controller` default
     /// is unbounded).
     concurrency: u16,
@@ -244,14 +242,12 @@ struct Shared {
 fn tree(platform: &Platform, shared: &Shared) -> Serial {
     let name = platform.name_any();
     let target = format!("bench-{name}");
-    let manifest = |node: &'static str, yaml: String| {
-        Manifest::from_yaml(node, yaml).with_discovery(shared.discovery.clone())
-    };
+    let manifest = |node: &'static str, yaml: String| Manifest::from_yaml(node, yaml);
     let base = manifest(
         "base",
         format!("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {target}\n"),
     )
-    .wait_ready(true);
+    .wait(Duration::from_secs(600));
     let app = HelmRelease::new("app", Chart::local(&shared.chart))
         .namespace(&target)
         .helm(&shared.helm)
@@ -450,7 +446,9 @@ async fn main() -> anyhow::Result<()> {
             },
         ))
         .build();
-    let cluster = Cluster::new("bench", client.clone(), Some(kubeconfig));
+    // The counting layer is below the client policy: a retried request
+    // counts as many times as it was sent.
+    let cluster = Cluster::new("bench", client.clone()).with_kubeconfig(kubeconfig);
     let phases = Arc::new(Phases::default());
     let cx = Context::new(cluster)
         .with_field_manager(FIELD_MANAGER)
@@ -494,7 +492,6 @@ async fn main() -> anyhow::Result<()> {
                 .observe_reconciles(provisioned),
             helm: helm.clone(),
             chart: chart.clone(),
-            discovery: Discovery::new(),
             concurrency,
         })
     };
