@@ -209,7 +209,7 @@ pub(crate) async fn payload(
         .map(|bytes| bytes.0.as_slice())
         .unwrap_or_default();
     decode(data).map(Some).map_err(|e| {
-        Error::helm(format!(
+        Error::failed(format!(
             "the helm release record {namespace}/{secret} could not be decoded: {e}"
         ))
     })
@@ -244,8 +244,9 @@ pub(crate) async fn remember_uninstalled(
     seen: &[Seen],
 ) -> Result<()> {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
-    let json = serde_json::to_string(seen)
-        .map_err(|e| Error::helm(format!("could not write the uninstalled objects: {e}")))?;
+    let json = serde_json::to_string(seen).map_err(|e| {
+        Error::failed(format!("could not write the uninstalled objects: {e}")).with_source(e)
+    })?;
     let patch = serde_json::json!({"metadata": {"annotations": {UNINSTALLED_ANNOTATION: json}}});
     secrets
         .patch(secret, &PatchParams::default(), &Patch::Merge(&patch))

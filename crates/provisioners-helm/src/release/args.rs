@@ -4,7 +4,7 @@ use std::ffi::OsString;
 use std::path::Path;
 use std::time::Duration;
 
-use super::{DEFAULT_TIMEOUT, HelmRelease};
+use super::{DEFAULT_HOOK_TIMEOUT, HelmRelease};
 use crate::chart::Chart;
 use crate::storage::{DIGEST_LABEL, REPAIR_LABEL, REVISION_LABEL};
 use crate::version::Major;
@@ -26,7 +26,9 @@ pub(super) const PRIVATE_REPOSITORY: &str = "provisioners-private";
 
 impl HelmRelease {
     pub(super) fn helm_timeout(&self) -> Duration {
-        self.timeout.or(self.wait).unwrap_or(DEFAULT_TIMEOUT)
+        self.hook_timeout
+            .or(self.wait)
+            .unwrap_or(DEFAULT_HOOK_TIMEOUT)
     }
 
     pub(super) fn upgrade_args(

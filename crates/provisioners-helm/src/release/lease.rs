@@ -26,6 +26,8 @@ pub(super) const DURATION: Duration = Duration::from_secs(30);
 
 /// This process's default holder identity: host, process id and a random
 /// part, so a restarted process on the same host is another holder.
+/// A static, unlike the crate's per-cluster state: it names this process,
+/// which is the same on every cluster it reaches.
 pub(super) static PROCESS_HOLDER: LazyLock<String> = LazyLock::new(|| {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_owned())
