@@ -159,7 +159,9 @@ mod tests {
         let cluster = Context::offline().cluster().clone();
         let default = HelmProcesses::of(&cluster);
         assert_eq!(default.max(), DEFAULT_MAX_HELM_PROCESSES);
-        assert!(Arc::ptr_eq(&default, &HelmProcesses::of(&cluster.clone())));
+        let clone = cluster.clone();
+        assert!(Arc::ptr_eq(&default, &HelmProcesses::of(&clone)));
+        assert!(Arc::ptr_eq(&default, &HelmProcesses::of(&cluster)));
         let other = Context::offline().cluster().clone();
         assert!(!Arc::ptr_eq(&default, &HelmProcesses::of(&other)));
         let bounded = other.with_shared_state(HelmProcesses::new(2));

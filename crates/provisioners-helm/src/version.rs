@@ -159,4 +159,61 @@ mod tests {
         .unwrap_err();
         assert_eq!(missing.kind(), provisioners_core::ErrorKind::NotFound);
     }
+
+    fn failure(error: &Error) -> &HelmFailure {
+        std::error::Error::source(error)
+            .and_then(|source| source.downcast_ref::<HelmFailure>())
+            .expect("the source is the helm failure")
+    }
+
+    #[tokio::test]
+    async fn a_failed_or_killed_version_run_keeps_how_it_ended() {
+        let cx = provisioners_core::Context::offline();
+        // `false` exits 1: a failure that will not pass by itself.
+        let error = detect(
+            cx.cluster(),
+            Path::new("false"),
+            None,
+            &CancellationToken::new(),
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(
+            error.kind(),
+            provisioners_core::ErrorKind::Failed,
+            "{error}"
+        );
+        assert_eq!(
+            (failure(&error).exit, failure(&error).signal),
+            (Some(1), None)
+        );
+
+        // A stand-in that kills itself: it may pass.
+        let dir = tempfile::tempdir().unwrap();
+        let script = dir.path().join("helm");
+        std::fs::write(&script, "#!/bin/sh\nkill -9 $$\n").unwrap();
+        std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o700))
+            .unwrap();
+        let mut tries = 0;
+        let error = loop {
+            let error = detect(cx.cluster(), &script, None, &CancellationToken::new())
+                .await
+                .unwrap_err();
+            // A process forked meanwhile by another test may still hold
+            // the just-written file open (ETXTBSY); errors are not cached.
+            tries += 1;
+            if tries < 50 && error.message().contains("busy") {
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                continue;
+            }
+            break error;
+        };
+        assert_eq!(
+            error.kind(),
+            provisioners_core::ErrorKind::Unavailable,
+            "{error}"
+        );
+        assert_eq!(failure(&error).signal, Some(9));
+        assert!(error.message().contains("signal: 9"), "{error}");
+    }
 }

@@ -288,6 +288,12 @@ mod tests {
                 "90000ms",
             ]
         );
+        // helm's own timeout: `hook_timeout` over `wait`, else the default.
+        let hooks = release().hook_timeout(Duration::from_secs(7));
+        let args = strings(&hooks.uninstall_args(Path::new("k"), false));
+        assert_eq!(args[args.len() - 2..], ["--timeout", "7000ms"]);
+        let unset = HelmRelease::new("web", Chart::local("c"));
+        assert_eq!(unset.helm_timeout(), DEFAULT_HOOK_TIMEOUT);
         let args = strings(&release().uninstall_args(Path::new("k"), true));
         assert!(
             !args.iter().any(|arg| arg.starts_with("--wait")),

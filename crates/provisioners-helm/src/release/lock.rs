@@ -16,8 +16,11 @@ use tokio::sync::OwnedMutexGuard;
 /// clusters may each have a release `ns/web`. Entries go once unused.
 #[derive(Debug, Default)]
 pub(super) struct ReleaseLocks {
-    locks: Mutex<HashMap<(String, String), Weak<tokio::sync::Mutex<()>>>>,
+    locks: Mutex<HashMap<ReleaseKey, Weak<tokio::sync::Mutex<()>>>>,
 }
+
+/// (namespace, release).
+type ReleaseKey = (String, String);
 
 /// The held lock of one release, and its [Lease](super::lease) once taken.
 #[derive(Clone, Debug)]
