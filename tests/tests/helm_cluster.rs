@@ -333,7 +333,7 @@ async fn inside_serial_and_concurrent_groups_with_other_provisioners(helm: PathB
         );
         Manifest::from_yaml(name.to_owned(), yaml)
             .namespace(ns.name())
-            .wait_ready(true)
+            .wait(WAIT)
     };
     let release = |name: &str| {
         HelmRelease::new(name.to_owned(), chart("helm-plain"))

@@ -78,7 +78,8 @@ pub const DEFAULT_HOOK_TIMEOUT: Duration = Duration::from_secs(300);
 ///   keep`). A missing release is `Ok`.
 /// * **Recovers** a release left `pending-install`, `pending-upgrade` or
 ///   `pending-rollback` by a helm that died. Work on a release is serialised
-///   within the process by a lock, and across processes (two operator
+///   by a lock among the contexts that share a
+///   [`Cluster`](provisioners_core::Cluster), and across processes (two operator
 ///   replicas during a rolling update) by a Lease
 ///   `provisioners-helm.RELEASE` in the release's namespace, held and renewed
 ///   while helm runs: a pending record whose Lease has a live holder yields
