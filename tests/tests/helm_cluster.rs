@@ -333,7 +333,7 @@ async fn inside_serial_and_concurrent_groups_with_other_provisioners(helm: PathB
         );
         Manifest::from_yaml(name.to_owned(), yaml)
             .namespace(ns.name())
-            .wait_ready(true)
+            .wait(WAIT)
     };
     let release = |name: &str| {
         HelmRelease::new(name.to_owned(), chart("helm-plain"))
@@ -406,7 +406,8 @@ async fn secrets_stay_off_argv_and_env_and_files_are_private_and_removed(helm: P
     // A run that cannot finish (a hook that never completes, which helm
     // waits for even without --wait), watched from /proc, then cancelled.
     let token = provisioners::CancellationToken::new();
-    let cancelled_cx = context().await.with_cancellation(token.clone());
+    // The same Cluster, so the same release locks: one process.
+    let cancelled_cx = cx.clone().with_cancellation(token.clone());
     let stuck = release(json!({"no-such-node": "true"})).set("stuckHook", true);
     let provision = cancelled_cx.provision(&stuck);
     let watch = async {
@@ -535,7 +536,8 @@ async fn release_stuck_in_pending_install_is_recovered(helm: PathBuf) {
     };
     let stuck = release(json!({"no-such-node": "true"})).set("stuckHook", true);
     let token = provisioners::CancellationToken::new();
-    let killing_cx = context().await.with_cancellation(token.clone());
+    // The same Cluster, so the same release locks: one process.
+    let killing_cx = cx.clone().with_cancellation(token.clone());
     let provision = killing_cx.provision(&stuck);
     let killer = async {
         // Wait until helm recorded the release as pending-install, then kill
@@ -553,8 +555,10 @@ async fn release_stuck_in_pending_install_is_recovered(helm: PathBuf) {
     };
     let (result, ()) = tokio::join!(provision, killer);
     let error = result.expect_err("helm was killed");
-    assert_eq!(error.kind(), ErrorKind::Helm, "{error}");
+    // Killed before it finished: the next pass recovers the release.
+    assert_eq!(error.kind(), ErrorKind::Unavailable, "{error}");
     assert!(error.to_string().contains("signal: 9"), "{error}");
+    assert_eq!(killed_by(&error), Some(9), "{error:?}");
     let (_, status, _) = release_record(&ns, "stuck").await.expect("recorded");
     assert_eq!(status, "pending-install", "helm left it pending");
 
@@ -585,7 +589,9 @@ async fn release_stuck_in_pending_upgrade_is_recovered(helm: PathBuf) {
         cx.provision(&stuck),
         kill_helm_when(&helm, &ns, "upgraded", "pending-upgrade")
     );
-    assert_eq!(result.expect_err("helm was killed").kind(), ErrorKind::Helm);
+    let error = result.expect_err("helm was killed");
+    assert_eq!(error.kind(), ErrorKind::Unavailable, "{error}");
+    assert_eq!(killed_by(&error), Some(9), "{error:?}");
     let (revision, status, _) = release_record(&ns, "upgraded").await.expect("recorded");
     assert_eq!((revision, status.as_str()), (2, "pending-upgrade"));
 

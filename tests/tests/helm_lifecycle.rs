@@ -144,8 +144,9 @@ async fn cancelled_root_leaves_no_release_pending(helm: PathBuf) {
     for (round, expected) in [(1, "pending-install"), (2, "pending-upgrade")] {
         let token = provisioners::CancellationToken::new();
         // The root waits up to its shutdown grace for helm's own grace.
-        let operator = context()
-            .await
+        // The same Cluster as `cx`, so the same release locks: one process.
+        let operator = cx
+            .clone()
             .with_cancellation(token.clone())
             .with_shutdown_grace(Duration::from_secs(45));
         let stuck = release(true).set("round", round);

@@ -25,7 +25,7 @@ use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
 use kube::config::Kubeconfig;
 use provisioners_core::{Cluster, Context};
 use provisioners_group::Concurrent;
-use provisioners_helm::{Chart, Drift, HelmRelease};
+use provisioners_helm::{Chart, Drift, HelmProcesses, HelmRelease};
 
 const WAIT: Duration = Duration::from_secs(300);
 
@@ -147,15 +147,12 @@ struct Row {
 async fn main() {
     let args: Vec<String> = std::env::args().collect();
     let quick = args.iter().any(|a| a == "--quick");
-    // `--limit N`: the process-wide bound on helm processes (default: the crate's).
-    if let Some(limit) = args
+    // `--limit N`: the cluster's bound on helm processes (default: the crate's).
+    let limit: Option<usize> = args
         .iter()
         .position(|a| a == "--limit")
         .and_then(|i| args.get(i + 1))
-        .and_then(|n| n.parse().ok())
-    {
-        provisioners_helm::set_max_helm_processes(limit);
-    }
+        .and_then(|n| n.parse().ok());
     // `--releases N`: another number of releases (default 20, 5 with `--quick`).
     let releases = args
         .iter()
@@ -169,9 +166,13 @@ async fn main() {
         helms.insert(0, ("helm 3", env_path("PROVISIONERS_HELM3")));
     }
     let kubeconfig = Kubeconfig::read_from(&kubeconfig_path).expect("read the kubeconfig");
-    let cluster = Cluster::from_kubeconfig("bench", kubeconfig)
+    let mut cluster = Cluster::from_kubeconfig("bench", kubeconfig)
         .await
         .expect("cluster");
+    if let Some(limit) = limit {
+        cluster = cluster.with_shared_state(HelmProcesses::new(limit));
+    }
+    let processes = HelmProcesses::of(&cluster);
     let client = cluster.client().clone();
     let cx = Context::new(cluster);
     let run = std::process::id();
@@ -220,7 +221,7 @@ async fn main() {
     println!();
     println!(
         "{releases} releases of tests/charts/helm-plain (Deployment Available), at most {} helm processes at once",
-        provisioners_helm::max_helm_processes()
+        processes.max()
     );
     println!();
     println!(

@@ -20,6 +20,7 @@ use sha2::{Digest as _, Sha256};
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
+#[must_use]
 pub enum Chart {
     /// A chart directory or packaged archive (`.tgz`) on the local disk.
     Local(PathBuf),

@@ -22,6 +22,7 @@ use provisioners_core::{Error, Result};
 ///
 /// [`HelmRelease::credentials`]: crate::HelmRelease::credentials
 #[derive(Clone)]
+#[must_use]
 pub struct Credentials {
     pub(crate) username: String,
     pub(crate) password: String,
@@ -41,14 +42,12 @@ impl Credentials {
     }
 
     /// A PEM CA bundle to verify the server with.
-    #[must_use]
     pub fn ca(mut self, pem: impl Into<Vec<u8>>) -> Self {
         self.ca = Some(pem.into());
         self
     }
 
     /// A PEM client certificate and its key.
-    #[must_use]
     pub fn client_certificate(mut self, cert: impl Into<Vec<u8>>, key: impl Into<Vec<u8>>) -> Self {
         self.client = Some((cert.into(), key.into()));
         self

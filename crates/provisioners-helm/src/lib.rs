@@ -14,9 +14,25 @@
 //! release is ready or its deadline has passed; a release left `pending-*`
 //! by a helm that died is recovered, guarded by a per-release Lease against
 //! a second process; cancellation stops helm with SIGTERM, then SIGKILL
-//! after a grace period (see [`wait_for_helm_processes`] for a shutdown); a
-//! process-wide [bound](set_max_helm_processes) limits how many helm
-//! processes run at once.
+//! after a grace period (see [`HelmProcesses::idle`] for a shutdown).
+//!
+//! A failed helm run is an error whose [kind](provisioners_core::ErrorKind)
+//! says what to do (bad input, a timeout, [`Unavailable`] for API trouble or
+//! a helm killed by a signal, else [`Failed`]) and whose
+//! [source](std::error::Error::source) is a [`HelmFailure`]: exit code,
+//! signal and helm's redacted stderr.
+//!
+//! What the crate learns about a cluster lives on its
+//! [`Cluster`](provisioners_core::Cluster), not in statics: the locks that
+//! serialise work on a release in its [state](provisioners_core::Cluster::state),
+//! and in its [shared state](provisioners_core::Cluster::shared_state) (one for
+//! a cluster and the remote clusters derived from it) the bound on helm
+//! processes, [`HelmProcesses`] (default [`DEFAULT_MAX_HELM_PROCESSES`]), and
+//! the major version of each helm binary. Build one `Cluster` per cluster and
+//! every context from it, so that trees share them.
+//!
+//! [`Unavailable`]: provisioners_core::ErrorKind::Unavailable
+//! [`Failed`]: provisioners_core::ErrorKind::Failed
 //!
 //! # Example
 //!
@@ -27,7 +43,7 @@
 //!
 //! use provisioners_core::{Cluster, Context};
 //! use provisioners_group::Concurrent;
-//! use provisioners_helm::{Chart, HelmRelease};
+//! use provisioners_helm::{Chart, HelmProcesses, HelmRelease};
 //!
 //! # async fn example() -> provisioners_core::Result<()> {
 //! let ingress = HelmRelease::new("ingress", Chart::repository("https://kubernetes.github.io/ingress-nginx", "ingress-nginx"))
@@ -42,7 +58,9 @@
 //!     .values(&serde_json::json!({"database": {"password": "from a Secret, not argv"}}));
 //!
 //! let platform = Concurrent::new("platform").with(ingress).with(app);
-//! let cx = Context::new(Cluster::infer().await?);
+//! // At most four helm processes at once on this cluster (default 8).
+//! let cluster = Cluster::infer().await?.with_shared_state(HelmProcesses::new(4));
+//! let cx = Context::new(cluster);
 //! cx.provision(&platform).await?;
 //! # Ok(())
 //! # }
@@ -51,15 +69,23 @@
 //! The helm binary is `helm` from `PATH` unless [`HelmRelease::helm`] names
 //! another; its major version is detected once per path.
 //!
+//! Siblings: [`provisioners-manifest`] for plain manifests,
+//! [`provisioners-group`] and [`provisioners-conditional`] to compose nodes.
+//!
+//! [`provisioners-manifest`]: https://docs.rs/provisioners-manifest
+//! [`provisioners-group`]: https://docs.rs/provisioners-group
+//! [`provisioners-conditional`]: https://docs.rs/provisioners-conditional
+//!
 //! [`Concurrent`]: https://docs.rs/provisioners-group
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod chart;
 mod credentials;
-mod limit;
+mod failure;
 mod objects;
 mod process;
+mod processes;
 mod release;
 mod storage;
 mod values;
@@ -68,8 +94,7 @@ mod workdir;
 
 pub use chart::Chart;
 pub use credentials::Credentials;
-pub use limit::{
-    DEFAULT_MAX_HELM_PROCESSES, max_helm_processes, set_max_helm_processes, wait_for_helm_processes,
-};
-pub use release::{DEFAULT_GRACE, DEFAULT_TIMEOUT, Drift, HelmRelease};
+pub use failure::HelmFailure;
+pub use processes::{DEFAULT_MAX_HELM_PROCESSES, HelmProcesses};
+pub use release::{DEFAULT_GRACE, DEFAULT_HOOK_TIMEOUT, Drift, HelmRelease};
 pub use storage::{DIGEST_LABEL, REVISION_LABEL};

@@ -65,7 +65,7 @@ pub(crate) struct Seen {
 pub(crate) fn parse_manifest(release: &str, manifest: &str) -> Result<Vec<(ObjectRef, Value)>> {
     // Without the snippet: the manifest holds rendered Secrets.
     let documents: Vec<Value> = serde_saphyr::from_multiple(manifest).map_err(|e| {
-        Error::helm(format!(
+        Error::failed(format!(
             "the stored manifest of release `{release}` could not be read: {}",
             e.without_snippet()
         ))

@@ -6,7 +6,7 @@
 //! When the run is cancelled, through the token or by dropping its future,
 //! the group gets SIGTERM, then SIGKILL after a grace period; the work
 //! directory is removed only once the process is gone, and the process keeps
-//! its place under the [process limit](crate::set_max_helm_processes) until then.
+//! its place under the cluster's [process bound](crate::HelmProcesses) until then.
 
 use std::ffi::OsString;
 use std::io;
@@ -19,19 +19,22 @@ use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
+use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::sync::CancellationToken;
 
-use crate::limit::{self, Permit};
+use crate::processes::HelmProcesses;
 use crate::workdir::WorkDir;
 
 /// One helm run: the binary, its arguments, its private directory (shared
-/// by the steps of one operation, removed when the last is done) and what
-/// it reads on stdin (a password for `--password-stdin`).
+/// by the steps of one operation, removed when the last is done), what it
+/// reads on stdin (a password for `--password-stdin`) and the bound it
+/// runs under.
 pub(crate) struct Invocation {
     pub(crate) program: PathBuf,
     pub(crate) args: Vec<OsString>,
     pub(crate) work: Arc<WorkDir>,
     pub(crate) stdin: Option<Vec<u8>>,
+    pub(crate) processes: Arc<HelmProcesses>,
 }
 
 impl std::fmt::Debug for Invocation {
@@ -69,16 +72,20 @@ pub(crate) async fn run(
     cancel: &CancellationToken,
     grace: Duration,
 ) -> Result<Output, RunError> {
-    let permit = tokio::select! {
-        permit = limit::acquire() => permit,
-        () = cancel.cancelled() => return Err(RunError::Cancelled),
-    };
     let Invocation {
         program,
         args,
         work,
         stdin,
+        processes,
     } = invocation;
+    let permit = tokio::select! {
+        permit = processes.acquire() => permit.map_err(|_| {
+            // Never closed: a place is always given eventually.
+            RunError::Wait(io::Error::other("the bound on helm processes was closed"))
+        })?,
+        () = cancel.cancelled() => return Err(RunError::Cancelled),
+    };
 
     let mut command = Command::new(&program);
     command
@@ -184,7 +191,7 @@ struct Running {
     pid: Pid,
     grace: Duration,
     work: Option<Arc<WorkDir>>,
-    permit: Option<Permit>,
+    permit: Option<OwnedSemaphorePermit>,
 }
 
 impl Running {
@@ -260,6 +267,7 @@ mod tests {
             args: args.iter().map(OsString::from).collect(),
             work: Arc::new(WorkDir::new(Some(root)).unwrap()),
             stdin: None,
+            processes: Arc::default(),
         }
     }
 
@@ -382,13 +390,15 @@ mod tests {
     async fn cancellation_and_drop_stop_the_process_and_remove_files() {
         let root = tempfile::tempdir().unwrap();
 
+        let processes = Arc::new(HelmProcesses::new(2));
+        let sleep = || Invocation {
+            processes: Arc::clone(&processes),
+            ..invocation("sleep", &["424242"], root.path())
+        };
+
         // Through the token.
         let cancel = CancellationToken::new();
-        let running = run(
-            invocation("sleep", &["424242"], root.path()),
-            &cancel,
-            Duration::from_secs(5),
-        );
+        let running = run(sleep(), &cancel, Duration::from_secs(5));
         let canceller = async {
             eventually("sleep to start", || !sleep_pids().is_empty()).await;
             cancel.cancel();
@@ -399,12 +409,9 @@ mod tests {
         assert_eq!(std::fs::read_dir(root.path()).unwrap().count(), 0);
 
         // By dropping the future.
+        assert_eq!(processes.running(), 0, "the place was kept after cancel");
         let token = CancellationToken::new();
-        let running = run(
-            invocation("sleep", &["424242"], root.path()),
-            &token,
-            Duration::from_secs(5),
-        );
+        let running = run(sleep(), &token, Duration::from_secs(5));
         let dropped = tokio::time::timeout(Duration::from_secs(20), async {
             tokio::select! {
                 _ = running => panic!("sleep finished"),
@@ -417,8 +424,7 @@ mod tests {
             std::fs::read_dir(root.path()).unwrap().count() == 0
         })
         .await;
-        // Other tests run processes too: wait for every permit to come back.
-        eventually("the permits to be freed", || limit::running() == 0).await;
+        eventually("the place to be freed", || processes.running() == 0).await;
     }
 
     /// Marks a run of this test binary as the SIGTERM-ignoring stand-in below.
@@ -467,6 +473,7 @@ mod tests {
             .collect(),
             work: Arc::new(WorkDir::new(Some(root.path())).unwrap()),
             stdin: None,
+            processes: Arc::default(),
         };
         let cancel = CancellationToken::new();
         let grace = Duration::from_millis(500);

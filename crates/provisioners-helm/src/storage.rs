@@ -209,7 +209,7 @@ pub(crate) async fn payload(
         .map(|bytes| bytes.0.as_slice())
         .unwrap_or_default();
     decode(data).map(Some).map_err(|e| {
-        Error::helm(format!(
+        Error::failed(format!(
             "the helm release record {namespace}/{secret} could not be decoded: {e}"
         ))
     })
@@ -244,8 +244,9 @@ pub(crate) async fn remember_uninstalled(
     seen: &[Seen],
 ) -> Result<()> {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
-    let json = serde_json::to_string(seen)
-        .map_err(|e| Error::helm(format!("could not write the uninstalled objects: {e}")))?;
+    let json = serde_json::to_string(seen).map_err(|e| {
+        Error::failed(format!("could not write the uninstalled objects: {e}")).with_source(e)
+    })?;
     let patch = serde_json::json!({"metadata": {"annotations": {UNINSTALLED_ANNOTATION: json}}});
     secrets
         .patch(secret, &PatchParams::default(), &Patch::Merge(&patch))
@@ -260,41 +261,4 @@ pub(crate) async fn remember_uninstalled(
 }
 
 #[cfg(test)]
-mod tests {
-    use std::io::Write as _;
-
-    use super::*;
-
-    fn encoded(json: &str, gzip: bool) -> Vec<u8> {
-        let bytes = if gzip {
-            let mut encoder =
-                flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
-            encoder.write_all(json.as_bytes()).unwrap();
-            encoder.finish().unwrap()
-        } else {
-            json.as_bytes().to_vec()
-        };
-        base64::engine::general_purpose::STANDARD
-            .encode(bytes)
-            .into_bytes()
-    }
-
-    #[test]
-    fn payloads_are_decoded_gzipped_or_not() {
-        let json = r#"{"name":"web","manifest":"---\nkind: ConfigMap\n","info":{"last_deployed":"2026-12-01T09:00:00.5Z","status":"deployed"},"chart":{"metadata":{}},"version":3}"#;
-        for gzip in [true, false] {
-            let payload = decode(&encoded(json, gzip)).unwrap();
-            assert_eq!(payload.manifest, "---\nkind: ConfigMap\n");
-            assert_eq!(
-                payload.info.last_deployed.as_deref(),
-                Some("2026-12-01T09:00:00.5Z")
-            );
-        }
-        assert!(decode(b"!!").unwrap_err().contains("not base64"));
-        assert!(
-            decode(&encoded("[1]", true))
-                .unwrap_err()
-                .contains("not a release")
-        );
-    }
-}
+mod tests;

@@ -1,16 +1,19 @@
-//! Which helm a binary is: detected once per path, then cached.
+//! Which helm a binary is: detected once per path, then kept in the
+//! cluster's shared state.
 
 use std::collections::HashMap;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use provisioners_core::{Error, Result};
+use provisioners_core::{Cluster, Error, Result};
 use tokio::sync::OnceCell;
 use tokio_util::sync::CancellationToken;
 
+use crate::failure::{HelmFailure, trimmed};
 use crate::process::{self, Invocation, RunError};
+use crate::processes::HelmProcesses;
 use crate::workdir::WorkDir;
 
 /// The major version of a helm binary, which decides the flags it gets.
@@ -22,36 +25,42 @@ pub(crate) enum Major {
     Four,
 }
 
-static DETECTED: LazyLock<Mutex<HashMap<PathBuf, Arc<OnceCell<Major>>>>> =
-    LazyLock::new(Mutex::default);
+/// The versions of the helm binaries seen so far, by path: in the
+/// cluster's shared state, as the binaries are the same for every cluster a
+/// program reaches (and a program that reaches none learns nothing).
+#[derive(Default)]
+struct Detected(Mutex<HashMap<PathBuf, Arc<OnceCell<Major>>>>);
 
-/// The major version of `program`, running `helm version` the first time only.
+/// The major version of `program`, running `helm version` the first time
+/// only (per path, among `cluster` and the clusters derived from it).
 pub(crate) async fn detect(
+    cluster: &Cluster,
     program: &Path,
     temp_root: Option<&Path>,
     cancel: &CancellationToken,
 ) -> Result<Major> {
     let cell = {
-        let mut detected = DETECTED
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let detected = cluster.shared_state::<Detected>();
+        let mut detected = detected.0.lock().unwrap_or_else(PoisonError::into_inner);
         Arc::clone(detected.entry(program.to_owned()).or_default())
     };
-    cell.get_or_try_init(|| run_version(program, temp_root, cancel))
+    cell.get_or_try_init(|| run_version(HelmProcesses::of(cluster), program, temp_root, cancel))
         .await
         .copied()
 }
 
 async fn run_version(
+    processes: Arc<HelmProcesses>,
     program: &Path,
     temp_root: Option<&Path>,
     cancel: &CancellationToken,
 ) -> Result<Major> {
     let shown = program.display();
     let work = WorkDir::new(temp_root).map_err(|e| {
-        Error::helm(format!(
+        Error::failed(format!(
             "could not create a private directory for helm: {e}"
         ))
+        .with_source(e)
     })?;
     let invocation = Invocation {
         program: program.to_owned(),
@@ -59,8 +68,9 @@ async fn run_version(
             .into_iter()
             .map(OsString::from)
             .collect(),
-        work: std::sync::Arc::new(work),
+        work: Arc::new(work),
         stdin: None,
+        processes,
     };
     let output = match process::run(invocation, cancel, Duration::from_secs(5)).await {
         Ok(output) => output,
@@ -72,18 +82,25 @@ async fn run_version(
             )));
         }
         Err(RunError::Wait(e)) => {
-            return Err(Error::helm(format!(
-                "running `{shown} version` failed: {e}"
-            )));
+            return Err(
+                Error::failed(format!("running `{shown} version` failed: {e}")).with_source(e),
+            );
         }
     };
     let stdout = String::from_utf8_lossy(&output.stdout);
     if !output.status.success() {
-        return Err(Error::helm(format!(
+        let failure = HelmFailure::new(output.status, trimmed(&output.stderr));
+        let message = format!(
             "`{shown} version` failed ({}): {}",
-            output.status,
-            String::from_utf8_lossy(&output.stderr).trim()
-        )));
+            failure.ended(),
+            failure.stderr
+        );
+        let error = if failure.signal.is_some() {
+            Error::unavailable(message)
+        } else {
+            Error::failed(message)
+        };
+        return Err(error.with_source(failure));
     }
     parse(stdout.trim()).ok_or_else(|| {
         Error::invalid(format!(
@@ -117,16 +134,23 @@ mod tests {
 
     #[tokio::test]
     async fn a_binary_that_is_not_helm_is_refused() {
+        let cx = provisioners_core::Context::offline();
         // `true` prints nothing and succeeds: not a version we know.
-        let error = detect(Path::new("true"), None, &CancellationToken::new())
-            .await
-            .unwrap_err();
+        let error = detect(
+            cx.cluster(),
+            Path::new("true"),
+            None,
+            &CancellationToken::new(),
+        )
+        .await
+        .unwrap_err();
         assert_eq!(error.kind(), provisioners_core::ErrorKind::Invalid);
         assert!(
             error.message().contains("only helm 3 and helm 4"),
             "{error}"
         );
         let missing = detect(
+            cx.cluster(),
             Path::new("/nonexistent/helm"),
             None,
             &CancellationToken::new(),
@@ -134,5 +158,62 @@ mod tests {
         .await
         .unwrap_err();
         assert_eq!(missing.kind(), provisioners_core::ErrorKind::NotFound);
+    }
+
+    fn failure(error: &Error) -> &HelmFailure {
+        std::error::Error::source(error)
+            .and_then(|source| source.downcast_ref::<HelmFailure>())
+            .expect("the source is the helm failure")
+    }
+
+    #[tokio::test]
+    async fn a_failed_or_killed_version_run_keeps_how_it_ended() {
+        let cx = provisioners_core::Context::offline();
+        // `false` exits 1: a failure that will not pass by itself.
+        let error = detect(
+            cx.cluster(),
+            Path::new("false"),
+            None,
+            &CancellationToken::new(),
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(
+            error.kind(),
+            provisioners_core::ErrorKind::Failed,
+            "{error}"
+        );
+        assert_eq!(
+            (failure(&error).exit, failure(&error).signal),
+            (Some(1), None)
+        );
+
+        // A stand-in that kills itself: it may pass.
+        let dir = tempfile::tempdir().unwrap();
+        let script = dir.path().join("helm");
+        std::fs::write(&script, "#!/bin/sh\nkill -9 $$\n").unwrap();
+        std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o700))
+            .unwrap();
+        let mut tries = 0;
+        let error = loop {
+            let error = detect(cx.cluster(), &script, None, &CancellationToken::new())
+                .await
+                .unwrap_err();
+            // A process forked meanwhile by another test may still hold
+            // the just-written file open (ETXTBSY); errors are not cached.
+            tries += 1;
+            if tries < 50 && error.message().contains("busy") {
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                continue;
+            }
+            break error;
+        };
+        assert_eq!(
+            error.kind(),
+            provisioners_core::ErrorKind::Unavailable,
+            "{error}"
+        );
+        assert_eq!(failure(&error).signal, Some(9));
+        assert!(error.message().contains("signal: 9"), "{error}");
     }
 }

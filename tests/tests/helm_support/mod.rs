@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::ListParams;
 use kube::config::Kubeconfig;
 use provisioners::{Cluster, Context, Provisioner};
-use provisioners_helm::{Chart, DIGEST_LABEL};
+use provisioners_helm::{Chart, DIGEST_LABEL, HelmFailure};
 use provisioners_testing::cluster::{self, HarnessCluster, TestNamespace};
 
 /// Generous for 2 cores running control planes and a parallel test suite.
@@ -52,12 +52,16 @@ pub fn chart(name: &str) -> Chart {
     )
 }
 
+/// A context over a Cluster of its own. The release locks live on the
+/// Cluster: a second context of the same "process" is `cx.clone()` (with
+/// another token, say), not a second call.
 pub async fn context() -> Context {
     context_as("helm-tests").await
 }
 
-/// A context whose cluster has the id `id`: two ids are two "processes" to
-/// the release lock, which is per process and cluster.
+/// A context whose cluster has the id `id`, over a Cluster of its own: two
+/// calls are two "processes" to the release locks (which live on the
+/// Cluster) and to the helm process bound; only the Lease serialises them.
 pub async fn context_as(id: &str) -> Context {
     let path = HarnessCluster::Primary
         .kubeconfig_path()
@@ -223,6 +227,15 @@ pub async fn deprovision_until_gone(cx: &Context, node: &(impl Provisioner + ?Si
         }
     })
     .await;
+}
+
+/// The signal that killed the helm run behind `error`, read from its
+/// source, a [`HelmFailure`].
+pub fn killed_by(error: &provisioners::Error) -> Option<i32> {
+    std::error::Error::source(error)
+        .and_then(|source| source.downcast_ref::<HelmFailure>())
+        .expect("the source of a failed helm run is a HelmFailure")
+        .signal
 }
 
 /// SIGKILLs every helm of `namespace` once the newest record has `status`.

@@ -4,7 +4,7 @@ use std::ffi::OsString;
 use std::path::Path;
 use std::time::Duration;
 
-use super::{DEFAULT_TIMEOUT, HelmRelease};
+use super::{DEFAULT_HOOK_TIMEOUT, HelmRelease};
 use crate::chart::Chart;
 use crate::storage::{DIGEST_LABEL, REPAIR_LABEL, REVISION_LABEL};
 use crate::version::Major;
@@ -26,7 +26,9 @@ pub(super) const PRIVATE_REPOSITORY: &str = "provisioners-private";
 
 impl HelmRelease {
     pub(super) fn helm_timeout(&self) -> Duration {
-        self.timeout.or(self.wait).unwrap_or(DEFAULT_TIMEOUT)
+        self.hook_timeout
+            .or(self.wait)
+            .unwrap_or(DEFAULT_HOOK_TIMEOUT)
     }
 
     pub(super) fn upgrade_args(
@@ -286,6 +288,12 @@ mod tests {
                 "90000ms",
             ]
         );
+        // helm's own timeout: `hook_timeout` over `wait`, else the default.
+        let hooks = release().hook_timeout(Duration::from_secs(7));
+        let args = strings(&hooks.uninstall_args(Path::new("k"), false));
+        assert_eq!(args[args.len() - 2..], ["--timeout", "7000ms"]);
+        let unset = HelmRelease::new("web", Chart::local("c"));
+        assert_eq!(unset.helm_timeout(), DEFAULT_HOOK_TIMEOUT);
         let args = strings(&release().uninstall_args(Path::new("k"), true));
         assert!(
             !args.iter().any(|arg| arg.starts_with("--wait")),

@@ -1,39 +1,20 @@
 //! What a failed helm run means for the caller: bad input, a timeout, a
-//! yield, or a helm failure.
+//! yield, trouble that may pass, or a failure.
 
 use provisioners_core::Error;
 
-/// helm's stderr without the `Error: ` prefix and noise, at most the last 4 KiB.
-pub(super) fn trimmed(stderr: &[u8]) -> String {
-    let text = String::from_utf8_lossy(stderr);
-    let lines: Vec<&str> = text
-        .lines()
-        .map(str::trim_end)
-        .filter(|line| !line.is_empty() && !line.starts_with("WARNING:"))
-        .collect();
-    let mut joined = lines.join("\n");
-    if let Some(rest) = joined.strip_prefix("Error: ") {
-        joined = rest.to_owned();
-    }
-    const MAX: usize = 4096;
-    if joined.len() > MAX {
-        let mut start = joined.len() - MAX;
-        while !joined.is_char_boundary(start) {
-            start += 1;
-        }
-        joined = format!("...{}", &joined[start..]);
-    }
-    if joined.is_empty() {
-        "(no output on stderr)".to_owned()
-    } else {
-        joined
-    }
-}
+use crate::failure::HelmFailure;
 
 /// Render errors and objects the API server refuses as malformed are bad
 /// input (never retried); waits that ran out are timeouts; a release another
-/// process is working on is a yield.
-pub(super) fn classify(message: String, stderr: &str) -> Error {
+/// process is working on is a yield; API trouble and a helm killed by a
+/// signal may pass; the rest is a failure. `failure` becomes the source.
+pub(super) fn classify(message: String, failure: HelmFailure) -> Error {
+    kind_of(message, &failure).with_source(failure)
+}
+
+fn kind_of(message: String, failure: &HelmFailure) -> Error {
+    let stderr = failure.stderr.as_str();
     const RENDER: [&str; 4] = [
         "execution error at (",
         "parse error at (",
@@ -63,7 +44,11 @@ pub(super) fn classify(message: String, stderr: &str) -> Error {
         "Kubernetes cluster unreachable",
         "TLS handshake timeout",
     ];
-    if RENDER.iter().any(|marker| stderr.contains(marker)) {
+    if failure.signal.is_some() {
+        // Killed before it finished (the OOM killer, a node shutting down):
+        // its stderr is partial, and the next pass recovers the release.
+        Error::unavailable(message)
+    } else if RENDER.iter().any(|marker| stderr.contains(marker)) {
         Error::invalid(format!(
             "{message}\nthe chart did not render with these values: fix the values or the chart"
         ))
@@ -80,19 +65,39 @@ pub(super) fn classify(message: String, stderr: &str) -> Error {
     } else if TRANSIENT.iter().any(|marker| stderr.contains(marker)) {
         // The API server or the connection to it failed, not the chart:
         // the next pass retries (a failed release is upgraded in place).
-        Error::helm(message).with_transient(true)
+        Error::unavailable(message)
     } else if stderr.contains("context deadline exceeded")
         || stderr.contains("timed out waiting for the condition")
     {
         Error::timeout(message)
     } else {
-        Error::helm(message)
+        Error::failed(message)
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::os::unix::process::ExitStatusExt as _;
+    use std::process::ExitStatus;
+
+    use provisioners_core::ErrorKind;
+
     use super::*;
+    use crate::failure::trimmed;
+
+    /// A helm that exited with 1 after printing `stderr`.
+    fn classify(message: String, stderr: &str) -> Error {
+        super::classify(
+            message,
+            HelmFailure::new(ExitStatus::from_raw(1 << 8), stderr.to_owned()),
+        )
+    }
+
+    fn failure(error: &Error) -> &HelmFailure {
+        std::error::Error::source(error)
+            .and_then(|source| source.downcast_ref::<HelmFailure>())
+            .expect("the source is the helm failure")
+    }
 
     #[test]
     fn errors_are_trimmed_and_classified() {
@@ -104,9 +109,14 @@ mod tests {
             "INSTALLATION FAILED: execution error at (x/templates/a.yaml:3:4): db.host is required"
         );
         let error = classify("m".to_owned(), &stderr);
-        assert_eq!(error.kind(), provisioners_core::ErrorKind::Invalid);
+        assert_eq!(error.kind(), ErrorKind::Invalid);
+        assert_eq!(
+            failure(&error).stderr,
+            stderr,
+            "every kind keeps its source"
+        );
         let error = classify("m".to_owned(), "UPGRADE FAILED: context deadline exceeded");
-        assert_eq!(error.kind(), provisioners_core::ErrorKind::Timeout);
+        assert_eq!(error.kind(), ErrorKind::Timeout);
         let error = classify(
             "m".to_owned(),
             "UPGRADE FAILED: another operation (install/upgrade/rollback) is in progress",
@@ -122,7 +132,7 @@ mod tests {
             "m".to_owned(),
             "failed to create typed patch object (ns/x; /v1, Kind=ConfigMap): .dataa: field not declared in schema",
         );
-        assert_eq!(error.kind(), provisioners_core::ErrorKind::Invalid);
+        assert_eq!(error.kind(), ErrorKind::Invalid);
         for stderr in [
             "UPGRADE FAILED: Operation cannot be fulfilled on secrets \"sh.helm.release.v1.web.v2\": the object has been modified; please apply your changes to the latest version and try again",
             "INSTALLATION FAILED: the server has received too many requests and has asked us to try again later (post configmaps)",
@@ -131,12 +141,22 @@ mod tests {
             "Kubernetes cluster unreachable: Get \"https://127.0.0.1:1/version\": read tcp: connection reset by peer",
         ] {
             let error = classify("m".to_owned(), stderr);
-            assert_eq!(error.kind(), provisioners_core::ErrorKind::Helm, "{stderr}");
+            assert_eq!(error.kind(), ErrorKind::Unavailable, "{stderr}");
             assert!(error.is_transient(), "{stderr}");
+            assert_eq!(failure(&error).stderr, stderr);
         }
         let error = classify("m".to_owned(), "UPGRADE FAILED: conflict");
         assert!(!error.is_transient());
-        assert_eq!(error.kind(), provisioners_core::ErrorKind::Helm);
+        assert_eq!(error.kind(), ErrorKind::Failed);
+        assert_eq!(failure(&error).exit, Some(1));
+        assert_eq!(failure(&error).signal, None);
+        // Killed: whatever it printed, the run did not finish.
+        let killed = super::classify(
+            "m".to_owned(),
+            HelmFailure::new(ExitStatus::from_raw(9), "template: half".to_owned()),
+        );
+        assert_eq!(killed.kind(), ErrorKind::Unavailable, "{killed}");
+        assert_eq!(failure(&killed).signal, Some(9));
         assert_eq!(trimmed(b""), "(no output on stderr)");
         let long = trimmed("é".repeat(5000).as_bytes());
         assert!(long.starts_with("...") && long.len() <= 4100);

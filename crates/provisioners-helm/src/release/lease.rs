@@ -26,6 +26,8 @@ pub(super) const DURATION: Duration = Duration::from_secs(30);
 
 /// This process's default holder identity: host, process id and a random
 /// part, so a restarted process on the same host is another holder.
+/// A static, unlike the crate's per-cluster state: it names this process,
+/// which is the same on every cluster it reaches.
 pub(super) static PROCESS_HOLDER: LazyLock<String> = LazyLock::new(|| {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_owned())
@@ -353,5 +355,205 @@ mod tests {
         assert_eq!(held_by_other(&lease(Some(""), ago(5), 30), "a", now), None);
         assert!(PROCESS_HOLDER.contains(&format!("/{}/", std::process::id())));
         assert_eq!(name("web"), "provisioners-helm.web");
+    }
+
+    /// Taking and removing a Lease against a mocked API.
+    mod api {
+        use http::Method;
+        use provisioners_core::ErrorKind;
+        use provisioners_testing::mock;
+        use serde_json::{Value, json};
+
+        use super::*;
+
+        const LEASES: &str = "/apis/coordination.k8s.io/v1/namespaces/apps/leases";
+        const LEASE: &str =
+            "/apis/coordination.k8s.io/v1/namespaces/apps/leases/provisioners-helm.web";
+
+        /// The Lease as the server returns it, held by `holder` and renewed
+        /// `ago` seconds ago.
+        fn stored(holder: &str, ago: i64) -> Value {
+            let mut lease = lease(
+                Some(holder),
+                Timestamp::now() - SignedDuration::from_secs(ago),
+                30,
+            );
+            lease.metadata = ObjectMeta {
+                name: Some(name("web")),
+                namespace: Some("apps".to_owned()),
+                resource_version: Some("42".to_owned()),
+                uid: Some("uid-1".to_owned()),
+                ..ObjectMeta::default()
+            };
+            if let Some(spec) = lease.spec.as_mut() {
+                spec.lease_transitions = Some(2);
+            }
+            let mut value = serde_json::to_value(&lease).unwrap();
+            value["apiVersion"] = json!("coordination.k8s.io/v1");
+            value["kind"] = json!("Lease");
+            value
+        }
+
+        #[tokio::test]
+        async fn a_free_lease_is_created_and_given_up_when_dropped() {
+            let (cx, mut api) = mock::context();
+            let client = cx.client().clone();
+            let taking = tokio::spawn(async move { acquire(&client, "apps", "web", "me").await });
+            api.expect(Method::GET, LEASE, 404, json!({})).await;
+            let created = api.next().await;
+            assert_eq!(
+                (&created.method, created.uri.path()),
+                (&Method::POST, LEASES)
+            );
+            let spec = &created.body["spec"];
+            assert_eq!(created.body["metadata"]["name"], "provisioners-helm.web");
+            assert_eq!(spec["holderIdentity"], "me");
+            assert_eq!(spec["leaseDurationSeconds"], 30);
+            assert_eq!(spec["leaseTransitions"], 0);
+            let mut lease = created.body.clone();
+            created.answer(201, lease.clone());
+            let held = taking.await.unwrap().unwrap().expect("held");
+
+            // Given up: read, then the holder cleared on this very hold.
+            drop(held);
+            lease["metadata"]["resourceVersion"] = json!("43");
+            api.expect(Method::GET, LEASE, 200, lease.clone()).await;
+            let released = api.next().await;
+            assert_eq!(
+                (&released.method, released.uri.path()),
+                (&Method::PUT, LEASE)
+            );
+            assert_eq!(released.body["spec"]["holderIdentity"], Value::Null);
+            assert_eq!(released.body["metadata"]["resourceVersion"], "43");
+            released.answer(200, lease);
+        }
+
+        #[tokio::test]
+        async fn a_live_holder_makes_it_a_yield_naming_the_other_process() {
+            let (cx, mut api) = mock::context();
+            let client = cx.client().clone();
+            let taking = tokio::spawn(async move { acquire(&client, "apps", "web", "me").await });
+            api.expect(Method::GET, LEASE, 200, stored("operator-0", 5))
+                .await;
+            let error = taking.await.unwrap().expect_err("another process holds it");
+            assert!(error.is_yield(), "{error}");
+            assert!(
+                error.message().contains("another process (operator-0)"),
+                "{error}"
+            );
+            assert!(error.message().contains("`apps/web`"), "{error}");
+        }
+
+        #[tokio::test]
+        async fn an_expired_lease_is_replaced_at_the_version_read() {
+            let (cx, mut api) = mock::context();
+            let client = cx.client().clone();
+            let taking = tokio::spawn(async move { acquire(&client, "apps", "web", "me").await });
+            api.expect(Method::GET, LEASE, 200, stored("operator-0", 60))
+                .await;
+            let replaced = api.next().await;
+            assert_eq!(
+                (&replaced.method, replaced.uri.path()),
+                (&Method::PUT, LEASE)
+            );
+            // Optimistic concurrency: a 409 would mean someone else took it.
+            assert_eq!(replaced.body["metadata"]["resourceVersion"], "42");
+            assert_eq!(replaced.body["spec"]["holderIdentity"], "me");
+            assert_eq!(replaced.body["spec"]["leaseTransitions"], 3);
+            let lease = replaced.body.clone();
+            replaced.answer(200, lease);
+            assert!(taking.await.unwrap().unwrap().is_some());
+        }
+
+        #[tokio::test]
+        async fn a_lease_lost_in_a_race_three_times_is_a_yield() {
+            let (cx, mut api) = mock::context();
+            let client = cx.client().clone();
+            let taking = tokio::spawn(async move { acquire(&client, "apps", "web", "me").await });
+            for _ in 0..3 {
+                api.expect(Method::GET, LEASE, 404, json!({})).await;
+                api.expect(Method::POST, LEASES, 409, json!({})).await;
+            }
+            let error = taking.await.unwrap().expect_err("lost");
+            assert!(error.is_yield(), "{error}");
+            assert!(error.message().contains("another holder"), "{error}");
+        }
+
+        #[tokio::test]
+        async fn no_namespace_yet_is_no_lease_and_a_forbidden_read_says_what_to_grant() {
+            let (cx, mut api) = mock::context();
+            let client = cx.client().clone();
+            let taking = tokio::spawn(async move {
+                (
+                    acquire(&client, "apps", "web", "me")
+                        .await
+                        .map(|held| held.is_none()),
+                    acquire(&client, "apps", "web", "me")
+                        .await
+                        .map(|held| held.is_none()),
+                )
+            });
+            api.expect(Method::GET, LEASE, 404, json!({})).await;
+            api.expect(
+                Method::POST,
+                LEASES,
+                404,
+                json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                       "message": "namespaces \"apps\" not found", "reason": "NotFound", "code": 404}),
+            )
+            .await;
+            api.expect(Method::GET, LEASE, 403, json!({})).await;
+            let (none, forbidden) = taking.await.unwrap();
+            assert!(none.unwrap(), "no namespace: nothing to hold");
+            let error = forbidden.expect_err("forbidden");
+            assert_eq!(error.kind(), ErrorKind::Invalid, "{error}");
+            assert!(
+                error.message().contains("leases.coordination.k8s.io"),
+                "{error}"
+            );
+        }
+
+        #[tokio::test]
+        async fn a_leftover_lease_is_removed_unless_another_live_process_holds_it() {
+            let (cx, mut api) = mock::context();
+            let client = cx.client().clone();
+            // Another process's live Lease: read, and left alone (a DELETE
+            // would go unanswered and the call would not return).
+            let kept = {
+                let client = client.clone();
+                tokio::spawn(async move { remove_leftover(&client, "apps", "web", "me").await })
+            };
+            api.expect(Method::GET, LEASE, 200, stored("operator-0", 5))
+                .await;
+            tokio::time::timeout(Duration::from_secs(20), kept)
+                .await
+                .expect("returned without a delete")
+                .unwrap()
+                .unwrap();
+
+            // An expired one: deleted, at the version and UID read.
+            let removed = {
+                let client = client.clone();
+                tokio::spawn(async move { remove_leftover(&client, "apps", "web", "me").await })
+            };
+            api.expect(Method::GET, LEASE, 200, stored("operator-0", 60))
+                .await;
+            let delete = api.next().await;
+            assert_eq!(
+                (&delete.method, delete.uri.path()),
+                (&Method::DELETE, LEASE)
+            );
+            assert_eq!(delete.body["preconditions"]["resourceVersion"], "42");
+            assert_eq!(delete.body["preconditions"]["uid"], "uid-1");
+            // Changed meanwhile: whoever changed it works on the release.
+            delete.answer(409, json!({}));
+            removed.await.unwrap().unwrap();
+
+            // None at all.
+            let none =
+                tokio::spawn(async move { remove_leftover(&client, "apps", "web", "me").await });
+            api.expect(Method::GET, LEASE, 404, json!({})).await;
+            none.await.unwrap().unwrap();
+        }
     }
 }

@@ -42,7 +42,7 @@ pub(super) async fn read(
             .map_err(|e| Error::kube(format_args!("reading {}", resolved.shown()), e))?
             .map(|live| {
                 serde_json::to_value(&live).map_err(|e| {
-                    Error::helm(format!("{} could not be read: {e}", resolved.shown()))
+                    Error::failed(format!("{} could not be read: {e}", resolved.shown()))
                 })
             })
             .transpose()?;

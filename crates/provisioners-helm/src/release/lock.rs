@@ -1,4 +1,5 @@
-//! Serialises work on one release within this process.
+//! Serialises work on one release among the trees that share a
+//! [`Cluster`](provisioners_core::Cluster).
 //!
 //! A pending record seen under the lock was left by a helm that no longer
 //! runs here. The lock is shared with the task that runs each helm process
@@ -6,14 +7,20 @@
 //! (or its dropped future) and helm itself are done.
 
 use std::collections::HashMap;
-use std::sync::{Arc, LazyLock, Mutex, Weak};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use tokio::sync::OwnedMutexGuard;
 
-type ReleaseKey = (String, String, String);
+/// The locks of the releases being worked on, by (namespace, release): in
+/// the cluster's [state](provisioners_core::Cluster::state), as two
+/// clusters may each have a release `ns/web`. Entries go once unused.
+#[derive(Debug, Default)]
+pub(super) struct ReleaseLocks {
+    locks: Mutex<HashMap<ReleaseKey, Weak<tokio::sync::Mutex<()>>>>,
+}
 
-static LOCKS: LazyLock<Mutex<HashMap<ReleaseKey, Weak<tokio::sync::Mutex<()>>>>> =
-    LazyLock::new(Mutex::default);
+/// (namespace, release).
+type ReleaseKey = (String, String);
 
 /// The held lock of one release, and its [Lease](super::lease) once taken.
 #[derive(Clone, Debug)]
@@ -41,7 +48,7 @@ impl Serialised {
             .held
             .lease
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(lease);
+            .unwrap_or_else(PoisonError::into_inner) = Some(lease);
     }
 
     /// Whether a Lease is held with the lock.
@@ -49,33 +56,33 @@ impl Serialised {
         self.held
             .lease
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .unwrap_or_else(PoisonError::into_inner)
             .is_some()
     }
 }
 
-/// Waits for the lock of `release` in `namespace` on `cluster`.
-pub(super) async fn lock(cluster: &str, namespace: &str, release: &str) -> Serialised {
-    let mutex = {
-        let mut locks = LOCKS
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let key = (cluster.to_owned(), namespace.to_owned(), release.to_owned());
-        match locks.get(&key).and_then(Weak::upgrade) {
-            Some(mutex) => mutex,
-            None => {
-                locks.retain(|_, weak| weak.strong_count() > 0);
-                let mutex = Arc::new(tokio::sync::Mutex::new(()));
-                locks.insert(key, Arc::downgrade(&mutex));
-                mutex
+impl ReleaseLocks {
+    /// Waits for the lock of `release` in `namespace`.
+    pub(super) async fn lock(&self, namespace: &str, release: &str) -> Serialised {
+        let mutex = {
+            let mut locks = self.locks.lock().unwrap_or_else(PoisonError::into_inner);
+            let key = (namespace.to_owned(), release.to_owned());
+            match locks.get(&key).and_then(Weak::upgrade) {
+                Some(mutex) => mutex,
+                None => {
+                    locks.retain(|_, weak| weak.strong_count() > 0);
+                    let mutex = Arc::new(tokio::sync::Mutex::new(()));
+                    locks.insert(key, Arc::downgrade(&mutex));
+                    mutex
+                }
             }
+        };
+        Serialised {
+            held: Arc::new(Held {
+                lease: Mutex::new(None),
+                _guard: mutex.lock_owned().await,
+            }),
         }
-    };
-    Serialised {
-        held: Arc::new(Held {
-            lease: Mutex::new(None),
-            _guard: mutex.lock_owned().await,
-        }),
     }
 }
 
@@ -87,10 +94,12 @@ mod tests {
 
     #[tokio::test]
     async fn a_shared_lock_is_held_until_every_holder_is_done() {
-        let first = lock("c", "ns", "web").await;
+        let locks = Arc::new(ReleaseLocks::default());
+        let first = locks.lock("ns", "web").await;
         let helm = first.share();
         drop(first);
-        let second = tokio::spawn(lock("c", "ns", "web"));
+        let waiting = Arc::clone(&locks);
+        let second = tokio::spawn(async move { waiting.lock("ns", "web").await });
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert!(
             !second.is_finished(),
@@ -101,7 +110,14 @@ mod tests {
             .await
             .expect("free once helm is done")
             .unwrap();
-        // Other releases are not serialised with it.
-        let _other = lock("c", "ns", "api").await;
+        // Other releases are not serialised with it, nor is the same
+        // release on another cluster.
+        let _other = locks.lock("ns", "api").await;
+        let _held = locks.lock("ns", "web").await;
+        let _elsewhere = ReleaseLocks::default().lock("ns", "web").await;
+        // Unused entries go.
+        drop((_other, _held));
+        let _next = locks.lock("ns", "db").await;
+        assert_eq!(locks.locks.lock().unwrap().len(), 1);
     }
 }

@@ -1,10 +1,12 @@
 //! [`HelmRelease`]: one Helm release as a provisioner.
 //!
-//! The pipeline, one module each: [`args`] (helm's command lines),
-//! [`classify`] (what a failed run means), [`lock`] (one run per release),
-//! [`recovery`] (pending records), [`live`] (the release's objects now),
-//! [`ready`] (readiness instead of `--wait`), [`drift`] (repair on a no-op),
-//! [`gate`] (the deletion gate), [`run`] (running helm).
+//! This module holds the type, its builder, validation and the digest;
+//! [`provision`] runs the pipeline, one module per step: [`args`] (helm's
+//! command lines), [`classify`] (what a failed run means), [`lock`] (one run
+//! per release), [`lease`] (one process per release), [`recovery`] (pending
+//! records), [`live`] (the release's objects now), [`ready`] (readiness
+//! instead of `--wait`), [`drift`] (repair on a no-op), [`gate`] (the
+//! deletion gate), [`run`] (running helm).
 
 mod args;
 mod classify;
@@ -13,35 +15,34 @@ mod gate;
 mod lease;
 mod live;
 mod lock;
+mod provision;
 mod ready;
 mod recovery;
 mod run;
 
 pub use self::drift::Drift;
 
+use std::borrow::Cow;
 use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use provisioners_core::{Context, Error, Metadata, Provisioner, Result, async_trait};
+use provisioners_core::{Error, Metadata, Result};
 use serde::Serialize;
 use serde_json::Value;
 use sha2::{Digest as _, Sha256};
 
-use self::lock::{Serialised, lock};
 use crate::chart::Chart;
 use crate::credentials::Credentials;
-use crate::objects::{ObjectRef, Resolver, Seen, parse_manifest};
-use crate::storage::{self, Revision};
 use crate::values;
-use crate::version;
 
 /// How long helm gets to exit after SIGTERM before SIGKILL, unless
 /// [`HelmRelease::grace_period`] says otherwise.
 pub const DEFAULT_GRACE: Duration = Duration::from_secs(10);
 
-/// helm's own `--timeout` for hooks and uninstall when [`HelmRelease::timeout`] is not set.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
+/// helm's own `--timeout` for hooks and uninstall when neither
+/// [`HelmRelease::hook_timeout`] nor [`HelmRelease::wait`] is set.
+pub const DEFAULT_HOOK_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// A Helm release: installed or upgraded by `provision`, uninstalled by
 /// `deprovision`, through the `helm` CLI (Helm 3 or Helm 4).
@@ -77,7 +78,8 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 ///   keep`). A missing release is `Ok`.
 /// * **Recovers** a release left `pending-install`, `pending-upgrade` or
 ///   `pending-rollback` by a helm that died. Work on a release is serialised
-///   within the process by a lock, and across processes (two operator
+///   by a lock among the contexts that share a
+///   [`Cluster`](provisioners_core::Cluster), and across processes (two operator
 ///   replicas during a rolling update) by a Lease
 ///   `provisioners-helm.RELEASE` in the release's namespace, held and renewed
 ///   while helm runs: a pending record whose Lease has a live holder yields
@@ -97,7 +99,10 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 ///   `Cancelled` once helm has exited, which the root's
 ///   [shutdown grace](provisioners_core::Context::with_shutdown_grace)
 ///   (20 s by default) leaves time for.
-/// * A process-wide [bound](crate::set_max_helm_processes) on helm processes.
+/// * A [bound](crate::HelmProcesses) on helm processes, kept on the
+///   [`Cluster`](provisioners_core::Cluster) and shared with the clusters
+///   derived from it; the per-release locks are kept on the cluster too, so
+///   trees share them when they share a `Cluster` (keep one per cluster).
 ///
 /// ```no_run
 /// use std::time::Duration;
@@ -121,6 +126,7 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 /// # }
 /// ```
 #[derive(Clone)]
+#[must_use]
 pub struct HelmRelease {
     metadata: Metadata,
     release: String,
@@ -131,7 +137,7 @@ pub struct HelmRelease {
     values: std::result::Result<Value, String>,
     parameters: Vec<(String, Value)>,
     wait: Option<Duration>,
-    timeout: Option<Duration>,
+    hook_timeout: Option<Duration>,
     drift: Drift,
     lease_holder: Option<String>,
     credentials: Option<Credentials>,
@@ -145,11 +151,11 @@ impl HelmRelease {
     /// The release `name` of `chart`, in the namespace `default` until
     /// [`namespace`](HelmRelease::namespace) says otherwise. The release
     /// name is also the node's name in the tree.
-    pub fn new(name: impl Into<String>, chart: Chart) -> Self {
-        let release = name.into();
+    pub fn new(name: impl Into<Cow<'static, str>>, chart: Chart) -> Self {
+        let name = name.into();
         HelmRelease {
-            metadata: Metadata::new(release.clone()),
-            release,
+            release: name.clone().into_owned(),
+            metadata: Metadata::new(name),
             namespace: "default".to_owned(),
             chart,
             version: None,
@@ -157,7 +163,7 @@ impl HelmRelease {
             values: Ok(Value::Object(serde_json::Map::new())),
             parameters: Vec::new(),
             wait: None,
-            timeout: None,
+            hook_timeout: None,
             drift: Drift::default(),
             lease_holder: None,
             credentials: None,
@@ -256,10 +262,12 @@ impl HelmRelease {
         self
     }
 
-    /// helm's `--timeout` for hooks and for uninstall; defaults to the
-    /// [`wait`](HelmRelease::wait) timeout, else [`DEFAULT_TIMEOUT`].
-    pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = Some(timeout);
+    /// helm's own `--timeout`, for what helm still waits for without
+    /// `--wait`: hooks, and the uninstall. Defaults to the
+    /// [`wait`](HelmRelease::wait) timeout, else [`DEFAULT_HOOK_TIMEOUT`].
+    /// Readiness of the release's objects is [`wait`](HelmRelease::wait)'s.
+    pub fn hook_timeout(mut self, timeout: Duration) -> Self {
+        self.hook_timeout = Some(timeout);
         self
     }
 
@@ -273,7 +281,7 @@ impl HelmRelease {
     /// [`DEFAULT_GRACE`]). Keep it below the root context's
     /// [shutdown grace](provisioners_core::Context::with_shutdown_grace), or
     /// the tree returns before helm has exited (helm then goes on in the
-    /// background; see [`wait_for_helm_processes`](crate::wait_for_helm_processes)).
+    /// background; see [`HelmProcesses::idle`](crate::HelmProcesses::idle)).
     pub fn grace_period(mut self, grace: Duration) -> Self {
         self.grace = grace;
         self
@@ -284,16 +292,6 @@ impl HelmRelease {
     pub fn temp_dir(mut self, dir: impl Into<PathBuf>) -> Self {
         self.temp_dir = Some(dir.into());
         self
-    }
-
-    /// The release name.
-    pub fn release_name(&self) -> &str {
-        &self.release
-    }
-
-    /// The release's namespace.
-    pub fn release_namespace(&self) -> &str {
-        &self.namespace
     }
 
     /// The chart.
@@ -383,7 +381,7 @@ impl HelmRelease {
             Ok::<_, std::io::Error>(hasher.finalize())
         })
         .await
-        .map_err(|e| Error::helm(format!("hashing the chart failed: {e}")))?
+        .map_err(|e| Error::failed(format!("hashing the chart failed: {e}")).with_source(e))?
         .map_err(|e| {
             Error::invalid(format!(
                 "could not read {} of release `{}`: {e}",
@@ -395,327 +393,6 @@ impl HelmRelease {
         Ok(Some(
             hashed[..24].iter().map(|b| format!("{b:02x}")).collect(),
         ))
-    }
-
-    /// The objects of `revision`'s stored manifest; `None` when the record is gone.
-    async fn objects(
-        &self,
-        cx: &Context,
-        revision: &Revision,
-    ) -> Result<Option<(Vec<ObjectRef>, storage::Payload)>> {
-        let Some(payload) =
-            storage::payload(cx.client(), &self.namespace, &revision.secret).await?
-        else {
-            return Ok(None);
-        };
-        let objects = parse_manifest(&self.id(), &payload.manifest)?
-            .into_iter()
-            .map(|(object, _)| object)
-            .collect();
-        Ok(Some((objects, payload)))
-    }
-
-    /// Who this process is on the release's Lease.
-    fn holder(&self) -> &str {
-        self.lease_holder
-            .as_deref()
-            .unwrap_or(lease::PROCESS_HOLDER.as_str())
-    }
-
-    /// Takes the release's Lease for the rest of this call (and the helm it
-    /// runs), or yields while another process holds it.
-    async fn take_lease(&self, cx: &Context, serialised: &Serialised) -> Result<()> {
-        if serialised.has_lease() {
-            return Ok(());
-        }
-        let holder = self.holder();
-        if let Some(held) =
-            lease::acquire(cx.client(), &self.namespace, &self.release, holder).await?
-        {
-            serialised.hold(held);
-        }
-        Ok(())
-    }
-
-    /// The release's objects as rendered for `revision` and as they are now,
-    /// with `revision`'s payload; `None` when its record is gone.
-    async fn live(
-        &self,
-        cx: &Context,
-        revision: &Revision,
-    ) -> Result<Option<(Vec<live::Live>, storage::Payload)>> {
-        let Some(payload) =
-            storage::payload(cx.client(), &self.namespace, &revision.secret).await?
-        else {
-            return Ok(None);
-        };
-        let rendered = parse_manifest(&self.id(), &payload.manifest)?;
-        let mut resolver = Resolver::new(cx.client(), &self.namespace);
-        let objects = live::read(&mut resolver, rendered).await?;
-        Ok(Some((objects, payload)))
-    }
-
-    fn record_changed(&self) -> Error {
-        Error::yielding(format!(
-            "the record of release `{}` changed meanwhile; looking again",
-            self.id()
-        ))
-    }
-
-    /// With a [wait](HelmRelease::wait): `Ok` only once the objects are ready.
-    fn verdict(
-        &self,
-        revision: &Revision,
-        objects: &[live::Live],
-        payload: &storage::Payload,
-    ) -> Result<()> {
-        let Some(wait) = self.wait else {
-            return Ok(());
-        };
-        ready::verdict(
-            &self.id(),
-            revision.number,
-            &ready::check(objects),
-            ready::since(payload.info.last_deployed.as_deref()),
-            wait,
-        )
-    }
-
-    /// After an install or upgrade: readiness, when there is a wait.
-    async fn settled(&self, cx: &Context, revision: &Revision) -> Result<()> {
-        if self.wait.is_none() {
-            return Ok(());
-        }
-        let (objects, payload) = self
-            .live(cx, revision)
-            .await?
-            .ok_or_else(|| self.record_changed())?;
-        self.verdict(revision, &objects, &payload)
-    }
-
-    /// A release deployed with these very inputs: checks drift and
-    /// readiness. `Ok(Some(..))` when the drift is to be repaired by an upgrade.
-    async fn unchanged(&self, cx: &Context, revision: &Revision) -> Result<Option<Repair>> {
-        if self.wait.is_none() && self.drift == Drift::Ignore {
-            return Ok(None);
-        }
-        let (objects, payload) = self
-            .live(cx, revision)
-            .await?
-            .ok_or_else(|| self.record_changed())?;
-        if self.drift != Drift::Ignore {
-            let drifted = drift::check(&objects);
-            if !drifted.is_empty() {
-                let shown = drifted.shown();
-                match self.drift {
-                    // A field the server keeps rewriting must not cause an
-                    // upgrade per reconcile; a deleted object is always real.
-                    Drift::Repair
-                        if drifted.deleted.is_empty()
-                            && revision.repaired.as_deref() == Some(&drifted.changed_digest) =>
-                    {
-                        tracing::warn!(
-                            release = %self.id(),
-                            drift = %shown,
-                            "drift persists after a repair; not repairing again until the chart or values change"
-                        );
-                    }
-                    Drift::Repair => {
-                        tracing::info!(release = %self.id(), drift = %shown, "repairing drift");
-                        return Ok(Some(Repair {
-                            digest: drifted.changed_digest,
-                            server_side: payload.apply_method.as_deref() == Some("ssa"),
-                        }));
-                    }
-                    _ => {
-                        tracing::warn!(release = %self.id(), drift = %shown, "drift (not repaired)")
-                    }
-                }
-            }
-        }
-        self.verdict(revision, &objects, &payload).map(|()| None)
-    }
-
-    /// Uninstalls the release unless that is done, and returns the objects
-    /// to wait for (those live before the uninstall, by UID).
-    async fn uninstalled(
-        &self,
-        cx: &Context,
-        serialised: &Serialised,
-        latest: &Revision,
-    ) -> Result<Vec<Seen>> {
-        if latest.status == "uninstalled"
-            && let Some(seen) = &latest.uninstalled
-        {
-            return Ok(seen.clone());
-        }
-        let objects = self
-            .objects(cx, latest)
-            .await?
-            .map(|(objects, _)| objects)
-            .unwrap_or_default();
-        let mut resolver = Resolver::new(cx.client(), &self.namespace);
-        let seen = gate::snapshot(&mut resolver, &objects).await?;
-        if latest.status != "uninstalled" {
-            tracing::info!(release = %self.id(), "helm uninstall");
-            match self.uninstall(cx, serialised, false).await {
-                Ok(()) => {}
-                Err(e) if e.kind() == provisioners_core::ErrorKind::Timeout => {
-                    return Err(Error::yielding(format!(
-                        "release `{}` is being uninstalled: {}",
-                        self.id(),
-                        e.message()
-                    )));
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        // After helm's own update of the record, which would drop it.
-        storage::remember_uninstalled(cx.client(), &self.namespace, &latest.secret, &seen).await?;
-        Ok(seen)
-    }
-
-    /// A yield naming what of `seen` is still there, else `Ok`.
-    async fn gone(&self, cx: &Context, seen: &[Seen], what: &str) -> Result<()> {
-        let mut resolver = Resolver::new(cx.client(), &self.namespace);
-        let remaining = gate::remaining(&mut resolver, seen).await?;
-        if remaining.is_empty() {
-            return Ok(());
-        }
-        Err(Error::yielding(format!(
-            "release `{}` uninstalled; waiting for {} to be deleted{what}",
-            self.id(),
-            remaining.join(", ")
-        )))
-    }
-}
-
-/// A drift repair to run.
-#[derive(Debug)]
-struct Repair {
-    /// [`drift::Drifted::changed_digest`], stored with the repairing revision.
-    digest: String,
-    /// Whether helm applies the release server-side (Helm 4).
-    server_side: bool,
-}
-
-#[async_trait]
-impl Provisioner for HelmRelease {
-    fn name(&self) -> &str {
-        self.metadata.name()
-    }
-
-    async fn provision(&self, cx: &Context) -> Result<()> {
-        self.validate()?;
-        let values = self.merged_values()?;
-        let digest = self.digest(&values).await?;
-        let serialised = lock(cx.cluster().id(), &self.namespace, &self.release).await;
-
-        let mut latest = storage::latest(cx.client(), &self.namespace, &self.release).await?;
-        let mut repair = None;
-        if let Some(revision) = &latest
-            && revision.is_deployed_with(digest.as_deref())
-        {
-            tracing::debug!(release = %self.id(), revision = revision.number, "no change");
-            repair = self.unchanged(cx, revision).await?;
-            if repair.is_none() {
-                return Ok(());
-            }
-        }
-        self.take_lease(cx, &serialised).await?;
-        if repair.is_none() {
-            // Read again under the Lease: a pending record now is not another
-            // process's work in progress.
-            latest = storage::latest(cx.client(), &self.namespace, &self.release).await?;
-            if let Some(revision) = &latest {
-                if revision.is_deployed_with(digest.as_deref()) {
-                    return self.settled(cx, revision).await;
-                }
-                if self.recover(cx, &serialised, revision).await? {
-                    latest = storage::latest(cx.client(), &self.namespace, &self.release).await?;
-                }
-            }
-        }
-        // helm numbers the revision it is about to write one past the newest.
-        let next = latest.as_ref().map_or(1, |r| r.number + 1);
-        let fresh = latest.is_none();
-        let stamp = digest.as_deref().map(|digest| args::Stamp {
-            digest,
-            revision: next,
-            repair: repair.as_ref().map(|r| r.digest.as_str()),
-        });
-        // A repair takes back fields changed by hand, which server-side
-        // apply reports as conflicts with their new manager.
-        let force_conflicts = repair.as_ref().is_some_and(|r| r.server_side);
-
-        let kubeconfig = self.kubeconfig(cx)?;
-        let major =
-            version::detect(&self.helm, self.temp_dir.as_deref(), cx.cancellation()).await?;
-        let values_json = serde_json::to_vec(&values).map_err(|e| {
-            Error::invalid(format!(
-                "release `{}`: values could not be written: {e}",
-                self.id()
-            ))
-        })?;
-        tracing::info!(release = %self.id(), chart = %self.chart, "helm upgrade --install");
-        let work = self.work_dir()?;
-        self.log_in(cx, &serialised, &work).await?;
-        self.run_helm_in(
-            cx,
-            &serialised,
-            "upgrade --install",
-            &values,
-            &work,
-            None,
-            |work| {
-                let kubeconfig = work.write_kubeconfig(kubeconfig)?;
-                let values = work.write_private("values.json", &values_json)?;
-                let mut args = self.upgrade_args(major, &kubeconfig, &values, stamp, fresh);
-                if force_conflicts && major == version::Major::Four {
-                    args.push("--force-conflicts".into());
-                }
-                Ok(args)
-            },
-        )
-        .await?;
-        if self.wait.is_none() {
-            return Ok(());
-        }
-        match storage::latest(cx.client(), &self.namespace, &self.release).await? {
-            Some(revision) => self.settled(cx, &revision).await,
-            None => Err(Error::helm(format!(
-                "helm upgrade --install of release `{}` left no release record",
-                self.id()
-            ))),
-        }
-    }
-
-    async fn deprovision(&self, cx: &Context) -> Result<()> {
-        self.validate_names()?;
-        let serialised = lock(cx.cluster().id(), &self.namespace, &self.release).await;
-        if storage::latest(cx.client(), &self.namespace, &self.release)
-            .await?
-            .is_none()
-        {
-            // Gone; a Lease may still be left from a deprovision that
-            // stopped right before deleting it.
-            return lease::remove_leftover(
-                cx.client(),
-                &self.namespace,
-                &self.release,
-                self.holder(),
-            )
-            .await;
-        }
-        self.take_lease(cx, &serialised).await?;
-        let Some(latest) = storage::latest(cx.client(), &self.namespace, &self.release).await?
-        else {
-            return Ok(());
-        };
-        let seen = self.uninstalled(cx, &serialised, &latest).await?;
-        self.gone(cx, &seen, "").await?;
-        storage::forget_all(cx.client(), &self.namespace, &self.release).await?;
-        lease::remove(cx.client(), &self.namespace, &self.release).await
     }
 }
 

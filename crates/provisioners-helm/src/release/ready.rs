@@ -75,7 +75,7 @@ pub(super) fn verdict(
     wait: Duration,
 ) -> Result<()> {
     if !not_ready.failed.is_empty() {
-        return Err(Error::helm(format!(
+        return Err(Error::failed(format!(
             "release `{release}` (revision {revision}) will not become ready without a change: {}",
             not_ready.failed.join("; ")
         )));
@@ -134,7 +134,9 @@ mod tests {
             failed: vec!["Job apps/migrate: the job failed".to_owned()],
         };
         let error = verdict("apps/web", 2, &failed, None, wait).unwrap_err();
-        assert_eq!(error.kind(), ErrorKind::Helm, "{error}");
+        assert_eq!(error.kind(), ErrorKind::Failed, "{error}");
+        assert!(!error.is_transient());
+        assert!(error.message().contains("will not become ready"), "{error}");
     }
 
     #[test]

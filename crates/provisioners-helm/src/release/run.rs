@@ -10,11 +10,13 @@ use serde_json::Value;
 
 use super::HelmRelease;
 use super::args;
-use super::classify::{classify, trimmed};
+use super::classify::classify;
 use super::lock::Serialised;
 use crate::chart::Chart;
 use crate::credentials::Credentials;
+use crate::failure::{HelmFailure, trimmed};
 use crate::process::{self, Invocation, Output, RunError};
+use crate::processes::HelmProcesses;
 use crate::values;
 use crate::workdir::WorkDir;
 
@@ -52,10 +54,11 @@ impl HelmRelease {
         WorkDir::new(self.temp_dir.as_deref())
             .map(Arc::new)
             .map_err(|e| {
-                Error::helm(format!(
+                Error::failed(format!(
                     "release `{}`: could not create a private directory for helm: {e}",
                     self.id()
                 ))
+                .with_source(e)
             })
     }
 
@@ -73,16 +76,18 @@ impl HelmRelease {
         write: impl FnOnce(&WorkDir) -> std::io::Result<Vec<OsString>>,
     ) -> Result<Output> {
         let args = write(work).map_err(|e| {
-            Error::helm(format!(
+            Error::failed(format!(
                 "release `{}`: could not write helm's input files: {e}",
                 self.id()
             ))
+            .with_source(e)
         })?;
         let invocation = Invocation {
             program: self.helm.clone(),
             args,
             work: Arc::clone(work),
             stdin,
+            processes: HelmProcesses::of(cx.cluster()),
         };
         let stop = cx.cancellation().child_token();
         // Dropped with this future (and harmless once helm is done).
@@ -102,19 +107,22 @@ impl HelmRelease {
                     "could not run helm `{}` for release `{}`: {e}",
                     self.helm.display(),
                     self.id()
-                )));
+                ))
+                .with_source(e));
             }
             Ok(Err(RunError::Wait(e))) => {
-                return Err(Error::helm(format!(
+                return Err(Error::failed(format!(
                     "helm {action} of release `{}` failed: {e}",
                     self.id()
-                )));
+                ))
+                .with_source(e));
             }
             Err(e) => {
-                return Err(Error::helm(format!(
+                return Err(Error::failed(format!(
                     "helm {action} of release `{}`: the task running helm failed: {e}",
                     self.id()
-                )));
+                ))
+                .with_source(e));
             }
         };
         if output.status.success() {
@@ -126,16 +134,15 @@ impl HelmRelease {
             .map(Credentials::secrets)
             .unwrap_or_default();
         let stderr = values::redact(&trimmed(&output.stderr), values, &credentials);
-        let exit = match output.status.code() {
-            Some(code) => format!("exit {code}"),
-            None => output.status.to_string(),
-        };
+        let failure = HelmFailure::new(output.status, stderr);
         let message = format!(
-            "helm {action} of release `{}` ({}) failed ({exit}): {stderr}",
+            "helm {action} of release `{}` ({}) failed ({}): {}",
             self.id(),
-            self.chart_shown()
+            self.chart_shown(),
+            failure.ended(),
+            failure.stderr
         );
-        Err(classify(message, &stderr))
+        Err(classify(message, failure))
     }
 
     /// Makes the chart's credentials known to helm in `work`: `repo add` for
