@@ -140,10 +140,11 @@ async fn main() -> anyhow::Result<()> {
     health.set_ready(true);
     tracing::info!(cluster = cx.cluster().id(), "reconciling Platforms");
     let platforms = kube::Api::all(cx.client().clone());
+    let cluster = cx.cluster().clone();
     run_with(cx, platforms, Settings::new(helm), options).await;
     // helm children stopped by the shutdown get their grace period to mark
     // their releases failed (not pending) before the process exits.
-    provisioners::helm::wait_for_helm_processes().await;
+    provisioners::HelmProcesses::of(&cluster).idle().await;
     Ok(())
 }
 

@@ -408,7 +408,7 @@ async fn main() -> anyhow::Result<()> {
     // Four reconciles per helm process slot: the slots stay busy while the
     // other trees make their API calls, and 1,000 trees started at once do
     // not swamp the API server (unbounded, the first applies timed out).
-    let mut concurrency = 4 * provisioners::helm::max_helm_processes() as u16;
+    let mut concurrency = 4 * provisioners::helm::DEFAULT_MAX_HELM_PROCESSES as u16;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
