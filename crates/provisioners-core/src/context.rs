@@ -342,15 +342,18 @@ impl Context {
                 Operation::Deprovision => node.deprovision(&cx).await,
             }
         };
+        // The rare paths (the root's race against the token, an observer)
+        // are boxed, so the future every node awaits stays small: it is
+        // built in place once per node.
         let work = async {
             // Only the root races the token: dropping it drops every node below.
             if root {
-                until_cancelled(
+                Box::pin(until_cancelled(
                     &self.shared().cancel,
                     &self.shared().stopping,
                     self.shared().shutdown_grace,
                     work,
-                )
+                ))
                 .await
             } else {
                 work.await
@@ -361,7 +364,13 @@ impl Context {
         let result = match &self.shared().observer {
             None => work.await,
             Some(observer) => {
-                observed(observer.as_ref(), path.as_str(parent), operation, work).await
+                Box::pin(observed(
+                    observer.as_ref(),
+                    path.as_str(parent),
+                    operation,
+                    work,
+                ))
+                .await
             }
         };
         result.map_err(|e| {
