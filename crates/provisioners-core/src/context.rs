@@ -330,12 +330,6 @@ impl Context {
             return Err(Error::invalid("a child context has no path"));
         };
         let parent = frame.parent.as_ref();
-        let span = match operation {
-            Operation::Provision => tracing::info_span!("provision", node = %Lazy(path, parent)),
-            Operation::Deprovision => {
-                tracing::info_span!("deprovision", node = %Lazy(path, parent))
-            }
-        };
         let work = async {
             match operation {
                 Operation::Provision => node.provision(&cx).await,
@@ -358,19 +352,29 @@ impl Context {
             } else {
                 work.await
             }
-        }
-        .instrument(span);
-
-        let result = match &self.shared().observer {
-            None => work.await,
-            Some(observer) => {
-                Box::pin(observed(
-                    observer.as_ref(),
-                    path.as_str(parent),
-                    operation,
-                    work,
-                ))
-                .await
+        };
+        // With no `tracing` subscriber anywhere (none was ever set), even a
+        // disabled span costs a tenth of a node's time, because `tracing`'s
+        // `log` feature (which kube turns on) records its fields for `log`
+        // and checks `log` on every poll: no span then.
+        let traced = tracing::dispatcher::has_been_set();
+        let span = || match operation {
+            Operation::Provision => tracing::info_span!("provision", node = %Lazy(path, parent)),
+            Operation::Deprovision => {
+                tracing::info_span!("deprovision", node = %Lazy(path, parent))
+            }
+        };
+        let result = match (&self.shared().observer, traced) {
+            (None, false) => work.await,
+            (None, true) => work.instrument(span()).await,
+            (Some(observer), traced) => {
+                let path = path.as_str(parent);
+                if traced {
+                    let work = work.instrument(span());
+                    Box::pin(observed(observer.as_ref(), path, operation, work)).await
+                } else {
+                    Box::pin(observed(observer.as_ref(), path, operation, work)).await
+                }
             }
         };
         result.map_err(|e| {

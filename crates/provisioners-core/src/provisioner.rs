@@ -1,6 +1,8 @@
 //! The [`Provisioner`] trait and its companions.
 
 use std::borrow::Cow;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -65,20 +67,39 @@ pub trait Provisioner: Send + Sync {
     async fn deprovision(&self, cx: &Context) -> Result<()>;
 }
 
+/// `Box`, `Arc` and `&` of a provisioner hand back the inner provisioner's
+/// future itself: written out rather than with `#[async_trait]`, which would
+/// box a second future per call around the first (every child of a group is
+/// a `Box<dyn Provisioner>`).
 macro_rules! forward {
     ($($ty:ty),*) => {$(
-        #[async_trait]
         impl<P: Provisioner + ?Sized> Provisioner for $ty {
             fn name(&self) -> &str {
                 (**self).name()
             }
 
-            async fn provision(&self, cx: &Context) -> Result<()> {
-                (**self).provision(cx).await
+            fn provision<'life0, 'life1, 'async_trait>(
+                &'life0 self,
+                cx: &'life1 Context,
+            ) -> Pin<Box<dyn Future<Output = Result<()>> + Send + 'async_trait>>
+            where
+                'life0: 'async_trait,
+                'life1: 'async_trait,
+                Self: 'async_trait,
+            {
+                (**self).provision(cx)
             }
 
-            async fn deprovision(&self, cx: &Context) -> Result<()> {
-                (**self).deprovision(cx).await
+            fn deprovision<'life0, 'life1, 'async_trait>(
+                &'life0 self,
+                cx: &'life1 Context,
+            ) -> Pin<Box<dyn Future<Output = Result<()>> + Send + 'async_trait>>
+            where
+                'life0: 'async_trait,
+                'life1: 'async_trait,
+                Self: 'async_trait,
+            {
+                (**self).deprovision(cx)
             }
         }
     )*};
