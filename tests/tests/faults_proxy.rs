@@ -497,7 +497,8 @@ async fn the_client_policy_rides_out_transient_faults_but_never_resends_a_create
     );
     api.patch(
         "policy",
-        &PatchParams::apply("faults-policy"),
+        // Forced: the create above left `data.k` to another field manager.
+        &PatchParams::apply("faults-policy").force(),
         &Patch::Apply(json!({"apiVersion": "v1", "kind": "ConfigMap", "data": {"k": "patched"}})),
     )
     .await
