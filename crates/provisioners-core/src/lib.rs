@@ -10,6 +10,19 @@
 //! controller comes back later.
 //!
 //! This crate is small and stable so that everything else can depend on it.
+//! Besides the contract it holds what every crate shares:
+//!
+//! - [`Error`] kinds that say what the caller should do ([`ErrorKind`]);
+//!   the origin is the error's [source](std::error::Error::source);
+//! - [`Cluster`]: a client inside one [`ClientPolicy`] (a per-request
+//!   timeout and a short retry of transient failures, so leaves never write
+//!   their own), and per-cluster state ([`Cluster::state`],
+//!   [`Cluster::shared_state`]) where leaf crates keep what they learn about
+//!   a cluster;
+//! - [`Metadata`], the one way to name a node; [`Context::provision`]
+//!   rejects a name that is empty or holds `/` before the node runs.
+//!
+//! TLS for the client is a feature: `rustls-tls` (default) or `openssl-tls`.
 //!
 //! # Example
 //!
