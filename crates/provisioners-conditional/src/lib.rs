@@ -44,7 +44,7 @@
 use std::borrow::Cow;
 use std::fmt;
 
-use provisioners_core::{Context, Metadata, Provisioner, Result, async_trait};
+use provisioners_core::{Context, Metadata, Operation, Plan, Provisioner, Result, async_trait};
 
 /// Provisions its child while `condition()` is true and deprovisions it
 /// while it is false; deprovisioning always deprovisions the child.
@@ -126,6 +126,27 @@ impl Provisioner for Conditional {
             self.child.deprovision(cx).await
         }
     }
+
+    /// The child's plan: to provision it when the condition holds, to
+    /// deprovision it (noted "condition is false") when it does not, or when
+    /// the conditional itself is deprovisioned.
+    async fn plan(&self, cx: &Context, operation: Operation) -> Result<Plan> {
+        let (child_operation, note) = match (operation, self.is_enabled()) {
+            (Operation::Provision, true) => (Operation::Provision, None),
+            (Operation::Provision, false) => (Operation::Deprovision, Some("condition is false")),
+            (Operation::Deprovision, _) => (Operation::Deprovision, None),
+        };
+        let with_note = |plan: Plan| match note {
+            Some(note) => plan.with_note(note),
+            None => plan,
+        };
+        if self.metadata.is_some() {
+            let child = cx.plan_operation(&self.child, child_operation).await?;
+            Ok(with_note(Plan::new(self.name(), operation, "conditional")).with_child(child))
+        } else {
+            Ok(with_note(self.child.plan(cx, child_operation).await?))
+        }
+    }
 }
 
 impl fmt::Debug for Conditional {
@@ -147,6 +168,40 @@ mod tests {
     use provisioners_testing::{Recorder, Scripted, Step};
 
     use super::*;
+
+    #[tokio::test]
+    async fn a_false_condition_plans_the_childs_deprovision() {
+        let recorder = Recorder::new();
+        let cx = Context::offline();
+        for (enabled, operation, expected) in [
+            (true, Operation::Provision, Operation::Provision),
+            (false, Operation::Provision, Operation::Deprovision),
+            (true, Operation::Deprovision, Operation::Deprovision),
+            (false, Operation::Deprovision, Operation::Deprovision),
+        ] {
+            let node = Conditional::when(enabled, Scripted::new("child", &recorder));
+            let plan = cx.plan_operation(&node, operation).await.unwrap();
+            assert_eq!(plan.name(), "child");
+            assert_eq!(
+                plan.operation(),
+                expected,
+                "enabled={enabled} {operation:?}"
+            );
+            let off = !enabled && operation == Operation::Provision;
+            assert_eq!(plan.note(), off.then_some("condition is false"));
+            assert!(plan.children().is_empty());
+
+            let named = Conditional::when(enabled, Scripted::new("child", &recorder)).named("c");
+            let plan = cx.plan_operation(&named, operation).await.unwrap();
+            assert_eq!(
+                (plan.name(), plan.kind(), plan.operation()),
+                ("c", "conditional", operation)
+            );
+            assert_eq!(plan.children()[0].operation(), expected);
+            assert_eq!(plan.nodes()[1].0, "c/child");
+        }
+        assert!(recorder.calls().is_empty(), "planning ran the child");
+    }
 
     #[tokio::test]
     async fn true_provisions_the_child() {

@@ -16,7 +16,7 @@ use tracing::Instrument;
 
 use crate::observe::{Event, Observer, Operation, Outcome, Phase};
 use crate::path::{Lazy, NodePath};
-use crate::{Cluster, Error, Owner, Provisioner, Result};
+use crate::{Cluster, Error, Owner, Plan, Provisioner, Result};
 
 /// The field manager used for server-side apply unless
 /// [`Context::with_field_manager`] says otherwise.
@@ -307,6 +307,107 @@ impl Context {
     /// Whatever the node returns, with its path. A yield means "not gone yet".
     pub async fn deprovision<P: Provisioner + ?Sized>(&self, node: &P) -> Result<()> {
         self.run(node, Operation::Deprovision).await
+    }
+
+    /// What provisioning `node` (as a child of the current node) would do,
+    /// without doing it: the [`Plan`] of the whole tree below it.
+    ///
+    /// This is how a program asks a tree for its plan, and how trees plan
+    /// their children. Like [`Context::provision`] it checks the node's
+    /// name, extends the path, runs in a `tracing` span (`plan`) and
+    /// attaches the path to errors; the plan's node is named after the
+    /// provisioner. Planning writes nothing: leaves plan from reads and
+    /// dry-runs. At the root, the cancellation token stops planning at
+    /// once (there is nothing to finish).
+    ///
+    /// ```
+    /// # use provisioners_core::{async_trait, Context, Provisioner, Result};
+    /// # struct Custom;
+    /// # #[async_trait]
+    /// # impl Provisioner for Custom {
+    /// #     fn name(&self) -> &str { "custom" }
+    /// #     async fn provision(&self, _: &Context) -> Result<()> { Ok(()) }
+    /// #     async fn deprovision(&self, _: &Context) -> Result<()> { Ok(()) }
+    /// # }
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let cx = Context::offline();
+    /// // A provisioner that does not implement `plan` plans as unknown.
+    /// let plan = cx.plan(&Custom).await.unwrap();
+    /// assert_eq!(plan.name(), "custom");
+    /// assert!(plan.unknown_reason().is_some());
+    /// assert_eq!(plan.summary(), "1 node unknown");
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// Whatever the node returns, with its path.
+    pub async fn plan<P: Provisioner + ?Sized>(&self, node: &P) -> Result<Plan> {
+        self.plan_operation(node, Operation::Provision).await
+    }
+
+    /// What deprovisioning `node` would do; see [`Context::plan`].
+    ///
+    /// # Errors
+    ///
+    /// Whatever the node returns, with its path.
+    pub async fn plan_deprovision<P: Provisioner + ?Sized>(&self, node: &P) -> Result<Plan> {
+        self.plan_operation(node, Operation::Deprovision).await
+    }
+
+    /// What `operation` on `node` would do; see [`Context::plan`]. A
+    /// conditional plans a switched-off child with
+    /// [`Operation::Deprovision`].
+    ///
+    /// # Errors
+    ///
+    /// Whatever the node returns, with its path.
+    pub async fn plan_operation<P: Provisioner + ?Sized>(
+        &self,
+        node: &P,
+        operation: Operation,
+    ) -> Result<Plan> {
+        let name = node.name();
+        if name.is_empty() || name.contains('/') {
+            return Err(self.bad_name(name));
+        }
+        let root = self.node.is_none();
+        if self.shared().stopping.load(Ordering::Relaxed) || (root && self.is_cancelled()) {
+            return Err(Error::cancelled().at(&self.child_path(name)));
+        }
+        let frame = self.children_frame();
+        let cx = Context {
+            frame: Arc::clone(frame),
+            node: Some(NodePath::new(name)),
+            children: OnceLock::new(),
+        };
+        let Some(path) = cx.node.as_ref() else {
+            return Err(Error::invalid("a child context has no path"));
+        };
+        let parent = frame.parent.as_ref();
+        let work = node.plan(&cx, operation);
+        let work = async {
+            if root {
+                let cancelled = pin!(self.shared().cancel.cancelled());
+                match select(cancelled, work).await {
+                    Either::Left(((), _)) => Err(Error::cancelled()),
+                    Either::Right((result, _)) => result,
+                }
+            } else {
+                work.await
+            }
+        };
+        let result = if tracing::dispatcher::has_been_set() {
+            let span = tracing::info_span!("plan", node = %Lazy(path, parent), operation = operation.as_str());
+            work.instrument(span).await
+        } else {
+            work.await
+        };
+        match result {
+            Ok(plan) => Ok(plan.with_name(name)),
+            Err(e) => Err(e.at(path.shared(parent))),
+        }
     }
 
     async fn run<P: Provisioner + ?Sized>(&self, node: &P, operation: Operation) -> Result<()> {

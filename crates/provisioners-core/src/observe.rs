@@ -50,7 +50,8 @@ impl<A: Observer, B: Observer> Observer for (A, B) {
 }
 
 /// Whether a node is being provisioned or deprovisioned.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Operation {
     /// [`Provisioner::provision`](crate::Provisioner::provision).
     Provision,

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use crate::{Context, Result};
+use crate::{Context, Operation, Plan, Result};
 
 /// A package of Kubernetes resources that can be installed and removed.
 ///
@@ -65,6 +65,31 @@ pub trait Provisioner: Send + Sync {
 
     /// Removes what this provisioner manages; `Ok` only once it is gone.
     async fn deprovision(&self, cx: &Context) -> Result<()>;
+
+    /// What [`provision`](Provisioner::provision) or
+    /// [`deprovision`](Provisioner::deprovision) (as `operation` says) would
+    /// do now, without doing it: a [`Plan`] of this node, and of its
+    /// children in the order they would run. Planning never writes.
+    ///
+    /// Plan children through [`Context::plan_operation`], as they are run
+    /// through [`Context::provision`]. The provided method says the plan is
+    /// unknown, so provisioners written before plans existed still compile
+    /// and a tree holding them still plans.
+    ///
+    /// # Errors
+    ///
+    /// What stops the node from planning at all: the cluster cannot be
+    /// reached, the input is invalid. What planning cannot know (a kind not
+    /// served yet, a remote cluster not reachable yet) is an unknown node or
+    /// object in the plan, not an error.
+    async fn plan(&self, cx: &Context, operation: Operation) -> Result<Plan> {
+        let _ = cx;
+        Ok(Plan::unknown(
+            self.name(),
+            operation,
+            "this provisioner does not implement `Provisioner::plan`",
+        ))
+    }
 }
 
 /// `Box`, `Arc` and `&` of a provisioner hand back the inner provisioner's
@@ -100,6 +125,19 @@ macro_rules! forward {
                 Self: 'async_trait,
             {
                 (**self).deprovision(cx)
+            }
+
+            fn plan<'life0, 'life1, 'async_trait>(
+                &'life0 self,
+                cx: &'life1 Context,
+                operation: Operation,
+            ) -> Pin<Box<dyn Future<Output = Result<Plan>> + Send + 'async_trait>>
+            where
+                'life0: 'async_trait,
+                'life1: 'async_trait,
+                Self: 'async_trait,
+            {
+                (**self).plan(cx, operation)
             }
         }
     )*};
@@ -178,6 +216,10 @@ where
 
     async fn deprovision(&self, cx: &Context) -> Result<()> {
         self.tree.deprovision(cx).await
+    }
+
+    async fn plan(&self, cx: &Context, operation: Operation) -> Result<Plan> {
+        self.tree.plan(cx, operation).await
     }
 }
 

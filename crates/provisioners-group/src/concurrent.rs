@@ -5,7 +5,9 @@ use std::fmt;
 
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
-use provisioners_core::{Context, Error, Metadata, Operation, Provisioner, Result, async_trait};
+use provisioners_core::{
+    Context, Error, Metadata, Operation, Plan, Provisioner, Result, async_trait,
+};
 
 /// Provisions (or deprovisions) all its children at once and waits for every
 /// one of them: a failing child does not cancel its siblings. The result
@@ -118,6 +120,15 @@ async fn run_child(
     result.err().map(|error| (index, error))
 }
 
+async fn plan_child(
+    cx: &Context,
+    operation: Operation,
+    index: usize,
+    child: &dyn Provisioner,
+) -> (usize, Result<Plan>) {
+    (index, cx.plan_operation(child, operation).await)
+}
+
 impl<N: Into<Cow<'static, str>>> From<(N, Vec<Box<dyn Provisioner>>)> for Concurrent {
     fn from((name, children): (N, Vec<Box<dyn Provisioner>>)) -> Self {
         Concurrent {
@@ -146,6 +157,40 @@ impl Provisioner for Concurrent {
 
     async fn deprovision(&self, cx: &Context) -> Result<()> {
         self.run_all(cx, Operation::Deprovision).await
+    }
+
+    /// The children's plans, made concurrently (at most
+    /// [`concurrency`](Concurrent::concurrency) at a time) and listed in the
+    /// children's order. Every child plans; the errors of those that cannot
+    /// are returned together, as provisioning returns them.
+    async fn plan(&self, cx: &Context, operation: Operation) -> Result<Plan> {
+        let limit = self.limit.unwrap_or(self.children.len()).max(1);
+        let mut waiting = self.children.iter().enumerate();
+        let mut running = FuturesUnordered::new();
+        for (index, child) in waiting.by_ref().take(limit) {
+            running.push(plan_child(cx, operation, index, child.as_ref()));
+        }
+        let mut plans: Vec<(usize, Result<Plan>)> = Vec::with_capacity(self.children.len());
+        while let Some(finished) = running.next().await {
+            plans.push(finished);
+            if let Some((index, child)) = waiting.next() {
+                running.push(plan_child(cx, operation, index, child.as_ref()));
+            }
+        }
+        plans.sort_unstable_by_key(|(index, _)| *index);
+        let mut plan = Plan::new(self.name(), operation, "concurrent");
+        let mut errors = Vec::new();
+        for (_, result) in plans {
+            match result {
+                Ok(child) => plan = plan.with_child(child),
+                Err(error) => errors.push(error),
+            }
+        }
+        match errors.len() {
+            0 => Ok(plan),
+            1 => Err(errors.remove(0)),
+            _ => Err(Error::group(errors)),
+        }
     }
 }
 

@@ -3,7 +3,7 @@
 use std::borrow::Cow;
 use std::fmt;
 
-use provisioners_core::{Context, Metadata, Provisioner, Result, async_trait};
+use provisioners_core::{Context, Metadata, Operation, Plan, Provisioner, Result, async_trait};
 
 /// Provisions its children one after another, in the order they were added,
 /// and stops at the first error or yield. Deprovisions them in *reverse*
@@ -103,6 +103,21 @@ impl Provisioner for Serial {
             cx.deprovision(child).await?;
         }
         Ok(())
+    }
+
+    /// The children's plans in the order they would run: in order to
+    /// provision, in reverse to deprovision. Planning stops at the first
+    /// child that cannot plan, as provisioning would.
+    async fn plan(&self, cx: &Context, operation: Operation) -> Result<Plan> {
+        let mut plan = Plan::new(self.name(), operation, "serial");
+        let children: Box<dyn Iterator<Item = &Box<dyn Provisioner>> + Send> = match operation {
+            Operation::Provision => Box::new(self.children.iter()),
+            Operation::Deprovision => Box::new(self.children.iter().rev()),
+        };
+        for child in children {
+            plan = plan.with_child(cx.plan_operation(child, operation).await?);
+        }
+        Ok(plan)
     }
 }
 

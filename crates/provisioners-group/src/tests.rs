@@ -291,3 +291,83 @@ async fn groups_build_from_vectors_and_report_their_children() {
         r#"Serial { name: "s", children: ["a", "b", "c"] }"#
     );
 }
+
+#[tokio::test]
+async fn plans_mirror_the_tree_in_run_order_and_run_nothing() {
+    let recorder = Recorder::new();
+    let tree = Serial::new("root")
+        .with(ok("a", &recorder))
+        .with(
+            Concurrent::new("both")
+                .with(ok("b", &recorder))
+                .with(ok("c", &recorder)),
+        )
+        .with(ok("d", &recorder));
+    let cx = Context::offline();
+
+    let plan = cx.plan(&tree).await.unwrap();
+    let paths: Vec<(String, Operation)> = plan
+        .nodes()
+        .into_iter()
+        .map(|(path, node)| (path, node.operation()))
+        .collect();
+    let provision = Operation::Provision;
+    assert_eq!(
+        paths,
+        [
+            ("root".to_owned(), provision),
+            ("root/a".to_owned(), provision),
+            ("root/both".to_owned(), provision),
+            ("root/both/b".to_owned(), provision),
+            ("root/both/c".to_owned(), provision),
+            ("root/d".to_owned(), provision),
+        ]
+    );
+    assert_eq!(plan.kind(), "serial");
+    assert_eq!(plan.find("root/both").unwrap().kind(), "concurrent");
+    // `Scripted` does not implement `plan`: its nodes are unknown.
+    assert_eq!(plan.counts().unknown_nodes, 4);
+
+    let plan = cx.plan_deprovision(&tree).await.unwrap();
+    let order: Vec<String> = plan.nodes().into_iter().map(|(path, _)| path).collect();
+    assert_eq!(
+        order,
+        [
+            "root",
+            "root/d",
+            "root/both",
+            "root/both/b",
+            "root/both/c",
+            "root/a"
+        ]
+    );
+    assert!(
+        plan.nodes()
+            .iter()
+            .all(|(_, node)| node.operation() == Operation::Deprovision)
+    );
+    assert!(recorder.calls().is_empty(), "planning ran a node");
+}
+
+#[tokio::test]
+async fn plans_check_names_and_stop_when_cancelled() {
+    let recorder = Recorder::new();
+    let cx = Context::offline();
+    let tree = Serial::new("root").with(ok("bad/name", &recorder));
+    let error = cx.plan(&tree).await.unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::Invalid);
+    assert!(error.to_string().contains("bad/name"), "{error}");
+
+    let tree = Concurrent::new("root")
+        .with(ok("x/1", &recorder))
+        .with(ok("y/2", &recorder));
+    let error = cx.plan(&tree).await.unwrap_err();
+    assert!(error.is_group(), "{error}");
+    assert_eq!(error.children().len(), 2);
+
+    let token = provisioners_core::CancellationToken::new();
+    token.cancel();
+    let cx = Context::offline().with_cancellation(token);
+    let error = cx.plan(&Serial::new("root")).await.unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::Cancelled);
+}
