@@ -98,6 +98,15 @@ impl Cmd {
         Ok(output)
     }
 
+    /// Runs to completion capturing stdout and stderr, whatever the exit
+    /// status (for tools such as `kubectl diff` whose status is an answer).
+    pub(crate) fn output_any(mut self) -> Result<Output> {
+        self.inner
+            .stdin(Stdio::null())
+            .output()
+            .with_context(|| format!("could not start `{}`", self.display))
+    }
+
     /// Runs to completion and returns its stdout as text.
     pub(crate) fn read(self) -> Result<String> {
         let output = self.output()?;

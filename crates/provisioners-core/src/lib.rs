@@ -20,7 +20,11 @@
 //!   [`Cluster::shared_state`]) where leaf crates keep what they learn about
 //!   a cluster;
 //! - [`Metadata`], the one way to name a node; [`Context::provision`]
-//!   rejects a name that is empty or holds `/` before the node runs.
+//!   rejects a name that is empty or holds `/` before the node runs;
+//! - [plans](plan): [`Context::plan`] asks a tree what it would do, without
+//!   doing it, and returns a [`Plan`] that mirrors the tree (per object:
+//!   create, update with the changed fields, no change, delete, replace,
+//!   adopt, refuse, unknown; Secret data masked; a stable digest).
 //!
 //! TLS for the client is a feature: `rustls-tls` (default) or `openssl-tls`.
 //!

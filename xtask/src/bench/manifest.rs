@@ -21,9 +21,9 @@ const CONFIG_MAPS: usize = 1000;
 
 /// One timed process: wall time and peak RSS.
 #[derive(Clone, Copy)]
-struct Sample {
-    wall: Duration,
-    peak_kib: Option<u64>,
+pub(super) struct Sample {
+    pub(super) wall: Duration,
+    pub(super) peak_kib: Option<u64>,
 }
 
 impl Sample {
@@ -245,7 +245,7 @@ impl Bench {
     }
 }
 
-fn fixtures() -> Option<PathBuf> {
+pub(super) fn fixtures() -> Option<PathBuf> {
     std::env::var_os("PROVISIONERS_FIXTURES")
         .map(PathBuf::from)
         .or_else(|| {
@@ -254,7 +254,7 @@ fn fixtures() -> Option<PathBuf> {
         })
 }
 
-fn median(samples: &[Sample]) -> Sample {
+pub(super) fn median(samples: &[Sample]) -> Sample {
     let mut walls: Vec<Duration> = samples.iter().map(|s| s.wall).collect();
     walls.sort();
     Sample {

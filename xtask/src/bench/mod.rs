@@ -8,6 +8,7 @@
 mod helm;
 mod manifest;
 mod operator;
+mod plan;
 
 use anyhow::{Result, bail};
 
@@ -22,6 +23,7 @@ const SUITES: &[Suite] = &[
     ("helm", helm::run),
     ("manifest", manifest::run),
     ("operator", operator::run),
+    ("plan", plan::run),
 ];
 
 /// Options shared by the suites.
@@ -40,6 +42,8 @@ suites (all of them when none is named):
             (kube-prometheus too when PROVISIONERS_FIXTURES is set)
   operator  the example operator reconciling N Platforms
             (PROVISIONERS_BENCH_OPERATOR_N=100,1000 picks N)
+  plan      planning kube-prometheus against kubectl diff --server-side
+            (needs PROVISIONERS_FIXTURES)
 
   --quick   fewer rounds and sizes: a smoke run
 

@@ -1,0 +1,90 @@
+//! Plans a manifest file or directory: what provisioning it would do, without
+//! doing it. Prints the plan (like `kubectl diff`) to stdout and one summary
+//! line to stderr.
+//!
+//! ```sh
+//! KUBECONFIG=... cargo run --example plan -- [--namespace NS] [--quiet] [--json] PATH
+//! ```
+//!
+//! `--quiet` prints only the summary; `--json` prints the plan as JSON.
+//! `cargo xtask bench plan` runs it side by side with
+//! `kubectl diff --server-side`.
+
+use std::process::ExitCode;
+use std::time::Instant;
+
+use provisioners_core::{Cluster, Context};
+use provisioners_manifest::Manifest;
+
+const USAGE: &str = "usage: plan [--namespace NS] [--quiet] [--json] PATH";
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let mut namespace = None;
+    let mut path = None;
+    let mut quiet = false;
+    let mut json = false;
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--namespace" => namespace = args.next(),
+            "--quiet" => quiet = true,
+            "--json" => json = true,
+            _ if path.is_none() && !arg.starts_with("--") => path = Some(arg),
+            _ => {
+                eprintln!("{USAGE}");
+                return ExitCode::from(2);
+            }
+        }
+    }
+    let Some(path) = path else {
+        eprintln!("{USAGE}");
+        return ExitCode::from(2);
+    };
+    let cluster = match Cluster::infer().await {
+        Ok(cluster) => cluster,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let cx = Context::new(cluster);
+    let mut manifest = Manifest::from_path("plan", path);
+    if let Some(namespace) = namespace {
+        manifest = manifest.namespace(namespace);
+    }
+    let started = Instant::now();
+    let plan = match cx.plan(&manifest).await {
+        Ok(plan) => plan,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let elapsed = started.elapsed();
+    if json {
+        match serde_json::to_string_pretty(&plan) {
+            Ok(text) => println!("{text}"),
+            Err(e) => {
+                eprintln!("the plan could not be written as JSON: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    } else if !quiet {
+        println!("{plan}");
+    }
+    let counts = plan.counts();
+    eprintln!(
+        "planned in {:.3}s: {} objects; {} ({})",
+        elapsed.as_secs_f64(),
+        plan.all_objects().len(),
+        plan.summary(),
+        plan.digest()
+    );
+    // For scripts: the counts the bench checks, on one line.
+    eprintln!(
+        "counts create={} update={} no_change={} delete={} unknown={}",
+        counts.create, counts.update, counts.no_change, counts.delete, counts.unknown
+    );
+    ExitCode::SUCCESS
+}
