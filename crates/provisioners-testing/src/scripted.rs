@@ -4,7 +4,9 @@ use std::borrow::Cow;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use provisioners_core::{Context, Error, ErrorKind, Operation, Provisioner, Result, async_trait};
+use provisioners_core::{
+    Context, Error, ErrorKind, Operation, Plan, Provisioner, Result, async_trait,
+};
 
 use crate::recorder::{CallOutcome, Recorder};
 
@@ -240,5 +242,10 @@ impl Provisioner for Noop {
 
     async fn deprovision(&self, _cx: &Context) -> Result<()> {
         Ok(())
+    }
+
+    /// Nothing to do, either way: a plan with no objects.
+    async fn plan(&self, _cx: &Context, operation: Operation) -> Result<Plan> {
+        Ok(Plan::new(self.name(), operation, "noop"))
     }
 }
