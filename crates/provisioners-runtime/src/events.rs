@@ -29,6 +29,7 @@ pub(crate) enum Why {
     Deprovisioning,
     Deprovisioned,
     Superseded,
+    AwaitingApproval,
 }
 
 impl Why {
@@ -40,12 +41,17 @@ impl Why {
             Why::Deprovisioning => "Deprovisioning",
             Why::Deprovisioned => "Deprovisioned",
             Why::Superseded => "Superseded",
+            Why::AwaitingApproval => "AwaitingApproval",
         }
     }
 
     fn action(self) -> &'static str {
         match self {
-            Why::Provisioning | Why::Provisioned | Why::NodeFailed | Why::Superseded => "Provision",
+            Why::Provisioning
+            | Why::Provisioned
+            | Why::NodeFailed
+            | Why::Superseded
+            | Why::AwaitingApproval => "Provision",
             Why::Deprovisioning | Why::Deprovisioned => "Deprovision",
         }
     }

@@ -73,6 +73,42 @@ pub(crate) fn patch(
     Some(json!({ "status": patch }))
 }
 
+/// The status merge patch that says the plan awaits approval (`message`),
+/// with the plan's status in `plan` (field, value) if it is written; `None`
+/// when the status already says exactly that. The waiting list is left as
+/// it is: nothing ran.
+pub(crate) fn awaiting(
+    current: &Value,
+    message: &str,
+    generation: Option<i64>,
+    plan: Option<(&str, &Value)>,
+) -> Option<Value> {
+    let conditions = condition::updated(
+        current,
+        "False",
+        Reason::AwaitingApproval,
+        message,
+        generation,
+    );
+    let mut patch = serde_json::Map::new();
+    if let Some(conditions) = conditions {
+        patch.insert("conditions".to_owned(), Value::Array(conditions));
+    }
+    if let Some((field, value)) = plan
+        && current.get("status").and_then(|s| s.get(field)) != Some(value)
+    {
+        patch.insert(field.to_owned(), value.clone());
+    }
+    (!patch.is_empty()).then(|| json!({ "status": patch }))
+}
+
+/// The status merge patch that writes `value` (a plan's status) into
+/// `field`, or `None` when it is there already.
+pub(crate) fn plan(current: &Value, field: &str, value: &Value) -> Option<Value> {
+    let existing = current.get("status").and_then(|s| s.get(field));
+    (existing != Some(value)).then(|| json!({ "status": { field: value } }))
+}
+
 /// Whether `object`'s `Available` condition already says provisioned at `generation`.
 pub(crate) fn is_provisioned_at(object: &Value, generation: Option<i64>) -> bool {
     object
