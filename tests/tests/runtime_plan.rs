@@ -166,7 +166,7 @@ impl Provisioner for Settings {
                 object(Change::Update).with_changes(vec![FieldChange::new(
                     "data.size",
                     size.map(Into::into),
-                    Some(want.clone().into()),
+                    Some(want.into()),
                 )])
             }
         };

@@ -164,7 +164,7 @@ impl RemoteClusterProvisioner {
             return secret.read().await;
         }
         match self.remote.config().await {
-            Ok(kubeconfig) => Ok(Read::Kubeconfig(kubeconfig)),
+            Ok(kubeconfig) => Ok(Read::Kubeconfig(Box::new(kubeconfig))),
             Err(error) if error.kind() == ErrorKind::NotFound => Ok(Read::Missing(Missing {
                 gone: true,
                 reason: error.message().to_owned(),
@@ -288,7 +288,7 @@ impl Provisioner for RemoteClusterProvisioner {
                 )));
             }
         };
-        let remote = self.remote_context(cx, kubeconfig).await?;
+        let remote = self.remote_context(cx, *kubeconfig).await?;
         if self.metadata.is_some() {
             let child = remote.plan_operation(&self.child, operation).await?;
             return Ok(self.node(operation).with_child(child));

@@ -176,7 +176,7 @@ impl SecretKubeconfig {
 /// error, as it would be for provisioning.
 pub(crate) enum Read {
     /// The kubeconfig, checked against the trust rules.
-    Kubeconfig(Kubeconfig),
+    Kubeconfig(Box<Kubeconfig>),
     /// There is no usable kubeconfig; see [`Missing`].
     Missing(Missing),
 }
@@ -252,7 +252,7 @@ impl SecretKubeconfig {
                 self.describe()
             )));
         }
-        Ok(Read::Kubeconfig(kubeconfig))
+        Ok(Read::Kubeconfig(Box::new(kubeconfig)))
     }
 }
 
@@ -264,7 +264,7 @@ impl RemoteCluster for SecretKubeconfig {
 
     async fn config(&self) -> Result<Kubeconfig> {
         match self.read().await? {
-            Read::Kubeconfig(kubeconfig) => Ok(kubeconfig),
+            Read::Kubeconfig(kubeconfig) => Ok(*kubeconfig),
             Read::Missing(Missing { gone: true, reason }) => Err(Error::not_found(reason)),
             Read::Missing(Missing {
                 gone: false,

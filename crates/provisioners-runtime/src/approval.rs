@@ -174,7 +174,7 @@ mod tests {
             (format!(" {digest}"), false),
             (digest[..20].to_owned(), false),
             (format!("{digest}{}", "0".repeat(200)), false),
-            (other.clone(), true),
+            (other, true),
         ] {
             let object = annotated(&[required, (DEFAULT_APPROVED_PLAN_ANNOTATION, &value)]);
             let Decision::Await { message, .. } = gate.decide(&object, &plan) else {
