@@ -13,7 +13,17 @@ use provisioners_testing::mock::ApiMock;
 use serde_json::{Value, json};
 
 use super::{STATUS, WithStatus, deleting, mocked, reply, with_status};
-use crate::{DEFAULT_REQUEUE, Reconciler};
+use crate::{DEFAULT_REQUEUE, ReconcileObserver, ReconcileResult, Reconciler};
+
+/// The result of every reconcile, in order.
+#[derive(Default)]
+struct Results(Mutex<Vec<ReconcileResult>>);
+
+impl ReconcileObserver for Results {
+    fn on_reconcile(&self, result: ReconcileResult, _: Duration) {
+        self.0.lock().unwrap().push(result);
+    }
+}
 
 const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/ns/events";
 
@@ -135,7 +145,10 @@ async fn quietly(reconciler: &Reconciler, managed: &Managed<WithStatus, Planned>
 #[tokio::test]
 async fn a_gated_object_awaits_approval_then_provisions_the_approved_plan() {
     let (reconciler, api) = mocked();
-    let reconciler = reconciler.plan_field("plan");
+    let results = Arc::new(Results::default());
+    let reconciler = reconciler
+        .plan_field("plan")
+        .observe_reconciles(results.clone());
     let tree = Planned::new(plan_of(Change::Create, "c"));
     let digest = tree.digest();
 
@@ -187,6 +200,18 @@ async fn a_gated_object_awaits_approval_then_provisions_the_approved_plan() {
         "Provisioned"
     );
     assert!(bodies[0]["status"].get("plan").is_none(), "unchanged");
+    assert_eq!(
+        *results.0.lock().unwrap(),
+        [
+            ReconcileResult::AwaitingApproval,
+            ReconcileResult::AwaitingApproval,
+            ReconcileResult::Provisioned
+        ]
+    );
+    assert_eq!(
+        ReconcileResult::AwaitingApproval.as_str(),
+        "awaiting_approval"
+    );
 }
 
 #[tokio::test]
