@@ -128,6 +128,7 @@ pub mod metrics;
 mod reconciler;
 mod status;
 mod summary;
+mod target;
 #[cfg(test)]
 mod tests;
 

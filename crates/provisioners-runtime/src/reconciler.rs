@@ -5,21 +5,21 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use kube::api::{ApiResource, DynamicObject, Patch, PatchParams};
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::Action;
 use kube::runtime::events::Reporter;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Resource, ResourceExt};
-use provisioners_core::{Context, Error, ErrorKind, ManagerProvisioner, Owner, Result};
+use provisioners_core::{Context, ErrorKind, ManagerProvisioner, Owner, Result};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use crate::approval::{Approval, Decision};
 use crate::condition::Reason;
 use crate::events::{Events, Why};
 use crate::in_flight::{InFlight, Spec, Stopped};
+use crate::target::{Report, Target, key};
 use crate::{approval, status, summary};
 
 /// The annotation that pauses reconciliation when set to `"true"`.
@@ -185,9 +185,9 @@ impl Reconciler {
     /// `status.<field>`: `{digest, summary, unknownNodes}` (bounded, and
     /// without Secret data: a plan masks it, the summary only counts), in a
     /// merge patch of its own, only when it changed. It is the plan the
-    /// reconcile set out to apply, so after an approved provision it shows
-    /// the approved digest. Off by default: planning costs reads and
-    /// dry-runs on every reconcile. The status schema must have the field
+    /// last reconcile set out to apply (after an approved provision, the
+    /// approved one, until the next reconcile plans again). Off by default:
+    /// planning costs reads and dry-runs on every reconcile. The status schema must have the field
     /// (or preserve unknown fields).
     ///
     /// A plan that fails (say, the cluster is briefly unreachable) writes
@@ -560,7 +560,7 @@ impl Reconciler {
     ) -> Result<(ReconcileResult, Action)> {
         let message = summary::truncate(message, summary::MAX_MESSAGE);
         if let Some(patch) = status::awaiting(&report.current, &message, report.generation, plan) {
-            self.patch_status(report.target, &patch).await?;
+            report.target.patch_status(&patch).await?;
         }
         self.publish(report, Why::AwaitingApproval, note).await;
         tracing::info!(object = %report.target, %message, "awaiting plan approval");
@@ -573,18 +573,9 @@ impl Reconciler {
     /// Writes the plan's status into `field`, if it changed.
     async fn write_plan(&self, report: &Report<'_>, field: &str, value: &Value) -> Result<()> {
         match status::plan(&report.current, field, value) {
-            Some(patch) => self.patch_status(report.target, &patch).await,
+            Some(patch) => report.target.patch_status(&patch).await,
             None => Ok(()),
         }
-    }
-
-    async fn patch_status(&self, target: &Target, patch: &Value) -> Result<()> {
-        target
-            .api
-            .patch_status(&target.name, &PatchParams::default(), &Patch::Merge(patch))
-            .await
-            .map_err(|e| Error::kube(format_args!("writing the status of {target}"), e))?;
-        Ok(())
     }
 
     fn is_paused<K: Resource>(&self, object: &K) -> bool {
@@ -631,14 +622,15 @@ impl Reconciler {
         ) else {
             return Ok(false);
         };
-        self.patch_status(report.target, &patch).await?;
+        report.target.patch_status(&patch).await?;
         Ok(true)
     }
 
     async fn add_finalizer<K: Resource>(&self, target: &Target, object: &K) -> Result<()> {
         let mut finalizers = object.finalizers().to_vec();
         finalizers.push(self.finalizer.clone());
-        self.patch_finalizers(target, object, finalizers, "adding the finalizer to")
+        target
+            .patch_finalizers(object, finalizers, "adding the finalizer to")
             .await
     }
 
@@ -649,91 +641,8 @@ impl Reconciler {
             .filter(|f| **f != self.finalizer)
             .cloned()
             .collect();
-        self.patch_finalizers(target, object, finalizers, "removing the finalizer from")
-            .await
-    }
-
-    /// A merge patch with the object's resourceVersion: a conflict (409)
-    /// rather than a lost update if the list changed meanwhile.
-    async fn patch_finalizers<K: Resource>(
-        &self,
-        target: &Target,
-        object: &K,
-        finalizers: Vec<String>,
-        action: &str,
-    ) -> Result<()> {
-        let patch = json!({
-            "metadata": {
-                "finalizers": finalizers,
-                "resourceVersion": object.resource_version(),
-            }
-        });
         target
-            .api
-            .patch(&target.name, &PatchParams::default(), &Patch::Merge(&patch))
+            .patch_finalizers(object, finalizers, "removing the finalizer from")
             .await
-            .map_err(|e| Error::kube(format_args!("{action} {target}"), e))?;
-        Ok(())
-    }
-}
-
-/// The key of an object in the in-flight registry and the event memory.
-fn key<R: Resource>(object: &R) -> String {
-    let meta = object.meta();
-    format!(
-        "{}/{}",
-        meta.namespace.as_deref().unwrap_or(""),
-        meta.name.as_deref().unwrap_or("")
-    )
-}
-
-/// What the end of a reconcile reports on.
-struct Report<'a> {
-    target: &'a Target,
-    /// The object as the reconcile got it, for comparisons.
-    current: Value,
-    generation: Option<i64>,
-    reference: k8s_openapi::api::core::v1::ObjectReference,
-}
-
-/// The reconciled object's API and name, for patches and messages.
-struct Target {
-    api: Api<DynamicObject>,
-    kind: String,
-    namespace: Option<String>,
-    name: String,
-    key: String,
-}
-
-impl Target {
-    fn of<K: Resource<DynamicType = ()>>(client: kube::Client, object: &K) -> Result<Self> {
-        let resource = ApiResource::erase::<K>(&());
-        let Some(name) = object.meta().name.clone() else {
-            return Err(Error::invalid(format!(
-                "a {} without metadata.name cannot be reconciled",
-                resource.kind
-            )));
-        };
-        let namespace = object.meta().namespace.clone();
-        let api = match &namespace {
-            Some(ns) => Api::namespaced_with(client, ns, &resource),
-            None => Api::all_with(client, &resource),
-        };
-        Ok(Target {
-            api,
-            kind: resource.kind,
-            key: key(object),
-            namespace,
-            name,
-        })
-    }
-}
-
-impl fmt::Display for Target {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.namespace {
-            Some(ns) => write!(f, "{} {ns}/{}", self.kind, self.name),
-            None => write!(f, "{} {}", self.kind, self.name),
-        }
     }
 }
