@@ -340,7 +340,7 @@ impl Reconciler {
     ///
     /// # Errors
     ///
-    /// A failed API call, with the kind [`Error::kube`] gives it: most often
+    /// A failed API call, with the kind [`Error::kube`](provisioners_core::Error::kube) gives it: most often
     /// [`ErrorKind::Unavailable`] (a conflicting write, 409, when the object
     /// changed meanwhile; the API unreachable or overloaded), which passes
     /// on a requeue; [`ErrorKind::Failed`] when it was refused (RBAC) and
