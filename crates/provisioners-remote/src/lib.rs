@@ -27,6 +27,14 @@
 //! deliberately) counts as already cleaned up, so deleting the parent never
 //! wedges on a cluster that no longer exists.
 //!
+//! A remote [plans](provisioners_core::Context::plan) its child on the
+//! remote cluster, through the same context provision would use, and marks
+//! the plan with the cluster's id; planning reads the kubeconfig but adds no
+//! finalizer. A kubeconfig that is missing (the Secret or its key absent,
+//! a value that is not a kubeconfig) plans as unknown, naming the Secret
+//! and key; a remote that cannot be reached fails the plan, as it fails
+//! provision.
+//!
 //! Two [`RemoteCluster`] implementations come with the crate:
 //! [`SecretKubeconfig`] reads the kubeconfig from a Secret (the usual case
 //! for clusters created by another controller) and [`StaticKubeconfig`]

@@ -212,7 +212,9 @@ impl Reconciler {
     /// published per digest, and the object is requeued at the usual
     /// interval (the plan is made again: what it would do may change). A
     /// plan with no changes needs no approval; a plan that changes after an
-    /// approval needs a new one; a plan that fails is reported like a failed
+    /// approval needs a new one (a plan with unknown parts, from a
+    /// provisioner that cannot plan, needs one too, and keeps it while the
+    /// plan stays the same); a plan that fails is reported like a failed
     /// provision. The gate pins what the plan said at the start of the
     /// reconcile that applies it.
     ///
