@@ -1,7 +1,7 @@
 //! The plan status and the approval gate against a mocked API: what a gated
 //! reconcile writes, when it provisions, and that deletion is never gated.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -34,6 +34,8 @@ struct Planned {
     plans: Arc<AtomicUsize>,
     provisions: Arc<AtomicUsize>,
     deprovisions: Arc<AtomicUsize>,
+    /// Planning fails (the cluster unreachable, say).
+    fail: Arc<AtomicBool>,
 }
 
 impl Planned {
@@ -43,6 +45,7 @@ impl Planned {
             plans: Arc::default(),
             provisions: Arc::default(),
             deprovisions: Arc::default(),
+            fail: Arc::default(),
         }
     }
 
@@ -78,6 +81,11 @@ impl Provisioner for Planned {
     }
     async fn plan(&self, _: &Context, operation: Operation) -> Result<Plan> {
         self.plans.fetch_add(1, Ordering::SeqCst);
+        if self.fail.load(Ordering::SeqCst) {
+            return Err(provisioners_core::Error::unavailable(
+                "the API is unreachable",
+            ));
+        }
         let plan = self.plan.lock().unwrap().clone();
         Ok(Plan::new("p", operation, "manifest").with_objects(plan.objects().to_vec()))
     }
@@ -355,4 +363,40 @@ async fn one_event_per_digest_not_per_reconcile() {
     assert_eq!(bodies[1]["reason"], "AwaitingApproval");
     assert_eq!(bodies[1]["series"]["count"], 2, "{}", bodies[1]);
     assert_eq!(tree.counts(), (3, 0, 0));
+}
+
+#[tokio::test]
+async fn a_plan_that_fails_stops_a_gated_object_but_not_an_ungated_one() {
+    let (reconciler, api) = mocked();
+    let reconciler = reconciler.plan_field("plan");
+    let tree = Planned::new(plan_of(Change::Create, "c"));
+    tree.fail.store(true, Ordering::SeqCst);
+
+    // Gated: no plan, no provision; reported as a failed one.
+    let managed = Managed::new(gated(json!({}), &[]), tree.clone());
+    let server = answer(api, vec![(Method::PATCH, STATUS)]);
+    assert_eq!(
+        reconciler.reconcile(&managed).await.unwrap(),
+        Action::requeue(DEFAULT_REQUEUE)
+    );
+    let (api, bodies) = server.await.unwrap();
+    assert_eq!(tree.counts(), (1, 0, 0));
+    let condition = &bodies[0]["status"]["conditions"][0];
+    assert_eq!(condition["reason"], "Errored");
+    assert_eq!(condition["message"], "p: the API is unreachable");
+
+    // Not gated: the plan is only for the status; provisioning goes ahead.
+    let managed = Managed::new(with_status(3, json!({})), tree.clone());
+    let server = answer(api, vec![(Method::PATCH, STATUS)]);
+    assert_eq!(
+        reconciler.reconcile(&managed).await.unwrap(),
+        Action::await_change()
+    );
+    let (_api, bodies) = server.await.unwrap();
+    assert_eq!(tree.counts(), (2, 1, 0));
+    assert_eq!(
+        bodies[0]["status"]["conditions"][0]["reason"],
+        "Provisioned"
+    );
+    assert!(bodies[0]["status"].get("plan").is_none());
 }
