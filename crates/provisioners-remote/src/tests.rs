@@ -442,3 +442,42 @@ async fn an_unusable_kubeconfig_fails_the_plan_as_it_fails_provision() {
         "{error}"
     );
 }
+
+/// Plans from a read of the remote: `kube-system`.
+struct Reads;
+
+#[async_trait]
+impl Provisioner for Reads {
+    fn name(&self) -> &str {
+        "reads"
+    }
+    async fn provision(&self, _: &Context) -> Result<()> {
+        Ok(())
+    }
+    async fn deprovision(&self, _: &Context) -> Result<()> {
+        Ok(())
+    }
+    async fn plan(&self, cx: &Context, operation: Operation) -> Result<Plan> {
+        kube::Api::<k8s_openapi::api::core::v1::Namespace>::all(cx.client().clone())
+            .get("kube-system")
+            .await
+            .map_err(|e| Error::kube("reading kube-system", e))?;
+        Ok(Plan::new("reads", operation, "probe"))
+    }
+}
+
+#[tokio::test]
+async fn an_unreachable_remote_fails_the_plan_as_provision_would_fail() {
+    // Nothing listens on port 1: the remote cannot be reached.
+    let tree = RemoteClusterProvisioner::new(StaticKubeconfig::new(
+        "far",
+        kubeconfig("https://127.0.0.1:1"),
+    ))
+    .provision_on(Reads);
+    let error = Context::offline().plan(&tree).await.unwrap_err();
+    assert!(error.is_transient(), "the caller retries: {error}");
+    assert!(
+        error.to_string().starts_with("reads: reading kube-system"),
+        "{error}"
+    );
+}
