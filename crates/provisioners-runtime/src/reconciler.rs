@@ -240,8 +240,7 @@ impl Reconciler {
     /// started, provisioned, a node failed (with its path), deprovisioning,
     /// deprovisioned, superseded, a plan awaits approval (once per digest).
     /// The same event is published once per generation of an object, not on
-    /// every requeue. kube's recorder folds the events of one reason into a
-    /// series that keeps its first note: the condition holds the latest. Needs RBAC to
+    /// every requeue. Needs RBAC to
     /// `create` and `patch` `events.k8s.io` `events`.
     pub fn events(mut self, reporter: impl Into<Reporter>) -> Self {
         self.events = Some(Events::new(self.context.client().clone(), reporter.into()));
