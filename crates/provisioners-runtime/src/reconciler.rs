@@ -560,7 +560,10 @@ impl Reconciler {
         plan: Option<(&str, &Value)>,
     ) -> Result<(ReconcileResult, Action)> {
         let message = summary::truncate(message, summary::MAX_MESSAGE);
-        if let Some(patch) = status::awaiting(&report.current, &message, report.generation, plan) {
+        let waiting = self.waiting_field.as_deref();
+        if let Some(patch) =
+            status::awaiting(&report.current, &message, report.generation, plan, waiting)
+        {
             report.target.patch_status(&patch).await?;
         }
         self.publish(report, Why::AwaitingApproval, note).await;
