@@ -244,7 +244,7 @@ mod tests {
             "AwaitingApproval"
         );
         let written = json!({ "status": {
-            "plan": plan.clone(),
+            "plan": plan,
             "conditions": patch["status"]["conditions"].clone(),
         }});
         assert!(
