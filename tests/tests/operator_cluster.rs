@@ -3,7 +3,9 @@
 //! reverse order with the finalizer last, and an operator killed
 //! mid-provision converges when started again; two replicas under leader
 //! election, the leader killed mid-helm-install, the standby converging it
-//! with no release left pending, and its `/metrics` scraped.
+//! with no release left pending, and its `/metrics` scraped; a Platform that
+//! asks for plan approval waits for its plan's digest, and its deletion is
+//! not gated.
 
 use std::future::Future;
 use std::sync::{Arc, Mutex};
@@ -86,6 +88,22 @@ async fn start_operator(ns: &TestNamespace, events: &Events) -> Operator {
     let mut settings = Settings::new(helm4().expect("helm 4"));
     settings.helm_timeout = Duration::from_secs(60);
     let task = tokio::spawn(run(cx, platforms, settings, Duration::from_millis(500)));
+    Operator { token, task }
+}
+
+/// Starts the operator for the Platforms of `ns` with `options`.
+async fn start_operator_with(ns: &TestNamespace, events: &Events, options: Options) -> Operator {
+    let cx = HarnessCluster::Primary
+        .context()
+        .await
+        .expect("context")
+        .with_field_manager(platform_operator::FIELD_MANAGER)
+        .with_observer(Arc::new(events.clone()));
+    let token = cx.cancellation().clone();
+    let platforms: Api<Platform> = Api::namespaced(cx.client().clone(), ns.name());
+    let mut settings = Settings::new(helm4().expect("helm 4"));
+    settings.helm_timeout = Duration::from_secs(60);
+    let task = tokio::spawn(run_with(cx, platforms, settings, options));
     Operator { token, task }
 }
 
@@ -484,5 +502,146 @@ async fn a_standby_converges_a_helm_install_its_killed_leader_left_and_serves_me
     })
     .await;
     standby.stop().await;
+    ns.cleanup().await.expect("cleanup");
+}
+
+/// The Platform's `Available` reason and plan digest, once both are written.
+async fn reason_and_digest(platforms: &Api<Platform>, name: &str) -> Option<(String, String)> {
+    let p = platforms.get_opt(name).await.unwrap()?;
+    let reason = p.available()?.reason.clone();
+    let digest = p.status?.plan?.digest;
+    Some((reason, digest))
+}
+
+#[tokio::test]
+#[ignore = "needs the local control plane (cargo xtask test)"]
+async fn a_platform_asking_for_approval_is_provisioned_only_with_its_plans_digest() {
+    let ns = TestNamespace::create("operator-plan")
+        .await
+        .expect("namespace");
+    let client = ns.client().clone();
+    install_crd(&client).await.expect("Platform CRD");
+    let events = Events::default();
+    let mut options = Options::new(Duration::from_millis(500));
+    options.plan_status = true;
+    let operator = start_operator_with(&ns, &events, options).await;
+    let platforms: Api<Platform> = ns.api();
+    let mut gated = platform("g", PlatformSpec::default());
+    gated.metadata.annotations =
+        Some([("provisioners.dev/plan-approval".into(), "required".into())].into());
+    let created = platforms
+        .create(&PostParams::default(), &gated)
+        .await
+        .unwrap();
+    let target = created.target_namespace();
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+
+    // The plan is in the status, the condition asks for it to be approved.
+    let poll = Duration::from_millis(200);
+    let first = cluster::eventually("AwaitingApproval with a plan", DEADLINE, poll, || async {
+        match reason_and_digest(&platforms, "g").await {
+            Some((reason, digest)) if reason == "AwaitingApproval" => Some(digest),
+            _ => None,
+        }
+    })
+    .await;
+    let p = platforms.get("g").await.unwrap();
+    let condition = p.available().unwrap();
+    assert_eq!(condition.status, "False");
+    assert!(
+        condition.message.contains(&format!(
+            "set the annotation provisioners.dev/approved-plan={first}"
+        )),
+        "{}",
+        condition.message
+    );
+    let plan = p.status.as_ref().unwrap().plan.as_ref().unwrap();
+    assert!(first.starts_with("sha256:") && first.len() == 71, "{first}");
+    assert!(!plan.summary.is_empty());
+    // Not provisioned while it waits, however often it is reconciled.
+    let waiting_since = Instant::now();
+    while waiting_since.elapsed() < Duration::from_secs(3) {
+        assert!(
+            namespaces.get_opt(&target).await.unwrap().is_none(),
+            "provisioned without approval"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert!(!events.seen("g/base", Operation::Provision, "started"));
+
+    // Approved: provisioned.
+    let approve = |digest: &str| {
+        json!({ "metadata": { "annotations": {
+        "provisioners.dev/approved-plan": digest } } })
+    };
+    platforms
+        .patch(
+            "g",
+            &PatchParams::default(),
+            &Patch::Merge(&approve(&first)),
+        )
+        .await
+        .unwrap();
+    eventually("Available=True once approved", || {
+        is_available(&platforms, "g")
+    })
+    .await;
+    assert!(namespaces.get_opt(&target).await.unwrap().is_some());
+
+    // A new spec is a new plan: it waits for a new approval.
+    let on = json!({ "spec": { "dashboards": true } });
+    platforms
+        .patch("g", &PatchParams::default(), &Patch::Merge(&on))
+        .await
+        .unwrap();
+    let second = cluster::eventually(
+        "AwaitingApproval of the new plan",
+        DEADLINE,
+        poll,
+        || async {
+            match reason_and_digest(&platforms, "g").await {
+                Some((reason, digest)) if reason == "AwaitingApproval" && digest != first => {
+                    Some(digest)
+                }
+                _ => None,
+            }
+        },
+    )
+    .await;
+    assert_ne!(second, first);
+    let message = platforms
+        .get("g")
+        .await
+        .unwrap()
+        .available()
+        .unwrap()
+        .message
+        .clone();
+    assert!(
+        message.contains(&format!(
+            "(the approved plan {first} is not the current one)"
+        )),
+        "{message}"
+    );
+    assert!(
+        dashboards(&client, &created)
+            .get_opt("overview")
+            .await
+            .unwrap()
+            .is_none(),
+        "the new component waits for approval"
+    );
+
+    // Deletion is never gated: everything goes without approving `second`.
+    platforms
+        .delete("g", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("the Platform gone", || async {
+        platforms.get_opt("g").await.unwrap().is_none()
+    })
+    .await;
+    assert!(namespaces.get_opt(&target).await.unwrap().is_none());
+    operator.stop().await;
     ns.cleanup().await.expect("cleanup");
 }

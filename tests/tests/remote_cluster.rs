@@ -2,7 +2,10 @@
 //! the remote only, deprovision removes it, and a deleted kubeconfig Secret
 //! does not wedge the parent's deletion, while one deleted with its
 //! namespace first waits for the remote objects to go; every pass reaches
-//! the remote through one `Cluster` until its kubeconfig changes.
+//! the remote through one `Cluster` until its kubeconfig changes. Plans: a
+//! remote subtree plans on the remote cluster with zero writes (counted by
+//! the fault-injection proxy in front of both clusters), and a missing
+//! kubeconfig plans as unknown.
 
 use std::sync::atomic::AtomicU8;
 use std::sync::{Arc, Mutex};
@@ -13,11 +16,13 @@ use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::config::Kubeconfig;
+use provisioners::plan::{Action, ObjectPlan};
 use provisioners::testing::cluster::{HarnessCluster, TestNamespace};
 use provisioners::testing::{Recorder, Scripted};
 use provisioners::{Context, Operation, Provisioner, serial};
 use provisioners_manifest::Manifest;
 use provisioners_remote::{RemoteClusterProvisioner, SecretKubeconfig};
+use provisioners_testing::faults::Proxy;
 
 const DEADLINE: Duration = Duration::from_secs(60);
 
@@ -342,5 +347,221 @@ async fn every_pass_reaches_the_remote_through_one_cluster_until_its_kubeconfig_
         .finalizers
         .unwrap_or_default();
     assert!(finalizers.is_empty(), "released: {finalizers:?}");
+    ns.cleanup().await.expect("cleanup");
+}
+
+/// Plans from one read: whether ConfigMap `marker` exists in `namespace` of
+/// the context's cluster (no change if it does, create if not). Provisioning
+/// creates ConfigMap `made` there: a write the proxy counts.
+struct MarkerProbe {
+    namespace: String,
+}
+
+#[provisioners::async_trait]
+impl Provisioner for MarkerProbe {
+    fn name(&self) -> &str {
+        "marker"
+    }
+
+    async fn provision(&self, cx: &Context) -> provisioners::Result<()> {
+        let made: ConfigMap = serde_json::from_value(serde_json::json!({
+            "metadata": { "name": "made" }, "data": { "by": "provision" },
+        }))
+        .expect("a ConfigMap");
+        Api::<ConfigMap>::namespaced(cx.client().clone(), &self.namespace)
+            .patch(
+                "made",
+                &PatchParams::apply("plan-test").force(),
+                &Patch::Apply(&made),
+            )
+            .await
+            .map_err(|e| provisioners::Error::kube("creating ConfigMap made", e))?;
+        Ok(())
+    }
+
+    async fn deprovision(&self, _cx: &Context) -> provisioners::Result<()> {
+        Ok(())
+    }
+
+    async fn plan(
+        &self,
+        cx: &Context,
+        operation: Operation,
+    ) -> provisioners::Result<provisioners::Plan> {
+        let marker = Api::<ConfigMap>::namespaced(cx.client().clone(), &self.namespace)
+            .get_opt("marker")
+            .await
+            .map_err(|e| provisioners::Error::kube("reading ConfigMap marker", e))?;
+        let action = match marker {
+            Some(_) => Action::NoChange,
+            None => Action::Create,
+        };
+        Ok(
+            provisioners::Plan::new("marker", operation, "probe").with_object(ObjectPlan::new(
+                "v1",
+                "ConfigMap",
+                Some(&self.namespace),
+                "marker",
+                action,
+            )),
+        )
+    }
+}
+
+/// The fault-injection proxy in front of the first cluster, and a sibling
+/// in front of the remote sharing its counts; Secret `name` of `ns` holds a
+/// kubeconfig that reaches the remote through the sibling.
+async fn proxies(ns: &TestNamespace, name: &str) -> (Proxy, Proxy) {
+    let proxy = Proxy::start(HarnessCluster::Primary).await.expect("proxy");
+    let remote = proxy
+        .sibling(HarnessCluster::Remote)
+        .await
+        .expect("remote proxy");
+    let kubeconfig = serde_json::to_vec(remote.kubeconfig()).expect("JSON");
+    let secret: Secret = serde_json::from_value(serde_json::json!({
+        "metadata": { "name": name },
+        "data": { "kubeconfig": ByteString(kubeconfig) },
+    }))
+    .expect("a Secret");
+    ns.api::<Secret>()
+        .create(&Default::default(), &secret)
+        .await
+        .expect("kubeconfig secret");
+    (proxy, remote)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the local control plane (cargo xtask test)"]
+async fn a_remote_subtree_plans_on_the_remote_cluster_with_no_write() {
+    let ns = TestNamespace::create("remote-plan")
+        .await
+        .expect("namespace");
+    let far = TestNamespace::create_on(HarnessCluster::Remote, "remote-plan-far")
+        .await
+        .expect("remote namespace");
+    let marker: ConfigMap =
+        serde_json::from_value(serde_json::json!({ "metadata": { "name": "marker" } }))
+            .expect("a ConfigMap");
+    far.api::<ConfigMap>()
+        .create(&Default::default(), &marker)
+        .await
+        .expect("the marker, on the remote only");
+    let (proxy, _remote) = proxies(&ns, "tenant-kubeconfig").await;
+    let cx = proxy.context("local").await.expect("context");
+    let probe = || MarkerProbe {
+        namespace: far.name().to_owned(),
+    };
+    let remote = |id: &str| {
+        SecretKubeconfig::new(cx.client().clone(), ns.name(), "tenant-kubeconfig").cluster_id(id)
+    };
+    let tree = serial!(
+        "platform",
+        RemoteClusterProvisioner::new(remote("tenant"))
+            .named("tenant")
+            .provision_on(probe()),
+        RemoteClusterProvisioner::new(remote("tenant-b")).provision_on(probe()),
+    );
+
+    proxy.reset_counts();
+    let plan = cx.plan(&tree).await.expect("plan");
+    let counts = proxy.counts();
+    assert_eq!(counts.writes(), 0, "planning wrote: {counts}");
+    assert!(counts.requests() >= 4, "Secret and marker reads: {counts}");
+    let named = plan.find("platform/tenant").expect("the named remote");
+    assert_eq!((named.kind(), named.cluster()), ("remote", Some("tenant")));
+    let marker = plan
+        .find("platform/tenant/marker")
+        .expect("its child, below it");
+    assert_eq!(marker.objects()[0].action(), Action::NoChange, "{plan}");
+    let unnamed = plan.find("platform/marker").expect("the unnamed remote");
+    assert_eq!(unnamed.cluster(), Some("tenant-b"));
+    assert_eq!(unnamed.objects()[0].action(), Action::NoChange, "{plan}");
+    assert!(!plan.has_changes(), "{plan}");
+    // The same probe on the first cluster sees no marker: the plan above ran remotely.
+    let here = cx.plan(&probe()).await.expect("plan here");
+    assert_eq!(here.objects()[0].action(), Action::Create);
+    assert_eq!(proxy.counts().writes(), 0);
+
+    // Provisioning the same tree writes (the Secret's finalizer, the
+    // probe's ConfigMap on the remote): the counter can fail.
+    cx.provision(&tree).await.expect("provision");
+    assert!(proxy.counts().writes() > 0, "{}", proxy.counts());
+    assert!(
+        far.api::<ConfigMap>()
+            .get_opt("made")
+            .await
+            .unwrap()
+            .is_some(),
+        "provision ran on the remote"
+    );
+    deprovision_until_gone(&cx, &tree).await;
+    far.cleanup().await.expect("cleanup");
+    ns.cleanup().await.expect("cleanup");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the local control plane (cargo xtask test)"]
+async fn a_missing_kubeconfig_plans_as_unknown_without_its_content() {
+    let ns = TestNamespace::create("remote-plan-none")
+        .await
+        .expect("namespace");
+    let proxy = Proxy::start(HarnessCluster::Primary).await.expect("proxy");
+    let cx = proxy.context("local").await.expect("context");
+    let tree = |secret: &str| {
+        RemoteClusterProvisioner::new(SecretKubeconfig::new(
+            cx.client().clone(),
+            ns.name(),
+            secret,
+        ))
+        .named("tenant")
+        .provision_on(workload("never-made"))
+    };
+
+    let plan = cx
+        .plan(&tree("absent"))
+        .await
+        .expect("unknown, not an error");
+    let reason = plan.unknown_reason().expect("unknown");
+    assert!(
+        reason.starts_with(&format!(
+            "Secret {}/absent (kubeconfig of remote cluster `{}.absent`) does not exist",
+            ns.name(),
+            ns.name()
+        )),
+        "{reason}"
+    );
+    assert_eq!(plan.summary(), "1 node unknown");
+    // Deprovision counts a gone kubeconfig as a gone subtree; so does its plan.
+    let plan = cx.plan_deprovision(&tree("absent")).await.expect("plan");
+    assert!(!plan.has_changes(), "{plan}");
+
+    // A Secret without the key: unknown, naming the keys but not the values.
+    let secret: Secret = serde_json::from_value(serde_json::json!({
+        "metadata": { "name": "wrong-key" },
+        "stringData": { "token": "s3cr3t-value" },
+    }))
+    .expect("a Secret");
+    ns.api::<Secret>()
+        .create(&Default::default(), &secret)
+        .await
+        .expect("secret");
+    proxy.reset_counts();
+    let plan = cx.plan(&tree("wrong-key")).await.expect("plan");
+    let reason = plan.unknown_reason().expect("unknown");
+    assert!(
+        reason.contains("has no key `kubeconfig` (keys: token)"),
+        "{reason}"
+    );
+    let shown = format!("{plan:#}\n{}", serde_json::to_string(&plan).unwrap());
+    assert!(!shown.contains("s3cr3t"), "{shown}");
+    assert_eq!(proxy.counts().writes(), 0, "{}", proxy.counts());
+    let finalizers = ns
+        .api::<Secret>()
+        .get("wrong-key")
+        .await
+        .unwrap()
+        .metadata
+        .finalizers;
+    assert!(finalizers.unwrap_or_default().is_empty(), "no finalizer");
     ns.cleanup().await.expect("cleanup");
 }

@@ -2,9 +2,10 @@
 //! README's main command.
 //!
 //! Obtains the tools, starts two local control planes (`demo` and
-//! `demo-remote`), and runs the example operator's demo binary: it
-//! provisions the Platform tree with a live view, shows the result,
-//! deprovisions it and shows that everything is gone. The clusters are taken
+//! `demo-remote`), and runs the example operator's demo binary: it prints
+//! the Platform tree's plan, provisions the tree with a live view, shows the
+//! result, prints and applies the plan of switching a component off,
+//! deprovisions the tree and shows that everything is gone. The clusters are taken
 //! down afterwards, also on failure. With `--kubeconfig` it targets an
 //! existing cluster instead (the remote part goes to `--remote-kubeconfig`,
 //! or to the same cluster).
@@ -87,9 +88,18 @@ fn demo(tools: &Tools, kubeconfig: &Path, remote: Option<&Path>) -> Cmd {
 }
 
 /// What the demo must print when it worked (it also checks the clusters
-/// itself). `*` stands for the digest in the Platform's namespace name.
+/// itself). `*` stands for the digest in the Platform's namespace name, a
+/// plan's digest, or what a leaf's own plan says (its kind: a leaf without
+/// a plan of its own is `unknown`), so the lines hold whatever the leaves plan.
 const EXPECTED: &[&str] = &[
+    "== the plan, before provisioning (sha256:*)",
+    "demo: serial provision",
+    "  demo/components/remote: remote provision on cluster `default.demo-remote-kubeconfig`",
+    "Plan: ",
     "== provisioned in",
+    "== the plan, after switching the dashboards off (sha256:*)",
+    "  demo/components/dashboards: * deprovision (condition is false)",
+    "== applied in *: Dashboard overview is gone",
     "Deployment metrics: 1/1 available",
     "CustomResourceDefinition dashboards.default-demo-*.platform.example.com",
     "on the remote cluster, namespace default-demo-*:",

@@ -27,6 +27,14 @@
 //! deliberately) counts as already cleaned up, so deleting the parent never
 //! wedges on a cluster that no longer exists.
 //!
+//! A remote [plans](provisioners_core::Context::plan) its child on the
+//! remote cluster, through the same context provision would use, and marks
+//! the plan with the cluster's id; planning reads the kubeconfig but adds no
+//! finalizer. A kubeconfig that is missing (the Secret or its key absent,
+//! a value that is not a kubeconfig) plans as unknown, naming the Secret
+//! and key; a remote that cannot be reached fails the plan, as it fails
+//! provision.
+//!
 //! Two [`RemoteCluster`] implementations come with the crate:
 //! [`SecretKubeconfig`] reads the kubeconfig from a Secret (the usual case
 //! for clusters created by another controller) and [`StaticKubeconfig`]
@@ -68,10 +76,11 @@ use sha2::{Digest, Sha256};
 
 use kube::config::Kubeconfig;
 use provisioners_core::{
-    Context, ErrorKind, Metadata, Provisioner, RemoteCluster, Result, async_trait,
+    Context, ErrorKind, Metadata, Operation, Plan, Provisioner, RemoteCluster, Result, async_trait,
 };
 
 use crate::clusters::RemoteClusters;
+use crate::secret::{Missing, Read};
 pub use secret::SecretKubeconfig;
 
 /// Runs a child provisioner against the cluster a [`RemoteCluster`] describes.
@@ -154,6 +163,28 @@ impl RemoteClusterProvisioner {
         }
         Ok(remote)
     }
+
+    /// The remote's kubeconfig as planning sees it: read as provision reads
+    /// it (the same Secret read and trust rules), with what is missing
+    /// told apart from what fails.
+    async fn read_config(&self) -> Result<Read> {
+        if let Some(secret) = &self.secret {
+            return secret.read().await;
+        }
+        match self.remote.config().await {
+            Ok(kubeconfig) => Ok(Read::Kubeconfig(Box::new(kubeconfig))),
+            Err(error) if error.kind() == ErrorKind::NotFound => Ok(Read::Missing(Missing {
+                gone: true,
+                reason: error.message().to_owned(),
+            })),
+            Err(error) => Err(error),
+        }
+    }
+
+    /// This node's own plan node, on the remote cluster.
+    fn node(&self, operation: Operation) -> Plan {
+        Plan::new(self.name(), operation, "remote").with_cluster(self.remote.id())
+    }
 }
 
 impl RemoteTarget {
@@ -234,6 +265,48 @@ impl Provisioner for RemoteClusterProvisioner {
             secret.release(&finalizer(cx)).await?;
         }
         Ok(())
+    }
+
+    /// The child's plan on the remote cluster, planned through the context
+    /// provision would use (the same kubeconfig read, trust rules and
+    /// derived cluster); named, a `remote` node with the child below it.
+    /// Planning adds no finalizer to the Secret.
+    ///
+    /// A kubeconfig that is missing (the Secret or its key absent, its value
+    /// not a kubeconfig) plans as unknown, naming the Secret and key: the
+    /// cluster may simply not exist yet. To deprovision, a Secret that is
+    /// gone plans as nothing to do, as deprovision counts the subtree as
+    /// gone. A kubeconfig the trust rules refuse fails the plan as it fails
+    /// provision. A remote that cannot be reached fails the plan too (a
+    /// transient error, retried by the caller): an unknown there would make
+    /// the plan, and its digest, change with every network blip.
+    async fn plan(&self, cx: &Context, operation: Operation) -> Result<Plan> {
+        let kubeconfig = match self.read_config().await? {
+            Read::Kubeconfig(kubeconfig) => kubeconfig,
+            Read::Missing(Missing { gone: true, .. }) if operation == Operation::Deprovision => {
+                return Ok(self
+                    .node(operation)
+                    .with_note("kubeconfig is gone: the subtree counts as deprovisioned"));
+            }
+            Read::Missing(Missing { reason, .. }) => {
+                return Ok(self.node(operation).with_unknown(format!(
+                    "{reason}; the subtree on this cluster cannot be planned until the \
+                     kubeconfig is there (fix it, or wait for whatever creates the cluster \
+                     to write it)"
+                )));
+            }
+        };
+        let remote = self.remote_context(cx, *kubeconfig).await?;
+        if self.metadata.is_some() {
+            let child = remote.plan_operation(&self.child, operation).await?;
+            return Ok(self.node(operation).with_child(child));
+        }
+        let plan = self.child.plan(&remote, operation).await?;
+        // A nested remote below already says which cluster it plans on.
+        Ok(match plan.cluster() {
+            Some(_) => plan,
+            None => plan.with_cluster(self.remote.id()),
+        })
     }
 }
 

@@ -171,48 +171,77 @@ impl SecretKubeconfig {
     }
 }
 
-#[async_trait]
-impl RemoteCluster for SecretKubeconfig {
-    fn id(&self) -> &str {
-        &self.id
-    }
+/// What reading the Secret found: a usable kubeconfig, or why there is none
+/// (yet). A kubeconfig refused by the trust rules is neither: it is an
+/// error, as it would be for provisioning.
+pub(crate) enum Read {
+    /// The kubeconfig, checked against the trust rules.
+    Kubeconfig(Box<Kubeconfig>),
+    /// There is no usable kubeconfig; see [`Missing`].
+    Missing(Missing),
+}
 
-    async fn config(&self) -> Result<Kubeconfig> {
+/// Why a Secret holds no usable kubeconfig. The reason names the Secret and
+/// the key, never their content.
+pub(crate) struct Missing {
+    /// The Secret does not exist (not merely lacks the key): during
+    /// deprovision, the cluster went away with it.
+    pub(crate) gone: bool,
+    /// What is missing, naming the Secret and key.
+    pub(crate) reason: String,
+}
+
+impl SecretKubeconfig {
+    /// Reads the Secret: its kubeconfig, or what is missing.
+    ///
+    /// # Errors
+    ///
+    /// The Secret cannot be read (the API failed or refused), or its
+    /// kubeconfig breaks the trust rules.
+    pub(crate) async fn read(&self) -> Result<Read> {
         let secrets: Api<Secret> = Api::namespaced(self.client.clone(), &self.namespace);
-        let secret = secrets
+        let missing = |gone, reason| Ok(Read::Missing(Missing { gone, reason }));
+        let Some(secret) = secrets
             .get_opt(&self.name)
             .await
             .map_err(|e| Error::kube(format_args!("reading {}", self.describe()), e))?
-            .ok_or_else(|| Error::not_found(format!("{} does not exist", self.describe())))?;
+        else {
+            return missing(true, format!("{} does not exist", self.describe()));
+        };
         let data = secret.data.unwrap_or_default();
         let Some(value) = data.get(&self.key) else {
             let keys: Vec<&str> = data.keys().map(String::as_str).collect();
-            return Err(Error::invalid(format!(
-                "{} has no key `{}` (keys: {}); set the key with SecretKubeconfig::key",
-                self.describe(),
-                self.key,
-                if keys.is_empty() {
-                    "none".to_owned()
-                } else {
-                    keys.join(", ")
-                },
-            )));
+            return missing(
+                false,
+                format!(
+                    "{} has no key `{}` (keys: {}); set the key with SecretKubeconfig::key",
+                    self.describe(),
+                    self.key,
+                    if keys.is_empty() {
+                        "none".to_owned()
+                    } else {
+                        keys.join(", ")
+                    },
+                ),
+            );
         };
-        let text = std::str::from_utf8(&value.0).map_err(|_| {
-            Error::invalid(format!(
-                "{}: key `{}` is not UTF-8 text",
-                self.describe(),
-                self.key
-            ))
-        })?;
-        // The parser's message may quote the document: keep it out of the error.
-        let kubeconfig = Kubeconfig::from_yaml(text).map_err(|_| {
-            Error::invalid(format!(
-                "{}: key `{}` does not hold a valid kubeconfig",
-                self.describe(),
-                self.key
-            ))
-        })?;
+        let Ok(text) = std::str::from_utf8(&value.0) else {
+            return missing(
+                false,
+                format!("{}: key `{}` is not UTF-8 text", self.describe(), self.key),
+            );
+        };
+        // The parser's message may quote the document: keep it out of the reason.
+        let Ok(kubeconfig) = Kubeconfig::from_yaml(text) else {
+            return missing(
+                false,
+                format!(
+                    "{}: key `{}` does not hold a valid kubeconfig",
+                    self.describe(),
+                    self.key
+                ),
+            );
+        };
         if !self.trust_local_references
             && let Some(field) = local_reference(&kubeconfig)
         {
@@ -223,7 +252,25 @@ impl RemoteCluster for SecretKubeconfig {
                 self.describe()
             )));
         }
-        Ok(kubeconfig)
+        Ok(Read::Kubeconfig(Box::new(kubeconfig)))
+    }
+}
+
+#[async_trait]
+impl RemoteCluster for SecretKubeconfig {
+    fn id(&self) -> &str {
+        &self.id
+    }
+
+    async fn config(&self) -> Result<Kubeconfig> {
+        match self.read().await? {
+            Read::Kubeconfig(kubeconfig) => Ok(*kubeconfig),
+            Read::Missing(Missing { gone: true, reason }) => Err(Error::not_found(reason)),
+            Read::Missing(Missing {
+                gone: false,
+                reason,
+            }) => Err(Error::invalid(reason)),
+        }
     }
 }
 

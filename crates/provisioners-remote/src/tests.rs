@@ -3,7 +3,7 @@ use std::sync::{Arc, Mutex};
 
 use kube::config::Kubeconfig;
 use provisioners_core::{
-    Context, Error, ErrorKind, Operation, Provisioner, RemoteCluster, Result, async_trait,
+    Context, Error, ErrorKind, Operation, Plan, Provisioner, RemoteCluster, Result, async_trait,
 };
 use provisioners_testing::{Recorder, Scripted};
 
@@ -306,5 +306,178 @@ async fn every_pass_reaches_a_remote_through_the_same_cluster_until_its_kubeconf
     assert!(
         !seen.iter().any(|s| Arc::ptr_eq(s, &parent)),
         "the remote's state is its own"
+    );
+}
+
+/// Plans without reading anything, saying where it planned: the cluster id
+/// and path of its context, in the plan's note.
+#[derive(Clone, Default)]
+pub(crate) struct PlanProbe;
+
+#[async_trait]
+impl Provisioner for PlanProbe {
+    fn name(&self) -> &str {
+        "probe"
+    }
+    async fn provision(&self, _: &Context) -> Result<()> {
+        panic!("planning provisioned the child")
+    }
+    async fn deprovision(&self, _: &Context) -> Result<()> {
+        panic!("planning deprovisioned the child")
+    }
+    async fn plan(&self, cx: &Context, operation: Operation) -> Result<Plan> {
+        Ok(Plan::new("probe", operation, "probe").with_note(format!(
+            "{} {}",
+            cx.cluster().id(),
+            cx.path()
+        )))
+    }
+}
+
+#[tokio::test]
+async fn the_child_plans_on_the_remote_cluster_named_or_not() {
+    let cx = Context::offline();
+    let unnamed = RemoteClusterProvisioner::new(StaticKubeconfig::new(
+        "tenant-a",
+        kubeconfig("https://127.0.0.1:1"),
+    ))
+    .provision_on(PlanProbe);
+    for operation in [Operation::Provision, Operation::Deprovision] {
+        let plan = cx.plan_operation(&unnamed, operation).await.unwrap();
+        // The child's own node: no segment for the remote.
+        assert_eq!(plan.nodes().len(), 1);
+        assert_eq!((plan.name(), plan.kind()), ("probe", "probe"));
+        assert_eq!(plan.operation(), operation);
+        assert_eq!(plan.cluster(), Some("tenant-a"));
+        assert_eq!(plan.note(), Some("tenant-a probe"));
+    }
+
+    let named = RemoteClusterProvisioner::new(StaticKubeconfig::new(
+        "tenant-a",
+        kubeconfig("https://127.0.0.1:1"),
+    ))
+    .named("workload")
+    .provision_on(PlanProbe);
+    let plan = cx.plan(&named).await.unwrap();
+    assert_eq!((plan.name(), plan.kind()), ("workload", "remote"));
+    assert_eq!(plan.cluster(), Some("tenant-a"));
+    let paths: Vec<String> = plan.nodes().into_iter().map(|(p, _)| p).collect();
+    assert_eq!(paths, ["workload", "workload/probe"]);
+    assert_eq!(plan.children()[0].note(), Some("tenant-a workload/probe"));
+    assert!(
+        plan.to_string()
+            .contains("workload: remote provision on cluster `tenant-a`")
+    );
+}
+
+#[tokio::test]
+async fn nested_remotes_plan_each_on_its_own_cluster() {
+    let inner = RemoteClusterProvisioner::new(StaticKubeconfig::new(
+        "inner",
+        kubeconfig("https://127.0.0.2:1"),
+    ))
+    .provision_on(PlanProbe);
+    let outer = RemoteClusterProvisioner::new(StaticKubeconfig::new(
+        "outer",
+        kubeconfig("https://127.0.0.1:1"),
+    ))
+    .provision_on(inner);
+    let plan = Context::offline().plan(&outer).await.unwrap();
+    assert_eq!(
+        plan.cluster(),
+        Some("inner"),
+        "the innermost cluster is kept"
+    );
+    assert_eq!(plan.note(), Some("inner probe"));
+}
+
+#[tokio::test]
+async fn a_missing_kubeconfig_plans_as_unknown_and_to_deprovision_as_nothing_to_do() {
+    let cx = Context::offline();
+    let tree = RemoteClusterProvisioner::new(Gone).provision_on(PlanProbe);
+    let plan = cx.plan(&tree).await.expect("unknown, not an error");
+    assert_eq!((plan.name(), plan.kind()), ("probe", "remote"));
+    assert_eq!(plan.cluster(), Some("gone"));
+    let reason = plan.unknown_reason().expect("unknown");
+    assert!(
+        reason.starts_with("Secret clusters/gone does not exist; the subtree on this cluster"),
+        "{reason}"
+    );
+    assert!(plan.has_changes(), "nobody can say it changes nothing");
+    assert_eq!(plan.summary(), "1 node unknown");
+
+    // Deprovision counts such a subtree as gone: so does its plan.
+    let plan = cx.plan_deprovision(&tree).await.unwrap();
+    assert!(plan.unknown_reason().is_none());
+    assert_eq!(
+        plan.note(),
+        Some("kubeconfig is gone: the subtree counts as deprovisioned")
+    );
+    assert!(!plan.has_changes(), "{plan}");
+
+    // Named, the same: one node of the remote's own.
+    let named = RemoteClusterProvisioner::new(Gone)
+        .named("tenant")
+        .provision_on(PlanProbe);
+    let plan = cx.plan(&named).await.unwrap();
+    assert_eq!(plan.name(), "tenant");
+    assert!(plan.children().is_empty());
+    assert!(plan.unknown_reason().is_some());
+}
+
+#[tokio::test]
+async fn an_unusable_kubeconfig_fails_the_plan_as_it_fails_provision() {
+    let broken = Kubeconfig {
+        current_context: Some("missing".into()),
+        ..Kubeconfig::default()
+    };
+    let tree = RemoteClusterProvisioner::new(StaticKubeconfig::new("broken", broken))
+        .provision_on(PlanProbe);
+    let error = Context::offline().plan(&tree).await.unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::Invalid);
+    assert!(
+        error
+            .to_string()
+            .starts_with("probe: the kubeconfig of cluster `broken`"),
+        "{error}"
+    );
+}
+
+/// Plans from a read of the remote: `kube-system`.
+struct Reads;
+
+#[async_trait]
+impl Provisioner for Reads {
+    fn name(&self) -> &str {
+        "reads"
+    }
+    async fn provision(&self, _: &Context) -> Result<()> {
+        Ok(())
+    }
+    async fn deprovision(&self, _: &Context) -> Result<()> {
+        Ok(())
+    }
+    async fn plan(&self, cx: &Context, operation: Operation) -> Result<Plan> {
+        kube::Api::<k8s_openapi::api::core::v1::Namespace>::all(cx.client().clone())
+            .get("kube-system")
+            .await
+            .map_err(|e| Error::kube("reading kube-system", e))?;
+        Ok(Plan::new("reads", operation, "probe"))
+    }
+}
+
+#[tokio::test]
+async fn an_unreachable_remote_fails_the_plan_as_provision_would_fail() {
+    // Nothing listens on port 1: the remote cannot be reached.
+    let tree = RemoteClusterProvisioner::new(StaticKubeconfig::new(
+        "far",
+        kubeconfig("https://127.0.0.1:1"),
+    ))
+    .provision_on(Reads);
+    let error = Context::offline().plan(&tree).await.unwrap_err();
+    assert!(error.is_transient(), "the caller retries: {error}");
+    assert!(
+        error.to_string().starts_with("reads: reading kube-system"),
+        "{error}"
     );
 }

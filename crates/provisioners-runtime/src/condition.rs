@@ -23,6 +23,10 @@ pub enum Reason {
     Errored,
     /// The controller shut down while the tree ran.
     Cancelled,
+    /// The object asks for approval of its plans, and the current plan has
+    /// changes that are not approved: nothing was provisioned. The message
+    /// names the plan's digest, its summary and the annotation to set.
+    AwaitingApproval,
 }
 
 impl Reason {
@@ -34,6 +38,7 @@ impl Reason {
             Reason::Deprovisioning => "Deprovisioning",
             Reason::Errored => "Errored",
             Reason::Cancelled => "Cancelled",
+            Reason::AwaitingApproval => "AwaitingApproval",
         }
     }
 }

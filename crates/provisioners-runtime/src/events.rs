@@ -4,6 +4,11 @@
 //! is still a write; a tree that yields every few seconds would write an
 //! event per requeue. Here a (reason, note) already published for the
 //! object's current generation is not published again.
+//!
+//! kube's recorder folds events of one reason into a series that keeps the
+//! first event's note. That suits a node failing again; a plan awaiting
+//! approval names its digest in the note, so each new digest is an event of
+//! its own (a recorder with an empty cache, publishing it anew).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
@@ -29,6 +34,7 @@ pub(crate) enum Why {
     Deprovisioning,
     Deprovisioned,
     Superseded,
+    AwaitingApproval,
 }
 
 impl Why {
@@ -40,14 +46,24 @@ impl Why {
             Why::Deprovisioning => "Deprovisioning",
             Why::Deprovisioned => "Deprovisioned",
             Why::Superseded => "Superseded",
+            Why::AwaitingApproval => "AwaitingApproval",
         }
     }
 
     fn action(self) -> &'static str {
         match self {
-            Why::Provisioning | Why::Provisioned | Why::NodeFailed | Why::Superseded => "Provision",
+            Why::Provisioning
+            | Why::Provisioned
+            | Why::NodeFailed
+            | Why::Superseded
+            | Why::AwaitingApproval => "Provision",
             Why::Deprovisioning | Why::Deprovisioned => "Deprovision",
         }
+    }
+
+    /// Whether each note is an event of its own, not a repeat in a series.
+    fn note_is_news(self) -> bool {
+        matches!(self, Why::AwaitingApproval)
     }
 
     fn type_(self) -> EventType {
@@ -66,6 +82,8 @@ struct Published {
 
 /// Publishes events through one [`Recorder`] and remembers what it published.
 pub(crate) struct Events {
+    client: kube::Client,
+    reporter: Reporter,
     recorder: Recorder,
     published: Mutex<HashMap<String, Published>>,
 }
@@ -73,7 +91,9 @@ pub(crate) struct Events {
 impl Events {
     pub(crate) fn new(client: kube::Client, reporter: Reporter) -> Self {
         Events {
-            recorder: Recorder::new(client, reporter),
+            recorder: Recorder::new(client.clone(), reporter.clone()),
+            client,
+            reporter,
             published: Mutex::default(),
         }
     }
@@ -110,7 +130,14 @@ impl Events {
             action: why.action().to_owned(),
             secondary: None,
         };
-        if let Err(error) = self.recorder.publish(&event, reference).await {
+        let published = if why.note_is_news() {
+            Recorder::new(self.client.clone(), self.reporter.clone())
+                .publish(&event, reference)
+                .await
+        } else {
+            self.recorder.publish(&event, reference).await
+        };
+        if let Err(error) = published {
             tracing::warn!(object = key, reason = why.reason(), %error, "publishing an event failed");
             // Let the next reconcile try again.
             if let Some(entry) = self.lock().get_mut(key) {

@@ -13,13 +13,27 @@
 //!   finalizer only once that returned `Ok` (everything is gone);
 //! - writes an `Available` condition through the status subresource, with
 //!   reason [`Provisioned`](Reason::Provisioned), [`Provisioning`](Reason::Provisioning),
-//!   [`Deprovisioning`](Reason::Deprovisioning), [`Errored`](Reason::Errored) or
-//!   [`Cancelled`](Reason::Cancelled), the `observedGeneration` the tree was
+//!   [`Deprovisioning`](Reason::Deprovisioning), [`Errored`](Reason::Errored),
+//!   [`Cancelled`](Reason::Cancelled) or [`AwaitingApproval`](Reason::AwaitingApproval), the `observedGeneration` the tree was
 //!   built from, and a message bounded to [`MAX_MESSAGE`] bytes (the first
 //!   failures with their paths, then "and N more"); plus `status.waiting`,
 //!   what each waiting node waits for ([`Reconciler::waiting_field`] renames
 //!   it, [`Reconciler::no_waiting_field`] leaves it out). Only when something
 //!   changed: a no-op reconcile writes nothing;
+//! - with [`Reconciler::plan_field`], plans the tree first
+//!   ([`Context::plan`](provisioners_core::Context::plan): reads and
+//!   dry-runs only) and writes `status.<field>` = `{digest, summary,
+//!   unknownNodes}`;
+//! - **approval gate**: an object annotated
+//!   `provisioners.dev/plan-approval: required` is planned first on every
+//!   reconcile, and a plan with changes is applied only once the object's
+//!   `provisioners.dev/approved-plan` annotation holds exactly its digest;
+//!   until then the condition is `False` with reason
+//!   [`AwaitingApproval`](Reason::AwaitingApproval) (the message names the
+//!   digest, the summary and the annotation to set), one Event is published
+//!   per digest, and nothing is provisioned
+//!   ([`Reconciler::plan_approval_annotation`] has the rules). Deletion is
+//!   never gated;
 //! - maps a yield or an error to a *constant* requeue (no exponential backoff
 //!   for work that is merely in progress);
 //! - on graceful shutdown (the context's cancellation token, which should also
@@ -103,6 +117,7 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod approval;
 mod condition;
 mod events;
 mod in_flight;
@@ -113,9 +128,13 @@ pub mod metrics;
 mod reconciler;
 mod status;
 mod summary;
+mod target;
 #[cfg(test)]
 mod tests;
 
+pub use approval::{
+    DEFAULT_APPROVED_PLAN_ANNOTATION, DEFAULT_PLAN_APPROVAL_ANNOTATION, PLAN_APPROVAL_REQUIRED,
+};
 pub use condition::{AVAILABLE, Reason};
 pub use lease::LeaderElection;
 pub use provisioners_core::Managed;

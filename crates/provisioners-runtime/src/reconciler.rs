@@ -5,21 +5,22 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use kube::api::{ApiResource, DynamicObject, Patch, PatchParams};
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::Action;
 use kube::runtime::events::Reporter;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Resource, ResourceExt};
-use provisioners_core::{Context, Error, ErrorKind, ManagerProvisioner, Owner, Result};
+use provisioners_core::{Context, ErrorKind, ManagerProvisioner, Owner, Result};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use serde_json::{Value, json};
+use serde_json::Value;
 
+use crate::approval::{Approval, Decision};
 use crate::condition::Reason;
 use crate::events::{Events, Why};
 use crate::in_flight::{InFlight, Spec, Stopped};
-use crate::{status, summary};
+use crate::target::{Report, Target, key};
+use crate::{approval, status, summary};
 
 /// The annotation that pauses reconciliation when set to `"true"`.
 pub const DEFAULT_PAUSED_ANNOTATION: &str = "provisioners.dev/paused";
@@ -54,6 +55,9 @@ pub enum ReconcileResult {
     Paused,
     /// The reconciler could not talk to the API.
     Failed,
+    /// The object asks for plan approval and its plan is not approved;
+    /// nothing ran.
+    AwaitingApproval,
 }
 
 impl ReconcileResult {
@@ -69,6 +73,7 @@ impl ReconcileResult {
             ReconcileResult::Superseded => "superseded",
             ReconcileResult::Paused => "paused",
             ReconcileResult::Failed => "failed",
+            ReconcileResult::AwaitingApproval => "awaiting_approval",
         }
     }
 }
@@ -96,6 +101,8 @@ pub struct Reconciler {
     resync: Option<Duration>,
     paused_annotation: String,
     waiting_field: Option<String>,
+    plan_field: Option<String>,
+    approval: Approval,
     events: Option<Events>,
     observer: Option<Arc<dyn ReconcileObserver>>,
     in_flight: InFlight,
@@ -109,6 +116,9 @@ impl fmt::Debug for Reconciler {
             .field("resync", &self.resync)
             .field("paused_annotation", &self.paused_annotation)
             .field("waiting_field", &self.waiting_field)
+            .field("plan_field", &self.plan_field)
+            .field("plan_approval_annotation", &self.approval.required)
+            .field("approved_plan_annotation", &self.approval.approved)
             .field("events", &self.events.is_some())
             .field("in_flight", &self.in_flight.len())
             .finish_non_exhaustive()
@@ -127,6 +137,8 @@ impl Reconciler {
             resync: None,
             paused_annotation: DEFAULT_PAUSED_ANNOTATION.to_owned(),
             waiting_field: Some(DEFAULT_WAITING_FIELD.to_owned()),
+            plan_field: None,
+            approval: Approval::default(),
             events: None,
             observer: None,
             in_flight: InFlight::default(),
@@ -169,11 +181,66 @@ impl Reconciler {
         self
     }
 
+    /// Plans the tree before every provision and writes the plan to
+    /// `status.<field>`: `{digest, summary, unknownNodes}` (bounded, and
+    /// without Secret data: a plan masks it, the summary only counts), in a
+    /// merge patch of its own, only when it changed. It is the plan the
+    /// last reconcile set out to apply (after an approved provision, the
+    /// approved one, until the next reconcile plans again). Off by default:
+    /// planning costs reads and dry-runs on every reconcile. The status schema must have the field
+    /// (or preserve unknown fields).
+    ///
+    /// A plan that fails (say, the cluster is briefly unreachable) writes
+    /// nothing and provisioning goes ahead, unless the object asks for
+    /// approval (see [`Reconciler::plan_approval_annotation`]).
+    pub fn plan_field(mut self, field: impl Into<String>) -> Self {
+        self.plan_field = Some(field.into());
+        self
+    }
+
+    /// The annotation with which an object asks for approval of its plans
+    /// (default [`provisioners.dev/plan-approval`](crate::DEFAULT_PLAN_APPROVAL_ANNOTATION),
+    /// value [`required`](crate::PLAN_APPROVAL_REQUIRED)).
+    ///
+    /// Such an object is planned on every reconcile before anything runs.
+    /// A plan with changes (or unknown parts) is applied only once the
+    /// object's [approved plan annotation](Reconciler::approved_plan_annotation)
+    /// holds exactly its digest; until then nothing is provisioned, the
+    /// `Available` condition is `False` with reason
+    /// [`AwaitingApproval`](Reason::AwaitingApproval) and a message naming
+    /// the digest, the summary and the annotation to set, one Event is
+    /// published per digest, and the object is requeued at the usual
+    /// interval (the plan is made again: what it would do may change). A
+    /// plan with no changes needs no approval; a plan that changes after an
+    /// approval needs a new one (a plan with unknown parts, from a
+    /// provisioner that cannot plan, needs one too, and keeps it while the
+    /// plan stays the same); a plan that fails is reported like a failed
+    /// provision. The gate pins what the plan said at the start of the
+    /// reconcile that applies it.
+    ///
+    /// Deletion is never gated: a deleted object is deprovisioned as
+    /// always, because a deletion that never finishes (the finalizer kept,
+    /// the namespace stuck) is worse than one that was not reviewed.
+    pub fn plan_approval_annotation(mut self, annotation: impl Into<String>) -> Self {
+        self.approval.required = annotation.into();
+        self
+    }
+
+    /// The annotation that approves a plan by its digest (default
+    /// [`provisioners.dev/approved-plan`](crate::DEFAULT_APPROVED_PLAN_ANNOTATION)).
+    /// Its value is compared exactly and only up to 128 bytes; it is never
+    /// echoed unless it is a well-formed digest.
+    pub fn approved_plan_annotation(mut self, annotation: impl Into<String>) -> Self {
+        self.approval.approved = annotation.into();
+        self
+    }
+
     /// Publishes Kubernetes Events on the managed objects as `reporter`
     /// (the controller's name, and the pod's as its instance): provisioning
     /// started, provisioned, a node failed (with its path), deprovisioning,
-    /// deprovisioned, superseded. The same event is published once per
-    /// generation of an object, not on every requeue. Needs RBAC to
+    /// deprovisioned, superseded, a plan awaits approval (once per digest).
+    /// The same event is published once per generation of an object, not on
+    /// every requeue. Needs RBAC to
     /// `create` and `patch` `events.k8s.io` `events`.
     pub fn events(mut self, reporter: impl Into<Reporter>) -> Self {
         self.events = Some(Events::new(self.context.client().clone(), reporter.into()));
@@ -274,7 +341,7 @@ impl Reconciler {
     ///
     /// # Errors
     ///
-    /// A failed API call, with the kind [`Error::kube`] gives it: most often
+    /// A failed API call, with the kind [`Error::kube`](provisioners_core::Error::kube) gives it: most often
     /// [`ErrorKind::Unavailable`] (a conflicting write, 409, when the object
     /// changed meanwhile; the API unreachable or overloaded), which passes
     /// on a requeue; [`ErrorKind::Failed`] when it was refused (RBAC) and
@@ -359,6 +426,42 @@ impl Reconciler {
             return self
                 .finish(&report, &result, Reason::Deprovisioning, stopped)
                 .await;
+        }
+
+        let gated = self.approval.is_required(object);
+        if gated || self.plan_field.is_some() {
+            match cx.plan(managed).await {
+                Ok(plan) => {
+                    let plan_status = self
+                        .plan_field
+                        .as_deref()
+                        .map(|field| (field, approval::plan_status(&plan)));
+                    if gated
+                        && let Decision::Await { message, note } =
+                            self.approval.decide(object, &plan)
+                    {
+                        drop(run);
+                        let plan_status = plan_status.as_ref().map(|(f, v)| (*f, v));
+                        return self
+                            .await_approval(&report, &message, &note, plan_status)
+                            .await;
+                    }
+                    if let Some((field, value)) = &plan_status {
+                        self.write_plan(&report, field, value).await?;
+                    }
+                }
+                Err(error) if gated || run.stopped() != Stopped::No => {
+                    // No approved plan, no provision: reported as a failed one.
+                    let stopped = run.stopped();
+                    drop(run);
+                    return self
+                        .finish(&report, &Err(error), Reason::Provisioning, stopped)
+                        .await;
+                }
+                Err(error) => {
+                    tracing::warn!(object = %target, error = %summary::message(&error), "planning failed; provisioning anyway");
+                }
+            }
         }
 
         if !status::is_provisioned_at(&report.current, spec.generation) {
@@ -447,6 +550,38 @@ impl Reconciler {
         Ok((outcome, action))
     }
 
+    /// Reports a plan that awaits approval: the condition (and the plan's
+    /// status), one event per digest, and a requeue to plan again.
+    async fn await_approval(
+        &self,
+        report: &Report<'_>,
+        message: &str,
+        note: &str,
+        plan: Option<(&str, &Value)>,
+    ) -> Result<(ReconcileResult, Action)> {
+        let message = summary::truncate(message, summary::MAX_MESSAGE);
+        let waiting = self.waiting_field.as_deref();
+        if let Some(patch) =
+            status::awaiting(&report.current, &message, report.generation, plan, waiting)
+        {
+            report.target.patch_status(&patch).await?;
+        }
+        self.publish(report, Why::AwaitingApproval, note).await;
+        tracing::info!(object = %report.target, %message, "awaiting plan approval");
+        Ok((
+            ReconcileResult::AwaitingApproval,
+            Action::requeue(self.requeue),
+        ))
+    }
+
+    /// Writes the plan's status into `field`, if it changed.
+    async fn write_plan(&self, report: &Report<'_>, field: &str, value: &Value) -> Result<()> {
+        match status::plan(&report.current, field, value) {
+            Some(patch) => report.target.patch_status(&patch).await,
+            None => Ok(()),
+        }
+    }
+
     fn is_paused<K: Resource>(&self, object: &K) -> bool {
         object
             .annotations()
@@ -491,19 +626,15 @@ impl Reconciler {
         ) else {
             return Ok(false);
         };
-        let target = report.target;
-        target
-            .api
-            .patch_status(&target.name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-            .map_err(|e| Error::kube(format_args!("writing the status of {target}"), e))?;
+        report.target.patch_status(&patch).await?;
         Ok(true)
     }
 
     async fn add_finalizer<K: Resource>(&self, target: &Target, object: &K) -> Result<()> {
         let mut finalizers = object.finalizers().to_vec();
         finalizers.push(self.finalizer.clone());
-        self.patch_finalizers(target, object, finalizers, "adding the finalizer to")
+        target
+            .patch_finalizers(object, finalizers, "adding the finalizer to")
             .await
     }
 
@@ -514,91 +645,8 @@ impl Reconciler {
             .filter(|f| **f != self.finalizer)
             .cloned()
             .collect();
-        self.patch_finalizers(target, object, finalizers, "removing the finalizer from")
-            .await
-    }
-
-    /// A merge patch with the object's resourceVersion: a conflict (409)
-    /// rather than a lost update if the list changed meanwhile.
-    async fn patch_finalizers<K: Resource>(
-        &self,
-        target: &Target,
-        object: &K,
-        finalizers: Vec<String>,
-        action: &str,
-    ) -> Result<()> {
-        let patch = json!({
-            "metadata": {
-                "finalizers": finalizers,
-                "resourceVersion": object.resource_version(),
-            }
-        });
         target
-            .api
-            .patch(&target.name, &PatchParams::default(), &Patch::Merge(&patch))
+            .patch_finalizers(object, finalizers, "removing the finalizer from")
             .await
-            .map_err(|e| Error::kube(format_args!("{action} {target}"), e))?;
-        Ok(())
-    }
-}
-
-/// The key of an object in the in-flight registry and the event memory.
-fn key<R: Resource>(object: &R) -> String {
-    let meta = object.meta();
-    format!(
-        "{}/{}",
-        meta.namespace.as_deref().unwrap_or(""),
-        meta.name.as_deref().unwrap_or("")
-    )
-}
-
-/// What the end of a reconcile reports on.
-struct Report<'a> {
-    target: &'a Target,
-    /// The object as the reconcile got it, for comparisons.
-    current: Value,
-    generation: Option<i64>,
-    reference: k8s_openapi::api::core::v1::ObjectReference,
-}
-
-/// The reconciled object's API and name, for patches and messages.
-struct Target {
-    api: Api<DynamicObject>,
-    kind: String,
-    namespace: Option<String>,
-    name: String,
-    key: String,
-}
-
-impl Target {
-    fn of<K: Resource<DynamicType = ()>>(client: kube::Client, object: &K) -> Result<Self> {
-        let resource = ApiResource::erase::<K>(&());
-        let Some(name) = object.meta().name.clone() else {
-            return Err(Error::invalid(format!(
-                "a {} without metadata.name cannot be reconciled",
-                resource.kind
-            )));
-        };
-        let namespace = object.meta().namespace.clone();
-        let api = match &namespace {
-            Some(ns) => Api::namespaced_with(client, ns, &resource),
-            None => Api::all_with(client, &resource),
-        };
-        Ok(Target {
-            api,
-            kind: resource.kind,
-            key: key(object),
-            namespace,
-            name,
-        })
-    }
-}
-
-impl fmt::Display for Target {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.namespace {
-            Some(ns) => write!(f, "{} {ns}/{}", self.kind, self.name),
-            None => write!(f, "{} {}", self.kind, self.name),
-        }
     }
 }

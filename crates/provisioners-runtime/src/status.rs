@@ -73,6 +73,52 @@ pub(crate) fn patch(
     Some(json!({ "status": patch }))
 }
 
+/// The status merge patch that says the plan awaits approval (`message`),
+/// with the plan's status in `plan` (field, value) if it is written; `None`
+/// when the status already says exactly that. Nothing runs while a plan
+/// waits, so a waiting list left by an earlier run is removed.
+pub(crate) fn awaiting(
+    current: &Value,
+    message: &str,
+    generation: Option<i64>,
+    plan: Option<(&str, &Value)>,
+    waiting_field: Option<&str>,
+) -> Option<Value> {
+    let conditions = condition::updated(
+        current,
+        "False",
+        Reason::AwaitingApproval,
+        message,
+        generation,
+    );
+    let mut patch = serde_json::Map::new();
+    if let Some(conditions) = conditions {
+        patch.insert("conditions".to_owned(), Value::Array(conditions));
+    }
+    if let Some((field, value)) = plan
+        && current.get("status").and_then(|s| s.get(field)) != Some(value)
+    {
+        patch.insert(field.to_owned(), value.clone());
+    }
+    if let Some(field) = waiting_field
+        && current
+            .get("status")
+            .and_then(|s| s.get(field))
+            .is_some_and(|w| !w.is_null() && w.as_array().is_none_or(|a| !a.is_empty()))
+    {
+        // A merge patch removes the field with null.
+        patch.insert(field.to_owned(), Value::Null);
+    }
+    (!patch.is_empty()).then(|| json!({ "status": patch }))
+}
+
+/// The status merge patch that writes `value` (a plan's status) into
+/// `field`, or `None` when it is there already.
+pub(crate) fn plan(current: &Value, field: &str, value: &Value) -> Option<Value> {
+    let existing = current.get("status").and_then(|s| s.get(field));
+    (existing != Some(value)).then(|| json!({ "status": { field: value } }))
+}
+
 /// Whether `object`'s `Available` condition already says provisioned at `generation`.
 pub(crate) fn is_provisioned_at(object: &Value, generation: Option<i64>) -> bool {
     object
@@ -176,6 +222,41 @@ mod tests {
         assert_eq!(
             stopped_failed["status"]["conditions"][0]["reason"],
             "Cancelled"
+        );
+    }
+
+    #[test]
+    fn awaiting_approval_clears_the_waiting_list_and_writes_the_plan_once() {
+        let plan = json!({ "digest": "sha256:x", "summary": "1 to create" });
+        let current = json!({ "status": { "waiting": [{ "node": "p/a", "reason": "pods" }] } });
+        let patch = awaiting(
+            &current,
+            "m",
+            Some(1),
+            Some(("plan", &plan)),
+            Some("waiting"),
+        )
+        .expect("a first write");
+        assert_eq!(patch["status"]["waiting"], Value::Null);
+        assert_eq!(patch["status"]["plan"], plan);
+        assert_eq!(
+            patch["status"]["conditions"][0]["reason"],
+            "AwaitingApproval"
+        );
+        let written = json!({ "status": {
+            "plan": plan,
+            "conditions": patch["status"]["conditions"].clone(),
+        }});
+        assert!(
+            awaiting(
+                &written,
+                "m",
+                Some(1),
+                Some(("plan", &plan)),
+                Some("waiting")
+            )
+            .is_none(),
+            "the same again writes nothing"
         );
     }
 

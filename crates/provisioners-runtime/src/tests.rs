@@ -18,6 +18,8 @@ use serde_json::{Value, json};
 
 use crate::Reconciler;
 
+mod approval;
+
 const FINALIZER: &str = "example.com/platform";
 
 /// A reconciler whose every request is answered by the returned mock. Its
@@ -126,8 +128,8 @@ fn provisioned_at(generation: i64) -> Value {
 #[derive(Clone, Debug, serde::Serialize)]
 struct WithStatus {
     #[serde(flatten)]
-    inner: ConfigMap,
-    status: Value,
+    pub(super) inner: ConfigMap,
+    pub(super) status: Value,
 }
 
 impl kube::Resource for WithStatus {

@@ -63,7 +63,8 @@ pub const FIELD_MANAGER: &str = "platform-operator";
 #[kube(status = "PlatformStatus", shortname = "plat")]
 #[kube(
     printcolumn = r#"{"name":"Available","type":"string","jsonPath":".status.conditions[?(@.type==\"Available\")].status"}"#,
-    printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.conditions[?(@.type==\"Available\")].reason"}"#
+    printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.conditions[?(@.type==\"Available\")].reason"}"#,
+    printcolumn = r#"{"name":"Plan","type":"string","jsonPath":".status.plan.summary"}"#
 )]
 #[serde(rename_all = "camelCase")]
 pub struct PlatformSpec {
@@ -104,6 +105,25 @@ pub struct PlatformStatus {
     /// The nodes that are not done yet and what each waits for.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub waiting: Vec<WaitingNode>,
+    /// The plan the last reconcile set out to apply (with
+    /// [`Options::plan_status`]); approve it by setting the annotation
+    /// `provisioners.dev/approved-plan` to its digest on a Platform annotated
+    /// `provisioners.dev/plan-approval: required`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan: Option<PlanStatus>,
+}
+
+/// What a reconcile would do, as `Reconciler::plan_field` writes it.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PlanStatus {
+    /// The plan's digest, `sha256:` and 64 hex digits.
+    pub digest: String,
+    /// What it would do, e.g. `3 to create, 1 to update`.
+    pub summary: String,
+    /// How many nodes could not say what they would do.
+    #[serde(default)]
+    pub unknown_nodes: u64,
 }
 
 /// One node that is not done yet.
@@ -388,6 +408,11 @@ pub struct Options {
     pub leader_election: Option<LeaderElection>,
     /// At most this many Platforms reconciled at once (0: unbounded).
     pub concurrency: u16,
+    /// Plan every tree before provisioning it and write the plan's digest
+    /// and summary to `status.plan` (planning costs reads and dry-runs on
+    /// every reconcile). The approval gate works without it, but then only
+    /// the condition message names the digest.
+    pub plan_status: bool,
 }
 
 /// Reconciles at once unless [`Options::concurrency`] says otherwise: four
@@ -408,6 +433,7 @@ impl Options {
             metrics: None,
             leader_election: None,
             concurrency: DEFAULT_CONCURRENCY,
+            plan_status: false,
         }
     }
 
@@ -465,6 +491,9 @@ async fn run_controller(
     }
     if let Some(metrics) = &options.metrics {
         reconciler = reconciler.observe_reconciles(metrics.clone());
+    }
+    if options.plan_status {
+        reconciler = reconciler.plan_field("plan");
     }
     let state = Arc::new(State {
         reconciler,

@@ -1,6 +1,6 @@
 //! The Platform operator:
 //! `platform-operator [--crd] [--helm PATH] [--metrics-addr ADDR] [--leader-elect] [--shard SELECTOR]
-//! [--concurrency N]`.
+//! [--concurrency N] [--plan-status]`.
 //!
 //! With `--crd`, prints the `Platform` CRD (JSON, as `kubectl apply -f -`
 //! takes it). Otherwise installs the CRD, then reconciles `Platform`s on the
@@ -14,7 +14,13 @@
 //!   `POD_NAME` (default the host name and process id);
 //! - `--shard` reconciles only the Platforms matching a label selector;
 //! - `--concurrency` bounds the reconciles at once (default
-//!   `DEFAULT_CONCURRENCY`, 32; 0 for unbounded).
+//!   `DEFAULT_CONCURRENCY`, 32; 0 for unbounded);
+//! - `--plan-status` plans every tree before provisioning it and writes the
+//!   plan's digest and summary to `status.plan`.
+//!
+//! A Platform annotated `provisioners.dev/plan-approval: required` is
+//! provisioned only once `provisioners.dev/approved-plan` holds its plan's
+//! digest (the `Available` condition says `AwaitingApproval` until then).
 
 #![allow(clippy::print_stdout)]
 
@@ -30,7 +36,7 @@ use provisioners::{Cluster, Context};
 use provisioners_runtime::metrics::{Health, Metrics, serve};
 
 const USAGE: &str = "usage: platform-operator [--crd] [--helm PATH] [--metrics-addr ADDR|off] \
-                     [--leader-elect] [--shard SELECTOR] [--concurrency N]";
+                     [--leader-elect] [--shard SELECTOR] [--concurrency N] [--plan-status]";
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -46,6 +52,7 @@ async fn main() -> anyhow::Result<()> {
     let mut leader_elect = false;
     let mut shard = None;
     let mut concurrency = platform_operator::DEFAULT_CONCURRENCY;
+    let mut plan_status = false;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
@@ -60,6 +67,7 @@ async fn main() -> anyhow::Result<()> {
                 metrics_addr = (addr != "off").then_some(addr);
             }
             "--leader-elect" => leader_elect = true,
+            "--plan-status" => plan_status = true,
             "--shard" => shard = Some(args.next().context("--shard needs a label selector")?),
             "--concurrency" => {
                 let n = args.next().context("--concurrency needs a number")?;
@@ -136,6 +144,7 @@ async fn main() -> anyhow::Result<()> {
     }
     options.shard = shard;
     options.concurrency = concurrency;
+    options.plan_status = plan_status;
     // Standbys are ready too: readiness says the process works, not that it leads.
     health.set_ready(true);
     tracing::info!(cluster = cx.cluster().id(), "reconciling Platforms");

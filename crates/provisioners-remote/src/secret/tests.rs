@@ -392,3 +392,114 @@ fn commands_and_local_files_are_local_references() {
         );
     }
 }
+
+/// Plans `PlanProbe` on the remote of Secret `clusters/tenant-a`, whose read
+/// gets `status` and `reply`; planning must make no other request (one
+/// would wait for an answer that never comes).
+async fn plan_with(
+    operation: provisioners_core::Operation,
+    status: u16,
+    reply: Value,
+) -> Result<provisioners_core::Plan> {
+    let (cx, mut api) = mock::context();
+    let remote = SecretKubeconfig::new(cx.client().clone(), "clusters", "tenant-a");
+    let tree = crate::RemoteClusterProvisioner::new(remote).provision_on(crate::tests::PlanProbe);
+    let plan = tokio::spawn(async move { cx.plan_operation(&tree, operation).await });
+    api.expect(Method::GET, SECRET, status, reply).await;
+    tokio::time::timeout(std::time::Duration::from_secs(10), plan)
+        .await
+        .expect("planning made a request after reading the Secret (a finalizer?)")
+        .unwrap()
+}
+
+#[tokio::test]
+async fn planning_reads_the_secret_adds_no_finalizer_and_plans_on_the_remote() {
+    use provisioners_core::Operation;
+    for operation in [Operation::Provision, Operation::Deprovision] {
+        let plan = plan_with(operation, 200, secret(&[("kubeconfig", INLINE.as_bytes())]))
+            .await
+            .unwrap();
+        assert_eq!(plan.cluster(), Some("clusters.tenant-a"));
+        assert_eq!(plan.note(), Some("clusters.tenant-a probe"));
+        assert_eq!(plan.operation(), operation);
+    }
+}
+
+#[tokio::test]
+async fn a_missing_secret_or_key_plans_as_unknown_naming_them_without_their_content() {
+    use provisioners_core::Operation;
+    let cases: [(u16, Value, &str); 4] = [
+        (
+            404,
+            json!({}),
+            "Secret clusters/tenant-a (kubeconfig of remote cluster `clusters.tenant-a`) does not exist",
+        ),
+        (
+            200,
+            secret(&[("value", INLINE.as_bytes())]),
+            "has no key `kubeconfig` (keys: value)",
+        ),
+        (
+            200,
+            secret(&[("kubeconfig", b"users: [s3cr3t: {")]),
+            "key `kubeconfig` does not hold a valid kubeconfig",
+        ),
+        (
+            200,
+            secret(&[("kubeconfig", b"\xffs3cr3t")]),
+            "key `kubeconfig` is not UTF-8 text",
+        ),
+    ];
+    for (status, reply, says) in cases {
+        let plan = plan_with(Operation::Provision, status, reply.clone())
+            .await
+            .expect("unknown, not an error");
+        let reason = plan.unknown_reason().expect("unknown");
+        assert!(reason.contains(says), "{reason}");
+        assert!(
+            reason.contains("cannot be planned until the kubeconfig is there"),
+            "{reason}"
+        );
+        let shown = format!("{plan:#} {}", serde_json::to_string(&plan).unwrap());
+        assert!(!shown.contains("s3cr3t"), "the content leaked: {shown}");
+        assert_eq!(plan.cluster(), Some("clusters.tenant-a"));
+
+        // To deprovision: a Secret that is gone is nothing to do (deprovision
+        // counts the subtree as gone); a broken one is unknown (deprovision
+        // would fail).
+        let plan = plan_with(Operation::Deprovision, status, reply)
+            .await
+            .unwrap();
+        assert_eq!(plan.has_changes(), status != 404, "{plan}");
+    }
+}
+
+#[tokio::test]
+async fn a_kubeconfig_the_trust_rules_refuse_fails_the_plan() {
+    let exec = INLINE.replace(
+        "user: {token: s3cr3t-t0ken}",
+        "user: {exec: {command: /bin/s3cr3t-helper, apiVersion: client.authentication.k8s.io/v1}}",
+    );
+    let error = plan_with(
+        provisioners_core::Operation::Provision,
+        200,
+        secret(&[("kubeconfig", exec.as_bytes())]),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::Invalid, "{error}");
+    assert!(
+        error.to_string().contains("the kubeconfig uses `exec`"),
+        "{error}"
+    );
+    assert!(!error.to_string().contains("s3cr3t"), "{error}");
+}
+
+#[tokio::test]
+async fn a_failed_read_fails_the_plan_with_the_kind_of_the_api_failure() {
+    let error = plan_with(provisioners_core::Operation::Provision, 503, json!({}))
+        .await
+        .unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::Unavailable, "{error}");
+    assert!(error.is_transient());
+}

@@ -1,6 +1,8 @@
-//! The demo behind `cargo xtask demo`: provisions the Platform tree on a
-//! cluster (with its remote part on a second one) while drawing the tree
-//! live, shows what it made, deprovisions it, and shows that it is gone.
+//! The demo behind `cargo xtask demo`: prints the plan of the Platform tree,
+//! provisions it on a cluster (with its remote part on a second one) while
+//! drawing the tree live, shows what it made, prints the plan of switching
+//! the dashboards off and applies it, deprovisions the tree, and shows that
+//! it is gone.
 //!
 //! `demo --kubeconfig PATH [--remote-kubeconfig PATH] [--helm PATH]`
 
@@ -17,7 +19,7 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams};
+use kube::api::{ApiResource, DeleteParams, DynamicObject, ObjectMeta, Patch, PatchParams};
 use kube::config::Kubeconfig;
 use kube::{Api, ResourceExt};
 use platform_operator::{FIELD_MANAGER, Platform, PlatformSpec, RemoteSpec, Settings, tree};
@@ -116,10 +118,33 @@ async fn main() -> anyhow::Result<()> {
         None => client.clone(),
     };
 
+    // Planning reads and dry-runs only: nothing exists yet after it.
+    let plan = cx.plan(&root).await?;
+    println!("== the plan, before provisioning ({})", plan.digest());
+    println!("{plan}\n");
+
     println!("== provisioning the Platform tree (metrics, dashboards, remote agent)");
     let took = converge(&cx, &root, &view, Op::Provision).await?;
     println!("== provisioned in {took:.1?}\n");
     show(&client, &remote_client, &platform).await?;
+
+    // A component switched off: its conditional plans its deprovision.
+    platform.spec.dashboards = false;
+    let root = tree(&platform, &settings, &client);
+    let plan = cx.plan(&root).await?;
+    println!(
+        "\n== the plan, after switching the dashboards off ({})",
+        plan.digest()
+    );
+    println!("{plan}\n");
+    view.reset();
+    let took = converge(&cx, &root, &view, Op::Provision).await?;
+    let dashboards = dashboards(&client, &platform);
+    ensure!(
+        dashboards.get_opt("overview").await?.is_none(),
+        "the dashboard is still there"
+    );
+    println!("== applied in {took:.1?}: Dashboard overview is gone");
 
     println!("\n== deprovisioning (reverse order, gated until everything is gone)");
     view.reset();
@@ -161,6 +186,19 @@ async fn converge(
             Err(e) => bail!("pass {pass} failed: {e}"),
         }
     }
+}
+
+/// The platform's Dashboards.
+fn dashboards(client: &kube::Client, platform: &Platform) -> Api<DynamicObject> {
+    let group = platform.dashboard_group();
+    let resource = ApiResource {
+        api_version: format!("{group}/v1"),
+        group,
+        version: "v1".into(),
+        kind: "Dashboard".into(),
+        plural: "dashboards".into(),
+    };
+    Api::namespaced_with(client.clone(), &platform.target_namespace(), &resource)
 }
 
 async fn show(
