@@ -10,14 +10,17 @@
 
 mod args;
 mod classify;
+mod compare;
 mod drift;
 mod gate;
 mod lease;
 mod live;
 mod lock;
+mod plan;
 mod provision;
 mod ready;
 mod recovery;
+mod render;
 mod run;
 
 pub use self::drift::Drift;
