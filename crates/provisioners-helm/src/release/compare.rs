@@ -31,7 +31,10 @@ fn key(object: &ObjectRef, namespace: &str) -> Key {
     (
         object.api_version.clone(),
         object.kind.clone(),
-        object.namespace.clone().unwrap_or_else(|| namespace.to_owned()),
+        object
+            .namespace
+            .clone()
+            .unwrap_or_else(|| namespace.to_owned()),
         object.name.clone(),
     )
 }
@@ -181,19 +184,26 @@ fn kept(live: &Value) -> bool {
 pub(super) fn drift(objects: &[Live]) -> Vec<ObjectPlan> {
     objects
         .iter()
-        .map(|Live { object, desired, live, served }| match live {
-            None if !served => not_served(object)
-                .with_reason("its kind is no longer served (its CRD is gone): not repaired"),
-            None => plan_of(object, Action::Create).with_reason("deleted: created again"),
-            Some(live) => {
-                let rendered = as_stored(&object.kind, desired);
-                if contains_rendered(live, &rendered) {
-                    plan_of(object, Action::NoChange)
-                } else {
-                    plan_of(object, Action::Update).with_changes(diff_rendered(live, &rendered))
+        .map(
+            |Live {
+                 object,
+                 desired,
+                 live,
+                 served,
+             }| match live {
+                None if !served => not_served(object)
+                    .with_reason("its kind is no longer served (its CRD is gone): not repaired"),
+                None => plan_of(object, Action::Create).with_reason("deleted: created again"),
+                Some(live) => {
+                    let rendered = as_stored(&object.kind, desired);
+                    if contains_rendered(live, &rendered) {
+                        plan_of(object, Action::NoChange)
+                    } else {
+                        plan_of(object, Action::Update).with_changes(diff_rendered(live, &rendered))
+                    }
                 }
-            }
-        })
+            },
+        )
         .collect()
 }
 
@@ -275,7 +285,9 @@ mod tests {
                 .contains("no Helm ownership metadata")
         );
         assert!(foreign(&json!({"metadata": {}}), "web", "apps").is_some());
-        assert!(kept(&json!({"metadata": {"annotations": {"helm.sh/resource-policy": " Keep"}}})));
+        assert!(kept(
+            &json!({"metadata": {"annotations": {"helm.sh/resource-policy": " Keep"}}})
+        ));
         assert!(!kept(&json!({"metadata": {}})));
     }
 
@@ -317,14 +329,22 @@ mod tests {
         let actions: Vec<Action> = plans.iter().map(ObjectPlan::action).collect();
         assert_eq!(
             actions,
-            [Action::NoChange, Action::Update, Action::Update, Action::Create]
+            [
+                Action::NoChange,
+                Action::Update,
+                Action::Update,
+                Action::Create
+            ]
         );
         assert_eq!(
             plans[1].changes()[0].to_string(),
             "data.k: \"by hand\" -> \"v\""
         );
         let shown = format!("{:?}", plans[2]);
-        assert!(!shown.contains("s3cr3t") && !shown.contains("b3RoZXI="), "{shown}");
+        assert!(
+            !shown.contains("s3cr3t") && !shown.contains("b3RoZXI="),
+            "{shown}"
+        );
         assert_eq!(plans[2].changes()[0].path(), "data.password");
         let held = held(plans[1].clone(), "not repaired");
         assert_eq!(held.action(), Action::NoChange);

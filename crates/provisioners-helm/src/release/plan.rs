@@ -113,7 +113,9 @@ impl Start {
                 install: false,
                 fresh: false,
                 prior: Some((from, false)),
-                deployed: latest.deployed_before.or((status == "deployed").then_some(n)),
+                deployed: latest
+                    .deployed_before
+                    .or((status == "deployed").then_some(n)),
             }
         }
     }
@@ -197,14 +199,17 @@ impl HelmRelease {
                 reasons.push("values changed".to_owned());
             }
             if before == after && same_values {
-                reasons.push(match (&digest, latest.as_ref().and_then(|r| r.digest.as_ref())) {
-                    (None, _) => "the chart is not pinned to an exact version: it is upgraded \
+                reasons.push(
+                    match (&digest, latest.as_ref().and_then(|r| r.digest.as_ref())) {
+                        (None, _) => "the chart is not pinned to an exact version: it is upgraded \
                                   on every provision"
-                        .to_owned(),
-                    (Some(_), None) => "the deployed revision was not made by this provisioner"
-                        .to_owned(),
-                    (Some(_), Some(_)) => "the chart's content changed".to_owned(),
-                });
+                            .to_owned(),
+                        (Some(_), None) => {
+                            "the deployed revision was not made by this provisioner".to_owned()
+                        }
+                        (Some(_), Some(_)) => "the chart's content changed".to_owned(),
+                    },
+                );
             }
         }
         let changing = objects
@@ -227,7 +232,11 @@ impl HelmRelease {
             reasons.push(format!(
                 "helm refuses {}: provision fails until they are removed or given this \
                  release's ownership metadata",
-                count(refused, "existing object it does not own", "existing objects it does not own")
+                count(
+                    refused,
+                    "existing object it does not own",
+                    "existing objects it does not own"
+                )
             ));
         }
 
@@ -437,8 +446,16 @@ mod tests {
 
         let upgrade = Start::of("ns/web", Some(&revision(4, "pending-upgrade", Some(2))));
         assert_eq!(upgrade.action, ReleaseAction::Upgrade);
-        assert_eq!((upgrade.prior, upgrade.deployed), (Some((2, false)), Some(2)));
-        assert!(upgrade.recovery.unwrap().contains("rolled back to revision 2"));
+        assert_eq!(
+            (upgrade.prior, upgrade.deployed),
+            (Some((2, false)), Some(2))
+        );
+        assert!(
+            upgrade
+                .recovery
+                .unwrap()
+                .contains("rolled back to revision 2")
+        );
 
         let failed = Start::of("ns/web", Some(&revision(3, "failed", Some(2))));
         assert_eq!(failed.action, ReleaseAction::Upgrade);
@@ -449,7 +466,10 @@ mod tests {
         assert_eq!(first_failed.deployed, None);
 
         let deployed = Start::of("ns/web", Some(&revision(5, "deployed", None)));
-        assert_eq!((deployed.prior, deployed.deployed), (Some((5, false)), Some(5)));
+        assert_eq!(
+            (deployed.prior, deployed.deployed),
+            (Some((5, false)), Some(5))
+        );
         assert!(deployed.recovery.is_none());
 
         let uninstalled = Start::of("ns/web", Some(&revision(2, "uninstalled", None)));
@@ -459,11 +479,20 @@ mod tests {
 
     #[test]
     fn values_compare_as_helm_stores_them() {
-        assert!(same_values(&json!({"a": 1.0, "b": [1, "x"]}), &json!({"b": [1, "x"], "a": 1})));
+        assert!(same_values(
+            &json!({"a": 1.0, "b": [1, "x"]}),
+            &json!({"b": [1, "x"], "a": 1})
+        ));
         assert!(!same_values(&json!({"a": 1}), &json!({"a": 2})));
         assert!(!same_values(&json!({"a": 1}), &json!({"a": 1, "b": null})));
         assert_eq!(record_name("web", 3), "sh.helm.release.v1.web.v3");
-        assert_eq!(count(1, "object drifted", "objects drifted"), "1 object drifted");
-        assert_eq!(count(2, "object drifted", "objects drifted"), "2 objects drifted");
+        assert_eq!(
+            count(1, "object drifted", "objects drifted"),
+            "1 object drifted"
+        );
+        assert_eq!(
+            count(2, "object drifted", "objects drifted"),
+            "2 objects drifted"
+        );
     }
 }

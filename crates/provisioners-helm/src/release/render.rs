@@ -72,7 +72,12 @@ impl HelmRelease {
     /// release's ownership metadata, renders again with `--take-ownership`
     /// (which skips that check only), so that the plan can name every such
     /// object: helm stops at the first.
-    pub(super) async fn render(&self, cx: &Context, values: &Value, render: Render) -> Result<DryRun> {
+    pub(super) async fn render(
+        &self,
+        cx: &Context,
+        values: &Value,
+        render: Render,
+    ) -> Result<DryRun> {
         let kubeconfig = self.kubeconfig(cx)?;
         let major = version::detect(
             cx.cluster(),
@@ -151,7 +156,11 @@ mod tests {
             "hooks run by helm, not planned: Job web-migrate (pre-install, pre-upgrade)"
         );
         // A notice before the JSON is skipped.
-        let noisy = [b"Release \"web\" does not exist. Installing it now.\n".as_slice(), stdout].concat();
+        let noisy = [
+            b"Release \"web\" does not exist. Installing it now.\n".as_slice(),
+            stdout,
+        ]
+        .concat();
         assert_eq!(parse("ns/web", &noisy).unwrap().manifest, dry.manifest);
         let error = parse("ns/web", b"Error: nope \"s3cr3t\"").unwrap_err();
         assert!(!error.message().contains("s3cr3t"), "{error}");

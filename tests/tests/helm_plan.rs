@@ -1,0 +1,329 @@
+//! `HelmRelease::plan` on the local control plane, with the real Helm 3 and
+//! Helm 4: what provision and deprovision would do, at every stage of a
+//! release's life, and that planning writes nothing (helm and our client
+//! both go through the fault proxy, which counts every mutating request
+//! that is not a dry run).
+//!
+//! Run through `cargo xtask test`, or by hand (see docs/testing.md):
+//! `PROVISIONERS_KUBECONFIG`, `PROVISIONERS_HELM3` and `PROVISIONERS_HELM4`.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Patch, PatchParams, PostParams};
+use provisioners::plan::{Action, ObjectPlan, Plan, ReleaseAction};
+use provisioners::{Context, Provisioner};
+use provisioners_helm::HelmRelease;
+use provisioners_testing::cluster::{HarnessCluster, TestNamespace};
+use provisioners_testing::faults::Proxy;
+use serde_json::json;
+
+#[macro_use]
+mod helm_support;
+use helm_support::*;
+
+both_helms!(
+    a_release_plans_install_no_change_drift_upgrade_and_uninstall,
+    objects_of_another_owner_are_refused_and_owned_ones_adopted,
+);
+
+/// Plans `operation` on `node` through `proxy`, twice: both plans are the
+/// same (digest included) and neither wrote anything.
+async fn plan_without_writes(
+    cx: &Context,
+    proxy: &Proxy,
+    node: &HelmRelease,
+    deprovision: bool,
+    what: &str,
+) -> Plan {
+    proxy.reset_counts();
+    let started = Instant::now();
+    let plan = if deprovision {
+        cx.plan_deprovision(node).await
+    } else {
+        cx.plan(node).await
+    }
+    .unwrap_or_else(|e| panic!("plan {what}: {e}"));
+    let took = started.elapsed();
+    let counts = proxy.counts();
+    assert_eq!(counts.writes(), 0, "planning {what} wrote: {counts}");
+    eprintln!(
+        "plan {what}: {took:?}, {} requests\n{plan}",
+        counts.requests()
+    );
+    let again = if deprovision {
+        cx.plan_deprovision(node).await
+    } else {
+        cx.plan(node).await
+    }
+    .unwrap_or_else(|e| panic!("plan {what} again: {e}"));
+    assert_eq!(again, plan, "planning {what} twice");
+    assert_eq!(again.digest(), plan.digest());
+    assert_eq!(proxy.counts().writes(), 0, "{}", proxy.counts());
+    plan
+}
+
+fn object<'a>(plan: &'a Plan, kind: &str, name: &str) -> &'a ObjectPlan {
+    plan.objects()
+        .iter()
+        .find(|o| o.kind() == kind && o.name() == name)
+        .unwrap_or_else(|| panic!("no {kind} {name} in\n{plan:#}"))
+}
+
+fn actions(plan: &Plan) -> Vec<(String, Action)> {
+    plan.objects()
+        .iter()
+        .map(|o| (format!("{} {}", o.kind(), o.name()), o.action()))
+        .collect()
+}
+
+fn changes(object: &ObjectPlan) -> Vec<String> {
+    object.changes().iter().map(ToString::to_string).collect()
+}
+
+/// Neither the Display (both forms) nor the JSON of `plan` holds `secret`.
+fn no_secret(plan: &Plan, secret: &str) {
+    let json = serde_json::to_string(plan).expect("json");
+    for shown in [plan.to_string(), format!("{plan:#}"), json] {
+        assert!(!shown.contains(secret), "a Secret's value in the plan: {shown}");
+    }
+}
+
+fn release(helm: &PathBuf, ns: &TestNamespace, password: &str) -> HelmRelease {
+    HelmRelease::new("web", chart("helm-plan"))
+        .namespace(ns.name())
+        .values(&json!({"password": password}))
+        .helm(helm)
+}
+
+async fn a_release_plans_install_no_change_drift_upgrade_and_uninstall(helm: PathBuf) {
+    let ns = TestNamespace::create("helm-plan").await.expect("namespace");
+    let proxy = Proxy::start(HarnessCluster::Primary).await.expect("proxy");
+    let cx = proxy.context("helm-plan").await.expect("context");
+    let web = release(&helm, &ns, SECRET);
+
+    // Before install: every object created; the hook is named, not planned.
+    let plan = plan_without_writes(&cx, &proxy, &web, false, "before install").await;
+    let release_plan = plan.release().expect("a release plan");
+    assert_eq!(release_plan.action(), ReleaseAction::Install, "{plan}");
+    assert_eq!(release_plan.chart(), Some("helm-plan-0.1.0"));
+    assert_eq!(plan.kind(), "helm");
+    let mut created: Vec<String> = actions(&plan)
+        .into_iter()
+        .map(|(name, action)| {
+            assert_eq!(action, Action::Create, "{name}: {plan:#}");
+            name
+        })
+        .collect();
+    created.sort();
+    assert_eq!(
+        created,
+        [
+            "ConfigMap web-extra",
+            "ConfigMap web-kept",
+            "ConfigMap web-settings",
+            "Deployment web",
+            "Secret web-credentials",
+        ]
+    );
+    assert!(
+        plan.note().is_some_and(|n| n.contains("ConfigMap web-hook")),
+        "{plan}"
+    );
+    assert_eq!(object(&plan, "Secret", "web-credentials").namespace(), Some(ns.name()));
+    no_secret(&plan, SECRET);
+    assert!(
+        ns.api::<ConfigMap>().get_opt("web-settings").await.expect("get").is_none(),
+        "the plan installed something"
+    );
+
+    // The provision that follows writes: the counter can fail.
+    proxy.reset_counts();
+    let started = Instant::now();
+    settle(&cx, &web, "install").await;
+    eprintln!("provision (install): {:?}, {}", started.elapsed(), proxy.counts());
+    assert!(proxy.counts().writes() > 0, "{}", proxy.counts());
+
+    // Installed: nothing to do, and no helm process either (the fast path).
+    let plan = plan_without_writes(&cx, &proxy, &web, false, "after install").await;
+    let release_plan = plan.release().expect("a release plan");
+    assert_eq!(release_plan.action(), ReleaseAction::NoChange, "{plan}");
+    assert_eq!(release_plan.revision(), Some(1));
+    assert!(!plan.has_changes(), "{plan:#}");
+    assert_eq!(plan.objects().len(), 5, "{plan:#}");
+    no_secret(&plan, SECRET);
+    let installed_digest = plan.digest();
+
+    // Edited by hand: drift, with the object and its field.
+    ns.api::<ConfigMap>()
+        .patch(
+            "web-settings",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"data": {"greeting": "by hand"}})),
+        )
+        .await
+        .expect("edit the ConfigMap");
+    let plan = plan_without_writes(&cx, &proxy, &web, false, "after an edit").await;
+    assert_eq!(plan.release().unwrap().action(), ReleaseAction::Drift, "{plan}");
+    assert_eq!(plan.release().unwrap().reason(), Some("1 object drifted"));
+    let edited = object(&plan, "ConfigMap", "web-settings");
+    assert_eq!(edited.action(), Action::Update, "{plan:#}");
+    assert_eq!(changes(edited), ["data.greeting: \"by hand\" -> \"hello\""]);
+    assert_eq!(plan.counts().update, 1, "{plan:#}");
+    assert_eq!(plan.counts().no_change, 4, "{plan:#}");
+    assert_ne!(plan.digest(), installed_digest);
+
+    // Repaired by provision: no change again, with the same digest as before.
+    settle(&cx, &web, "repair").await;
+    let plan = plan_without_writes(&cx, &proxy, &web, false, "after the repair").await;
+    assert_eq!(plan.release().unwrap().action(), ReleaseAction::NoChange, "{plan:#}");
+    assert!(!plan.has_changes(), "{plan:#}");
+
+    // New values: an upgrade with exactly the objects they change. The
+    // password changes too: masked on both sides.
+    let new_secret = "another-pa55-that-must-not-leak-9c1d";
+    let changed = HelmRelease::new("web", chart("helm-plan"))
+        .namespace(ns.name())
+        .values(&json!({"password": new_secret, "greeting": "bonjour", "extra": false, "kept": false}))
+        .helm(&helm);
+    let plan = plan_without_writes(&cx, &proxy, &changed, false, "after a values change").await;
+    let release_plan = plan.release().expect("a release plan");
+    assert_eq!(release_plan.action(), ReleaseAction::Upgrade, "{plan}");
+    let reason = release_plan.reason().unwrap_or_default();
+    assert!(reason.contains("values changed"), "{reason}");
+    assert!(!reason.contains("chart helm-plan"), "{reason}");
+    let settings = object(&plan, "ConfigMap", "web-settings");
+    assert_eq!(settings.action(), Action::Update, "{plan:#}");
+    assert_eq!(changes(settings), ["data.greeting: \"hello\" -> \"bonjour\""]);
+    let credentials = object(&plan, "Secret", "web-credentials");
+    assert_eq!(credentials.action(), Action::Update, "{plan:#}");
+    assert_eq!(
+        changes(credentials),
+        ["data.password: (sensitive value) -> (sensitive value)"]
+    );
+    assert_eq!(object(&plan, "ConfigMap", "web-extra").action(), Action::Delete);
+    let kept = object(&plan, "ConfigMap", "web-kept");
+    assert_eq!(kept.action(), Action::NoChange, "{plan:#}");
+    assert!(kept.reason().is_some_and(|r| r.contains("keep")), "{plan:#}");
+    assert_eq!(object(&plan, "Deployment", "web").action(), Action::NoChange);
+    let counts = plan.counts();
+    assert_eq!(
+        (counts.create, counts.update, counts.delete, counts.no_change),
+        (0, 2, 1, 2),
+        "{plan:#}"
+    );
+    no_secret(&plan, SECRET);
+    no_secret(&plan, new_secret);
+
+    // A version bump says so.
+    let bumped_chart = tempfile::tempdir().expect("temp dir");
+    copy_dir(
+        &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("charts/helm-plan"),
+        bumped_chart.path(),
+    );
+    let chart_yaml = bumped_chart.path().join("Chart.yaml");
+    let text = std::fs::read_to_string(&chart_yaml).expect("Chart.yaml");
+    std::fs::write(&chart_yaml, text.replace("version: 0.1.0", "version: 0.2.0")).expect("write");
+    let bumped = HelmRelease::new("web", provisioners_helm::Chart::local(bumped_chart.path()))
+        .namespace(ns.name())
+        .values(&json!({"password": SECRET}))
+        .helm(&helm);
+    let plan = plan_without_writes(&cx, &proxy, &bumped, false, "after a chart bump").await;
+    let release_plan = plan.release().unwrap();
+    assert_eq!(release_plan.action(), ReleaseAction::Upgrade, "{plan}");
+    assert_eq!(release_plan.chart(), Some("helm-plan-0.2.0"));
+    assert!(
+        release_plan
+            .reason()
+            .is_some_and(|r| r.contains("chart helm-plan-0.1.0 -> helm-plan-0.2.0")),
+        "{plan}"
+    );
+
+    // Deprovision: every object deleted but the kept one.
+    let plan = plan_without_writes(&cx, &proxy, &web, true, "deprovision").await;
+    let release_plan = plan.release().expect("a release plan");
+    assert_eq!(release_plan.action(), ReleaseAction::Uninstall, "{plan}");
+    assert_eq!(release_plan.revision(), Some(2));
+    let kept = object(&plan, "ConfigMap", "web-kept");
+    assert_eq!(kept.action(), Action::NoChange, "{plan:#}");
+    assert!(kept.reason().is_some_and(|r| r.contains("keep")), "{plan:#}");
+    for name in ["web-settings", "web-extra"] {
+        assert_eq!(object(&plan, "ConfigMap", name).action(), Action::Delete, "{plan:#}");
+    }
+    assert_eq!(object(&plan, "Secret", "web-credentials").action(), Action::Delete);
+    assert_eq!(object(&plan, "Deployment", "web").action(), Action::Delete);
+    no_secret(&plan, SECRET);
+
+    proxy.reset_counts();
+    deprovision_until_gone(&cx, &web).await;
+    assert!(proxy.counts().writes() > 0, "{}", proxy.counts());
+    assert!(
+        ns.api::<ConfigMap>().get_opt("web-kept").await.expect("get").is_some(),
+        "the kept object went"
+    );
+    let plan = plan_without_writes(&cx, &proxy, &web, true, "deprovision when gone").await;
+    assert_eq!(plan.release().unwrap().action(), ReleaseAction::Absent, "{plan}");
+    assert!(plan.objects().is_empty(), "{plan:#}");
+    ns.cleanup().await.expect("cleanup");
+}
+
+async fn objects_of_another_owner_are_refused_and_owned_ones_adopted(helm: PathBuf) {
+    let ns = TestNamespace::create("helm-plan-own").await.expect("namespace");
+    let proxy = Proxy::start(HarnessCluster::Primary).await.expect("proxy");
+    let cx = proxy.context("helm-plan-own").await.expect("context");
+    let configmaps = ns.api::<ConfigMap>();
+    let existing = |name: &str, owner: Option<&str>| {
+        let mut object: ConfigMap = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "data": {"greeting": "hello"},
+        }))
+        .expect("ConfigMap");
+        if let Some(owner) = owner {
+            object.metadata.labels =
+                Some([("app.kubernetes.io/managed-by".to_owned(), "Helm".to_owned())].into());
+            object.metadata.annotations = Some(
+                [
+                    ("meta.helm.sh/release-name".to_owned(), owner.to_owned()),
+                    ("meta.helm.sh/release-namespace".to_owned(), ns.name().to_owned()),
+                ]
+                .into(),
+            );
+        }
+        object
+    };
+    // Made by hand, and made for this very release (helm adopts those).
+    configmaps
+        .create(&PostParams::default(), &existing("web-settings", None))
+        .await
+        .expect("create");
+    configmaps
+        .create(&PostParams::default(), &existing("web-extra", Some("web")))
+        .await
+        .expect("create");
+    let web = release(&helm, &ns, SECRET);
+    let plan = plan_without_writes(&cx, &proxy, &web, false, "over existing objects").await;
+    assert_eq!(plan.release().unwrap().action(), ReleaseAction::Install, "{plan}");
+    let refused = object(&plan, "ConfigMap", "web-settings");
+    assert_eq!(refused.action(), Action::Refuse, "{plan:#}");
+    assert!(
+        refused.reason().is_some_and(|r| r.contains("not part of this release")),
+        "{plan:#}"
+    );
+    let adopted = object(&plan, "ConfigMap", "web-extra");
+    assert_eq!(adopted.action(), Action::Adopt, "{plan:#}");
+    assert_eq!(changes(adopted), ["data.extra: (none) -> \"yes\""]);
+    assert_eq!(object(&plan, "Deployment", "web").action(), Action::Create);
+    assert!(
+        plan.release()
+            .unwrap()
+            .reason()
+            .is_some_and(|r| r.contains("helm refuses 1 existing object")),
+        "{plan}"
+    );
+    // And provision does refuse, as planned.
+    let error = cx.provision(&web).await.expect_err("helm refuses the object");
+    assert!(error.to_string().contains("web-settings"), "{error}");
+    no_secret(&plan, SECRET);
+    ns.cleanup().await.expect("cleanup");
+}
