@@ -10,6 +10,7 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Patch, PatchParams, PostParams};
 use provisioners::plan::{Action, ObjectPlan, Plan, ReleaseAction};
@@ -62,6 +63,22 @@ async fn plan_without_writes(
     assert_eq!(again.digest(), plan.digest());
     assert_eq!(proxy.counts().writes(), 0, "{}", proxy.counts());
     plan
+}
+
+/// Waits until provision's Lease on `release` is given up: that write
+/// lands after provision has returned, and would count against a plan.
+async fn lease_given_up(ns: &TestNamespace, release: &str) {
+    let name = format!("provisioners-helm.{release}");
+    eventually("the release's Lease to be given up", || {
+        let name = name.clone();
+        async move {
+            let lease = ns.api::<Lease>().get_opt(&name).await.expect("get Lease");
+            lease
+                .is_none_or(|l| l.spec.and_then(|s| s.holder_identity).is_none())
+                .then_some(())
+        }
+    })
+    .await;
 }
 
 fn object<'a>(plan: &'a Plan, kind: &str, name: &str) -> &'a ObjectPlan {
@@ -144,6 +161,7 @@ async fn a_release_plans_install_no_change_drift_upgrade_and_uninstall(helm: Pat
     settle(&cx, &web, "install").await;
     eprintln!("provision (install): {:?}, {}", started.elapsed(), proxy.counts());
     assert!(proxy.counts().writes() > 0, "{}", proxy.counts());
+    lease_given_up(&ns, "web").await;
 
     // Installed: nothing to do, and no helm process either (the fast path).
     let plan = plan_without_writes(&cx, &proxy, &web, false, "after install").await;
@@ -176,6 +194,7 @@ async fn a_release_plans_install_no_change_drift_upgrade_and_uninstall(helm: Pat
 
     // Repaired by provision: no change again, with the same digest as before.
     settle(&cx, &web, "repair").await;
+    lease_given_up(&ns, "web").await;
     let plan = plan_without_writes(&cx, &proxy, &web, false, "after the repair").await;
     assert_eq!(plan.release().unwrap().action(), ReleaseAction::NoChange, "{plan:#}");
     assert!(!plan.has_changes(), "{plan:#}");

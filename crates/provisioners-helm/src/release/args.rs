@@ -316,6 +316,61 @@ mod tests {
     }
 
     #[test]
+    fn a_render_is_a_server_side_dry_run_that_prints_json() {
+        let release = release().create_namespace(true);
+        let args = strings(&release.render_args(
+            Major::Three,
+            Path::new("k"),
+            Path::new("v"),
+            Render::default(),
+        ));
+        assert_eq!(
+            args,
+            [
+                "upgrade",
+                "--install",
+                "web",
+                "/charts/web",
+                "--namespace",
+                "apps",
+                "--kubeconfig",
+                "k",
+                "--version",
+                "1.2.3",
+                "--values",
+                "v",
+                "--reset-values",
+                "--dry-run=server",
+                "--output",
+                "json",
+            ]
+        );
+        // Nothing that stores: no namespace, no labels on a record.
+        assert!(!args.iter().any(|a| a == "--create-namespace" || a == "--labels"));
+        let pending = strings(&release.render_args(
+            Major::Four,
+            Path::new("k"),
+            Path::new("v"),
+            Render {
+                install: true,
+                fresh: true,
+                take_ownership: true,
+            },
+        ));
+        assert_eq!(pending[..3], ["install", "web", "/charts/web"]);
+        assert!(!pending.contains(&"--reset-values".to_owned()));
+        for flag in [
+            "--server-side=true",
+            "--disable-openapi-validation",
+            "--take-ownership",
+            "--dry-run=server",
+        ] {
+            assert!(pending.contains(&flag.to_owned()), "{flag}: {pending:?}");
+        }
+        assert!(!pending.iter().any(|a| a.contains("s3cr3t")));
+    }
+
+    #[test]
     fn remote_charts_use_repo_or_oci_references() {
         let repo = HelmRelease::new(
             "x",
