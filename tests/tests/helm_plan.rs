@@ -27,6 +27,7 @@ use helm_support::*;
 both_helms!(
     a_release_plans_install_no_change_drift_upgrade_and_uninstall,
     objects_of_another_owner_are_refused_and_owned_ones_adopted,
+    a_kind_whose_crd_is_in_crds_plans_unknown_then_updates,
 );
 
 /// Plans `operation` on `node` through `proxy`, twice: both plans are the
@@ -49,10 +50,7 @@ async fn plan_without_writes(
     let took = started.elapsed();
     let counts = proxy.counts();
     assert_eq!(counts.writes(), 0, "planning {what} wrote: {counts}");
-    eprintln!(
-        "plan {what}: {took:?}, {} requests\n{plan}",
-        counts.requests()
-    );
+    eprintln!("plan {what}: {took:?}, {counts}\n{plan:#}");
     let again = if deprovision {
         cx.plan_deprovision(node).await
     } else {
@@ -103,7 +101,10 @@ fn changes(object: &ObjectPlan) -> Vec<String> {
 fn no_secret(plan: &Plan, secret: &str) {
     let json = serde_json::to_string(plan).expect("json");
     for shown in [plan.to_string(), format!("{plan:#}"), json] {
-        assert!(!shown.contains(secret), "a Secret's value in the plan: {shown}");
+        assert!(
+            !shown.contains(secret),
+            "a Secret's value in the plan: {shown}"
+        );
     }
 }
 
@@ -145,13 +146,21 @@ async fn a_release_plans_install_no_change_drift_upgrade_and_uninstall(helm: Pat
         ]
     );
     assert!(
-        plan.note().is_some_and(|n| n.contains("ConfigMap web-hook")),
+        plan.note()
+            .is_some_and(|n| n.contains("ConfigMap web-hook")),
         "{plan}"
     );
-    assert_eq!(object(&plan, "Secret", "web-credentials").namespace(), Some(ns.name()));
+    assert_eq!(
+        object(&plan, "Secret", "web-credentials").namespace(),
+        Some(ns.name())
+    );
     no_secret(&plan, SECRET);
     assert!(
-        ns.api::<ConfigMap>().get_opt("web-settings").await.expect("get").is_none(),
+        ns.api::<ConfigMap>()
+            .get_opt("web-settings")
+            .await
+            .expect("get")
+            .is_none(),
         "the plan installed something"
     );
 
@@ -159,7 +168,11 @@ async fn a_release_plans_install_no_change_drift_upgrade_and_uninstall(helm: Pat
     proxy.reset_counts();
     let started = Instant::now();
     settle(&cx, &web, "install").await;
-    eprintln!("provision (install): {:?}, {}", started.elapsed(), proxy.counts());
+    eprintln!(
+        "provision (install): {:?}, {}",
+        started.elapsed(),
+        proxy.counts()
+    );
     assert!(proxy.counts().writes() > 0, "{}", proxy.counts());
     lease_given_up(&ns, "web").await;
 
@@ -183,7 +196,11 @@ async fn a_release_plans_install_no_change_drift_upgrade_and_uninstall(helm: Pat
         .await
         .expect("edit the ConfigMap");
     let plan = plan_without_writes(&cx, &proxy, &web, false, "after an edit").await;
-    assert_eq!(plan.release().unwrap().action(), ReleaseAction::Drift, "{plan}");
+    assert_eq!(
+        plan.release().unwrap().action(),
+        ReleaseAction::Drift,
+        "{plan}"
+    );
     assert_eq!(plan.release().unwrap().reason(), Some("1 object drifted"));
     let edited = object(&plan, "ConfigMap", "web-settings");
     assert_eq!(edited.action(), Action::Update, "{plan:#}");
@@ -196,7 +213,11 @@ async fn a_release_plans_install_no_change_drift_upgrade_and_uninstall(helm: Pat
     settle(&cx, &web, "repair").await;
     lease_given_up(&ns, "web").await;
     let plan = plan_without_writes(&cx, &proxy, &web, false, "after the repair").await;
-    assert_eq!(plan.release().unwrap().action(), ReleaseAction::NoChange, "{plan:#}");
+    assert_eq!(
+        plan.release().unwrap().action(),
+        ReleaseAction::NoChange,
+        "{plan:#}"
+    );
     assert!(!plan.has_changes(), "{plan:#}");
 
     // New values: an upgrade with exactly the objects they change. The
@@ -204,7 +225,9 @@ async fn a_release_plans_install_no_change_drift_upgrade_and_uninstall(helm: Pat
     let new_secret = "another-pa55-that-must-not-leak-9c1d";
     let changed = HelmRelease::new("web", chart("helm-plan"))
         .namespace(ns.name())
-        .values(&json!({"password": new_secret, "greeting": "bonjour", "extra": false, "kept": false}))
+        .values(
+            &json!({"password": new_secret, "greeting": "bonjour", "extra": false, "kept": false}),
+        )
         .helm(&helm);
     let plan = plan_without_writes(&cx, &proxy, &changed, false, "after a values change").await;
     let release_plan = plan.release().expect("a release plan");
@@ -214,21 +237,38 @@ async fn a_release_plans_install_no_change_drift_upgrade_and_uninstall(helm: Pat
     assert!(!reason.contains("chart helm-plan"), "{reason}");
     let settings = object(&plan, "ConfigMap", "web-settings");
     assert_eq!(settings.action(), Action::Update, "{plan:#}");
-    assert_eq!(changes(settings), ["data.greeting: \"hello\" -> \"bonjour\""]);
+    assert_eq!(
+        changes(settings),
+        ["data.greeting: \"hello\" -> \"bonjour\""]
+    );
     let credentials = object(&plan, "Secret", "web-credentials");
     assert_eq!(credentials.action(), Action::Update, "{plan:#}");
     assert_eq!(
         changes(credentials),
         ["data.password: (sensitive value) -> (sensitive value)"]
     );
-    assert_eq!(object(&plan, "ConfigMap", "web-extra").action(), Action::Delete);
+    assert_eq!(
+        object(&plan, "ConfigMap", "web-extra").action(),
+        Action::Delete
+    );
     let kept = object(&plan, "ConfigMap", "web-kept");
     assert_eq!(kept.action(), Action::NoChange, "{plan:#}");
-    assert!(kept.reason().is_some_and(|r| r.contains("keep")), "{plan:#}");
-    assert_eq!(object(&plan, "Deployment", "web").action(), Action::NoChange);
+    assert!(
+        kept.reason().is_some_and(|r| r.contains("keep")),
+        "{plan:#}"
+    );
+    assert_eq!(
+        object(&plan, "Deployment", "web").action(),
+        Action::NoChange
+    );
     let counts = plan.counts();
     assert_eq!(
-        (counts.create, counts.update, counts.delete, counts.no_change),
+        (
+            counts.create,
+            counts.update,
+            counts.delete,
+            counts.no_change
+        ),
         (0, 2, 1, 2),
         "{plan:#}"
     );
@@ -243,7 +283,11 @@ async fn a_release_plans_install_no_change_drift_upgrade_and_uninstall(helm: Pat
     );
     let chart_yaml = bumped_chart.path().join("Chart.yaml");
     let text = std::fs::read_to_string(&chart_yaml).expect("Chart.yaml");
-    std::fs::write(&chart_yaml, text.replace("version: 0.1.0", "version: 0.2.0")).expect("write");
+    std::fs::write(
+        &chart_yaml,
+        text.replace("version: 0.1.0", "version: 0.2.0"),
+    )
+    .expect("write");
     let bumped = HelmRelease::new("web", provisioners_helm::Chart::local(bumped_chart.path()))
         .namespace(ns.name())
         .values(&json!({"password": SECRET}))
@@ -266,11 +310,21 @@ async fn a_release_plans_install_no_change_drift_upgrade_and_uninstall(helm: Pat
     assert_eq!(release_plan.revision(), Some(2));
     let kept = object(&plan, "ConfigMap", "web-kept");
     assert_eq!(kept.action(), Action::NoChange, "{plan:#}");
-    assert!(kept.reason().is_some_and(|r| r.contains("keep")), "{plan:#}");
+    assert!(
+        kept.reason().is_some_and(|r| r.contains("keep")),
+        "{plan:#}"
+    );
     for name in ["web-settings", "web-extra"] {
-        assert_eq!(object(&plan, "ConfigMap", name).action(), Action::Delete, "{plan:#}");
+        assert_eq!(
+            object(&plan, "ConfigMap", name).action(),
+            Action::Delete,
+            "{plan:#}"
+        );
     }
-    assert_eq!(object(&plan, "Secret", "web-credentials").action(), Action::Delete);
+    assert_eq!(
+        object(&plan, "Secret", "web-credentials").action(),
+        Action::Delete
+    );
     assert_eq!(object(&plan, "Deployment", "web").action(), Action::Delete);
     no_secret(&plan, SECRET);
 
@@ -278,17 +332,27 @@ async fn a_release_plans_install_no_change_drift_upgrade_and_uninstall(helm: Pat
     deprovision_until_gone(&cx, &web).await;
     assert!(proxy.counts().writes() > 0, "{}", proxy.counts());
     assert!(
-        ns.api::<ConfigMap>().get_opt("web-kept").await.expect("get").is_some(),
+        ns.api::<ConfigMap>()
+            .get_opt("web-kept")
+            .await
+            .expect("get")
+            .is_some(),
         "the kept object went"
     );
     let plan = plan_without_writes(&cx, &proxy, &web, true, "deprovision when gone").await;
-    assert_eq!(plan.release().unwrap().action(), ReleaseAction::Absent, "{plan}");
+    assert_eq!(
+        plan.release().unwrap().action(),
+        ReleaseAction::Absent,
+        "{plan}"
+    );
     assert!(plan.objects().is_empty(), "{plan:#}");
     ns.cleanup().await.expect("cleanup");
 }
 
 async fn objects_of_another_owner_are_refused_and_owned_ones_adopted(helm: PathBuf) {
-    let ns = TestNamespace::create("helm-plan-own").await.expect("namespace");
+    let ns = TestNamespace::create("helm-plan-own")
+        .await
+        .expect("namespace");
     let proxy = Proxy::start(HarnessCluster::Primary).await.expect("proxy");
     let cx = proxy.context("helm-plan-own").await.expect("context");
     let configmaps = ns.api::<ConfigMap>();
@@ -304,7 +368,10 @@ async fn objects_of_another_owner_are_refused_and_owned_ones_adopted(helm: PathB
             object.metadata.annotations = Some(
                 [
                     ("meta.helm.sh/release-name".to_owned(), owner.to_owned()),
-                    ("meta.helm.sh/release-namespace".to_owned(), ns.name().to_owned()),
+                    (
+                        "meta.helm.sh/release-namespace".to_owned(),
+                        ns.name().to_owned(),
+                    ),
                 ]
                 .into(),
             );
@@ -322,11 +389,17 @@ async fn objects_of_another_owner_are_refused_and_owned_ones_adopted(helm: PathB
         .expect("create");
     let web = release(&helm, &ns, SECRET);
     let plan = plan_without_writes(&cx, &proxy, &web, false, "over existing objects").await;
-    assert_eq!(plan.release().unwrap().action(), ReleaseAction::Install, "{plan}");
+    assert_eq!(
+        plan.release().unwrap().action(),
+        ReleaseAction::Install,
+        "{plan}"
+    );
     let refused = object(&plan, "ConfigMap", "web-settings");
     assert_eq!(refused.action(), Action::Refuse, "{plan:#}");
     assert!(
-        refused.reason().is_some_and(|r| r.contains("not part of this release")),
+        refused
+            .reason()
+            .is_some_and(|r| r.contains("not part of this release")),
         "{plan:#}"
     );
     let adopted = object(&plan, "ConfigMap", "web-extra");
@@ -341,8 +414,102 @@ async fn objects_of_another_owner_are_refused_and_owned_ones_adopted(helm: PathB
         "{plan}"
     );
     // And provision does refuse, as planned.
-    let error = cx.provision(&web).await.expect_err("helm refuses the object");
+    let error = cx
+        .provision(&web)
+        .await
+        .expect_err("helm refuses the object");
     assert!(error.to_string().contains("web-settings"), "{error}");
     no_secret(&plan, SECRET);
+    ns.cleanup().await.expect("cleanup");
+}
+
+/// A chart whose custom resource's CRD comes from `crds/`: helm's server-side
+/// dry run cannot build the resource before a real install created the CRD,
+/// so the plan renders client-side and says the resource is unknown; once
+/// installed, it plans from the server.
+async fn a_kind_whose_crd_is_in_crds_plans_unknown_then_updates(helm: PathBuf) {
+    let ns = TestNamespace::create("helm-plan-crd")
+        .await
+        .expect("namespace");
+    let proxy = Proxy::start(HarnessCluster::Primary).await.expect("proxy");
+    let cx = proxy.context("helm-plan-crd").await.expect("context");
+    // A group of this test's own: the CRD is cluster-wide, and helm never removes it.
+    let group = format!("{}.plan-tests.provisioners.dev", ns.name());
+    let crd_name = format!("gizmos.{group}");
+    let dir = tempfile::tempdir().expect("temp dir");
+    copy_dir(
+        &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("charts/helm-plan-crds"),
+        dir.path(),
+    );
+    std::fs::create_dir_all(dir.path().join("crds")).expect("crds/");
+    std::fs::write(
+        dir.path().join("crds/gizmos.yaml"),
+        format!(
+            "apiVersion: apiextensions.k8s.io/v1\nkind: CustomResourceDefinition\nmetadata:\n  name: {crd_name}\nspec:\n  group: {group}\n  scope: Namespaced\n  names:\n    plural: gizmos\n    singular: gizmo\n    kind: Gizmo\n  versions:\n    - name: v1\n      served: true\n      storage: true\n      schema:\n        openAPIV3Schema:\n          type: object\n          x-kubernetes-preserve-unknown-fields: true\n"
+        ),
+    )
+    .expect("write the CRD");
+    let release = |size: &str| {
+        HelmRelease::new("gizmo", provisioners_helm::Chart::local(dir.path()))
+            .namespace(ns.name())
+            .values(&json!({"group": group, "size": size}))
+            .helm(&helm)
+    };
+
+    let plan = plan_without_writes(&cx, &proxy, &release("small"), false, "before the CRD").await;
+    assert_eq!(
+        plan.release().unwrap().action(),
+        ReleaseAction::Install,
+        "{plan}"
+    );
+    let gizmo = object(&plan, "Gizmo", "gizmo");
+    assert_eq!(gizmo.action(), Action::Unknown, "{plan:#}");
+    assert!(
+        gizmo.reason().is_some_and(|r| r.contains("crds/")),
+        "{plan:#}"
+    );
+    assert_eq!(
+        object(&plan, "ConfigMap", "gizmo-settings").action(),
+        Action::Create
+    );
+    assert!(
+        plan.note().is_some_and(|n| n.contains("client-side")),
+        "{plan}"
+    );
+    let crds: kube::Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
+        kube::Api::all(ns.client().clone());
+    assert!(
+        crds.get_opt(&crd_name).await.expect("get CRD").is_none(),
+        "the plan installed the CRD"
+    );
+
+    settle(&cx, &release("small"), "install").await;
+    lease_given_up(&ns, "gizmo").await;
+    let plan = plan_without_writes(&cx, &proxy, &release("small"), false, "installed").await;
+    assert_eq!(
+        plan.release().unwrap().action(),
+        ReleaseAction::NoChange,
+        "{plan:#}"
+    );
+    assert!(!plan.has_changes(), "{plan:#}");
+
+    let plan = plan_without_writes(&cx, &proxy, &release("large"), false, "a bigger gizmo").await;
+    assert_eq!(
+        plan.release().unwrap().action(),
+        ReleaseAction::Upgrade,
+        "{plan}"
+    );
+    assert!(
+        plan.note().is_none_or(|n| !n.contains("client-side")),
+        "{plan}"
+    );
+    let gizmo = object(&plan, "Gizmo", "gizmo");
+    assert_eq!(gizmo.action(), Action::Update, "{plan:#}");
+    assert_eq!(changes(gizmo), ["spec.size: \"small\" -> \"large\""]);
+
+    deprovision_until_gone(&cx, &release("small")).await;
+    crds.delete(&crd_name, &Default::default())
+        .await
+        .expect("delete the CRD");
     ns.cleanup().await.expect("cleanup");
 }

@@ -144,6 +144,29 @@ impl HelmRelease {
         args
     }
 
+    /// `helm template` of what `render_args` renders, client-side: for a
+    /// chart whose kinds the server cannot map yet (CRDs in `crds/`).
+    pub(super) fn template_args(
+        &self,
+        kubeconfig: &Path,
+        values: &Path,
+        render: Render,
+    ) -> Vec<OsString> {
+        let mut args: Vec<OsString> = vec!["template".into()];
+        args.extend(self.chart_args());
+        args.extend(self.common_args(kubeconfig));
+        if let Some(version) = &self.version {
+            args.push("--version".into());
+            args.push(version.into());
+        }
+        args.push("--values".into());
+        args.push(values.into());
+        if !render.fresh {
+            args.push("--is-upgrade".into());
+        }
+        args
+    }
+
     /// The release name and the chart reference.
     fn chart_args(&self) -> Vec<OsString> {
         let mut args: Vec<OsString> = vec![self.release.clone().into()];
@@ -346,7 +369,11 @@ mod tests {
             ]
         );
         // Nothing that stores: no namespace, no labels on a record.
-        assert!(!args.iter().any(|a| a == "--create-namespace" || a == "--labels"));
+        assert!(
+            !args
+                .iter()
+                .any(|a| a == "--create-namespace" || a == "--labels")
+        );
         let pending = strings(&release.render_args(
             Major::Four,
             Path::new("k"),

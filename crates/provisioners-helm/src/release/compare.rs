@@ -73,9 +73,20 @@ enum Read {
 
 fn not_served(object: &ObjectRef) -> ObjectPlan {
     plan_of(object, Action::Unknown).with_reason(format!(
-        "the cluster does not serve {} {} (yet): its CRD is not installed",
+        "the cluster does not serve {} {} yet: its CRD is not installed (an install creates \
+         those in the chart's crds/ first)",
         object.api_version, object.kind
     ))
+}
+
+/// Whether `desired` holds the CRD of `object`'s kind.
+fn defines(desired: &[(ObjectRef, Value)], object: &ObjectRef) -> bool {
+    desired.iter().any(|(crd, document)| {
+        crd.kind == "CustomResourceDefinition"
+            && crd.group() == "apiextensions.k8s.io"
+            && document["spec"]["group"].as_str() == Some(object.group())
+            && document["spec"]["names"]["kind"].as_str() == Some(object.kind.as_str())
+    })
 }
 
 /// What helm says about an existing object that is new to the release:
@@ -113,6 +124,13 @@ pub(super) async fn upgrade(
     let mut plans = Vec::with_capacity(desired.len());
     for (object, document) in desired {
         let (resolved, live) = match read(resolver, object).await? {
+            Read::NotServed if defines(desired, object) => {
+                plans.push(
+                    plan_of(object, Action::Create)
+                        .with_reason("its CRD is created by this release first"),
+                );
+                continue;
+            }
             Read::NotServed => {
                 plans.push(not_served(object));
                 continue;
@@ -289,6 +307,29 @@ mod tests {
             &json!({"metadata": {"annotations": {"helm.sh/resource-policy": " Keep"}}})
         ));
         assert!(!kept(&json!({"metadata": {}})));
+    }
+
+    #[test]
+    fn a_kind_defined_by_a_crd_of_the_render_is_known() {
+        let object = |api_version: &str, kind: &str| ObjectRef {
+            api_version: api_version.to_owned(),
+            kind: kind.to_owned(),
+            name: "x".to_owned(),
+            namespace: None,
+        };
+        let desired = vec![(
+            object("apiextensions.k8s.io/v1", "CustomResourceDefinition"),
+            json!({"spec": {"group": "example.com", "names": {"kind": "Widget"}}}),
+        )];
+        assert!(defines(&desired, &object("example.com/v1", "Widget")));
+        assert!(!defines(&desired, &object("example.com/v1", "Gadget")));
+        assert!(!defines(&desired, &object("other.com/v1", "Widget")));
+        assert!(
+            not_served(&object("example.com/v1", "Gadget"))
+                .reason()
+                .unwrap()
+                .contains("crds/")
+        );
     }
 
     #[test]

@@ -161,7 +161,7 @@ impl HelmRelease {
                 },
             )
             .await?;
-        let desired = rendered.objects(&self.id())?;
+        let desired = rendered.dry_run.objects(&self.id())?;
         let prior_objects = match &prior {
             Some((_, removed, payload)) => Some(Prior {
                 objects: parse_manifest(&self.id(), &payload.manifest)?,
@@ -182,7 +182,7 @@ impl HelmRelease {
         let mut reasons: Vec<String> = start.recovery.into_iter().collect();
         if let Some((_, false, payload)) = &prior {
             let before = payload.chart.shown();
-            let after = rendered.chart.shown();
+            let after = rendered.dry_run.chart.shown();
             if before != after
                 && let (Some(before), Some(after)) = (&before, &after)
             {
@@ -241,7 +241,7 @@ impl HelmRelease {
         }
 
         let mut release = self.release_plan(start.action);
-        if let Some(chart) = rendered.chart.shown() {
+        if let Some(chart) = rendered.dry_run.chart.shown() {
             release = release.with_chart(chart);
         }
         if let Some(deployed) = start.deployed {
@@ -253,8 +253,16 @@ impl HelmRelease {
         let mut plan = Plan::new(self.metadata.name(), Operation::Provision, "helm")
             .with_release(release)
             .with_objects(objects);
-        if let Some(hooks) = rendered.hooks_shown() {
-            plan = plan.with_note(hooks);
+        let mut notes: Vec<String> = Vec::new();
+        if rendered.client_side {
+            notes.push(
+                "rendered client-side (helm template): a kind of the chart is not served yet"
+                    .to_owned(),
+            );
+        }
+        notes.extend(rendered.dry_run.hooks_shown());
+        if !notes.is_empty() {
+            plan = plan.with_note(notes.join("; "));
         }
         Ok(plan)
     }

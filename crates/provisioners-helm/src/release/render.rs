@@ -62,11 +62,58 @@ impl DryRun {
     }
 }
 
+/// What a plan renders: helm's server-side dry run, or (when that cannot
+/// build the objects because a kind is not served yet) a client-side
+/// `helm template`.
+#[derive(Debug)]
+pub(super) struct Rendered {
+    pub(super) dry_run: DryRun,
+    /// Rendered by `helm template`: nothing was checked against the server.
+    pub(super) client_side: bool,
+}
+
+/// The annotation that makes a document a hook.
+const HOOK: &str = "helm.sh/hook";
+
+/// `helm template`'s output as a dry run's: hooks apart, in the order
+/// helm prints them (its install order).
+fn from_template(release: &str, stdout: &[u8]) -> Result<DryRun> {
+    let text = String::from_utf8_lossy(stdout);
+    let documents = parse_manifest(release, &text)?;
+    let mut manifest = String::new();
+    let mut hooks = Vec::new();
+    for (object, document) in documents {
+        match document["metadata"]["annotations"][HOOK].as_str() {
+            Some(events) => hooks.push(Hook {
+                name: object.name,
+                kind: object.kind,
+                events: events.split(',').map(|e| e.trim().to_owned()).collect(),
+            }),
+            None => {
+                // JSON is YAML: one document per object again.
+                manifest.push_str("---\n");
+                manifest.push_str(&document.to_string());
+                manifest.push('\n');
+            }
+        }
+    }
+    Ok(DryRun {
+        manifest,
+        hooks,
+        chart: ChartInfo::default(),
+    })
+}
+
 impl HelmRelease {
     /// Renders the release as `render` says, through the cluster's helm
     /// process bound and the same hygiene as an install (values in a 0600
     /// file, removed; no shell; stderr redacted), without the release's lock
     /// or Lease: nothing is written.
+    ///
+    /// When a kind of the chart is not served yet (its CRD is in the
+    /// chart's `crds/`, which only a real install creates), the server
+    /// cannot build the objects: they are rendered client-side with
+    /// `helm template` instead, and planned without the server's view.
     ///
     /// When helm refuses to render because an existing object lacks this
     /// release's ownership metadata, renders again with `--take-ownership`
@@ -77,7 +124,7 @@ impl HelmRelease {
         cx: &Context,
         values: &Value,
         render: Render,
-    ) -> Result<DryRun> {
+    ) -> Result<Rendered> {
         let kubeconfig = self.kubeconfig(cx)?;
         let major = version::detect(
             cx.cluster(),
@@ -111,12 +158,44 @@ impl HelmRelease {
                     take_ownership: true,
                     ..render
                 })
-                .await?
+                .await
             }
-            other => other?,
+            other => other,
         };
-        parse(&self.id(), &output.stdout)
+        let output = match output {
+            Ok(output) => output,
+            Err(e) if kind_not_served(&e) => {
+                // Its CRD is not installed yet (one from the chart's `crds/`,
+                // which only a real install creates): the server cannot build
+                // the objects, so render them without it.
+                let work = self.work_dir()?;
+                self.log_in(cx, None, &work).await?;
+                let output = self
+                    .run_helm_in(cx, None, "template", values, &work, None, |work| {
+                        let kubeconfig = work.write_kubeconfig(kubeconfig)?;
+                        let values = work.write_private("values.json", &values_json)?;
+                        Ok(self.template_args(&kubeconfig, &values, render))
+                    })
+                    .await?;
+                return Ok(Rendered {
+                    dry_run: from_template(&self.id(), &output.stdout)?,
+                    client_side: true,
+                });
+            }
+            Err(e) => return Err(e),
+        };
+        Ok(Rendered {
+            dry_run: parse(&self.id(), &output.stdout)?,
+            client_side: false,
+        })
     }
+}
+
+/// helm's "ensure CRDs are installed first": a kind of the chart is not served.
+fn kind_not_served(error: &Error) -> bool {
+    let message = error.message();
+    message.contains("ensure CRDs are installed first")
+        || message.contains("resource mapping not found")
 }
 
 /// helm's "exists and cannot be imported into the current release".
@@ -163,6 +242,13 @@ mod tests {
         .concat();
         assert_eq!(parse("ns/web", &noisy).unwrap().manifest, dry.manifest);
         let error = parse("ns/web", b"Error: nope \"s3cr3t\"").unwrap_err();
+        // `helm template`: hooks apart, objects in order.
+        let template = b"---\n# Source: app/templates/a.yaml\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: a\n---\napiVersion: batch/v1\nkind: Job\nmetadata:\n  name: migrate\n  annotations:\n    helm.sh/hook: pre-install, pre-upgrade\n---\napiVersion: example.com/v1\nkind: Widget\nmetadata:\n  name: w\n";
+        let dry = from_template("ns/web", template).unwrap();
+        let objects = dry.objects("ns/web").unwrap();
+        let names: Vec<String> = objects.iter().map(|(o, _)| o.shown()).collect();
+        assert_eq!(names, ["ConfigMap a", "Widget w"]);
+        assert_eq!(dry.hooks[0].events, ["pre-install", "pre-upgrade"]);
         assert!(!error.message().contains("s3cr3t"), "{error}");
         assert!(error.message().contains("ns/web"), "{error}");
     }
