@@ -28,6 +28,8 @@ both_helms!(
     a_release_plans_install_no_change_drift_upgrade_and_uninstall,
     objects_of_another_owner_are_refused_and_owned_ones_adopted,
     a_kind_whose_crd_is_in_crds_plans_unknown_then_updates,
+    a_chart_that_does_not_render_fails_the_plan_as_provision_fails,
+    a_pending_upgrade_plans_the_rollback_then_the_upgrade,
 );
 
 /// Plans `operation` on `node` through `proxy`, twice: both plans are the
@@ -511,5 +513,105 @@ async fn a_kind_whose_crd_is_in_crds_plans_unknown_then_updates(helm: PathBuf) {
     crds.delete(&crd_name, &Default::default())
         .await
         .expect("delete the CRD");
+    ns.cleanup().await.expect("cleanup");
+}
+
+/// Invalid input fails the plan with provision's error; the plan's private
+/// files are gone too.
+async fn a_chart_that_does_not_render_fails_the_plan_as_provision_fails(helm: PathBuf) {
+    let ns = TestNamespace::create("helm-plan-bad")
+        .await
+        .expect("namespace");
+    let proxy = Proxy::start(HarnessCluster::Primary).await.expect("proxy");
+    let cx = proxy.context("helm-plan-bad").await.expect("context");
+    let root = temp_root();
+    let release = HelmRelease::new("db-client", chart("helm-required"))
+        .namespace(ns.name())
+        .values(&json!({"database": {"password": SECRET}}))
+        .temp_dir(root.path())
+        .helm(&helm);
+    proxy.reset_counts();
+    let planned = cx
+        .plan(&release)
+        .await
+        .expect_err("the chart does not render");
+    assert_eq!(proxy.counts().writes(), 0, "{}", proxy.counts());
+    let provisioned = cx
+        .provision(&release)
+        .await
+        .expect_err("nor does it install");
+    assert_eq!(
+        planned.kind(),
+        provisioners::ErrorKind::Invalid,
+        "{planned}"
+    );
+    assert_eq!(
+        planned.kind(),
+        provisioned.kind(),
+        "{planned} / {provisioned}"
+    );
+    let text = planned.to_string();
+    assert!(text.contains("database.host is required"), "{text}");
+    assert!(text.contains(&format!("{}/db-client", ns.name())), "{text}");
+    assert!(!text.contains(SECRET), "{text}");
+    assert!(
+        entries(root.path()).is_empty(),
+        "the plan left files behind"
+    );
+    // Bad names fail as provision's do, before anything runs.
+    let bad = HelmRelease::new("Not_A_Name", chart("helm-plan")).helm(&helm);
+    let error = cx.plan(&bad).await.expect_err("an invalid release name");
+    assert_eq!(error.kind(), provisioners::ErrorKind::Invalid, "{error}");
+    ns.cleanup().await.expect("cleanup");
+}
+
+/// A release whose upgrade a dead helm left `pending-upgrade`: the plan says
+/// provision rolls back first, then upgrades, and what the upgrade changes.
+async fn a_pending_upgrade_plans_the_rollback_then_the_upgrade(helm: PathBuf) {
+    let ns = TestNamespace::create("helm-plan-pending")
+        .await
+        .expect("namespace");
+    let proxy = Proxy::start(HarnessCluster::Primary).await.expect("proxy");
+    let cx = proxy.context("helm-plan-pending").await.expect("context");
+    let release = |greeting: &str| {
+        HelmRelease::new("stuck", chart("helm-plain"))
+            .namespace(ns.name())
+            .helm(&helm)
+            .set("greeting", greeting.to_owned())
+    };
+    settle(&cx, &release("one"), "install").await;
+    let stuck = release("two").set("stuckHook", true);
+    let (result, ()) = tokio::join!(
+        cx.provision(&stuck),
+        kill_helm_when(&helm, &ns, "stuck", "pending-upgrade")
+    );
+    result.expect_err("helm was killed");
+    lease_given_up(&ns, "stuck").await;
+
+    let plan = plan_without_writes(&cx, &proxy, &release("three"), false, "pending upgrade").await;
+    let release_plan = plan.release().expect("a release plan");
+    assert_eq!(release_plan.action(), ReleaseAction::Upgrade, "{plan}");
+    assert_eq!(release_plan.revision(), Some(1));
+    let reason = release_plan.reason().unwrap_or_default();
+    assert!(
+        reason.contains("pending-upgrade") && reason.contains("rolled back to revision 1"),
+        "{reason}"
+    );
+    let settings = object(&plan, "ConfigMap", "stuck-settings");
+    assert_eq!(settings.action(), Action::Update, "{plan:#}");
+    let greeting = changes(settings);
+    assert_eq!(greeting.len(), 1, "{plan:#}");
+    assert!(greeting[0].ends_with("-> \"three\""), "{greeting:?}");
+
+    settle(&cx, &release("three"), "recovered").await;
+    let (revision, status, _) = release_record(&ns, "stuck").await.expect("recorded");
+    assert_eq!((revision, status.as_str()), (4, "deployed"));
+    lease_given_up(&ns, "stuck").await;
+    let plan = plan_without_writes(&cx, &proxy, &release("three"), false, "recovered").await;
+    assert_eq!(
+        plan.release().unwrap().action(),
+        ReleaseAction::NoChange,
+        "{plan:#}"
+    );
     ns.cleanup().await.expect("cleanup");
 }

@@ -130,8 +130,8 @@ impl HelmRelease {
             args.push("--reset-values".into());
         }
         if major == Major::Four && render.fresh {
-            // As the install would: helm 4 then sends its objects as
-            // server-side apply dry runs, which write nothing.
+            // As the install would (the dry run stops before applying, so
+            // the flags only keep the render the install's).
             args.push("--server-side=true".into());
             args.push("--disable-openapi-validation".into());
         }

@@ -1,8 +1,9 @@
 //! What a plan renders: the release as helm would write it, from helm's own
 //! dry run against the server (`--dry-run=server`), which reads the cluster
 //! (release history, `lookup`, ownership of existing objects) and stores
-//! nothing: no release record, no namespace, no CRD from `crds/`; Helm 4
-//! sends a new release's objects as server-side apply dry runs.
+//! nothing: no release record, no namespace, no CRD from `crds/`, and the
+//! objects themselves are not sent at all (both majors stop before the
+//! apply, also Helm 4 with `--server-side`: only reads reach the server).
 
 use provisioners_core::{Context, Error, Result};
 use serde::Deserialize;
