@@ -423,7 +423,10 @@ fn same_values(stored: &Value, given: &Value) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
+mod tests;
+
+#[cfg(test)]
+mod pure {
     use serde_json::json;
 
     use super::*;
