@@ -45,11 +45,13 @@ fn records(labels: Value) -> Value {
 }
 
 fn configmap(name: &str, data: Value, annotations: Value) -> Value {
-    json!({
+    let mut object = json!({
         "apiVersion": "v1", "kind": "ConfigMap",
-        "metadata": {"name": name, "namespace": "apps", "uid": format!("u-{name}"), "annotations": annotations},
-        "data": data,
-    })
+        "metadata": {"name": name, "namespace": "apps", "uid": format!("u-{name}")},
+    });
+    object["metadata"]["annotations"] = annotations;
+    object["data"] = data;
+    object
 }
 
 fn secret(password: &str) -> Value {
