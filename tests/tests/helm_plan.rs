@@ -13,8 +13,8 @@ use std::time::Instant;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Patch, PatchParams, PostParams};
-use provisioners::Context;
 use provisioners::plan::{Action, ObjectPlan, Plan, ReleaseAction};
+use provisioners::{Conditional, Context, Provisioner, Serial};
 use provisioners_helm::HelmRelease;
 use provisioners_testing::cluster::{HarnessCluster, TestNamespace};
 use provisioners_testing::faults::Proxy;
@@ -37,7 +37,7 @@ both_helms!(
 async fn plan_without_writes(
     cx: &Context,
     proxy: &Proxy,
-    node: &HelmRelease,
+    node: &(impl Provisioner + ?Sized),
     deprovision: bool,
     what: &str,
 ) -> Plan {
@@ -304,6 +304,25 @@ async fn a_release_plans_install_no_change_drift_upgrade_and_uninstall(helm: Pat
             .is_some_and(|r| r.contains("chart helm-plan-0.1.0 -> helm-plan-0.2.0")),
         "{plan}"
     );
+
+    // In a tree, switched off: the release plans its uninstall, in its place.
+    let tree = Serial::new("platform").with(Conditional::when(false, web.clone()));
+    let plan = plan_without_writes(&cx, &proxy, &tree, false, "a tree switching it off").await;
+    let node = plan
+        .find("platform/web")
+        .unwrap_or_else(|| panic!("{plan:#}"));
+    assert_eq!(
+        node.operation(),
+        provisioners::Operation::Deprovision,
+        "{plan}"
+    );
+    assert_eq!(node.note(), Some("condition is false"), "{plan}");
+    assert_eq!(
+        node.release().unwrap().action(),
+        ReleaseAction::Uninstall,
+        "{plan}"
+    );
+    assert_eq!(plan.counts().uninstall, 1, "{plan}");
 
     // Deprovision: every object deleted but the kept one.
     let plan = plan_without_writes(&cx, &proxy, &web, true, "deprovision").await;
