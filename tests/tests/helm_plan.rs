@@ -30,6 +30,7 @@ both_helms!(
     a_kind_whose_crd_is_in_crds_plans_unknown_then_updates,
     a_chart_that_does_not_render_fails_the_plan_as_provision_fails,
     a_pending_upgrade_plans_the_rollback_then_the_upgrade,
+    a_pending_install_plans_its_removal_then_the_install,
 );
 
 /// Plans `operation` on `node` through `proxy`, twice: both plans are the
@@ -627,6 +628,67 @@ async fn a_pending_upgrade_plans_the_rollback_then_the_upgrade(helm: PathBuf) {
     assert_eq!((revision, status.as_str()), (4, "deployed"));
     lease_given_up(&ns, "stuck").await;
     let plan = plan_without_writes(&cx, &proxy, &release("three"), false, "recovered").await;
+    assert_eq!(
+        plan.release().unwrap().action(),
+        ReleaseAction::NoChange,
+        "{plan:#}"
+    );
+    ns.cleanup().await.expect("cleanup");
+}
+
+/// A release whose install a dead helm left `pending-install`: provision
+/// uninstalls it and installs again, and the plan says so, object by object.
+async fn a_pending_install_plans_its_removal_then_the_install(helm: PathBuf) {
+    let ns = TestNamespace::create("helm-plan-pinst")
+        .await
+        .expect("namespace");
+    let proxy = Proxy::start(HarnessCluster::Primary).await.expect("proxy");
+    let cx = proxy.context("helm-plan-pinst").await.expect("context");
+    let release = HelmRelease::new("fresh", chart("helm-plain"))
+        .namespace(ns.name())
+        .helm(&helm);
+    let stuck = release.clone().set("stuckHook", true);
+    let (result, ()) = tokio::join!(
+        cx.provision(&stuck),
+        kill_helm_when(&helm, &ns, "fresh", "pending-install")
+    );
+    result.expect_err("helm was killed");
+    lease_given_up(&ns, "fresh").await;
+
+    let plan = plan_without_writes(&cx, &proxy, &release, false, "pending install").await;
+    let release_plan = plan.release().expect("a release plan");
+    assert_eq!(release_plan.action(), ReleaseAction::Install, "{plan}");
+    assert_eq!(release_plan.revision(), None, "{plan}");
+    assert!(
+        release_plan
+            .reason()
+            .is_some_and(|r| r.contains("pending-install") && r.contains("uninstalled first")),
+        "{plan}"
+    );
+    assert_eq!(plan.objects().len(), 3, "{plan:#}");
+    for object in plan.objects() {
+        assert_eq!(object.action(), Action::Create, "{plan:#}");
+    }
+    // What the interrupted install made is removed first, then made again.
+    let settings = object(&plan, "ConfigMap", "fresh-settings");
+    if ns
+        .api::<ConfigMap>()
+        .get_opt("fresh-settings")
+        .await
+        .expect("get")
+        .is_some()
+    {
+        assert!(
+            settings.reason().is_some_and(|r| r.contains("removed")),
+            "{plan:#}"
+        );
+    }
+
+    settle(&cx, &release, "recovered").await;
+    let (revision, status, _) = release_record(&ns, "fresh").await.expect("recorded");
+    assert_eq!((revision, status.as_str()), (1, "deployed"));
+    lease_given_up(&ns, "fresh").await;
+    let plan = plan_without_writes(&cx, &proxy, &release, false, "recovered").await;
     assert_eq!(
         plan.release().unwrap().action(),
         ReleaseAction::NoChange,
