@@ -179,6 +179,41 @@ async fn a_release_plans_install_no_change_drift_upgrade_and_uninstall(helm: Pat
     assert!(proxy.counts().writes() > 0, "{}", proxy.counts());
     lease_given_up(&ns, "web").await;
 
+    // Into a namespace that does not exist: created first, or helm fails.
+    let elsewhere = format!("{}-none", ns.name());
+    let plan = plan_without_writes(
+        &cx,
+        &proxy,
+        &release(&helm, &ns, SECRET).namespace(&elsewhere),
+        false,
+        "into a missing namespace",
+    )
+    .await;
+    let reason = plan
+        .release()
+        .unwrap()
+        .reason()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(reason.contains("does not exist"), "{plan}");
+    let plan = plan_without_writes(
+        &cx,
+        &proxy,
+        &release(&helm, &ns, SECRET)
+            .namespace(&elsewhere)
+            .create_namespace(true),
+        false,
+        "into a namespace it creates",
+    )
+    .await;
+    let reason = plan
+        .release()
+        .unwrap()
+        .reason()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(reason.contains("is created first"), "{plan}");
+
     // Installed: nothing to do, and no helm process either (the fast path).
     let plan = plan_without_writes(&cx, &proxy, &web, false, "after install").await;
     let release_plan = plan.release().expect("a release plan");

@@ -5,6 +5,7 @@
 //! upgrade's creates, updates, adoptions, refusals and prunes, and the
 //! uninstall with `helm.sh/resource-policy: keep`.
 
+use k8s_openapi::api::core::v1::Namespace;
 use provisioners_core::plan::{Action, ObjectPlan, Plan, ReleaseAction, ReleasePlan};
 use provisioners_core::{Context, Operation, Result};
 use serde_json::Value;
@@ -180,6 +181,18 @@ impl HelmRelease {
         .await?;
 
         let mut reasons: Vec<String> = start.recovery.into_iter().collect();
+        // helm's dry run never creates the namespace, so it cannot tell.
+        if start.fresh && !self.namespace_exists(cx).await? {
+            reasons.push(if self.create_namespace {
+                format!("namespace `{}` is created first", self.namespace)
+            } else {
+                format!(
+                    "namespace `{}` does not exist (yet): helm fails unless an earlier step \
+                     creates it (or set create_namespace)",
+                    self.namespace
+                )
+            });
+        }
         if let Some((_, false, payload)) = &prior {
             let before = payload.chart.shown();
             let after = rendered.dry_run.chart.shown();
@@ -265,6 +278,20 @@ impl HelmRelease {
             plan = plan.with_note(notes.join("; "));
         }
         Ok(plan)
+    }
+
+    /// Whether the release's namespace exists; `true` when this process may
+    /// not read namespaces (helm will say).
+    async fn namespace_exists(&self, cx: &Context) -> Result<bool> {
+        let namespaces: kube::Api<Namespace> = kube::Api::all(cx.client().clone());
+        match namespaces.get_metadata_opt(&self.namespace).await {
+            Ok(found) => Ok(found.is_some()),
+            Err(kube::Error::Api(status)) if status.code == 403 => Ok(true),
+            Err(e) => Err(provisioners_core::Error::kube(
+                format_args!("reading namespace {}", self.namespace),
+                e,
+            )),
+        }
     }
 
     /// The fast path: deployed with these very inputs. No helm runs; the
