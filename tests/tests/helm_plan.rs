@@ -533,6 +533,10 @@ async fn a_kind_whose_crd_is_in_crds_plans_unknown_then_updates(helm: PathBuf) {
         plan.note().is_some_and(|n| n.contains("client-side")),
         "{plan}"
     );
+    assert_eq!(
+        plan.release().unwrap().chart(),
+        Some("helm-plan-crds-0.1.0")
+    );
     let crds: kube::Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
         kube::Api::all(ns.client().clone());
     assert!(

@@ -194,36 +194,19 @@ impl HelmRelease {
             });
         }
         if let Some((_, false, payload)) = &prior {
-            let before = payload.chart.shown();
-            let after = rendered.dry_run.chart.shown();
-            if before != after
-                && let (Some(before), Some(after)) = (&before, &after)
-            {
-                reasons.push(format!("chart {before} -> {after}"));
-            }
             // helm stores no values as `null` or leaves them out.
             let empty = Value::Object(serde_json::Map::new());
             let stored = match payload.config.as_ref().map(|config| &config.0) {
                 None | Some(Value::Null) => &empty,
                 Some(config) => config,
             };
-            let same_values = same_values(stored, &values);
-            if !same_values {
-                reasons.push("values changed".to_owned());
-            }
-            if before == after && same_values {
-                reasons.push(
-                    match (&digest, latest.as_ref().and_then(|r| r.digest.as_ref())) {
-                        (None, _) => "the chart is not pinned to an exact version: it is upgraded \
-                                  on every provision"
-                            .to_owned(),
-                        (Some(_), None) => {
-                            "the deployed revision was not made by this provisioner".to_owned()
-                        }
-                        (Some(_), Some(_)) => "the chart's content changed".to_owned(),
-                    },
-                );
-            }
+            reasons.extend(what_changed(
+                payload.chart.shown().as_deref(),
+                rendered.dry_run.chart.shown().as_deref(),
+                same_values(stored, &values),
+                digest.is_some(),
+                latest.as_ref().is_some_and(|r| r.digest.is_some()),
+            ));
         }
         let changing = objects
             .iter()
@@ -419,6 +402,40 @@ impl HelmRelease {
     }
 }
 
+/// Why an upgrade: the chart (`before` and `after` as `name-version`), the
+/// values, or, when neither changed, what did: an unpinned chart is
+/// upgraded on every provision, a revision without this crate's stamp was
+/// made by someone else, else the chart's content changed.
+fn what_changed(
+    before: Option<&str>,
+    after: Option<&str>,
+    same_values: bool,
+    pinned: bool,
+    stamped: bool,
+) -> Vec<String> {
+    let mut reasons = Vec::new();
+    let same_chart = before == after;
+    if let (false, Some(before), Some(after)) = (same_chart, before, after) {
+        reasons.push(format!("chart {before} -> {after}"));
+    }
+    if !same_values {
+        reasons.push("values changed".to_owned());
+    }
+    if same_chart && same_values {
+        reasons.push(
+            if !pinned {
+                "the chart is not pinned to an exact version: it is upgraded on every provision"
+            } else if !stamped {
+                "the deployed revision was not made by this provisioner"
+            } else {
+                "the chart's content changed"
+            }
+            .to_owned(),
+        );
+    }
+    reasons
+}
+
 /// helm's name for the record of `revision`.
 fn record_name(release: &str, revision: u32) -> String {
     format!("sh.helm.release.v1.{release}.v{revision}")
@@ -513,6 +530,32 @@ mod pure {
         let uninstalled = Start::of("ns/web", Some(&revision(2, "uninstalled", None)));
         assert_eq!(uninstalled.action, ReleaseAction::Install);
         assert_eq!(uninstalled.prior, Some((2, true)));
+    }
+
+    #[test]
+    fn an_upgrade_says_what_changed() {
+        let chart = Some;
+        assert_eq!(
+            what_changed(chart("app-1.0.0"), chart("app-1.1.0"), false, true, true),
+            ["chart app-1.0.0 -> app-1.1.0", "values changed"]
+        );
+        assert_eq!(
+            what_changed(chart("app-1.0.0"), chart("app-1.0.0"), true, false, true),
+            ["the chart is not pinned to an exact version: it is upgraded on every provision"]
+        );
+        assert_eq!(
+            what_changed(chart("app-1.0.0"), chart("app-1.0.0"), true, true, false),
+            ["the deployed revision was not made by this provisioner"]
+        );
+        assert_eq!(
+            what_changed(chart("app-1.0.0"), chart("app-1.0.0"), true, true, true),
+            ["the chart's content changed"]
+        );
+        // Rendered client-side: no chart to compare with.
+        assert_eq!(
+            what_changed(chart("app-1.0.0"), None, false, true, true),
+            ["values changed"]
+        );
     }
 
     #[test]

@@ -11,8 +11,9 @@ use serde_json::Value;
 
 use super::HelmRelease;
 use super::args::Render;
+use crate::chart::Chart;
 use crate::objects::{ObjectRef, parse_manifest};
-use crate::storage::ChartInfo;
+use crate::storage::{ChartInfo, ChartMetadata};
 use crate::version;
 
 /// The release helm's dry run would write, as far as a plan reads it; its
@@ -178,8 +179,10 @@ impl HelmRelease {
                         Ok(self.template_args(&kubeconfig, &values, render))
                     })
                     .await?;
+                let mut dry_run = from_template(&self.id(), &output.stdout)?;
+                dry_run.chart = local_chart(&self.chart);
                 return Ok(Rendered {
-                    dry_run: from_template(&self.id(), &output.stdout)?,
+                    dry_run,
                     client_side: true,
                 });
             }
@@ -190,6 +193,19 @@ impl HelmRelease {
             client_side: false,
         })
     }
+}
+
+/// The name and version of a local chart directory (`helm template` prints
+/// neither); unknown for an archive or a remote chart.
+fn local_chart(chart: &Chart) -> ChartInfo {
+    let Chart::Local(path) = chart else {
+        return ChartInfo::default();
+    };
+    let metadata = std::fs::read_to_string(path.join("Chart.yaml"))
+        .ok()
+        .and_then(|text| serde_saphyr::from_str::<ChartMetadata>(&text).ok())
+        .unwrap_or_default();
+    ChartInfo { metadata }
 }
 
 /// helm's "ensure CRDs are installed first": a kind of the chart is not served.
@@ -250,6 +266,15 @@ mod tests {
         let names: Vec<String> = objects.iter().map(|(o, _)| o.shown()).collect();
         assert_eq!(names, ["ConfigMap a", "Widget w"]);
         assert_eq!(dry.hooks[0].events, ["pre-install", "pre-upgrade"]);
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("Chart.yaml"),
+            "apiVersion: v2\nname: app\nversion: 1.2.0\n",
+        )
+        .unwrap();
+        let chart = local_chart(&Chart::local(dir.path()));
+        assert_eq!(chart.shown().as_deref(), Some("app-1.2.0"));
+        assert_eq!(local_chart(&Chart::oci("r.example.com/app")).shown(), None);
         assert!(!error.message().contains("s3cr3t"), "{error}");
         assert!(error.message().contains("ns/web"), "{error}");
     }
