@@ -66,6 +66,44 @@
 //! # }
 //! ```
 //!
+//! # Planning
+//!
+//! [`Context::plan`](provisioners_core::Context::plan) asks a release what
+//! `provision` would do, without doing it (and
+//! [`plan_deprovision`](provisioners_core::Context::plan_deprovision) what
+//! `deprovision` would): install, upgrade, no change, drift, uninstall or
+//! absent, with one [`ObjectPlan`](provisioners_core::plan::ObjectPlan) per
+//! object (create, update with its fields, no change, delete, adopt,
+//! refuse). A release deployed with the same inputs plans from its stored
+//! manifest and the live objects, as the drift repair does, with no helm
+//! process; anything else is rendered by helm's own dry run against the
+//! server (`helm upgrade --install --dry-run=server --output json`, or
+//! `helm install --dry-run=server` for a record a dead helm left pending),
+//! which stores nothing. Planning takes no lock or Lease and writes
+//! nothing; values never appear in a plan and Secret data is masked. A
+//! chart that renders random values (`randAlphaNum`) shows them as updates
+//! on every plan that renders it. Hooks are named in the node's note, not
+//! planned.
+//!
+//! ```no_run
+//! use provisioners_core::{Cluster, Context};
+//! use provisioners_helm::{Chart, HelmRelease};
+//!
+//! # async fn example() -> provisioners_core::Result<()> {
+//! let release = HelmRelease::new("app", Chart::local("charts/app"))
+//!     .namespace("apps")
+//!     .values(&serde_json::json!({"replicas": 3}));
+//! let cx = Context::new(Cluster::infer().await?);
+//! let plan = cx.plan(&release).await?;
+//! // release apps/app: upgrade, chart app-1.2.0, revision 4 deployed (values changed; 1 object changes)
+//! println!("{plan}");
+//! if plan.has_changes() {
+//!     cx.provision(&release).await?;
+//! }
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! The helm binary is `helm` from `PATH` unless [`HelmRelease::helm`] names
 //! another; its major version is detected once per path.
 //!

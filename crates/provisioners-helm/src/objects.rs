@@ -213,7 +213,11 @@ impl Resolver {
             Ok((resource, capabilities)) => {
                 Ok(Some((resource, capabilities.scope == Scope::Namespaced)))
             }
-            Err(kube::Error::Api(status)) if status.is_not_found() => Ok(None),
+            // A group the server does not serve answers a bare "404 page
+            // not found", not a Status: `is_not_found` alone misses it.
+            Err(kube::Error::Api(status)) if status.is_not_found() || status.code == 404 => {
+                Ok(None)
+            }
             Err(kube::Error::Discovery(_)) => Ok(None),
             Err(e) => Err(Error::kube(
                 format_args!("discovering {} {}", object.api_version, object.kind),

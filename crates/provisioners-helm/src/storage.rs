@@ -172,6 +172,47 @@ pub(crate) struct Payload {
     /// Helm 4: `ssa` when the release's objects are applied server-side.
     #[serde(default)]
     pub(crate) apply_method: Option<String>,
+    /// The chart's name and version.
+    #[serde(default)]
+    pub(crate) chart: ChartInfo,
+    /// The values the revision was made with (never shown: they may hold secrets).
+    #[serde(default)]
+    pub(crate) config: Option<Values>,
+}
+
+/// What a release record (or helm's dry run) says about its chart.
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct ChartInfo {
+    #[serde(default)]
+    pub(crate) metadata: ChartMetadata,
+}
+
+/// A chart's `Chart.yaml`, as far as a plan names it.
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct ChartMetadata {
+    #[serde(default)]
+    pub(crate) name: String,
+    #[serde(default)]
+    pub(crate) version: String,
+}
+
+impl ChartInfo {
+    /// `name-version`, as helm names a chart; `None` when the record has none.
+    pub(crate) fn shown(&self) -> Option<String> {
+        let ChartMetadata { name, version } = &self.metadata;
+        (!name.is_empty()).then(|| format!("{name}-{version}"))
+    }
+}
+
+/// A release's values: compared, never printed.
+#[derive(Deserialize)]
+#[serde(transparent)]
+pub(crate) struct Values(pub(crate) serde_json::Value);
+
+impl std::fmt::Debug for Values {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Values(..)")
+    }
 }
 
 /// The `info` of a release.

@@ -20,6 +20,17 @@ pub(super) struct Stamp<'a> {
     pub(super) repair: Option<&'a str>,
 }
 
+/// How a plan renders the release: see [`HelmRelease::render_args`].
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Render {
+    /// As `helm install` (a pending record), not `helm upgrade --install`.
+    pub(super) install: bool,
+    /// There is no release yet (helm 4 then applies server-side).
+    pub(super) fresh: bool,
+    /// Skip helm's ownership check of existing objects (the plan does it).
+    pub(super) take_ownership: bool,
+}
+
 /// The name under which a repository with credentials is added to the
 /// run's private helm configuration.
 pub(super) const PRIVATE_REPOSITORY: &str = "provisioners-private";
@@ -40,26 +51,7 @@ impl HelmRelease {
         fresh: bool,
     ) -> Vec<OsString> {
         let mut args: Vec<OsString> = vec!["upgrade".into(), "--install".into()];
-        args.push(self.release.clone().into());
-        match &self.chart {
-            Chart::Local(path) => args.push(path.clone().into()),
-            // Added by `repo add` with its credentials, which `--repo` cannot take
-            // without putting the password on argv.
-            Chart::Repository { name, .. } if self.credentials.is_some() => {
-                args.push(format!("{PRIVATE_REPOSITORY}/{name}").into());
-            }
-            Chart::Repository { url, name } => {
-                args.push(name.into());
-                args.push("--repo".into());
-                args.push(url.into());
-            }
-            Chart::Oci(reference) => {
-                args.push(reference.into());
-                if self.plain_http {
-                    args.push("--plain-http".into());
-                }
-            }
-        }
+        args.extend(self.chart_args());
         args.extend(self.common_args(kubeconfig));
         if let Some(version) = &self.version {
             args.push("--version".into());
@@ -101,6 +93,102 @@ impl HelmRelease {
         // worker is held while the release's objects come up.
         args.push("--timeout".into());
         args.push(go_duration(self.helm_timeout()).into());
+        args
+    }
+
+    /// The command line that renders what `upgrade_args` would install,
+    /// without installing or storing anything: helm's own dry run against
+    /// the server (reads, and `lookup` sees the cluster), printing the
+    /// release it would write as JSON.
+    ///
+    /// `install` renders as a fresh install (`helm install`), for a release
+    /// whose record a dead helm left pending, which `upgrade` refuses to
+    /// touch; `take_ownership` skips helm's check that existing objects
+    /// carry this release's ownership metadata, so that the plan can name
+    /// each object helm would refuse instead of failing on the first.
+    pub(super) fn render_args(
+        &self,
+        major: Major,
+        kubeconfig: &Path,
+        values: &Path,
+        render: Render,
+    ) -> Vec<OsString> {
+        let mut args: Vec<OsString> = if render.install {
+            vec!["install".into()]
+        } else {
+            vec!["upgrade".into(), "--install".into()]
+        };
+        args.extend(self.chart_args());
+        args.extend(self.common_args(kubeconfig));
+        if let Some(version) = &self.version {
+            args.push("--version".into());
+            args.push(version.into());
+        }
+        args.push("--values".into());
+        args.push(values.into());
+        if !render.install {
+            args.push("--reset-values".into());
+        }
+        if major == Major::Four && render.fresh {
+            // As the install would (the dry run stops before applying, so
+            // the flags only keep the render the install's).
+            args.push("--server-side=true".into());
+            args.push("--disable-openapi-validation".into());
+        }
+        if render.take_ownership {
+            args.push("--take-ownership".into());
+        }
+        args.push("--dry-run=server".into());
+        args.push("--output".into());
+        args.push("json".into());
+        args
+    }
+
+    /// `helm template` of what `render_args` renders, client-side: for a
+    /// chart whose kinds the server cannot map yet (CRDs in `crds/`).
+    pub(super) fn template_args(
+        &self,
+        kubeconfig: &Path,
+        values: &Path,
+        render: Render,
+    ) -> Vec<OsString> {
+        let mut args: Vec<OsString> = vec!["template".into()];
+        args.extend(self.chart_args());
+        args.extend(self.common_args(kubeconfig));
+        if let Some(version) = &self.version {
+            args.push("--version".into());
+            args.push(version.into());
+        }
+        args.push("--values".into());
+        args.push(values.into());
+        if !render.fresh {
+            args.push("--is-upgrade".into());
+        }
+        args
+    }
+
+    /// The release name and the chart reference.
+    fn chart_args(&self) -> Vec<OsString> {
+        let mut args: Vec<OsString> = vec![self.release.clone().into()];
+        match &self.chart {
+            Chart::Local(path) => args.push(path.clone().into()),
+            // Added by `repo add` with its credentials, which `--repo` cannot take
+            // without putting the password on argv.
+            Chart::Repository { name, .. } if self.credentials.is_some() => {
+                args.push(format!("{PRIVATE_REPOSITORY}/{name}").into());
+            }
+            Chart::Repository { url, name } => {
+                args.push(name.into());
+                args.push("--repo".into());
+                args.push(url.into());
+            }
+            Chart::Oci(reference) => {
+                args.push(reference.into());
+                if self.plain_http {
+                    args.push("--plain-http".into());
+                }
+            }
+        }
         args
     }
 
@@ -248,6 +336,65 @@ mod tests {
                 .iter()
                 .any(|a| a.contains("server-side") || a.contains("openapi"))
         );
+    }
+
+    #[test]
+    fn a_render_is_a_server_side_dry_run_that_prints_json() {
+        let release = release().create_namespace(true);
+        let args = strings(&release.render_args(
+            Major::Three,
+            Path::new("k"),
+            Path::new("v"),
+            Render::default(),
+        ));
+        assert_eq!(
+            args,
+            [
+                "upgrade",
+                "--install",
+                "web",
+                "/charts/web",
+                "--namespace",
+                "apps",
+                "--kubeconfig",
+                "k",
+                "--version",
+                "1.2.3",
+                "--values",
+                "v",
+                "--reset-values",
+                "--dry-run=server",
+                "--output",
+                "json",
+            ]
+        );
+        // Nothing that stores: no namespace, no labels on a record.
+        assert!(
+            !args
+                .iter()
+                .any(|a| a == "--create-namespace" || a == "--labels")
+        );
+        let pending = strings(&release.render_args(
+            Major::Four,
+            Path::new("k"),
+            Path::new("v"),
+            Render {
+                install: true,
+                fresh: true,
+                take_ownership: true,
+            },
+        ));
+        assert_eq!(pending[..3], ["install", "web", "/charts/web"]);
+        assert!(!pending.contains(&"--reset-values".to_owned()));
+        for flag in [
+            "--server-side=true",
+            "--disable-openapi-validation",
+            "--take-ownership",
+            "--dry-run=server",
+        ] {
+            assert!(pending.contains(&flag.to_owned()), "{flag}: {pending:?}");
+        }
+        assert!(!pending.iter().any(|a| a.contains("s3cr3t")));
     }
 
     #[test]

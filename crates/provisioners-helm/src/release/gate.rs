@@ -19,8 +19,13 @@ fn kept(meta: &ObjectMeta) -> bool {
     meta.annotations
         .as_ref()
         .and_then(|a| a.get(RESOURCE_POLICY))
-        // As helm compares it.
-        .is_some_and(|policy| policy.trim().eq_ignore_ascii_case("keep"))
+        .is_some_and(|policy| is_keep(policy))
+}
+
+/// Whether a `helm.sh/resource-policy` value keeps the object, as helm
+/// compares it.
+pub(super) fn is_keep(policy: &str) -> bool {
+    policy.trim().eq_ignore_ascii_case("keep")
 }
 
 /// The objects among `objects` that exist and are not kept, with their UIDs.
@@ -52,6 +57,25 @@ pub(super) async fn snapshot(resolver: &mut Resolver, objects: &[ObjectRef]) -> 
 /// The objects of `seen` still there (same UID, not kept), as `Kind ns/name`
 /// with `(deleting)` for those already Terminating.
 pub(super) async fn remaining(resolver: &mut Resolver, seen: &[Seen]) -> Result<Vec<String>> {
+    Ok(remaining_objects(resolver, seen)
+        .await?
+        .into_iter()
+        .map(|(object, deleting)| {
+            if deleting {
+                format!("{} (deleting)", object.shown())
+            } else {
+                object.shown()
+            }
+        })
+        .collect())
+}
+
+/// The objects of `seen` still there (same UID, not kept), each with
+/// whether it is already Terminating.
+pub(super) async fn remaining_objects(
+    resolver: &mut Resolver,
+    seen: &[Seen],
+) -> Result<Vec<(ObjectRef, bool)>> {
     let mut remaining = Vec::new();
     for Seen { object, uid } in seen {
         let Some((api, resolved)) = resolver.api(object).await? else {
@@ -66,11 +90,8 @@ pub(super) async fn remaining(resolver: &mut Resolver, seen: &[Seen]) -> Result<
         if meta.metadata.uid.as_ref() != Some(uid) || kept(&meta.metadata) {
             continue;
         }
-        if meta.metadata.deletion_timestamp.is_some() {
-            remaining.push(format!("{} (deleting)", resolved.shown()));
-        } else {
-            remaining.push(resolved.shown());
-        }
+        let deleting = meta.metadata.deletion_timestamp.is_some();
+        remaining.push((resolved, deleting));
     }
     Ok(remaining)
 }

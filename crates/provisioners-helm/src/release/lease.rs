@@ -206,6 +206,35 @@ async fn try_acquire(
     }
 }
 
+/// Yields while another live holder has the Lease of `release`, as taking
+/// it would; reads only (a plan takes no Lease).
+pub(super) async fn check_free(
+    client: &kube::Client,
+    namespace: &str,
+    release: &str,
+    holder: &str,
+) -> Result<()> {
+    let release_id = format!("{namespace}/{release}");
+    let leases: Api<Lease> = Api::namespaced(client.clone(), namespace);
+    let name = name(release);
+    match leases.get_opt(&name).await {
+        Ok(Some(lease)) => match held_by_other(&lease, holder, Timestamp::now()) {
+            Some(other) => Err(busy(&release_id, other)),
+            None => Ok(()),
+        },
+        Ok(None) => Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 403 => Err(Error::invalid(format!(
+            "release `{release_id}`: may not read the Lease {namespace}/{name} ({}); grant get \
+             on leases.coordination.k8s.io in namespace {namespace}",
+            status.message
+        ))),
+        Err(e) => Err(Error::kube(
+            format_args!("reading the Lease {namespace}/{name} of release `{release_id}`"),
+            e,
+        )),
+    }
+}
+
 /// Deletes the Lease of a release that is gone.
 pub(super) async fn remove(client: &kube::Client, namespace: &str, release: &str) -> Result<()> {
     let leases: Api<Lease> = Api::namespaced(client.clone(), namespace);

@@ -6,18 +6,23 @@
 //! per release), [`lease`] (one process per release), [`recovery`] (pending
 //! records), [`live`] (the release's objects now), [`ready`] (readiness
 //! instead of `--wait`), [`drift`] (repair on a no-op), [`gate`] (the
-//! deletion gate), [`run`] (running helm).
+//! deletion gate), [`run`] (running helm). [`plan`] says what they would do,
+//! from [`render`] (helm's server-side dry run) and [`compare`] (rendered,
+//! prior and live objects).
 
 mod args;
 mod classify;
+mod compare;
 mod drift;
 mod gate;
 mod lease;
 mod live;
 mod lock;
+mod plan;
 mod provision;
 mod ready;
 mod recovery;
+mod render;
 mod run;
 
 pub use self::drift::Drift;
@@ -99,6 +104,10 @@ pub const DEFAULT_HOOK_TIMEOUT: Duration = Duration::from_secs(300);
 ///   `Cancelled` once helm has exited, which the root's
 ///   [shutdown grace](provisioners_core::Context::with_shutdown_grace)
 ///   (20 s by default) leaves time for.
+/// * **Plans** without writing: [`Context::plan`](provisioners_core::Context::plan)
+///   says whether `provision` would install, upgrade, repair drift or do
+///   nothing, and what it would do to each object, from reads and helm's
+///   own server-side dry run (see the crate's "Planning").
 /// * A [bound](crate::HelmProcesses) on helm processes, kept on the
 ///   [`Cluster`](provisioners_core::Cluster) and shared with the clusters
 ///   derived from it; the per-release locks are kept on the cluster too, so

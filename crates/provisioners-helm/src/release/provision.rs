@@ -2,7 +2,7 @@
 //! the Lease, recovery, helm, then readiness; uninstall, then the deletion
 //! gate.
 
-use provisioners_core::{Context, Error, Provisioner, Result, async_trait};
+use provisioners_core::{Context, Error, Operation, Plan, Provisioner, Result, async_trait};
 
 use super::Drift;
 use super::lease;
@@ -14,7 +14,7 @@ use crate::version;
 
 impl HelmRelease {
     /// The objects of `revision`'s stored manifest; `None` when the record is gone.
-    async fn objects(
+    pub(super) async fn objects(
         &self,
         cx: &Context,
         revision: &Revision,
@@ -32,7 +32,7 @@ impl HelmRelease {
     }
 
     /// Who this process is on the release's Lease.
-    fn holder(&self) -> &str {
+    pub(super) fn holder(&self) -> &str {
         self.lease_holder
             .as_deref()
             .unwrap_or(lease::PROCESS_HOLDER.as_str())
@@ -55,7 +55,7 @@ impl HelmRelease {
 
     /// The release's objects as rendered for `revision` and as they are now,
     /// with `revision`'s payload; `None` when its record is gone.
-    async fn live(
+    pub(super) async fn live(
         &self,
         cx: &Context,
         revision: &Revision,
@@ -71,7 +71,7 @@ impl HelmRelease {
         Ok(Some((objects, payload)))
     }
 
-    fn record_changed(&self) -> Error {
+    pub(super) fn record_changed(&self) -> Error {
         Error::yielding(format!(
             "the record of release `{}` changed meanwhile; looking again",
             self.id()
@@ -281,10 +281,10 @@ impl Provisioner for HelmRelease {
         })?;
         tracing::info!(release = %self.id(), chart = %self.chart, "helm upgrade --install");
         let work = self.work_dir()?;
-        self.log_in(cx, &serialised, &work).await?;
+        self.log_in(cx, Some(&serialised), &work).await?;
         self.run_helm_in(
             cx,
-            &serialised,
+            Some(&serialised),
             "upgrade --install",
             &values,
             &work,
@@ -309,6 +309,15 @@ impl Provisioner for HelmRelease {
                 "helm upgrade --install of release `{}` left no release record",
                 self.id()
             ))),
+        }
+    }
+
+    /// What provision or deprovision would do now: see
+    /// [`HelmRelease`]'s "Planning". Reads, and helm's server-side dry run.
+    async fn plan(&self, cx: &Context, operation: Operation) -> Result<Plan> {
+        match operation {
+            Operation::Provision => self.plan_provision(cx).await,
+            Operation::Deprovision => self.plan_deprovision(cx).await,
         }
     }
 

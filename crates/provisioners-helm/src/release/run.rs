@@ -46,7 +46,7 @@ impl HelmRelease {
         write: impl FnOnce(&WorkDir) -> std::io::Result<Vec<OsString>>,
     ) -> Result<Output> {
         let work = self.work_dir()?;
-        self.run_helm_in(cx, serialised, action, values, &work, None, write)
+        self.run_helm_in(cx, Some(serialised), action, values, &work, None, write)
             .await
     }
 
@@ -68,7 +68,7 @@ impl HelmRelease {
     pub(super) async fn run_helm_in(
         &self,
         cx: &Context,
-        serialised: &Serialised,
+        serialised: Option<&Serialised>,
         action: &str,
         values: &Value,
         work: &Arc<WorkDir>,
@@ -92,7 +92,8 @@ impl HelmRelease {
         let stop = cx.cancellation().child_token();
         // Dropped with this future (and harmless once helm is done).
         let _stop_when_dropped = stop.clone().drop_guard();
-        let held = serialised.share();
+        // A plan holds no lock: it writes nothing another run could trip over.
+        let held = serialised.map(Serialised::share);
         let grace = self.grace;
         let helm = tokio::spawn(async move {
             let output = process::run(invocation, &stop, grace).await;
@@ -150,7 +151,7 @@ impl HelmRelease {
     pub(super) async fn log_in(
         &self,
         cx: &Context,
-        serialised: &Serialised,
+        serialised: Option<&Serialised>,
         work: &Arc<WorkDir>,
     ) -> Result<()> {
         let Some(credentials) = &self.credentials else {
