@@ -95,6 +95,6 @@ mod resource;
 mod source;
 mod unchanged;
 
-pub use manifest::Manifest;
+pub use manifest::{Manifest, REPLACE_POLICY_ANNOTATION, ReplacePolicy};
 pub use ownership::{DELETION_POLICY_ANNOTATION, INVENTORY_LABEL, OWNER_ANNOTATION, stamped_by};
 pub use resource::Resource;
