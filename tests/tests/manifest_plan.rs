@@ -139,8 +139,14 @@ async fn kube_prometheus_plans_create_then_no_change_then_exactly_the_two_edits(
     let (proxy, cx) = proxied("kube-prometheus").await;
     let (yaml, objects) = kube_prometheus(|_, text| text);
     let manifest = Manifest::from_yaml("kube-prometheus", yaml.clone());
-    // Leftovers of an interrupted run of this test.
+    // Leftovers of an interrupted run of this test; then a cluster whose
+    // discovery has not seen the CRDs (as a new process would).
     converge(&cx, &manifest, false, DEADLINE).await;
+    let cx = proxy
+        .context("kube-prometheus")
+        .await
+        .expect("context over the proxy")
+        .with_field_manager("plan-test-kube-prometheus");
 
     let started = Instant::now();
     let plan = plan_of(&proxy, &cx, &manifest).await;

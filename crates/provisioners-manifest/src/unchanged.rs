@@ -67,10 +67,11 @@ pub(crate) fn is_applied(
     provisioners_core::drift::contains(&live, &desired)
 }
 
-/// Removes from `desired` the `false`, `0` and `""` that `live` does not
-/// hold at all: the server omits a zero value of a plain (not pointer) field
-/// when it stores the object (a container's `volumeMounts[].readOnly:
-/// false`), so without this such an object would never count as applied.
+/// Removes from `desired` the zero values (`false`, `0`, `""`, `[]`, `{}`,
+/// `null`) that `live` does not hold at all: the server omits a zero value
+/// of a plain (not pointer) field when it stores the object (a container's
+/// `volumeMounts[].readOnly: false`, `env: []`), so without this such an
+/// object would never count as applied.
 /// A zero that `live` holds as another value still differs.
 fn drop_omitted_zeros(desired: &mut Value, live: &Value) {
     match (desired, live) {
@@ -93,10 +94,12 @@ fn drop_omitted_zeros(desired: &mut Value, live: &Value) {
 
 fn is_zero(value: &Value) -> bool {
     match value {
+        Value::Null => true,
         Value::Bool(b) => !b,
         Value::Number(n) => n.as_f64() == Some(0.0),
         Value::String(s) => s.is_empty(),
-        _ => false,
+        Value::Array(items) => items.is_empty(),
+        Value::Object(map) => map.is_empty(),
     }
 }
 
@@ -164,7 +167,7 @@ mod tests {
         let mut want = object(json!({
             "apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": "a", "namespace": "n"},
-            "spec": {"mounts": [{"name": "m", "readOnly": false, "port": 0, "path": ""}]},
+            "spec": {"mounts": [{"name": "m", "readOnly": false, "port": 0, "path": "", "env": []}]},
         }));
         stamp(&mut want);
         let mut live = serde_json::to_value(live_from(&want, "me", "Apply")).unwrap();
