@@ -221,6 +221,18 @@ async fn kube_prometheus_plans_create_then_no_change_then_exactly_the_two_edits(
     let again = plan_of(&proxy, &cx, &manifest).await;
     assert_eq!(again.digest(), unchanged.digest());
     assert_eq!(again, unchanged);
+    // Beside it, for the record: an unchanged provision (what the plan mirrors).
+    proxy.reset_counts();
+    let started = Instant::now();
+    cx.provision(&manifest).await.expect("unchanged provision");
+    let counts = proxy.counts();
+    eprintln!(
+        "unchanged provision: {:?}, {} requests, {} writes",
+        started.elapsed(),
+        counts.requests(),
+        counts.writes()
+    );
+    assert_eq!(counts.writes(), 0, "an unchanged provision wrote: {counts}");
 
     let (edited_yaml, _) = kube_prometheus(edited);
     assert_ne!(edited_yaml, yaml);
