@@ -16,9 +16,9 @@ use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::{Api, ObjectMeta, PostParams};
 use provisioners::plan::{Action, ObjectPlan};
 use provisioners::{Context, ErrorKind, Plan, Provisioner};
-use provisioners_manifest::{Manifest, ReplacePolicy};
+use provisioners_manifest::{Manifest, ReplacePolicy, Resource};
 use provisioners_testing::cluster::{HarnessCluster, TestNamespace};
-use provisioners_testing::faults::{Proxy, Verb};
+use provisioners_testing::faults::{Fault, Match, Proxy, Rule, Verb};
 use tokio::sync::RwLock;
 
 mod manifest_support;
@@ -706,5 +706,99 @@ async fn recreate_replaces_a_job_whose_template_changes() {
         .image
         .clone();
     assert_eq!(image.as_deref(), Some("busybox:2"));
+    ns.cleanup().await.expect("cleanup");
+}
+
+/// A provision stopped between the delete and the create of a replacement
+/// (here: the create fails) creates the object on its next pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the local control plane (cargo xtask test)"]
+async fn a_replace_interrupted_between_delete_and_create_converges() {
+    let _shared = CLUSTER.read().await;
+    let ns = TestNamespace::create("plan-interrupted")
+        .await
+        .expect("namespace");
+    let (proxy, cx) = proxied("interrupted").await;
+    // No retries: the failed create must reach the provision.
+    let cluster = cx
+        .cluster()
+        .clone()
+        .with_policy(provisioners::ClientPolicy::new().backoff([]));
+    let cx = cx.with_cluster(cluster);
+    let api = ns.api::<ConfigMap>();
+    converge(
+        &cx,
+        &Manifest::from_yaml("frozen", frozen(ns.name(), "v1")),
+        true,
+        DEADLINE,
+    )
+    .await;
+    let uid = api.get("frozen").await.expect("get").metadata.uid;
+
+    let recreate =
+        Manifest::from_yaml("frozen", frozen(ns.name(), "v2")).replace(ReplacePolicy::Recreate);
+    // The first PATCH is the apply the server refuses, the second the create.
+    let create = proxy.add(
+        Rule::on(Match::verb(Verb::Patch).name("frozen"))
+            .nth(2)
+            .fail(Fault::InternalError),
+    );
+    let error = cx.provision(&recreate).await.expect_err("the create fails");
+    assert!(error.is_transient(), "{error}");
+    assert_eq!(create.fired(), 1);
+    assert!(
+        api.get_opt("frozen").await.expect("get").is_none(),
+        "deleted, not created yet"
+    );
+    proxy.remove(&create);
+    let plan = plan_of(&proxy, &cx, &recreate).await;
+    assert_eq!(
+        object(&plan, "ConfigMap", "frozen").action(),
+        Action::Create
+    );
+    converge(&cx, &recreate, true, DEADLINE).await;
+    let live = api.get("frozen").await.expect("get");
+    assert_ne!(live.metadata.uid, uid);
+    assert_eq!(live.data.unwrap()["k"], "v2");
+    ns.cleanup().await.expect("cleanup");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the local control plane (cargo xtask test)"]
+async fn a_resource_plans_as_a_node_of_kind_resource() {
+    let _shared = CLUSTER.read().await;
+    let ns = TestNamespace::create("plan-resource")
+        .await
+        .expect("namespace");
+    let (proxy, cx) = proxied("resource").await;
+    let settings = |level: &str| {
+        Resource::new(
+            "settings",
+            &ConfigMap {
+                metadata: ObjectMeta {
+                    name: Some("settings".into()),
+                    ..ObjectMeta::default()
+                },
+                data: Some([("level".to_owned(), level.to_owned())].into()),
+                ..ConfigMap::default()
+            },
+        )
+        .namespace(ns.name())
+    };
+    let plan = plan_of(&proxy, &cx, &settings("debug")).await;
+    assert_eq!((plan.name(), plan.kind()), ("settings", "resource"));
+    assert_eq!(plan.summary(), "1 to create");
+    converge(&cx, &settings("debug"), true, DEADLINE).await;
+    let plan = plan_of(&proxy, &cx, &settings("info")).await;
+    let planned = object(&plan, "ConfigMap", "settings");
+    assert_eq!(planned.action(), Action::Update);
+    assert_eq!(
+        planned.changes()[0].to_string(),
+        "data.level: \"debug\" -> \"info\""
+    );
+    let plan = deprovision_plan_of(&proxy, &cx, &settings("info")).await;
+    assert_eq!(plan.operation(), provisioners::Operation::Deprovision);
+    assert_eq!(plan.summary(), "1 to delete");
+    converge(&cx, &settings("info"), false, DEADLINE).await;
     ns.cleanup().await.expect("cleanup");
 }
