@@ -238,6 +238,7 @@ async fn kube_prometheus_plans_create_then_no_change_then_exactly_the_two_edits(
     assert_ne!(edited_yaml, yaml);
     let edited_manifest = Manifest::from_yaml("kube-prometheus", edited_yaml);
     let plan = plan_of(&proxy, &cx, &edited_manifest).await;
+    eprintln!("{plan}");
     let updates: Vec<(String, Vec<&str>)> = plan
         .objects()
         .iter()
@@ -494,6 +495,7 @@ async fn prune_foreign_adopt_and_deprovision_plan_as_they_would_run() {
         .expect("annotate");
     let last = node(&["a", "c", "hand", "stranger"]);
     let plan = deprovision_plan_of(&proxy, &cx, &last).await;
+    eprintln!("{plan}");
     let actions: Vec<(String, Action)> = plan
         .objects()
         .iter()

@@ -21,7 +21,7 @@ use super::resolve::{Resolution, Resolved, Unresolved};
 use super::{Manifest, apply, bounded, dynamic_api};
 use crate::discovery::Discovery;
 use crate::object::{Identity, ObjectRef, Tier};
-use crate::ownership::{INVENTORY_LABEL, OWNER_ANNOTATION, Ownership, Stamp};
+use crate::ownership::{INVENTORY_LABEL, OWNER_ANNOTATION, Ownership, PROTECTED_NAMESPACES, Stamp};
 use crate::unchanged::{self, DIGEST_ANNOTATION};
 
 /// The kind of a manifest's plan node.
@@ -73,7 +73,7 @@ impl Manifest {
             .filter(|r| r.tier == Tier::Namespace)
             .map(|r| r.key.name.clone())
             .collect();
-        let seen = self.look(cx, &stamp, &resolved).await?;
+        let seen = self.look(cx, &stamp, &created, &resolved).await?;
         let calls = resolved
             .iter()
             .zip(seen)
@@ -110,7 +110,13 @@ impl Manifest {
     /// metadata LIST per kind and namespace where provision makes one, else
     /// a GET per object). Nothing is read inside a namespace that does not
     /// exist.
-    async fn look(&self, cx: &Context, stamp: &Stamp, objects: &[Resolved]) -> Result<Vec<Seen>> {
+    async fn look(
+        &self,
+        cx: &Context,
+        stamp: &Stamp,
+        created: &BTreeSet<String>,
+        objects: &[Resolved],
+    ) -> Result<Vec<Seen>> {
         let namespaces = self.read_namespaces(cx, objects).await?;
         let absent = |object: &Resolved| {
             object
@@ -145,13 +151,15 @@ impl Manifest {
         let mut present_seen = Vec::with_capacity(present.len());
         for (i, (object, read)) in present.iter().zip(read).enumerate() {
             let read = read?;
-            let namespace_ours = object
-                .key
-                .namespace
-                .as_ref()
-                .and_then(|ns| namespaces.get(ns))
-                .and_then(Option::as_ref)
-                .is_some_and(|ns| apply::is_ours_ns(stamp, ns));
+            // As provision sees it after its first tier: a namespace of the
+            // manifest carries our stamp by then (or provision has failed).
+            let namespace_ours = object.key.namespace.as_ref().is_some_and(|ns| {
+                (created.contains(ns) && !PROTECTED_NAMESPACES.contains(&ns.as_str()))
+                    || namespaces
+                        .get(ns)
+                        .and_then(Option::as_ref)
+                        .is_some_and(|live| apply::is_ours_ns(stamp, live))
+            });
             present_seen.push(Seen {
                 partial: partial[i] && read.is_none(),
                 live: read.or_else(|| live[i].take()),
