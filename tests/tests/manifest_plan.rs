@@ -804,3 +804,46 @@ async fn a_resource_plans_as_a_node_of_kind_resource() {
     converge(&cx, &settings("info"), false, DEADLINE).await;
     ns.cleanup().await.expect("cleanup");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the local control plane (cargo xtask test)"]
+async fn unknown_kinds_are_unknown_and_bad_input_fails_as_provision_does() {
+    let _shared = CLUSTER.read().await;
+    let ns = TestNamespace::create("plan-unknown")
+        .await
+        .expect("namespace");
+    let (proxy, cx) = proxied("unknown").await;
+    let yaml = format!(
+        "{}---\napiVersion: {}.example.com/v1\nkind: Gadget\nmetadata:\n  name: g\n",
+        config_maps(&["beside"]),
+        ns.name()
+    );
+    let manifest = Manifest::from_yaml("unknown", yaml).namespace(ns.name());
+    let plan = plan_of(&proxy, &cx, &manifest).await;
+    let gadget = object(&plan, "Gadget", "g");
+    assert_eq!(gadget.action(), Action::Unknown, "{plan:#}");
+    let reason = gadget.reason().unwrap();
+    assert!(reason.contains("does not serve kind Gadget"), "{reason}");
+    assert!(reason.contains("up to 300s"), "{reason}");
+    assert_eq!(
+        object(&plan, "ConfigMap", "beside").action(),
+        Action::Create
+    );
+    assert!(plan.has_changes());
+
+    // Input provision refuses fails the plan with provision's error.
+    for yaml in [
+        "apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata:\n  name: \
+         scoped\n  namespace: somewhere\nrules: []\n",
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: Not_Valid\n",
+        "apiVersion: v1\nkind: Service\nmetadata:\n  name: bad-port\nspec:\n  ports:\n  - port: \
+         99999\n",
+    ] {
+        let bad = Manifest::from_yaml("bad", yaml).namespace(ns.name());
+        let planned = cx.plan(&bad).await.expect_err("invalid input");
+        let provisioned = cx.provision(&bad).await.expect_err("invalid input");
+        assert_eq!(planned.kind(), ErrorKind::Invalid, "{planned}");
+        assert_eq!(planned.to_string(), provisioned.to_string());
+    }
+    ns.cleanup().await.expect("cleanup");
+}
