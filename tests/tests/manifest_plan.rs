@@ -604,6 +604,26 @@ async fn an_immutable_change_plans_replace_and_provision_follows_the_policy() {
     let plan = plan_of(&proxy, &cx, &recreate).await;
     assert!(!plan.has_changes(), "{plan:#}");
 
+    // An object annotated to be kept is not deleted to replace it.
+    let keep = serde_json::json!({"metadata": {"annotations": {"provisioners.dev/deletion-policy": "orphan"}}});
+    api.patch(
+        "frozen",
+        &Default::default(),
+        &kube::api::Patch::Merge(&keep),
+    )
+    .await
+    .expect("annotate");
+    let kept_uid = api.get("frozen").await.expect("get").metadata.uid;
+    let third =
+        Manifest::from_yaml("frozen", frozen(ns.name(), "v3")).replace(ReplacePolicy::Recreate);
+    let plan = plan_of(&proxy, &cx, &third).await;
+    let planned = object(&plan, "ConfigMap", "frozen");
+    assert_eq!(planned.action(), Action::Refuse, "{plan:#}");
+    assert!(planned.reason().unwrap().contains("it is kept"), "{plan:#}");
+    let error = cx.provision(&third).await.expect_err("kept");
+    assert!(error.to_string().contains("was not deleted"), "{error}");
+    assert_eq!(api.get("frozen").await.expect("get").metadata.uid, kept_uid);
+
     // A foreign object with an immutable change: refused, never deleted.
     let hand: ConfigMap = serde_json::from_value(serde_json::json!({
         "metadata": {"name": "frozen-by-hand"}, "immutable": true, "data": {"k": "v1"}

@@ -104,8 +104,8 @@
 //! [`Manifest::replace`]`(`[`ReplacePolicy::Recreate`]`)` (or the annotation
 //! [`REPLACE_POLICY_ANNOTATION`]` = recreate` on one object) deletes such an
 //! object and creates it again, gated like every deletion: only an object
-//! stamped by this owner (or adopted), with a UID precondition, yielding
-//! until the old one is gone.
+//! stamped by this owner (or adopted), never one annotated to be kept, with
+//! a UID precondition, yielding until the old one is gone.
 //!
 //! Parsing uses `serde-saphyr` (the parser `kube` uses) with its budgets on:
 //! alias bombs, deep nesting and oversized input are refused.

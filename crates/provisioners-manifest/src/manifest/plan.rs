@@ -342,12 +342,15 @@ impl Manifest {
         let policy = self.replace_policy_of(object)?;
         let listed = fields.join(", ");
         let changes = immutable_changes(live, &object.object, fields);
-        if let Some(who) = replace_refused(stamp, live, self.adopt) {
+        if policy == ReplacePolicy::Recreate
+            && let Some(refusal) = replace_refused(stamp, key, live, self.adopt)
+        {
             return Ok(object_plan(key, Action::Refuse)
                 .with_changes(changes)
                 .with_reason(format!(
-                    "{listed} may not change (immutable), and it is not ours ({who}): provision \
-                     would fail and not delete it"
+                    "{listed} may not change (immutable), and {}: provision would fail and not \
+                     delete it",
+                    refusal.why
                 )));
         }
         let reason = match policy {

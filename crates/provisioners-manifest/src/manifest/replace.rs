@@ -7,7 +7,8 @@ use provisioners_core::{Context, Error, Result};
 use super::delete::propagation;
 use super::resolve::Resolved;
 use super::{Manifest, apply, dynamic_api};
-use crate::ownership::{Ownership, Stamp};
+use crate::object::ObjectRef;
+use crate::ownership::{Ownership, Stamp, kept};
 
 /// Annotation on an object of the manifest that sets its own
 /// [`ReplacePolicy`] (`fail` or `recreate`), over the node's.
@@ -30,7 +31,10 @@ pub enum ReplacePolicy {
     Fail,
     /// Delete the object and create it again, gated like every deletion:
     /// only a live object stamped by this owner (or taken over with
-    /// [`adopt`](Manifest::adopt)), with a precondition on its UID. Provision
+    /// [`adopt`](Manifest::adopt)), never one annotated to be kept
+    /// ([`DELETION_POLICY_ANNOTATION`](crate::DELETION_POLICY_ANNOTATION)
+    /// `orphan`, `helm.sh/resource-policy: keep`), with a precondition on its
+    /// UID. Provision
     /// yields ("replacing ...: waiting for the old one to go") until the old
     /// object is gone, then creates the new one; a provision interrupted in
     /// between creates it on its next pass.
@@ -145,13 +149,11 @@ impl Manifest {
             // Gone since the apply: create it.
             return self.apply_checked(cx, object, force).await;
         };
-        if let Some(who) = replace_refused(stamp, &live, self.adopt) {
+        if let Some(refusal) = replace_refused(stamp, key, &live, self.adopt) {
             return Err(Error::invalid(format!(
-                "{}: {key}: {fields_text} may not change (immutable), and the live object is not \
-                 ours ({who}; we are `{}`), so it was not deleted: delete it by hand, or set \
-                 adopt(true) on this node to take it over",
-                object.origin,
-                stamp.owner()
+                "{}: {key}: {fields_text} may not change (immutable), and {}, so it was not \
+                 deleted: {}",
+                object.origin, refusal.why, refusal.remedy
             )));
         }
         let waiting = || Error::yielding(format!("replacing {key}: waiting for the old one to go"));
@@ -195,15 +197,39 @@ impl Manifest {
     }
 }
 
-/// Why `live` may not be deleted to replace it, if it may not: only what
-/// provision may take over is replaced (stamped by our owner, or any object
-/// when adopting).
-pub(super) fn replace_refused(stamp: &Stamp, live: &DynamicObject, adopt: bool) -> Option<String> {
+/// Why a live object may not be deleted to replace it, and what to do.
+pub(super) struct Refusal {
+    pub(super) why: String,
+    pub(super) remedy: &'static str,
+}
+
+/// Why `live`, the object at `key`, may not be deleted to replace it, if it
+/// may not: only what provision may take over is replaced (stamped by our
+/// owner, or any object when adopting), and never what is annotated to be
+/// kept (a PersistentVolumeClaim with `helm.sh/resource-policy: keep`).
+pub(super) fn replace_refused(
+    stamp: &Stamp,
+    key: &ObjectRef,
+    live: &DynamicObject,
+    adopt: bool,
+) -> Option<Refusal> {
     match stamp.classify(live) {
-        Ownership::Ours | Ownership::OurOwnerOtherNode(_) => None,
-        Ownership::Foreign(_) if adopt => None,
-        Ownership::Foreign(who) => Some(who),
+        Ownership::Ours | Ownership::OurOwnerOtherNode(_) => {}
+        Ownership::Foreign(_) if adopt => {}
+        Ownership::Foreign(who) => {
+            return Some(Refusal {
+                why: format!(
+                    "the live object is not ours ({who}; we are `{}`)",
+                    stamp.owner()
+                ),
+                remedy: "delete it by hand, or set adopt(true) on this node to take it over",
+            });
+        }
     }
+    kept(key.group(), &key.kind, live).map(|why| Refusal {
+        why: format!("it is kept ({why})"),
+        remedy: "delete it by hand, or remove the annotation",
+    })
 }
 
 #[cfg(test)]
