@@ -73,10 +73,11 @@
 //! release (kept objects: an update, the stamp removed) or refuse to touch
 //! (an object of the manifest that is not ours); objects already gone are
 //! left out. A Secret's values never appear: changes to its `data` are
-//! masked, and a dry-run the server refuses for a Secret fails the plan
-//! without quoting the server's message. Input that provision would refuse
-//! fails the plan with the same error; failures that pass (the cluster
-//! unreachable, discovery failing) are transient errors.
+//! masked, and a Secret the server refuses (in a plan or at provision) is
+//! reported without the server's message, which may quote its data.
+//! Input that provision would refuse fails the plan with the same error;
+//! failures that pass (the cluster unreachable, discovery failing) are
+//! transient errors.
 //!
 //! ```no_run
 //! use provisioners_core::{Cluster, Context};

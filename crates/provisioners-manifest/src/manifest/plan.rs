@@ -17,7 +17,7 @@ use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use provisioners_core::plan::{Action, ObjectPlan};
 use provisioners_core::{Context, Error, Operation, Plan, Result};
 
-use self::fields::{changes, immutable_changes, object_plan, plan_error};
+use self::fields::{changes, immutable_changes, object_plan};
 use super::replace::{ReplacePolicy, immutable_fields, replace_refused};
 use super::resolve::{Resolution, Resolved, Unresolved};
 use super::{Manifest, apply, bounded, dynamic_api};
@@ -245,7 +245,7 @@ impl Manifest {
             // admission, a namespace that does not exist).
             return match self.dry_run(cx, object, self.force).await {
                 Ok(_) => Ok(object_plan(key, Action::Create)),
-                Err(e) => Err(plan_error(object, e)),
+                Err(e) => Err(apply::apply_error(&object.origin, &object.key, e)),
             };
         };
         let mut force = self.force;
@@ -291,7 +291,7 @@ impl Manifest {
                 None => {
                     return match self.dry_run(cx, object, self.force).await {
                         Ok(_) => Ok(object_plan(key, Action::Create)),
-                        Err(e) => Err(plan_error(object, e)),
+                        Err(e) => Err(apply::apply_error(&object.origin, &object.key, e)),
                     };
                 }
             }
@@ -301,7 +301,7 @@ impl Manifest {
             Err(error) => {
                 return match immutable_fields(&error) {
                     Some(fields) => self.plan_replace(stamp, object, &live, &fields),
-                    None => Err(plan_error(object, error)),
+                    None => Err(apply::apply_error(&object.origin, &object.key, error)),
                 };
             }
         };

@@ -2,15 +2,10 @@
 //! the server's dry-run answer, the immutable fields, and errors that never
 //! quote a Secret.
 
-use std::error::Error as _;
-
 use kube::api::DynamicObject;
-use provisioners_core::Error;
 use provisioners_core::plan::{self, Action, FieldChange, ObjectPlan};
 use serde_json::Value;
 
-use crate::manifest::apply;
-use crate::manifest::resolve::Resolved;
 use crate::object::ObjectRef;
 use crate::ownership::{INVENTORY_LABEL, OWNER_ANNOTATION};
 use crate::unchanged::DIGEST_ANNOTATION;
@@ -117,51 +112,6 @@ fn at_path<'a>(value: &'a Value, path: &str) -> Option<&'a Value> {
         }
     }
     Some(current)
-}
-
-/// The error of a dry-run the server refused, as provision's apply would
-/// report it; for a Secret without the server's message, which may quote
-/// the data it refused.
-pub(super) fn plan_error(object: &Resolved, error: kube::Error) -> Error {
-    let reported = apply::apply_error(&object.origin, &object.key, error);
-    if !is_secret(&object.key) {
-        return reported;
-    }
-    let fields = reported
-        .source()
-        .and_then(|source| source.downcast_ref::<kube::Error>())
-        .and_then(|error| match error {
-            kube::Error::Api(status) => Some(status),
-            _ => None,
-        })
-        .map(|status| {
-            let fields: Vec<&str> = status
-                .details
-                .iter()
-                .flat_map(|d| d.causes.iter())
-                .map(|c| c.field.as_str())
-                .filter(|f| !f.is_empty())
-                .collect();
-            format!(
-                "HTTP {}, {}; fields: {}",
-                status.code,
-                status.reason,
-                if fields.is_empty() {
-                    "(none named)".to_owned()
-                } else {
-                    fields.join(", ")
-                }
-            )
-        })
-        .unwrap_or_else(|| "no answer".to_owned());
-    Error::new(
-        reported.kind(),
-        format!(
-            "{}: {}: the dry-run was refused ({fields}); the server's message is not shown, as \
-             it may quote the Secret's data",
-            object.origin, object.key
-        ),
-    )
 }
 
 #[cfg(test)]
