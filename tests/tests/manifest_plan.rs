@@ -851,6 +851,16 @@ async fn unknown_kinds_are_unknown_and_bad_input_fails_as_provision_does() {
     );
     assert!(plan.has_changes());
 
+    // A namespace that does not exist (an earlier node of a tree may make it).
+    let elsewhere = Manifest::from_yaml("elsewhere", config_maps(&["x"]))
+        .namespace(format!("{}-not-yet", ns.name()));
+    let plan = plan_of(&proxy, &cx, &elsewhere).await;
+    let x = object(&plan, "ConfigMap", "x");
+    assert_eq!(x.action(), Action::Unknown, "{plan:#}");
+    assert!(x.reason().unwrap().contains("does not exist"), "{plan:#}");
+    let error = cx.provision(&elsewhere).await.expect_err("no namespace");
+    assert_eq!(error.kind(), ErrorKind::NotFound, "{error}");
+
     // Input provision refuses fails the plan with provision's error.
     for yaml in [
         "apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata:\n  name: \

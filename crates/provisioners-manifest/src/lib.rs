@@ -60,6 +60,7 @@
 //! | live object | action |
 //! |---|---|
 //! | missing | create (dry-run, so schema and admission errors show; not dry-run inside a namespace the manifest creates first) |
+//! | in a namespace that does not exist and that the manifest does not create | unknown (an earlier node may create it) |
 //! | ours, and the no-op check would skip it | no change (not dry-run: a plan of an unchanged manifest costs what an unchanged provision does) |
 //! | ours, otherwise | update with the fields the dry-run answer changes (our stamp left out), or no change |
 //! | an immutable field changes | replace, saying what the [`ReplacePolicy`] would do |

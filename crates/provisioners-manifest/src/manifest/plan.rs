@@ -234,10 +234,18 @@ impl Manifest {
     ) -> Result<ObjectPlan> {
         let key = &object.key;
         if seen.namespace_absent
-            && let Some(namespace) = key.namespace.as_deref().filter(|ns| created.contains(*ns))
+            && let Some(namespace) = key.namespace.as_deref()
         {
-            return Ok(object_plan(key, Action::Create).with_reason(format!(
-                "its namespace {namespace} is created by this manifest first (not dry-run)"
+            if created.contains(namespace) {
+                return Ok(object_plan(key, Action::Create).with_reason(format!(
+                    "its namespace {namespace} is created by this manifest first (not dry-run)"
+                )));
+            }
+            // An earlier node of the tree may create it; alone, provision
+            // would fail with NotFound.
+            return Ok(object_plan(key, Action::Unknown).with_reason(format!(
+                "its namespace {namespace} does not exist: provision fails unless something \
+                 (an earlier node) creates it first"
             )));
         }
         let Some(mut live) = seen.live else {
