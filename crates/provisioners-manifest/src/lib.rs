@@ -46,6 +46,69 @@
 //! established), and a pruning one `get`, `patch` and `delete` on the
 //! inventory ConfigMaps.
 //!
+//! # Planning
+//!
+//! [`Context::plan`](provisioners_core::Context::plan) (and
+//! [`plan_deprovision`](provisioners_core::Context::plan_deprovision)) asks
+//! a manifest what its provision (or deprovision) would do now, without
+//! doing it: a [`Plan`](provisioners_core::Plan) node of kind `manifest`
+//! (`resource` for a [`Resource`]) with one object per object, in the order
+//! provision would apply them (tier by tier, then what prune would delete).
+//! Planning only reads and sends server-side applies with `dryRun=All`: it
+//! writes no object, no inventory, no namespace.
+//!
+//! | live object | action |
+//! |---|---|
+//! | missing | create (dry-run, so schema and admission errors show; not dry-run inside a namespace the manifest creates first) |
+//! | in a namespace that does not exist and that the manifest does not create | unknown (an earlier node may create it) |
+//! | ours, and the no-op check would skip it | no change (not dry-run: a plan of an unchanged manifest costs what an unchanged provision does) |
+//! | ours, otherwise | update with the fields the dry-run answer changes (our stamp left out), or no change |
+//! | an immutable field changes | replace, saying what the [`ReplacePolicy`] would do |
+//! | not ours, `adopt(false)` | refuse, with provision's reason |
+//! | not ours, `adopt(true)` | adopt, with the fields that change |
+//! | kind not served, defined by a CRD of the manifest | create |
+//! | kind not served otherwise | unknown (provision would wait for it) |
+//! | in the inventory, no longer in the manifest, ours (prune) | delete (`pruned: no longer in the manifest`) |
+//!
+//! A deprovision plan lists, in deprovision's order, what it would delete,
+//! release (kept objects: an update, the stamp removed) or refuse to touch
+//! (an object of the manifest that is not ours); objects already gone are
+//! left out. A Secret's values never appear: changes to its `data` are
+//! masked, and a Secret the server refuses (in a plan or at provision) is
+//! reported without the server's message, which may quote its data.
+//! Input that provision would refuse fails the plan with the same error;
+//! failures that pass (the cluster unreachable, discovery failing) are
+//! transient errors.
+//!
+//! ```no_run
+//! use provisioners_core::{Cluster, Context};
+//! use provisioners_manifest::Manifest;
+//!
+//! # async fn example() -> provisioners_core::Result<()> {
+//! let cx = Context::new(Cluster::infer().await?).with_field_manager("my-operator");
+//! let monitoring = Manifest::from_path("monitoring", "deploy/kube-prometheus").prune(true);
+//! let plan = cx.plan(&monitoring).await?;
+//! println!("{plan}"); // `{plan:#}` lists the unchanged objects too
+//! println!("{} ({})", plan.summary(), plan.digest());
+//! if plan.has_changes() {
+//!     cx.provision(&monitoring).await?;
+//! }
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Immutable fields
+//!
+//! A change the API server refuses because a field may not change (a Job's
+//! `spec.template`, a Deployment's `spec.selector`, a Service's cluster IP,
+//! the data of an `immutable` ConfigMap or Secret) fails provision with an
+//! [`Invalid`](provisioners_core::ErrorKind::Invalid) error by default.
+//! [`Manifest::replace`]`(`[`ReplacePolicy::Recreate`]`)` (or the annotation
+//! [`REPLACE_POLICY_ANNOTATION`]` = recreate` on one object) deletes such an
+//! object and creates it again, gated like every deletion: only an object
+//! stamped by this owner (or adopted), never one annotated to be kept, with
+//! a UID precondition, yielding until the old one is gone.
+//!
 //! Parsing uses `serde-saphyr` (the parser `kube` uses) with its budgets on:
 //! alias bombs, deep nesting and oversized input are refused.
 //!
@@ -95,6 +158,6 @@ mod resource;
 mod source;
 mod unchanged;
 
-pub use manifest::Manifest;
+pub use manifest::{Manifest, REPLACE_POLICY_ANNOTATION, ReplacePolicy};
 pub use ownership::{DELETION_POLICY_ANNOTATION, INVENTORY_LABEL, OWNER_ANNOTATION, stamped_by};
 pub use resource::Resource;

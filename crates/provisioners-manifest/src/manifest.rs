@@ -1,11 +1,12 @@
 //! [`Manifest`]: server-side apply of many objects, in order, with prune.
 //!
 //! The pipeline, one module each: [`provision`] (the steps of a provision,
-//! in order), [`plan`] (documents to resolved objects),
-//! [`apply`] (ownership checks and server-side apply), [`crd`] (waiting for
-//! CRDs and unknown kinds), [`ready`] (waiting for readiness),
-//! [`inventory`] (what a pruning node applied) and [`delete`] (checked
-//! deletes for prune and deprovision).
+//! in order), [`resolve`] (documents to resolved objects), [`apply`]
+//! (ownership checks and server-side apply), [`replace`] (immutable fields),
+//! [`crd`] (waiting for CRDs and unknown kinds), [`ready`] (waiting for
+//! readiness), [`inventory`] (what a pruning node applied), [`delete`]
+//! (checked deletes for prune and deprovision) and [`plan`] (what a
+//! provision or deprovision would do, from reads and dry-runs).
 
 mod apply;
 mod crd;
@@ -14,6 +15,8 @@ mod inventory;
 mod plan;
 mod provision;
 mod ready;
+mod replace;
+mod resolve;
 
 #[cfg(test)]
 mod mock_tests;
@@ -27,8 +30,11 @@ use std::time::Duration;
 use futures::{StreamExt, stream};
 use kube::api::{Api, DynamicObject};
 use kube::core::ApiResource;
-use provisioners_core::{Context, Error, Metadata, Provisioner, Result, async_trait};
+use provisioners_core::{
+    Context, Error, Metadata, Operation, Plan, Provisioner, Result, async_trait,
+};
 
+pub use self::replace::{REPLACE_POLICY_ANNOTATION, ReplacePolicy};
 use crate::ownership::Stamp;
 use crate::source::{Document, Source};
 
@@ -107,6 +113,7 @@ pub struct Manifest {
     inventory_namespace: Option<String>,
     node_id: Option<String>,
     force: bool,
+    replace: ReplacePolicy,
     concurrency: usize,
     unknown_kind_deadline: Duration,
 }
@@ -124,6 +131,7 @@ impl Manifest {
             inventory_namespace: None,
             node_id: None,
             force: false,
+            replace: ReplacePolicy::Fail,
             concurrency: 32,
             unknown_kind_deadline: Duration::from_secs(300),
         }
@@ -239,6 +247,15 @@ impl Manifest {
         self
     }
 
+    /// What provision does when a change touches a field that cannot
+    /// change (see [`ReplacePolicy`]): fail (the default), or delete the
+    /// object and create it again. An object's annotation
+    /// [`REPLACE_POLICY_ANNOTATION`] overrides it for that object.
+    pub fn replace(mut self, policy: ReplacePolicy) -> Self {
+        self.replace = policy;
+        self
+    }
+
     /// How many requests run at once (default 32, at least 1).
     pub fn concurrency(mut self, limit: usize) -> Self {
         self.concurrency = limit.max(1);
@@ -294,6 +311,15 @@ impl Provisioner for Manifest {
 
     async fn deprovision(&self, cx: &Context) -> Result<()> {
         self.deprovision_inner(cx).await
+    }
+
+    /// What provision or deprovision would do now, per object in the order
+    /// they would run; see [Planning](crate#planning).
+    async fn plan(&self, cx: &Context, operation: Operation) -> Result<Plan> {
+        match operation {
+            Operation::Provision => self.plan_provision(cx).await,
+            Operation::Deprovision => self.plan_deprovision(cx).await,
+        }
     }
 }
 

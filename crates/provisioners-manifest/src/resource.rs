@@ -4,10 +4,12 @@ use std::borrow::Cow;
 use std::time::Duration;
 
 use kube::api::DynamicObject;
-use provisioners_core::{Context, Error, Metadata, Provisioner, Result, async_trait};
+use provisioners_core::{
+    Context, Error, Metadata, Operation, Plan, Provisioner, Result, async_trait,
+};
 use serde::Serialize;
 
-use crate::Manifest;
+use crate::{Manifest, ReplacePolicy};
 
 /// A provisioner for one typed object: a `k8s-openapi` type or a
 /// `kube::CustomResource`.
@@ -95,6 +97,12 @@ impl Resource {
         self.map(|m| m.adopt(adopt))
     }
 
+    /// What provision does when an immutable field changes; see
+    /// [`Manifest::replace`].
+    pub fn replace(self, policy: ReplacePolicy) -> Self {
+        self.map(|m| m.replace(policy))
+    }
+
     fn manifest(&self) -> Result<&Manifest> {
         self.manifest
             .as_ref()
@@ -130,6 +138,12 @@ impl Provisioner for Resource {
 
     async fn deprovision(&self, cx: &Context) -> Result<()> {
         self.manifest()?.deprovision(cx).await
+    }
+
+    /// The plan of a one-object manifest, as a node of kind `resource`.
+    async fn plan(&self, cx: &Context, operation: Operation) -> Result<Plan> {
+        let inner = self.manifest()?.plan(cx, operation).await?;
+        Ok(Plan::new(self.name(), operation, "resource").with_objects(inner.objects().to_vec()))
     }
 }
 

@@ -63,7 +63,44 @@ pub(crate) fn is_applied(
         desired.remove("apiVersion");
         desired.remove("kind");
     }
+    drop_omitted_zeros(&mut desired, &live);
     provisioners_core::drift::contains(&live, &desired)
+}
+
+/// Removes from `desired` the zero values (`false`, `0`, `""`, `[]`, `{}`,
+/// `null`) that `live` does not hold at all: the server omits a zero value
+/// of a plain (not pointer) field when it stores the object (a container's
+/// `volumeMounts[].readOnly: false`, `env: []`), so without this such an
+/// object would never count as applied.
+/// A zero that `live` holds as another value still differs.
+fn drop_omitted_zeros(desired: &mut Value, live: &Value) {
+    match (desired, live) {
+        (Value::Object(desired), Value::Object(live)) => {
+            desired.retain(|key, value| live.contains_key(key) || !is_zero(value));
+            for (key, value) in desired.iter_mut() {
+                if let Some(live) = live.get(key) {
+                    drop_omitted_zeros(value, live);
+                }
+            }
+        }
+        (Value::Array(desired), Value::Array(live)) if desired.len() == live.len() => {
+            for (desired, live) in desired.iter_mut().zip(live) {
+                drop_omitted_zeros(desired, live);
+            }
+        }
+        _ => {}
+    }
+}
+
+fn is_zero(value: &Value) -> bool {
+    match value {
+        Value::Null => true,
+        Value::Bool(b) => !b,
+        Value::Number(n) => n.as_f64() == Some(0.0),
+        Value::String(s) => s.is_empty(),
+        Value::Array(items) => items.is_empty(),
+        Value::Object(map) => map.is_empty(),
+    }
 }
 
 #[cfg(test)]
@@ -123,6 +160,22 @@ mod tests {
         let live = live_from(&want, "me", "Apply");
         let fewer = desired(&json!({"k": "v"}));
         assert!(!is_applied(&live, &fewer, "me"));
+    }
+
+    #[test]
+    fn zeros_the_server_omits_do_not_count_as_changes() {
+        let mut want = object(json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "a", "namespace": "n"},
+            "spec": {"mounts": [{"name": "m", "readOnly": false, "port": 0, "path": "", "env": []}]},
+        }));
+        stamp(&mut want);
+        let mut live = serde_json::to_value(live_from(&want, "me", "Apply")).unwrap();
+        live["spec"]["mounts"][0] = json!({"name": "m"});
+        assert!(is_applied(&object(live.clone()), &want, "me"));
+        // A zero that is stored as something else is a change.
+        live["spec"]["mounts"][0]["readOnly"] = json!(true);
+        assert!(!is_applied(&object(live), &want, "me"));
     }
 
     #[test]

@@ -12,10 +12,10 @@ use std::collections::{BTreeMap, HashMap};
 
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
-use provisioners_core::{Context, Error, Result};
+use provisioners_core::{Context, Error, ErrorKind, Result};
 
-use super::plan::Planned;
-use super::{Manifest, bounded, dynamic_api};
+use super::resolve::Resolved;
+use super::{Manifest, bounded, dynamic_api, replace};
 use crate::object::{ObjectRef, Tier};
 use crate::ownership::{Ownership, PROTECTED_NAMESPACES, Stamp};
 use crate::source::Origin;
@@ -40,20 +40,19 @@ pub(super) fn is_ours_ns(stamp: &Stamp, live: &DynamicObject) -> bool {
 }
 
 impl Manifest {
-    async fn apply_one(
+    /// The server-side apply of `object`; the server's error as it is, so
+    /// that the caller can tell an immutable field from other rejections.
+    pub(super) async fn apply_one(
         &self,
         cx: &Context,
-        planned: &Planned,
+        object: &Resolved,
         force: bool,
-    ) -> Result<DynamicObject> {
-        let api = dynamic_api(cx, &planned.kind.resource, planned.key.namespace.as_deref());
+    ) -> Result<DynamicObject, kube::Error> {
+        let api = dynamic_api(cx, &object.kind.resource, object.key.namespace.as_deref());
         let mut params = PatchParams::apply(cx.field_manager());
         params.force = force;
-        let patch = Patch::Apply(&planned.object);
-        let name = planned.key.name.as_str();
-        api.patch(name, &params, &patch)
-            .await
-            .map_err(|e| apply_error(&planned.origin, &planned.key, e))
+        let patch = Patch::Apply(&object.object);
+        api.patch(&object.key.name, &params, &patch).await
     }
 
     /// Applies `objects` concurrently; the server's answers in the same
@@ -63,23 +62,24 @@ impl Manifest {
         cx: &Context,
         stamp: &Stamp,
         namespaces: &mut HashMap<String, bool>,
-        objects: &[Planned],
+        objects: &[Resolved],
     ) -> Result<Vec<Result<DynamicObject>>> {
-        let stamped: Vec<Planned> = objects
+        let stamped: Vec<Resolved> = objects
             .iter()
-            .map(|planned| {
-                let mut planned = planned.clone();
-                unchanged::stamp(&mut planned.object);
-                planned
+            .map(|object| {
+                let mut object = object.clone();
+                unchanged::stamp(&mut object.object);
+                object
             })
             .collect();
-        let mut live = self.list_ours(cx, stamp, &stamped).await;
+        let refs: Vec<&Resolved> = stamped.iter().collect();
+        let mut live = self.list_ours(cx, stamp, &refs).await;
         let mut check = vec![false; stamped.len()];
-        for (i, planned) in stamped.iter().enumerate() {
+        for (i, object) in stamped.iter().enumerate() {
             if live[i].is_some() {
                 continue;
             }
-            check[i] = match &planned.key.namespace {
+            check[i] = match &object.key.namespace {
                 Some(namespace) => {
                     !self
                         .namespace_is_ours(cx, stamp, namespaces, namespace)
@@ -88,59 +88,71 @@ impl Manifest {
                 None => true,
             };
         }
-        self.read_existing(cx, &stamped, &mut live, &mut check)
-            .await;
+        self.read_existing(cx, &refs, &mut live, &mut check).await;
         let calls = stamped
             .iter()
             .zip(live.iter_mut())
             .zip(check)
-            .map(|((planned, live), check)| {
+            .map(|((object, live), check)| {
                 let live = live.take();
                 async move {
                     let live = match live {
                         Some(live) => Some(live),
-                        None if check => self.read(cx, planned).await?,
+                        None if check => self.read(cx, object).await?,
                         None => None,
                     };
                     let mut force = self.force;
                     if let Some(live) = live {
                         match stamp.classify(&live) {
                             Ownership::Ours => {
-                                if unchanged::is_applied(&live, &planned.object, cx.field_manager())
+                                if unchanged::is_applied(&live, &object.object, cx.field_manager())
                                 {
                                     return Ok(live);
                                 }
                             }
                             Ownership::OurOwnerOtherNode(node) => tracing::info!(
-                                object = %planned.key,
+                                object = %object.key,
                                 from = %node,
                                 "taking over from another node of the same owner"
                             ),
                             Ownership::Foreign(who) if self.adopt => {
-                                tracing::info!(object = %planned.key, owner = %who, "adopting");
+                                tracing::info!(object = %object.key, owner = %who, "adopting");
                                 // Taking the object over includes its fields.
                                 force = true;
                             }
-                            Ownership::Foreign(_) if is_shared(planned) => {}
+                            Ownership::Foreign(_) if is_shared(object) => {}
                             Ownership::Foreign(who) => {
-                                return Err(foreign_error(planned, stamp, &who));
+                                return Err(foreign_error(object, stamp, &who));
                             }
                         }
                     }
-                    self.apply_one(cx, planned, force).await
+                    match self.apply_one(cx, object, force).await {
+                        Ok(live) => Ok(live),
+                        Err(error) => match replace::immutable_fields(&error) {
+                            Some(fields) => {
+                                self.replace_immutable(cx, stamp, object, force, &fields, error)
+                                    .await
+                            }
+                            None => Err(apply_error(&object.origin, &object.key, error)),
+                        },
+                    }
                 }
             })
             .collect();
         Ok(bounded(calls, self.concurrency).await)
     }
 
-    async fn read(&self, cx: &Context, planned: &Planned) -> Result<Option<DynamicObject>> {
-        let api = dynamic_api(cx, &planned.kind.resource, planned.key.namespace.as_deref());
-        api.get_opt(&planned.key.name).await.map_err(|e| {
+    pub(super) async fn read(
+        &self,
+        cx: &Context,
+        object: &Resolved,
+    ) -> Result<Option<DynamicObject>> {
+        let api = dynamic_api(cx, &object.kind.resource, object.key.namespace.as_deref());
+        api.get_opt(&object.key.name).await.map_err(|e| {
             Error::kube(
                 format_args!(
                     "{}: reading {} before applying it",
-                    planned.origin, planned.key
+                    object.origin, object.key
                 ),
                 e,
             )
@@ -180,22 +192,22 @@ impl Manifest {
     /// instead of a GET per object: what it finds is classified from its
     /// metadata, what it does not is known to be absent. Skipped (GET per
     /// object) when the namespace holds more than [`EXISTING_PAGES`] pages.
-    async fn read_existing(
+    pub(super) async fn read_existing(
         &self,
         cx: &Context,
-        objects: &[Planned],
+        objects: &[&Resolved],
         live: &mut [Option<DynamicObject>],
         check: &mut [bool],
     ) {
         let mut groups: BTreeMap<(String, String, Option<String>), Vec<usize>> = BTreeMap::new();
-        for (i, planned) in objects.iter().enumerate() {
+        for (i, object) in objects.iter().enumerate() {
             if check[i] && live[i].is_none() {
-                let resource = &planned.kind.resource;
+                let resource = &object.kind.resource;
                 groups
                     .entry((
                         resource.api_version.clone(),
                         resource.plural.clone(),
-                        planned.key.namespace.clone(),
+                        object.key.namespace.clone(),
                     ))
                     .or_default()
                     .push(i);
@@ -251,21 +263,21 @@ impl Manifest {
     /// a read that only returns what we manage is cheaper than a no-op
     /// apply, and lets an unchanged pass make no write at all. A failed LIST
     /// only means those objects are read or applied one by one.
-    async fn list_ours(
+    pub(super) async fn list_ours(
         &self,
         cx: &Context,
         stamp: &Stamp,
-        objects: &[Planned],
+        objects: &[&Resolved],
     ) -> Vec<Option<DynamicObject>> {
         let mut out: Vec<Option<DynamicObject>> = vec![None; objects.len()];
         let mut groups: BTreeMap<(String, String, Option<String>), Vec<usize>> = BTreeMap::new();
-        for (i, planned) in objects.iter().enumerate() {
-            let resource = &planned.kind.resource;
+        for (i, object) in objects.iter().enumerate() {
+            let resource = &object.kind.resource;
             groups
                 .entry((
                     resource.api_version.clone(),
                     resource.plural.clone(),
-                    planned.key.namespace.clone(),
+                    object.key.namespace.clone(),
                 ))
                 .or_default()
                 .push(i);
@@ -312,22 +324,28 @@ pub(super) async fn list_all(
 
 /// Namespaces the API server never deletes: applying to them (labels for
 /// Pod Security, say) needs no adoption, since we only ever release them.
-fn is_shared(planned: &Planned) -> bool {
-    planned.tier == Tier::Namespace && PROTECTED_NAMESPACES.contains(&planned.key.name.as_str())
+pub(super) fn is_shared(object: &Resolved) -> bool {
+    object.tier == Tier::Namespace && PROTECTED_NAMESPACES.contains(&object.key.name.as_str())
 }
 
-fn foreign_error(planned: &Planned, stamp: &Stamp, who: &str) -> Error {
+pub(super) fn foreign_error(object: &Resolved, stamp: &Stamp, who: &str) -> Error {
     Error::invalid(format!(
         "{}: {} already exists and is not ours ({who}; we are `{}`): it was not changed; \
          delete it or rename ours, or set adopt(true) on this node to take it over",
-        planned.origin,
-        planned.key,
+        object.origin,
+        object.key,
         stamp.owner()
     ))
 }
 
 /// The error of a failed apply, naming where the object came from.
-fn apply_error(origin: &Origin, key: &ObjectRef, error: kube::Error) -> Error {
+pub(super) fn apply_error(origin: &Origin, key: &ObjectRef, error: kube::Error) -> Error {
+    if let kube::Error::Api(status) = &error
+        && key.api_version == "v1"
+        && key.kind == "Secret"
+    {
+        return secret_rejection(origin, key, status);
+    }
     match &error {
         kube::Error::Api(status) if status.code == 409 && is_field_manager_conflict(status) => Error::invalid(format!(
             "{origin}: {key}: conflict with another field manager: {}; the fields are managed by \
@@ -342,6 +360,45 @@ fn apply_error(origin: &Origin, key: &ObjectRef, error: kube::Error) -> Error {
         .with_source(error),
         _ => Error::kube(format_args!("{origin}: applying {key}"), error),
     }
+}
+
+/// The kind [`apply_error`] gives an answer of the API server.
+fn rejection_kind(status: &kube::core::Status) -> ErrorKind {
+    if matches!(status.code, 400 | 422) || (status.code == 409 && is_field_manager_conflict(status))
+    {
+        return ErrorKind::Invalid;
+    }
+    Error::kube("", kube::Error::Api(Box::new(status.clone()))).kind()
+}
+
+/// A Secret refused by the server, without the server's message (or the
+/// error as source): a rejection may quote the value it refused.
+fn secret_rejection(origin: &Origin, key: &ObjectRef, status: &kube::core::Status) -> Error {
+    let fields: Vec<&str> = status
+        .details
+        .iter()
+        .flat_map(|d| d.causes.iter())
+        .map(|c| c.field.as_str())
+        .filter(|f| !f.is_empty())
+        .collect();
+    let fields = if fields.is_empty() {
+        "none named".to_owned()
+    } else {
+        fields.join(", ")
+    };
+    let remedy = if status.code == 409 && is_field_manager_conflict(status) {
+        "; another field manager owns these fields: stop it, or set force(true) to take them over"
+    } else {
+        ""
+    };
+    Error::new(
+        rejection_kind(status),
+        format!(
+            "{origin}: {key}: refused by the API server (HTTP {} {}; fields: {fields}); its \
+             message is not shown, as it may quote the Secret's data{remedy}",
+            status.code, status.reason
+        ),
+    )
 }
 
 /// A server-side apply conflict with another field manager, which only a
@@ -412,5 +469,38 @@ mod tests {
         let unavailable = apply_error(&origin, &key, status(503));
         assert_eq!(unavailable.kind(), ErrorKind::Unavailable);
         assert!(unavailable.is_transient());
+    }
+
+    #[test]
+    fn a_secrets_rejection_does_not_quote_the_server() {
+        let origin = Origin::new(Arc::from("a.yaml"), 1, 1);
+        let key = ObjectRef {
+            api_version: "v1".into(),
+            kind: "Secret".into(),
+            namespace: Some("ns".into()),
+            name: "s".into(),
+        };
+        let rejected = kube::Error::Api(Box::new(
+            kube::core::Status::failure("data[k]: Invalid value: \"hunter2\"", "Invalid")
+                .with_code(422)
+                .with_details(
+                    serde_json::from_value(serde_json::json!({"causes": [{
+                        "reason": "FieldValueInvalid",
+                        "message": "Invalid value: \"hunter2\"",
+                        "field": "data[k]",
+                    }]}))
+                    .unwrap(),
+                ),
+        ));
+        let error = apply_error(&origin, &key, rejected);
+        assert_eq!(error.kind(), ErrorKind::Invalid);
+        let shown = format!("{error} {error:?}");
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(shown.contains("fields: data[k]"), "{shown}");
+        assert!(std::error::Error::source(&error).is_none());
+        let busy = kube::Error::Api(Box::new(
+            kube::core::Status::failure("etcd", "ServiceUnavailable").with_code(503),
+        ));
+        assert!(apply_error(&origin, &key, busy).is_transient());
     }
 }

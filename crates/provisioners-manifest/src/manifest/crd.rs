@@ -10,7 +10,7 @@ use kube::runtime::wait::{Condition, await_condition, conditions::is_crd_establi
 use provisioners_core::{Context, Error, Result};
 use serde_json::Value;
 
-use super::plan::Unresolved;
+use super::resolve::Unresolved;
 use super::{Manifest, list};
 use crate::discovery::Discovery;
 

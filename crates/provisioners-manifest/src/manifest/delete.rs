@@ -7,7 +7,9 @@
 
 use std::collections::BTreeSet;
 
-use kube::api::{DeleteParams, Patch, PatchParams, Preconditions, PropagationPolicy};
+use kube::api::{
+    DeleteParams, DynamicObject, Patch, PatchParams, Preconditions, PropagationPolicy,
+};
 use provisioners_core::{Context, Error, ErrorKind, Result};
 
 use super::{Manifest, bounded, dynamic_api, list, ready};
@@ -42,12 +44,23 @@ pub(crate) fn propagation(cx: &Context, group: &str, kind: &str) -> PropagationP
 /// Namespaces go in one step: by then every object of ours in them is gone,
 /// and neither waits on the other, so waiting for the CRDs first would only
 /// delay the namespace controller (which starts 5 s after the request).
-const DELETION_STEPS: [&[Tier]; 4] = [
+pub(super) const DELETION_STEPS: [&[Tier]; 4] = [
     &[Tier::Custom],
     &[Tier::Builtin],
     &[Tier::ClusterRbac],
     &[Tier::CustomResourceDefinition, Tier::Namespace],
 ];
+
+/// What a deprovision looks at.
+pub(super) struct DeprovisionTargets {
+    /// Objects with their kinds and tiers: the manifest's, then those only
+    /// the inventory lists.
+    pub(super) targets: Vec<(ObjectRef, Kind, Tier)>,
+    /// How many of `targets` come from the manifest.
+    pub(super) in_manifest: usize,
+    /// Objects whose kinds could not be looked up (transient).
+    pub(super) failed: Vec<Error>,
+}
 
 impl Manifest {
     /// Deletes (or releases) one object if it is ours; whether it is gone.
@@ -58,32 +71,23 @@ impl Manifest {
         kind: &Kind,
         key: &ObjectRef,
     ) -> Result<bool> {
-        let api = dynamic_api(cx, &kind.resource, key.namespace.as_deref());
-        let live = match api.get_opt(&key.name).await {
-            Ok(live) => live,
-            // Not a Status: the kind is no longer served (its CRD went).
-            Err(kube::Error::Api(status)) if status.code == 404 => None,
-            Err(e) => return Err(Error::kube(format_args!("reading {key} to delete it"), e)),
-        };
-        let Some(live) = live else {
-            return Ok(true);
-        };
-        match stamp.classify(&live) {
-            Ownership::Ours => {}
-            Ownership::OurOwnerOtherNode(node) => {
+        let live = read_for_removal(cx, kind, key).await?;
+        let (uid, release) = match removal(stamp, key, live.as_ref()) {
+            Removal::Gone => return Ok(true),
+            Removal::OtherNode(node) => {
                 tracing::info!(object = %key, node = %node, "not deleting: another node of this owner applied it last");
                 return Ok(true);
             }
-            Ownership::Foreign(who) => {
+            Removal::NotOurs(who) => {
                 tracing::warn!(object = %key, owner = %who, "not deleting: the live object is not ours");
                 return Ok(true);
             }
-        }
-        if live.metadata.deletion_timestamp.is_some() {
-            return Ok(false);
-        }
-        let uid = live.metadata.uid.clone().unwrap_or_default();
-        if let Some(why) = kept(key.group(), &key.kind, &live) {
+            Removal::Terminating => return Ok(false),
+            Removal::Release(why, uid) => (uid, Some(why)),
+            Removal::Delete(uid) => (uid, None),
+        };
+        let api = dynamic_api(cx, &kind.resource, key.namespace.as_deref());
+        if let Some(why) = release {
             let patch = Patch::Merge(stamp.release_patch(&uid));
             let params = PatchParams::default();
             return match api.patch(&key.name, &params, &patch).await {
@@ -164,26 +168,33 @@ impl Manifest {
         self.remove_all(cx, stamp, &targets).await
     }
 
-    pub(super) async fn deprovision_inner(&self, cx: &Context) -> Result<()> {
+    /// What deprovision looks at, in the order it would: the manifest's
+    /// objects whose kinds are served, then (pruning) what only the
+    /// inventory lists; and the objects whose kinds could not be looked up.
+    pub(super) async fn deprovision_targets(
+        &self,
+        cx: &Context,
+        stamp: &Stamp,
+    ) -> Result<DeprovisionTargets> {
         let documents = match self.load().await {
             Ok(documents) => documents,
             // The files are gone: the inventory still says what to delete.
             Err(e) if e.kind() == ErrorKind::NotFound && self.prune => Vec::new(),
             Err(e) => return Err(e),
         };
-        let stamp = self.stamp(cx);
-        let mut plan = self.plan(cx, &stamp, documents).await?;
-        let failed = std::mem::take(&mut plan.failed);
-        let mut targets: Vec<(ObjectRef, Kind, Tier)> = plan
+        let mut resolution = self.resolve(cx, stamp, documents).await?;
+        let failed = std::mem::take(&mut resolution.failed);
+        let mut targets: Vec<(ObjectRef, Kind, Tier)> = resolution
             .resolved
             .into_iter()
             .map(|p| (p.key, p.kind, p.tier))
             .collect();
+        let in_manifest = targets.len();
         if self.prune {
             let discovery = Discovery::of(cx);
             let mut seen: BTreeSet<Identity> =
                 targets.iter().map(|(k, _, _)| k.identity()).collect();
-            for key in self.read_inventory(cx, &stamp).await? {
+            for key in self.read_inventory(cx, stamp).await? {
                 if !seen.insert(key.identity()) {
                     continue;
                 }
@@ -193,6 +204,18 @@ impl Manifest {
                 }
             }
         }
+        Ok(DeprovisionTargets {
+            targets,
+            in_manifest,
+            failed,
+        })
+    }
+
+    pub(super) async fn deprovision_inner(&self, cx: &Context) -> Result<()> {
+        let stamp = self.stamp(cx);
+        let DeprovisionTargets {
+            targets, failed, ..
+        } = self.deprovision_targets(cx, &stamp).await?;
         // Unresolved kinds are not served: their objects are gone already.
         for step in DELETION_STEPS {
             let objects: Vec<(ObjectRef, Kind)> = targets
@@ -225,6 +248,58 @@ impl Manifest {
         }
         ready::forget(cx, &self.scope(cx));
         Ok(())
+    }
+}
+
+/// What removing one object comes to, from its live state.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Removal {
+    /// No live object: nothing to do.
+    Gone,
+    /// Stamped by our owner under another node: left to that node.
+    OtherNode(String),
+    /// Not ours (who owns or manages it): left alone.
+    NotOurs(String),
+    /// Ours and being deleted already: waited for.
+    Terminating,
+    /// Ours but kept (why): released, the stamp removed from the UID.
+    Release(String, String),
+    /// Ours: deleted, with a precondition on the UID.
+    Delete(String),
+}
+
+/// How prune and deprovision treat `live`, the object at `key`.
+pub(super) fn removal(stamp: &Stamp, key: &ObjectRef, live: Option<&DynamicObject>) -> Removal {
+    let Some(live) = live else {
+        return Removal::Gone;
+    };
+    match stamp.classify(live) {
+        Ownership::Ours => {}
+        Ownership::OurOwnerOtherNode(node) => return Removal::OtherNode(node),
+        Ownership::Foreign(who) => return Removal::NotOurs(who),
+    }
+    if live.metadata.deletion_timestamp.is_some() {
+        return Removal::Terminating;
+    }
+    let uid = live.metadata.uid.clone().unwrap_or_default();
+    match kept(key.group(), &key.kind, live) {
+        Some(why) => Removal::Release(why, uid),
+        None => Removal::Delete(uid),
+    }
+}
+
+/// The live object at `key` as deprovision reads it: a 404 (the kind is no
+/// longer served, its CRD went) is no object.
+pub(super) async fn read_for_removal(
+    cx: &Context,
+    kind: &Kind,
+    key: &ObjectRef,
+) -> Result<Option<DynamicObject>> {
+    let api = dynamic_api(cx, &kind.resource, key.namespace.as_deref());
+    match api.get_opt(&key.name).await {
+        Ok(live) => Ok(live),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(None),
+        Err(e) => Err(Error::kube(format_args!("reading {key} to delete it"), e)),
     }
 }
 

@@ -196,3 +196,113 @@ async fn discovery_that_hangs_fails_its_objects_after_5_seconds() {
     );
     drop(discovery);
 }
+
+fn configmaps_discovery() -> Value {
+    json!({"kind": "APIResourceList", "groupVersion": "v1", "resources": [
+        {"name": "configmaps", "singularName": "configmap", "namespaced": true,
+         "kind": "ConfigMap", "verbs": ["get", "list", "patch"]},
+        {"name": "namespaces", "singularName": "namespace", "namespaced": false,
+         "kind": "Namespace", "verbs": ["get", "list", "patch"]},
+    ]})
+}
+
+fn spawn_plan(cx: &Context, manifest: Manifest) -> JoinHandle<Result<provisioners_core::Plan>> {
+    let cx = cx.clone();
+    tokio::spawn(async move { cx.plan(&manifest).await })
+}
+
+#[tokio::test]
+async fn a_plan_reads_and_dry_runs_only() {
+    use provisioners_core::plan::Action;
+
+    let (cx, mut api) = mock::context();
+    let plan = spawn_plan(&cx, Manifest::from_yaml("plan", config_map("a")));
+    api.expect(Method::GET, "/api/v1", 200, configmaps_discovery())
+        .await;
+    api.expect(
+        Method::GET,
+        "/api/v1/namespaces/ns",
+        200,
+        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "ns"}}),
+    )
+    .await;
+    api.expect(
+        Method::GET,
+        "/api/v1/namespaces/ns/configmaps",
+        200,
+        empty_list("ConfigMapList"),
+    )
+    .await;
+    api.expect(
+        Method::GET,
+        "/api/v1/namespaces/ns/configmaps/a",
+        404,
+        json!({}),
+    )
+    .await;
+    let dry_run = api.next().await;
+    assert_eq!(
+        (&dry_run.method, dry_run.uri.path()),
+        (&Method::PATCH, "/api/v1/namespaces/ns/configmaps/a")
+    );
+    assert!(
+        dry_run
+            .uri
+            .query()
+            .is_some_and(|q| q.contains("dryRun=All")),
+        "{}",
+        dry_run.uri
+    );
+    let body = dry_run.body.clone();
+    dry_run.answer(200, body);
+    let plan = plan.await.unwrap().expect("plan");
+    assert_eq!(plan.objects().len(), 1);
+    assert_eq!(plan.objects()[0].action(), Action::Create);
+    assert_eq!(plan.summary(), "1 to create");
+}
+
+#[tokio::test]
+async fn nothing_is_read_or_dry_run_in_a_namespace_the_manifest_creates() {
+    use provisioners_core::plan::Action;
+
+    let (cx, mut api) = mock::context();
+    let yaml = format!(
+        "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: ns\n---\n{}",
+        config_map("a")
+    );
+    let plan = spawn_plan(&cx, Manifest::from_yaml("plan", yaml));
+    api.expect(Method::GET, "/api/v1", 200, configmaps_discovery())
+        .await;
+    api.expect(Method::GET, "/api/v1/namespaces/ns", 404, json!({}))
+        .await;
+    // Only the namespace: our LIST, its GET and its dry-run.
+    api.expect(
+        Method::GET,
+        "/api/v1/namespaces",
+        200,
+        empty_list("NamespaceList"),
+    )
+    .await;
+    api.expect(Method::GET, "/api/v1/namespaces/ns", 404, json!({}))
+        .await;
+    let dry_run = api.next().await;
+    assert_eq!(
+        (&dry_run.method, dry_run.uri.path()),
+        (&Method::PATCH, "/api/v1/namespaces/ns")
+    );
+    assert!(
+        dry_run
+            .uri
+            .query()
+            .is_some_and(|q| q.contains("dryRun=All"))
+    );
+    let body = dry_run.body.clone();
+    dry_run.answer(200, body);
+    let plan = plan.await.unwrap().expect("plan");
+    let actions: Vec<Action> = plan.objects().iter().map(|o| o.action()).collect();
+    assert_eq!(actions, [Action::Create, Action::Create]);
+    assert_eq!(
+        plan.objects()[1].reason(),
+        Some("its namespace ns is created by this manifest first (not dry-run)")
+    );
+}

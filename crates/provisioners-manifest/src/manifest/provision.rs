@@ -1,4 +1,4 @@
-//! A provision, step by step: load and plan, then each tier in order
+//! A provision, step by step: load and resolve, then each tier in order
 //! (apply, record the inventory, wait for CRDs), then what could not be
 //! resolved, prune, and readiness.
 
@@ -7,7 +7,7 @@ use std::collections::{BTreeSet, HashMap};
 use kube::api::DynamicObject;
 use provisioners_core::{Context, Error, Result};
 
-use super::plan::{Plan, Planned};
+use super::resolve::{Resolution, Resolved};
 use super::{Manifest, apply, list, ready};
 use crate::discovery::Discovery;
 use crate::object::{Identity, ObjectRef, Tier};
@@ -21,21 +21,15 @@ impl Manifest {
                 return Ok(());
             }
             if !self.allow_empty {
-                return Err(Error::invalid(format!(
-                    "{}: the manifest holds no objects, and prune is on: applying it would \
-                     delete everything it applied before, so nothing was done; check the \
-                     source (an empty directory or a volume not yet populated?), or set \
-                     allow_empty(true) to prune everything",
-                    self.source
-                )));
+                return Err(self.empty_error());
             }
         }
         let stamp = self.stamp(cx);
-        let Plan {
+        let Resolution {
             mut resolved,
             unresolved,
             failed,
-        } = self.plan(cx, &stamp, documents).await?;
+        } = self.resolve(cx, &stamp, documents).await?;
         resolved.sort_by_key(|p| p.tier);
         let unknown: BTreeSet<String> = unresolved
             .iter()
@@ -44,14 +38,14 @@ impl Manifest {
         let scope = self.scope(cx);
         Discovery::of(cx).retain_unknown(&scope, &unknown);
 
-        let mut applied: Vec<(Planned, DynamicObject)> = Vec::with_capacity(resolved.len());
+        let mut applied: Vec<(Resolved, DynamicObject)> = Vec::with_capacity(resolved.len());
         let mut established = BTreeSet::new();
         let mut unresolved = unresolved;
         let mut inventory_before = None;
         // Whether each namespace seen so far carries our owner's stamp.
         let mut namespaces: HashMap<String, bool> = HashMap::new();
         for tier in Tier::ALL {
-            let mut objects: Vec<Planned> = resolved
+            let mut objects: Vec<Resolved> = resolved
                 .iter()
                 .filter(|p| p.tier == tier)
                 .cloned()
@@ -69,9 +63,9 @@ impl Manifest {
                 .apply_all(cx, &stamp, &mut namespaces, &objects)
                 .await?;
             let mut errors = Vec::new();
-            for (planned, result) in objects.into_iter().zip(results) {
+            for (object, result) in objects.into_iter().zip(results) {
                 match result {
-                    Ok(live) => applied.push((planned, live)),
+                    Ok(live) => applied.push((object, live)),
                     Err(e) => errors.push(e),
                 }
             }
@@ -79,10 +73,9 @@ impl Manifest {
                 return Err(Error::group(errors));
             }
             if tier == Tier::Namespace {
-                for (planned, live) in &applied {
-                    if planned.tier == Tier::Namespace {
-                        namespaces
-                            .insert(planned.key.name.clone(), apply::is_ours_ns(&stamp, live));
+                for (object, live) in &applied {
+                    if object.tier == Tier::Namespace {
+                        namespaces.insert(object.key.name.clone(), apply::is_ours_ns(&stamp, live));
                     }
                 }
             }
@@ -128,12 +121,23 @@ impl Manifest {
         Ok(())
     }
 
+    /// Why an empty source with prune on is refused.
+    pub(super) fn empty_error(&self) -> Error {
+        Error::invalid(format!(
+            "{}: the manifest holds no objects, and prune is on: applying it would delete \
+             everything it applied before, so nothing was done; check the source (an empty \
+             directory or a volume not yet populated?), or set allow_empty(true) to prune \
+             everything",
+            self.source
+        ))
+    }
+
     /// Deletes what left the manifest (stamped by us) and records what is left.
     async fn prune_stale(
         &self,
         cx: &Context,
         stamp: &Stamp,
-        applied: &[(Planned, DynamicObject)],
+        applied: &[(Resolved, DynamicObject)],
         before: Vec<ObjectRef>,
     ) -> Result<()> {
         let current: BTreeSet<ObjectRef> = applied.iter().map(|(p, _)| p.key.clone()).collect();

@@ -18,7 +18,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use super::list;
-use super::plan::Planned;
+use super::resolve::Resolved;
 use crate::object::Tier;
 
 /// Per node path: the digest of the content last seen not ready, and since
@@ -60,32 +60,31 @@ struct NotReady {
     failed: Vec<String>,
 }
 
-fn check(applied: &[(Planned, DynamicObject)], established: &BTreeSet<String>) -> NotReady {
+fn check(applied: &[(Resolved, DynamicObject)], established: &BTreeSet<String>) -> NotReady {
     let mut not_ready = NotReady::default();
-    for (planned, live) in applied {
+    for (object, live) in applied {
         // Their apply answers predate the wait in `establish`.
-        if planned.tier == Tier::CustomResourceDefinition && established.contains(&planned.key.name)
-        {
+        if object.tier == Tier::CustomResourceDefinition && established.contains(&object.key.name) {
             continue;
         }
         let value = serde_json::to_value(live).unwrap_or(Value::Null);
-        match readiness::check(&planned.kind.resource.group, &planned.key.kind, &value) {
+        match readiness::check(&object.kind.resource.group, &object.key.kind, &value) {
             Readiness::Ready => {}
-            Readiness::Waiting(why) => not_ready.waiting.push(format!("{} ({why})", planned.key)),
-            Readiness::Failed(why) => not_ready.failed.push(format!("{} ({why})", planned.key)),
+            Readiness::Waiting(why) => not_ready.waiting.push(format!("{} ({why})", object.key)),
+            Readiness::Failed(why) => not_ready.failed.push(format!("{} ({why})", object.key)),
         }
     }
     not_ready
 }
 
-/// A digest of what the node applied: its objects as planned (the live
+/// A digest of what the node applied: its objects as object (the live
 /// status is not content).
-fn digest(applied: &[(Planned, DynamicObject)]) -> String {
+fn digest(applied: &[(Resolved, DynamicObject)]) -> String {
     let mut hasher = Sha256::new();
-    for (planned, _) in applied {
-        hasher.update(planned.key.to_string().as_bytes());
+    for (object, _) in applied {
+        hasher.update(object.key.to_string().as_bytes());
         hasher.update([0]);
-        hasher.update(serde_json::to_vec(&planned.object).unwrap_or_default());
+        hasher.update(serde_json::to_vec(&object.object).unwrap_or_default());
         hasher.update([0]);
     }
     hasher
@@ -100,7 +99,7 @@ fn digest(applied: &[(Planned, DynamicObject)]) -> String {
 pub(super) fn wait_ready(
     cx: &Context,
     scope: &str,
-    applied: &[(Planned, DynamicObject)],
+    applied: &[(Resolved, DynamicObject)],
     established: &BTreeSet<String>,
     wait: Duration,
 ) -> Result<()> {

@@ -1,0 +1,107 @@
+//! Planning deletions: what prune and deprovision would delete, release
+//! or leave alone, by the same rules (and the same reads) as they do.
+
+use std::collections::BTreeSet;
+
+use provisioners_core::plan::{Action, ObjectPlan};
+use provisioners_core::{Context, Error, Operation, Plan, Result};
+
+use super::KIND;
+use super::fields::object_plan;
+use crate::discovery::Discovery;
+use crate::manifest::delete::{
+    DELETION_STEPS, DeprovisionTargets, Removal, read_for_removal, removal,
+};
+use crate::manifest::{Manifest, bounded};
+use crate::object::{Identity, ObjectRef, Tier};
+use crate::ownership::Stamp;
+
+impl Manifest {
+    /// What prune would delete: what the inventory lists and the manifest
+    /// no longer holds, where the live object is still ours.
+    pub(super) async fn plan_prune(
+        &self,
+        cx: &Context,
+        stamp: &Stamp,
+        current: &BTreeSet<Identity>,
+    ) -> Result<Vec<ObjectPlan>> {
+        let discovery = Discovery::of(cx);
+        let mut targets = Vec::new();
+        for key in self.read_inventory(cx, stamp).await? {
+            if current.contains(&key.identity()) {
+                continue;
+            }
+            // A kind no longer served took its objects with it.
+            if let Some(kind) = discovery.resolve(cx, &key.api_version, &key.kind).await? {
+                targets.push((key, kind));
+            }
+        }
+        let reads = targets
+            .iter()
+            .map(|(key, kind)| read_for_removal(cx, kind, key))
+            .collect();
+        let mut out = Vec::new();
+        for ((key, _), live) in targets.iter().zip(bounded(reads, self.concurrency).await) {
+            let planned = match removal(stamp, key, live?.as_ref()) {
+                Removal::Delete(_) => object_plan(key, Action::Delete)
+                    .with_reason("pruned: no longer in the manifest"),
+                Removal::Terminating => object_plan(key, Action::Delete)
+                    .with_reason("pruned: no longer in the manifest; already being deleted"),
+                Removal::Release(why, _) => object_plan(key, Action::Update).with_reason(format!(
+                    "no longer in the manifest, but kept ({why}): released (our stamp removed), \
+                     not deleted"
+                )),
+                // Prune leaves what is not ours (or gone) alone, silently.
+                Removal::Gone | Removal::OtherNode(_) | Removal::NotOurs(_) => continue,
+            };
+            out.push(planned);
+        }
+        Ok(out)
+    }
+
+    pub(in crate::manifest) async fn plan_deprovision(&self, cx: &Context) -> Result<Plan> {
+        let mut plan = Plan::new(self.metadata.name(), Operation::Deprovision, KIND);
+        let stamp = self.stamp(cx);
+        let DeprovisionTargets {
+            targets,
+            in_manifest,
+            failed,
+        } = self.deprovision_targets(cx, &stamp).await?;
+        if !failed.is_empty() {
+            return Err(Error::group(failed));
+        }
+        for step in DELETION_STEPS {
+            let step_targets: Vec<(usize, &(ObjectRef, _, Tier))> = targets
+                .iter()
+                .enumerate()
+                .filter(|(_, (_, _, tier))| step.contains(tier))
+                .collect();
+            let reads = step_targets
+                .iter()
+                .map(|(_, (key, kind, _))| read_for_removal(cx, kind, key))
+                .collect();
+            let lives = bounded(reads, self.concurrency).await;
+            for ((index, (key, _, _)), live) in step_targets.into_iter().zip(lives) {
+                let from_manifest = index < in_manifest;
+                let planned = match removal(&stamp, key, live?.as_ref()) {
+                    Removal::Delete(_) => object_plan(key, Action::Delete),
+                    Removal::Terminating => object_plan(key, Action::Delete)
+                        .with_reason("already being deleted: deprovision waits for it to go"),
+                    Removal::Release(why, _) => object_plan(key, Action::Update).with_reason(
+                        format!("kept ({why}): released (our stamp removed), not deleted"),
+                    ),
+                    Removal::NotOurs(who) if from_manifest => object_plan(key, Action::Refuse)
+                        .with_reason(format!("not deleted: it is not ours ({who})")),
+                    Removal::OtherNode(node) if from_manifest => object_plan(key, Action::Refuse)
+                        .with_reason(format!(
+                            "not deleted: node `{node}` of the same owner applied it last"
+                        )),
+                    // Gone already, or only the inventory's and not ours.
+                    Removal::Gone | Removal::NotOurs(_) | Removal::OtherNode(_) => continue,
+                };
+                plan = plan.with_object(planned);
+            }
+        }
+        Ok(plan)
+    }
+}

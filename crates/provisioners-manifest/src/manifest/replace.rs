@@ -1,0 +1,336 @@
+//! Objects whose immutable fields change: the [`ReplacePolicy`], telling an
+//! immutable-field rejection from any other, and delete-and-recreate.
+
+use kube::api::{DeleteParams, DynamicObject, Preconditions};
+use provisioners_core::{Context, Error, Result};
+
+use super::delete::propagation;
+use super::resolve::Resolved;
+use super::{Manifest, apply, dynamic_api};
+use crate::object::ObjectRef;
+use crate::ownership::{Ownership, Stamp, kept};
+
+/// Annotation on an object of the manifest that sets its own
+/// [`ReplacePolicy`] (`fail` or `recreate`), over the node's.
+pub const REPLACE_POLICY_ANNOTATION: &str = "provisioners.dev/replace-policy";
+
+/// What provision does when an object's change touches a field the API
+/// server does not let change (a Job's `spec.template`, a Deployment's
+/// `spec.selector`, the data of a ConfigMap marked `immutable`).
+///
+/// Set it for a node with [`Manifest::replace`], or for one object with the
+/// annotation [`REPLACE_POLICY_ANNOTATION`] (`fail` or `recreate`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ReplacePolicy {
+    /// Leave the object as it is and fail with an
+    /// [`Invalid`](provisioners_core::ErrorKind::Invalid) error naming the
+    /// object, the fields and the remedy. The default: deleting an object
+    /// (a Job's history, a Service's address) is a decision.
+    #[default]
+    Fail,
+    /// Delete the object and create it again, gated like every deletion:
+    /// only a live object stamped by this owner (or taken over with
+    /// [`adopt`](Manifest::adopt)), never one annotated to be kept
+    /// ([`DELETION_POLICY_ANNOTATION`](crate::DELETION_POLICY_ANNOTATION)
+    /// `orphan`, `helm.sh/resource-policy: keep`), with a precondition on its
+    /// UID. Provision
+    /// yields ("replacing ...: waiting for the old one to go") until the old
+    /// object is gone, then creates the new one; a provision interrupted in
+    /// between creates it on its next pass.
+    Recreate,
+}
+
+impl ReplacePolicy {
+    fn parse(value: &str) -> Option<ReplacePolicy> {
+        match value {
+            "fail" => Some(ReplacePolicy::Fail),
+            "recreate" => Some(ReplacePolicy::Recreate),
+            _ => None,
+        }
+    }
+}
+
+/// The fields of an apply the server refused because they cannot change, if
+/// that is why it refused (and the only reason: a rejection that also has
+/// another cause is not fixed by recreating the object).
+pub(super) fn immutable_fields(error: &kube::Error) -> Option<Vec<String>> {
+    let kube::Error::Api(status) = error else {
+        return None;
+    };
+    if status.code != 422 {
+        return None;
+    }
+    let causes = status
+        .details
+        .as_ref()
+        .map(|d| d.causes.as_slice())
+        .unwrap_or_default();
+    if causes.is_empty() || !causes.iter().all(|c| is_immutable(&c.message)) {
+        return None;
+    }
+    let mut fields: Vec<String> = Vec::new();
+    for cause in causes {
+        let field = if cause.field.is_empty() {
+            "(unnamed field)".to_owned()
+        } else {
+            cause.field.clone()
+        };
+        if !fields.contains(&field) {
+            fields.push(field);
+        }
+    }
+    Some(fields)
+}
+
+/// The messages the API server's validation gives a field that may not
+/// change: `field is immutable` (most kinds), `field is immutable when
+/// \`immutable\` is set` (ConfigMap, Secret), `spec is immutable after
+/// creation ...` (PersistentVolumeClaim), `updates to statefulset spec for
+/// fields other than ... are forbidden` (StatefulSet).
+fn is_immutable(message: &str) -> bool {
+    message.contains("is immutable")
+        || message.contains("may not change once set")
+        || (message.contains("updates to") && message.contains("are forbidden"))
+}
+
+impl Manifest {
+    /// The replace policy of `object`: its annotation, else the node's.
+    pub(super) fn replace_policy_of(&self, object: &Resolved) -> Result<ReplacePolicy> {
+        let Some(value) = object
+            .object
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(REPLACE_POLICY_ANNOTATION))
+        else {
+            return Ok(self.replace);
+        };
+        ReplacePolicy::parse(value).ok_or_else(|| {
+            Error::invalid(format!(
+                "{}: {}: metadata.annotations[\"{REPLACE_POLICY_ANNOTATION}\"] is `{value}`; \
+                 use `fail` or `recreate`",
+                object.origin, object.key
+            ))
+        })
+    }
+
+    /// Provision's answer to an apply refused for the immutable `fields`:
+    /// the policy's error, or the object deleted and created again.
+    pub(super) async fn replace_immutable(
+        &self,
+        cx: &Context,
+        stamp: &Stamp,
+        object: &Resolved,
+        force: bool,
+        fields: &[String],
+        error: kube::Error,
+    ) -> Result<DynamicObject> {
+        let key = &object.key;
+        let fields_text = fields.join(", ");
+        if self.replace_policy_of(object)? == ReplacePolicy::Fail {
+            return Err(Error::invalid(format!(
+                "{}: {key}: cannot be changed in place: {fields_text} may not change (immutable); \
+                 it was not changed; set replace(ReplacePolicy::Recreate) on this node (or the \
+                 annotation {REPLACE_POLICY_ANNOTATION}: recreate on the object) to delete and \
+                 recreate it, or delete it by hand",
+                object.origin
+            ))
+            .with_source(error));
+        }
+        let api = dynamic_api(cx, &object.kind.resource, key.namespace.as_deref());
+        let live = api.get_opt(&key.name).await.map_err(|e| {
+            Error::kube(
+                format_args!("{}: reading {key} to replace it", object.origin),
+                e,
+            )
+        })?;
+        let Some(live) = live else {
+            // Gone since the apply: create it.
+            return self.apply_checked(cx, object, force).await;
+        };
+        if let Some(refusal) = replace_refused(stamp, key, &live, self.adopt) {
+            return Err(Error::invalid(format!(
+                "{}: {key}: {fields_text} may not change (immutable), and {}, so it was not \
+                 deleted: {}",
+                object.origin, refusal.why, refusal.remedy
+            )));
+        }
+        let waiting = || Error::yielding(format!("replacing {key}: waiting for the old one to go"));
+        if live.metadata.deletion_timestamp.is_some() {
+            return Err(waiting());
+        }
+        let params = DeleteParams {
+            propagation_policy: Some(propagation(cx, key.group(), &key.kind)),
+            preconditions: Some(Preconditions {
+                uid: live.metadata.uid.clone(),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        tracing::info!(object = %key, fields = %fields_text, "replacing: an immutable field changes");
+        match api.delete(&key.name, &params).await {
+            // Deleted at once (no finalizers, no dependents to wait for).
+            Ok(either) if either.is_right() => self.apply_checked(cx, object, force).await,
+            Ok(_) => Err(waiting()),
+            Err(kube::Error::Api(status)) if status.code == 404 => {
+                self.apply_checked(cx, object, force).await
+            }
+            // The UID precondition failed: someone replaced it meanwhile.
+            Err(kube::Error::Api(status)) if status.code == 409 => Err(waiting()),
+            Err(e) => Err(Error::kube(
+                format_args!("{}: deleting {key} to replace it", object.origin),
+                e,
+            )),
+        }
+    }
+
+    async fn apply_checked(
+        &self,
+        cx: &Context,
+        object: &Resolved,
+        force: bool,
+    ) -> Result<DynamicObject> {
+        self.apply_one(cx, object, force)
+            .await
+            .map_err(|e| apply::apply_error(&object.origin, &object.key, e))
+    }
+}
+
+/// Why a live object may not be deleted to replace it, and what to do.
+pub(super) struct Refusal {
+    pub(super) why: String,
+    pub(super) remedy: &'static str,
+}
+
+/// Why `live`, the object at `key`, may not be deleted to replace it, if it
+/// may not: only what provision may take over is replaced (stamped by our
+/// owner, or any object when adopting), and never what is annotated to be
+/// kept (a PersistentVolumeClaim with `helm.sh/resource-policy: keep`).
+pub(super) fn replace_refused(
+    stamp: &Stamp,
+    key: &ObjectRef,
+    live: &DynamicObject,
+    adopt: bool,
+) -> Option<Refusal> {
+    match stamp.classify(live) {
+        Ownership::Ours | Ownership::OurOwnerOtherNode(_) => {}
+        Ownership::Foreign(_) if adopt => {}
+        Ownership::Foreign(who) => {
+            return Some(Refusal {
+                why: format!(
+                    "the live object is not ours ({who}; we are `{}`)",
+                    stamp.owner()
+                ),
+                remedy: "delete it by hand, or set adopt(true) on this node to take it over",
+            });
+        }
+    }
+    kept(key.group(), &key.kind, live).map(|why| Refusal {
+        why: format!("it is kept ({why})"),
+        remedy: "delete it by hand, or remove the annotation",
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(body: serde_json::Value) -> kube::Error {
+        kube::Error::Api(Box::new(serde_json::from_value(body).unwrap()))
+    }
+
+    // The bodies below are the API server's (v1.36) answers to a
+    // server-side apply `dryRun=All`, captured from the local control plane
+    // (the Job's dump of its pod template is cut short).
+
+    #[test]
+    fn immutable_fields_are_recognised_in_real_answers() {
+        let job = status(serde_json::json!({
+            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": "Job.batch \"once\" is invalid: spec.template: Invalid value: {\"labels\":{\"job-name\":\"once\"},\"Spec\":{}}: field is immutable",
+            "reason": "Invalid",
+            "details": {"name": "once", "group": "batch", "kind": "Job", "causes": [{
+                "reason": "FieldValueInvalid",
+                "message": "Invalid value: {\"labels\":{\"job-name\":\"once\"},\"Spec\":{}}: field is immutable",
+                "field": "spec.template"
+            }]},
+            "code": 422
+        }));
+        assert_eq!(
+            immutable_fields(&job),
+            Some(vec!["spec.template".to_owned()])
+        );
+        let config_map = status(serde_json::json!({
+            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": "ConfigMap \"frozen\" is invalid: data: Forbidden: field is immutable when `immutable` is set",
+            "reason": "Invalid",
+            "details": {"name": "frozen", "kind": "ConfigMap", "causes": [{
+                "reason": "FieldValueForbidden",
+                "message": "Forbidden: field is immutable when `immutable` is set",
+                "field": "data"
+            }]},
+            "code": 422
+        }));
+        assert_eq!(immutable_fields(&config_map), Some(vec!["data".to_owned()]));
+        let service = status(serde_json::json!({
+            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": "Service \"web\" is invalid: spec.clusterIPs[0]: Invalid value: [\"10.96.0.78\"]: may not change once set",
+            "reason": "Invalid",
+            "details": {"name": "web", "kind": "Service", "causes": [{
+                "reason": "FieldValueInvalid",
+                "message": "Invalid value: [\"10.96.0.78\"]: may not change once set",
+                "field": "spec.clusterIPs[0]"
+            }]},
+            "code": 422
+        }));
+        assert_eq!(
+            immutable_fields(&service),
+            Some(vec!["spec.clusterIPs[0]".to_owned()])
+        );
+        let secret = status(serde_json::json!({
+            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": "Secret \"frozen\" is invalid: data: Forbidden: field is immutable when `immutable` is set",
+            "reason": "Invalid",
+            "details": {"name": "frozen", "kind": "Secret", "causes": [{
+                "reason": "FieldValueForbidden",
+                "message": "Forbidden: field is immutable when `immutable` is set",
+                "field": "data"
+            }]},
+            "code": 422
+        }));
+        assert_eq!(immutable_fields(&secret), Some(vec!["data".to_owned()]));
+    }
+
+    #[test]
+    fn other_rejections_are_not_immutable() {
+        let error = status(serde_json::json!({
+            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": "Service \"bad\" is invalid: spec.ports[0].port: Invalid value: 99999: \
+                        must be between 1 and 65535, inclusive",
+            "reason": "Invalid",
+            "details": {"name": "bad", "kind": "Service", "causes": [{
+                "reason": "FieldValueInvalid",
+                "message": "Invalid value: 99999: must be between 1 and 65535, inclusive",
+                "field": "spec.ports[0].port"
+            }]},
+            "code": 422
+        }));
+        assert_eq!(immutable_fields(&error), None);
+        // Made up from the two above: an immutable field beside another
+        // problem, which recreating would not fix.
+        let mixed = status(serde_json::json!({
+            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": "...", "reason": "Invalid",
+            "details": {"causes": [
+                {"reason": "FieldValueInvalid", "message": "Invalid value: 1: field is immutable", "field": "spec.selector"},
+                {"reason": "FieldValueInvalid", "message": "Invalid value: -1: must be greater than or equal to 0", "field": "spec.replicas"}
+            ]},
+            "code": 422
+        }));
+        assert_eq!(immutable_fields(&mixed), None);
+        // Not an API answer at all.
+        let other = kube::Error::Service("connection refused".into());
+        assert_eq!(immutable_fields(&other), None);
+    }
+}

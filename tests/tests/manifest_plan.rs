@@ -1,0 +1,879 @@
+//! `Manifest::plan` against the local control plane: what provision and
+//! deprovision would do, object by object, from reads and `dryRun=All`
+//! only (the fault proxy counts the writes: none), and the replace policy
+//! for immutable fields.
+//!
+//! kube-prometheus registers an aggregated API nobody serves here, which
+//! stalls namespace deletion and garbage collection cluster-wide while it
+//! is there: its test takes [`CLUSTER`] for writing, every other test for
+//! reading, so none overlaps it.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::api::{Api, ObjectMeta, PostParams};
+use provisioners::plan::{Action, ObjectPlan};
+use provisioners::{Context, ErrorKind, Plan, Provisioner};
+use provisioners_manifest::{Manifest, ReplacePolicy, Resource};
+use provisioners_testing::cluster::{HarnessCluster, TestNamespace};
+use provisioners_testing::faults::{Fault, Match, Proxy, Rule, Verb};
+use tokio::sync::RwLock;
+
+mod manifest_support;
+use manifest_support::{config_maps, converge};
+
+static CLUSTER: RwLock<()> = RwLock::const_new(());
+
+const DEADLINE: Duration = Duration::from_secs(240);
+
+async fn proxied(id: &str) -> (Proxy, Context) {
+    let proxy = Proxy::start(HarnessCluster::Primary).await.expect("proxy");
+    let cx = proxy
+        .context(id)
+        .await
+        .expect("context over the proxy")
+        .with_field_manager(format!("plan-test-{id}"));
+    (proxy, cx)
+}
+
+/// The plan of `node`, checking that making it wrote nothing.
+async fn plan_of(proxy: &Proxy, cx: &Context, node: &dyn Provisioner) -> Plan {
+    proxy.reset_counts();
+    let plan = cx.plan(node).await.expect("plan");
+    let counts = proxy.counts();
+    assert_eq!(counts.writes(), 0, "planning wrote: {counts}");
+    assert!(counts.requests() > 0, "planning read nothing: {counts}");
+    plan
+}
+
+async fn deprovision_plan_of(proxy: &Proxy, cx: &Context, node: &dyn Provisioner) -> Plan {
+    proxy.reset_counts();
+    let plan = cx.plan_deprovision(node).await.expect("deprovision plan");
+    let counts = proxy.counts();
+    assert_eq!(counts.writes(), 0, "planning wrote: {counts}");
+    plan
+}
+
+fn object<'a>(plan: &'a Plan, kind: &str, name: &str) -> &'a ObjectPlan {
+    plan.objects()
+        .iter()
+        .find(|o| o.kind() == kind && o.name() == name)
+        .unwrap_or_else(|| panic!("no {kind} {name} in the plan:\n{plan:#}"))
+}
+
+fn paths(object: &ObjectPlan) -> Vec<&str> {
+    object.changes().iter().map(|c| c.path()).collect()
+}
+
+// ---------------------------------------------------------------------------
+// kube-prometheus
+
+fn fixture() -> PathBuf {
+    let root = std::env::var_os("PROVISIONERS_FIXTURES")
+        .expect("PROVISIONERS_FIXTURES is not set (the shared fixtures directory)");
+    PathBuf::from(root).join("kube-prometheus/manifests")
+}
+
+fn files(dir: &Path, out: &mut Vec<PathBuf>) {
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
+        .expect("fixture directory")
+        .map(|e| e.expect("entry").path())
+        .collect();
+    entries.sort();
+    for path in entries {
+        if path.is_dir() {
+            files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "yaml") {
+            out.push(path);
+        }
+    }
+}
+
+/// The fixture as one YAML text, with `edit` applied to each file (by file
+/// name), and the number of objects in it (`kind: *List` documents hold
+/// several).
+fn kube_prometheus(edit: impl Fn(&str, String) -> String) -> (String, usize) {
+    let mut paths = Vec::new();
+    files(&fixture(), &mut paths);
+    let mut documents = Vec::new();
+    let mut objects = 0;
+    for path in paths {
+        let text = std::fs::read_to_string(&path).expect("fixture file");
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        let is_list = text
+            .lines()
+            .any(|l| l.starts_with("kind: ") && l.ends_with("List"));
+        objects += if is_list {
+            text.lines()
+                .filter(|l| l.starts_with("- apiVersion:"))
+                .count()
+        } else {
+            1
+        };
+        documents.push(edit(&name, text));
+    }
+    (documents.join("\n---\n"), objects)
+}
+
+fn edited(name: &str, text: String) -> String {
+    match name {
+        "blackboxExporter-configuration.yaml" => text.replacen(
+            "\"preferred_ip_protocol\": \"ip4\"",
+            "\"preferred_ip_protocol\": \"ip6\"",
+            1,
+        ),
+        "grafana-deployment.yaml" => text.replace(
+            "image: grafana/grafana:13.1.3",
+            "image: grafana/grafana:13.1.4",
+        ),
+        _ => text,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the local control plane (cargo xtask test)"]
+async fn kube_prometheus_plans_create_then_no_change_then_exactly_the_two_edits() {
+    let _alone = CLUSTER.write().await;
+    let (proxy, cx) = proxied("kube-prometheus").await;
+    let (yaml, objects) = kube_prometheus(|_, text| text);
+    let manifest = Manifest::from_yaml("kube-prometheus", yaml.clone());
+    // Leftovers of an interrupted run of this test; then a cluster whose
+    // discovery has not seen the CRDs (as a new process would).
+    converge(&cx, &manifest, false, DEADLINE).await;
+    let cx = proxy
+        .context("kube-prometheus")
+        .await
+        .expect("context over the proxy")
+        .with_field_manager("plan-test-kube-prometheus");
+
+    let started = Instant::now();
+    let plan = plan_of(&proxy, &cx, &manifest).await;
+    let took = started.elapsed();
+    let empty_counts = proxy.counts();
+    eprintln!(
+        "plan on an empty cluster: {took:?}, {} requests: {empty_counts}",
+        empty_counts.requests()
+    );
+    assert_eq!(plan.kind(), "manifest");
+    assert_eq!(plan.objects().len(), objects, "{plan}");
+    let not_create: Vec<String> = plan
+        .objects()
+        .iter()
+        .filter(|o| o.action() != Action::Create)
+        .map(|o| format!("{} {:?}", o.display_name(), o.reason()))
+        .collect();
+    assert!(not_create.is_empty(), "{not_create:#?}");
+    assert_eq!(plan.counts().create, objects);
+    // Custom resources whose CRDs are not installed yet are still creates.
+    let prometheus = object(&plan, "Prometheus", "k8s");
+    assert_eq!(
+        prometheus.reason(),
+        Some(
+            "kind defined by CustomResourceDefinition prometheuses.monitoring.coreos.com of this manifest"
+        )
+    );
+    // Apply order: the namespace first, the custom resources last.
+    assert_eq!(plan.objects()[0].kind(), "Namespace");
+    assert!(
+        plan.to_string()
+            .contains("+ v1 Namespace monitoring (create)")
+    );
+
+    proxy.reset_counts();
+    let started = Instant::now();
+    converge(&cx, &manifest, true, DEADLINE).await;
+    let provision_took = started.elapsed();
+    let provision_counts = proxy.counts();
+    eprintln!(
+        "provision: {provision_took:?}, {} requests, {} writes",
+        provision_counts.requests(),
+        provision_counts.writes()
+    );
+    assert!(provision_counts.writes() > 0, "{provision_counts}");
+
+    let started = Instant::now();
+    let unchanged = plan_of(&proxy, &cx, &manifest).await;
+    let took = started.elapsed();
+    let counts = proxy.counts();
+    eprintln!(
+        "plan after provisioning: {took:?}, {} requests: {counts}",
+        counts.requests()
+    );
+    assert_eq!(unchanged.objects().len(), objects);
+    let changed: Vec<String> = unchanged
+        .objects()
+        .iter()
+        .filter(|o| o.action() != Action::NoChange)
+        .map(|o| format!("{} {:?} {:?}", o.display_name(), o.action(), o.changes()))
+        .collect();
+    assert!(changed.is_empty(), "{changed:#?}");
+    assert!(!unchanged.has_changes());
+    assert_eq!(unchanged.summary(), format!("{objects} unchanged"));
+    // No dry-run at all: the no-op check skips every object.
+    let patches: u64 = counts
+        .iter()
+        .filter(|(verb, _, _)| *verb == Verb::Patch)
+        .map(|(_, _, n)| n)
+        .sum();
+    assert_eq!(patches, 0, "{counts}");
+    let again = plan_of(&proxy, &cx, &manifest).await;
+    assert_eq!(again.digest(), unchanged.digest());
+    assert_eq!(again, unchanged);
+    // Beside it, for the record: an unchanged provision (what the plan mirrors).
+    proxy.reset_counts();
+    let started = Instant::now();
+    cx.provision(&manifest).await.expect("unchanged provision");
+    let counts = proxy.counts();
+    eprintln!(
+        "unchanged provision: {:?}, {} requests, {} writes",
+        started.elapsed(),
+        counts.requests(),
+        counts.writes()
+    );
+    assert_eq!(counts.writes(), 0, "an unchanged provision wrote: {counts}");
+
+    let (edited_yaml, _) = kube_prometheus(edited);
+    assert_ne!(edited_yaml, yaml);
+    let edited_manifest = Manifest::from_yaml("kube-prometheus", edited_yaml);
+    let plan = plan_of(&proxy, &cx, &edited_manifest).await;
+    eprintln!("{plan}");
+    let updates: Vec<(String, Vec<&str>)> = plan
+        .objects()
+        .iter()
+        .filter(|o| o.action() != Action::NoChange)
+        .map(|o| (format!("{} {}", o.action(), o.display_name()), paths(o)))
+        .collect();
+    assert_eq!(
+        updates,
+        [
+            (
+                "update ConfigMap monitoring/blackbox-exporter-configuration".to_owned(),
+                vec!["data[\"config.yml\"]"]
+            ),
+            (
+                "update Deployment monitoring/grafana".to_owned(),
+                vec!["spec.template.spec.containers[0].image"]
+            ),
+        ],
+        "{plan}"
+    );
+    assert_eq!(plan.counts().no_change, objects - 2);
+    let grafana = object(&plan, "Deployment", "grafana");
+    assert_eq!(
+        grafana.changes()[0].to_string(),
+        "spec.template.spec.containers[0].image: \"grafana/grafana:13.1.3\" -> \"grafana/grafana:13.1.4\""
+    );
+    let text = plan.to_string();
+    assert!(
+        text.contains("~ apps/v1 Deployment monitoring/grafana (update)"),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("= {} unchanged", objects - 2)),
+        "{text}"
+    );
+    assert_ne!(plan.digest(), unchanged.digest());
+
+    // Deprovision would delete every object, custom resources first.
+    let plan = deprovision_plan_of(&proxy, &cx, &manifest).await;
+    assert_eq!(plan.counts().delete, objects, "{plan}");
+    assert_eq!(plan.objects()[0].api_version(), "monitoring.coreos.com/v1");
+    let last = plan.objects().last().unwrap();
+    assert!(
+        matches!(last.kind(), "Namespace" | "CustomResourceDefinition"),
+        "{plan}"
+    );
+
+    converge(&cx, &manifest, false, DEADLINE).await;
+    let plan = deprovision_plan_of(&proxy, &cx, &manifest).await;
+    assert!(plan.objects().is_empty(), "{plan}");
+}
+
+// ---------------------------------------------------------------------------
+// Secrets
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the local control plane (cargo xtask test)"]
+async fn a_secrets_values_never_appear_in_a_plan() {
+    let _shared = CLUSTER.read().await;
+    let ns = TestNamespace::create("plan-secret")
+        .await
+        .expect("namespace");
+    let (proxy, cx) = proxied("secret").await;
+    let secret = |string_value: &str, data_value: &str| {
+        let data = serde_json::to_string(&k8s_openapi::ByteString(data_value.as_bytes().to_vec()))
+            .unwrap();
+        Manifest::from_yaml(
+            "secret",
+            format!(
+                "apiVersion: v1\nkind: Secret\nmetadata:\n  name: creds\nstringData:\n  \
+                 password: {string_value}\ndata:\n  token: {data}\n"
+            ),
+        )
+        .namespace(ns.name())
+    };
+    let old = ("old-password-5b1e", "old-token-92af");
+    let new = ("new-password-c7d3", "new-token-04be");
+    let forbidden: Vec<String> = [old.0, old.1, new.0, new.1]
+        .iter()
+        .flat_map(|v| {
+            let encoded = serde_json::to_string(&k8s_openapi::ByteString(v.as_bytes().to_vec()))
+                .unwrap()
+                .trim_matches('"')
+                .to_owned();
+            [(*v).to_owned(), encoded]
+        })
+        .collect();
+    let shown = |plan: &Plan| {
+        [
+            plan.to_string(),
+            format!("{plan:#}"),
+            serde_json::to_string(plan).unwrap(),
+            format!("{plan:?}"),
+        ]
+    };
+
+    let first = secret(old.0, old.1);
+    let plan = plan_of(&proxy, &cx, &first).await;
+    assert_eq!(object(&plan, "Secret", "creds").action(), Action::Create);
+    converge(&cx, &first, true, DEADLINE).await;
+
+    let second = secret(new.0, new.1);
+    let plan = plan_of(&proxy, &cx, &second).await;
+    let creds = object(&plan, "Secret", "creds");
+    assert_eq!(creds.action(), Action::Update, "{plan:#}");
+    assert_eq!(paths(creds), ["data.password", "data.token"], "{plan:#}");
+    for text in shown(&plan) {
+        for value in &forbidden {
+            assert!(!text.contains(value.as_str()), "{value} in {text}");
+        }
+        assert!(text.contains("(sensitive value)"), "{text}");
+    }
+    // Provision really changes it (so the plan was right), and the next
+    // plan is quiet.
+    converge(&cx, &second, true, DEADLINE).await;
+    let live = ns.api::<Secret>().get("creds").await.expect("secret");
+    let data = live.data.unwrap_or_default();
+    assert_eq!(data["password"].0, new.0.as_bytes());
+    let plan = plan_of(&proxy, &cx, &second).await;
+    assert_eq!(
+        object(&plan, "Secret", "creds").action(),
+        Action::NoChange,
+        "{plan:#}"
+    );
+
+    // A dry-run the server refuses for a Secret: the error does not quote it.
+    let bad = Manifest::from_yaml(
+        "secret",
+        format!(
+            "apiVersion: v1\nkind: Secret\nmetadata:\n  name: creds-tls\ntype: kubernetes.io/tls\n\
+             stringData:\n  password: {}\n",
+            new.0
+        ),
+    )
+    .namespace(ns.name());
+    let error = cx
+        .plan(&bad)
+        .await
+        .expect_err("a Secret the server refuses");
+    assert_eq!(error.kind(), ErrorKind::Invalid, "{error}");
+    let text = format!("{error} {error:?}");
+    for value in &forbidden {
+        assert!(!text.contains(value.as_str()), "{value} in {text}");
+    }
+    assert!(text.contains("Secret"), "{text}");
+    ns.cleanup().await.expect("cleanup");
+}
+
+// ---------------------------------------------------------------------------
+// Ownership, prune, deprovision
+
+fn foreign(name: &str) -> ConfigMap {
+    ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            ..ObjectMeta::default()
+        },
+        data: Some([("name".to_owned(), "by hand".to_owned())].into()),
+        ..ConfigMap::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the local control plane (cargo xtask test)"]
+async fn prune_foreign_adopt_and_deprovision_plan_as_they_would_run() {
+    let _shared = CLUSTER.read().await;
+    let ns = TestNamespace::create("plan-owners")
+        .await
+        .expect("namespace");
+    let (proxy, cx) = proxied("owners").await;
+    let api = ns.api::<ConfigMap>();
+    let node = |names: &[&str]| {
+        Manifest::from_yaml("owners", config_maps(names))
+            .namespace(ns.name())
+            .prune(true)
+    };
+
+    let first = node(&["a", "b", "c"]);
+    converge(&cx, &first, true, DEADLINE).await;
+
+    // b left the manifest: prune would delete it.
+    let second = node(&["a", "c"]);
+    let plan = plan_of(&proxy, &cx, &second).await;
+    let actions: Vec<(String, Action)> = plan
+        .objects()
+        .iter()
+        .map(|o| (o.name().to_owned(), o.action()))
+        .collect();
+    assert_eq!(
+        actions,
+        [
+            ("a".to_owned(), Action::NoChange),
+            ("c".to_owned(), Action::NoChange),
+            ("b".to_owned(), Action::Delete),
+        ],
+        "{plan:#}"
+    );
+    assert_eq!(
+        object(&plan, "ConfigMap", "b").reason(),
+        Some("pruned: no longer in the manifest")
+    );
+    assert!(
+        api.get_opt("b").await.expect("get").is_some(),
+        "the plan pruned"
+    );
+    converge(&cx, &second, true, DEADLINE).await;
+    assert!(
+        api.get_opt("b").await.expect("get").is_none(),
+        "b was not pruned"
+    );
+
+    // An object made by hand: refused, as provision would, unless adopted.
+    api.create(&PostParams::default(), &foreign("hand"))
+        .await
+        .expect("hand-made");
+    let third = node(&["a", "c", "hand"]);
+    let plan = plan_of(&proxy, &cx, &third).await;
+    let hand = object(&plan, "ConfigMap", "hand");
+    assert_eq!(hand.action(), Action::Refuse, "{plan:#}");
+    let reason = hand.reason().unwrap();
+    assert!(
+        reason.contains("already exists and is not ours"),
+        "{reason}"
+    );
+    let error = cx
+        .provision(&third)
+        .await
+        .expect_err("provision refuses too");
+    assert!(
+        error.to_string().contains("already exists and is not ours"),
+        "{error}"
+    );
+    let adopting = node(&["a", "c", "hand"]).adopt(true);
+    let plan = plan_of(&proxy, &cx, &adopting).await;
+    let hand = object(&plan, "ConfigMap", "hand");
+    assert_eq!(hand.action(), Action::Adopt, "{plan:#}");
+    assert_eq!(paths(hand), ["data.name", "metadata.labels"], "{plan:#}");
+    assert_eq!(
+        hand.changes()[0].to_string(),
+        "data.name: \"by hand\" -> \"hand\""
+    );
+    converge(&cx, &adopting, true, DEADLINE).await;
+    let plan = plan_of(&proxy, &cx, &adopting).await;
+    assert!(!plan.has_changes(), "{plan:#}");
+
+    // Deprovision: what it would delete, what it would keep, what it would
+    // leave alone (a foreign object in the manifest).
+    api.create(&PostParams::default(), &foreign("stranger"))
+        .await
+        .expect("stranger");
+    let keep = serde_json::json!({"metadata": {"annotations": {"provisioners.dev/deletion-policy": "orphan"}}});
+    api.patch("c", &Default::default(), &kube::api::Patch::Merge(&keep))
+        .await
+        .expect("annotate");
+    let last = node(&["a", "c", "hand", "stranger"]);
+    let plan = deprovision_plan_of(&proxy, &cx, &last).await;
+    eprintln!("{plan}");
+    let actions: Vec<(String, Action)> = plan
+        .objects()
+        .iter()
+        .map(|o| (o.name().to_owned(), o.action()))
+        .collect();
+    assert_eq!(
+        actions,
+        [
+            ("a".to_owned(), Action::Delete),
+            ("c".to_owned(), Action::Update),
+            ("hand".to_owned(), Action::Delete),
+            ("stranger".to_owned(), Action::Refuse),
+        ],
+        "{plan:#}"
+    );
+    assert!(
+        object(&plan, "ConfigMap", "c")
+            .reason()
+            .unwrap()
+            .contains("released")
+    );
+    converge(&cx, &last, false, DEADLINE).await;
+    for (name, present) in [
+        ("a", false),
+        ("c", true),
+        ("hand", false),
+        ("stranger", true),
+    ] {
+        assert_eq!(
+            api.get_opt(name).await.expect("get").is_some(),
+            present,
+            "{name}"
+        );
+    }
+    ns.cleanup().await.expect("cleanup");
+}
+
+// ---------------------------------------------------------------------------
+// Immutable fields
+
+fn frozen(namespace: &str, value: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: frozen\n  namespace: {namespace}\n\
+         immutable: true\ndata:\n  k: {value}\n"
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the local control plane (cargo xtask test)"]
+async fn an_immutable_change_plans_replace_and_provision_follows_the_policy() {
+    let _shared = CLUSTER.read().await;
+    let ns = TestNamespace::create("plan-immutable")
+        .await
+        .expect("namespace");
+    let (proxy, cx) = proxied("immutable").await;
+    let api = ns.api::<ConfigMap>();
+    let first = Manifest::from_yaml("frozen", frozen(ns.name(), "v1"));
+    converge(&cx, &first, true, DEADLINE).await;
+    let uid = api.get("frozen").await.expect("get").metadata.uid;
+
+    // Fail, the default: the plan says so, provision fails and changes nothing.
+    let second = Manifest::from_yaml("frozen", frozen(ns.name(), "v2"));
+    let plan = plan_of(&proxy, &cx, &second).await;
+    let planned = object(&plan, "ConfigMap", "frozen");
+    assert_eq!(planned.action(), Action::Replace, "{plan:#}");
+    let reason = planned.reason().unwrap();
+    assert!(
+        reason.starts_with("data may not change (immutable)"),
+        "{reason}"
+    );
+    assert!(reason.contains("replace policy Fail"), "{reason}");
+    assert_eq!(
+        planned.changes()[0].to_string(),
+        "data: {\"k\":\"v1\"} -> {\"k\":\"v2\"}"
+    );
+    let error = cx.provision(&second).await.expect_err("immutable");
+    assert_eq!(error.kind(), ErrorKind::Invalid, "{error}");
+    let message = error.to_string();
+    assert!(
+        message.contains(&format!("ConfigMap {}/frozen", ns.name())),
+        "{message}"
+    );
+    assert!(message.contains("data may not change"), "{message}");
+    assert!(message.contains("ReplacePolicy::Recreate"), "{message}");
+    let live = api.get("frozen").await.expect("get");
+    assert_eq!(live.metadata.uid, uid);
+    assert_eq!(live.data.unwrap()["k"], "v1");
+
+    // Recreate: planned as such, then replaced (a new object).
+    let recreate =
+        Manifest::from_yaml("frozen", frozen(ns.name(), "v2")).replace(ReplacePolicy::Recreate);
+    let plan = plan_of(&proxy, &cx, &recreate).await;
+    let planned = object(&plan, "ConfigMap", "frozen");
+    assert_eq!(planned.action(), Action::Replace);
+    assert!(
+        planned
+            .reason()
+            .unwrap()
+            .contains("delete it and create it again"),
+        "{plan}"
+    );
+    converge(&cx, &recreate, true, DEADLINE).await;
+    let live = api.get("frozen").await.expect("get");
+    assert_ne!(live.metadata.uid, uid, "not replaced");
+    assert_eq!(live.data.unwrap()["k"], "v2");
+    let plan = plan_of(&proxy, &cx, &recreate).await;
+    assert!(!plan.has_changes(), "{plan:#}");
+
+    // An object annotated to be kept is not deleted to replace it.
+    let keep = serde_json::json!({"metadata": {"annotations": {"provisioners.dev/deletion-policy": "orphan"}}});
+    api.patch(
+        "frozen",
+        &Default::default(),
+        &kube::api::Patch::Merge(&keep),
+    )
+    .await
+    .expect("annotate");
+    let kept_uid = api.get("frozen").await.expect("get").metadata.uid;
+    let third =
+        Manifest::from_yaml("frozen", frozen(ns.name(), "v3")).replace(ReplacePolicy::Recreate);
+    let plan = plan_of(&proxy, &cx, &third).await;
+    let planned = object(&plan, "ConfigMap", "frozen");
+    assert_eq!(planned.action(), Action::Refuse, "{plan:#}");
+    assert!(planned.reason().unwrap().contains("it is kept"), "{plan:#}");
+    let error = cx.provision(&third).await.expect_err("kept");
+    assert!(error.to_string().contains("was not deleted"), "{error}");
+    assert_eq!(api.get("frozen").await.expect("get").metadata.uid, kept_uid);
+
+    // A foreign object with an immutable change: refused, never deleted.
+    let hand: ConfigMap = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "frozen-by-hand"}, "immutable": true, "data": {"k": "v1"}
+    }))
+    .unwrap();
+    api.create(&PostParams::default(), &hand)
+        .await
+        .expect("hand-made");
+    let hand_uid = api.get("frozen-by-hand").await.expect("get").metadata.uid;
+    let theirs = Manifest::from_yaml(
+        "theirs",
+        frozen(ns.name(), "v2").replace("name: frozen", "name: frozen-by-hand"),
+    )
+    .replace(ReplacePolicy::Recreate);
+    let plan = plan_of(&proxy, &cx, &theirs).await;
+    assert_eq!(
+        object(&plan, "ConfigMap", "frozen-by-hand").action(),
+        Action::Refuse
+    );
+    let error = cx.provision(&theirs).await.expect_err("not ours");
+    assert_eq!(error.kind(), ErrorKind::Invalid, "{error}");
+    assert_eq!(
+        api.get("frozen-by-hand").await.expect("get").metadata.uid,
+        hand_uid
+    );
+    ns.cleanup().await.expect("cleanup");
+}
+
+/// The gate on replacing holds where provision applies without looking
+/// first (a namespace this owner created): an object made there by hand is
+/// not deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the local control plane (cargo xtask test)"]
+async fn recreate_never_deletes_a_foreign_object_in_our_namespace() {
+    let _shared = CLUSTER.read().await;
+    let (proxy, cx) = proxied("gate").await;
+    let name = format!("plan-gate-{}", std::process::id());
+    let namespace = format!("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {name}\n");
+    let ours = Manifest::from_yaml("gate", namespace.clone());
+    converge(&cx, &ours, true, DEADLINE).await;
+    let api: Api<ConfigMap> = Api::namespaced(cx.client().clone(), &name);
+    let hand: ConfigMap = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "frozen"}, "immutable": true, "data": {"k": "v1"}
+    }))
+    .unwrap();
+    api.create(&PostParams::default(), &hand)
+        .await
+        .expect("hand-made");
+    let uid = api.get("frozen").await.expect("get").metadata.uid;
+
+    let with_it = Manifest::from_yaml("gate", format!("{namespace}---\n{}", frozen(&name, "v2")))
+        .replace(ReplacePolicy::Recreate)
+        // Past the field manager conflict, to the immutable field.
+        .force(true);
+    let plan = plan_of(&proxy, &cx, &with_it).await;
+    let planned = object(&plan, "ConfigMap", "frozen");
+    assert_eq!(planned.action(), Action::Refuse, "{plan:#}");
+    assert!(planned.reason().unwrap().contains("not ours"), "{plan:#}");
+    let error = cx.provision(&with_it).await.expect_err("not ours");
+    assert_eq!(error.kind(), ErrorKind::Invalid, "{error}");
+    assert!(error.to_string().contains("was not deleted"), "{error}");
+    assert_eq!(api.get("frozen").await.expect("get").metadata.uid, uid);
+    converge(&cx, &ours, false, DEADLINE).await;
+}
+
+/// A Job's template cannot change; Recreate deletes it in the foreground
+/// (its Pods go first), yielding meanwhile, then creates the new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the local control plane (cargo xtask test)"]
+async fn recreate_replaces_a_job_whose_template_changes() {
+    let _shared = CLUSTER.read().await;
+    let ns = TestNamespace::create("plan-job").await.expect("namespace");
+    let (proxy, cx) = proxied("job").await;
+    let job = |image: &str| {
+        Manifest::from_yaml(
+            "job",
+            format!(
+                "apiVersion: batch/v1\nkind: Job\nmetadata:\n  name: once\nspec:\n  template:\n    \
+                 spec:\n      restartPolicy: Never\n      containers:\n      - name: c\n        \
+                 image: {image}\n"
+            ),
+        )
+        .namespace(ns.name())
+        .replace(ReplacePolicy::Recreate)
+    };
+    converge(&cx, &job("busybox:1"), true, DEADLINE).await;
+    let api = ns.api::<Job>();
+    let uid = api.get("once").await.expect("get").metadata.uid;
+    let next = job("busybox:2");
+    let plan = plan_of(&proxy, &cx, &next).await;
+    let planned = object(&plan, "Job", "once");
+    assert_eq!(planned.action(), Action::Replace, "{plan:#}");
+    assert_eq!(paths(planned), ["spec.template"]);
+    let (_, reasons) = converge(&cx, &next, true, DEADLINE).await;
+    assert!(
+        reasons.iter().any(|r| r.contains("replacing Job")),
+        "{reasons:?}"
+    );
+    let live = api.get("once").await.expect("get");
+    assert_ne!(live.metadata.uid, uid, "not replaced");
+    let image = live.spec.unwrap().template.spec.unwrap().containers[0]
+        .image
+        .clone();
+    assert_eq!(image.as_deref(), Some("busybox:2"));
+    ns.cleanup().await.expect("cleanup");
+}
+
+/// A provision stopped between the delete and the create of a replacement
+/// (here: the create fails) creates the object on its next pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the local control plane (cargo xtask test)"]
+async fn a_replace_interrupted_between_delete_and_create_converges() {
+    let _shared = CLUSTER.read().await;
+    let ns = TestNamespace::create("plan-interrupted")
+        .await
+        .expect("namespace");
+    let (proxy, cx) = proxied("interrupted").await;
+    // No retries: the failed create must reach the provision.
+    let cluster = cx
+        .cluster()
+        .clone()
+        .with_policy(provisioners::ClientPolicy::new().backoff([]));
+    let cx = cx.with_cluster(cluster);
+    let api = ns.api::<ConfigMap>();
+    converge(
+        &cx,
+        &Manifest::from_yaml("frozen", frozen(ns.name(), "v1")),
+        true,
+        DEADLINE,
+    )
+    .await;
+    let uid = api.get("frozen").await.expect("get").metadata.uid;
+
+    let recreate =
+        Manifest::from_yaml("frozen", frozen(ns.name(), "v2")).replace(ReplacePolicy::Recreate);
+    // The first PATCH is the apply the server refuses, the second the create.
+    let create = proxy.add(
+        Rule::on(Match::verb(Verb::Patch).name("frozen"))
+            .nth(2)
+            .fail(Fault::InternalError),
+    );
+    let error = cx.provision(&recreate).await.expect_err("the create fails");
+    assert!(error.is_transient(), "{error}");
+    assert_eq!(create.fired(), 1);
+    assert!(
+        api.get_opt("frozen").await.expect("get").is_none(),
+        "deleted, not created yet"
+    );
+    proxy.remove(&create);
+    let plan = plan_of(&proxy, &cx, &recreate).await;
+    assert_eq!(
+        object(&plan, "ConfigMap", "frozen").action(),
+        Action::Create
+    );
+    converge(&cx, &recreate, true, DEADLINE).await;
+    let live = api.get("frozen").await.expect("get");
+    assert_ne!(live.metadata.uid, uid);
+    assert_eq!(live.data.unwrap()["k"], "v2");
+    ns.cleanup().await.expect("cleanup");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the local control plane (cargo xtask test)"]
+async fn a_resource_plans_as_a_node_of_kind_resource() {
+    let _shared = CLUSTER.read().await;
+    let ns = TestNamespace::create("plan-resource")
+        .await
+        .expect("namespace");
+    let (proxy, cx) = proxied("resource").await;
+    let settings = |level: &str| {
+        Resource::new(
+            "settings",
+            &ConfigMap {
+                metadata: ObjectMeta {
+                    name: Some("settings".into()),
+                    ..ObjectMeta::default()
+                },
+                data: Some([("level".to_owned(), level.to_owned())].into()),
+                ..ConfigMap::default()
+            },
+        )
+        .namespace(ns.name())
+    };
+    let plan = plan_of(&proxy, &cx, &settings("debug")).await;
+    assert_eq!((plan.name(), plan.kind()), ("settings", "resource"));
+    assert_eq!(plan.summary(), "1 to create");
+    converge(&cx, &settings("debug"), true, DEADLINE).await;
+    let plan = plan_of(&proxy, &cx, &settings("info")).await;
+    let planned = object(&plan, "ConfigMap", "settings");
+    assert_eq!(planned.action(), Action::Update);
+    assert_eq!(
+        planned.changes()[0].to_string(),
+        "data.level: \"debug\" -> \"info\""
+    );
+    let plan = deprovision_plan_of(&proxy, &cx, &settings("info")).await;
+    assert_eq!(plan.operation(), provisioners::Operation::Deprovision);
+    assert_eq!(plan.summary(), "1 to delete");
+    converge(&cx, &settings("info"), false, DEADLINE).await;
+    ns.cleanup().await.expect("cleanup");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the local control plane (cargo xtask test)"]
+async fn unknown_kinds_are_unknown_and_bad_input_fails_as_provision_does() {
+    let _shared = CLUSTER.read().await;
+    let ns = TestNamespace::create("plan-unknown")
+        .await
+        .expect("namespace");
+    let (proxy, cx) = proxied("unknown").await;
+    let yaml = format!(
+        "{}---\napiVersion: {}.example.com/v1\nkind: Gadget\nmetadata:\n  name: g\n",
+        config_maps(&["beside"]),
+        ns.name()
+    );
+    let manifest = Manifest::from_yaml("unknown", yaml).namespace(ns.name());
+    let plan = plan_of(&proxy, &cx, &manifest).await;
+    let gadget = object(&plan, "Gadget", "g");
+    assert_eq!(gadget.action(), Action::Unknown, "{plan:#}");
+    let reason = gadget.reason().unwrap();
+    assert!(reason.contains("does not serve kind Gadget"), "{reason}");
+    assert!(reason.contains("up to 300s"), "{reason}");
+    assert_eq!(
+        object(&plan, "ConfigMap", "beside").action(),
+        Action::Create
+    );
+    assert!(plan.has_changes());
+
+    // A namespace that does not exist (an earlier node of a tree may make it).
+    let elsewhere = Manifest::from_yaml("elsewhere", config_maps(&["x"]))
+        .namespace(format!("{}-not-yet", ns.name()));
+    let plan = plan_of(&proxy, &cx, &elsewhere).await;
+    let x = object(&plan, "ConfigMap", "x");
+    assert_eq!(x.action(), Action::Unknown, "{plan:#}");
+    assert!(x.reason().unwrap().contains("does not exist"), "{plan:#}");
+    let error = cx.provision(&elsewhere).await.expect_err("no namespace");
+    assert_eq!(error.kind(), ErrorKind::NotFound, "{error}");
+
+    // Input provision refuses fails the plan with provision's error.
+    for yaml in [
+        "apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata:\n  name: \
+         scoped\n  namespace: somewhere\nrules: []\n",
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: Not_Valid\n",
+        "apiVersion: v1\nkind: Service\nmetadata:\n  name: bad-port\nspec:\n  ports:\n  - port: \
+         99999\n",
+    ] {
+        let bad = Manifest::from_yaml("bad", yaml).namespace(ns.name());
+        let planned = cx.plan(&bad).await.expect_err("invalid input");
+        let provisioned = cx.provision(&bad).await.expect_err("invalid input");
+        assert_eq!(planned.kind(), ErrorKind::Invalid, "{planned}");
+        assert_eq!(planned.to_string(), provisioned.to_string());
+    }
+    ns.cleanup().await.expect("cleanup");
+}
