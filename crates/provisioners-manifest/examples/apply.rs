@@ -1,16 +1,12 @@
 //! Applies (or deletes) a manifest file or directory the way a controller
-//! would: provision again after each yield until done. With `--plan`, only
-//! prints what that would do (the plan, then its summary and digest) and
-//! changes nothing.
+//! would: provision again after each yield until done.
 //!
 //! ```sh
-//! KUBECONFIG=... cargo run --example apply -- [--plan] [--delete [--background]] [--namespace NS] [--wait SECONDS] PATH
+//! KUBECONFIG=... cargo run --example apply -- [--delete [--background]] [--namespace NS] [--wait SECONDS] PATH
 //! ```
 //!
-//! `cargo xtask bench manifest` runs it side by side with `kubectl apply --server-side`
-//! (and `--plan` is the counterpart of `kubectl diff --server-side`).
+//! `cargo xtask bench manifest` runs it side by side with `kubectl apply --server-side`.
 
-use std::io::Write as _;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -23,7 +19,6 @@ const REQUEUE: Duration = Duration::from_millis(250);
 #[tokio::main]
 async fn main() -> ExitCode {
     let mut delete = false;
-    let mut plan = false;
     let mut wait = None;
     let mut background = false;
     let mut namespace = None;
@@ -32,7 +27,6 @@ async fn main() -> ExitCode {
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--delete" => delete = true,
-            "--plan" => plan = true,
             "--wait" => match args.next().and_then(|s| s.parse().ok()) {
                 Some(seconds) => wait = Some(Duration::from_secs(seconds)),
                 None => {
@@ -45,16 +39,14 @@ async fn main() -> ExitCode {
             _ if path.is_none() && !arg.starts_with("--") => path = Some(arg),
             _ => {
                 eprintln!(
-                    "usage: apply [--plan] [--delete [--background]] [--namespace NS] [--wait SECONDS] PATH"
+                    "usage: apply [--delete [--background]] [--namespace NS] [--wait SECONDS] PATH"
                 );
                 return ExitCode::from(2);
             }
         }
     }
     let Some(path) = path else {
-        eprintln!(
-            "usage: apply [--plan] [--delete [--background]] [--namespace NS] [--wait SECONDS] PATH"
-        );
+        eprintln!("usage: apply [--delete [--background]] [--namespace NS] [--wait SECONDS] PATH");
         return ExitCode::from(2);
     };
     let cluster = match Cluster::infer().await {
@@ -73,25 +65,6 @@ async fn main() -> ExitCode {
         manifest = manifest.namespace(namespace);
     }
     let started = Instant::now();
-    if plan {
-        let planned = if delete {
-            cx.plan_deprovision(&manifest).await
-        } else {
-            cx.plan(&manifest).await
-        };
-        return match planned {
-            Ok(planned) => {
-                let mut out = std::io::stdout().lock();
-                let _ = writeln!(out, "{planned}\n{}", planned.digest());
-                eprintln!("planned in {:.3}s", started.elapsed().as_secs_f64());
-                ExitCode::SUCCESS
-            }
-            Err(e) => {
-                eprintln!("{e}");
-                ExitCode::FAILURE
-            }
-        };
-    }
     let mut rounds = 0;
     loop {
         rounds += 1;
