@@ -148,6 +148,13 @@ impl Plan {
         self
     }
 
+    /// Says what the node is (a wrapper that plans through its child may
+    /// name itself: a `Resource` is a `manifest` node of one object).
+    pub fn with_kind(mut self, kind: impl Into<String>) -> Self {
+        self.kind = kind.into();
+        self
+    }
+
     /// Renames the node (the context names every node after its provisioner).
     pub fn with_name(mut self, name: impl Into<String>) -> Self {
         self.name = name.into();
@@ -553,8 +560,28 @@ impl FieldChange {
     }
 }
 
+/// One line: `path: before -> after`. Two strings of several lines (a
+/// config file in a ConfigMap) show only the lines that differ, with their
+/// line number; two long one-line strings show the part around the first
+/// difference. Either way the change is visible, not cut off.
 impl fmt::Display for FieldChange {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let (Some(Value::String(before)), Some(Value::String(after))) =
+            (&self.before, &self.after)
+            && before != MASKED
+            && after != MASKED
+            && (before.contains('\n') || after.contains('\n'))
+        {
+            return write_lines(f, &self.path, before, after);
+        }
+        if let (Some(Value::String(before)), Some(Value::String(after))) =
+            (&self.before, &self.after)
+            && (before.chars().count() > SHORT || after.chars().count() > SHORT)
+            && before != MASKED
+            && after != MASKED
+        {
+            return write_window(f, &self.path, before, after);
+        }
         let show = |value: &Option<Value>| match value {
             Some(Value::String(s)) if s == MASKED => s.clone(),
             Some(value) => short(value),
@@ -570,13 +597,78 @@ impl fmt::Display for FieldChange {
     }
 }
 
+/// The longest value shown whole.
+const SHORT: usize = 120;
+
+/// The lines that differ between two texts: `path line 4: "a" -> "b"`.
+fn write_lines(f: &mut fmt::Formatter<'_>, path: &str, before: &str, after: &str) -> fmt::Result {
+    let b: Vec<&str> = before.split('\n').collect();
+    let a: Vec<&str> = after.split('\n').collect();
+    let prefix = b.iter().zip(&a).take_while(|(x, y)| x == y).count();
+    let suffix = b[prefix..]
+        .iter()
+        .rev()
+        .zip(a[prefix..].iter().rev())
+        .take_while(|(x, y)| x == y)
+        .count();
+    let removed = &b[prefix..b.len() - suffix];
+    let added = &a[prefix..a.len() - suffix];
+    let lines = |lines: &[&str]| -> String {
+        if lines.is_empty() {
+            return "(none)".to_owned();
+        }
+        let mut shown: Vec<String> = lines
+            .iter()
+            .take(3)
+            .map(|line| short(&Value::String((*line).to_owned())))
+            .collect();
+        if lines.len() > 3 {
+            shown.push(format!("(and {} more lines)", lines.len() - 3));
+        }
+        shown.join(" | ")
+    };
+    let first = prefix + 1;
+    let span = removed.len().max(added.len());
+    if span <= 1 {
+        write!(f, "{path} line {first}: ")?;
+    } else {
+        write!(f, "{path} lines {first}-{}: ", prefix + span)?;
+    }
+    write!(f, "{} -> {}", lines(removed), lines(added))
+}
+
+/// Two long one-line strings: what is around the first difference.
+fn write_window(f: &mut fmt::Formatter<'_>, path: &str, before: &str, after: &str) -> fmt::Result {
+    let b: Vec<char> = before.chars().collect();
+    let a: Vec<char> = after.chars().collect();
+    let at = b.iter().zip(&a).take_while(|(x, y)| x == y).count();
+    let start = at.saturating_sub(20);
+    let window = |chars: &[char]| -> String {
+        let end = (at + 40).min(chars.len());
+        let text: String = chars[start.min(chars.len())..end].iter().collect();
+        let head = if start > 0 { "..." } else { "" };
+        let tail = if end < chars.len() { "..." } else { "" };
+        format!(
+            "{head}{}{tail}",
+            serde_json::to_string(&text).unwrap_or_default()
+        )
+    };
+    write!(
+        f,
+        "{path} at character {}: {} -> {}",
+        at + 1,
+        window(&b),
+        window(&a)
+    )
+}
+
 /// A value on one line, cut at 120 characters.
 fn short(value: &Value) -> String {
     let text = value.to_string();
-    if text.chars().count() <= 120 {
+    if text.chars().count() <= SHORT {
         return text;
     }
-    let cut: String = text.chars().take(117).collect();
+    let cut: String = text.chars().take(SHORT - 3).collect();
     format!("{cut}...")
 }
 
@@ -1207,8 +1299,47 @@ Plan: 1 to update, 1 unchanged, releases: 1 to uninstall, 1 node unknown";
     }
 
     #[test]
-    fn long_values_are_cut() {
+    fn long_values_are_cut_but_their_change_stays_visible() {
         let change = FieldChange::new("data.big", None, Some(json!("x".repeat(500))));
         assert!(change.to_string().len() < 200);
+
+        // A config file: only the line that changed, with its number.
+        let before =
+            "modules:\n  icmp:\n    prober: icmp\n    preferred_ip_protocol: ip4\n  tcp: {}\n";
+        let after = before.replace("ip4", "ip6");
+        let change = FieldChange::new(
+            "data[\"config.yml\"]",
+            Some(json!(before)),
+            Some(json!(after)),
+        );
+        assert_eq!(
+            change.to_string(),
+            "data[\"config.yml\"] line 4: \"    preferred_ip_protocol: ip4\" -> \"    preferred_ip_protocol: ip6\""
+        );
+        let added = format!("{before}extra: 1\nmore: 2\n");
+        let change = FieldChange::new("data.c", Some(json!(before)), Some(json!(added)));
+        assert_eq!(
+            change.to_string(),
+            "data.c lines 6-7: (none) -> \"extra: 1\" | \"more: 2\""
+        );
+
+        // A long line: the part around the first difference.
+        let long = format!("{}A{}", "x".repeat(300), "y".repeat(300));
+        let changed = long.replace('A', "B");
+        let text =
+            FieldChange::new("spec.arg", Some(json!(long)), Some(json!(changed))).to_string();
+        assert!(text.starts_with("spec.arg at character 301: "), "{text}");
+        assert!(
+            text.contains("xA") && text.contains("xB") && text.len() < 200,
+            "{text}"
+        );
+
+        // Masked values stay masked whatever their shape.
+        let mut secret = FieldChange::new("data.key", Some(json!("a\nb")), Some(json!("a\nc")));
+        secret.mask();
+        assert_eq!(
+            secret.to_string(),
+            "data.key: (sensitive value) -> (sensitive value)"
+        );
     }
 }
