@@ -877,3 +877,76 @@ async fn unknown_kinds_are_unknown_and_bad_input_fails_as_provision_does() {
     }
     ns.cleanup().await.expect("cleanup");
 }
+
+/// A Deployment with a zero the server does not store (`readOnly: false`)
+/// and a zero it does (`allowPrivilegeEscalation: false`, a pointer field).
+fn hardened(namespace: &str) -> String {
+    format!(
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: hardened\n  namespace: {namespace}\n\
+         spec:\n  replicas: 0\n  selector:\n    matchLabels: {{app: hardened}}\n  template:\n    \
+         metadata:\n      labels: {{app: hardened}}\n    spec:\n      containers:\n      - name: c\n        \
+         image: registry.k8s.io/pause:3.10\n        env: []\n        securityContext:\n          \
+         allowPrivilegeEscalation: false\n        volumeMounts:\n        - {{name: v, mountPath: /v, readOnly: false}}\n      \
+         volumes:\n      - {{name: v, emptyDir: {{}}}}\n"
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the local control plane (cargo xtask test)"]
+async fn zeros_the_server_omits_are_no_change_but_a_zero_removed_by_hand_is_repaired() {
+    use k8s_openapi::api::apps::v1::Deployment;
+    use kube::api::{Patch, PatchParams};
+    let _shared = CLUSTER.read().await;
+    let ns = TestNamespace::create("plan-zeros")
+        .await
+        .expect("namespace");
+    let (proxy, cx) = proxied("zeros").await;
+    let node = Manifest::from_yaml("hardened", hardened(ns.name()));
+    converge(&cx, &node, true, DEADLINE).await;
+
+    // `readOnly: false` and `env: []` are not stored: still no change, and
+    // provisioning again writes nothing.
+    let plan = plan_of(&proxy, &cx, &node).await;
+    assert!(!plan.has_changes(), "{plan:#}");
+    proxy.reset_counts();
+    converge(&cx, &node, true, DEADLINE).await;
+    assert_eq!(proxy.counts().writes(), 0, "an unchanged provision wrote");
+
+    // Someone takes `allowPrivilegeEscalation: false` out: the default
+    // (allowed) is back. That is a change, planned and repaired.
+    let api: Api<Deployment> = ns.api();
+    let remove = serde_json::json!([{
+        "op": "remove",
+        "path": "/spec/template/spec/containers/0/securityContext/allowPrivilegeEscalation",
+    }]);
+    api.patch(
+        "hardened",
+        &PatchParams::default(),
+        &Patch::<()>::Json(serde_json::from_value(remove).expect("a JSON patch")),
+    )
+    .await
+    .expect("remove the field by hand");
+    let plan = plan_of(&proxy, &cx, &node).await;
+    let planned = object(&plan, "Deployment", "hardened");
+    assert_eq!(planned.action(), Action::Update, "{plan:#}");
+    assert_eq!(
+        paths(planned),
+        ["spec.template.spec.containers[0].securityContext.allowPrivilegeEscalation"],
+        "{plan:#}"
+    );
+    converge(&cx, &node, true, DEADLINE).await;
+    let live = api.get("hardened").await.expect("get");
+    let security = live
+        .spec
+        .and_then(|s| s.template.spec)
+        .map(|s| s.containers[0].security_context.clone());
+    assert_eq!(
+        security
+            .flatten()
+            .and_then(|s| s.allow_privilege_escalation),
+        Some(false),
+        "the field was not repaired"
+    );
+    converge(&cx, &node, false, DEADLINE).await;
+    ns.cleanup().await.expect("cleanup");
+}

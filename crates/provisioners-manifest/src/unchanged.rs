@@ -39,13 +39,18 @@ pub(crate) fn is_applied(
     desired: &DynamicObject,
     field_manager: &str,
 ) -> bool {
-    let ours = live.metadata.managed_fields.iter().flatten().any(|entry| {
+    let ours = live.metadata.managed_fields.iter().flatten().find(|entry| {
         entry.manager.as_deref() == Some(field_manager)
             && entry.operation.as_deref() == Some("Apply")
+            && entry.subresource.as_deref().is_none_or(str::is_empty)
     });
-    if !ours || live.metadata.deletion_timestamp.is_some() {
+    let Some(ours) = ours else {
+        return false;
+    };
+    if live.metadata.deletion_timestamp.is_some() {
         return false;
     }
+    let owned = ours.fields_v1.as_ref().map(|fields| fields.0.clone());
     let (Ok(live), Ok(mut desired)) = (serde_json::to_value(live), serde_json::to_value(desired))
     else {
         return false;
@@ -63,32 +68,77 @@ pub(crate) fn is_applied(
         desired.remove("apiVersion");
         desired.remove("kind");
     }
-    drop_omitted_zeros(&mut desired, &live);
+    drop_omitted_zeros(&mut desired, &live, owned.as_ref());
     provisioners_core::drift::contains(&live, &desired)
 }
 
-/// Removes from `desired` the zero values (`false`, `0`, `""`, `[]`, `{}`,
-/// `null`) that `live` does not hold at all: the server omits a zero value
-/// of a plain (not pointer) field when it stores the object (a container's
-/// `volumeMounts[].readOnly: false`, `env: []`), so without this such an
-/// object would never count as applied.
+/// Removes from `desired` the zero values that `live` does not hold because
+/// the server omits them, so that such an object still counts as applied:
+///
+/// - an empty list or map (`env: []`): absent and empty are the same to
+///   the API, and the server stores neither;
+/// - a zero scalar (`false`, `0`, `""`, `null`) of a plain, not pointer,
+///   field (a container's `volumeMounts[].readOnly: false`): the server
+///   omits it, but still lists it among the fields our apply owns
+///   (`owned`, our `managedFields` entry). A zero that is missing and *not*
+///   owned was removed by someone (a pointer field such as
+///   `allowPrivilegeEscalation: false` taken out by hand, which turns the
+///   default back on): that is a change, re-applied.
+///
 /// A zero that `live` holds as another value still differs.
-fn drop_omitted_zeros(desired: &mut Value, live: &Value) {
+fn drop_omitted_zeros(desired: &mut Value, live: &Value, owned: Option<&Value>) {
     match (desired, live) {
         (Value::Object(desired), Value::Object(live)) => {
-            desired.retain(|key, value| live.contains_key(key) || !is_zero(value));
+            desired.retain(|key, value| {
+                let omitted =
+                    is_empty_container(value) || (is_zero(value) && field(owned, key).is_some());
+                live.contains_key(key) || !omitted
+            });
             for (key, value) in desired.iter_mut() {
                 if let Some(live) = live.get(key) {
-                    drop_omitted_zeros(value, live);
+                    drop_omitted_zeros(value, live, field(owned, key));
                 }
             }
         }
         (Value::Array(desired), Value::Array(live)) if desired.len() == live.len() => {
-            for (desired, live) in desired.iter_mut().zip(live) {
-                drop_omitted_zeros(desired, live);
+            for (index, (desired, live)) in desired.iter_mut().zip(live).enumerate() {
+                let owned = owned.and_then(|owned| element(owned, desired, index));
+                drop_omitted_zeros(desired, live, owned);
             }
         }
         _ => {}
+    }
+}
+
+/// The `managedFields` node of field `key` (`f:key`).
+fn field<'a>(owned: Option<&'a Value>, key: &str) -> Option<&'a Value> {
+    owned?.as_object()?.iter().find_map(|(k, v)| {
+        k.strip_prefix("f:")
+            .is_some_and(|name| name == key)
+            .then_some(v)
+    })
+}
+
+/// The `managedFields` node of a list element: `k:{"name":"c"}` for a list
+/// keyed by fields (all of which the element holds), `i:N` by index.
+fn element<'a>(owned: &'a Value, element: &Value, index: usize) -> Option<&'a Value> {
+    owned.as_object()?.iter().find_map(|(k, v)| {
+        if let Some(keys) = k.strip_prefix("k:") {
+            let keys: serde_json::Map<String, Value> = serde_json::from_str(keys).ok()?;
+            keys.iter()
+                .all(|(key, value)| element.get(key) == Some(value))
+                .then_some(v)
+        } else {
+            (k.strip_prefix("i:")? == index.to_string()).then_some(v)
+        }
+    })
+}
+
+fn is_empty_container(value: &Value) -> bool {
+    match value {
+        Value::Array(items) => items.is_empty(),
+        Value::Object(map) => map.is_empty(),
+        _ => false,
     }
 }
 
@@ -172,10 +222,31 @@ mod tests {
         stamp(&mut want);
         let mut live = serde_json::to_value(live_from(&want, "me", "Apply")).unwrap();
         live["spec"]["mounts"][0] = json!({"name": "m"});
+        // What the API server records for such an apply: the zeros it did
+        // not store are still fields our apply owns (checked on v1.36).
+        let owned = json!({"f:spec": {"f:mounts": {"k:{\"name\":\"m\"}": {
+            "f:name": {}, "f:readOnly": {}, "f:port": {}, "f:path": {},
+        }}}});
+        live["metadata"]["managedFields"][0]["fieldsType"] = json!("FieldsV1");
+        live["metadata"]["managedFields"][0]["fieldsV1"] = owned.clone();
         assert!(is_applied(&object(live.clone()), &want, "me"));
         // A zero that is stored as something else is a change.
-        live["spec"]["mounts"][0]["readOnly"] = json!(true);
-        assert!(!is_applied(&object(live), &want, "me"));
+        let mut other = live.clone();
+        other["spec"]["mounts"][0]["readOnly"] = json!(true);
+        assert!(!is_applied(&object(other), &want, "me"));
+        // A zero missing and no longer ours was removed by someone (a
+        // pointer field such as `allowPrivilegeEscalation: false` taken out
+        // by hand turns the default back on): a change.
+        let mut removed = live.clone();
+        removed["metadata"]["managedFields"][0]["fieldsV1"] = json!({"f:spec": {"f:mounts": {"k:{\"name\":\"m\"}": {"f:name": {}, "f:port": {}, "f:path": {}}}}});
+        assert!(!is_applied(&object(removed), &want, "me"));
+        // With no fields recorded at all, only empty lists and maps are dropped.
+        let mut unknown = live;
+        unknown["metadata"]["managedFields"][0]
+            .as_object_mut()
+            .unwrap()
+            .remove("fieldsV1");
+        assert!(!is_applied(&object(unknown), &want, "me"));
     }
 
     #[test]
