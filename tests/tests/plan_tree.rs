@@ -35,8 +35,11 @@ fn tree(ns: &str, enabled: &Arc<AtomicBool>) -> Serial {
         ))
 }
 
-/// `(node path, operation, [(object name, action)])` of every leaf.
-fn shape(plan: &Plan) -> Vec<(String, Operation, Vec<(String, Action)>)> {
+/// A leaf's node path, operation, and `(object name, action)`s.
+type Leaf = (String, Operation, Vec<(String, Action)>);
+
+/// Every leaf of `plan`, in run order.
+fn shape(plan: &Plan) -> Vec<Leaf> {
     plan.nodes()
         .into_iter()
         .filter(|(_, node)| node.children().is_empty())
@@ -51,11 +54,7 @@ fn shape(plan: &Plan) -> Vec<(String, Operation, Vec<(String, Action)>)> {
         .collect()
 }
 
-fn leaf(
-    path: &str,
-    operation: Operation,
-    objects: &[(&str, Action)],
-) -> (String, Operation, Vec<(String, Action)>) {
+fn leaf(path: &str, operation: Operation, objects: &[(&str, Action)]) -> Leaf {
     (
         path.to_owned(),
         operation,

@@ -10,6 +10,7 @@
 //! `cargo xtask bench plan` runs it side by side with
 //! `kubectl diff --server-side`.
 
+use std::io::Write as _;
 use std::process::ExitCode;
 use std::time::Instant;
 
@@ -49,7 +50,9 @@ async fn main() -> ExitCode {
         }
     };
     let cx = Context::new(cluster);
-    let mut manifest = Manifest::from_path("plan", path);
+    // The node of the `apply` example: a manifest's objects carry its
+    // owner and node, so this plans what `apply PATH` would do.
+    let mut manifest = Manifest::from_path("apply", path);
     if let Some(namespace) = namespace {
         manifest = manifest.namespace(namespace);
     }
@@ -62,16 +65,19 @@ async fn main() -> ExitCode {
         }
     };
     let elapsed = started.elapsed();
+    let mut out = std::io::stdout().lock();
     if json {
         match serde_json::to_string_pretty(&plan) {
-            Ok(text) => println!("{text}"),
+            Ok(text) => {
+                let _ = writeln!(out, "{text}");
+            }
             Err(e) => {
                 eprintln!("the plan could not be written as JSON: {e}");
                 return ExitCode::FAILURE;
             }
         }
     } else if !quiet {
-        println!("{plan}");
+        let _ = writeln!(out, "{plan}");
     }
     let counts = plan.counts();
     eprintln!(

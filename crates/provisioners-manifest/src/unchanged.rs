@@ -228,7 +228,7 @@ mod tests {
             "f:name": {}, "f:readOnly": {}, "f:port": {}, "f:path": {},
         }}}});
         live["metadata"]["managedFields"][0]["fieldsType"] = json!("FieldsV1");
-        live["metadata"]["managedFields"][0]["fieldsV1"] = owned.clone();
+        live["metadata"]["managedFields"][0]["fieldsV1"] = owned;
         assert!(is_applied(&object(live.clone()), &want, "me"));
         // A zero that is stored as something else is a change.
         let mut other = live.clone();
