@@ -74,7 +74,7 @@ pub use provisioners_helm::{
     self as helm, Chart, Credentials, Drift, HelmFailure, HelmProcesses, HelmRelease,
 };
 #[cfg(feature = "manifest")]
-pub use provisioners_manifest::{self as manifest, Manifest, Resource};
+pub use provisioners_manifest::{self as manifest, Manifest, ReplacePolicy, Resource};
 #[cfg(feature = "remote")]
 pub use provisioners_remote::{
     self as remote, RemoteClusterProvisioner, RemoteTarget, SecretKubeconfig, StaticKubeconfig,
