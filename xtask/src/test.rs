@@ -154,6 +154,21 @@ impl Metadata {
             .collect())
     }
 
+    /// `name-version` of every member that is published.
+    fn published(&self) -> Vec<String> {
+        self.packages
+            .iter()
+            .filter(|p| !p["publish"].as_array().is_some_and(Vec::is_empty))
+            .filter_map(|p| {
+                Some(format!(
+                    "{}-{}",
+                    p["name"].as_str()?,
+                    p["version"].as_str()?
+                ))
+            })
+            .collect()
+    }
+
     /// Members with `publish = false` (`cargo metadata` shows an empty registry list).
     fn unpublished(&self) -> Vec<String> {
         self.packages
@@ -205,15 +220,114 @@ fn facade_features(metadata: &Metadata) -> Result<()> {
 /// builds, 2026-12-01): 4m27s for the nine crates, each built once from its
 /// packed sources (dependencies shared through `target/`).
 fn package(metadata: &Metadata) -> Result<()> {
-    let mut cmd = Cmd::new("cargo")
-        // What is packaged is checked, not whether git is clean: a local
-        // run on work in progress packages it as it is (CI's clone is clean).
-        .args(["package", "--workspace", "--locked", "--allow-dirty"])
-        .env(K8S_OPENAPI_VERSION.0, K8S_OPENAPI_VERSION.1);
-    for unpublished in metadata.unpublished() {
-        cmd = cmd.arg("--exclude").arg(unpublished);
+    let cargo_package = || {
+        let mut cmd = Cmd::new("cargo")
+            // What is packaged is checked, not whether git is clean: a local
+            // run on work in progress packages it as it is (CI's clone is clean).
+            .args(["package", "--workspace", "--locked", "--allow-dirty"])
+            .env(K8S_OPENAPI_VERSION.0, K8S_OPENAPI_VERSION.1);
+        for unpublished in metadata.unpublished() {
+            cmd = cmd.arg("--exclude").arg(unpublished);
+        }
+        cmd
+    };
+    cargo_package().arg("--no-verify").run()?;
+    forget_stale_unpacked(metadata)?;
+    cargo_package().run()
+}
+
+/// Cargo verifies the packaged crates through a temporary local registry,
+/// and unpacks each `.crate` under `$CARGO_HOME/registry/src/-<hash>/`
+/// only once: an unpacked crate of the same name and version is used again
+/// on the next run, even when the crate changed since (every edit between
+/// releases keeps the version). Verification would then build a crate
+/// against the old sources of its siblings (seen: `provisioners-testing`
+/// failing on a `provisioners-core` from hours before). So every unpacked
+/// copy of our crates that differs from what was just packaged is removed;
+/// an identical one (another clone of the same commit) is left alone.
+fn forget_stale_unpacked(metadata: &Metadata) -> Result<()> {
+    let cargo_home = std::env::var_os("CARGO_HOME").map_or_else(
+        || {
+            std::env::var_os("HOME")
+                .map(|home| Path::new(&home).join(".cargo"))
+                .unwrap_or_default()
+        },
+        std::path::PathBuf::from,
+    );
+    let sources = cargo_home.join("registry").join("src");
+    let Ok(registries) = std::fs::read_dir(&sources) else {
+        return Ok(());
+    };
+    // Local registries are named `-<hash>`; crates.io's index is not ours.
+    let locals: Vec<std::path::PathBuf> = registries
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .filter(|path| {
+            path.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with('-'))
+        })
+        .collect();
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map_or_else(|| workspace_root().join("target"), std::path::PathBuf::from);
+    let packaged = target.join("package");
+    for crate_name in metadata.published() {
+        let file = packaged.join(format!("{crate_name}.crate"));
+        if !file.is_file() {
+            continue;
+        }
+        let fresh = packaged.join(format!("fresh-{crate_name}"));
+        let _ = std::fs::remove_dir_all(&fresh);
+        std::fs::create_dir_all(&fresh).with_context(|| format!("creating {}", fresh.display()))?;
+        Cmd::new("tar")
+            .arg("-xzf")
+            .arg(&file)
+            .arg("-C")
+            .arg(&fresh)
+            .output()?;
+        let fresh_tree = fresh.join(&crate_name);
+        for local in &locals {
+            let unpacked = local.join(&crate_name);
+            if unpacked.is_dir() && !same_tree(&fresh_tree, &unpacked) {
+                std::fs::remove_dir_all(&unpacked)
+                    .with_context(|| format!("removing {}", unpacked.display()))?;
+                eprintln!("removed a stale unpacked copy: {}", unpacked.display());
+            }
+        }
+        std::fs::remove_dir_all(&fresh).with_context(|| format!("removing {}", fresh.display()))?;
     }
-    cmd.run()
+    Ok(())
+}
+
+/// Whether `unpacked` holds exactly the files of `fresh` (cargo's own
+/// `.cargo-ok` marker aside).
+fn same_tree(fresh: &Path, unpacked: &Path) -> bool {
+    fn files(root: &Path) -> Option<Vec<std::path::PathBuf>> {
+        let mut out = Vec::new();
+        let mut pending = vec![root.to_path_buf()];
+        while let Some(dir) = pending.pop() {
+            for entry in std::fs::read_dir(&dir).ok()? {
+                let path = entry.ok()?.path();
+                if path.is_dir() {
+                    pending.push(path);
+                } else {
+                    out.push(path.strip_prefix(root).ok()?.to_path_buf());
+                }
+            }
+        }
+        out.retain(|p| p != Path::new(".cargo-ok"));
+        out.sort();
+        Some(out)
+    }
+    let (Some(a), Some(b)) = (files(fresh), files(unpacked)) else {
+        return false;
+    };
+    a == b
+        && a.iter().all(|file| {
+            matches!(
+                (std::fs::read(fresh.join(file)), std::fs::read(unpacked.join(file))),
+                (Ok(x), Ok(y)) if x == y
+            )
+        })
 }
 
 /// `cargo ACTION -p pick-and-mix`: a program built from `provisioners-core`
@@ -238,6 +352,30 @@ pub(crate) fn fixtures_dir() -> Option<std::path::PathBuf> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn an_unpacked_crate_is_the_same_only_with_the_same_files_and_bytes() {
+        let root = std::env::temp_dir().join(format!("xtask-same-tree-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let (fresh, unpacked) = (root.join("fresh"), root.join("unpacked"));
+        for dir in [&fresh, &unpacked] {
+            std::fs::create_dir_all(dir.join("src")).unwrap();
+            std::fs::write(dir.join("Cargo.toml"), "[package]\n").unwrap();
+            std::fs::write(dir.join("src/lib.rs"), "pub struct Plan;\n").unwrap();
+        }
+        std::fs::write(unpacked.join(".cargo-ok"), "{\"v\":1}").unwrap();
+        assert!(
+            super::same_tree(&fresh, &unpacked),
+            "cargo's marker is not a difference"
+        );
+        std::fs::write(unpacked.join("src/lib.rs"), "pub struct Old;\n").unwrap();
+        assert!(!super::same_tree(&fresh, &unpacked), "other bytes");
+        std::fs::write(unpacked.join("src/lib.rs"), "pub struct Plan;\n").unwrap();
+        std::fs::write(unpacked.join("src/extra.rs"), "").unwrap();
+        assert!(!super::same_tree(&fresh, &unpacked), "a file more");
+        assert!(!super::same_tree(&fresh, &root.join("missing")));
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
     use super::*;
 
     #[test]
