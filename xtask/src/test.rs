@@ -220,20 +220,53 @@ fn facade_features(metadata: &Metadata) -> Result<()> {
 /// builds, 2026-12-01): 4m27s for the nine crates, each built once from its
 /// packed sources (dependencies shared through `target/`).
 fn package(metadata: &Metadata) -> Result<()> {
+    // A target directory of its own: cargo takes a registry crate for
+    // immutable, so what it compiled from an earlier `.crate` of the same
+    // name and version would be used again. Ours are removed from it before
+    // each verification; third-party dependencies stay built.
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map_or_else(|| workspace_root().join("target"), std::path::PathBuf::from)
+        .join("package-verify");
     let cargo_package = || {
         let mut cmd = Cmd::new("cargo")
             // What is packaged is checked, not whether git is clean: a local
             // run on work in progress packages it as it is (CI's clone is clean).
             .args(["package", "--workspace", "--locked", "--allow-dirty"])
-            .env(K8S_OPENAPI_VERSION.0, K8S_OPENAPI_VERSION.1);
+            .env(K8S_OPENAPI_VERSION.0, K8S_OPENAPI_VERSION.1)
+            .env("CARGO_TARGET_DIR", &target);
         for unpublished in metadata.unpublished() {
             cmd = cmd.arg("--exclude").arg(unpublished);
         }
         cmd
     };
     cargo_package().arg("--no-verify").run()?;
-    forget_stale_unpacked(metadata)?;
+    forget_stale_unpacked(metadata, &target.join("package"))?;
+    forget_built(&target.join("debug"))?;
     cargo_package().run()
+}
+
+/// Removes what `dir` (a profile directory) holds of our own crates, so
+/// they are compiled again from what was just packaged.
+fn forget_built(dir: &Path) -> Result<()> {
+    for sub in [".fingerprint", "deps", "build"] {
+        let Ok(entries) = std::fs::read_dir(dir.join(sub)) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            if name.starts_with("provisioners") || name.starts_with("libprovisioners") {
+                let path = entry.path();
+                let removed = if path.is_dir() {
+                    std::fs::remove_dir_all(&path)
+                } else {
+                    std::fs::remove_file(&path)
+                };
+                removed.with_context(|| format!("removing {}", path.display()))?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Cargo verifies the packaged crates through a temporary local registry,
@@ -245,7 +278,7 @@ fn package(metadata: &Metadata) -> Result<()> {
 /// failing on a `provisioners-core` from hours before). So every unpacked
 /// copy of our crates that differs from what was just packaged is removed;
 /// an identical one (another clone of the same commit) is left alone.
-fn forget_stale_unpacked(metadata: &Metadata) -> Result<()> {
+fn forget_stale_unpacked(metadata: &Metadata, packaged: &Path) -> Result<()> {
     let cargo_home = std::env::var_os("CARGO_HOME").map_or_else(
         || {
             std::env::var_os("HOME")
@@ -267,9 +300,6 @@ fn forget_stale_unpacked(metadata: &Metadata) -> Result<()> {
                 .is_some_and(|n| n.starts_with('-'))
         })
         .collect();
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map_or_else(|| workspace_root().join("target"), std::path::PathBuf::from);
-    let packaged = target.join("package");
     for crate_name in metadata.published() {
         let file = packaged.join(format!("{crate_name}.crate"));
         if !file.is_file() {
