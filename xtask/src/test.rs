@@ -218,7 +218,7 @@ fn facade_features(metadata: &Metadata) -> Result<()> {
 /// temporary local registry, so verification needs nothing on crates.io.
 /// Measured on the project machine (2 cores, load average 7-8 from other
 /// builds, 2026-12-01): 4m27s for the nine crates, each built once from its
-/// packed sources (dependencies shared through `target/`).
+/// packed sources (their dependencies shared through `target/package-verify/`).
 fn package(metadata: &Metadata) -> Result<()> {
     // A target directory of its own: cargo takes a registry crate for
     // immutable, so what it compiled from an earlier `.crate` of the same
