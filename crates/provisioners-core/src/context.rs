@@ -369,19 +369,9 @@ impl Context {
         operation: Operation,
     ) -> Result<Plan> {
         let name = node.name();
-        if name.is_empty() || name.contains('/') {
-            return Err(self.bad_name(name));
-        }
         let root = self.node.is_none();
-        if self.shared().stopping.load(Ordering::Relaxed) || (root && self.is_cancelled()) {
-            return Err(Error::cancelled().at(&self.child_path(name)));
-        }
+        let cx = self.enter(name, root)?;
         let frame = self.children_frame();
-        let cx = Context {
-            frame: Arc::clone(frame),
-            node: Some(NodePath::new(name)),
-            children: OnceLock::new(),
-        };
         let Some(path) = cx.node.as_ref() else {
             return Err(Error::invalid("a child context has no path"));
         };
@@ -410,23 +400,30 @@ impl Context {
         }
     }
 
-    async fn run<P: Provisioner + ?Sized>(&self, node: &P, operation: Operation) -> Result<()> {
-        let name = node.name();
+    /// The context of the child `name`, for running or planning it: its
+    /// name is checked, and nothing starts once cancelled. The root checks
+    /// the token itself (once per tree); below it, the flag the root sets
+    /// is enough.
+    #[inline]
+    fn enter(&self, name: &str, root: bool) -> Result<Context> {
         if name.is_empty() || name.contains('/') {
             return Err(self.bad_name(name));
         }
-        // Nothing starts once cancelled. The root checks the token itself
-        // (once per tree); below it, the flag the root sets is enough.
-        let root = self.node.is_none();
         if self.shared().stopping.load(Ordering::Relaxed) || (root && self.is_cancelled()) {
             return Err(Error::cancelled().at(&self.child_path(name)));
         }
-        let frame = self.children_frame();
-        let cx = Context {
-            frame: Arc::clone(frame),
+        Ok(Context {
+            frame: Arc::clone(self.children_frame()),
             node: Some(NodePath::new(name)),
             children: OnceLock::new(),
-        };
+        })
+    }
+
+    async fn run<P: Provisioner + ?Sized>(&self, node: &P, operation: Operation) -> Result<()> {
+        let name = node.name();
+        let root = self.node.is_none();
+        let cx = self.enter(name, root)?;
+        let frame = self.children_frame();
         let Some(path) = cx.node.as_ref() else {
             return Err(Error::invalid("a child context has no path"));
         };
