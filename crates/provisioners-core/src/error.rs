@@ -4,6 +4,7 @@ use std::borrow::Cow;
 use std::error::Error as StdError;
 use std::fmt;
 use std::sync::Arc;
+use std::time::SystemTime;
 
 /// A `Result` whose error is this crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -117,9 +118,81 @@ pub struct Error {
 struct Inner {
     kind: ErrorKind,
     path: Option<Arc<str>>,
+    /// The cluster the node ran on, when it is not the root's.
+    cluster: Option<Arc<str>>,
     message: Cow<'static, str>,
     source: Option<BoxError>,
     children: Vec<Error>,
+    waiting: Option<Box<Waiting>>,
+}
+
+/// What a [yield](ErrorKind::Yield) waits on, as data: the object, the
+/// condition or reason, and since when.
+///
+/// A leaf attaches it with [`Error::waiting_on`]; a controller reads it back
+/// with [`Error::waiting`] on each of [`Error::leaves`] and shows it where an
+/// SRE looks (the runtime lists it in the managed object's status), so
+/// "what is this node waiting for, and for how long" needs no log.
+///
+/// ```
+/// use std::time::SystemTime;
+/// use provisioners_core::{Error, Waiting};
+///
+/// let error = Error::yielding("helm install of apps/web running for 12s").waiting_on(
+///     Waiting::new("pod scheduling")
+///         .object("Job apps/web-pre-install")
+///         .since(SystemTime::UNIX_EPOCH),
+/// );
+/// let waiting = error.waiting().unwrap();
+/// assert_eq!(waiting.object_name(), Some("Job apps/web-pre-install"));
+/// assert_eq!(waiting.reason(), "pod scheduling");
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[must_use]
+pub struct Waiting {
+    object: Option<String>,
+    reason: String,
+    since: Option<SystemTime>,
+}
+
+impl Waiting {
+    /// Waiting for `reason` (a condition or a reason as the cluster states
+    /// it, e.g. `Unschedulable: 0/1 nodes are available`, or `unreachable`).
+    pub fn new(reason: impl Into<String>) -> Self {
+        Waiting {
+            object: None,
+            reason: reason.into(),
+            since: None,
+        }
+    }
+
+    /// The object waited on, as `Kind namespace/name` (or `Kind name`, or
+    /// `cluster <id>` for a whole cluster).
+    pub fn object(mut self, object: impl Into<String>) -> Self {
+        self.object = Some(object.into());
+        self
+    }
+
+    /// Since when the wait has lasted, as far as the leaf knows.
+    pub fn since(mut self, since: SystemTime) -> Self {
+        self.since = Some(since);
+        self
+    }
+
+    /// The object waited on, if the leaf named one.
+    pub fn object_name(&self) -> Option<&str> {
+        self.object.as_deref()
+    }
+
+    /// The condition or reason waited for.
+    pub fn reason(&self) -> &str {
+        &self.reason
+    }
+
+    /// Since when, if the leaf knows.
+    pub fn started(&self) -> Option<SystemTime> {
+        self.since
+    }
 }
 
 impl Error {
@@ -129,9 +202,11 @@ impl Error {
             inner: Box::new(Inner {
                 kind,
                 path: None,
+                cluster: None,
                 message: message.into(),
                 source: None,
                 children: Vec::new(),
+                waiting: None,
             }),
         }
     }
@@ -260,6 +335,34 @@ impl Error {
         self
     }
 
+    /// Says what this error (a yield, usually) waits on, as data; see [`Waiting`].
+    pub fn waiting_on(mut self, waiting: Waiting) -> Self {
+        self.inner.waiting = Some(Box::new(waiting));
+        self
+    }
+
+    /// What this error waits on, if its leaf said so with [`Error::waiting_on`].
+    /// For a group, look at each of [`Error::leaves`].
+    pub fn waiting(&self) -> Option<&Waiting> {
+        self.inner.waiting.as_deref()
+    }
+
+    /// Records the id of the cluster the node ran on unless one is already
+    /// set, so the innermost remote wins. A context below a remote does
+    /// this for you; a root context leaves it unset.
+    pub fn on_cluster(mut self, cluster: &Arc<str>) -> Self {
+        if self.inner.cluster.is_none() {
+            self.inner.cluster = Some(Arc::clone(cluster));
+        }
+        self
+    }
+
+    /// The id of the (remote) cluster the node ran on, when it is not the
+    /// root's; see [`Error::on_cluster`].
+    pub fn cluster(&self) -> Option<&str> {
+        self.inner.cluster.as_deref()
+    }
+
     /// Sets the node path unless one is already set, so the innermost node wins.
     ///
     /// [`Context`](crate::Context) does this for you; call it only when
@@ -365,7 +468,13 @@ impl fmt::Debug for Error {
         if let Some(path) = &self.inner.path {
             debug.field("path", path);
         }
+        if let Some(cluster) = &self.inner.cluster {
+            debug.field("cluster", cluster);
+        }
         debug.field("message", &self.inner.message);
+        if let Some(waiting) = &self.inner.waiting {
+            debug.field("waiting", waiting);
+        }
         if let Some(source) = &self.inner.source {
             debug.field("source", source);
         }
@@ -402,6 +511,26 @@ mod tests {
         assert_eq!(error.path(), Some("root/leaf"));
         assert_eq!(error.kind(), ErrorKind::Invalid);
         assert!(!error.is_transient());
+    }
+
+    #[test]
+    fn what_a_yield_waits_on_and_its_cluster_are_kept_through_a_group() {
+        let since = SystemTime::UNIX_EPOCH;
+        let leaf = Error::yielding("hook running")
+            .waiting_on(Waiting::new("Unschedulable").object("Job a/b").since(since))
+            .on_cluster(&path("tenant"))
+            .on_cluster(&path("outer"))
+            .at(&path("g/a"));
+        let error = Error::group(vec![leaf, Error::yielding("other").at(&path("g/b"))]);
+        let leaves = error.leaves();
+        let waiting = leaves[0].waiting().unwrap();
+        assert_eq!(waiting.object_name(), Some("Job a/b"));
+        assert_eq!(waiting.reason(), "Unschedulable");
+        assert_eq!(waiting.started(), Some(since));
+        assert_eq!(leaves[0].cluster(), Some("tenant"));
+        assert!(leaves[1].waiting().is_none());
+        assert_eq!(leaves[1].cluster(), None);
+        assert!(error.waiting().is_none());
     }
 
     #[test]

@@ -116,7 +116,7 @@ mod remote;
 pub use async_trait::async_trait;
 pub use cluster::Cluster;
 pub use context::{Context, DEFAULT_FIELD_MANAGER, DEFAULT_SHUTDOWN_GRACE};
-pub use error::{Error, ErrorKind, Result};
+pub use error::{Error, ErrorKind, Result, Waiting};
 pub use observe::{Event, Observer, Operation, Outcome, Phase};
 pub use owner::Owner;
 pub use plan::Plan;
