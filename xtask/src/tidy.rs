@@ -7,7 +7,13 @@
 //! crate docs in `src/lib.rs` with an example and the `doc_cfg` attribute.
 //! In every Rust file under `crates/` and `examples/`: no `ignore` doc tests
 //! (`no_run` when an example needs a cluster). Markdown outside the crates
-//! (`docs/*.md`) is not compiled, so its code blocks are not checked.
+//! (`docs/*.md`) is not compiled; [`docs`] checks that the commands, paths
+//! and methods it names exist, and [`rbac`] that the RBAC table of
+//! docs/rbac.md grants what the example's operator.yaml grants. The README's
+//! "Requirements" names the `rust-version` of the workspace's Cargo.toml.
+
+mod docs;
+mod rbac;
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -35,6 +41,35 @@ fn problems(root: &Path) -> Vec<String> {
         check_doc_tests(root, file, &mut problems);
     }
     problems
+}
+
+/// The checks of [`problems`] plus those of the docs against the workspace.
+fn all_problems(root: &Path) -> Vec<String> {
+    let mut found = problems(root);
+    found.extend(docs::problems(root, &docs::Tasks::of_xtask()));
+    found.extend(rbac::problems(root));
+    check_msrv(root, &mut found);
+    found
+}
+
+/// The README's requirements quote the `rust-version` that Cargo.toml
+/// declares (and cargo enforces), so a change of either shows in both.
+fn check_msrv(root: &Path, problems: &mut Vec<String>) {
+    let manifest = fs::read_to_string(root.join("Cargo.toml")).unwrap_or_default();
+    let Some(version) = Manifest::parse(&manifest)
+        .value("workspace.package", "rust-version")
+        .map(|v| v.trim_matches('"').to_owned())
+    else {
+        problems.push("Cargo.toml: add `rust-version` under `[workspace.package]`".to_owned());
+        return;
+    };
+    let readme = fs::read_to_string(root.join("README.md")).unwrap_or_default();
+    if !readme.contains(&format!("`rust-version = \"{version}\"`")) {
+        problems.push(format!(
+            "README.md: quote `rust-version = \"{version}\"` (the workspace's) in the \
+             requirements, beside the toolchain the tests run on"
+        ));
+    }
 }
 
 fn check_crate(root: &Path, dir: &Path, problems: &mut Vec<String>) {
@@ -223,9 +258,14 @@ impl Manifest {
     }
 
     fn value(&self, section: &str, key: &str) -> Option<&str> {
+        self.values(section, key).next()
+    }
+
+    /// Every value of `key` in sections named `section` (`[[bin]]` repeats).
+    fn values<'a>(&'a self, section: &'a str, key: &'a str) -> impl Iterator<Item = &'a str> {
         self.entries
             .iter()
-            .find(|(s, k, _)| s == section && k == key)
+            .filter(move |(s, k, _)| s == section && k == key)
             .map(|(_, _, v)| v.as_str())
     }
 }
@@ -236,7 +276,7 @@ mod tests {
 
     #[test]
     fn tidy() {
-        let problems = problems(&crate::workspace_root());
+        let problems = all_problems(&crate::workspace_root());
         assert!(
             problems.is_empty(),
             "tidy found {} problem(s):\n  {}",
