@@ -49,7 +49,59 @@ fn all_problems(root: &Path) -> Vec<String> {
     found.extend(docs::problems(root, &docs::Tasks::of_xtask()));
     found.extend(rbac::problems(root));
     check_msrv(root, &mut found);
+    check_dockerfiles(root, &mut found);
     found
+}
+
+/// Every `COPY` from the build context in an example's Dockerfile names a
+/// file that exists (nothing builds the images here; see
+/// docs/writing-an-operator.md), and the operator's default charts path is
+/// where the image puts them.
+fn check_dockerfiles(root: &Path, problems: &mut Vec<String>) {
+    let Ok(examples) = fs::read_dir(root.join("examples")) else {
+        return;
+    };
+    let mut dockerfiles: Vec<PathBuf> = examples
+        .filter_map(|e| Some(e.ok()?.path().join("Dockerfile")))
+        .filter(|p| p.is_file())
+        .collect();
+    dockerfiles.sort();
+    for file in dockerfiles {
+        let Ok(text) = fs::read_to_string(&file) else {
+            continue;
+        };
+        let dir = file.parent().unwrap_or(root);
+        let lib = fs::read_to_string(dir.join("src/lib.rs")).unwrap_or_default();
+        for (index, line) in text.lines().enumerate() {
+            let Some(args) = line.trim().strip_prefix("COPY ") else {
+                continue;
+            };
+            let words: Vec<&str> = args.split_whitespace().collect();
+            if words.iter().any(|w| w.starts_with("--from")) || words.len() < 2 {
+                continue;
+            }
+            let (sources, destination) = words.split_at(words.len() - 1);
+            for source in sources.iter().filter(|s| !s.starts_with("--") && **s != ".") {
+                if !root.join(source).exists() {
+                    problems.push(format!(
+                        "{}:{}: COPY {source}: no such file in the workspace (the build context)",
+                        shown(root, &file),
+                        index + 1
+                    ));
+                }
+            }
+            if destination[0].ends_with("/charts")
+                && !lib.contains(&format!("\"{}\"", destination[0]))
+            {
+                problems.push(format!(
+                    "{}:{}: the charts go to {}, but src/lib.rs's IMAGE_CHARTS says otherwise",
+                    shown(root, &file),
+                    index + 1,
+                    destination[0]
+                ));
+            }
+        }
+    }
 }
 
 /// The README's requirements quote the `rust-version` that Cargo.toml
