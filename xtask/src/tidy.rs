@@ -310,15 +310,16 @@ impl Manifest {
     }
 
     fn value(&self, section: &str, key: &str) -> Option<&str> {
-        self.values(section, key).next()
+        self.values(section, key).into_iter().next()
     }
 
     /// Every value of `key` in sections named `section` (`[[bin]]` repeats).
-    fn values<'a>(&'a self, section: &'a str, key: &'a str) -> impl Iterator<Item = &'a str> {
+    fn values(&self, section: &str, key: &str) -> Vec<&str> {
         self.entries
             .iter()
-            .filter(move |(s, k, _)| s == section && k == key)
+            .filter(|(s, k, _)| s == section && k == key)
             .map(|(_, _, v)| v.as_str())
+            .collect()
     }
 }
 

@@ -70,6 +70,8 @@ struct Workspace {
 const EXTERNAL_METHODS: &[&str] = &[
     "clone",
     "into",
+    "into_client",
+    "join",
     "for_each",
     "graceful_shutdown_on",
     "name_any",
@@ -140,6 +142,7 @@ impl Package {
         bins.extend(
             manifest
                 .values("bin", "name")
+                .into_iter()
                 .map(|n| n.trim_matches('"').to_owned()),
         );
         Some(Package {
@@ -391,12 +394,23 @@ fn looks_like_path(span: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || "_-./".contains(c))
 }
 
-/// Whether `path` exists from the root or from the doc's directory. A span
+/// Whether `path` exists from the root, from the doc's directory, or (for a
+/// path inside a crate, `src/lib.rs`) from some member's directory. A span
 /// that names neither an existing first directory nor a file with a known
 /// extension is not taken for a path (`apps/v1`, `helm.sh/resource-policy`).
 fn exists(root: &Path, dir: &Path, path: &str) -> bool {
     let trimmed = path.trim_end_matches('/');
     if root.join(trimmed).exists() || dir.join(trimmed).exists() {
+        return true;
+    }
+    let in_a_member = ["crates", "examples"].iter().any(|group| {
+        fs::read_dir(root.join(group)).is_ok_and(|entries| {
+            entries
+                .filter_map(Result::ok)
+                .any(|member| member.path().join(trimmed).exists())
+        })
+    });
+    if in_a_member {
         return true;
     }
     let first = trimmed.split('/').next().unwrap_or(trimmed);
@@ -425,7 +439,7 @@ mod tests {
     fn tasks() -> Tasks {
         Tasks::parse(
             "cargo xtask <task>\n\ntasks:\n  demo      the demo\n  test      tests\n            \
-             [--faults-full]: more\n  cluster   up|down [--name NAME]: a cluster\n",
+             [--faults-full]: more\n  bench     benchmarks\n  cluster   up|down [--name NAME]: a cluster\n",
             ["tree", "helm"].into_iter(),
         )
     }
@@ -433,7 +447,7 @@ mod tests {
     #[test]
     fn the_help_text_gives_tasks_and_cluster_actions() {
         let tasks = tasks();
-        assert_eq!(tasks.tasks, ["demo", "test", "cluster"]);
+        assert_eq!(tasks.tasks, ["demo", "test", "bench", "cluster"]);
         assert_eq!(tasks.cluster_actions, ["up", "down"]);
         let real = Tasks::of_xtask();
         for task in ["demo", "test", "bench", "tools", "cluster", "help"] {

@@ -52,14 +52,16 @@ pub(super) fn problems(root: &Path) -> Vec<String> {
     problems
 }
 
-/// A flow sequence's items: `["a", "b"]` is `a`, `b`.
+/// A flow sequence's items: `["a", "b"]` is `a`, `b`; `[""]` is the empty
+/// string (the core API group).
 fn items(text: &str) -> Vec<String> {
     text.trim()
         .trim_start_matches('[')
         .trim_end_matches(']')
         .split(',')
-        .map(|item| item.trim().trim_matches('"').to_owned())
+        .map(str::trim)
         .filter(|item| !item.is_empty())
+        .map(|item| item.trim_matches('"').to_owned())
         .collect()
 }
 
