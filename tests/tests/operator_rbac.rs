@@ -196,7 +196,9 @@ async fn runs_under_its_own_rbac(helm: PathBuf, prefix: &str) {
     );
 
     // What main.rs does at start-up, with the operator's own rights.
-    install_crd(&operator).await.expect("the operator installs its CRD");
+    install_crd(&operator)
+        .await
+        .expect("the operator installs its CRD");
     // A shard of its own, so this operator (watching the whole cluster, as
     // deployed) reconciles only this test's Platform.
     let shard = format!("operator-rbac={}", ns.name());
@@ -239,7 +241,10 @@ async fn runs_under_its_own_rbac(helm: PathBuf, prefix: &str) {
     until_available(&platforms, "p").await;
     let deployments: Api<k8s_openapi::api::apps::v1::Deployment> =
         Api::namespaced(admin.clone(), &target);
-    let metrics = deployments.get("metrics").await.expect("metrics Deployment");
+    let metrics = deployments
+        .get("metrics")
+        .await
+        .expect("metrics Deployment");
     assert_eq!(metrics.status.and_then(|s| s.available_replicas), Some(1));
     assert!(
         dashboards(&admin, &created)
@@ -249,7 +254,10 @@ async fn runs_under_its_own_rbac(helm: PathBuf, prefix: &str) {
             .is_some(),
         "the Dashboard"
     );
-    let remote = HarnessCluster::Remote.client().await.expect("remote client");
+    let remote = HarnessCluster::Remote
+        .client()
+        .await
+        .expect("remote client");
     let agent: Api<ConfigMap> = Api::namespaced(remote.clone(), &target);
     assert!(
         agent

@@ -459,9 +459,14 @@ mod tests {
         files.sort();
         for file in files {
             let source = std::fs::read_to_string(&file).expect("test file");
-            let shown = format!("tests/tests/{}", file.file_name().unwrap().to_string_lossy());
+            let shown = format!(
+                "tests/tests/{}",
+                file.file_name().unwrap().to_string_lossy()
+            );
             for line in source.lines() {
-                if let Some(name) = line.trim_start().strip_prefix("async fn ")
+                if let Some(name) = line
+                    .trim_start()
+                    .strip_prefix("async fn ")
                     .or_else(|| line.trim_start().strip_prefix("fn "))
                     .and_then(|rest| rest.split('(').next())
                 {

@@ -81,7 +81,10 @@ fn check_dockerfiles(root: &Path, problems: &mut Vec<String>) {
                 continue;
             }
             let (sources, destination) = words.split_at(words.len() - 1);
-            for source in sources.iter().filter(|s| !s.starts_with("--") && **s != ".") {
+            for source in sources
+                .iter()
+                .filter(|s| !s.starts_with("--") && **s != ".")
+            {
                 if !root.join(source).exists() {
                     problems.push(format!(
                         "{}:{}: COPY {source}: no such file in the workspace (the build context)",

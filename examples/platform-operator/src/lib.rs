@@ -252,6 +252,9 @@ pub fn default_charts() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("charts")
 }
 
+/// The charts the trees install, by directory name below [`Settings::charts`].
+pub const CHARTS: &[&str] = &["metrics"];
+
 /// Checks that `charts` holds every chart the trees install, so that a
 /// wrong path fails at start-up rather than in the first reconcile.
 ///
@@ -260,7 +263,7 @@ pub fn default_charts() -> PathBuf {
 /// A chart's `Chart.yaml` is missing; the message names the path, the flag
 /// and the variable that set it.
 pub fn check_charts(charts: &Path) -> anyhow::Result<()> {
-    for chart in ["metrics"] {
+    for chart in CHARTS {
         let file = charts.join(chart).join("Chart.yaml");
         anyhow::ensure!(
             file.is_file(),

@@ -109,7 +109,9 @@ impl Workspace {
                 let Some(rest) = line.strip_prefix("pub ") else {
                     continue;
                 };
-                let rest = rest.trim_start_matches("const ").trim_start_matches("async ");
+                let rest = rest
+                    .trim_start_matches("const ")
+                    .trim_start_matches("async ");
                 if let Some(name) = rest.strip_prefix("fn ") {
                     let name: String = name
                         .chars()
@@ -133,7 +135,10 @@ impl Workspace {
 impl Package {
     fn read(dir: &Path) -> Option<Self> {
         let manifest = Manifest::parse(&fs::read_to_string(dir.join("Cargo.toml")).ok()?);
-        let name = manifest.value("package", "name")?.trim_matches('"').to_owned();
+        let name = manifest
+            .value("package", "name")?
+            .trim_matches('"')
+            .to_owned();
         let mut bins = Vec::new();
         if dir.join("src/main.rs").is_file() {
             bins.push(name.clone());
@@ -470,7 +475,10 @@ mod tests {
             "pub struct A;\nimpl A {\n    pub fn with(self) -> Self { self }\n    \
              pub async fn provision(&self) {}\n    fn private(&self) {}\n}\n",
         );
-        write(&root.join("crates/core/examples/apply.rs"), "fn main() {}\n");
+        write(
+            &root.join("crates/core/examples/apply.rs"),
+            "fn main() {}\n",
+        );
         write(
             &root.join("examples/op/Cargo.toml"),
             "[package]\nname = \"op\"\n",
@@ -526,7 +534,10 @@ mod tests {
             "[package]\nname = \"op\"\ndefault-run = \"op\"\n",
         );
         let found = problems(&root, &tasks());
-        assert!(!found.iter().any(|p| p.contains("default-run")), "{found:#?}");
+        assert!(
+            !found.iter().any(|p| p.contains("default-run")),
+            "{found:#?}"
+        );
         fs::remove_dir_all(&root).expect("cleanup");
     }
 }

@@ -44,10 +44,18 @@ pub(super) fn problems(root: &Path) -> Vec<String> {
     };
     let mut problems: Vec<String> = granted
         .difference(&table)
-        .map(|g| format!("{OPERATOR_YAML} grants {}, which the table in {DOC} does not list", show(g)))
+        .map(|g| {
+            format!(
+                "{OPERATOR_YAML} grants {}, which the table in {DOC} does not list",
+                show(g)
+            )
+        })
         .collect();
     problems.extend(table.difference(&granted).map(|g| {
-        format!("the table in {DOC} lists {}, which {OPERATOR_YAML} does not grant", show(g))
+        format!(
+            "the table in {DOC} lists {}, which {OPERATOR_YAML} does not grant",
+            show(g)
+        )
     }));
     problems
 }
@@ -112,7 +120,10 @@ fn yaml_grants(yaml: &str) -> Result<BTreeSet<Grant>, String> {
                 flush(&mut rule)?;
                 rule = Some([items(groups), Vec::new(), Vec::new(), Vec::new()]);
             } else if let Some(rule) = rule.as_mut() {
-                for (index, key) in ["resources:", "resourceNames:", "verbs:"].iter().enumerate() {
+                for (index, key) in ["resources:", "resourceNames:", "verbs:"]
+                    .iter()
+                    .enumerate()
+                {
                     if let Some(value) = line.strip_prefix(key) {
                         rule[index + 1] = items(value);
                     }
@@ -241,8 +252,10 @@ rules:
         fs::write(&yaml, YAML).expect("write");
         fs::write(
             root.join(DOC),
-            doc("| manifest | cluster | core | configmaps, secrets | | get, create, delete | x |\n\
-                 | runtime | op | coordination.k8s.io | leases | | update | leader |"),
+            doc(
+                "| manifest | cluster | core | configmaps, secrets | | get, create, delete | x |\n\
+                 | runtime | op | coordination.k8s.io | leases | | update | leader |",
+            ),
         )
         .expect("write");
         let found = problems(&root);
@@ -264,7 +277,11 @@ rules:
             ]
         );
         fs::write(root.join(DOC), "# RBAC without the marker\n").expect("write");
-        assert!(problems(&root)[0].contains("no `<!-- tidy"), "{:?}", problems(&root));
+        assert!(
+            problems(&root)[0].contains("no `<!-- tidy"),
+            "{:?}",
+            problems(&root)
+        );
         fs::remove_dir_all(&root).expect("cleanup");
     }
 }
