@@ -96,10 +96,10 @@ async fn service_account_kubeconfig(admin: &kube::Client) -> Kubeconfig {
     };
     let accounts: Api<ServiceAccount> = Api::namespaced(admin.clone(), OPERATOR_NAMESPACE);
     let request = TokenRequest {
-        spec: TokenRequestSpec {
+        spec: Some(TokenRequestSpec {
             expiration_seconds: Some(3600),
             ..TokenRequestSpec::default()
-        },
+        }),
         ..TokenRequest::default()
     };
     let token = accounts
@@ -108,7 +108,8 @@ async fn service_account_kubeconfig(admin: &kube::Client) -> Kubeconfig {
         .expect("a token for the operator's ServiceAccount")
         .status
         .expect("the token request's status")
-        .token;
+        .token
+        .expect("a token");
     Kubeconfig::from_yaml(&format!(
         "apiVersion: v1
 kind: Config
