@@ -15,16 +15,6 @@ struct Readme;
 #[doc = include_str!("../../crates/provisioners/README.md")]
 struct FacadeReadme;
 
-/// The `provisioners-helm` README.
-#[cfg(doctest)]
-#[doc = include_str!("../../crates/provisioners-helm/README.md")]
-struct HelmReadme;
-
-/// The `provisioners-manifest` README.
-#[cfg(doctest)]
-#[doc = include_str!("../../crates/provisioners-manifest/README.md")]
-struct ManifestReadme;
-
 /// The `provisioners-remote` README.
 #[cfg(doctest)]
 #[doc = include_str!("../../crates/provisioners-remote/README.md")]
@@ -40,7 +30,8 @@ struct RuntimeReadme;
 #[doc = include_str!("../../crates/provisioners-testing/README.md")]
 struct TestingReadme;
 
-// The READMEs of provisioners-core, provisioners-group and
-// provisioners-conditional name their own crates, which are not (yet)
-// dependencies of this package; they join the list above once
-// tests/Cargo.toml has them as dev-dependencies.
+// The READMEs of provisioners-core, provisioners-group,
+// provisioners-conditional, provisioners-helm and provisioners-manifest
+// import `provisioners_core`, `provisioners_group` or
+// `provisioners_conditional`, which are not (yet) dev-dependencies of this
+// package; they join the list above once tests/Cargo.toml has them.
