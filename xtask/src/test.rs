@@ -406,8 +406,9 @@ pub(crate) struct FixtureTest {
 impl FixtureTest {
     fn skip_line(&self) -> String {
         format!(
-            "skipped: {}::{} needs {} below PROVISIONERS_FIXTURES (not set, and no \
-             ../shared/fixtures); docs/testing.md#fixtures says how to get it",
+            "skipped: {}::{} needs {} in the fixtures directory \
+             (PROVISIONERS_FIXTURES, else ../shared/fixtures: neither found); \
+             docs/testing.md#fixtures says what it is and how to get it",
             self.file, self.name, self.fixture
         )
     }
@@ -485,6 +486,20 @@ mod tests {
                     "{shown} reads PROVISIONERS_FIXTURES: list its tests in FIXTURE_TESTS"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn a_skip_line_names_the_test_what_is_missing_and_where_to_read_more() {
+        let line = super::FIXTURE_TESTS[0].skip_line();
+        for part in [
+            "skipped: tests/tests/",
+            super::FIXTURE_TESTS[0].name,
+            "kube-prometheus/manifests",
+            "PROVISIONERS_FIXTURES",
+            "docs/testing.md#fixtures",
+        ] {
+            assert!(line.contains(part), "{line}");
         }
     }
 
