@@ -163,13 +163,18 @@ async fn until_available(platforms: &Api<Platform>, name: &str) {
     panic!("Platform {name} not Available after {DEADLINE:?}; last: {last}");
 }
 
-async fn until_gone<K>(api: &Api<K>, name: &str, what: &str)
-where
-    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
-{
+/// Waits until `name` is gone; at the deadline fails with the condition
+/// last seen (a 403 while deprovisioning names the missing right).
+async fn until_gone(platforms: &Api<Platform>, name: &str) {
     let started = Instant::now();
-    while api.get_opt(name).await.expect(what).is_some() {
-        assert!(started.elapsed() < DEADLINE, "{what} still there");
+    while let Some(p) = platforms.get_opt(name).await.expect("get Platform") {
+        if started.elapsed() > DEADLINE {
+            let last = p
+                .available()
+                .map(|c| format!("{}: {}", c.reason, c.message))
+                .unwrap_or_default();
+            panic!("Platform {name} still there after {DEADLINE:?}; last: {last}");
+        }
         tokio::time::sleep(POLL).await;
     }
 }
@@ -304,7 +309,7 @@ async fn runs_under_its_own_rbac(helm: PathBuf, prefix: &str) {
         .delete("p", &DeleteParams::default())
         .await
         .expect("delete Platform");
-    until_gone(&platforms, "p", "the Platform").await;
+    until_gone(&platforms, "p").await;
     let namespaces: Api<Namespace> = Api::all(admin.clone());
     assert!(
         namespaces
