@@ -150,13 +150,14 @@ async fn until_available(platforms: &Api<Platform>, name: &str) {
     let started = Instant::now();
     let mut last = String::from("no status yet");
     while started.elapsed() < DEADLINE {
-        if let Some(p) = platforms.get_opt(name).await.expect("get Platform") {
-            if let Some(c) = p.available() {
-                if c.status == "True" && c.observed_generation == p.metadata.generation {
-                    return;
-                }
-                last = format!("{}: {}", c.reason, c.message);
+        let platform = platforms.get_opt(name).await.expect("get Platform");
+        if let Some(p) = &platform
+            && let Some(c) = p.available()
+        {
+            if c.status == "True" && c.observed_generation == p.metadata.generation {
+                return;
             }
+            last = format!("{}: {}", c.reason, c.message);
         }
         tokio::time::sleep(POLL).await;
     }
