@@ -281,24 +281,25 @@ async fn runs_under_its_own_rbac(helm: PathBuf, prefix: &str) {
             .is_some_and(|plan| plan.digest.starts_with("sha256:")),
         "--plan-status wrote status.plan"
     );
-    // Events and the leader Lease were written with the operator's rights.
+    // Events and the leader Lease were written with the operator's rights
+    // (the Event may follow the status write: wait for it).
     let events: Api<Event> = ns.api();
-    let published = events
-        .list(&ListParams::default())
-        .await
-        .expect("list Events");
-    assert!(
-        published
-            .items
-            .iter()
-            .any(|e| e.reason.as_deref() == Some("Provisioned")),
-        "a Provisioned Event: {:?}",
-        published
-            .items
-            .iter()
-            .map(|e| e.reason.clone())
-            .collect::<Vec<_>>()
-    );
+    let started = Instant::now();
+    loop {
+        let published = events
+            .list(&ListParams::default())
+            .await
+            .expect("list Events");
+        let reasons: Vec<Option<String>> = published.items.into_iter().map(|e| e.reason).collect();
+        if reasons.iter().any(|r| r.as_deref() == Some("Provisioned")) {
+            break;
+        }
+        assert!(
+            started.elapsed() < DEADLINE,
+            "no Provisioned Event; seen: {reasons:?}"
+        );
+        tokio::time::sleep(POLL).await;
+    }
     let leases: Api<Lease> = Api::namespaced(admin.clone(), OPERATOR_NAMESPACE);
     let held = leases.get(&lease).await.expect("the leader Lease");
     assert_eq!(
