@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Result, bail};
 
-const HELP: &str = "\
+pub(crate) const HELP: &str = "\
 cargo xtask <task>
 
 tasks:

@@ -78,8 +78,14 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
     for (key, value) in clusters.env(&tools) {
         tests = tests.env(key, value);
     }
-    if let Some(fixtures) = fixtures_dir() {
-        tests = tests.env("PROVISIONERS_FIXTURES", fixtures);
+    match fixtures_dir() {
+        Some(fixtures) => tests = tests.env("PROVISIONERS_FIXTURES", fixtures),
+        None => {
+            for test in FIXTURE_TESTS {
+                eprintln!("{}", test.skip_line());
+                tests = tests.args(["--skip", test.name]);
+            }
+        }
     }
     // The fault suite appends what each run covered here; printed at the end.
     let faults_report = workspace_root().join("target").join("faults-report.txt");
@@ -374,14 +380,129 @@ fn run_pick_and_mix(kubeconfig: &Path) -> Result<()> {
     pick_and_mix("run").env("KUBECONFIG", kubeconfig).run()
 }
 
+/// The fixtures directory: `PROVISIONERS_FIXTURES` when set, else
 /// `../shared/fixtures` next to the workspace, when it exists.
 pub(crate) fn fixtures_dir() -> Option<std::path::PathBuf> {
+    if let Some(dir) = std::env::var_os("PROVISIONERS_FIXTURES").filter(|d| !d.is_empty()) {
+        let dir = std::path::PathBuf::from(dir);
+        return dir.is_dir().then_some(dir);
+    }
     let dir = workspace_root().parent()?.join("shared").join("fixtures");
     dir.is_dir().then_some(dir)
 }
 
+/// A cluster test that reads data from outside the repository (see
+/// "Fixtures" in docs/testing.md). Without the fixtures directory it is
+/// skipped, with a line saying so; CI has the directory and runs it.
+pub(crate) struct FixtureTest {
+    /// The test binary's source, relative to the workspace root.
+    pub(crate) file: &'static str,
+    /// The test function: unique in the workspace, so `--skip` skips only it.
+    pub(crate) name: &'static str,
+    /// What it reads below the fixtures directory.
+    pub(crate) fixture: &'static str,
+}
+
+impl FixtureTest {
+    fn skip_line(&self) -> String {
+        format!(
+            "skipped: {}::{} needs {} in the fixtures directory \
+             (PROVISIONERS_FIXTURES, else ../shared/fixtures: neither found); \
+             docs/testing.md#fixtures says what it is and how to get it",
+            self.file, self.name, self.fixture
+        )
+    }
+}
+
+/// Every test that needs the fixtures (checked by the unit test below).
+pub(crate) const FIXTURE_TESTS: &[FixtureTest] = &[
+    FixtureTest {
+        file: "tests/tests/faults_trees.rs",
+        name: "kube_prometheus_slice_with_crds_converges_from_every_crash",
+        fixture: "kube-prometheus/manifests",
+    },
+    FixtureTest {
+        file: "tests/tests/manifest_plan.rs",
+        name: "kube_prometheus_plans_create_then_no_change_then_exactly_the_two_edits",
+        fixture: "kube-prometheus/manifests",
+    },
+    FixtureTest {
+        file: "tests/tests/manifest_cluster_wide.rs",
+        name: "cluster_wide_kube_prometheus_then_a_down_aggregated_api",
+        fixture: "kube-prometheus/manifests",
+    },
+];
+
 #[cfg(test)]
 mod tests {
+    /// Each listed test exists under its name in its file, no other test
+    /// name contains it (`--skip` matches substrings), and every test file
+    /// that reads `PROVISIONERS_FIXTURES` has an entry: a renamed or new
+    /// fixture test cannot slip out of the list unnoticed.
+    #[test]
+    fn the_fixture_tests_are_listed_and_exist() {
+        let root = crate::workspace_root();
+        for test in super::FIXTURE_TESTS {
+            let source = std::fs::read_to_string(root.join(test.file)).expect(test.file);
+            assert!(
+                source.contains(&format!("fn {}()", test.name)),
+                "{} has no test `{}`: update FIXTURE_TESTS in xtask/src/test.rs",
+                test.file,
+                test.name
+            );
+        }
+        let dir = root.join("tests/tests");
+        let mut files: Vec<_> = std::fs::read_dir(&dir)
+            .expect("tests/tests")
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|e| e == "rs"))
+            .collect();
+        files.sort();
+        for file in files {
+            let source = std::fs::read_to_string(&file).expect("test file");
+            let shown = format!(
+                "tests/tests/{}",
+                file.file_name().unwrap().to_string_lossy()
+            );
+            for line in source.lines() {
+                if let Some(name) = line
+                    .trim_start()
+                    .strip_prefix("async fn ")
+                    .or_else(|| line.trim_start().strip_prefix("fn "))
+                    .and_then(|rest| rest.split('(').next())
+                {
+                    for test in super::FIXTURE_TESTS {
+                        assert!(
+                            name == test.name || !name.contains(test.name),
+                            "`{name}` in {shown} contains `{}`: `--skip` would skip it too",
+                            test.name
+                        );
+                    }
+                }
+            }
+            if source.contains("PROVISIONERS_FIXTURES") {
+                assert!(
+                    super::FIXTURE_TESTS.iter().any(|t| t.file == shown),
+                    "{shown} reads PROVISIONERS_FIXTURES: list its tests in FIXTURE_TESTS"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_skip_line_names_the_test_what_is_missing_and_where_to_read_more() {
+        let line = super::FIXTURE_TESTS[0].skip_line();
+        for part in [
+            "skipped: tests/tests/",
+            super::FIXTURE_TESTS[0].name,
+            "kube-prometheus/manifests",
+            "PROVISIONERS_FIXTURES",
+            "docs/testing.md#fixtures",
+        ] {
+            assert!(line.contains(part), "{line}");
+        }
+    }
+
     #[test]
     fn an_unpacked_crate_is_the_same_only_with_the_same_files_and_bytes() {
         let root = std::env::temp_dir().join(format!("xtask-same-tree-{}", std::process::id()));

@@ -7,7 +7,13 @@
 //! crate docs in `src/lib.rs` with an example and the `doc_cfg` attribute.
 //! In every Rust file under `crates/` and `examples/`: no `ignore` doc tests
 //! (`no_run` when an example needs a cluster). Markdown outside the crates
-//! (`docs/*.md`) is not compiled, so its code blocks are not checked.
+//! (`docs/*.md`) is not compiled; [`docs`] checks that the commands, paths
+//! and methods it names exist, and [`rbac`] that the RBAC table of
+//! docs/rbac.md grants what the example's operator.yaml grants. The README's
+//! "Requirements" names the `rust-version` of the workspace's Cargo.toml.
+
+mod docs;
+mod rbac;
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -35,6 +41,90 @@ fn problems(root: &Path) -> Vec<String> {
         check_doc_tests(root, file, &mut problems);
     }
     problems
+}
+
+/// The checks of [`problems`] plus those of the docs against the workspace.
+fn all_problems(root: &Path) -> Vec<String> {
+    let mut found = problems(root);
+    found.extend(docs::problems(root, &docs::Tasks::of_xtask()));
+    found.extend(rbac::problems(root));
+    check_msrv(root, &mut found);
+    check_dockerfiles(root, &mut found);
+    found
+}
+
+/// Every `COPY` from the build context in an example's Dockerfile names a
+/// file that exists (nothing builds the images here; see
+/// docs/writing-an-operator.md), and the operator's default charts path is
+/// where the image puts them.
+fn check_dockerfiles(root: &Path, problems: &mut Vec<String>) {
+    let Ok(examples) = fs::read_dir(root.join("examples")) else {
+        return;
+    };
+    let mut dockerfiles: Vec<PathBuf> = examples
+        .filter_map(|e| Some(e.ok()?.path().join("Dockerfile")))
+        .filter(|p| p.is_file())
+        .collect();
+    dockerfiles.sort();
+    for file in dockerfiles {
+        let Ok(text) = fs::read_to_string(&file) else {
+            continue;
+        };
+        let dir = file.parent().unwrap_or(root);
+        let lib = fs::read_to_string(dir.join("src/lib.rs")).unwrap_or_default();
+        for (index, line) in text.lines().enumerate() {
+            let Some(args) = line.trim().strip_prefix("COPY ") else {
+                continue;
+            };
+            let words: Vec<&str> = args.split_whitespace().collect();
+            if words.iter().any(|w| w.starts_with("--from")) || words.len() < 2 {
+                continue;
+            }
+            let (sources, destination) = words.split_at(words.len() - 1);
+            for source in sources
+                .iter()
+                .filter(|s| !s.starts_with("--") && **s != ".")
+            {
+                if !root.join(source).exists() {
+                    problems.push(format!(
+                        "{}:{}: COPY {source}: no such file in the workspace (the build context)",
+                        shown(root, &file),
+                        index + 1
+                    ));
+                }
+            }
+            if destination[0].ends_with("/charts")
+                && !lib.contains(&format!("\"{}\"", destination[0]))
+            {
+                problems.push(format!(
+                    "{}:{}: the charts go to {}, but src/lib.rs's IMAGE_CHARTS says otherwise",
+                    shown(root, &file),
+                    index + 1,
+                    destination[0]
+                ));
+            }
+        }
+    }
+}
+
+/// The README's requirements quote the `rust-version` that Cargo.toml
+/// declares (and cargo enforces), so a change of either shows in both.
+fn check_msrv(root: &Path, problems: &mut Vec<String>) {
+    let manifest = fs::read_to_string(root.join("Cargo.toml")).unwrap_or_default();
+    let Some(version) = Manifest::parse(&manifest)
+        .value("workspace.package", "rust-version")
+        .map(|v| v.trim_matches('"').to_owned())
+    else {
+        problems.push("Cargo.toml: add `rust-version` under `[workspace.package]`".to_owned());
+        return;
+    };
+    let readme = fs::read_to_string(root.join("README.md")).unwrap_or_default();
+    if !readme.contains(&format!("`rust-version = \"{version}\"`")) {
+        problems.push(format!(
+            "README.md: quote `rust-version = \"{version}\"` (the workspace's) in the \
+             requirements, beside the toolchain the tests run on"
+        ));
+    }
 }
 
 fn check_crate(root: &Path, dir: &Path, problems: &mut Vec<String>) {
@@ -223,10 +313,16 @@ impl Manifest {
     }
 
     fn value(&self, section: &str, key: &str) -> Option<&str> {
+        self.values(section, key).into_iter().next()
+    }
+
+    /// Every value of `key` in sections named `section` (`[[bin]]` repeats).
+    fn values(&self, section: &str, key: &str) -> Vec<&str> {
         self.entries
             .iter()
-            .find(|(s, k, _)| s == section && k == key)
+            .filter(|(s, k, _)| s == section && k == key)
             .map(|(_, _, v)| v.as_str())
+            .collect()
     }
 }
 
@@ -236,7 +332,7 @@ mod tests {
 
     #[test]
     fn tidy() {
-        let problems = problems(&crate::workspace_root());
+        let problems = all_problems(&crate::workspace_root());
         assert!(
             problems.is_empty(),
             "tidy found {} problem(s):\n  {}",

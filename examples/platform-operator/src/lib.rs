@@ -27,7 +27,7 @@
 //! starts only 5 s after the request) overlaps theirs instead of preceding
 //! the whole local deprovision. See `docs/writing-an-operator.md` for the walk-through.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -50,6 +50,8 @@ use provisioners_runtime::metrics::Metrics;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
+
+pub mod logging;
 
 /// The finalizer the operator puts on every `Platform`.
 pub const FINALIZER: &str = "example.com/platform";
@@ -203,7 +205,7 @@ impl Platform {
 pub struct Settings {
     /// The helm binary.
     pub helm: PathBuf,
-    /// The directory holding the bundled charts (`charts/` of this crate).
+    /// The directory holding the bundled charts (see [`default_charts`]).
     pub charts: PathBuf,
     /// How long the metrics release may take to become ready.
     pub helm_timeout: Duration,
@@ -213,17 +215,65 @@ pub struct Settings {
 }
 
 impl Settings {
-    /// Settings with `helm`, the charts shipped with this crate, a
+    /// Settings with `helm`, the charts of [`default_charts`], a
     /// two-minute helm timeout and a ten-minute readiness timeout for
     /// manifests.
     pub fn new(helm: impl Into<PathBuf>) -> Self {
         Settings {
             helm: helm.into(),
-            charts: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("charts"),
+            charts: default_charts(),
             helm_timeout: Duration::from_secs(120),
             ready_timeout: Duration::from_secs(600),
         }
     }
+}
+
+/// Where the operator's image puts the bundled charts (the Dockerfile
+/// copies `charts/` there).
+pub const IMAGE_CHARTS: &str = "/usr/share/platform-operator/charts";
+
+/// The environment variable naming the charts directory (the `--charts`
+/// flag wins over it).
+pub const CHARTS_ENV: &str = "PLATFORM_OPERATOR_CHARTS";
+
+/// The charts directory when no flag names one: `PLATFORM_OPERATOR_CHARTS`
+/// if set, else [`IMAGE_CHARTS`] if it exists (in the image), else the
+/// `charts/` of this crate's source (`cargo run -p platform-operator`).
+/// The source path is only a fallback: a binary copied elsewhere has no
+/// source tree, so the image never relies on it.
+pub fn default_charts() -> PathBuf {
+    if let Some(dir) = std::env::var_os(CHARTS_ENV).filter(|dir| !dir.is_empty()) {
+        return PathBuf::from(dir);
+    }
+    let image = Path::new(IMAGE_CHARTS);
+    if image.is_dir() {
+        return image.to_path_buf();
+    }
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("charts")
+}
+
+/// The charts the trees install, by directory name below [`Settings::charts`].
+pub const CHARTS: &[&str] = &["metrics"];
+
+/// Checks that `charts` holds every chart the trees install, so that a
+/// wrong path fails at start-up rather than in the first reconcile.
+///
+/// # Errors
+///
+/// A chart's `Chart.yaml` is missing; the message names the path, the flag
+/// and the variable that set it.
+pub fn check_charts(charts: &Path) -> anyhow::Result<()> {
+    for chart in CHARTS {
+        let file = charts.join(chart).join("Chart.yaml");
+        anyhow::ensure!(
+            file.is_file(),
+            "chart `{chart}` not found: {} does not exist; point `--charts` or \
+             {CHARTS_ENV} at the directory holding the example's charts/ \
+             (the image has them in {IMAGE_CHARTS})",
+            file.display()
+        );
+    }
+    Ok(())
 }
 
 /// The tree for `platform`; `client` reads the remote's kubeconfig Secret.

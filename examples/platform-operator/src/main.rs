@@ -1,12 +1,16 @@
 //! The Platform operator:
-//! `platform-operator [--crd] [--helm PATH] [--metrics-addr ADDR] [--leader-elect] [--shard SELECTOR]
-//! [--concurrency N] [--plan-status]`.
+//! `platform-operator [--crd] [--helm PATH] [--charts DIR] [--metrics-addr ADDR] [--leader-elect]
+//! [--shard SELECTOR] [--concurrency N] [--plan-status] [--log-format text|json]`.
 //!
 //! With `--crd`, prints the `Platform` CRD (JSON, as `kubectl apply -f -`
 //! takes it). Otherwise installs the CRD, then reconciles `Platform`s on the
 //! cluster of `KUBECONFIG` (or the pod's service account) until Ctrl-C or
 //! SIGTERM, and shuts down gracefully.
 //!
+//! - `--helm` (default `helm` on `PATH`) is the helm binary (3 or 4);
+//! - `--charts` (default `PLATFORM_OPERATOR_CHARTS`, else the image's
+//!   `/usr/share/platform-operator/charts`, else `charts/` of the source)
+//!   holds the bundled charts;
 //! - `--metrics-addr` (default `0.0.0.0:8080`, `off` for none) serves
 //!   `/metrics`, `/healthz` and `/readyz`;
 //! - `--leader-elect` reconciles only while holding the Lease
@@ -16,7 +20,9 @@
 //! - `--concurrency` bounds the reconciles at once (default
 //!   `DEFAULT_CONCURRENCY`, 32; 0 for unbounded);
 //! - `--plan-status` plans every tree before provisioning it and writes the
-//!   plan's digest and summary to `status.plan`.
+//!   plan's digest and summary to `status.plan`;
+//! - `--log-format` (default `PLATFORM_OPERATOR_LOG_FORMAT`, else `text`):
+//!   `text` has colour only on a terminal, `json` is one object per line.
 //!
 //! A Platform annotated `provisioners.dev/plan-approval: required` is
 //! provisioned only once `provisioners.dev/approved-plan` holds its plan's
@@ -29,25 +35,29 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use kube::CustomResourceExt;
-use platform_operator::{FIELD_MANAGER, Options, Platform, Settings, install_crd, run_with};
+use platform_operator::logging::{self, LOG_FORMAT_ENV, LogFormat};
+use platform_operator::{
+    FIELD_MANAGER, Options, Platform, Settings, check_charts, install_crd, run_with,
+};
 use prometheus_client::registry::Registry;
 use provisioners::runtime::LeaderElection;
 use provisioners::{Cluster, Context};
 use provisioners_runtime::metrics::{Health, Metrics, serve};
 
-const USAGE: &str = "usage: platform-operator [--crd] [--helm PATH] [--metrics-addr ADDR|off] \
-                     [--leader-elect] [--shard SELECTOR] [--concurrency N] [--plan-status]";
+const USAGE: &str = "usage: platform-operator [--crd] [--helm PATH] [--charts DIR] \
+                     [--metrics-addr ADDR|off] [--leader-elect] [--shard SELECTOR] \
+                     [--concurrency N] [--plan-status] [--log-format text|json]";
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,kube=warn".into()),
-        )
-        .init();
-
     let mut helm = String::from("helm");
+    let mut charts = None;
+    let mut log_format = match std::env::var(LOG_FORMAT_ENV) {
+        Ok(format) => format
+            .parse()
+            .map_err(|e| anyhow::anyhow!("{LOG_FORMAT_ENV}: {e}"))?,
+        Err(_) => LogFormat::Text,
+    };
     let mut metrics_addr = Some(String::from("0.0.0.0:8080"));
     let mut leader_elect = false;
     let mut shard = None;
@@ -62,6 +72,13 @@ async fn main() -> anyhow::Result<()> {
                 return Ok(());
             }
             "--helm" => helm = args.next().context("--helm needs a path")?,
+            "--charts" => charts = Some(args.next().context("--charts needs a directory")?),
+            "--log-format" => {
+                let format = args.next().context("--log-format needs `text` or `json`")?;
+                log_format = format
+                    .parse()
+                    .map_err(|e| anyhow::anyhow!("--log-format: {e}"))?;
+            }
             "--metrics-addr" => {
                 let addr = args.next().context("--metrics-addr needs an address")?;
                 metrics_addr = (addr != "off").then_some(addr);
@@ -78,6 +95,13 @@ async fn main() -> anyhow::Result<()> {
             other => bail!("unknown argument `{other}`; {USAGE}"),
         }
     }
+
+    logging::init(log_format);
+    let mut settings = Settings::new(helm);
+    if let Some(charts) = charts {
+        settings.charts = charts.into();
+    }
+    check_charts(&settings.charts)?;
 
     let identity = std::env::var("POD_NAME").unwrap_or_else(|_| {
         let host = std::fs::read_to_string("/etc/hostname").unwrap_or_default();
@@ -150,7 +174,7 @@ async fn main() -> anyhow::Result<()> {
     tracing::info!(cluster = cx.cluster().id(), "reconciling Platforms");
     let platforms = kube::Api::all(cx.client().clone());
     let cluster = cx.cluster().clone();
-    run_with(cx, platforms, Settings::new(helm), options).await;
+    run_with(cx, platforms, settings, options).await;
     // helm children stopped by the shutdown get their grace period to mark
     // their releases failed (not pending) before the process exits.
     provisioners::HelmProcesses::of(&cluster).idle().await;

@@ -18,7 +18,7 @@ use crate::process::Cmd;
 type Suite = (&'static str, fn(&Options) -> Result<()>);
 
 /// Every suite, in the order `cargo xtask bench` runs them.
-const SUITES: &[Suite] = &[
+pub(crate) const SUITES: &[Suite] = &[
     ("tree", tree),
     ("helm", helm::run),
     ("manifest", manifest::run),

@@ -222,8 +222,41 @@ pub(crate) fn up(name: &str, tools: &Tools) -> Result<RunningCluster> {
     }
 
     let started_at = Instant::now();
-    let mut started = Vec::new();
-    match start(name, &dir, tools, &mut started) {
+    let mut attempt = 1;
+    loop {
+        let mut started = Vec::new();
+        let result = start(name, &dir, tools, &mut started);
+        // Ports are picked free, then released for the component to bind:
+        // another cluster starting at the same moment (a second worktree,
+        // a parallel CI job) may take one in between. Fresh ports fix that.
+        let port_taken = result
+            .as_ref()
+            .is_err_and(|e| format!("{e:#}").contains("address already in use"));
+        if port_taken && attempt < PORT_ATTEMPTS {
+            stop(&started);
+            let _ = remove_data(&dir);
+            eprintln!("cluster `{name}`: a port was taken meanwhile; starting again on others");
+            attempt += 1;
+            continue;
+        }
+        return finish(name, &dir, &kubeconfig, started_at, &started, result);
+    }
+}
+
+/// How often `up` picks fresh ports when one was taken under it.
+const PORT_ATTEMPTS: u32 = 3;
+
+/// Reports how starting cluster `name` went; on failure, stops what was
+/// `started`.
+fn finish(
+    name: &str,
+    dir: &Path,
+    kubeconfig: &Path,
+    started_at: Instant,
+    started: &[Started],
+    result: Result<String>,
+) -> Result<RunningCluster> {
+    match result {
         Ok(server) => {
             eprintln!(
                 "cluster `{name}` ready in {:.1}s: {server} (logs: {})",
@@ -232,14 +265,14 @@ pub(crate) fn up(name: &str, tools: &Tools) -> Result<RunningCluster> {
             );
             Ok(RunningCluster {
                 name: name.to_owned(),
-                kubeconfig,
+                kubeconfig: kubeconfig.to_path_buf(),
                 started_now: true,
             })
         }
         Err(error) => {
             // Leave nothing half-started behind; logs stay for the post-mortem.
-            stop(&started);
-            let _ = remove_data(&dir);
+            stop(started);
+            let _ = remove_data(dir);
             Err(error.context(format!(
                 "cluster `{name}` did not come up; logs: {}",
                 dir.join("logs").display()
