@@ -30,8 +30,28 @@ struct RuntimeReadme;
 #[doc = include_str!("../../crates/provisioners-testing/README.md")]
 struct TestingReadme;
 
-// The READMEs of provisioners-core, provisioners-group,
-// provisioners-conditional, provisioners-helm and provisioners-manifest
-// import `provisioners_core`, `provisioners_group` or
-// `provisioners_conditional`, which are not (yet) dev-dependencies of this
-// package; they join the list above once tests/Cargo.toml has them.
+/// The `provisioners-core` README.
+#[cfg(doctest)]
+#[doc = include_str!("../../crates/provisioners-core/README.md")]
+struct CoreReadme;
+
+/// The `provisioners-group` README.
+#[cfg(doctest)]
+#[doc = include_str!("../../crates/provisioners-group/README.md")]
+struct GroupReadme;
+
+/// The `provisioners-conditional` README.
+#[cfg(doctest)]
+#[doc = include_str!("../../crates/provisioners-conditional/README.md")]
+struct ConditionalReadme;
+
+/// The `provisioners-helm` README.
+#[cfg(doctest)]
+#[doc = include_str!("../../crates/provisioners-helm/README.md")]
+struct HelmReadme;
+
+/// The `provisioners-manifest` README.
+#[cfg(doctest)]
+#[doc = include_str!("../../crates/provisioners-manifest/README.md")]
+struct ManifestReadme;
+

@@ -20,7 +20,7 @@
 //! | `testing` | [`provisioners-testing`] | scripted and no-op provisioners for tests |
 //! | `rustls-tls` (default) | | TLS for the Kubernetes client through rustls |
 //! | `openssl-tls` | | TLS through OpenSSL instead (with `default-features = false`) |
-//! | `full` | | everything |
+//! | `full` | | every crate of the workspace (not `metrics`, which adds Prometheus to the runtime) |
 //!
 //! [`provisioners-group`]: https://docs.rs/provisioners-group
 //! [`provisioners-conditional`]: https://docs.rs/provisioners-conditional
