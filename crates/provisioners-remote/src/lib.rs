@@ -66,22 +66,26 @@
 
 mod clusters;
 mod secret;
+mod unreachable;
 
 use std::any::Any;
 use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
+use std::time::SystemTime;
 
 use sha2::{Digest, Sha256};
 
 use kube::config::Kubeconfig;
 use provisioners_core::{
-    Context, ErrorKind, Metadata, Operation, Plan, Provisioner, RemoteCluster, Result, async_trait,
+    Cluster, Context, Error, ErrorKind, Metadata, Operation, Plan, Provisioner, RemoteCluster,
+    Result, Unreachable, Waiting, async_trait,
 };
 
 use crate::clusters::RemoteClusters;
 use crate::secret::{Missing, Read};
 pub use secret::SecretKubeconfig;
+pub use unreachable::{UNREACHABLE_SINCE_ANNOTATION, WhenUnreachable};
 
 /// Runs a child provisioner against the cluster a [`RemoteCluster`] describes.
 ///
@@ -107,6 +111,7 @@ pub struct RemoteClusterProvisioner {
     /// The remote's Secret, when it is one: protected by a finalizer.
     secret: Option<SecretKubeconfig>,
     background_deletion: Option<bool>,
+    when_unreachable: WhenUnreachable,
     child: Box<dyn Provisioner>,
 }
 
@@ -118,6 +123,7 @@ pub struct RemoteTarget {
     remote: Arc<dyn RemoteCluster>,
     secret: Option<SecretKubeconfig>,
     background_deletion: Option<bool>,
+    when_unreachable: WhenUnreachable,
 }
 
 impl RemoteClusterProvisioner {
@@ -137,6 +143,7 @@ impl RemoteClusterProvisioner {
             remote: Arc::new(remote),
             secret,
             background_deletion: None,
+            when_unreachable: WhenUnreachable::Wait,
         }
     }
 
@@ -162,6 +169,128 @@ impl RemoteClusterProvisioner {
             remote = remote.with_background_deletion(background);
         }
         Ok(remote)
+    }
+
+    /// The child's `result` on `remote`: its error marked with the cluster
+    /// (and turned into the unreachable yield when the cluster stopped
+    /// answering during the run); a cluster that answered clears a stale
+    /// unreachable mark.
+    async fn after_child(
+        &self,
+        cx: &Context,
+        remote: &Context,
+        result: Result<()>,
+        operation: Operation,
+    ) -> Result<()> {
+        if let Some(down) = unreachable::unreachable(remote.cluster()) {
+            return self
+                .unreachable(cx, remote.cluster(), down, operation)
+                .await;
+        }
+        if let Some(secret) = &self.secret {
+            let known = remote.cluster().state::<unreachable::MarkKnown>();
+            if known.needs_clearing() {
+                if let Some(mark) = secret.mark().await?
+                    && mark.since.is_some()
+                {
+                    tracing::info!(
+                        cluster = self.remote.id(),
+                        "remote cluster answers again: its unreachable mark is cleared"
+                    );
+                    secret.set_mark(None).await?;
+                }
+                known.set(false);
+            }
+        }
+        let id: Arc<str> = Arc::from(self.remote.id());
+        result.map_err(|error| error.on_cluster(&id))
+    }
+
+    /// The pass against a cluster whose breaker is open: a prompt yield
+    /// naming it, or (deprovisioning, past the grace or with its Secret
+    /// being deleted) the subtree abandoned.
+    async fn unreachable(
+        &self,
+        cx: &Context,
+        remote: &Cluster,
+        down: Unreachable,
+        operation: Operation,
+    ) -> Result<()> {
+        let id: Arc<str> = Arc::from(self.remote.id());
+        let mut since = down.since;
+        let mut deleting = false;
+        if let Some(secret) = &self.secret {
+            // The parent cluster answers for the Secret, even when the remote does not.
+            if let Some(mark) = secret.mark().await? {
+                deleting = mark.deleting;
+                since = unreachable::since(&down, mark.since.as_deref());
+                if mark.since.is_none() {
+                    secret.set_mark(Some(&unreachable::format(since))).await?;
+                }
+                remote.state::<unreachable::MarkKnown>().set(true);
+            }
+        }
+        let down_for = unreachable::elapsed(since);
+        let abandon = operation == Operation::Deprovision
+            && (deleting
+                || matches!(self.when_unreachable, WhenUnreachable::AbandonAfter(grace) if down_for >= grace));
+        if abandon {
+            return self.abandon(cx, &down, since, deleting).await;
+        }
+        let then = match (self.when_unreachable, operation) {
+            (WhenUnreachable::AbandonAfter(grace), Operation::Deprovision) => format!(
+                "its subtree is abandoned in {}s unless it answers",
+                grace.saturating_sub(down_for).as_secs()
+            ),
+            _ => format!(
+                "waiting for it to answer (next probe in {}s)",
+                down.next_probe_in.as_secs_f32().ceil() as u64
+            ),
+        };
+        Err(Error::yielding(format!(
+            "cluster `{id}` is unreachable for {}s (since {}); {then}",
+            down_for.as_secs(),
+            unreachable::format(since),
+        ))
+        .waiting_on(
+            Waiting::new("unreachable")
+                .object(format!("cluster {id}"))
+                .since(since),
+        )
+        .on_cluster(&id))
+    }
+
+    /// Counts the subtree as deprovisioned on a cluster that is gone,
+    /// releasing the Secret's finalizer and saying so.
+    async fn abandon(
+        &self,
+        cx: &Context,
+        down: &Unreachable,
+        since: SystemTime,
+        deleting: bool,
+    ) -> Result<()> {
+        let why = if deleting {
+            "its kubeconfig Secret is being deleted".to_owned()
+        } else {
+            format!(
+                "unreachable for {}s, past the grace",
+                unreachable::elapsed(since).as_secs()
+            )
+        };
+        tracing::warn!(
+            path = %cx.path(),
+            cluster = self.remote.id(),
+            secret = ?self.secret.as_ref().map(SecretKubeconfig::object),
+            since = %unreachable::format(since),
+            failures = down.failures,
+            "remote cluster abandoned ({why}): the subtree `{}` counts as deprovisioned and \
+             whatever it made on that cluster is left there",
+            self.child.name(),
+        );
+        if let Some(secret) = &self.secret {
+            secret.release(&finalizer(cx)).await?;
+        }
+        Ok(())
     }
 
     /// The remote's kubeconfig as planning sees it: read as provision reads
@@ -205,6 +334,13 @@ impl RemoteTarget {
         self
     }
 
+    /// What to do when the cluster does not answer; see [`WhenUnreachable`]
+    /// (default: wait).
+    pub fn when_unreachable(mut self, policy: WhenUnreachable) -> Self {
+        self.when_unreachable = policy;
+        self
+    }
+
     /// Runs `child` on the remote cluster.
     pub fn provision_on(self, child: impl Provisioner + 'static) -> RemoteClusterProvisioner {
         RemoteClusterProvisioner {
@@ -212,6 +348,7 @@ impl RemoteTarget {
             remote: self.remote,
             secret: self.secret,
             background_deletion: self.background_deletion,
+            when_unreachable: self.when_unreachable,
             child: Box::new(child),
         }
     }
@@ -232,13 +369,20 @@ impl Provisioner for RemoteClusterProvisioner {
             secret.protect(&finalizer(cx)).await?;
         }
         let remote = self.remote_context(cx, kubeconfig).await?;
+        if let Some(down) = unreachable::unreachable(remote.cluster()) {
+            return self
+                .unreachable(cx, remote.cluster(), down, Operation::Provision)
+                .await;
+        }
         // Unnamed, this node is its child's: the child runs in this node's
         // context (retargeted), with no segment of its own.
-        if self.metadata.is_some() {
+        let result = if self.metadata.is_some() {
             remote.provision(&self.child).await
         } else {
             self.child.provision(&remote).await
-        }
+        };
+        self.after_child(cx, &remote, result, Operation::Provision)
+            .await
     }
 
     async fn deprovision(&self, cx: &Context) -> Result<()> {
@@ -256,11 +400,18 @@ impl Provisioner for RemoteClusterProvisioner {
             Err(error) => return Err(error),
         };
         let remote = self.remote_context(cx, kubeconfig).await?;
-        if self.metadata.is_some() {
-            remote.deprovision(&self.child).await?;
-        } else {
-            self.child.deprovision(&remote).await?;
+        if let Some(down) = unreachable::unreachable(remote.cluster()) {
+            return self
+                .unreachable(cx, remote.cluster(), down, Operation::Deprovision)
+                .await;
         }
+        let result = if self.metadata.is_some() {
+            remote.deprovision(&self.child).await
+        } else {
+            self.child.deprovision(&remote).await
+        };
+        self.after_child(cx, &remote, result, Operation::Deprovision)
+            .await?;
         if let Some(secret) = &self.secret {
             secret.release(&finalizer(cx)).await?;
         }

@@ -8,6 +8,8 @@ use kube::api::{Patch, PatchParams};
 use kube::config::Kubeconfig;
 use provisioners_core::{Error, RemoteCluster, Result, async_trait};
 
+use crate::unreachable::UNREACHABLE_SINCE_ANNOTATION;
+
 /// The key under which Cluster API and most tools store a kubeconfig.
 const DEFAULT_KEY: &str = "kubeconfig";
 
@@ -168,6 +170,58 @@ impl SecretKubeconfig {
             "the finalizers of {} keep changing; trying again later",
             self.describe()
         )))
+    }
+}
+
+/// What a kubeconfig Secret's metadata says about its cluster going away.
+pub(crate) struct Mark {
+    /// The Secret is being deleted (held by a finalizer).
+    pub(crate) deleting: bool,
+    /// The value of [`UNREACHABLE_SINCE_ANNOTATION`], if set.
+    pub(crate) since: Option<String>,
+}
+
+impl SecretKubeconfig {
+    /// The Secret's deletion state and unreachable mark; `None` when the
+    /// Secret is gone. Reads metadata only: never the kubeconfig.
+    pub(crate) async fn mark(&self) -> Result<Option<Mark>> {
+        let secrets: Api<Secret> = Api::namespaced(self.client.clone(), &self.namespace);
+        let secret = secrets
+            .get_metadata_opt(&self.name)
+            .await
+            .map_err(|e| Error::kube(format_args!("reading {}", self.describe()), e))?;
+        Ok(secret.map(|secret| Mark {
+            deleting: secret.metadata.deletion_timestamp.is_some(),
+            since: secret
+                .metadata
+                .annotations
+                .and_then(|mut a| a.remove(UNREACHABLE_SINCE_ANNOTATION)),
+        }))
+    }
+
+    /// Sets (or with `None` removes) the unreachable mark. A Secret that is
+    /// gone needs none.
+    pub(crate) async fn set_mark(&self, since: Option<&str>) -> Result<()> {
+        let secrets: Api<Secret> = Api::namespaced(self.client.clone(), &self.namespace);
+        let patch = serde_json::json!({
+            "metadata": { "annotations": { UNREACHABLE_SINCE_ANNOTATION: since } }
+        });
+        match secrets
+            .patch_metadata(&self.name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+            Err(e) => Err(Error::kube(
+                format_args!("updating the unreachable mark of {}", self.describe()),
+                e,
+            )),
+        }
+    }
+
+    /// The Secret, for messages: `Secret ns/name`.
+    pub(crate) fn object(&self) -> String {
+        format!("Secret {}/{}", self.namespace, self.name)
     }
 }
 
