@@ -127,7 +127,10 @@ pub use policy::{
     DEFAULT_RESPONSE_LIMIT, PolicyService,
 };
 pub use provisioner::{Managed, ManagerProvisioner, Metadata, Provisioner};
-pub use remote::RemoteCluster;
+pub use remote::{
+    ClaimedSecret, KubeconfigClaims, RemoteCluster, kubeconfig_finalizer,
+    kubeconfig_finalizer_prefix, kubeconfig_owner_label,
+};
 /// Re-exported so that users name the same token type as [`Context`].
 pub use tokio_util::sync::CancellationToken;
 

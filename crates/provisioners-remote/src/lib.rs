@@ -78,12 +78,13 @@ use sha2::{Digest, Sha256};
 
 use kube::config::Kubeconfig;
 use provisioners_core::{
-    Cluster, Context, Error, ErrorKind, Metadata, Operation, Plan, Provisioner, RemoteCluster,
-    Result, Unreachable, Waiting, async_trait,
+    Cluster, Context, Error, ErrorKind, KubeconfigClaims, Metadata, Operation, Plan, Provisioner,
+    RemoteCluster, Result, Unreachable, Waiting, async_trait, kubeconfig_finalizer,
+    kubeconfig_finalizer_prefix, kubeconfig_owner_label,
 };
 
 use crate::clusters::RemoteClusters;
-use crate::secret::{Missing, Read};
+use crate::secret::{Missing, Protection, Read};
 pub use secret::SecretKubeconfig;
 pub use unreachable::{UNREACHABLE_SINCE_ANNOTATION, WhenUnreachable};
 
@@ -288,7 +289,7 @@ impl RemoteClusterProvisioner {
             self.child.name(),
         );
         if let Some(secret) = &self.secret {
-            secret.release(&finalizer(cx)).await?;
+            secret.release_for(&Names::of(cx).protection()).await?;
         }
         Ok(())
     }
@@ -366,7 +367,11 @@ impl Provisioner for RemoteClusterProvisioner {
     async fn provision(&self, cx: &Context) -> Result<()> {
         let kubeconfig = self.remote.config().await?;
         if let Some(secret) = &self.secret {
-            secret.protect(&finalizer(cx)).await?;
+            let names = Names::of(cx);
+            secret.protect_for(&names.protection()).await?;
+            cx.cluster()
+                .shared_state::<KubeconfigClaims>()
+                .claim(&names.owner, secret.claimed(&names.finalizer));
         }
         let remote = self.remote_context(cx, kubeconfig).await?;
         if let Some(down) = unreachable::unreachable(remote.cluster()) {
@@ -413,7 +418,7 @@ impl Provisioner for RemoteClusterProvisioner {
         self.after_child(cx, &remote, result, Operation::Deprovision)
             .await?;
         if let Some(secret) = &self.secret {
-            secret.release(&finalizer(cx)).await?;
+            secret.release_for(&Names::of(cx).protection()).await?;
         }
         Ok(())
     }
@@ -461,11 +466,46 @@ impl Provisioner for RemoteClusterProvisioner {
     }
 }
 
-/// The finalizer this node puts on its kubeconfig Secret: one per owner and
-/// node, so that two subtrees reading one Secret do not release each other's.
-/// It hashes the node's path: a node whose path changes (a new name, a new
-/// place in the tree) no longer recognises the finalizer it set before.
-fn finalizer(cx: &Context) -> String {
+/// The names this node uses on its kubeconfig Secret: its finalizer (one
+/// per owner and node, so that two subtrees reading one Secret do not
+/// release each other's; see [`kubeconfig_finalizer`]), the owner's label,
+/// and the finalizer's name before it started with the owner's digest.
+///
+/// A node whose path changes (a new name, a new place in the tree) has a
+/// new finalizer; the old one is released by the owner's sweep (the
+/// runtime's reconciler does it after each complete pass, see
+/// [`KubeconfigClaims`]).
+struct Names {
+    owner: String,
+    finalizer: String,
+    legacy: String,
+    label: String,
+    prefix: String,
+}
+
+impl Names {
+    fn of(cx: &Context) -> Self {
+        let owner = cx.owner_identity();
+        Names {
+            finalizer: kubeconfig_finalizer(&owner, cx.path()),
+            legacy: legacy_finalizer(cx),
+            label: kubeconfig_owner_label(&owner),
+            prefix: kubeconfig_finalizer_prefix(&owner),
+            owner,
+        }
+    }
+
+    fn protection(&self) -> Protection<'_> {
+        Protection {
+            finalizer: &self.finalizer,
+            legacy: Some(&self.legacy),
+            owner: Some((&self.label, &self.prefix)),
+        }
+    }
+}
+
+/// The finalizer's name before it started with the owner's digest.
+fn legacy_finalizer(cx: &Context) -> String {
     let mut hasher = Sha256::new();
     hasher.update(cx.owner_identity().as_bytes());
     hasher.update([0]);
