@@ -27,6 +27,32 @@
 //! deliberately) counts as already cleaned up, so deleting the parent never
 //! wedges on a cluster that no longer exists.
 //!
+//! **Which finalizers, and where the record lives.** The finalizer is
+//! `provisioners.dev/kubeconfig-<digest of owner><digest of owner and node
+//! path>`, and the Secret is labelled `kubeconfig.provisioners.dev/<digest
+//! of owner>`; each pass, the node claims the Secret for its owner
+//! ([`KubeconfigClaims`]). The runtime's reconciler releases, after each
+//! complete pass whose claims changed and after the owner's deprovision,
+//! every finalizer of the owner on a Secret labelled for it that no node
+//! claimed: a remote removed from the tree, renamed, moved or pointed at
+//! another Secret leaves nothing behind. The record is the Secret's own
+//! metadata; a tenant who edits it can release at most a protection the
+//! same owner's tree made (only finalizers starting with the owner's
+//! digest are removed), which they could remove by hand anyway. Code that
+//! runs trees without the runtime does the same with
+//! `KubeconfigClaims::{begin, take}` around a pass.
+//!
+//! **A cluster that does not answer.** Requests to a remote go through its
+//! own circuit breaker ([`Cluster::health`](provisioners_core::Cluster::health)):
+//! once it is open, a pass returns at once with a yield naming the cluster
+//! and how long it has been unreachable, and [`WhenUnreachable`] decides
+//! whether a deprovision waits for it (the default) or abandons the subtree
+//! after a grace. The first failure is recorded on the kubeconfig Secret
+//! ([`UNREACHABLE_SINCE_ANNOTATION`]) so the grace survives a restart; a
+//! tenant who edits it can only hasten the abandonment of their own
+//! cluster's subtree while that cluster is unreachable, which deleting
+//! the Secret does anyway.
+//!
 //! A remote [plans](provisioners_core::Context::plan) its child on the
 //! remote cluster, through the same context provision would use, and marks
 //! the plan with the cluster's id; planning reads the kubeconfig but adds no
