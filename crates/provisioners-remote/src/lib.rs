@@ -400,7 +400,7 @@ impl Provisioner for RemoteClusterProvisioner {
                 .claim(&names.owner, secret.claimed(&names.finalizer));
         }
         let remote = self.remote_context(cx, kubeconfig).await?;
-        if let Some(down) = unreachable::unreachable(remote.cluster()) {
+        if let Some(down) = unreachable::unreachable_until_probe(remote.cluster()) {
             return self
                 .unreachable(cx, remote.cluster(), down, Operation::Provision)
                 .await;
@@ -431,7 +431,7 @@ impl Provisioner for RemoteClusterProvisioner {
             Err(error) => return Err(error),
         };
         let remote = self.remote_context(cx, kubeconfig).await?;
-        if let Some(down) = unreachable::unreachable(remote.cluster()) {
+        if let Some(down) = unreachable::unreachable_until_probe(remote.cluster()) {
             return self
                 .unreachable(cx, remote.cluster(), down, Operation::Deprovision)
                 .await;

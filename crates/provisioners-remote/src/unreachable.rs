@@ -109,6 +109,14 @@ pub(crate) fn unreachable(cluster: &Cluster) -> Option<Unreachable> {
     }
 }
 
+/// The cluster's breaker state, when it is open and not yet due for a
+/// probe: a pass then need not run the subtree at all. Once the probe is
+/// due, the subtree runs and its first request probes (within the
+/// policy's probe timeout), so a cluster that is back is noticed.
+pub(crate) fn unreachable_until_probe(cluster: &Cluster) -> Option<Unreachable> {
+    unreachable(cluster).filter(|down| !down.next_probe_in.is_zero())
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
