@@ -15,14 +15,16 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
+use k8s_openapi::api::events::v1::Event;
 use kube::Api;
-use kube::api::{DeleteParams, ObjectMeta, PostParams};
+use kube::api::{DeleteParams, ListParams, ObjectMeta, PostParams};
 use kube::config::Kubeconfig;
 use provisioners::testing::cluster::{HarnessCluster, TestNamespace};
-use provisioners::{ClientPolicy, Cluster, Context, Provisioner, concurrent, serial};
+use provisioners::{ClientPolicy, Cluster, Context, Owner, Provisioner, concurrent, serial};
 use provisioners_manifest::Manifest;
 use provisioners_remote::{
-    RemoteClusterProvisioner, SecretKubeconfig, UNREACHABLE_SINCE_ANNOTATION, WhenUnreachable,
+    ABANDONED_REASON, RemoteClusterProvisioner, SecretKubeconfig, UNREACHABLE_SINCE_ANNOTATION,
+    WhenUnreachable,
 };
 use provisioners_testing::faults::{Hold, Match, Proxy, Rule};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -262,7 +264,22 @@ async fn abandon_after_a_grace_deprovisions_a_tree_whose_remote_never_answers() 
     kubeconfig_secret(&ns, "dead", &pointed_at(&remote_kubeconfig, port)).await;
 
     let grace = Duration::from_secs(4);
-    let cx = context().await;
+    // An owner object, so that the abandonment is an Event about it.
+    let owner = ns
+        .api::<ConfigMap>()
+        .create(
+            &PostParams::default(),
+            &ConfigMap {
+                metadata: ObjectMeta {
+                    name: Some("owner".into()),
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("the owner");
+    let cx = context().await.with_owner(Owner::of(&owner));
     let remote =
         SecretKubeconfig::new(cx.client().clone(), ns.name(), "dead").cluster_id("dead-edge");
     let tree = serial!(
@@ -305,6 +322,24 @@ async fn abandon_after_a_grace_deprovisions_a_tree_whose_remote_never_answers() 
             .is_none(),
         "the local objects are gone"
     );
+    let events: Api<Event> = ns.api();
+    let abandoned = events
+        .list(&ListParams::default().fields(&format!("reason={ABANDONED_REASON}")))
+        .await
+        .expect("list Events");
+    let notes: Vec<String> = abandoned
+        .items
+        .iter()
+        .filter_map(|e| e.note.clone())
+        .collect();
+    println!("{notes:?}");
+    assert_eq!(notes.len(), 1, "{notes:?}");
+    assert!(
+        notes[0].contains("cluster `dead-edge` abandoned"),
+        "{notes:?}"
+    );
+    let regarding = abandoned.items[0].regarding.clone().unwrap_or_default();
+    assert_eq!(regarding.name.as_deref(), Some("owner"));
     holder.abort();
     ns.cleanup().await.expect("cleanup");
 }

@@ -81,7 +81,10 @@ async fn install_crd(client: &kube::Client) {
         if established {
             return;
         }
-        assert!(started.elapsed() < DEADLINE, "the Keeper CRD never became established");
+        assert!(
+            started.elapsed() < DEADLINE,
+            "the Keeper CRD never became established"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -125,7 +128,9 @@ async fn ours(secrets: &Api<Secret>, name: &str) -> (Vec<String>, bool) {
 async fn renaming_moving_removing_a_remote_and_deleting_the_owner_leave_no_finalizer_behind() {
     let ns = TestNamespace::create("fin").await.expect("namespace");
     for name in ["k1", "k2"] {
-        ns.remote_kubeconfig_secret(name).await.expect("kubeconfig Secret");
+        ns.remote_kubeconfig_secret(name)
+            .await
+            .expect("kubeconfig Secret");
     }
     let cx = HarnessCluster::Primary.context().await.expect("context");
     install_crd(cx.client()).await;
@@ -139,7 +144,10 @@ async fn renaming_moving_removing_a_remote_and_deleting_the_owner_leave_no_final
             node: "edge".into(),
         },
     );
-    keepers.create(&PostParams::default(), &keeper).await.expect("create");
+    keepers
+        .create(&PostParams::default(), &keeper)
+        .await
+        .expect("create");
 
     // One pass per spec; every pass completes (the remote's child is a no-op).
     let pass = |spec: Option<KeeperSpec>| {
@@ -158,7 +166,10 @@ async fn renaming_moving_removing_a_remote_and_deleting_the_owner_leave_no_final
             let keeper = keepers.get("owner").await.expect("read the owner");
             let tree = tree(&ns, cx.client(), &keeper);
             let managed = Managed::new(Arc::new(keeper), tree);
-            reconciler.reconcile(&managed).await.expect("a complete pass");
+            reconciler
+                .reconcile(&managed)
+                .await
+                .expect("a complete pass");
         }
     };
 
@@ -172,25 +183,41 @@ async fn renaming_moving_removing_a_remote_and_deleting_the_owner_leave_no_final
     assert_eq!(ours(&secrets, "k1").await.0, [first.clone()]);
 
     // Renamed: the new node's finalizer replaces the old one.
-    pass(Some(KeeperSpec { secret: Some("k1".into()), node: "edge2".into() })).await;
+    pass(Some(KeeperSpec {
+        secret: Some("k1".into()),
+        node: "edge2".into(),
+    }))
+    .await;
     let (k1, labelled) = ours(&secrets, "k1").await;
     assert_eq!(k1.len(), 1, "{k1:?}");
     assert_ne!(k1[0], first, "the renamed node's own finalizer");
     assert!(labelled);
 
     // Pointed at another Secret: the first one is let go, label and all.
-    pass(Some(KeeperSpec { secret: Some("k2".into()), node: "edge2".into() })).await;
+    pass(Some(KeeperSpec {
+        secret: Some("k2".into()),
+        node: "edge2".into(),
+    }))
+    .await;
     assert_eq!(ours(&secrets, "k1").await, (Vec::new(), false));
     assert_eq!(ours(&secrets, "k2").await.0.len(), 1);
 
     // Removed from the tree.
-    pass(Some(KeeperSpec { secret: None, node: "edge2".into() })).await;
+    pass(Some(KeeperSpec {
+        secret: None,
+        node: "edge2".into(),
+    }))
+    .await;
     assert_eq!(ours(&secrets, "k2").await, (Vec::new(), false));
 
     // Back on k1, then the owner is deleted with a spec that no longer has
     // the remote: the tree's deprovision does not touch k1, the owner's
     // deletion still releases it.
-    pass(Some(KeeperSpec { secret: Some("k1".into()), node: "edge".into() })).await;
+    pass(Some(KeeperSpec {
+        secret: Some("k1".into()),
+        node: "edge".into(),
+    }))
+    .await;
     assert_eq!(ours(&secrets, "k1").await.0.len(), 1);
     let patch = serde_json::json!({ "spec": { "secret": null } });
     keepers
@@ -203,7 +230,10 @@ async fn renaming_moving_removing_a_remote_and_deleting_the_owner_leave_no_final
         .expect("delete the owner");
     pass(None).await;
     assert_eq!(ours(&secrets, "k1").await, (Vec::new(), false));
-    assert!(keepers.get_opt("owner").await.expect("read").is_none(), "the owner is gone");
+    assert!(
+        keepers.get_opt("owner").await.expect("read").is_none(),
+        "the owner is gone"
+    );
     for name in ["k1", "k2"] {
         let _ = secrets.delete(name, &DeleteParams::default()).await;
     }

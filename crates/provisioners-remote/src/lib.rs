@@ -91,6 +91,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod clusters;
+mod report;
 mod secret;
 mod unreachable;
 
@@ -111,6 +112,7 @@ use provisioners_core::{
 
 use crate::clusters::RemoteClusters;
 use crate::secret::{Missing, Protection, Read};
+pub use report::ABANDONED_REASON;
 pub use secret::SecretKubeconfig;
 pub use unreachable::{UNREACHABLE_SINCE_ANNOTATION, WhenUnreachable};
 
@@ -314,6 +316,13 @@ impl RemoteClusterProvisioner {
              whatever it made on that cluster is left there",
             self.child.name(),
         );
+        let note = format!(
+            "{}: cluster `{}` abandoned ({why}); the subtree counts as deprovisioned and \
+             whatever it made on that cluster is left there",
+            cx.path(),
+            self.remote.id(),
+        );
+        report::abandoned(cx, &note).await;
         if let Some(secret) = &self.secret {
             secret.release_for(&Names::of(cx).protection()).await?;
         }
