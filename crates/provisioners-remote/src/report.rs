@@ -26,13 +26,17 @@ pub(crate) async fn abandoned(cx: &Context, note: &str) {
         .namespace
         .clone()
         .unwrap_or_else(|| "default".to_owned());
+    let now = Timestamp::now();
+    // A generated name must be valid as a whole (a trailing `.` is not),
+    // so the name is the owner's and the time, as kubectl's events are.
+    let stem: String = owner.name.chars().take(200).collect();
     let event = Event {
         metadata: ObjectMeta {
-            generate_name: Some(format!("{}.", owner.name)),
+            name: Some(format!("{stem}.{:x}", now.as_nanosecond())),
             namespace: Some(namespace.clone()),
             ..ObjectMeta::default()
         },
-        event_time: Some(MicroTime(Timestamp::now())),
+        event_time: Some(MicroTime(now)),
         action: Some("Abandon".to_owned()),
         reason: Some(ABANDONED_REASON.to_owned()),
         type_: Some("Warning".to_owned()),
