@@ -162,12 +162,22 @@ fn nodes(error: &Error) -> Vec<Node<'_>> {
 }
 
 /// The nodes of `error` that failed or yielded (failures first), each
-/// once, with what they wait for: at most [`MAX_WAITING`], each field
-/// bounded.
+/// once, with what they wait for: at most [`MAX_WAITING`] (failures at most
+/// half of them while nodes wait), each field bounded.
 pub(crate) fn waiting(error: &Error) -> Vec<Waiting> {
-    nodes(error)
-        .into_iter()
-        .take(MAX_WAITING)
+    let nodes = nodes(error);
+    let failing = nodes.iter().filter(|n| !n.waiting).count();
+    let waiting = nodes.len() - failing;
+    // Failures take at most half the list while nodes wait, so neither
+    // kind hides the other; a slot one kind leaves goes to the other.
+    let failing_shown = failing.min((MAX_WAITING / 2).max(MAX_WAITING.saturating_sub(waiting)));
+    let waiting_shown = waiting.min(MAX_WAITING - failing_shown);
+    let shown = nodes
+        .iter()
+        .filter(|n| !n.waiting)
+        .take(failing_shown)
+        .chain(nodes.iter().filter(|n| n.waiting).take(waiting_shown));
+    shown
         .map(|node| {
             let data = node.first.waiting();
             Waiting {
@@ -310,6 +320,19 @@ mod tests {
             failing_lines(&e, 3),
             ["p/agent (cluster tenant-a): Namespace a: no answer (and 1 more on this node)"]
         );
+    }
+
+    #[test]
+    fn failures_take_at_most_half_the_list_while_nodes_wait() {
+        let mut children: Vec<Error> = (0..100)
+            .map(|i| at(Error::failed("boom"), &format!("p/f{i}")))
+            .collect();
+        children.extend((0..20).map(|i| at(Error::yielding("pending"), &format!("p/w{i}"))));
+        let listed = waiting(&at(Error::group(children), "p"));
+        assert_eq!(listed.len(), MAX_WAITING);
+        let failing = listed.iter().filter(|w| w.state == "Failing").count();
+        assert_eq!(failing, MAX_WAITING / 2);
+        assert_eq!(listed[MAX_WAITING / 2].node, "p/w0");
     }
 
     #[test]
