@@ -202,7 +202,7 @@ async fn a_remote_that_never_answers_yields_promptly_each_pass_and_names_the_clu
 
     let (first, result) = timed(&cx, &tree, false).await;
     let error = result.expect_err("a dead cluster cannot be provisioned");
-    println!("first pass against a silent server: {first:?}: {error}");
+    eprintln!("first pass against a silent server: {first:?}: {error}");
     assert!(first <= LONGEST_PASS, "{first:?}");
 
     for (i, deprovision) in [false, false, false, true, true].into_iter().enumerate() {
@@ -212,7 +212,7 @@ async fn a_remote_that_never_answers_yields_promptly_each_pass_and_names_the_clu
         }
         let (took, result) = timed(&cx, &tree, deprovision).await;
         let error = result.expect_err("still dead");
-        println!("pass (deprovision: {deprovision}): {took:?}: {error}");
+        eprintln!("pass (deprovision: {deprovision}): {took:?}: {error}");
         assert!(took <= PROMPT, "{took:?}: {error}");
         assert!(error.is_yield(), "{error:?}");
         assert!(
@@ -244,7 +244,7 @@ async fn a_remote_that_never_answers_yields_promptly_each_pass_and_names_the_clu
         .await
         .expect("delete the Secret");
     let passes = deprovision_until_gone(&cx, &tree).await;
-    println!("deprovision after the Secret's deletion: {passes:?}");
+    eprintln!("deprovision after the Secret's deletion: {passes:?}");
     assert!(our_finalizers(&ns, "dead").await.is_empty());
     holder.abort();
     ns.cleanup().await.expect("cleanup");
@@ -291,7 +291,7 @@ async fn abandon_after_a_grace_deprovisions_a_tree_whose_remote_never_answers() 
             .provision_on(remote_workload(&format!("{}-w", ns.name()))),
     );
     let (first, result) = timed(&cx, &tree, false).await;
-    println!("first provision: {first:?}: {result:?}");
+    eprintln!("first provision: {first:?}: {result:?}");
     assert!(result.is_err() && first <= LONGEST_PASS);
     assert!(
         ns.api::<ConfigMap>()
@@ -305,7 +305,7 @@ async fn abandon_after_a_grace_deprovisions_a_tree_whose_remote_never_answers() 
     let started = Instant::now();
     let passes = deprovision_until_gone(&cx, &tree).await;
     let took = started.elapsed();
-    println!(
+    eprintln!(
         "deprovision with a {grace:?} grace: {took:?} in {} passes: {passes:?}",
         passes.len()
     );
@@ -332,7 +332,7 @@ async fn abandon_after_a_grace_deprovisions_a_tree_whose_remote_never_answers() 
         .iter()
         .filter_map(|e| e.note.clone())
         .collect();
-    println!("{notes:?}");
+    eprintln!("{notes:?}");
     assert_eq!(notes.len(), 1, "{notes:?}");
     assert!(
         notes[0].contains("cluster `dead-edge` abandoned"),
@@ -386,7 +386,7 @@ async fn a_remote_that_stops_mid_run_is_abandoned_after_the_grace_or_kept_if_it_
         let hold = Hold::new();
         let rule = black_hole_everything(&proxy, &hold);
         let (first, result) = timed(&cx, &tree, true).await;
-        println!("first deprovision after the stop: {first:?}: {result:?}");
+        eprintln!("first deprovision after the stop: {first:?}: {result:?}");
         assert!(first <= LONGEST_PASS, "{first:?}");
         assert!(result.is_err());
         for _ in 0..3 {
@@ -405,7 +405,7 @@ async fn a_remote_that_stops_mid_run_is_abandoned_after_the_grace_or_kept_if_it_
             proxy.remove(&rule);
             hold.release();
             let passes = deprovision_until_gone(&cx, &tree).await;
-            println!("after the cluster came back: {passes:?}");
+            eprintln!("after the cluster came back: {passes:?}");
             assert!(
                 remote_ns
                     .get_opt(&target)
@@ -425,7 +425,7 @@ async fn a_remote_that_stops_mid_run_is_abandoned_after_the_grace_or_kept_if_it_
         } else {
             let started = Instant::now();
             let passes = deprovision_until_gone(&cx, &tree).await;
-            println!("abandoned after {:?}: {passes:?}", started.elapsed());
+            eprintln!("abandoned after {:?}: {passes:?}", started.elapsed());
             assert!(started.elapsed() <= grace + Duration::from_secs(6));
             // Abandoned: the remote objects stay; tidy them by hand.
             proxy.remove(&rule);
@@ -490,7 +490,7 @@ async fn ten_remotes_with_three_dead_cost_about_what_the_seven_live_ones_cost() 
         assert!(error.is_transient(), "{error}");
         mixed.push(took);
     }
-    println!("7 live: {live:?}; 10 with 3 dead: first {first_ten:?}, then {mixed:?}");
+    eprintln!("7 live: {live:?}; 10 with 3 dead: first {first_ten:?}, then {mixed:?}");
     let slowest_live = live.iter().max().copied().unwrap_or_default();
     for took in &mixed {
         assert!(
@@ -611,7 +611,7 @@ async fn a_server_that_trickles_its_body_is_cut_off_at_the_deadline() {
         .await
         .expect_err("cut off");
     let took = started.elapsed();
-    println!("trickled body cut off after {took:?}: {error}");
+    eprintln!("trickled body cut off after {took:?}: {error}");
     assert!(
         took >= REQUEST_TIMEOUT && took < REQUEST_TIMEOUT + Duration::from_secs(2),
         "{took:?}"
@@ -637,7 +637,7 @@ async fn an_oversized_response_is_refused_naming_the_cluster_and_the_limit() {
         .await
         .expect_err("refused");
     let text = error.to_string();
-    println!("{text}");
+    eprintln!("{text}");
     assert!(text.contains("cluster `bulky`"), "{text}");
     assert!(text.contains("limit of 65536 bytes"), "{text}");
     assert!(cluster.health().is_reachable(), "a big answer is an answer");
