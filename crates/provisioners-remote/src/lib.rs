@@ -105,7 +105,7 @@ use sha2::{Digest, Sha256};
 
 use kube::config::Kubeconfig;
 use provisioners_core::{
-    Cluster, Context, Error, ErrorKind, KubeconfigClaims, Metadata, Operation, Plan, Provisioner,
+    Context, Error, ErrorKind, KubeconfigClaims, Metadata, Operation, Plan, Provisioner,
     RemoteCluster, Result, Unreachable, Waiting, async_trait, kubeconfig_finalizer,
     kubeconfig_finalizer_prefix, kubeconfig_owner_label,
 };
@@ -241,7 +241,7 @@ impl RemoteClusterProvisioner {
     async fn unreachable(
         &self,
         cx: &Context,
-        remote: &Cluster,
+        remote: &provisioners_core::Cluster,
         down: Unreachable,
         operation: Operation,
     ) -> Result<()> {
