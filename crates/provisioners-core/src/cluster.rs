@@ -10,6 +10,7 @@ use kube::config::{
     NamedContext,
 };
 
+use crate::health::{Breaker, Health};
 use crate::policy::ClientPolicy;
 use crate::{Error, Result};
 
@@ -20,9 +21,17 @@ const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount
 /// same cluster, and the state provisioners keep per cluster.
 ///
 /// **The client policy.** Every client a `Cluster` builds or is given is
-/// wrapped in a [`ClientPolicy`] (by default: 20 s per request, four quick
-/// retries of transient failures over about 1.5 s), so every crate's API
-/// calls get the same bound and the same retry without writing either.
+/// wrapped in a [`ClientPolicy`] (by default: 20 s per request, body
+/// included, responses up to 64 MiB, four quick retries of transient
+/// failures over about 1.5 s), so every crate's API calls get the same
+/// bounds and the same retry without writing either.
+///
+/// **Health.** Each `Cluster` has a circuit breaker, shared by its clones
+/// and by every tree and leaf that uses it: after a few consecutive
+/// connection failures or one timeout, requests to it fail at once with a
+/// transient error naming the cluster, until a probe answers (see
+/// [`ClientPolicy`] and [`Cluster::health`]). A [derived](Cluster::derive)
+/// cluster (a remote's) has its own, so one dead remote slows nothing else.
 ///
 /// **State.** Facts a provisioner learns about a cluster (the API's kinds,
 /// which helm releases are being worked on, how many helm processes run)
@@ -54,6 +63,7 @@ pub struct Cluster {
     raw: kube::Client,
     client: kube::Client,
     policy: Option<ClientPolicy>,
+    breaker: Arc<Breaker>,
     kubeconfig: Option<Arc<Kubeconfig>>,
     state: Arc<Slots>,
     shared: Arc<Slots>,
@@ -69,11 +79,14 @@ impl Cluster {
     /// [`Cluster::from_kubeconfig`] does) to leave retrying to the policy.
     pub fn new(id: impl Into<Arc<str>>, client: kube::Client) -> Self {
         let policy = ClientPolicy::new();
+        let id: Arc<str> = id.into();
+        let breaker = Breaker::new(Arc::clone(&id));
         Cluster {
-            id: id.into(),
-            client: policy.wrap(client.clone()),
+            client: policy.wrap_cluster(Arc::clone(&breaker), client.clone()),
+            id,
             raw: client,
             policy: Some(policy),
+            breaker,
             kubeconfig: None,
             state: Arc::default(),
             shared: Arc::default(),
@@ -84,8 +97,10 @@ impl Cluster {
     /// clients in unit tests that count requests, and for fault-injection
     /// tests that must see every fault.
     pub fn unmanaged(id: impl Into<Arc<str>>, client: kube::Client) -> Self {
+        let id: Arc<str> = id.into();
         Cluster {
-            id: id.into(),
+            breaker: Breaker::new(Arc::clone(&id)),
+            id,
             client: client.clone(),
             raw: client,
             policy: None,
@@ -103,9 +118,10 @@ impl Cluster {
         self
     }
 
-    /// Wraps the client in `policy` instead of the default one.
+    /// Wraps the client in `policy` instead of the default one (the
+    /// cluster keeps its breaker and health).
     pub fn with_policy(mut self, policy: ClientPolicy) -> Self {
-        self.client = policy.wrap(self.raw.clone());
+        self.client = policy.wrap_cluster(Arc::clone(&self.breaker), self.raw.clone());
         self.policy = Some(policy);
         self
     }
@@ -134,7 +150,8 @@ impl Cluster {
     /// Another cluster, reached through `kubeconfig`, that keeps this
     /// cluster's client policy and [shared state](Cluster::shared_state)
     /// and has its own [state](Cluster::state): what a remote-cluster node
-    /// builds for the clusters it reaches from here.
+    /// builds for the clusters it reaches from here. It has its own health
+    /// (circuit breaker).
     ///
     /// # Errors
     ///
@@ -142,14 +159,16 @@ impl Cluster {
     pub async fn derive(&self, id: impl Into<Arc<str>>, kubeconfig: Kubeconfig) -> Result<Self> {
         let id = id.into();
         let raw = client_for(&id, &kubeconfig).await?;
+        let breaker = Breaker::new(Arc::clone(&id));
         Ok(Cluster {
             id,
             client: match &self.policy {
-                Some(policy) => policy.wrap(raw.clone()),
+                Some(policy) => policy.wrap_cluster(Arc::clone(&breaker), raw.clone()),
                 None => raw.clone(),
             },
             raw,
             policy: self.policy.clone(),
+            breaker,
             kubeconfig: Some(Arc::new(kubeconfig)),
             state: Arc::default(),
             shared: Arc::clone(&self.shared),
@@ -226,6 +245,14 @@ impl Cluster {
     /// [unmanaged](Cluster::unmanaged) cluster).
     pub fn policy(&self) -> Option<&ClientPolicy> {
         self.policy.as_ref()
+    }
+
+    /// Whether this cluster answers, as its circuit breaker saw it last:
+    /// [`Health::Unreachable`] says since when it fails and when it is
+    /// probed next. Always reachable for an [unmanaged](Cluster::unmanaged)
+    /// cluster (no policy, no breaker).
+    pub fn health(&self) -> Health {
+        self.breaker.health()
     }
 
     /// The kubeconfig describing this cluster, if the cluster was built from one.

@@ -348,12 +348,19 @@ impl Error {
     }
 
     /// Records the id of the cluster the node ran on unless one is already
-    /// set, so the innermost remote wins. A context below a remote does
-    /// this for you; a root context leaves it unset.
+    /// set, so the innermost remote wins; for a [group](Error::group), on
+    /// each child too, so every [leaf](Error::leaves) names its cluster. A
+    /// remote node does this for the errors of its subtree; a root context
+    /// leaves it unset.
     pub fn on_cluster(mut self, cluster: &Arc<str>) -> Self {
         if self.inner.cluster.is_none() {
             self.inner.cluster = Some(Arc::clone(cluster));
         }
+        let children = std::mem::take(&mut self.inner.children);
+        self.inner.children = children
+            .into_iter()
+            .map(|child| child.on_cluster(cluster))
+            .collect();
         self
     }
 

@@ -104,6 +104,7 @@ mod cluster;
 mod context;
 pub mod drift;
 mod error;
+mod health;
 mod observe;
 mod owner;
 mod path;
@@ -117,12 +118,19 @@ pub use async_trait::async_trait;
 pub use cluster::Cluster;
 pub use context::{Context, DEFAULT_FIELD_MANAGER, DEFAULT_SHUTDOWN_GRACE};
 pub use error::{Error, ErrorKind, Result, Waiting};
+pub use health::{Health, Unreachable};
 pub use observe::{Event, Observer, Operation, Outcome, Phase};
 pub use owner::Owner;
 pub use plan::Plan;
-pub use policy::{ClientPolicy, DEFAULT_BACKOFF, DEFAULT_REQUEST_TIMEOUT, PolicyService};
+pub use policy::{
+    ClientPolicy, DEFAULT_BACKOFF, DEFAULT_PAGE_LIMIT, DEFAULT_REQUEST_TIMEOUT,
+    DEFAULT_RESPONSE_LIMIT, PolicyService,
+};
 pub use provisioner::{Managed, ManagerProvisioner, Metadata, Provisioner};
-pub use remote::RemoteCluster;
+pub use remote::{
+    ClaimedSecret, KubeconfigClaims, RemoteCluster, kubeconfig_finalizer,
+    kubeconfig_finalizer_prefix, kubeconfig_owner_label,
+};
 /// Re-exported so that users name the same token type as [`Context`].
 pub use tokio_util::sync::CancellationToken;
 

@@ -1,4 +1,5 @@
-//! [`ClientPolicy`]: one bound and one retry rule for every API request.
+//! [`ClientPolicy`]: one deadline, one size cap, one retry rule and one
+//! circuit breaker for every API request to a cluster.
 
 use std::error::Error as StdError;
 use std::fmt;
@@ -7,13 +8,25 @@ use std::task::{Context as TaskContext, Poll};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use http::{Method, Request, Response, StatusCode};
+use http::{HeaderValue, Method, Request, Response, StatusCode, header};
 use kube::client::Body;
+use tokio::time::Instant;
 use tower::{BoxError, Layer, Service, ServiceExt};
 
-/// How long one request may take to be answered, unless
+use crate::health::{Admission, Breaker, BreakerSettings, Outcome};
+
+/// How long one request may take, body included, unless
 /// [`ClientPolicy::timeout`] says otherwise.
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// The largest response body accepted unless
+/// [`ClientPolicy::response_limit`] says otherwise: 64 MiB, far above any
+/// page of a LIST and any single object (etcd caps those at 1.5 MiB).
+pub const DEFAULT_RESPONSE_LIMIT: u64 = 64 << 20;
+
+/// How many pages a LIST may follow (continue tokens) unless
+/// [`ClientPolicy::page_limit`] says otherwise.
+pub const DEFAULT_PAGE_LIMIT: usize = 1_000;
 
 /// The waits between attempts unless [`ClientPolicy::backoff`] says
 /// otherwise: about 1.5 s in all, enough to ride out a throttled request or
@@ -26,17 +39,32 @@ pub const DEFAULT_BACKOFF: [Duration; 4] = [
     Duration::from_millis(900),
 ];
 
-/// The policy every request to a cluster goes through: a per-request
-/// timeout and a short, bounded retry of failures that may pass.
+/// A request its caller gives up on after waiting this long without an
+/// answer counts as timed out for the breaker: callers with a shorter
+/// deadline of their own (discovery's) must not hide a dead cluster.
+const ABANDONED_AFTER: Duration = Duration::from_secs(4);
+
+/// The policy every request to a cluster goes through: a total deadline, a
+/// size cap, a short bounded retry of failures that may pass, and a circuit
+/// breaker per cluster.
 ///
 /// [`Cluster`](crate::Cluster) installs it on every client it builds or is
 /// given, so leaves call the API plainly and never write a retry loop.
 ///
-/// - **Timeout**: a request that has no answer (status and headers) within
-///   the timeout fails with a transient error. Only the answer is bounded,
-///   so a watch or a long body is not cut. A timed-out attempt is not
-///   retried: the server may be overloaded, and the caller's next pass is
-///   the better retry.
+/// - **Deadline**: an attempt that is not answered *and its body read*
+///   within the timeout fails with a transient error, so a server that sends
+///   headers and then trickles the body is cut off. Watches and followed
+///   logs are streams: only their answer (status and headers) is bounded. A
+///   timed-out attempt is not retried: the server may be overloaded, and the
+///   caller's next pass is the better retry.
+/// - **Size**: a response body larger than [`ClientPolicy::response_limit`]
+///   is refused with an error naming the cluster and the limit (at once when
+///   `Content-Length` says so, else once read).
+/// - **Foreign error bodies**: an error response whose body is not a
+///   Kubernetes `Status` (an HTML page from a proxy, text from a server that
+///   is not an API server) is replaced by a `Status` that gives only the
+///   status code and the cluster's id, so no foreign text reaches an error,
+///   a log or a status.
 /// - **Retry**: throttling (429) and "unavailable" (503) for every method;
 ///   500, 502, 504 and connection failures for every method but `POST`. A
 ///   create that may have reached the server is not sent twice, because a
@@ -44,8 +72,19 @@ pub const DEFAULT_BACKOFF: [Duration; 4] = [
 ///   "someone else made it" (a leader Lease, for instance). Conflicts (409),
 ///   invalid objects (400, 422) and missing objects (404) are never retried:
 ///   they need a decision, not patience.
+/// - **Circuit breaker**: after [`ClientPolicy::failure_threshold`]
+///   consecutive attempts that could not connect (a timeout counts as all of
+///   them), the cluster is [unreachable](crate::Health): every request fails
+///   at once with a transient error naming the cluster, since when, and when
+///   it is probed next. When the probe is due, one request (only one) sends
+///   `GET /version` within [`ClientPolicy::probe_timeout`] first; any answer
+///   closes the breaker, none keeps it open twice as long as before, up to
+///   [`ClientPolicy::max_probe_interval`]. So a pass against a dead cluster
+///   costs at most a probe, and a tree with dead remotes is not slowed by
+///   them. Each [`Cluster`](crate::Cluster) has its own breaker.
 ///
-/// It is a [`tower::Layer`] too, for a client stack built by hand.
+/// It is a [`tower::Layer`] too, for a client stack built by hand (each
+/// layered service with a breaker of its own).
 ///
 /// ```
 /// use std::time::Duration;
@@ -61,6 +100,12 @@ pub const DEFAULT_BACKOFF: [Duration; 4] = [
 pub struct ClientPolicy {
     timeout: Duration,
     backoff: Arc<[Duration]>,
+    response_limit: u64,
+    page_limit: usize,
+    threshold: u32,
+    probe_timeout: Duration,
+    first_probe: Duration,
+    max_probe_interval: Duration,
 }
 
 impl Default for ClientPolicy {
@@ -70,16 +115,26 @@ impl Default for ClientPolicy {
 }
 
 impl ClientPolicy {
-    /// A timeout of [`DEFAULT_REQUEST_TIMEOUT`] and retries after
-    /// [`DEFAULT_BACKOFF`].
+    /// A deadline of [`DEFAULT_REQUEST_TIMEOUT`], retries after
+    /// [`DEFAULT_BACKOFF`], responses up to [`DEFAULT_RESPONSE_LIMIT`],
+    /// LISTs up to [`DEFAULT_PAGE_LIMIT`] pages, and a breaker that opens
+    /// after 3 failed attempts in a row, probes after 1 s (probes wait 1 s
+    /// for an answer) and at least every 10 s after that.
     pub fn new() -> Self {
         ClientPolicy {
             timeout: DEFAULT_REQUEST_TIMEOUT,
             backoff: Arc::from(DEFAULT_BACKOFF.as_slice()),
+            response_limit: DEFAULT_RESPONSE_LIMIT,
+            page_limit: DEFAULT_PAGE_LIMIT,
+            threshold: 3,
+            probe_timeout: Duration::from_secs(1),
+            first_probe: Duration::from_secs(1),
+            max_probe_interval: Duration::from_secs(10),
         }
     }
 
-    /// Bounds each attempt's wait for an answer to `per_request`.
+    /// Bounds each attempt, body included, to `per_request` (for watches
+    /// and followed logs: their answer only).
     pub fn timeout(mut self, per_request: Duration) -> Self {
         self.timeout = per_request;
         self
@@ -91,7 +146,41 @@ impl ClientPolicy {
         self
     }
 
-    /// How long one attempt may wait for an answer.
+    /// Refuses response bodies over `bytes`.
+    pub fn response_limit(mut self, bytes: u64) -> Self {
+        self.response_limit = bytes;
+        self
+    }
+
+    /// Lets a paged LIST follow at most `pages` pages; code that follows
+    /// continue tokens reads it with [`ClientPolicy::pages`].
+    pub fn page_limit(mut self, pages: usize) -> Self {
+        self.page_limit = pages.max(1);
+        self
+    }
+
+    /// Opens the breaker after `attempts` consecutive connection failures
+    /// (at least 1; a timed-out attempt counts as `attempts`).
+    pub fn failure_threshold(mut self, attempts: u32) -> Self {
+        self.threshold = attempts.max(1);
+        self
+    }
+
+    /// Probes an unreachable cluster first after `first`, then at
+    /// intervals doubling up to `max`.
+    pub fn probe_interval(mut self, first: Duration, max: Duration) -> Self {
+        self.first_probe = first;
+        self.max_probe_interval = max.max(first);
+        self
+    }
+
+    /// How long a probe waits for an answer.
+    pub fn probe_timeout(mut self, timeout: Duration) -> Self {
+        self.probe_timeout = timeout;
+        self
+    }
+
+    /// How long one attempt may take, body included.
     pub fn request_timeout(&self) -> Duration {
         self.timeout
     }
@@ -101,15 +190,55 @@ impl ClientPolicy {
         &self.backoff
     }
 
-    /// `client` with every request going through this policy.
+    /// The largest response body accepted, in bytes.
+    pub fn response_bytes(&self) -> u64 {
+        self.response_limit
+    }
+
+    /// How many pages a LIST may follow.
+    pub fn pages(&self) -> usize {
+        self.page_limit
+    }
+
+    /// How many failed attempts in a row open the breaker.
+    pub fn failures_to_open(&self) -> u32 {
+        self.threshold
+    }
+
+    /// The longest wait between probes of an unreachable cluster.
+    pub fn max_probe_interval(&self) -> Duration {
+        self.max_probe_interval
+    }
+
+    /// `client` with every request going through this policy, with a
+    /// breaker of its own (errors call the cluster `client`; a
+    /// [`Cluster`](crate::Cluster) names it by its id).
     pub fn wrap(&self, client: kube::Client) -> kube::Client {
+        self.wrap_cluster(Breaker::new("client".into()), client)
+    }
+
+    /// `client` inside this policy, reporting to `breaker`.
+    pub(crate) fn wrap_cluster(&self, breaker: Arc<Breaker>, client: kube::Client) -> kube::Client {
         let namespace = client.default_namespace().to_owned();
         let valid_until = *client.valid_until();
         let send = tower::service_fn(move |request: Request<Body>| {
             let client = client.clone();
             async move { client.send(request).await }
         });
-        kube::Client::new(self.layer(send), namespace).with_valid_until(valid_until)
+        let service = PolicyService {
+            inner: send,
+            policy: self.clone(),
+            breaker,
+        };
+        kube::Client::new(service, namespace).with_valid_until(valid_until)
+    }
+
+    fn breaker_settings(&self) -> BreakerSettings {
+        BreakerSettings {
+            threshold: self.threshold,
+            first_probe: self.first_probe,
+            max_interval: self.max_probe_interval,
+        }
     }
 }
 
@@ -120,6 +249,7 @@ impl<S> Layer<S> for ClientPolicy {
         PolicyService {
             inner,
             policy: self.clone(),
+            breaker: Breaker::new("client".into()),
         }
     }
 }
@@ -129,18 +259,18 @@ impl<S> Layer<S> for ClientPolicy {
 pub struct PolicyService<S> {
     inner: S,
     policy: ClientPolicy,
+    breaker: Arc<Breaker>,
 }
 
-impl<S, B> Service<Request<Body>> for PolicyService<S>
+impl<S> Service<Request<Body>> for PolicyService<S>
 where
-    S: Service<Request<Body>, Response = Response<B>> + Clone + Send + 'static,
+    S: Service<Request<Body>, Response = Response<Body>> + Clone + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Into<BoxError>,
-    B: Send + 'static,
 {
-    type Response = Response<B>;
+    type Response = Response<Body>;
     type Error = BoxError;
-    type Future = BoxFuture<'static, Result<Response<B>, BoxError>>;
+    type Future = BoxFuture<'static, Result<Response<Body>, BoxError>>;
 
     // Readiness is awaited inside each attempt, under its timeout.
     fn poll_ready(&mut self, _cx: &mut TaskContext<'_>) -> Poll<Result<(), BoxError>> {
@@ -150,42 +280,65 @@ where
     fn call(&mut self, request: Request<Body>) -> Self::Future {
         let inner = self.inner.clone();
         let policy = self.policy.clone();
-        Box::pin(attempts(inner, policy, request))
+        let breaker = Arc::clone(&self.breaker);
+        Box::pin(attempts(inner, policy, breaker, request))
     }
 }
 
-async fn attempts<S, B>(
+async fn attempts<S>(
     mut inner: S,
     policy: ClientPolicy,
+    breaker: Arc<Breaker>,
     mut request: Request<Body>,
-) -> Result<Response<B>, BoxError>
+) -> Result<Response<Body>, BoxError>
 where
-    S: Service<Request<Body>, Response = Response<B>>,
+    S: Service<Request<Body>, Response = Response<Body>> + Clone,
     S::Error: Into<BoxError>,
 {
+    let settings = policy.breaker_settings();
     let resend = request.method() != Method::POST;
+    let streaming = is_streaming(&request);
     let mut attempt = 0;
     loop {
+        match breaker.admit() {
+            Err(unreachable) => return Err(Box::new(unreachable)),
+            Ok(Admission::Probe(ticket)) => {
+                let reached = probe(inner.clone(), policy.probe_timeout).await;
+                breaker
+                    .probed(ticket, reached, &settings)
+                    .map_err(|e| -> BoxError { Box::new(e) })?;
+            }
+            Ok(Admission::Send) => {}
+        }
         let delay = policy.backoff.get(attempt).copied();
         let next = delay.and_then(|_| clone_request(&request));
-        let answer = tokio::time::timeout(policy.timeout, async {
-            inner
-                .ready()
-                .await
-                .map_err(Into::into)?
-                .call(request)
-                .await
-                .map_err(Into::into)
-        })
+        let watch = Abandoned::watch(&breaker, settings);
+        let answer = tokio::time::timeout(
+            policy.timeout,
+            one_attempt(&mut inner, request, streaming, &policy, breaker.cluster()),
+        )
         .await;
+        watch.disarm();
         let result = match answer {
             Ok(result) => result,
             Err(_) => {
+                breaker.record(Outcome::TimedOut, &settings);
                 return Err(Box::new(RequestTimeout {
                     after: policy.timeout,
                 }));
             }
         };
+        match &result {
+            Ok(_) => breaker.record(Outcome::Reached, &settings),
+            Err(error) if error.is::<ResponseTooLarge>() => {
+                breaker.record(Outcome::Reached, &settings);
+                return result;
+            }
+            Err(error) if is_connection_failure(error.as_ref()) => {
+                breaker.record(Outcome::ConnectionFailed, &settings);
+            }
+            Err(_) => {}
+        }
         let retry = match &result {
             Ok(response) => match response.status() {
                 StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE => true,
@@ -200,6 +353,7 @@ where
             (true, Some(delay), Some(next)) => {
                 tracing::debug!(
                     attempt,
+                    cluster = %breaker.cluster(),
                     method = %next.method(),
                     uri = %next.uri().path(),
                     "transient API failure, retrying"
@@ -209,6 +363,150 @@ where
                 attempt += 1;
             }
             _ => return result,
+        }
+    }
+}
+
+/// One attempt: the answer and, unless it is a stream, its whole body,
+/// checked against the size cap, with a foreign error body replaced.
+async fn one_attempt<S>(
+    inner: &mut S,
+    request: Request<Body>,
+    streaming: bool,
+    policy: &ClientPolicy,
+    cluster: &Arc<str>,
+) -> Result<Response<Body>, BoxError>
+where
+    S: Service<Request<Body>, Response = Response<Body>>,
+    S::Error: Into<BoxError>,
+{
+    let response = inner
+        .ready()
+        .await
+        .map_err(Into::into)?
+        .call(request)
+        .await
+        .map_err(Into::into)?;
+    if streaming {
+        return Ok(response);
+    }
+    let too_large = || ResponseTooLarge {
+        cluster: Arc::clone(cluster),
+        limit: policy.response_limit,
+    };
+    let declared = response
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|length| length > policy.response_limit) {
+        return Err(Box::new(too_large()));
+    }
+    let (mut parts, body) = response.into_parts();
+    let bytes = body.collect_bytes().await.map_err(BoxError::from)?;
+    if bytes.len() as u64 > policy.response_limit {
+        return Err(Box::new(too_large()));
+    }
+    let failed = parts.status.is_client_error() || parts.status.is_server_error();
+    if failed && !is_status(&bytes) {
+        let replaced = foreign_body_status(parts.status, cluster);
+        parts.headers.remove(header::CONTENT_LENGTH);
+        parts.headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        return Ok(Response::from_parts(parts, Body::from(replaced)));
+    }
+    Ok(Response::from_parts(parts, Body::from(bytes)))
+}
+
+/// Whether the answer is a stream that is read as it comes: a watch, a
+/// followed log, an upgraded connection.
+fn is_streaming(request: &Request<Body>) -> bool {
+    let query = request.uri().query().unwrap_or_default();
+    let flag = |name: &str| {
+        query.split('&').any(|pair| {
+            pair.split_once('=')
+                .is_some_and(|(key, value)| key == name && matches!(value, "true" | "1"))
+        })
+    };
+    flag("watch") || flag("follow") || request.headers().contains_key(header::UPGRADE)
+}
+
+/// Whether `body` is a Kubernetes `Status` object.
+fn is_status(body: &[u8]) -> bool {
+    serde_json::from_slice::<serde_json::Value>(body)
+        .ok()
+        .is_some_and(|value| value.get("kind").and_then(|k| k.as_str()) == Some("Status"))
+}
+
+/// The `Status` that stands in for an error body that is not one.
+fn foreign_body_status(code: StatusCode, cluster: &str) -> Vec<u8> {
+    let status = serde_json::json!({
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": format!(
+            "cluster `{cluster}` answered {} with a body that is not a Kubernetes Status \
+             (withheld: it may come from a proxy or a server that is not an API server)",
+            code.as_u16()
+        ),
+        "reason": "NotAStatus",
+        "code": code.as_u16(),
+    });
+    serde_json::to_vec(&status).unwrap_or_default()
+}
+
+/// Whether a `GET /version` is answered within `timeout`.
+async fn probe<S>(mut inner: S, timeout: Duration) -> bool
+where
+    S: Service<Request<Body>, Response = Response<Body>>,
+    S::Error: Into<BoxError>,
+{
+    let mut request = Request::new(Body::empty());
+    *request.uri_mut() = http::Uri::from_static("/version");
+    let answer = tokio::time::timeout(timeout, async {
+        inner
+            .ready()
+            .await
+            .map_err(Into::into)?
+            .call(request)
+            .await
+            .map_err(Into::into)
+    })
+    .await;
+    matches!(answer, Ok(Ok(_)))
+}
+
+/// Counts an attempt that its caller dropped after waiting a while for an
+/// answer as timed out.
+struct Abandoned<'a> {
+    breaker: &'a Breaker,
+    settings: BreakerSettings,
+    started: Instant,
+    armed: bool,
+}
+
+impl<'a> Abandoned<'a> {
+    fn watch(breaker: &'a Breaker, settings: BreakerSettings) -> Self {
+        Abandoned {
+            breaker,
+            settings,
+            started: Instant::now(),
+            armed: true,
+        }
+    }
+
+    fn disarm(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for Abandoned<'_> {
+    fn drop(&mut self) {
+        if self.armed && self.started.elapsed() >= ABANDONED_AFTER {
+            self.breaker.record(Outcome::TimedOut, &self.settings);
         }
     }
 }
@@ -253,152 +551,27 @@ impl fmt::Display for RequestTimeout {
 
 impl StdError for RequestTimeout {}
 
-#[cfg(test)]
-mod tests {
-    use std::sync::Mutex;
-    use std::sync::atomic::{AtomicU32, Ordering};
+/// A response body over the policy's limit.
+#[derive(Debug)]
+struct ResponseTooLarge {
+    cluster: Arc<str>,
+    limit: u64,
+}
 
-    use super::*;
-    use crate::{Error, ErrorKind};
-
-    /// A client over a server that answers `statuses` in turn (the last one
-    /// forever), or never answers when `statuses` is empty, and counts
-    /// requests.
-    fn server(statuses: &[u16], policy: &ClientPolicy) -> (kube::Client, Arc<AtomicU32>) {
-        let calls = Arc::new(AtomicU32::new(0));
-        let statuses = Arc::new(Mutex::new(statuses.to_vec()));
-        let counted = Arc::clone(&calls);
-        let server = tower::service_fn(move |_request: Request<Body>| {
-            let call = counted.fetch_add(1, Ordering::SeqCst) as usize;
-            let statuses = Arc::clone(&statuses);
-            async move {
-                let status = {
-                    let statuses = statuses.lock().unwrap();
-                    statuses.get(call).or(statuses.last()).copied()
-                };
-                let Some(status) = status else {
-                    return std::future::pending().await;
-                };
-                let body = serde_json::json!({
-                    "kind": "Status", "apiVersion": "v1", "status": "Failure",
-                    "message": "boom", "reason": "Reason", "code": status,
-                    "metadata": {},
-                });
-                let body = if status == 200 {
-                    serde_json::json!({"kind": "Namespace", "apiVersion": "v1", "metadata": {"name": "x"}})
-                } else {
-                    body
-                };
-                Ok::<_, kube::Error>(
-                    Response::builder()
-                        .status(status)
-                        .body(Body::from(serde_json::to_vec(&body).unwrap()))
-                        .unwrap(),
-                )
-            }
-        });
-        (policy.wrap(kube::Client::new(server, "default")), calls)
-    }
-
-    async fn get(client: &kube::Client) -> Result<(), Error> {
-        let request = Request::get("/api/v1/namespaces/x")
-            .body(Vec::new())
-            .unwrap();
-        client
-            .request::<serde_json::Value>(request)
-            .await
-            .map(drop)
-            .map_err(|e| Error::kube("reading Namespace x", e))
-    }
-
-    async fn post(client: &kube::Client) -> Result<(), Error> {
-        let request = Request::post("/api/v1/namespaces")
-            .body(br#"{"metadata":{"name":"x"}}"#.to_vec())
-            .unwrap();
-        client
-            .request::<serde_json::Value>(request)
-            .await
-            .map(drop)
-            .map_err(|e| Error::kube("creating Namespace x", e))
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn transient_answers_are_retried_four_times_then_returned() {
-        let (client, calls) = server(&[503], &ClientPolicy::new());
-        let error = get(&client).await.unwrap_err();
-        assert_eq!(error.kind(), ErrorKind::Unavailable);
-        assert_eq!(calls.load(Ordering::SeqCst), 5);
-
-        let (client, calls) = server(&[429, 500, 200], &ClientPolicy::new());
-        get(&client).await.unwrap();
-        assert_eq!(calls.load(Ordering::SeqCst), 3);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn an_attempt_without_an_answer_times_out_and_is_not_retried() {
-        let (client, calls) = server(&[], &ClientPolicy::new());
-        let error = get(&client).await.unwrap_err();
-        assert_eq!(error.kind(), ErrorKind::Unavailable);
-        assert!(error.is_transient());
-        assert!(
-            error.to_string().contains("no answer within 20s"),
-            "{error}"
-        );
-        assert_eq!(calls.load(Ordering::SeqCst), 1);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn conflicts_invalid_and_missing_objects_are_not_retried() {
-        for (code, kind) in [
-            (409, ErrorKind::Unavailable),
-            (422, ErrorKind::Invalid),
-            (404, ErrorKind::NotFound),
-            (403, ErrorKind::Failed),
-        ] {
-            let (client, calls) = server(&[code], &ClientPolicy::new());
-            let error = get(&client).await.unwrap_err();
-            assert_eq!(error.kind(), kind, "{code}");
-            assert_eq!(calls.load(Ordering::SeqCst), 1, "{code}");
-        }
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_create_is_retried_on_throttling_but_never_resent_after_a_server_error() {
-        let (client, calls) = server(&[500, 200], &ClientPolicy::new());
-        let error = post(&client).await.unwrap_err();
-        assert_eq!(error.kind(), ErrorKind::Unavailable);
-        assert_eq!(calls.load(Ordering::SeqCst), 1);
-
-        let (client, calls) = server(&[429, 503, 200], &ClientPolicy::new());
-        post(&client).await.unwrap();
-        assert_eq!(calls.load(Ordering::SeqCst), 3);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_connection_failure_is_retried_except_for_a_create() {
-        for (create, expected) in [(false, 5), (true, 1)] {
-            let calls = Arc::new(AtomicU32::new(0));
-            let counted = Arc::clone(&calls);
-            let server = tower::service_fn(move |_request: Request<Body>| {
-                counted.fetch_add(1, Ordering::SeqCst);
-                async { Err::<Response<Body>, _>(kube::Error::Service("connection reset".into())) }
-            });
-            let client = ClientPolicy::new().wrap(kube::Client::new(server, "default"));
-            let error = if create {
-                post(&client).await
-            } else {
-                get(&client).await
-            }
-            .unwrap_err();
-            assert_eq!(error.kind(), ErrorKind::Unavailable);
-            assert_eq!(calls.load(Ordering::SeqCst), expected, "create: {create}");
-        }
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn no_delays_means_no_retries() {
-        let (client, calls) = server(&[503], &ClientPolicy::new().backoff([]));
-        get(&client).await.unwrap_err();
-        assert_eq!(calls.load(Ordering::SeqCst), 1);
+impl fmt::Display for ResponseTooLarge {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "the response from cluster `{}` is larger than the limit of {} bytes; it was \
+             refused (raise ClientPolicy::response_limit if the cluster really serves objects \
+             this large)",
+            self.cluster, self.limit
+        )
     }
 }
+
+impl StdError for ResponseTooLarge {}
+
+#[cfg(test)]
+#[path = "policy_tests.rs"]
+mod tests;

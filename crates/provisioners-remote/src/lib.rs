@@ -27,6 +27,32 @@
 //! deliberately) counts as already cleaned up, so deleting the parent never
 //! wedges on a cluster that no longer exists.
 //!
+//! **Which finalizers, and where the record lives.** The finalizer is
+//! `provisioners.dev/kubeconfig-<digest of owner><digest of owner and node
+//! path>`, and the Secret is labelled `kubeconfig.provisioners.dev/<digest
+//! of owner>`; each pass, the node claims the Secret for its owner
+//! ([`KubeconfigClaims`]). The runtime's reconciler releases, after each
+//! complete pass whose claims changed and after the owner's deprovision,
+//! every finalizer of the owner on a Secret labelled for it that no node
+//! claimed: a remote removed from the tree, renamed, moved or pointed at
+//! another Secret leaves nothing behind. The record is the Secret's own
+//! metadata; a tenant who edits it can release at most a protection the
+//! same owner's tree made (only finalizers starting with the owner's
+//! digest are removed), which they could remove by hand anyway. Code that
+//! runs trees without the runtime does the same with
+//! `KubeconfigClaims::{begin, take}` around a pass.
+//!
+//! **A cluster that does not answer.** Requests to a remote go through its
+//! own circuit breaker ([`Cluster::health`](provisioners_core::Cluster::health)):
+//! once it is open, a pass returns at once with a yield naming the cluster
+//! and how long it has been unreachable, and [`WhenUnreachable`] decides
+//! whether a deprovision waits for it (the default) or abandons the subtree
+//! after a grace. The first failure is recorded on the kubeconfig Secret
+//! ([`UNREACHABLE_SINCE_ANNOTATION`]) so the grace survives a restart; a
+//! tenant who edits it can only hasten the abandonment of their own
+//! cluster's subtree while that cluster is unreachable, which deleting
+//! the Secret does anyway.
+//!
 //! A remote [plans](provisioners_core::Context::plan) its child on the
 //! remote cluster, through the same context provision would use, and marks
 //! the plan with the cluster's id; planning reads the kubeconfig but adds no
@@ -65,23 +91,30 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod clusters;
+mod report;
 mod secret;
+mod unreachable;
 
 use std::any::Any;
 use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
+use std::time::SystemTime;
 
 use sha2::{Digest, Sha256};
 
 use kube::config::Kubeconfig;
 use provisioners_core::{
-    Context, ErrorKind, Metadata, Operation, Plan, Provisioner, RemoteCluster, Result, async_trait,
+    Context, Error, ErrorKind, KubeconfigClaims, Metadata, Operation, Plan, Provisioner,
+    RemoteCluster, Result, Unreachable, Waiting, async_trait, kubeconfig_finalizer,
+    kubeconfig_finalizer_prefix, kubeconfig_owner_label,
 };
 
 use crate::clusters::RemoteClusters;
-use crate::secret::{Missing, Read};
+use crate::secret::{Missing, Protection, Read};
+pub use report::ABANDONED_REASON;
 pub use secret::SecretKubeconfig;
+pub use unreachable::{UNREACHABLE_SINCE_ANNOTATION, WhenUnreachable};
 
 /// Runs a child provisioner against the cluster a [`RemoteCluster`] describes.
 ///
@@ -107,6 +140,7 @@ pub struct RemoteClusterProvisioner {
     /// The remote's Secret, when it is one: protected by a finalizer.
     secret: Option<SecretKubeconfig>,
     background_deletion: Option<bool>,
+    when_unreachable: WhenUnreachable,
     child: Box<dyn Provisioner>,
 }
 
@@ -118,6 +152,7 @@ pub struct RemoteTarget {
     remote: Arc<dyn RemoteCluster>,
     secret: Option<SecretKubeconfig>,
     background_deletion: Option<bool>,
+    when_unreachable: WhenUnreachable,
 }
 
 impl RemoteClusterProvisioner {
@@ -137,6 +172,7 @@ impl RemoteClusterProvisioner {
             remote: Arc::new(remote),
             secret,
             background_deletion: None,
+            when_unreachable: WhenUnreachable::Wait,
         }
     }
 
@@ -162,6 +198,135 @@ impl RemoteClusterProvisioner {
             remote = remote.with_background_deletion(background);
         }
         Ok(remote)
+    }
+
+    /// The child's `result` on `remote`: its error marked with the cluster
+    /// (and turned into the unreachable yield when the cluster stopped
+    /// answering during the run); a cluster that answered clears a stale
+    /// unreachable mark.
+    async fn after_child(
+        &self,
+        cx: &Context,
+        remote: &Context,
+        result: Result<()>,
+        operation: Operation,
+    ) -> Result<()> {
+        if let Some(down) = unreachable::unreachable(remote.cluster()) {
+            return self
+                .unreachable(cx, remote.cluster(), down, operation)
+                .await;
+        }
+        if let Some(secret) = &self.secret {
+            let known = remote.cluster().state::<unreachable::MarkKnown>();
+            if known.needs_clearing() {
+                if let Some(mark) = secret.mark().await?
+                    && mark.since.is_some()
+                {
+                    tracing::info!(
+                        cluster = self.remote.id(),
+                        "remote cluster answers again: its unreachable mark is cleared"
+                    );
+                    secret.set_mark(None).await?;
+                }
+                known.set(false);
+            }
+        }
+        let id: Arc<str> = Arc::from(self.remote.id());
+        result.map_err(|error| error.on_cluster(&id))
+    }
+
+    /// The pass against a cluster whose breaker is open: a prompt yield
+    /// naming it, or (deprovisioning, past the grace or with its Secret
+    /// being deleted) the subtree abandoned.
+    async fn unreachable(
+        &self,
+        cx: &Context,
+        remote: &provisioners_core::Cluster,
+        down: Unreachable,
+        operation: Operation,
+    ) -> Result<()> {
+        let id: Arc<str> = Arc::from(self.remote.id());
+        let mut since = down.since;
+        let mut deleting = false;
+        if let Some(secret) = &self.secret {
+            // The parent cluster answers for the Secret, even when the remote does not.
+            if let Some(mark) = secret.mark().await? {
+                deleting = mark.deleting;
+                since = unreachable::since(&down, mark.since.as_deref());
+                if mark.since.is_none() {
+                    secret.set_mark(Some(&unreachable::format(since))).await?;
+                }
+                remote.state::<unreachable::MarkKnown>().set(true);
+            }
+        }
+        let down_for = unreachable::elapsed(since);
+        let abandon = operation == Operation::Deprovision
+            && (deleting
+                || matches!(self.when_unreachable, WhenUnreachable::AbandonAfter(grace) if down_for >= grace));
+        if abandon {
+            return self.abandon(cx, &down, since, deleting).await;
+        }
+        let then = match (self.when_unreachable, operation) {
+            (WhenUnreachable::AbandonAfter(grace), Operation::Deprovision) => format!(
+                "its subtree is abandoned in {}s unless it answers",
+                grace.saturating_sub(down_for).as_secs()
+            ),
+            _ => format!(
+                "waiting for it to answer (next probe in {}s)",
+                down.next_probe_in.as_secs_f32().ceil() as u64
+            ),
+        };
+        Err(Error::yielding(format!(
+            "cluster `{id}` is unreachable for {}s (since {}); {then}",
+            down_for.as_secs(),
+            unreachable::format(since),
+        ))
+        .waiting_on(
+            Waiting::new("unreachable")
+                .object(format!("cluster {id}"))
+                .since(since),
+        )
+        .on_cluster(&id))
+    }
+
+    /// Counts the subtree as deprovisioned on a cluster that is gone,
+    /// releasing the Secret's finalizer and saying so.
+    async fn abandon(
+        &self,
+        cx: &Context,
+        down: &Unreachable,
+        since: SystemTime,
+        deleting: bool,
+    ) -> Result<()> {
+        let why = if deleting {
+            "its kubeconfig Secret is being deleted".to_owned()
+        } else {
+            format!(
+                "unreachable for {}s, past the grace",
+                unreachable::elapsed(since).as_secs()
+            )
+        };
+        tracing::warn!(
+            path = %cx.path(),
+            cluster = self.remote.id(),
+            secret = ?self.secret.as_ref().map(SecretKubeconfig::object),
+            since = %unreachable::format(since),
+            failures = down.failures,
+            "remote cluster abandoned ({why}): the subtree `{}` counts as deprovisioned and \
+             whatever it made on that cluster is left there",
+            self.child.name(),
+        );
+        let note = format!(
+            "{}: cluster `{}` abandoned ({why}); the subtree counts as deprovisioned and \
+             whatever it made on that cluster is left there",
+            cx.path(),
+            self.remote.id(),
+        );
+        report::abandoned(cx, &note).await;
+        if let Some(secret) = &self.secret {
+            secret.release_for(&Names::of(cx).protection()).await?;
+        }
+        Ok(())
     }
 
     /// The remote's kubeconfig as planning sees it: read as provision reads
@@ -205,6 +370,13 @@ impl RemoteTarget {
         self
     }
 
+    /// What to do when the cluster does not answer; see [`WhenUnreachable`]
+    /// (default: wait).
+    pub fn when_unreachable(mut self, policy: WhenUnreachable) -> Self {
+        self.when_unreachable = policy;
+        self
+    }
+
     /// Runs `child` on the remote cluster.
     pub fn provision_on(self, child: impl Provisioner + 'static) -> RemoteClusterProvisioner {
         RemoteClusterProvisioner {
@@ -212,6 +384,7 @@ impl RemoteTarget {
             remote: self.remote,
             secret: self.secret,
             background_deletion: self.background_deletion,
+            when_unreachable: self.when_unreachable,
             child: Box::new(child),
         }
     }
@@ -229,16 +402,27 @@ impl Provisioner for RemoteClusterProvisioner {
     async fn provision(&self, cx: &Context) -> Result<()> {
         let kubeconfig = self.remote.config().await?;
         if let Some(secret) = &self.secret {
-            secret.protect(&finalizer(cx)).await?;
+            let names = Names::of(cx);
+            secret.protect_for(&names.protection()).await?;
+            cx.cluster()
+                .shared_state::<KubeconfigClaims>()
+                .claim(&names.owner, secret.claimed(&names.finalizer));
         }
         let remote = self.remote_context(cx, kubeconfig).await?;
+        if let Some(down) = unreachable::unreachable_until_probe(remote.cluster()) {
+            return self
+                .unreachable(cx, remote.cluster(), down, Operation::Provision)
+                .await;
+        }
         // Unnamed, this node is its child's: the child runs in this node's
         // context (retargeted), with no segment of its own.
-        if self.metadata.is_some() {
+        let result = if self.metadata.is_some() {
             remote.provision(&self.child).await
         } else {
             self.child.provision(&remote).await
-        }
+        };
+        self.after_child(cx, &remote, result, Operation::Provision)
+            .await
     }
 
     async fn deprovision(&self, cx: &Context) -> Result<()> {
@@ -256,13 +440,20 @@ impl Provisioner for RemoteClusterProvisioner {
             Err(error) => return Err(error),
         };
         let remote = self.remote_context(cx, kubeconfig).await?;
-        if self.metadata.is_some() {
-            remote.deprovision(&self.child).await?;
-        } else {
-            self.child.deprovision(&remote).await?;
+        if let Some(down) = unreachable::unreachable_until_probe(remote.cluster()) {
+            return self
+                .unreachable(cx, remote.cluster(), down, Operation::Deprovision)
+                .await;
         }
+        let result = if self.metadata.is_some() {
+            remote.deprovision(&self.child).await
+        } else {
+            self.child.deprovision(&remote).await
+        };
+        self.after_child(cx, &remote, result, Operation::Deprovision)
+            .await?;
         if let Some(secret) = &self.secret {
-            secret.release(&finalizer(cx)).await?;
+            secret.release_for(&Names::of(cx).protection()).await?;
         }
         Ok(())
     }
@@ -310,11 +501,46 @@ impl Provisioner for RemoteClusterProvisioner {
     }
 }
 
-/// The finalizer this node puts on its kubeconfig Secret: one per owner and
-/// node, so that two subtrees reading one Secret do not release each other's.
-/// It hashes the node's path: a node whose path changes (a new name, a new
-/// place in the tree) no longer recognises the finalizer it set before.
-fn finalizer(cx: &Context) -> String {
+/// The names this node uses on its kubeconfig Secret: its finalizer (one
+/// per owner and node, so that two subtrees reading one Secret do not
+/// release each other's; see [`kubeconfig_finalizer`]), the owner's label,
+/// and the finalizer's name before it started with the owner's digest.
+///
+/// A node whose path changes (a new name, a new place in the tree) has a
+/// new finalizer; the old one is released by the owner's sweep (the
+/// runtime's reconciler does it after each complete pass, see
+/// [`KubeconfigClaims`]).
+struct Names {
+    owner: String,
+    finalizer: String,
+    legacy: String,
+    label: String,
+    prefix: String,
+}
+
+impl Names {
+    fn of(cx: &Context) -> Self {
+        let owner = cx.owner_identity();
+        Names {
+            finalizer: kubeconfig_finalizer(&owner, cx.path()),
+            legacy: legacy_finalizer(cx),
+            label: kubeconfig_owner_label(&owner),
+            prefix: kubeconfig_finalizer_prefix(&owner),
+            owner,
+        }
+    }
+
+    fn protection(&self) -> Protection<'_> {
+        Protection {
+            finalizer: &self.finalizer,
+            legacy: Some(&self.legacy),
+            owner: Some((&self.label, &self.prefix)),
+        }
+    }
+}
+
+/// The finalizer's name before it started with the owner's digest.
+fn legacy_finalizer(cx: &Context) -> String {
     let mut hasher = Sha256::new();
     hasher.update(cx.owner_identity().as_bytes());
     hasher.update([0]);

@@ -8,6 +8,8 @@ use kube::api::{Patch, PatchParams};
 use kube::config::Kubeconfig;
 use provisioners_core::{Error, RemoteCluster, Result, async_trait};
 
+use crate::unreachable::UNREACHABLE_SINCE_ANNOTATION;
+
 /// The key under which Cluster API and most tools store a kubeconfig.
 const DEFAULT_KEY: &str = "kubeconfig";
 
@@ -110,16 +112,32 @@ impl SecretKubeconfig {
     /// itself or its namespace) until the subtree that reads it is
     /// deprovisioned. A Secret already being deleted cannot gain one: it is
     /// left as it is.
+    #[cfg(test)]
     pub(crate) async fn protect(&self, finalizer: &str) -> Result<()> {
-        self.set_finalizer(finalizer, true).await
+        self.set_finalizer(&Protection::bare(finalizer), true).await
     }
 
     /// Removes `finalizer` from the Secret, if it is still there.
+    #[cfg(test)]
     pub(crate) async fn release(&self, finalizer: &str) -> Result<()> {
-        self.set_finalizer(finalizer, false).await
+        self.set_finalizer(&Protection::bare(finalizer), false)
+            .await
     }
 
-    async fn set_finalizer(&self, finalizer: &str, present: bool) -> Result<()> {
+    /// Adds the finalizer of `protection`, with its owner's label, and
+    /// removes its legacy name.
+    pub(crate) async fn protect_for(&self, protection: &Protection<'_>) -> Result<()> {
+        self.set_finalizer(protection, true).await
+    }
+
+    /// Removes the finalizer of `protection` (and its legacy name), and the
+    /// owner's label once no finalizer of the owner is left.
+    pub(crate) async fn release_for(&self, protection: &Protection<'_>) -> Result<()> {
+        self.set_finalizer(protection, false).await
+    }
+
+    async fn set_finalizer(&self, protection: &Protection<'_>, present: bool) -> Result<()> {
+        let finalizer = protection.finalizer;
         let secrets: Api<Secret> = Api::namespaced(self.client.clone(), &self.namespace);
         // A conflict means someone else changed the list meanwhile: read it
         // again and redo the change. That is a step of this logic, not a
@@ -132,22 +150,33 @@ impl SecretKubeconfig {
             else {
                 return Ok(());
             };
-            let mut finalizers = secret.metadata.finalizers.clone().unwrap_or_default();
-            let has = finalizers.iter().any(|f| f == finalizer);
-            if has == present || (present && secret.metadata.deletion_timestamp.is_some()) {
+            if present && secret.metadata.deletion_timestamp.is_some() {
                 return Ok(());
             }
-            if present {
+            let before = secret.metadata.finalizers.clone().unwrap_or_default();
+            let mut finalizers = before.clone();
+            if let Some(legacy) = protection.legacy {
+                finalizers.retain(|f| f != legacy);
+            }
+            let has = finalizers.iter().any(|f| f == finalizer);
+            if present && !has {
                 finalizers.push(finalizer.to_owned());
-            } else {
+            } else if !present {
                 finalizers.retain(|f| f != finalizer);
             }
-            let patch = serde_json::json!({
+            let label = protection.label_change(&finalizers, secret.metadata.labels.as_ref());
+            if finalizers == before && label.is_none() {
+                return Ok(());
+            }
+            let mut patch = serde_json::json!({
                 "metadata": {
                     "resourceVersion": secret.metadata.resource_version,
                     "finalizers": finalizers,
                 }
             });
+            if let Some((key, value)) = label {
+                patch["metadata"]["labels"] = serde_json::json!({ key: value });
+            }
             // Metadata in, metadata out: the answer does not carry the kubeconfig again.
             match secrets
                 .patch_metadata(&self.name, &PatchParams::default(), &Patch::Merge(&patch))
@@ -168,6 +197,106 @@ impl SecretKubeconfig {
             "the finalizers of {} keep changing; trying again later",
             self.describe()
         )))
+    }
+}
+
+/// A node's finalizer on a kubeconfig Secret and the owner's record kept
+/// with it (see [`provisioners_core::KubeconfigClaims`]).
+pub(crate) struct Protection<'a> {
+    /// The node's finalizer.
+    pub(crate) finalizer: &'a str,
+    /// The name the same node's finalizer had before, removed on sight.
+    pub(crate) legacy: Option<&'a str>,
+    /// The owner's label and finalizer prefix.
+    pub(crate) owner: Option<(&'a str, &'a str)>,
+}
+
+impl<'a> Protection<'a> {
+    #[cfg(test)]
+    fn bare(finalizer: &'a str) -> Self {
+        Protection {
+            finalizer,
+            legacy: None,
+            owner: None,
+        }
+    }
+
+    /// The owner's label to set (`Some(value)`) or remove (`None` value)
+    /// for a Secret that will carry `finalizers`; `None` when it is right.
+    fn label_change(
+        &self,
+        finalizers: &[String],
+        labels: Option<&std::collections::BTreeMap<String, String>>,
+    ) -> Option<(String, Option<&'static str>)> {
+        let (label, prefix) = self.owner?;
+        let ours = finalizers.iter().any(|f| f.starts_with(prefix));
+        let labelled = labels.is_some_and(|l| l.contains_key(label));
+        match (ours, labelled) {
+            (true, false) => Some((label.to_owned(), Some("protected"))),
+            (false, true) => Some((label.to_owned(), None)),
+            _ => None,
+        }
+    }
+}
+
+/// What a kubeconfig Secret's metadata says about its cluster going away.
+pub(crate) struct Mark {
+    /// The Secret is being deleted (held by a finalizer).
+    pub(crate) deleting: bool,
+    /// The value of [`UNREACHABLE_SINCE_ANNOTATION`], if set.
+    pub(crate) since: Option<String>,
+}
+
+impl SecretKubeconfig {
+    /// The Secret's deletion state and unreachable mark; `None` when the
+    /// Secret is gone. Reads metadata only: never the kubeconfig.
+    pub(crate) async fn mark(&self) -> Result<Option<Mark>> {
+        let secrets: Api<Secret> = Api::namespaced(self.client.clone(), &self.namespace);
+        let secret = secrets
+            .get_metadata_opt(&self.name)
+            .await
+            .map_err(|e| Error::kube(format_args!("reading {}", self.describe()), e))?;
+        Ok(secret.map(|secret| Mark {
+            deleting: secret.metadata.deletion_timestamp.is_some(),
+            since: secret
+                .metadata
+                .annotations
+                .and_then(|mut a| a.remove(UNREACHABLE_SINCE_ANNOTATION)),
+        }))
+    }
+
+    /// Sets (or with `None` removes) the unreachable mark. A Secret that is
+    /// gone needs none.
+    pub(crate) async fn set_mark(&self, since: Option<&str>) -> Result<()> {
+        let secrets: Api<Secret> = Api::namespaced(self.client.clone(), &self.namespace);
+        let patch = serde_json::json!({
+            "metadata": { "annotations": { UNREACHABLE_SINCE_ANNOTATION: since } }
+        });
+        match secrets
+            .patch_metadata(&self.name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+            Err(e) => Err(Error::kube(
+                format_args!("updating the unreachable mark of {}", self.describe()),
+                e,
+            )),
+        }
+    }
+
+    /// This Secret protected with `finalizer`, for the owner's claims.
+    pub(crate) fn claimed(&self, finalizer: &str) -> provisioners_core::ClaimedSecret {
+        provisioners_core::ClaimedSecret {
+            namespace: self.namespace.clone(),
+            name: self.name.clone(),
+            finalizer: finalizer.to_owned(),
+        }
+    }
+
+    /// The Secret, for messages: `Secret ns/name`.
+    pub(crate) fn object(&self) -> String {
+        format!("Secret {}/{}", self.namespace, self.name)
     }
 }
 

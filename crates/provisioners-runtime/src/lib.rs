@@ -15,11 +15,15 @@
 //!   reason [`Provisioned`](Reason::Provisioned), [`Provisioning`](Reason::Provisioning),
 //!   [`Deprovisioning`](Reason::Deprovisioning), [`Errored`](Reason::Errored),
 //!   [`Cancelled`](Reason::Cancelled) or [`AwaitingApproval`](Reason::AwaitingApproval), the `observedGeneration` the tree was
-//!   built from, and a message bounded to [`MAX_MESSAGE`] bytes (the first
-//!   failures with their paths, then "and N more"); plus `status.waiting`,
-//!   what each waiting node waits for ([`Reconciler::waiting_field`] renames
-//!   it, [`Reconciler::no_waiting_field`] leaves it out). Only when something
-//!   changed: a no-op reconcile writes nothing;
+//!   built from, and a message bounded to [`MAX_MESSAGE`] bytes (nodes
+//!   counted once however many objects they failed on, the first failures
+//!   named by path and, below a remote, cluster id, then "and N more");
+//!   while the object is being deleted the reason is always
+//!   `Deprovisioning`, with what holds it up. Plus `status.waiting`: each
+//!   failing or waiting node ([`Waiting`]: path, cluster below a remote,
+//!   state, object, reason, since; [`Reconciler::waiting_field`] renames
+//!   it, [`Reconciler::no_waiting_field`] leaves it out). Only when
+//!   something changed: a no-op reconcile writes nothing;
 //! - with [`Reconciler::plan_field`], plans the tree first
 //!   ([`Context::plan`](provisioners_core::Context::plan): reads and
 //!   dry-runs only) and writes `status.<field>` = `{digest, summary,
@@ -121,6 +125,7 @@ mod approval;
 mod condition;
 mod events;
 mod in_flight;
+mod kubeconfigs;
 mod lease;
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]

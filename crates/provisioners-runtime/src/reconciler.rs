@@ -1,5 +1,6 @@
 //! [`Reconciler`]: one reconcile of one managed object.
 
+use std::collections::BTreeSet;
 use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -10,7 +11,9 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::Reporter;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Resource, ResourceExt};
-use provisioners_core::{Context, ErrorKind, ManagerProvisioner, Owner, Result};
+use provisioners_core::{
+    ClaimedSecret, Context, ErrorKind, KubeconfigClaims, ManagerProvisioner, Owner, Result,
+};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -20,7 +23,7 @@ use crate::condition::Reason;
 use crate::events::{Events, Why};
 use crate::in_flight::{InFlight, Spec, Stopped};
 use crate::target::{Report, Target, key};
-use crate::{approval, status, summary};
+use crate::{approval, kubeconfigs, status, summary};
 
 /// The annotation that pauses reconciliation when set to `"true"`.
 pub const DEFAULT_PAUSED_ANNOTATION: &str = "provisioners.dev/paused";
@@ -415,6 +418,11 @@ impl Reconciler {
             let stopped = run.stopped();
             drop(run);
             if result.is_ok() {
+                // Protections no node released (a remote removed while
+                // the owner lived, say) must not outlive the owner; a
+                // failure here is reported, not a reason to keep the
+                // owner for ever.
+                self.release_kubeconfigs(&cx, &target, None).await;
                 self.publish(&report, Why::Deprovisioned, "everything is gone")
                     .await;
                 // The object goes as soon as the finalizer does: no status to write.
@@ -471,11 +479,44 @@ impl Reconciler {
             };
             self.publish(&report, Why::Provisioning, &note).await;
         }
+        let claims = cx.cluster().shared_state::<KubeconfigClaims>();
+        let owner = cx.owner_identity();
+        claims.begin(&owner);
         let result = cx.provision(managed).await;
+        let claimed = claims.take(&owner);
         let stopped = run.stopped();
         drop(run);
+        // Only a complete pass knows every node that still reads a Secret.
+        if result.is_ok() && stopped == Stopped::No {
+            self.release_kubeconfigs(&cx, &target, Some(&claimed)).await;
+        }
         self.finish(&report, &result, Reason::Provisioning, stopped)
             .await
+    }
+
+    /// Releases the kubeconfig finalizers of this owner that no node in
+    /// `claimed` uses (`None`: the owner is deprovisioned, release them
+    /// all); a failure is logged and retried on the next pass.
+    async fn release_kubeconfigs(
+        &self,
+        cx: &Context,
+        target: &Target,
+        claimed: Option<&BTreeSet<ClaimedSecret>>,
+    ) {
+        let owner = cx.owner_identity();
+        let swept = cx.cluster().state::<kubeconfigs::Swept>();
+        if let Some(claimed) = claimed
+            && !swept.needed(&owner, claimed)
+        {
+            return;
+        }
+        let none = BTreeSet::new();
+        match kubeconfigs::release_unclaimed(cx, &owner, claimed.unwrap_or(&none)).await {
+            Ok(_) => swept.record(&owner, claimed),
+            Err(error) => {
+                tracing::warn!(object = %target, %error, "could not release unused kubeconfig finalizers; trying again on the next pass");
+            }
+        }
     }
 
     /// Reports `result` and chooses the next action.
@@ -530,9 +571,8 @@ impl Reconciler {
             }
             Err(e) if outcome == ReconcileResult::Errored => {
                 tracing::warn!(object = %report.target, error = %summary::message(e), "reconcile failed");
-                for leaf in e.leaves().into_iter().filter(|l| !l.is_yield()).take(3) {
-                    self.publish(report, Why::NodeFailed, &leaf.to_string())
-                        .await;
+                for line in summary::failing_lines(e, 3) {
+                    self.publish(report, Why::NodeFailed, &line).await;
                 }
             }
             Err(e) => {

@@ -27,6 +27,17 @@ pub(crate) fn patch(
         Err(e) if e.kind() == ErrorKind::Cancelled => {
             ("False", Reason::Cancelled, summary::message(e))
         }
+        // Deleting: whatever holds it up, the object is being deprovisioned,
+        // and the message says why it is not gone yet (never the last
+        // provisioning message).
+        Err(e) if in_progress == Reason::Deprovisioning => (
+            "False",
+            Reason::Deprovisioning,
+            summary::truncate(
+                &format!("deprovisioning: {}", summary::message(e)),
+                summary::MAX_MESSAGE,
+            ),
+        ),
         Err(e) => ("False", Reason::Errored, summary::message(e)),
     };
     let conditions = condition::updated(current, status, reason, &message, generation);
@@ -157,7 +168,7 @@ mod tests {
         .expect("a first write");
         assert_eq!(
             patch["status"]["waiting"],
-            json!([{ "node": "p/a", "reason": "pods pending" }])
+            json!([{ "node": "p/a", "state": "Waiting", "reason": "pods pending" }])
         );
 
         let written = json!({ "status": patch["status"].clone() });

@@ -57,6 +57,14 @@ fn deleting(mut cm: ConfigMap) -> Arc<ConfigMap> {
 const OBJECT: &str = "/api/v1/namespaces/ns/configmaps/p";
 const STATUS: &str = "/api/v1/namespaces/ns/configmaps/p/status";
 
+/// Where the reconciler looks for the owner's kubeconfig Secrets.
+const SECRETS: &str = "/api/v1/secrets";
+
+/// A LIST of Secrets that finds none.
+fn no_secrets() -> Value {
+    serde_json::json!({"apiVersion": "v1", "kind": "List", "metadata": {}, "items": []})
+}
+
 fn reply() -> Value {
     serde_json::to_value(object(3, &[FINALIZER]).as_ref()).unwrap()
 }
@@ -90,7 +98,7 @@ async fn a_new_object_gets_the_finalizer_then_a_provisioning_condition_with_its_
     assert_eq!(condition["observedGeneration"], 3);
     assert_eq!(
         status["status"]["waiting"],
-        json!([{ "node": "p", "reason": "chart not ready" }])
+        json!([{ "node": "p", "state": "Waiting", "reason": "chart not ready" }])
     );
     assert_eq!(recorder.count("p", Operation::Provision), 1);
 }
@@ -208,6 +216,8 @@ async fn deletion_keeps_the_finalizer_while_the_tree_yields_and_removes_it_when_
 
     let server = tokio::spawn(async move {
         let status = api.expect(Method::PATCH, STATUS, 200, reply()).await;
+        // Deprovisioned: the owner's kubeconfig protections go too.
+        api.expect(Method::GET, SECRETS, 200, no_secrets()).await;
         let finalizers = api.expect(Method::PATCH, OBJECT, 200, reply()).await;
         (status, finalizers)
     });

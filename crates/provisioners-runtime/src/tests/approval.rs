@@ -125,7 +125,9 @@ fn answer(
     tokio::spawn(async move {
         let mut bodies = Vec::new();
         for (method, path) in expected {
-            let body = if path == EVENTS {
+            let body = if path == super::SECRETS {
+                api.expect(method, path, 200, super::no_secrets()).await
+            } else if path == EVENTS {
                 let pending = api.next().await;
                 assert_eq!(pending.method, method, "{}", pending.uri);
                 assert!(pending.uri.path().starts_with(EVENTS), "{}", pending.uri);
@@ -287,8 +289,15 @@ async fn deletion_is_never_gated_nor_planned() {
         status: json!({}),
     });
     let managed = Managed::new(object, tree.clone());
-    // The finalizer goes: the object is gone, no status to write.
-    let server = answer(api, vec![(Method::PATCH, super::OBJECT)]);
+    // The owner's kubeconfig protections go, then the finalizer: the
+    // object is gone, no status to write.
+    let server = answer(
+        api,
+        vec![
+            (Method::GET, super::SECRETS),
+            (Method::PATCH, super::OBJECT),
+        ],
+    );
     assert_eq!(
         reconciler.reconcile(&managed).await.unwrap(),
         Action::await_change()

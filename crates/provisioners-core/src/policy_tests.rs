@@ -1,0 +1,325 @@
+//! Unit tests of the client policy, over mock services (paused time).
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use super::*;
+use crate::{Error, ErrorKind};
+
+/// A client over a server that answers `statuses` in turn (the last one
+/// forever), or never answers when `statuses` is empty, and counts
+/// requests.
+fn server(statuses: &[u16], policy: &ClientPolicy) -> (kube::Client, Arc<AtomicU32>) {
+    let calls = Arc::new(AtomicU32::new(0));
+    let statuses = Arc::new(Mutex::new(statuses.to_vec()));
+    let counted = Arc::clone(&calls);
+    let server = tower::service_fn(move |_request: Request<Body>| {
+        let call = counted.fetch_add(1, Ordering::SeqCst) as usize;
+        let statuses = Arc::clone(&statuses);
+        async move {
+            let status = {
+                let statuses = statuses.lock().unwrap();
+                statuses.get(call).or(statuses.last()).copied()
+            };
+            let Some(status) = status else {
+                return std::future::pending().await;
+            };
+            let body = serde_json::json!({
+                "kind": "Status", "apiVersion": "v1", "status": "Failure",
+                "message": "boom", "reason": "Reason", "code": status,
+                "metadata": {},
+            });
+            let body = if status == 200 {
+                serde_json::json!({"kind": "Namespace", "apiVersion": "v1", "metadata": {"name": "x"}})
+            } else {
+                body
+            };
+            Ok::<_, kube::Error>(
+                Response::builder()
+                    .status(status)
+                    .body(Body::from(serde_json::to_vec(&body).unwrap()))
+                    .unwrap(),
+            )
+        }
+    });
+    (policy.wrap(kube::Client::new(server, "default")), calls)
+}
+
+async fn get(client: &kube::Client) -> Result<(), Error> {
+    let request = Request::get("/api/v1/namespaces/x")
+        .body(Vec::new())
+        .unwrap();
+    client
+        .request::<serde_json::Value>(request)
+        .await
+        .map(drop)
+        .map_err(|e| Error::kube("reading Namespace x", e))
+}
+
+async fn post(client: &kube::Client) -> Result<(), Error> {
+    let request = Request::post("/api/v1/namespaces")
+        .body(br#"{"metadata":{"name":"x"}}"#.to_vec())
+        .unwrap();
+    client
+        .request::<serde_json::Value>(request)
+        .await
+        .map(drop)
+        .map_err(|e| Error::kube("creating Namespace x", e))
+}
+
+#[tokio::test(start_paused = true)]
+async fn transient_answers_are_retried_four_times_then_returned() {
+    let (client, calls) = server(&[503], &ClientPolicy::new());
+    let error = get(&client).await.unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::Unavailable);
+    assert_eq!(calls.load(Ordering::SeqCst), 5);
+
+    let (client, calls) = server(&[429, 500, 200], &ClientPolicy::new());
+    get(&client).await.unwrap();
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_attempt_without_an_answer_times_out_and_is_not_retried() {
+    let (client, calls) = server(&[], &ClientPolicy::new());
+    let error = get(&client).await.unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::Unavailable);
+    assert!(error.is_transient());
+    assert!(
+        error.to_string().contains("no answer within 20s"),
+        "{error}"
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn conflicts_invalid_and_missing_objects_are_not_retried() {
+    for (code, kind) in [
+        (409, ErrorKind::Unavailable),
+        (422, ErrorKind::Invalid),
+        (404, ErrorKind::NotFound),
+        (403, ErrorKind::Failed),
+    ] {
+        let (client, calls) = server(&[code], &ClientPolicy::new());
+        let error = get(&client).await.unwrap_err();
+        assert_eq!(error.kind(), kind, "{code}");
+        assert_eq!(calls.load(Ordering::SeqCst), 1, "{code}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_create_is_retried_on_throttling_but_never_resent_after_a_server_error() {
+    let (client, calls) = server(&[500, 200], &ClientPolicy::new());
+    let error = post(&client).await.unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::Unavailable);
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+
+    let (client, calls) = server(&[429, 503, 200], &ClientPolicy::new());
+    post(&client).await.unwrap();
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_connection_failure_is_retried_except_for_a_create() {
+    // A threshold above the number of attempts: retries only.
+    for (create, expected) in [(false, 5), (true, 1)] {
+        let calls = Arc::new(AtomicU32::new(0));
+        let counted = Arc::clone(&calls);
+        let server = tower::service_fn(move |_request: Request<Body>| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            async { Err::<Response<Body>, _>(kube::Error::Service("connection reset".into())) }
+        });
+        let client = ClientPolicy::new()
+            .failure_threshold(10)
+            .wrap(kube::Client::new(server, "default"));
+        let error = if create {
+            post(&client).await
+        } else {
+            get(&client).await
+        }
+        .unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::Unavailable);
+        assert_eq!(calls.load(Ordering::SeqCst), expected, "create: {create}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_delays_means_no_retries() {
+    let (client, calls) = server(&[503], &ClientPolicy::new().backoff([]));
+    get(&client).await.unwrap_err();
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+/// A cluster `edge` over `server`, whose requests go through `policy`.
+fn cluster<F, Fut>(policy: ClientPolicy, server: F) -> crate::Cluster
+where
+    F: FnMut(Request<Body>) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = Result<Response<Body>, kube::Error>> + Send + 'static,
+{
+    let client = kube::Client::new(tower::service_fn(server), "default");
+    crate::Cluster::new("edge", client).with_policy(policy)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dead_cluster_fails_fast_after_three_failures_until_a_probe_answers() {
+    let calls = Arc::new(AtomicU32::new(0));
+    let up = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (counted, alive) = (Arc::clone(&calls), Arc::clone(&up));
+    let edge = cluster(ClientPolicy::new(), move |request: Request<Body>| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        let alive = alive.load(Ordering::SeqCst);
+        let path = request.uri().path().to_owned();
+        async move {
+            if !alive {
+                return Err(kube::Error::Service("connection refused".into()));
+            }
+            let body = if path == "/version" {
+                serde_json::json!({"major": "1"})
+            } else {
+                serde_json::json!({"kind": "Namespace", "apiVersion": "v1", "metadata": {"name": "x"}})
+            };
+            Ok(Response::new(Body::from(
+                serde_json::to_vec(&body).unwrap(),
+            )))
+        }
+    });
+    let started = tokio::time::Instant::now();
+    let error = get(edge.client()).await.unwrap_err();
+    // Three attempts (50 ms and 150 ms apart) open the breaker; the
+    // fourth fails without a call.
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(error.kind(), ErrorKind::Unavailable);
+    assert!(
+        error
+            .to_string()
+            .contains("cluster `edge` is unreachable since"),
+        "{error}"
+    );
+    let crate::Health::Unreachable(unreachable) = edge.health() else {
+        panic!("edge should be unreachable");
+    };
+    assert_eq!(unreachable.failures, 3);
+
+    // Fails fast, without a call, until the probe is due.
+    let error = get(edge.client()).await.unwrap_err();
+    assert!(error.to_string().contains("next probe in 1s"), "{error}");
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+
+    // The probe finds it still dead: open again for longer.
+    tokio::time::advance(Duration::from_secs(1)).await;
+    let error = get(edge.client()).await.unwrap_err();
+    assert!(error.to_string().contains("next probe in 2s"), "{error}");
+    assert_eq!(calls.load(Ordering::SeqCst), 4);
+
+    // Back: the probe answers, the breaker closes, the request goes.
+    up.store(true, Ordering::SeqCst);
+    tokio::time::advance(Duration::from_secs(2)).await;
+    get(edge.client()).await.unwrap();
+    assert_eq!(calls.load(Ordering::SeqCst), 6);
+    assert!(edge.health().is_reachable());
+}
+
+#[tokio::test(start_paused = true)]
+async fn one_timeout_opens_the_breaker_and_the_pass_after_it_returns_at_once() {
+    let calls = Arc::new(AtomicU32::new(0));
+    let counted = Arc::clone(&calls);
+    let policy = ClientPolicy::new().timeout(Duration::from_secs(3));
+    let edge = cluster(policy, move |_request: Request<Body>| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        std::future::pending::<Result<Response<Body>, kube::Error>>()
+    });
+    let error = get(edge.client()).await.unwrap_err();
+    assert!(error.to_string().contains("no answer within 3s"), "{error}");
+    let started = tokio::time::Instant::now();
+    let error = get(edge.client()).await.unwrap_err();
+    assert_eq!(started.elapsed(), Duration::ZERO);
+    assert!(
+        error.to_string().contains("cluster `edge` is unreachable"),
+        "{error}"
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    // The probe waits for its own short timeout, not the request's.
+    tokio::time::advance(Duration::from_secs(1)).await;
+    let started = tokio::time::Instant::now();
+    get(edge.client()).await.unwrap_err();
+    assert_eq!(started.elapsed(), Duration::from_secs(1));
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_caller_that_gives_up_after_a_while_counts_as_a_timeout() {
+    let edge = cluster(ClientPolicy::new(), move |_request: Request<Body>| {
+        std::future::pending::<Result<Response<Body>, kube::Error>>()
+    });
+    let short = tokio::time::timeout(Duration::from_secs(1), get(edge.client())).await;
+    assert!(short.is_err());
+    assert!(
+        edge.health().is_reachable(),
+        "a quick cancellation says nothing"
+    );
+    let long = tokio::time::timeout(Duration::from_secs(5), get(edge.client())).await;
+    assert!(long.is_err());
+    assert!(!edge.health().is_reachable());
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_oversized_response_is_refused_naming_the_cluster_and_the_limit() {
+    for declared in [false, true] {
+        let policy = ClientPolicy::new().response_limit(1024);
+        let edge = cluster(policy, move |_request: Request<Body>| async move {
+            let mut response = Response::builder().status(200);
+            if declared {
+                response = response.header("content-length", "4096");
+            }
+            Ok(response.body(Body::from(vec![b' '; 4096])).unwrap())
+        });
+        let error = get(edge.client()).await.unwrap_err();
+        let text = error.to_string();
+        assert!(text.contains("cluster `edge`"), "{text}");
+        assert!(text.contains("limit of 1024 bytes"), "{text}");
+        // Not a sign of a dead cluster.
+        assert!(edge.health().is_reachable());
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_error_body_that_is_not_a_status_never_reaches_the_error() {
+    let edge = cluster(
+        ClientPolicy::new().backoff([]),
+        |_request: Request<Body>| async {
+            Ok(Response::builder()
+                .status(502)
+                .header("content-type", "text/html")
+                .body(Body::from(b"<html>token=hunter2</html>".to_vec()))
+                .unwrap())
+        },
+    );
+    let error = get(edge.client()).await.unwrap_err();
+    let text = error.to_string();
+    assert!(!text.contains("hunter2"), "{text}");
+    assert!(text.contains("cluster `edge` answered 502"), "{text}");
+    assert_eq!(error.kind(), ErrorKind::Unavailable);
+
+    // A real Status is passed through as it is.
+    let (client, _) = server(&[422], &ClientPolicy::new());
+    let error = get(&client).await.unwrap_err();
+    assert!(error.to_string().contains("boom"), "{error}");
+}
+
+#[test]
+fn watches_and_followed_logs_are_streams() {
+    let request = |uri: &str| Request::get(uri).body(Body::empty()).unwrap();
+    assert!(is_streaming(&request(
+        "/api/v1/pods?watch=true&resourceVersion=1"
+    )));
+    assert!(is_streaming(&request(
+        "/api/v1/namespaces/a/pods/p/log?follow=true"
+    )));
+    assert!(!is_streaming(&request("/api/v1/pods?limit=500")));
+    assert!(!is_streaming(&request("/api/v1/pods?watch=false")));
+}
