@@ -8,6 +8,7 @@ use std::task::{Context as TaskContext, Poll};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
 use http::{HeaderValue, Method, Request, Response, StatusCode, header};
 use kube::client::Body;
 use tokio::time::Instant;
@@ -403,10 +404,14 @@ where
         return Err(Box::new(too_large()));
     }
     let (mut parts, body) = response.into_parts();
-    let bytes = body.collect_bytes().await.map_err(BoxError::from)?;
-    if bytes.len() as u64 > policy.response_limit {
-        return Err(Box::new(too_large()));
-    }
+    // Counted as it arrives: a body without a length that never ends is cut
+    // at the limit, not held in memory whole.
+    let limit = usize::try_from(policy.response_limit).unwrap_or(usize::MAX);
+    let bytes = match Limited::new(body, limit).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(error) if error.is::<LengthLimitError>() => return Err(Box::new(too_large())),
+        Err(error) => return Err(error),
+    };
     let failed = parts.status.is_client_error() || parts.status.is_server_error();
     if failed && !is_status(&bytes) {
         let replaced = foreign_body_status(parts.status, cluster);

@@ -128,13 +128,25 @@ pub struct PlanStatus {
     pub unknown_nodes: u64,
 }
 
-/// One node that is not done yet.
+/// One node that is not done yet (as `provisioners_runtime` writes it).
 #[derive(Serialize, Deserialize, Clone, Debug, Default, JsonSchema)]
 pub struct WaitingNode {
     /// The node's path, e.g. `p/components/metrics`.
     pub node: String,
-    /// What it waits for.
+    /// The id of the remote cluster the node runs on, when it is not this one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<String>,
+    /// `Waiting` (not done yet) or `Failing` (an error, retried).
+    #[serde(default)]
+    pub state: String,
+    /// The object waited on, e.g. `Job monitoring/metrics-pre-install`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub object: Option<String>,
+    /// What it waits for, or why it fails.
     pub reason: String,
+    /// Since when (RFC 3339), when the node knows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since: Option<String>,
 }
 
 /// One status condition (the shape of `metav1.Condition`).
