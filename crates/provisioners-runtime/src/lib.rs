@@ -127,6 +127,7 @@ mod events;
 mod in_flight;
 mod kubeconfigs;
 mod lease;
+mod predicate;
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub mod metrics;
@@ -142,6 +143,7 @@ pub use approval::{
 };
 pub use condition::{AVAILABLE, Reason};
 pub use lease::LeaderElection;
+pub use predicate::significant_change;
 pub use provisioners_core::Managed;
 pub use reconciler::{
     DEFAULT_PAUSED_ANNOTATION, DEFAULT_REQUEUE, DEFAULT_WAITING_FIELD, ReconcileObserver,

@@ -37,11 +37,11 @@ use kube::api::{Patch, PatchParams};
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{self, Action, Controller};
 use kube::runtime::events::Reporter;
-use kube::runtime::watcher;
+use kube::runtime::{PredicateConfig, WatchStreamExt, reflector, watcher};
 use kube::{Api, CustomResource, CustomResourceExt, ResourceExt};
 use provisioners::helm::Chart;
 use provisioners::remote::SecretKubeconfig;
-use provisioners::runtime::LeaderElection;
+use provisioners::runtime::{LeaderElection, significant_change};
 use provisioners::{
     Concurrent, Conditional, Context, Error, HelmRelease, Managed, Manifest, Reconciler,
     RemoteClusterProvisioner, Serial,
@@ -562,7 +562,16 @@ async fn run_controller(
         settings,
     });
     let config = options.watcher_config();
-    let controller = Controller::new(platforms.clone(), config.clone())
+    // Only a new spec, a deletion or an annotation starts a pass: the
+    // finalizer and status writes of our own reconciles come back as watch
+    // events and would each start one more pass of the whole tree.
+    let (store, writer) = reflector::store();
+    let changes = watcher(platforms.clone(), config.clone())
+        .default_backoff()
+        .reflect(writer)
+        .applied_objects()
+        .predicate_filter(significant_change, PredicateConfig::default());
+    let controller = Controller::for_stream(changes, store)
         .with_config(controller::Config::default().concurrency(options.concurrency))
         .graceful_shutdown_on(async move { shutdown.cancelled().await })
         .run(
