@@ -1,0 +1,225 @@
+//! A pass never waits for helm: it starts a run in the
+//! [background](super::background), waits at most the
+//! [pass timeout](HelmRelease::pass_timeout) for it, and otherwise yields
+//! saying what helm waits for; a later pass collects the outcome. A pass
+//! never waits for a helm slot or the release's lock either: it yields,
+//! naming them.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use provisioners_core::{Context, Error, ErrorKind, Operation, Result, Waiting};
+
+use super::HelmRelease;
+use super::background::{Found, Purpose, Run, Runs};
+use super::lock::{ReleaseLocks, Serialised};
+use super::probe;
+use crate::processes::HelmProcesses;
+use crate::storage;
+use crate::workdir::WorkDir;
+
+/// How much longer than its hook timeout a helm run may take before it is
+/// stopped: helm's own reads and writes before and after the hooks.
+pub(super) const RUN_MARGIN: Duration = Duration::from_secs(60);
+
+impl HelmRelease {
+    /// `HelmRelease ns/name`, the object a wait on the release names.
+    fn waited_object(&self) -> String {
+        format!("HelmRelease {}", self.id())
+    }
+
+    /// How long one helm run may take: helm's `--timeout` plus [`RUN_MARGIN`].
+    pub(super) fn run_deadline(&self) -> Duration {
+        self.helm_timeout() + RUN_MARGIN
+    }
+
+    /// The release's lock in this process, or a yield while another pass or
+    /// run holds it.
+    pub(super) fn try_lock(&self, cx: &Context) -> Result<Serialised> {
+        let locks = cx.cluster().state::<ReleaseLocks>();
+        locks
+            .try_lock(&self.namespace, &self.release)
+            .ok_or_else(|| {
+                Error::yielding(format!(
+                    "another pass of this process is working on release `{}`",
+                    self.id()
+                ))
+                .waiting_on(Waiting::new("the release's lock").object(self.waited_object()))
+            })
+    }
+
+    /// What became of the release's helm run, if one was started: a yield
+    /// while it runs; its outcome when it has ended (reported as an error only
+    /// to the operation that started it). A deprovision stops a provision's
+    /// run first (SIGTERM, so helm marks the release failed, then SIGKILL
+    /// after the grace).
+    pub(super) async fn collect(&self, cx: &Context, operation: Operation) -> Result<()> {
+        let runs = cx.cluster().state::<Runs>();
+        match runs.find(&self.namespace, &self.release) {
+            Found::None => Ok(()),
+            Found::Ended(run, outcome) => self.collected_by(cx, &run, outcome, operation).await,
+            Found::Live(run)
+                if operation == Operation::Deprovision && run.operation == Operation::Provision =>
+            {
+                if run.stop() {
+                    tracing::info!(
+                        release = %self.id(), action = run.action,
+                        "deprovisioning: stopping the provision's helm run first"
+                    );
+                }
+                if run.wait(self.pass_timeout).await
+                    && let Some(outcome) = runs.take(&self.namespace, &self.release, &run)
+                {
+                    return self.collected_by(cx, &run, outcome, operation).await;
+                }
+                Err(Error::yielding(format!(
+                    "stopping helm {} of release `{}` (running for {}s) before uninstalling it",
+                    run.action,
+                    self.id(),
+                    run.elapsed().as_secs()
+                ))
+                .waiting_on(
+                    Waiting::new(format!("helm {} to exit", run.action))
+                        .object(self.waited_object())
+                        .since(run.since),
+                ))
+            }
+            Found::Live(run) => Err(self.running(cx, &run).await),
+        }
+    }
+
+    async fn collected_by(
+        &self,
+        cx: &Context,
+        run: &Run,
+        outcome: Result<()>,
+        operation: Operation,
+    ) -> Result<()> {
+        let result = self.collected(cx, run, outcome).await;
+        if run.operation == operation {
+            return result;
+        }
+        if let Err(e) = result
+            && !e.is_yield()
+        {
+            tracing::info!(
+                release = %self.id(), action = run.action, error = %e,
+                "an earlier {} run ended so; going on with the {}",
+                run.operation.as_str(), operation.as_str()
+            );
+        }
+        Ok(())
+    }
+
+    /// The follow-up of an ended run.
+    async fn collected(&self, cx: &Context, run: &Run, outcome: Result<()>) -> Result<()> {
+        match (&run.purpose, outcome) {
+            // After helm's own update of the record, which would drop it.
+            (Purpose::Uninstall { seen, record }, Ok(())) => {
+                storage::remember_uninstalled(cx.client(), &self.namespace, record, seen).await
+            }
+            (Purpose::Uninstall { .. }, Err(e)) if e.kind() == ErrorKind::Timeout => {
+                Err(Error::yielding(format!(
+                    "release `{}` is being uninstalled: {}",
+                    self.id(),
+                    e.message()
+                ))
+                .waiting_on(Waiting::new("helm uninstall").object(self.waited_object())))
+            }
+            (_, outcome) => outcome,
+        }
+    }
+
+    /// Starts helm in the background (`job`, given the run's context and
+    /// private directory), holding the release's lock and Lease until it
+    /// has exited. `Ok` when it ended well within the pass timeout, its
+    /// follow-up done; its error when it failed so quickly; else a yield.
+    pub(super) async fn in_background<J, F>(
+        &self,
+        cx: &Context,
+        serialised: &Serialised,
+        action: &'static str,
+        operation: Operation,
+        purpose: Purpose,
+        job: J,
+    ) -> Result<()>
+    where
+        J: FnOnce(Context, Arc<WorkDir>) -> F,
+        F: Future<Output = Result<()>> + Send + 'static,
+    {
+        let runs = cx.cluster().state::<Runs>();
+        let work = self.work_dir()?;
+        // The pass's token still reaches the run (shutdown); a deprovision
+        // stops it through its own child token.
+        let stop = cx.cancellation().child_token();
+        let run = Arc::new(Run::new(
+            action,
+            operation,
+            purpose,
+            stop.clone(),
+            work.started(),
+        ));
+        let processes = HelmProcesses::of(cx.cluster());
+        let queued = processes.running() >= processes.max();
+        let job = job(cx.clone().with_cancellation(stop), work);
+        tracing::info!(release = %self.id(), action, "helm started in the background");
+        runs.start(
+            &self.namespace,
+            &self.release,
+            Arc::clone(&run),
+            serialised.share(),
+            job,
+        );
+        if !queued
+            && run.wait(self.pass_timeout).await
+            && let Some(outcome) = runs.take(&self.namespace, &self.release, &run)
+        {
+            return self.collected(cx, &run, outcome).await;
+        }
+        Err(self.running(cx, &run).await)
+    }
+
+    /// The yield for a live run: what it waits for (a helm slot; a hook Job
+    /// and its pod's reason; an object being deleted), as text and data.
+    async fn running(&self, cx: &Context, run: &Run) -> Error {
+        let elapsed = run.elapsed().as_secs();
+        if !run.helm_started() {
+            let processes = HelmProcesses::of(cx.cluster());
+            return Error::yielding(format!(
+                "helm {} of release `{}` waits for a helm slot ({} of {} in use on cluster `{}`)",
+                run.action,
+                self.id(),
+                processes.running(),
+                processes.max(),
+                cx.cluster().id()
+            ))
+            .waiting_on(
+                Waiting::new("a free helm slot")
+                    .object(self.waited_object())
+                    .since(run.since),
+            );
+        }
+        let doing = format!(
+            "helm {} of release `{}` running for {elapsed}s",
+            run.action,
+            self.id()
+        );
+        match probe::blocker(cx.client(), &self.namespace, run.since).await {
+            Some(blocker) => Error::yielding(format!(
+                "{doing}; waiting for {}: {}",
+                blocker.object, blocker.reason
+            ))
+            .waiting_on(
+                Waiting::new(blocker.reason)
+                    .object(blocker.object)
+                    .since(blocker.since.unwrap_or(run.since)),
+            ),
+            None => Error::yielding(doing).waiting_on(
+                Waiting::new(format!("helm {}", run.action))
+                    .object(self.waited_object())
+                    .since(run.since),
+            ),
+        }
+    }
+}
