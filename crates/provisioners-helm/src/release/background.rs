@@ -27,8 +27,9 @@ const UNCOLLECTED: Duration = Duration::from_secs(3600);
 /// What a run is for, which decides what collecting it does.
 #[derive(Debug)]
 pub(super) enum Purpose {
-    /// `upgrade --install`, a rollback: the next step reads the record.
-    Release,
+    /// `upgrade --install` (with the digest of the inputs it installs,
+    /// when known), a rollback: the next step reads the record.
+    Release { inputs: Option<String> },
     /// `helm uninstall` of the record `record`: the objects `seen` before
     /// it are remembered on the record once it is done.
     Uninstall { seen: Vec<Seen>, record: String },
@@ -227,7 +228,7 @@ mod tests {
         Arc::new(Run::new(
             "upgrade --install",
             Operation::Provision,
-            Purpose::Release,
+            Purpose::Release { inputs: None },
             CancellationToken::new(),
             Arc::default(),
         ))
@@ -289,7 +290,7 @@ mod tests {
         let run = Run::new(
             "upgrade --install",
             Operation::Provision,
-            Purpose::Release,
+            Purpose::Release { inputs: None },
             stop.clone(),
             Arc::default(),
         );

@@ -224,7 +224,8 @@ impl Provisioner for HelmRelease {
         self.validate()?;
         let values = self.merged_values()?;
         let digest = self.digest(&values).await?;
-        self.collect(cx, Operation::Provision).await?;
+        self.collect(cx, Operation::Provision, digest.as_deref())
+            .await?;
         let serialised = self.try_lock(cx)?;
 
         let mut latest = storage::latest(cx.client(), &self.namespace, &self.release).await?;
@@ -274,7 +275,9 @@ impl Provisioner for HelmRelease {
             &serialised,
             "upgrade --install",
             Operation::Provision,
-            Purpose::Release,
+            Purpose::Release {
+                inputs: digest.clone(),
+            },
             move |cx, work| async move {
                 let kubeconfig = this.kubeconfig(&cx)?;
                 // In the background: `helm version` takes a helm slot too.
@@ -328,7 +331,7 @@ impl Provisioner for HelmRelease {
 
     async fn deprovision(&self, cx: &Context) -> Result<()> {
         self.validate_names()?;
-        self.collect(cx, Operation::Deprovision).await?;
+        self.collect(cx, Operation::Deprovision, None).await?;
         let serialised = self.try_lock(cx)?;
         if storage::latest(cx.client(), &self.namespace, &self.release)
             .await?

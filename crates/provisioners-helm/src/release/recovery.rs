@@ -27,8 +27,14 @@ impl HelmRelease {
             );
             // In the background: until it has ended this is a yield, and the
             // next pass finds the record uninstalled and finishes it below.
-            self.uninstall(cx, serialised, true, Operation::Provision, Purpose::Release)
-                .await?;
+            self.uninstall(
+                cx,
+                serialised,
+                true,
+                Operation::Provision,
+                Purpose::Release { inputs: None },
+            )
+            .await?;
             storage::forget_all(cx.client(), &self.namespace, &self.release).await?;
             Ok(true)
         } else if revision.is_pending() {

@@ -50,15 +50,25 @@ impl HelmRelease {
     }
 
     /// What became of the release's helm run, if one was started: a yield
-    /// while it runs; its outcome when it has ended (reported as an error only
-    /// to the operation that started it). A deprovision stops a provision's
+    /// while it runs; its outcome when it has ended, reported as an error
+    /// only to the operation that started it and, for an install or
+    /// upgrade, with the same `inputs` (a stale run's failure says nothing
+    /// about the inputs now: the pass goes on and reads the record). A deprovision stops a provision's
     /// run first (SIGTERM, so helm marks the release failed, then SIGKILL
     /// after the grace).
-    pub(super) async fn collect(&self, cx: &Context, operation: Operation) -> Result<()> {
+    pub(super) async fn collect(
+        &self,
+        cx: &Context,
+        operation: Operation,
+        inputs: Option<&str>,
+    ) -> Result<()> {
         let runs = cx.cluster().state::<Runs>();
         match runs.find(&self.namespace, &self.release) {
             Found::None => Ok(()),
-            Found::Ended(run, outcome) => self.collected_by(cx, &run, outcome, operation).await,
+            Found::Ended(run, outcome) => {
+                self.collected_by(cx, &run, outcome, operation, inputs)
+                    .await
+            }
             Found::Live(run)
                 if operation == Operation::Deprovision && run.operation == Operation::Provision =>
             {
@@ -71,7 +81,9 @@ impl HelmRelease {
                 if run.wait(self.pass_timeout).await
                     && let Some(outcome) = runs.take(&self.namespace, &self.release, &run)
                 {
-                    return self.collected_by(cx, &run, outcome, operation).await;
+                    return self
+                        .collected_by(cx, &run, outcome, operation, inputs)
+                        .await;
                 }
                 Err(Error::yielding(format!(
                     "stopping helm {} of release `{}` (running for {}s) before uninstalling it",
@@ -95,9 +107,16 @@ impl HelmRelease {
         run: &Run,
         outcome: Result<()>,
         operation: Operation,
+        inputs: Option<&str>,
     ) -> Result<()> {
         let result = self.collected(cx, run, outcome).await;
-        if run.operation == operation {
+        let current = match &run.purpose {
+            Purpose::Release {
+                inputs: Some(started),
+            } => Some(started.as_str()) == inputs,
+            _ => true,
+        };
+        if run.operation == operation && current {
             return result;
         }
         if let Err(e) = result
@@ -105,8 +124,9 @@ impl HelmRelease {
         {
             tracing::info!(
                 release = %self.id(), action = run.action, error = %e,
-                "an earlier {} run ended so; going on with the {}",
-                run.operation.as_str(), operation.as_str()
+                "an earlier helm run (of a {}, for another operation or other inputs) \
+                 ended so; going on",
+                run.operation.as_str()
             );
         }
         Ok(())
@@ -184,8 +204,10 @@ impl HelmRelease {
     /// and its pod's reason; an object being deleted), as text and data.
     async fn running(&self, cx: &Context, run: &Run) -> Error {
         let elapsed = run.elapsed().as_secs();
-        if !run.helm_started() {
-            let processes = HelmProcesses::of(cx.cluster());
+        let processes = HelmProcesses::of(cx.cluster());
+        // Not started with every slot taken: queued (else it is still
+        // detecting helm's version, or about to start).
+        if !run.helm_started() && processes.running() >= processes.max() {
             return Error::yielding(format!(
                 "helm {} of release `{}` waits for a helm slot ({} of {} in use on cluster `{}`)",
                 run.action,
