@@ -164,6 +164,13 @@ impl Runs {
         Found::Ended(run, outcome)
     }
 
+    /// The run of `release` in `namespace` if it is still going.
+    #[cfg(test)]
+    pub(super) fn find_live(&self, namespace: &str, release: &str) -> Option<Arc<Run>> {
+        let key = (namespace.to_owned(), release.to_owned());
+        self.lock().get(&key).filter(|run| !run.is_done()).cloned()
+    }
+
     /// Takes the outcome of `run` if it has ended and is still registered.
     pub(super) fn take(
         &self,

@@ -245,3 +245,125 @@ impl HelmRelease {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use provisioners_testing::mock;
+    use tokio_util::sync::CancellationToken;
+
+    use super::*;
+    use crate::chart::Chart;
+
+    fn release() -> HelmRelease {
+        HelmRelease::new("web", Chart::local("/charts/web"))
+            .namespace("apps")
+            .pass_timeout(Duration::from_millis(50))
+    }
+
+    /// Registers a provision's run of `release()` that ends with `outcome`
+    /// once `end` fires (or its own stop token does).
+    fn provision_run(
+        cx: &Context,
+        inputs: &str,
+        end: CancellationToken,
+        outcome: Result<()>,
+    ) -> CancellationToken {
+        let serialised = release().try_lock(cx).expect("free");
+        let stop = CancellationToken::new();
+        let run = Arc::new(Run::new(
+            "upgrade --install",
+            Operation::Provision,
+            Purpose::Release {
+                inputs: Some(inputs.to_owned()),
+            },
+            stop.clone(),
+            Arc::default(),
+        ));
+        let stopped = stop.clone();
+        cx.cluster()
+            .state::<Runs>()
+            .start("apps", "web", run, serialised.share(), async move {
+                tokio::select! {
+                    () = end.cancelled() => outcome,
+                    // helm takes a while to exit after SIGTERM.
+                    () = async {
+                        stopped.cancelled().await;
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    } => Err(Error::cancelled()),
+                }
+            });
+        stop
+    }
+
+    #[tokio::test]
+    async fn a_deprovision_stops_a_provisions_run_then_goes_on() {
+        let (cx, _api) = mock::context();
+        let stop = provision_run(&cx, "a", CancellationToken::new(), Ok(()));
+        let error = release()
+            .collect(&cx, Operation::Deprovision, None)
+            .await
+            .expect_err("helm is still exiting");
+        assert!(error.is_yield(), "{error}");
+        assert!(
+            error
+                .message()
+                .contains("stopping helm upgrade --install of release `apps/web`"),
+            "{error}"
+        );
+        let waiting = error.waiting().expect("waiting data");
+        assert_eq!(waiting.object_name(), Some("HelmRelease apps/web"));
+        assert!(waiting.started().is_some());
+        assert!(stop.is_cancelled(), "helm was not told to stop");
+        let locked = release().try_lock(&cx).expect_err("the run holds the lock");
+        assert!(locked.is_yield(), "{locked}");
+
+        // Once helm has exited: the provision's `Cancelled` is not the
+        // deprovision's error, and the lock is free.
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            match release().collect(&cx, Operation::Deprovision, None).await {
+                Ok(()) => break,
+                Err(e) if e.is_yield() => {}
+                Err(e) => panic!("{e}"),
+            }
+            assert!(std::time::Instant::now() < deadline, "never collected");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(release().try_lock(&cx).is_ok());
+    }
+
+    #[tokio::test]
+    async fn an_ended_run_is_reported_only_to_a_pass_with_its_inputs() {
+        let (cx, _api) = mock::context();
+        let end = CancellationToken::new();
+        end.cancel();
+        provision_run(&cx, "a", end.clone(), Err(Error::invalid("bad values")));
+        let runs = cx.cluster().state::<Runs>();
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while runs.find_live("apps", "web").is_some() {
+            assert!(std::time::Instant::now() < deadline, "never ended");
+            tokio::task::yield_now().await;
+        }
+        let error = release()
+            .collect(&cx, Operation::Provision, Some("a"))
+            .await
+            .expect_err("its own failure");
+        assert_eq!(error.kind(), ErrorKind::Invalid, "{error}");
+        // Collected once.
+        release()
+            .collect(&cx, Operation::Provision, Some("a"))
+            .await
+            .unwrap();
+
+        // A run for other inputs: logged, not returned.
+        provision_run(&cx, "a", end, Err(Error::invalid("bad values")));
+        while runs.find_live("apps", "web").is_some() {
+            assert!(std::time::Instant::now() < deadline, "never ended");
+            tokio::task::yield_now().await;
+        }
+        release()
+            .collect(&cx, Operation::Provision, Some("b"))
+            .await
+            .expect("a stale run's failure");
+    }
+}
