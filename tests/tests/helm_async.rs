@@ -17,6 +17,8 @@ use serde_json::json;
 #[macro_use]
 mod helm_support;
 use helm_support::*;
+// Compiled here so that the helper the other helm suites loop with builds.
+mod helm_async_support;
 
 both_helms!(
     a_hook_that_cannot_schedule_yields_at_once_and_converges_later,
@@ -29,6 +31,13 @@ const NODE: &str = "kwok-node-0";
 
 /// A pass must return within this (the bound, loose for a loaded CI).
 const PASS_BOUND: Duration = Duration::from_secs(2);
+
+/// The bound for a pass among 32 at once: what they cost is reads and
+/// writes on a 2-core machine that also runs the control plane, 8 helm
+/// processes and the rest of the suite (the load average was about 30 when
+/// this was measured at 1.4 s for a provision pass, 2.1 s for a deprovision
+/// pass). None of it is waiting: a pass that finds no free slot yields.
+const CROWDED_PASS_BOUND: Duration = Duration::from_secs(5);
 
 /// What the test passes wait for a run they started: short, so that the
 /// bound above holds with room to spare.
@@ -268,6 +277,11 @@ async fn thirty_two_releases_share_eight_helm_slots_without_a_waiting_pass(helm:
             )
             .await;
             let mut next = Vec::new();
+            let round_longest = outcomes.iter().map(|(_, took)| *took).max();
+            eprintln!(
+                "{what} round {rounds}: {} passes, longest {round_longest:?}",
+                outcomes.len()
+            );
             for (release, (result, took)) in pending.into_iter().zip(outcomes) {
                 longest = longest.max(took);
                 match result {

@@ -27,9 +27,13 @@ const UNCOLLECTED: Duration = Duration::from_secs(3600);
 /// What a run is for, which decides what collecting it does.
 #[derive(Debug)]
 pub(super) enum Purpose {
-    /// `upgrade --install` (with the digest of the inputs it installs,
-    /// when known), a rollback: the next step reads the record.
+    /// `upgrade --install` of `inputs` (their digest; `None` when it cannot
+    /// be known, a chart by version range): once it has ended well, the
+    /// pass of the same inputs checks readiness instead of running helm again.
     Release { inputs: Option<String> },
+    /// A recovery's rollback or removal of a pending install: the next
+    /// step reads the record.
+    Recovery,
     /// `helm uninstall` of the record `record`: the objects `seen` before
     /// it are remembered on the record once it is done.
     Uninstall { seen: Vec<Seen>, record: String },

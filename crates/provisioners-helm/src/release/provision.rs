@@ -110,6 +110,20 @@ impl HelmRelease {
         self.verdict(revision, &objects, &payload)
     }
 
+    /// After `helm upgrade --install` of these inputs ended well: readiness.
+    async fn installed(&self, cx: &Context) -> Result<()> {
+        if self.wait.is_none() {
+            return Ok(());
+        }
+        match storage::latest(cx.client(), &self.namespace, &self.release).await? {
+            Some(revision) => self.settled(cx, &revision).await,
+            None => Err(Error::failed(format!(
+                "helm upgrade --install of release `{}` left no release record",
+                self.id()
+            ))),
+        }
+    }
+
     /// A release deployed with these very inputs: checks drift and
     /// readiness. `Ok(Some(..))` when the drift is to be repaired by an upgrade.
     async fn unchanged(&self, cx: &Context, revision: &Revision) -> Result<Option<Repair>> {
@@ -224,9 +238,15 @@ impl Provisioner for HelmRelease {
         self.validate()?;
         let values = self.merged_values()?;
         let digest = self.digest(&values).await?;
-        self.collect(cx, Operation::Provision, digest.as_deref())
+        let installed = self
+            .collect(cx, Operation::Provision, digest.as_deref())
             .await?;
         let serialised = self.try_lock(cx)?;
+        if installed {
+            // helm ran with these very inputs: what is left is readiness
+            // (an unpinned chart would otherwise run helm on every pass).
+            return self.installed(cx).await;
+        }
 
         let mut latest = storage::latest(cx.client(), &self.namespace, &self.release).await?;
         let mut repair = None;
@@ -308,16 +328,7 @@ impl Provisioner for HelmRelease {
             },
         )
         .await?;
-        if self.wait.is_none() {
-            return Ok(());
-        }
-        match storage::latest(cx.client(), &self.namespace, &self.release).await? {
-            Some(revision) => self.settled(cx, &revision).await,
-            None => Err(Error::failed(format!(
-                "helm upgrade --install of release `{}` left no release record",
-                self.id()
-            ))),
-        }
+        self.installed(cx).await
     }
 
     /// What provision or deprovision would do now: see

@@ -32,7 +32,7 @@ impl HelmRelease {
                 serialised,
                 true,
                 Operation::Provision,
-                Purpose::Release { inputs: None },
+                Purpose::Recovery,
             )
             .await?;
             storage::forget_all(cx.client(), &self.namespace, &self.release).await?;

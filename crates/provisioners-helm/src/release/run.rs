@@ -202,7 +202,7 @@ impl HelmRelease {
             serialised,
             "rollback",
             Operation::Provision,
-            Purpose::Release { inputs: None },
+            Purpose::Recovery,
             move |cx, work| async move {
                 let kubeconfig = this.kubeconfig(&cx)?;
                 this.run_helm_in(&cx, "rollback", &Value::Null, &work, None, |work| {

@@ -53,7 +53,8 @@ impl HelmRelease {
     /// while it runs; its outcome when it has ended, reported as an error
     /// only to the operation that started it and, for an install or
     /// upgrade, with the same `inputs` (a stale run's failure says nothing
-    /// about the inputs now: the pass goes on and reads the record). A deprovision stops a provision's
+    /// about the inputs now: the pass goes on and reads the record).
+    /// `Ok(true)` when an install or upgrade of these very inputs ended well. A deprovision stops a provision's
     /// run first (SIGTERM, so helm marks the release failed, then SIGKILL
     /// after the grace).
     pub(super) async fn collect(
@@ -61,10 +62,10 @@ impl HelmRelease {
         cx: &Context,
         operation: Operation,
         inputs: Option<&str>,
-    ) -> Result<()> {
+    ) -> Result<bool> {
         let runs = cx.cluster().state::<Runs>();
         match runs.find(&self.namespace, &self.release) {
-            Found::None => Ok(()),
+            Found::None => Ok(false),
             Found::Ended(run, outcome) => {
                 self.collected_by(cx, &run, outcome, operation, inputs)
                     .await
@@ -108,16 +109,14 @@ impl HelmRelease {
         outcome: Result<()>,
         operation: Operation,
         inputs: Option<&str>,
-    ) -> Result<()> {
+    ) -> Result<bool> {
         let result = self.collected(cx, run, outcome).await;
-        let current = match &run.purpose {
-            Purpose::Release {
-                inputs: Some(started),
-            } => Some(started.as_str()) == inputs,
-            _ => true,
+        let (current, installed) = match &run.purpose {
+            Purpose::Release { inputs: started } => (started.as_deref() == inputs, true),
+            _ => (true, false),
         };
         if run.operation == operation && current {
-            return result;
+            return result.map(|()| installed);
         }
         if let Err(e) = result
             && !e.is_yield()
@@ -129,7 +128,7 @@ impl HelmRelease {
                 run.operation.as_str()
             );
         }
-        Ok(())
+        Ok(false)
     }
 
     /// The follow-up of an ended run.
@@ -322,7 +321,10 @@ mod tests {
         let deadline = std::time::Instant::now() + Duration::from_secs(20);
         loop {
             match release().collect(&cx, Operation::Deprovision, None).await {
-                Ok(()) => break,
+                Ok(installed) => {
+                    assert!(!installed);
+                    break;
+                }
                 Err(e) if e.is_yield() => {}
                 Err(e) => panic!("{e}"),
             }
@@ -350,20 +352,36 @@ mod tests {
             .expect_err("its own failure");
         assert_eq!(error.kind(), ErrorKind::Invalid, "{error}");
         // Collected once.
-        release()
-            .collect(&cx, Operation::Provision, Some("a"))
-            .await
-            .unwrap();
+        assert!(
+            !release()
+                .collect(&cx, Operation::Provision, Some("a"))
+                .await
+                .unwrap()
+        );
 
         // A run for other inputs: logged, not returned.
-        provision_run(&cx, "a", end, Err(Error::invalid("bad values")));
+        provision_run(&cx, "a", end.clone(), Err(Error::invalid("bad values")));
         while runs.find_live("apps", "web").is_some() {
             assert!(std::time::Instant::now() < deadline, "never ended");
             tokio::task::yield_now().await;
         }
-        release()
+        let installed = release()
             .collect(&cx, Operation::Provision, Some("b"))
             .await
             .expect("a stale run's failure");
+        assert!(!installed);
+
+        // Ended well: the pass of the same inputs needs no helm.
+        provision_run(&cx, "b", end.clone(), Ok(()));
+        while runs.find_live("apps", "web").is_some() {
+            assert!(std::time::Instant::now() < deadline, "never ended");
+            tokio::task::yield_now().await;
+        }
+        assert!(
+            release()
+                .collect(&cx, Operation::Provision, Some("b"))
+                .await
+                .unwrap()
+        );
     }
 }
