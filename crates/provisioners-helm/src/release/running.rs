@@ -70,35 +70,35 @@ impl HelmRelease {
                 self.collected_by(cx, &run, outcome, operation, inputs)
                     .await
             }
-            Found::Live(run)
-                if operation == Operation::Deprovision && run.operation == Operation::Provision =>
-            {
-                if run.stop() {
-                    tracing::info!(
-                        release = %self.id(), action = run.action,
-                        "deprovisioning: stopping the provision's helm run first"
-                    );
+            Found::Live(run) => match superseded(&run, operation, inputs) {
+                Some(why) => {
+                    if run.stop() {
+                        tracing::info!(
+                            release = %self.id(), action = run.action,
+                            "stopping a helm run {why}"
+                        );
+                    }
+                    if run.wait(self.pass_timeout).await
+                        && let Some(outcome) = runs.take(&self.namespace, &self.release, &run)
+                    {
+                        return self
+                            .collected_by(cx, &run, outcome, operation, inputs)
+                            .await;
+                    }
+                    Err(Error::yielding(format!(
+                        "stopping helm {} of release `{}` (running for {}s) {why}",
+                        run.action,
+                        self.id(),
+                        run.elapsed().as_secs()
+                    ))
+                    .waiting_on(
+                        Waiting::new(format!("helm {} to exit", run.action))
+                            .object(self.waited_object())
+                            .since(run.since),
+                    ))
                 }
-                if run.wait(self.pass_timeout).await
-                    && let Some(outcome) = runs.take(&self.namespace, &self.release, &run)
-                {
-                    return self
-                        .collected_by(cx, &run, outcome, operation, inputs)
-                        .await;
-                }
-                Err(Error::yielding(format!(
-                    "stopping helm {} of release `{}` (running for {}s) before uninstalling it",
-                    run.action,
-                    self.id(),
-                    run.elapsed().as_secs()
-                ))
-                .waiting_on(
-                    Waiting::new(format!("helm {} to exit", run.action))
-                        .object(self.waited_object())
-                        .since(run.since),
-                ))
-            }
-            Found::Live(run) => Err(self.running(cx, &run).await),
+                None => Err(self.running(cx, &run).await),
+            },
         }
     }
 
@@ -245,6 +245,25 @@ impl HelmRelease {
     }
 }
 
+/// Why a pass of `operation` with `inputs` stops the live `run`, if it
+/// does: a deprovision stops a provision's run (then uninstalls); a
+/// provision with other inputs stops an install or upgrade of outdated ones,
+/// as a controller cancels a tree on a new generation (an unpinned chart's
+/// inputs are unknown: its run is left to finish).
+fn superseded(run: &Run, operation: Operation, inputs: Option<&str>) -> Option<&'static str> {
+    match (operation, run.operation, &run.purpose) {
+        (Operation::Deprovision, Operation::Provision, _) => Some("before uninstalling it"),
+        (
+            Operation::Provision,
+            Operation::Provision,
+            Purpose::Release {
+                inputs: Some(started),
+            },
+        ) if inputs.is_some_and(|now| now != started) => Some("as its inputs changed"),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use provisioners_testing::mock;
@@ -383,5 +402,45 @@ mod tests {
                 .await
                 .unwrap()
         );
+    }
+
+    #[test]
+    fn what_stops_a_live_run() {
+        let run = |operation, purpose| {
+            Run::new(
+                "upgrade --install",
+                operation,
+                purpose,
+                CancellationToken::new(),
+                Arc::default(),
+            )
+        };
+        let install = |inputs: Option<&str>| {
+            run(
+                Operation::Provision,
+                Purpose::Release {
+                    inputs: inputs.map(str::to_owned),
+                },
+            )
+        };
+        let deprovision = Operation::Deprovision;
+        let provision = Operation::Provision;
+        assert!(superseded(&install(Some("a")), deprovision, None).is_some());
+        assert!(superseded(&run(provision, Purpose::Recovery), deprovision, None).is_some());
+        assert!(superseded(&install(Some("a")), provision, Some("b")).is_some());
+        assert!(superseded(&install(Some("a")), provision, Some("a")).is_none());
+        // Unknown inputs on either side: left to finish.
+        assert!(superseded(&install(None), provision, Some("b")).is_none());
+        assert!(superseded(&install(Some("a")), provision, None).is_none());
+        assert!(superseded(&run(provision, Purpose::Recovery), provision, Some("b")).is_none());
+        let uninstall = run(
+            deprovision,
+            Purpose::Uninstall {
+                seen: Vec::new(),
+                record: "r".to_owned(),
+            },
+        );
+        assert!(superseded(&uninstall, provision, Some("a")).is_none());
+        assert!(superseded(&uninstall, deprovision, None).is_none());
     }
 }
