@@ -238,8 +238,9 @@ impl Provisioner for HelmRelease {
         self.validate()?;
         let values = self.merged_values()?;
         let digest = self.digest(&values).await?;
+        let inputs = self.run_inputs(digest.as_deref());
         let installed = self
-            .collect(cx, Operation::Provision, digest.as_deref())
+            .collect(cx, Operation::Provision, inputs.as_deref())
             .await?;
         let serialised = self.try_lock(cx)?;
         if installed {
@@ -295,9 +296,7 @@ impl Provisioner for HelmRelease {
             &serialised,
             "upgrade --install",
             Operation::Provision,
-            Purpose::Release {
-                inputs: digest.clone(),
-            },
+            Purpose::Release { inputs },
             move |cx, work| async move {
                 let kubeconfig = this.kubeconfig(&cx)?;
                 // In the background: `helm version` takes a helm slot too.

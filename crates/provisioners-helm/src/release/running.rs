@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use provisioners_core::{Context, Error, ErrorKind, Operation, Result, Waiting};
+use sha2::{Digest as _, Sha256};
 
 use super::HelmRelease;
 use super::background::{Found, Purpose, Run, Runs};
@@ -27,6 +28,34 @@ impl HelmRelease {
     /// `HelmRelease ns/name`, the object a wait on the release names.
     fn waited_object(&self) -> String {
         format!("HelmRelease {}", self.id())
+    }
+
+    /// What tells one install's inputs from another's: the stored digest
+    /// and, as credentials are not part of it, a fingerprint of them (kept
+    /// in memory only). `None` when the digest cannot be known.
+    pub(super) fn run_inputs(&self, digest: Option<&str>) -> Option<String> {
+        let digest = digest?;
+        let Some(credentials) = &self.credentials else {
+            return Some(digest.to_owned());
+        };
+        let mut hasher = Sha256::new();
+        for part in [
+            credentials.username.as_bytes(),
+            credentials.password.as_bytes(),
+            credentials.ca.as_deref().unwrap_or_default(),
+        ] {
+            hasher.update((part.len() as u64).to_le_bytes());
+            hasher.update(part);
+        }
+        if let Some((cert, key)) = &credentials.client {
+            hasher.update(cert);
+            hasher.update(key);
+        }
+        let fingerprint: String = hasher.finalize()[..8]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        Some(format!("{digest}/{fingerprint}"))
     }
 
     /// How long one helm run may take: helm's `--timeout` plus [`RUN_MARGIN`].
@@ -402,6 +431,23 @@ mod tests {
                 .await
                 .unwrap()
         );
+    }
+
+    #[test]
+    fn credentials_are_part_of_a_run_s_inputs() {
+        use crate::credentials::Credentials;
+        let plain = release().run_inputs(Some("d"));
+        assert_eq!(plain.as_deref(), Some("d"));
+        let with = |password: &str| {
+            release()
+                .credentials(Credentials::basic("robot", password))
+                .run_inputs(Some("d"))
+                .unwrap()
+        };
+        assert_ne!(with("one"), with("two"));
+        assert_eq!(with("one"), with("one"));
+        assert!(!with("one").contains("one"));
+        assert_eq!(release().run_inputs(None), None);
     }
 
     #[test]
