@@ -61,8 +61,7 @@ impl HelmRelease {
         cx: &Context,
         revision: &Revision,
     ) -> Result<Option<(Vec<live::Live>, storage::Payload)>> {
-        let Some(payload) =
-            storage::payload(cx.client(), &self.namespace, &revision.secret).await?
+        let Some(payload) = storage::payload_of(cx.cluster(), &self.namespace, revision).await?
         else {
             return Ok(None);
         };
