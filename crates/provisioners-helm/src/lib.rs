@@ -68,7 +68,12 @@
 //! // At most four helm processes at once on this cluster (default 8).
 //! let cluster = Cluster::infer().await?.with_shared_state(HelmProcesses::new(4));
 //! let cx = Context::new(cluster);
-//! cx.provision(&platform).await?;
+//! // A yield (helm still running, objects not ready) means: call again
+//! // later, as a controller's requeue does.
+//! match cx.provision(&platform).await {
+//!     Err(e) if e.is_yield() => {}
+//!     other => other?,
+//! }
 //! # Ok(())
 //! # }
 //! ```

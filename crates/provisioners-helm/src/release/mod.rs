@@ -138,7 +138,12 @@ pub const DEFAULT_HOOK_TIMEOUT: Duration = Duration::from_secs(300);
 ///     .wait(Duration::from_secs(120));
 ///
 /// let cx = Context::new(Cluster::infer().await?);
-/// cx.provision(&release).await?; // installs, then upgrades only on change
+/// // Installs, then upgrades only on change; a yield while helm runs or the
+/// // objects are not ready: call again later (a controller requeues).
+/// match cx.provision(&release).await {
+///     Err(e) if e.is_yield() => {}
+///     other => other?,
+/// }
 /// cx.deprovision(&release).await?; // uninstalls; a yield until everything is gone
 /// # Ok(())
 /// # }
