@@ -19,6 +19,8 @@ use serde_json::json;
 #[macro_use]
 mod helm_support;
 use helm_support::*;
+mod helm_async_support;
+use helm_async_support::until_not_yield;
 
 both_helms!(
     plain_chart_install_upgrade_noop_uninstall,
@@ -48,7 +50,9 @@ async fn helm4_new_release_with_an_unknown_field_is_refused() {
     let release = HelmRelease::new("typo", chart("helm-unknown-field"))
         .namespace(ns.name())
         .helm(&helm);
-    let error = cx.provision(&release).await.expect_err("must be refused");
+    let error = until_not_yield(&cx, &release, false)
+        .await
+        .expect_err("must be refused");
     let text = error.to_string();
     assert!(text.contains("dataa"), "{text}");
     assert!(text.contains("not declared in schema"), "{text}");
@@ -242,7 +246,9 @@ async fn missing_required_value_is_a_clear_error(helm: PathBuf) {
         .helm(&helm)
         .temp_dir(root.path())
         .values(&json!({"token": SECRET}));
-    let error = cx.provision(&release).await.expect_err("must fail");
+    let error = until_not_yield(&cx, &release, false)
+        .await
+        .expect_err("must fail");
     let text = error.to_string();
     assert_eq!(error.kind(), ErrorKind::Invalid, "{text}");
     assert!(text.contains(&format!("{}/db-client", ns.name())), "{text}");
@@ -272,7 +278,9 @@ async fn template_that_fails_to_render_is_invalid(helm: PathBuf) {
     let release = HelmRelease::new("broken", chart("helm-broken"))
         .namespace(ns.name())
         .helm(&helm);
-    let error = cx.provision(&release).await.expect_err("must fail");
+    let error = until_not_yield(&cx, &release, false)
+        .await
+        .expect_err("must fail");
     let text = error.to_string();
     assert_eq!(error.kind(), ErrorKind::Invalid, "{text}");
     assert!(text.contains("noSuchFunction"), "{text}");
@@ -374,7 +382,9 @@ async fn inside_serial_and_concurrent_groups_with_other_provisioners(helm: PathB
                 .helm(&helm),
         ),
     );
-    let error = cx.provision(&failing).await.expect_err("must fail");
+    let error = until_not_yield(&cx, &failing, false)
+        .await
+        .expect_err("must fail");
     assert!(
         error.to_string().starts_with("platform/apps/needs-host: "),
         "{error}"
@@ -409,7 +419,8 @@ async fn secrets_stay_off_argv_and_env_and_files_are_private_and_removed(helm: P
     // The same Cluster, so the same release locks: one process.
     let cancelled_cx = cx.clone().with_cancellation(token.clone());
     let stuck = release(json!({"no-such-node": "true"})).set("stuckHook", true);
-    let provision = cancelled_cx.provision(&stuck);
+    // Passes, as a controller's requeues, until the token stops them.
+    let provision = until_not_yield(&cancelled_cx, &stuck, false);
     let watch = async {
         let seen = eventually("helm to run", || async {
             let found = helm_processes(&helm, ns.name());
@@ -478,7 +489,9 @@ async fn secrets_stay_off_argv_and_env_and_files_are_private_and_removed(helm: P
     let stored = secret.data.expect("data")["password"].0.clone();
     assert_eq!(stored, SECRET.as_bytes());
     let failing = release(json!({})).set("replicas", "not a number");
-    let error = cx.provision(&failing).await.expect_err("bad replicas");
+    let error = until_not_yield(&cx, &failing, false)
+        .await
+        .expect_err("bad replicas");
     assert!(!error.to_string().contains(SECRET), "{error}");
     assert!(entries(root.path()).is_empty(), "left behind after failure");
     ns.cleanup().await.expect("cleanup");
@@ -498,13 +511,22 @@ async fn dropping_a_provision_during_wait_leaves_no_helm_process(helm: PathBuf) 
             .grace_period(Duration::from_secs(5))
     };
     let stuck = release(json!({"no-such-node": "true"})).set("stuckHook", true);
-    // Drop the provision as soon as helm is waiting (for a hook that never completes).
+    // Drop passes as soon as helm is waiting (for a hook that never
+    // completes): the run outlives them, holding its lock and Lease.
     tokio::select! {
-        result = cx.provision(&stuck) => panic!("finished while it cannot: {result:?}"),
+        result = until_not_yield(&cx, &stuck, false) => panic!("finished while it cannot: {result:?}"),
         () = eventually("helm to wait", || async {
             helm_processes(&helm, ns.name()).first().map(|_| ())
         }) => {}
     }
+    assert!(
+        !helm_processes(&helm, ns.name()).is_empty(),
+        "the run stopped with the dropped pass"
+    );
+
+    // The next provision (other inputs) stops the outdated run and brings
+    // the release to deployed; no helm process and no file is left.
+    settle(&cx, &release(json!({})), "provision after the drop").await;
     eventually("helm to exit", || async {
         helm_processes(&helm, ns.name()).is_empty().then_some(())
     })
@@ -513,9 +535,6 @@ async fn dropping_a_provision_during_wait_leaves_no_helm_process(helm: PathBuf) 
         entries(root.path()).is_empty().then_some(())
     })
     .await;
-
-    // The next provision brings the release to deployed.
-    settle(&cx, &release(json!({})), "provision after the drop").await;
     let (_, status, _) = release_record(&ns, "slow").await.expect("recorded");
     assert_eq!(status, "deployed");
     assert_eq!(available(&ns, "slow").await, Some(1));
@@ -538,7 +557,7 @@ async fn release_stuck_in_pending_install_is_recovered(helm: PathBuf) {
     let token = provisioners::CancellationToken::new();
     // The same Cluster, so the same release locks: one process.
     let killing_cx = cx.clone().with_cancellation(token.clone());
-    let provision = killing_cx.provision(&stuck);
+    let provision = until_not_yield(&killing_cx, &stuck, false);
     let killer = async {
         // Wait until helm recorded the release as pending-install, then kill
         // it the hard way: it gets no chance to mark the release failed.
@@ -586,7 +605,7 @@ async fn release_stuck_in_pending_upgrade_is_recovered(helm: PathBuf) {
 
     let stuck = release("two", json!({"no-such-node": "true"})).set("stuckHook", true);
     let (result, ()) = tokio::join!(
-        cx.provision(&stuck),
+        until_not_yield(&cx, &stuck, false),
         kill_helm_when(&helm, &ns, "upgraded", "pending-upgrade")
     );
     let error = result.expect_err("helm was killed");

@@ -19,6 +19,8 @@ use serde_json::json;
 #[macro_use]
 mod helm_support;
 use helm_support::*;
+mod helm_async_support;
+use helm_async_support::until_not_yield;
 
 both_helms!(
     never_ready_release_yields_then_times_out,
@@ -45,9 +47,25 @@ async fn never_ready_release_yields_then_times_out(helm: PathBuf) {
             .wait(wait)
     };
     let started = Instant::now();
-    let first = cx.provision(&release()).await.expect_err("cannot be ready");
-    eprintln!("first provision returned after {:?}", started.elapsed());
-    assert!(first.is_yield(), "{first}");
+    // Passes yield while helm runs, then while the Deployment is not ready.
+    let first = cluster::eventually(
+        "a yield naming the Deployment",
+        DEADLINE,
+        Duration::from_millis(200),
+        || {
+            let (cx, release, ns) = (&cx, release(), &ns);
+            async move {
+                let error = cx.provision(&release).await.expect_err("cannot be ready");
+                assert!(error.is_yield(), "{error}");
+                error
+                    .to_string()
+                    .contains(&format!("Deployment {}/never", ns.name()))
+                    .then_some(error)
+            }
+        },
+    )
+    .await;
+    eprintln!("first readiness yield after {:?}", started.elapsed());
     let text = first.to_string();
     assert!(
         text.contains(&format!("Deployment {}/never", ns.name())),
@@ -161,7 +179,8 @@ async fn cancelled_root_leaves_no_release_pending(helm: PathBuf) {
             *cancelled_at.lock().unwrap() = Some(std::time::Instant::now());
             token.cancel();
         };
-        let (result, ()) = tokio::join!(operator.provision(&stuck), canceller);
+        // Passes, as a controller's requeues, until the token stops them.
+        let (result, ()) = tokio::join!(until_not_yield(&operator, &stuck, false), canceller);
         assert_eq!(
             result.expect_err("cancelled").kind(),
             ErrorKind::Cancelled,
@@ -172,11 +191,16 @@ async fn cancelled_root_leaves_no_release_pending(helm: PathBuf) {
             stopped_after < Duration::from_secs(40),
             "round {round}: the tree took {stopped_after:?} to stop"
         );
-        // The tree returned only once helm had exited and recorded the
-        // outcome: no waiting here.
+        // The run outlives the pass: helm exits on its own after SIGTERM,
+        // within its grace, having recorded the outcome.
+        eventually(&format!("round {round}: helm to exit"), || async {
+            helm_processes(&helm, ns.name()).is_empty().then_some(())
+        })
+        .await;
+        let exited_after = cancelled_at.lock().unwrap().expect("cancelled").elapsed();
         assert!(
-            helm_processes(&helm, ns.name()).is_empty(),
-            "round {round}: helm still running after the tree returned"
+            exited_after < Duration::from_secs(40),
+            "round {round}: helm took {exited_after:?} to stop"
         );
         let (_, status, _) = release_record(&ns, "cancelled").await.expect("recorded");
         assert!(
@@ -333,7 +357,7 @@ async fn two_processes_racing_on_a_pending_release_do_not_both_act(helm: PathBuf
         token.cancel();
     };
     let stuck = release("process-a", true);
-    let (result, ()) = tokio::join!(first.provision(&stuck), racer);
+    let (result, ()) = tokio::join!(until_not_yield(&first, &stuck, false), racer);
     assert_eq!(result.expect_err("cancelled").kind(), ErrorKind::Cancelled);
     eventually("helm to exit", || async {
         helm_processes(&helm, ns.name()).is_empty().then_some(())
@@ -500,7 +524,7 @@ async fn private_repository_credentials_stay_off_argv_env_and_errors(helm: PathB
     .helm(&helm)
     .version("0.1.0")
     .credentials(Credentials::basic("robot", "wrong-pa55-0d2f"));
-    let error = cx.provision(&wrong).await.expect_err("401");
+    let error = until_not_yield(&cx, &wrong, false).await.expect_err("401");
     let text = format!("{error} {error:?}");
     assert!(
         text.contains("401") || text.contains("nauthorized"),
@@ -583,8 +607,7 @@ async fn oci_registry_with_and_without_credentials(helm: PathBuf) {
             None => release,
         }
     };
-    let error = cx
-        .provision(&release(None))
+    let error = until_not_yield(&cx, &release(None), false)
         .await
         .expect_err("needs credentials");
     assert_eq!(
@@ -592,13 +615,13 @@ async fn oci_registry_with_and_without_credentials(helm: PathBuf) {
         None,
         "{error}"
     );
-    let wrong = cx
-        .provision(&release(Some(Credentials::basic(
-            "robot",
-            "wrong-oci-pa55-31aa",
-        ))))
-        .await
-        .expect_err("wrong password");
+    let wrong = until_not_yield(
+        &cx,
+        &release(Some(Credentials::basic("robot", "wrong-oci-pa55-31aa"))),
+        false,
+    )
+    .await
+    .expect_err("wrong password");
     let text = format!("{wrong} {wrong:?}");
     assert!(!text.contains("wrong-oci-pa55-31aa"), "{text}");
 

@@ -23,6 +23,8 @@ use serde_json::json;
 #[macro_use]
 mod helm_support;
 use helm_support::*;
+mod helm_async_support;
+use helm_async_support::until_not_yield;
 
 both_helms!(
     a_release_plans_install_no_change_drift_upgrade_and_uninstall,
@@ -471,8 +473,7 @@ async fn objects_of_another_owner_are_refused_and_owned_ones_adopted(helm: PathB
         "{plan}"
     );
     // And provision does refuse, as planned.
-    let error = cx
-        .provision(&web)
+    let error = until_not_yield(&cx, &web, false)
         .await
         .expect_err("helm refuses the object");
     assert!(error.to_string().contains("web-settings"), "{error}");
@@ -595,8 +596,7 @@ async fn a_chart_that_does_not_render_fails_the_plan_as_provision_fails(helm: Pa
         .await
         .expect_err("the chart does not render");
     assert_eq!(proxy.counts().writes(), 0, "{}", proxy.counts());
-    let provisioned = cx
-        .provision(&release)
+    let provisioned = until_not_yield(&cx, &release, false)
         .await
         .expect_err("nor does it install");
     assert_eq!(
@@ -641,7 +641,7 @@ async fn a_pending_upgrade_plans_the_rollback_then_the_upgrade(helm: PathBuf) {
     settle(&cx, &release("one"), "install").await;
     let stuck = release("two").set("stuckHook", true);
     let (result, ()) = tokio::join!(
-        cx.provision(&stuck),
+        until_not_yield(&cx, &stuck, false),
         kill_helm_when(&helm, &ns, "stuck", "pending-upgrade")
     );
     result.expect_err("helm was killed");
@@ -688,7 +688,7 @@ async fn a_pending_install_plans_its_removal_then_the_install(helm: PathBuf) {
         .helm(&helm);
     let stuck = release.clone().set("stuckHook", true);
     let (result, ()) = tokio::join!(
-        cx.provision(&stuck),
+        until_not_yield(&cx, &stuck, false),
         kill_helm_when(&helm, &ns, "fresh", "pending-install")
     );
     result.expect_err("helm was killed");

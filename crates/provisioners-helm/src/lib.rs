@@ -16,6 +16,13 @@
 //! a second process; cancellation stops helm with SIGTERM, then SIGKILL
 //! after a grace period (see [`HelmProcesses::idle`] for a shutdown).
 //!
+//! A pass never holds a worker while helm runs: it starts helm in the
+//! background, waits at most its [pass timeout](HelmRelease::pass_timeout),
+//! and otherwise yields, saying what helm waits for (a hook Job and its
+//! pod's reason, an object being deleted, a helm slot) as text and as
+//! [`Waiting`](provisioners_core::Waiting) data; a later pass collects the
+//! outcome. Every helm run has a deadline: its hook timeout plus a margin.
+//!
 //! A failed helm run is an error whose [kind](provisioners_core::ErrorKind)
 //! says what to do (bad input, a timeout, [`Unavailable`] for API trouble or
 //! a helm killed by a signal, else [`Failed`]) and whose
@@ -61,7 +68,12 @@
 //! // At most four helm processes at once on this cluster (default 8).
 //! let cluster = Cluster::infer().await?.with_shared_state(HelmProcesses::new(4));
 //! let cx = Context::new(cluster);
-//! cx.provision(&platform).await?;
+//! // A yield (helm still running, objects not ready) means: call again
+//! // later, as a controller's requeue does.
+//! match cx.provision(&platform).await {
+//!     Err(e) if e.is_yield() => {}
+//!     other => other?,
+//! }
 //! # Ok(())
 //! # }
 //! ```
@@ -134,5 +146,5 @@ pub use chart::Chart;
 pub use credentials::Credentials;
 pub use failure::HelmFailure;
 pub use processes::{DEFAULT_MAX_HELM_PROCESSES, HelmProcesses};
-pub use release::{DEFAULT_GRACE, DEFAULT_HOOK_TIMEOUT, Drift, HelmRelease};
+pub use release::{DEFAULT_GRACE, DEFAULT_HOOK_TIMEOUT, DEFAULT_PASS_TIMEOUT, Drift, HelmRelease};
 pub use storage::{DIGEST_LABEL, REVISION_LABEL};

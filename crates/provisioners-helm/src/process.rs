@@ -7,6 +7,8 @@
 //! the group gets SIGTERM, then SIGKILL after a grace period; the work
 //! directory is removed only once the process is gone, and the process keeps
 //! its place under the cluster's [process bound](crate::HelmProcesses) until then.
+//! A run with a deadline is stopped the same way once the deadline has
+//! passed, so a helm pointed at a cluster that never answers frees its place.
 
 use std::ffi::OsString;
 use std::io;
@@ -27,14 +29,15 @@ use crate::workdir::WorkDir;
 
 /// One helm run: the binary, its arguments, its private directory (shared
 /// by the steps of one operation, removed when the last is done), what it
-/// reads on stdin (a password for `--password-stdin`) and the bound it
-/// runs under.
+/// reads on stdin (a password for `--password-stdin`), the bound it runs
+/// under and how long it may run once started.
 pub(crate) struct Invocation {
     pub(crate) program: PathBuf,
     pub(crate) args: Vec<OsString>,
     pub(crate) work: Arc<WorkDir>,
     pub(crate) stdin: Option<Vec<u8>>,
     pub(crate) processes: Arc<HelmProcesses>,
+    pub(crate) deadline: Option<Duration>,
 }
 
 impl std::fmt::Debug for Invocation {
@@ -64,6 +67,15 @@ pub(crate) enum RunError {
     Wait(io::Error),
     /// The token fired; the process was stopped and is gone.
     Cancelled,
+    /// It ran past its deadline (given here); it was stopped and is gone.
+    Deadline(Duration),
+}
+
+/// How the wait for a started process ended.
+enum Ended {
+    Exited(io::Result<ExitStatus>),
+    Cancelled,
+    Deadline(Duration),
 }
 
 /// Runs `invocation` to completion, or until `cancel` fires.
@@ -78,6 +90,7 @@ pub(crate) async fn run(
         work,
         stdin,
         processes,
+        deadline,
     } = invocation;
     let permit = tokio::select! {
         permit = processes.acquire() => permit.map_err(|_| {
@@ -111,6 +124,7 @@ pub(crate) async fn run(
     command.envs(work.helm_env());
 
     let mut child = command.spawn().map_err(RunError::Spawn)?;
+    work.mark_started();
     let Some(pid) = child.id().and_then(|id| i32::try_from(id).ok()) else {
         // Reaped already: it cannot have run anything.
         return Err(RunError::Wait(io::Error::other(
@@ -140,9 +154,16 @@ pub(crate) async fn run(
         let Some(child) = guard.0.as_mut().and_then(|r| r.child.as_mut()) else {
             return Err(RunError::Wait(io::Error::other("lost the helm process")));
         };
+        let overdue = async {
+            match deadline {
+                Some(deadline) => tokio::time::sleep(deadline).await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
-            status = child.wait() => Some(status),
-            () = cancel.cancelled() => None,
+            status = child.wait() => Ended::Exited(status),
+            () = cancel.cancelled() => Ended::Cancelled,
+            () = overdue => Ended::Deadline(deadline.unwrap_or_default()),
         }
     };
 
@@ -150,7 +171,7 @@ pub(crate) async fn run(
         return Err(RunError::Wait(io::Error::other("lost the helm process")));
     };
     match finished {
-        Some(status) => {
+        Ended::Exited(status) => {
             running.child = None;
             let joined = |read: Result<io::Result<Vec<u8>>, tokio::task::JoinError>| {
                 read.map_err(io::Error::other).and_then(|bytes| bytes)
@@ -167,9 +188,14 @@ pub(crate) async fn run(
             drop(running);
             output.map_err(RunError::Wait)
         }
-        None => {
+        Ended::Cancelled => {
             running.terminate().await;
             Err(RunError::Cancelled)
+        }
+        Ended::Deadline(deadline) => {
+            tracing::warn!(pid = %running.pid, ?deadline, "helm ran past its deadline; stopping it");
+            running.terminate().await;
+            Err(RunError::Deadline(deadline))
         }
     }
 }
@@ -268,6 +294,7 @@ mod tests {
             work: Arc::new(WorkDir::new(Some(root)).unwrap()),
             stdin: None,
             processes: Arc::default(),
+            deadline: None,
         }
     }
 
@@ -474,6 +501,7 @@ mod tests {
             work: Arc::new(WorkDir::new(Some(root.path())).unwrap()),
             stdin: None,
             processes: Arc::default(),
+            deadline: None,
         };
         let cancel = CancellationToken::new();
         let grace = Duration::from_millis(500);
@@ -494,6 +522,39 @@ mod tests {
             cancelled_at.elapsed() >= grace,
             "returned before the grace period: SIGTERM was not ignored?"
         );
+        assert_eq!(std::fs::read_dir(root.path()).unwrap().count(), 0);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_run_past_its_deadline_is_stopped_and_frees_its_place() {
+        let root = tempfile::tempdir().unwrap();
+        let processes = Arc::new(HelmProcesses::new(1));
+        let work = Arc::new(WorkDir::new(Some(root.path())).unwrap());
+        let started = work.started();
+        let invocation = Invocation {
+            processes: Arc::clone(&processes),
+            deadline: Some(Duration::from_millis(300)),
+            work,
+            ..invocation("sleep", &["424243"], root.path())
+        };
+        let begun = Instant::now();
+        let result = run(
+            invocation,
+            &CancellationToken::new(),
+            Duration::from_secs(5),
+        )
+        .await;
+        assert!(
+            matches!(result, Err(RunError::Deadline(d)) if d == Duration::from_millis(300)),
+            "{result:?}"
+        );
+        assert!(begun.elapsed() >= Duration::from_millis(300));
+        assert!(
+            begun.elapsed() < Duration::from_secs(5),
+            "waited for the grace"
+        );
+        assert!(started.load(std::sync::atomic::Ordering::SeqCst));
+        assert_eq!(processes.running(), 0);
         assert_eq!(std::fs::read_dir(root.path()).unwrap().count(), 0);
     }
 }

@@ -2,12 +2,14 @@
 //! labels say everything the fast path needs; the payload (base64 of gzipped
 //! JSON) is decoded only when the release's objects must be looked at.
 
+use std::collections::HashMap;
 use std::io::Read as _;
+use std::sync::{Mutex, PoisonError};
 
 use base64::Engine as _;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
-use provisioners_core::{Error, Result};
+use provisioners_core::{Cluster, Error, Result};
 use serde::Deserialize;
 
 use crate::objects::Seen;
@@ -44,6 +46,9 @@ pub(crate) struct Revision {
     /// The objects that were live when this crate uninstalled the release
     /// ([`UNINSTALLED_ANNOTATION`]); `None` before that, or when unreadable.
     pub(crate) uninstalled: Option<Vec<Seen>>,
+    /// The record's resourceVersion as listed: a cached decoding of it is
+    /// current while this is unchanged.
+    pub(crate) resource_version: Option<String>,
 }
 
 /// The annotation in which the objects of an uninstalled release, with their
@@ -102,6 +107,7 @@ pub(crate) async fn latest(
                     .as_ref()
                     .and_then(|a| a.get(UNINSTALLED_ANNOTATION))
                     .and_then(|json| serde_json::from_str(json).ok()),
+                resource_version: item.metadata.resource_version,
                 secret: item.metadata.name?,
                 deployed_before: None,
             })
@@ -162,7 +168,7 @@ pub(crate) async fn forget_all(
 }
 
 /// What this crate reads from a record's payload.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize)]
 pub(crate) struct Payload {
     /// The rendered manifest of the release's objects (without `crds/`, hooks).
     #[serde(default)]
@@ -181,14 +187,14 @@ pub(crate) struct Payload {
 }
 
 /// What a release record (or helm's dry run) says about its chart.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize)]
 pub(crate) struct ChartInfo {
     #[serde(default)]
     pub(crate) metadata: ChartMetadata,
 }
 
 /// A chart's `Chart.yaml`, as far as a plan names it.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize)]
 pub(crate) struct ChartMetadata {
     #[serde(default)]
     pub(crate) name: String,
@@ -205,7 +211,7 @@ impl ChartInfo {
 }
 
 /// A release's values: compared, never printed.
-#[derive(Deserialize)]
+#[derive(Clone, Deserialize)]
 #[serde(transparent)]
 pub(crate) struct Values(pub(crate) serde_json::Value);
 
@@ -216,7 +222,7 @@ impl std::fmt::Debug for Values {
 }
 
 /// The `info` of a release.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize)]
 pub(crate) struct Info {
     /// When helm started this revision (RFC 3339, helm's own clock).
     #[serde(default)]
@@ -233,6 +239,62 @@ pub(crate) async fn payload(
     namespace: &str,
     secret: &str,
 ) -> Result<Option<Payload>> {
+    Ok(read_payload(client, namespace, secret)
+        .await?
+        .map(|(payload, _)| payload))
+}
+
+/// Decoded records by (namespace, Secret) with the resourceVersion they were
+/// read at, in the cluster's [state](provisioners_core::Cluster::state): a
+/// no-op pass lists the records anyway, and one that did not change need
+/// not be fetched and decompressed again. A record edited by anyone has
+/// another resourceVersion and is read anew.
+#[derive(Debug, Default)]
+pub(crate) struct Payloads {
+    cached: Mutex<HashMap<(String, String), (String, Payload)>>,
+}
+
+/// Records kept decoded per cluster; past it the cache starts afresh.
+const CACHED_PAYLOADS: usize = 1024;
+
+/// [`payload`] of `revision`, from the cluster's [`Payloads`] while its
+/// resourceVersion is the one listed.
+pub(crate) async fn payload_of(
+    cluster: &Cluster,
+    namespace: &str,
+    revision: &Revision,
+) -> Result<Option<Payload>> {
+    let cache = cluster.state::<Payloads>();
+    let key = (namespace.to_owned(), revision.secret.clone());
+    if let Some(listed) = &revision.resource_version {
+        let cached = cache.cached.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((version, payload)) = cached.get(&key)
+            && version == listed
+        {
+            return Ok(Some(payload.clone()));
+        }
+    }
+    let Some((payload, version)) =
+        read_payload(cluster.client(), namespace, &revision.secret).await?
+    else {
+        return Ok(None);
+    };
+    if let Some(version) = version {
+        let mut cached = cache.cached.lock().unwrap_or_else(PoisonError::into_inner);
+        if cached.len() >= CACHED_PAYLOADS {
+            cached.clear();
+        }
+        cached.insert(key, (version, payload.clone()));
+    }
+    Ok(Some(payload))
+}
+
+/// The decoded record `secret` and the resourceVersion it was read at.
+async fn read_payload(
+    client: &kube::Client,
+    namespace: &str,
+    secret: &str,
+) -> Result<Option<(Payload, Option<String>)>> {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
     let Some(record) = secrets.get_opt(secret).await.map_err(|e| {
         Error::kube(
@@ -249,11 +311,12 @@ pub(crate) async fn payload(
         .and_then(|data| data.get("release"))
         .map(|bytes| bytes.0.as_slice())
         .unwrap_or_default();
-    decode(data).map(Some).map_err(|e| {
+    let payload = decode(data).map_err(|e| {
         Error::failed(format!(
             "the helm release record {namespace}/{secret} could not be decoded: {e}"
         ))
-    })
+    })?;
+    Ok(Some((payload, record.metadata.resource_version)))
 }
 
 /// helm's encoding: base64 of (usually gzipped) JSON.

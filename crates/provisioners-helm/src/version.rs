@@ -13,6 +13,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::failure::{HelmFailure, trimmed};
 use crate::process::{self, Invocation, RunError};
+
+/// How long `helm version` may take.
+const VERSION_DEADLINE: Duration = Duration::from_secs(30);
 use crate::processes::HelmProcesses;
 use crate::workdir::WorkDir;
 
@@ -71,6 +74,8 @@ async fn run_version(
         work: Arc::new(work),
         stdin: None,
         processes,
+        // `helm version` reads no cluster: a hang is a broken binary.
+        deadline: Some(VERSION_DEADLINE),
     };
     let output = match process::run(invocation, cancel, Duration::from_secs(5)).await {
         Ok(output) => output,
@@ -85,6 +90,11 @@ async fn run_version(
             return Err(
                 Error::failed(format!("running `{shown} version` failed: {e}")).with_source(e),
             );
+        }
+        Err(RunError::Deadline(after)) => {
+            return Err(Error::timeout(format!(
+                "`{shown} version` did not answer within {after:?}; it was stopped"
+            )));
         }
     };
     let stdout = String::from_utf8_lossy(&output.stdout);

@@ -6,6 +6,8 @@ use std::fs::{self, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use kube::config::Kubeconfig;
 use tempfile::TempDir;
@@ -14,6 +16,9 @@ use tempfile::TempDir;
 #[derive(Debug)]
 pub(crate) struct WorkDir {
     dir: TempDir,
+    /// Set once a process has started in it: a run past this point holds a
+    /// helm slot, before it waits for one.
+    started: Arc<AtomicBool>,
 }
 
 impl WorkDir {
@@ -32,7 +37,20 @@ impl WorkDir {
                 .mode(0o700)
                 .create(dir.path().join(home))?;
         }
-        Ok(WorkDir { dir })
+        Ok(WorkDir {
+            dir,
+            started: Arc::default(),
+        })
+    }
+
+    /// Records that a process has started in this directory.
+    pub(crate) fn mark_started(&self) {
+        self.started.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether a process has started here, readable after the directory is gone.
+    pub(crate) fn started(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.started)
     }
 
     #[cfg(test)]

@@ -2,8 +2,12 @@
 //! once per call, then judged for readiness ([`super::ready`]) and drift
 //! ([`super::drift`]).
 
+use std::sync::Arc;
+
 use provisioners_core::{Error, Result};
 use serde_json::Value;
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
 
 use crate::objects::{ObjectRef, Resolver};
 
@@ -20,25 +24,44 @@ pub(super) struct Live {
     pub(super) served: bool,
 }
 
-/// Reads every object of `rendered` from the cluster.
+/// Reads in flight at once for one release: enough to hide the round trips
+/// of a big chart (a no-op of ~50 objects read one after another cost
+/// ~400 ms), few enough not to crowd the API server.
+const CONCURRENT_READS: usize = 8;
+
+/// Reads every object of `rendered` from the cluster, up to
+/// [`CONCURRENT_READS`] at once, in `rendered`'s order.
 pub(super) async fn read(
     resolver: &mut Resolver,
     rendered: Vec<(ObjectRef, Value)>,
 ) -> Result<Vec<Live>> {
-    let mut objects = Vec::with_capacity(rendered.len());
-    for (object, desired) in rendered {
+    let mut objects: Vec<Option<Live>> = Vec::with_capacity(rendered.len());
+    let permits = Arc::new(Semaphore::new(CONCURRENT_READS));
+    // Dropped on an early return: the reads still in flight are aborted.
+    let mut reads = JoinSet::new();
+    for (index, (object, desired)) in rendered.into_iter().enumerate() {
+        // Discovery is cached per kind: resolving stays sequential.
         let Some((api, resolved)) = resolver.api(&object).await? else {
-            objects.push(Live {
+            objects.push(Some(Live {
                 object,
                 desired,
                 live: None,
                 served: false,
-            });
+            }));
             continue;
         };
-        let live = api
-            .get_opt(&object.name)
-            .await
+        objects.push(None);
+        let permits = Arc::clone(&permits);
+        reads.spawn(async move {
+            let _permit = permits.acquire_owned().await;
+            let live = api.get_opt(&resolved.name).await;
+            (index, resolved, desired, live)
+        });
+    }
+    while let Some(joined) = reads.join_next().await {
+        let (index, resolved, desired, live) = joined
+            .map_err(|e| Error::failed(format!("reading a release's objects failed: {e}")))?;
+        let live = live
             .map_err(|e| Error::kube(format_args!("reading {}", resolved.shown()), e))?
             .map(|live| {
                 serde_json::to_value(&live).map_err(|e| {
@@ -46,12 +69,14 @@ pub(super) async fn read(
                 })
             })
             .transpose()?;
-        objects.push(Live {
-            object: resolved,
-            desired,
-            live,
-            served: true,
-        });
+        if let Some(slot) = objects.get_mut(index) {
+            *slot = Some(Live {
+                object: resolved,
+                desired,
+                live,
+                served: true,
+            });
+        }
     }
-    Ok(objects)
+    Ok(objects.into_iter().flatten().collect())
 }

@@ -3,8 +3,9 @@
 //!
 //! A pending record seen under the lock was left by a helm that no longer
 //! runs here. The lock is shared with the task that runs each helm process
-//! ([`Serialised::share`]), so it is released only when both the provision
-//! (or its dropped future) and helm itself are done.
+//! ([`Serialised::share`]), so it is released only when both the pass and
+//! the helm run it started (which outlives the pass) are done. A pass never
+//! waits for it: [`ReleaseLocks::try_lock`] and a yield instead.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
@@ -62,8 +63,9 @@ impl Serialised {
 }
 
 impl ReleaseLocks {
-    /// Waits for the lock of `release` in `namespace`.
-    pub(super) async fn lock(&self, namespace: &str, release: &str) -> Serialised {
+    /// The lock of `release` in `namespace`, or `None` while another pass
+    /// or helm run of this process holds it.
+    pub(super) fn try_lock(&self, namespace: &str, release: &str) -> Option<Serialised> {
         let mutex = {
             let mut locks = self.locks.lock().unwrap_or_else(PoisonError::into_inner);
             let key = (namespace.to_owned(), release.to_owned());
@@ -77,47 +79,41 @@ impl ReleaseLocks {
                 }
             }
         };
-        Serialised {
+        let guard = mutex.try_lock_owned().ok()?;
+        Some(Serialised {
             held: Arc::new(Held {
                 lease: Mutex::new(None),
-                _guard: mutex.lock_owned().await,
+                _guard: guard,
             }),
-        }
+        })
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use super::*;
 
-    #[tokio::test]
-    async fn a_shared_lock_is_held_until_every_holder_is_done() {
-        let locks = Arc::new(ReleaseLocks::default());
-        let first = locks.lock("ns", "web").await;
+    #[test]
+    fn a_shared_lock_is_held_until_every_holder_is_done() {
+        let locks = ReleaseLocks::default();
+        let first = locks.try_lock("ns", "web").expect("free");
         let helm = first.share();
         drop(first);
-        let waiting = Arc::clone(&locks);
-        let second = tokio::spawn(async move { waiting.lock("ns", "web").await });
-        tokio::time::sleep(Duration::from_millis(50)).await;
         assert!(
-            !second.is_finished(),
+            locks.try_lock("ns", "web").is_none(),
             "the lock was free while helm held it"
         );
         drop(helm);
-        tokio::time::timeout(Duration::from_secs(20), second)
-            .await
-            .expect("free once helm is done")
-            .unwrap();
+        let held = locks.try_lock("ns", "web").expect("free once helm is done");
         // Other releases are not serialised with it, nor is the same
         // release on another cluster.
-        let _other = locks.lock("ns", "api").await;
-        let _held = locks.lock("ns", "web").await;
-        let _elsewhere = ReleaseLocks::default().lock("ns", "web").await;
+        let other = locks.try_lock("ns", "api").expect("another release");
+        let _elsewhere = ReleaseLocks::default()
+            .try_lock("ns", "web")
+            .expect("another cluster");
         // Unused entries go.
-        drop((_other, _held));
-        let _next = locks.lock("ns", "db").await;
+        drop((other, held));
+        let _next = locks.try_lock("ns", "db").expect("free");
         assert_eq!(locks.locks.lock().unwrap().len(), 1);
     }
 }

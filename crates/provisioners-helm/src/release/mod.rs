@@ -6,11 +6,14 @@
 //! per release), [`lease`] (one process per release), [`recovery`] (pending
 //! records), [`live`] (the release's objects now), [`ready`] (readiness
 //! instead of `--wait`), [`drift`] (repair on a no-op), [`gate`] (the
-//! deletion gate), [`run`] (running helm). [`plan`] says what they would do,
+//! deletion gate), [`run`] (running helm), [`running`] (a helm run that
+//! outlives its pass: [`background`] keeps it, [`probe`] says what it
+//! waits for). [`plan`] says what they would do,
 //! from [`render`] (helm's server-side dry run) and [`compare`] (rendered,
 //! prior and live objects).
 
 mod args;
+mod background;
 mod classify;
 mod compare;
 mod drift;
@@ -19,11 +22,13 @@ mod lease;
 mod live;
 mod lock;
 mod plan;
+mod probe;
 mod provision;
 mod ready;
 mod recovery;
 mod render;
 mod run;
+mod running;
 
 pub use self::drift::Drift;
 
@@ -44,6 +49,10 @@ use crate::values;
 /// How long helm gets to exit after SIGTERM before SIGKILL, unless
 /// [`HelmRelease::grace_period`] says otherwise.
 pub const DEFAULT_GRACE: Duration = Duration::from_secs(10);
+
+/// How long a pass waits for the helm run it started before it yields,
+/// unless [`HelmRelease::pass_timeout`] says otherwise.
+pub const DEFAULT_PASS_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// helm's own `--timeout` for hooks and uninstall when neither
 /// [`HelmRelease::hook_timeout`] nor [`HelmRelease::wait`] is set.
@@ -129,7 +138,12 @@ pub const DEFAULT_HOOK_TIMEOUT: Duration = Duration::from_secs(300);
 ///     .wait(Duration::from_secs(120));
 ///
 /// let cx = Context::new(Cluster::infer().await?);
-/// cx.provision(&release).await?; // installs, then upgrades only on change
+/// // Installs, then upgrades only on change; a yield while helm runs or the
+/// // objects are not ready: call again later (a controller requeues).
+/// match cx.provision(&release).await {
+///     Err(e) if e.is_yield() => {}
+///     other => other?,
+/// }
 /// cx.deprovision(&release).await?; // uninstalls; a yield until everything is gone
 /// # Ok(())
 /// # }
@@ -153,6 +167,7 @@ pub struct HelmRelease {
     plain_http: bool,
     helm: PathBuf,
     grace: Duration,
+    pass_timeout: Duration,
     temp_dir: Option<PathBuf>,
 }
 
@@ -179,6 +194,7 @@ impl HelmRelease {
             plain_http: false,
             helm: PathBuf::from("helm"),
             grace: DEFAULT_GRACE,
+            pass_timeout: DEFAULT_PASS_TIMEOUT,
             temp_dir: None,
         }
     }
@@ -293,6 +309,15 @@ impl HelmRelease {
     /// background; see [`HelmProcesses::idle`](crate::HelmProcesses::idle)).
     pub fn grace_period(mut self, grace: Duration) -> Self {
         self.grace = grace;
+        self
+    }
+
+    /// How long a pass waits for the helm run it started (or the run it
+    /// stops, in a deprovision) before it yields (default
+    /// [`DEFAULT_PASS_TIMEOUT`]): a quick helm run is collected in the same
+    /// pass. `Duration::ZERO` always yields and collects on the next pass.
+    pub fn pass_timeout(mut self, timeout: Duration) -> Self {
+        self.pass_timeout = timeout;
         self
     }
 

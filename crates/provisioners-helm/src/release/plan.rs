@@ -484,6 +484,7 @@ mod pure {
             secret: record_name("web", number),
             deployed_before,
             uninstalled: None,
+            resource_version: None,
         }
     }
 

@@ -5,8 +5,9 @@
 use provisioners_core::{Context, Error, Operation, Plan, Provisioner, Result, async_trait};
 
 use super::Drift;
+use super::background::Purpose;
 use super::lease;
-use super::lock::{ReleaseLocks, Serialised};
+use super::lock::Serialised;
 use super::{HelmRelease, args, drift, gate, live, ready};
 use crate::objects::{ObjectRef, Resolver, Seen, parse_manifest};
 use crate::storage::{self, Revision};
@@ -60,8 +61,7 @@ impl HelmRelease {
         cx: &Context,
         revision: &Revision,
     ) -> Result<Option<(Vec<live::Live>, storage::Payload)>> {
-        let Some(payload) =
-            storage::payload(cx.client(), &self.namespace, &revision.secret).await?
+        let Some(payload) = storage::payload_of(cx.cluster(), &self.namespace, revision).await?
         else {
             return Ok(None);
         };
@@ -109,6 +109,20 @@ impl HelmRelease {
         self.verdict(revision, &objects, &payload)
     }
 
+    /// After `helm upgrade --install` of these inputs ended well: readiness.
+    async fn installed(&self, cx: &Context) -> Result<()> {
+        if self.wait.is_none() {
+            return Ok(());
+        }
+        match storage::latest(cx.client(), &self.namespace, &self.release).await? {
+            Some(revision) => self.settled(cx, &revision).await,
+            None => Err(Error::failed(format!(
+                "helm upgrade --install of release `{}` left no release record",
+                self.id()
+            ))),
+        }
+    }
+
     /// A release deployed with these very inputs: checks drift and
     /// readiness. `Ok(Some(..))` when the drift is to be repaired by an upgrade.
     async fn unchanged(&self, cx: &Context, revision: &Revision) -> Result<Option<Repair>> {
@@ -153,12 +167,14 @@ impl HelmRelease {
     }
 
     /// Uninstalls the release unless that is done, and returns the objects
-    /// to wait for (those live before the uninstall, by UID).
+    /// to wait for (those live before the uninstall, by UID). helm runs in
+    /// the background: a yield while it does.
     pub(super) async fn uninstalled(
         &self,
         cx: &Context,
         serialised: &Serialised,
         latest: &Revision,
+        operation: Operation,
     ) -> Result<Vec<Seen>> {
         if latest.status == "uninstalled"
             && let Some(seen) = &latest.uninstalled
@@ -174,19 +190,15 @@ impl HelmRelease {
         let seen = gate::snapshot(&mut resolver, &objects).await?;
         if latest.status != "uninstalled" {
             tracing::info!(release = %self.id(), "helm uninstall");
-            match self.uninstall(cx, serialised, false).await {
-                Ok(()) => {}
-                Err(e) if e.kind() == provisioners_core::ErrorKind::Timeout => {
-                    return Err(Error::yielding(format!(
-                        "release `{}` is being uninstalled: {}",
-                        self.id(),
-                        e.message()
-                    )));
-                }
-                Err(e) => return Err(e),
-            }
+            // Collecting the run remembers `seen` on the record.
+            let purpose = Purpose::Uninstall {
+                seen: seen.clone(),
+                record: latest.secret.clone(),
+            };
+            self.uninstall(cx, serialised, false, operation, purpose)
+                .await?;
+            return Ok(seen);
         }
-        // After helm's own update of the record, which would drop it.
         storage::remember_uninstalled(cx.client(), &self.namespace, &latest.secret, &seen).await?;
         Ok(seen)
     }
@@ -225,8 +237,16 @@ impl Provisioner for HelmRelease {
         self.validate()?;
         let values = self.merged_values()?;
         let digest = self.digest(&values).await?;
-        let locks = cx.cluster().state::<ReleaseLocks>();
-        let serialised = locks.lock(&self.namespace, &self.release).await;
+        let inputs = self.run_inputs(digest.as_deref());
+        let installed = self
+            .collect(cx, Operation::Provision, inputs.as_deref())
+            .await?;
+        let serialised = self.try_lock(cx)?;
+        if installed {
+            // helm ran with these very inputs: what is left is readiness
+            // (an unpinned chart would otherwise run helm on every pass).
+            return self.installed(cx).await;
+        }
 
         let mut latest = storage::latest(cx.client(), &self.namespace, &self.release).await?;
         let mut repair = None;
@@ -256,23 +276,11 @@ impl Provisioner for HelmRelease {
         // helm numbers the revision it is about to write one past the newest.
         let next = latest.as_ref().map_or(1, |r| r.number + 1);
         let fresh = latest.is_none();
-        let stamp = digest.as_deref().map(|digest| args::Stamp {
-            digest,
-            revision: next,
-            repair: repair.as_ref().map(|r| r.digest.as_str()),
-        });
         // A repair takes back fields changed by hand, which server-side
         // apply reports as conflicts with their new manager.
         let force_conflicts = repair.as_ref().is_some_and(|r| r.server_side);
 
-        let kubeconfig = self.kubeconfig(cx)?;
-        let major = version::detect(
-            cx.cluster(),
-            &self.helm,
-            self.temp_dir.as_deref(),
-            cx.cancellation(),
-        )
-        .await?;
+        self.kubeconfig(cx)?;
         let values_json = serde_json::to_vec(&values).map_err(|e| {
             Error::invalid(format!(
                 "release `{}`: values could not be written: {e}",
@@ -280,36 +288,45 @@ impl Provisioner for HelmRelease {
             ))
         })?;
         tracing::info!(release = %self.id(), chart = %self.chart, "helm upgrade --install");
-        let work = self.work_dir()?;
-        self.log_in(cx, Some(&serialised), &work).await?;
-        self.run_helm_in(
+        let this = self.clone();
+        let repaired = repair.map(|r| r.digest);
+        self.in_background(
             cx,
-            Some(&serialised),
+            &serialised,
             "upgrade --install",
-            &values,
-            &work,
-            None,
-            |work| {
-                let kubeconfig = work.write_kubeconfig(kubeconfig)?;
-                let values = work.write_private("values.json", &values_json)?;
-                let mut args = self.upgrade_args(major, &kubeconfig, &values, stamp, fresh);
-                if force_conflicts && major == version::Major::Four {
-                    args.push("--force-conflicts".into());
-                }
-                Ok(args)
+            Operation::Provision,
+            Purpose::Release { inputs },
+            move |cx, work| async move {
+                let kubeconfig = this.kubeconfig(&cx)?;
+                // In the background: `helm version` takes a helm slot too.
+                let major = version::detect(
+                    cx.cluster(),
+                    &this.helm,
+                    this.temp_dir.as_deref(),
+                    cx.cancellation(),
+                )
+                .await?;
+                this.log_in(&cx, &work).await?;
+                let stamp = digest.as_deref().map(|digest| args::Stamp {
+                    digest,
+                    revision: next,
+                    repair: repaired.as_deref(),
+                });
+                this.run_helm_in(&cx, "upgrade --install", &values, &work, None, |work| {
+                    let kubeconfig = work.write_kubeconfig(kubeconfig)?;
+                    let values = work.write_private("values.json", &values_json)?;
+                    let mut args = this.upgrade_args(major, &kubeconfig, &values, stamp, fresh);
+                    if force_conflicts && major == version::Major::Four {
+                        args.push("--force-conflicts".into());
+                    }
+                    Ok(args)
+                })
+                .await
+                .map(drop)
             },
         )
         .await?;
-        if self.wait.is_none() {
-            return Ok(());
-        }
-        match storage::latest(cx.client(), &self.namespace, &self.release).await? {
-            Some(revision) => self.settled(cx, &revision).await,
-            None => Err(Error::failed(format!(
-                "helm upgrade --install of release `{}` left no release record",
-                self.id()
-            ))),
-        }
+        self.installed(cx).await
     }
 
     /// What provision or deprovision would do now: see
@@ -323,8 +340,8 @@ impl Provisioner for HelmRelease {
 
     async fn deprovision(&self, cx: &Context) -> Result<()> {
         self.validate_names()?;
-        let locks = cx.cluster().state::<ReleaseLocks>();
-        let serialised = locks.lock(&self.namespace, &self.release).await;
+        self.collect(cx, Operation::Deprovision, None).await?;
+        let serialised = self.try_lock(cx)?;
         if storage::latest(cx.client(), &self.namespace, &self.release)
             .await?
             .is_none()
@@ -344,7 +361,9 @@ impl Provisioner for HelmRelease {
         else {
             return Ok(());
         };
-        let seen = self.uninstalled(cx, &serialised, &latest).await?;
+        let seen = self
+            .uninstalled(cx, &serialised, &latest, Operation::Deprovision)
+            .await?;
         self.gone(cx, &seen, "").await?;
         storage::forget_all(cx.client(), &self.namespace, &self.release).await?;
         lease::remove(cx.client(), &self.namespace, &self.release).await

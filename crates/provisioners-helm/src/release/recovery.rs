@@ -1,8 +1,9 @@
 //! Recovery of a release whose newest revision a dead helm left half-done.
 
-use provisioners_core::{Context, Result};
+use provisioners_core::{Context, Operation, Result};
 
 use super::HelmRelease;
+use super::background::Purpose;
 use super::lock::Serialised;
 use crate::storage::{self, Revision};
 
@@ -24,7 +25,16 @@ impl HelmRelease {
                 revision = revision.number,
                 "the release was left pending-install by an interrupted helm; removing it first"
             );
-            self.uninstall(cx, serialised, true).await?;
+            // In the background: until it has ended this is a yield, and the
+            // next pass finds the record uninstalled and finishes it below.
+            self.uninstall(
+                cx,
+                serialised,
+                true,
+                Operation::Provision,
+                Purpose::Recovery,
+            )
+            .await?;
             storage::forget_all(cx.client(), &self.namespace, &self.release).await?;
             Ok(true)
         } else if revision.is_pending() {
@@ -47,7 +57,9 @@ impl HelmRelease {
             // only once its objects are gone (helm would refuse to adopt
             // objects that are being deleted).
             tracing::warn!(release = %self.id(), "finishing an earlier uninstall first");
-            let seen = self.uninstalled(cx, serialised, revision).await?;
+            let seen = self
+                .uninstalled(cx, serialised, revision, Operation::Provision)
+                .await?;
             self.gone(cx, &seen, " before installing it again").await?;
             storage::forget_all(cx.client(), &self.namespace, &self.release).await?;
             Ok(true)

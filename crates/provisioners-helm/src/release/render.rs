@@ -145,8 +145,8 @@ impl HelmRelease {
             let values_json = &values_json;
             async move {
                 let work = self.work_dir()?;
-                self.log_in(cx, None, &work).await?;
-                self.run_helm_in(cx, None, "dry run", values, &work, None, |work| {
+                self.log_in(cx, &work).await?;
+                self.run_helm_in(cx, "dry run", values, &work, None, |work| {
                     let kubeconfig = work.write_kubeconfig(kubeconfig)?;
                     let values = work.write_private("values.json", values_json)?;
                     Ok(self.render_args(major, &kubeconfig, &values, render))
@@ -171,9 +171,9 @@ impl HelmRelease {
                 // which only a real install creates): the server cannot build
                 // the objects, so render them without it.
                 let work = self.work_dir()?;
-                self.log_in(cx, None, &work).await?;
+                self.log_in(cx, &work).await?;
                 let output = self
-                    .run_helm_in(cx, None, "template", values, &work, None, |work| {
+                    .run_helm_in(cx, "template", values, &work, None, |work| {
                         let kubeconfig = work.write_kubeconfig(kubeconfig)?;
                         let values = work.write_private("values.json", &values_json)?;
                         Ok(self.template_args(&kubeconfig, &values, render))

@@ -1,15 +1,16 @@
-//! Running helm for a release: its private directory, the task that holds
-//! the release's lock until helm has exited, logging in to a private
-//! repository or registry, and what a failed run means.
+//! Running helm for a release: its private directory, its deadline,
+//! logging in to a private repository or registry, rollback and uninstall
+//! (in the background), and what a failed run means.
 
 use std::ffi::OsString;
 use std::sync::Arc;
 
-use provisioners_core::{Context, Error, Result};
+use provisioners_core::{Context, Error, Operation, Result};
 use serde_json::Value;
 
 use super::HelmRelease;
 use super::args;
+use super::background::Purpose;
 use super::classify::classify;
 use super::lock::Serialised;
 use crate::chart::Chart;
@@ -32,24 +33,6 @@ impl HelmRelease {
         })
     }
 
-    /// Runs helm with the arguments `write` returns for its private directory.
-    ///
-    /// helm runs in a task of its own that holds `serialised` until helm has
-    /// exited: dropping this future stops helm (SIGTERM, grace, SIGKILL)
-    /// but frees the release for the next run only once helm is gone.
-    pub(super) async fn run_helm(
-        &self,
-        cx: &Context,
-        serialised: &Serialised,
-        action: &str,
-        values: &Value,
-        write: impl FnOnce(&WorkDir) -> std::io::Result<Vec<OsString>>,
-    ) -> Result<Output> {
-        let work = self.work_dir()?;
-        self.run_helm_in(cx, Some(serialised), action, values, &work, None, write)
-            .await
-    }
-
     pub(super) fn work_dir(&self) -> Result<Arc<WorkDir>> {
         WorkDir::new(self.temp_dir.as_deref())
             .map(Arc::new)
@@ -62,13 +45,16 @@ impl HelmRelease {
             })
     }
 
-    /// [`run_helm`](Self::run_helm) in `work`, shared by the steps of one
-    /// operation (a registry login, then the upgrade), with `stdin`.
-    #[allow(clippy::too_many_arguments)]
+    /// Runs helm with the arguments `write` returns for `work`, its private
+    /// directory (shared by the steps of one operation: a registry login,
+    /// then the upgrade), with `stdin`, until it exits or its
+    /// [deadline](Self::run_deadline) has passed.
+    ///
+    /// helm runs in a task of its own: dropping this future stops helm
+    /// (SIGTERM, grace, SIGKILL) in the background.
     pub(super) async fn run_helm_in(
         &self,
         cx: &Context,
-        serialised: Option<&Serialised>,
         action: &str,
         values: &Value,
         work: &Arc<WorkDir>,
@@ -88,21 +74,26 @@ impl HelmRelease {
             work: Arc::clone(work),
             stdin,
             processes: HelmProcesses::of(cx.cluster()),
+            deadline: Some(self.run_deadline()),
         };
         let stop = cx.cancellation().child_token();
         // Dropped with this future (and harmless once helm is done).
         let _stop_when_dropped = stop.clone().drop_guard();
-        // A plan holds no lock: it writes nothing another run could trip over.
-        let held = serialised.map(Serialised::share);
         let grace = self.grace;
-        let helm = tokio::spawn(async move {
-            let output = process::run(invocation, &stop, grace).await;
-            drop(held);
-            output
-        });
+        let helm = tokio::spawn(async move { process::run(invocation, &stop, grace).await });
         let output = match helm.await {
             Ok(Ok(output)) => output,
             Ok(Err(RunError::Cancelled)) => return Err(Error::cancelled()),
+            Ok(Err(RunError::Deadline(after))) => {
+                return Err(Error::timeout(format!(
+                    "helm {action} of release `{}` ran past its deadline of {}s (its hook \
+                     timeout plus {}s) and was stopped; a cluster that does not answer, or a \
+                     hook that never ends, is the usual cause",
+                    self.id(),
+                    after.as_secs(),
+                    super::running::RUN_MARGIN.as_secs()
+                )));
+            }
             Ok(Err(RunError::Spawn(e))) => {
                 return Err(Error::not_found(format!(
                     "could not run helm `{}` for release `{}`: {e}",
@@ -148,12 +139,7 @@ impl HelmRelease {
 
     /// Makes the chart's credentials known to helm in `work`: `repo add` for
     /// a repository, `registry login` for an OCI registry.
-    pub(super) async fn log_in(
-        &self,
-        cx: &Context,
-        serialised: Option<&Serialised>,
-        work: &Arc<WorkDir>,
-    ) -> Result<()> {
+    pub(super) async fn log_in(&self, cx: &Context, work: &Arc<WorkDir>) -> Result<()> {
         let Some(credentials) = &self.credentials else {
             return Ok(());
         };
@@ -185,61 +171,80 @@ impl HelmRelease {
         args.push(credentials.username.clone().into());
         args.push("--password-stdin".into());
         let password = credentials.password.clone().into_bytes();
-        self.run_helm_in(
-            cx,
-            serialised,
-            action,
-            &Value::Null,
-            work,
-            Some(password),
-            |work| {
-                if let Some(ca) = &credentials.ca {
-                    args.push("--ca-file".into());
-                    args.push(work.write_private("ca.crt", ca)?.into());
-                }
-                if let Some((cert, key)) = &credentials.client {
-                    args.push("--cert-file".into());
-                    args.push(work.write_private("tls.crt", cert)?.into());
-                    args.push("--key-file".into());
-                    args.push(work.write_private("tls.key", key)?.into());
-                }
-                Ok(args)
-            },
-        )
+        self.run_helm_in(cx, action, &Value::Null, work, Some(password), |work| {
+            if let Some(ca) = &credentials.ca {
+                args.push("--ca-file".into());
+                args.push(work.write_private("ca.crt", ca)?.into());
+            }
+            if let Some((cert, key)) = &credentials.client {
+                args.push("--cert-file".into());
+                args.push(work.write_private("tls.crt", cert)?.into());
+                args.push("--key-file".into());
+                args.push(work.write_private("tls.key", key)?.into());
+            }
+            Ok(args)
+        })
         .await
         .map(drop)
     }
 
-    /// `helm rollback` to `revision`.
+    /// `helm rollback` to `revision`, in the background.
     pub(super) async fn rollback(
         &self,
         cx: &Context,
         serialised: &Serialised,
         revision: u32,
     ) -> Result<()> {
-        let kubeconfig = self.kubeconfig(cx)?;
-        self.run_helm(cx, serialised, "rollback", &Value::Null, |work| {
-            let kubeconfig = work.write_kubeconfig(kubeconfig)?;
-            Ok(self.rollback_args(&kubeconfig, revision))
-        })
+        self.kubeconfig(cx)?;
+        let this = self.clone();
+        self.in_background(
+            cx,
+            serialised,
+            "rollback",
+            Operation::Provision,
+            Purpose::Recovery,
+            move |cx, work| async move {
+                let kubeconfig = this.kubeconfig(&cx)?;
+                this.run_helm_in(&cx, "rollback", &Value::Null, &work, None, |work| {
+                    let kubeconfig = work.write_kubeconfig(kubeconfig)?;
+                    Ok(this.rollback_args(&kubeconfig, revision))
+                })
+                .await
+                .map(drop)
+            },
+        )
         .await
-        .map(drop)
     }
 
-    /// `helm uninstall`, keeping the record; `background` forces background deletion.
+    /// `helm uninstall` in the background, keeping the record;
+    /// `background` forces background deletion.
     pub(super) async fn uninstall(
         &self,
         cx: &Context,
         serialised: &Serialised,
         background: bool,
+        operation: Operation,
+        purpose: Purpose,
     ) -> Result<()> {
-        let kubeconfig = self.kubeconfig(cx)?;
+        self.kubeconfig(cx)?;
         let background = background || cx.background_deletion();
-        self.run_helm(cx, serialised, "uninstall", &Value::Null, |work| {
-            let kubeconfig = work.write_kubeconfig(kubeconfig)?;
-            Ok(self.uninstall_args(&kubeconfig, background))
-        })
+        let this = self.clone();
+        self.in_background(
+            cx,
+            serialised,
+            "uninstall",
+            operation,
+            purpose,
+            move |cx, work| async move {
+                let kubeconfig = this.kubeconfig(&cx)?;
+                this.run_helm_in(&cx, "uninstall", &Value::Null, &work, None, |work| {
+                    let kubeconfig = work.write_kubeconfig(kubeconfig)?;
+                    Ok(this.uninstall_args(&kubeconfig, background))
+                })
+                .await
+                .map(drop)
+            },
+        )
         .await
-        .map(drop)
     }
 }

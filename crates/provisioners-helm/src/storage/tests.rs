@@ -133,6 +133,7 @@ mod records {
                 secret: "sh.helm.release.v1.web.v3".to_owned(),
                 deployed_before: Some(2),
                 uninstalled: None,
+                resource_version: None,
             }
         );
         assert!(latest.is_pending());
@@ -240,6 +241,42 @@ mod records {
     }
 
     #[tokio::test]
+    async fn a_decoded_record_is_reused_while_its_resource_version_is_the_listed_one() {
+        let (cx, mut api) = mock::context();
+        let cluster = cx.cluster().clone();
+        let at = |version: &str| Revision {
+            resource_version: Some(version.to_owned()),
+            ..revision(1)
+        };
+        let read = tokio::spawn(async move {
+            let first = payload_of(&cluster, "apps", &at("7")).await;
+            // Same version: no request (an unanswered one would hang).
+            let again = payload_of(&cluster, "apps", &at("7")).await;
+            // Changed meanwhile: read anew.
+            let changed = payload_of(&cluster, "apps", &at("8")).await;
+            (first, again, changed)
+        });
+        let record = |version: &str, manifest: &str| {
+            let helm = encoded(&format!(r#"{{"manifest":"{manifest}"}}"#), true);
+            json!({
+                "apiVersion": "v1", "kind": "Secret",
+                "metadata": {"name": "sh.helm.release.v1.web.v1", "namespace": "apps",
+                             "resourceVersion": version},
+                "data": {"release": base64::engine::general_purpose::STANDARD.encode(&helm)},
+            })
+        };
+        let path = format!("{RECORDS}/sh.helm.release.v1.web.v1");
+        api.expect(Method::GET, &path, 200, record("7", "one"))
+            .await;
+        api.expect(Method::GET, &path, 200, record("8", "two"))
+            .await;
+        let (first, again, changed) = read.await.unwrap();
+        assert_eq!(first.unwrap().unwrap().manifest, "one");
+        assert_eq!(again.unwrap().unwrap().manifest, "one");
+        assert_eq!(changed.unwrap().unwrap().manifest, "two");
+    }
+
+    #[tokio::test]
     async fn a_record_that_does_not_decode_is_a_failure_naming_it() {
         let (cx, mut api) = mock::context();
         let client = cx.client().clone();
@@ -276,6 +313,7 @@ mod records {
             secret: format!("sh.helm.release.v1.web.v{number}"),
             deployed_before: None,
             uninstalled: None,
+            resource_version: None,
         }
     }
 

@@ -1,0 +1,492 @@
+//! A pass never waits for helm: it starts a run in the
+//! [background](super::background), waits at most the
+//! [pass timeout](HelmRelease::pass_timeout) for it, and otherwise yields
+//! saying what helm waits for; a later pass collects the outcome. A pass
+//! never waits for a helm slot or the release's lock either: it yields,
+//! naming them.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use provisioners_core::{Context, Error, ErrorKind, Operation, Result, Waiting};
+use sha2::{Digest as _, Sha256};
+
+use super::HelmRelease;
+use super::background::{Found, Purpose, Run, Runs};
+use super::lock::{ReleaseLocks, Serialised};
+use super::probe;
+use crate::processes::HelmProcesses;
+use crate::storage;
+use crate::workdir::WorkDir;
+
+/// How much longer than its hook timeout a helm run may take before it is
+/// stopped: helm's own reads and writes before and after the hooks.
+pub(super) const RUN_MARGIN: Duration = Duration::from_secs(60);
+
+impl HelmRelease {
+    /// `HelmRelease ns/name`, the object a wait on the release names.
+    fn waited_object(&self) -> String {
+        format!("HelmRelease {}", self.id())
+    }
+
+    /// What tells one install's inputs from another's: the stored digest
+    /// and, as credentials are not part of it, a fingerprint of them (kept
+    /// in memory only). `None` when the digest cannot be known.
+    pub(super) fn run_inputs(&self, digest: Option<&str>) -> Option<String> {
+        let digest = digest?;
+        let Some(credentials) = &self.credentials else {
+            return Some(digest.to_owned());
+        };
+        let mut hasher = Sha256::new();
+        for part in [
+            credentials.username.as_bytes(),
+            credentials.password.as_bytes(),
+            credentials.ca.as_deref().unwrap_or_default(),
+        ] {
+            hasher.update((part.len() as u64).to_le_bytes());
+            hasher.update(part);
+        }
+        if let Some((cert, key)) = &credentials.client {
+            hasher.update(cert);
+            hasher.update(key);
+        }
+        let fingerprint: String = hasher.finalize()[..8]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        Some(format!("{digest}/{fingerprint}"))
+    }
+
+    /// How long one helm run may take: helm's `--timeout` plus [`RUN_MARGIN`].
+    pub(super) fn run_deadline(&self) -> Duration {
+        self.helm_timeout() + RUN_MARGIN
+    }
+
+    /// The release's lock in this process, or a yield while another pass or
+    /// run holds it.
+    pub(super) fn try_lock(&self, cx: &Context) -> Result<Serialised> {
+        let locks = cx.cluster().state::<ReleaseLocks>();
+        locks
+            .try_lock(&self.namespace, &self.release)
+            .ok_or_else(|| {
+                Error::yielding(format!(
+                    "another pass of this process is working on release `{}`",
+                    self.id()
+                ))
+                .waiting_on(Waiting::new("the release's lock").object(self.waited_object()))
+            })
+    }
+
+    /// What became of the release's helm run, if one was started: a yield
+    /// while it runs; its outcome when it has ended, reported as an error
+    /// only to the operation that started it and, for an install or
+    /// upgrade, with the same `inputs` (a stale run's failure says nothing
+    /// about the inputs now: the pass goes on and reads the record).
+    /// `Ok(true)` when an install or upgrade of these very inputs ended well. A deprovision stops a provision's
+    /// run first (SIGTERM, so helm marks the release failed, then SIGKILL
+    /// after the grace).
+    pub(super) async fn collect(
+        &self,
+        cx: &Context,
+        operation: Operation,
+        inputs: Option<&str>,
+    ) -> Result<bool> {
+        let runs = cx.cluster().state::<Runs>();
+        match runs.find(&self.namespace, &self.release) {
+            Found::None => Ok(false),
+            Found::Ended(run, outcome) => {
+                self.collected_by(cx, &run, outcome, operation, inputs)
+                    .await
+            }
+            Found::Live(run) => match superseded(&run, operation, inputs) {
+                Some(why) => {
+                    if run.stop() {
+                        tracing::info!(
+                            release = %self.id(), action = run.action,
+                            "stopping a helm run {why}"
+                        );
+                    }
+                    if run.wait(self.pass_timeout).await
+                        && let Some(outcome) = runs.take(&self.namespace, &self.release, &run)
+                    {
+                        return self
+                            .collected_by(cx, &run, outcome, operation, inputs)
+                            .await;
+                    }
+                    Err(Error::yielding(format!(
+                        "stopping helm {} of release `{}` (running for {}s) {why}",
+                        run.action,
+                        self.id(),
+                        run.elapsed().as_secs()
+                    ))
+                    .waiting_on(
+                        Waiting::new(format!("helm {} to exit", run.action))
+                            .object(self.waited_object())
+                            .since(run.since),
+                    ))
+                }
+                None => Err(self.running(cx, &run).await),
+            },
+        }
+    }
+
+    async fn collected_by(
+        &self,
+        cx: &Context,
+        run: &Run,
+        outcome: Result<()>,
+        operation: Operation,
+        inputs: Option<&str>,
+    ) -> Result<bool> {
+        let result = self.collected(cx, run, outcome).await;
+        let (current, installed) = match &run.purpose {
+            Purpose::Release { inputs: started } => (started.as_deref() == inputs, true),
+            _ => (true, false),
+        };
+        if run.operation == operation && current {
+            return result.map(|()| installed);
+        }
+        if let Err(e) = result
+            && !e.is_yield()
+        {
+            tracing::info!(
+                release = %self.id(), action = run.action, error = %e,
+                "an earlier helm run (of a {}, for another operation or other inputs) \
+                 ended so; going on",
+                run.operation.as_str()
+            );
+        }
+        Ok(false)
+    }
+
+    /// The follow-up of an ended run.
+    async fn collected(&self, cx: &Context, run: &Run, outcome: Result<()>) -> Result<()> {
+        match (&run.purpose, outcome) {
+            // After helm's own update of the record, which would drop it.
+            (Purpose::Uninstall { seen, record }, Ok(())) => {
+                storage::remember_uninstalled(cx.client(), &self.namespace, record, seen).await
+            }
+            (Purpose::Uninstall { .. }, Err(e)) if e.kind() == ErrorKind::Timeout => {
+                Err(Error::yielding(format!(
+                    "release `{}` is being uninstalled: {}",
+                    self.id(),
+                    e.message()
+                ))
+                .waiting_on(Waiting::new("helm uninstall").object(self.waited_object())))
+            }
+            (_, outcome) => outcome,
+        }
+    }
+
+    /// Starts helm in the background (`job`, given the run's context and
+    /// private directory), holding the release's lock and Lease until it
+    /// has exited. `Ok` when it ended well within the pass timeout, its
+    /// follow-up done; its error when it failed so quickly; else a yield.
+    pub(super) async fn in_background<J, F>(
+        &self,
+        cx: &Context,
+        serialised: &Serialised,
+        action: &'static str,
+        operation: Operation,
+        purpose: Purpose,
+        job: J,
+    ) -> Result<()>
+    where
+        J: FnOnce(Context, Arc<WorkDir>) -> F,
+        F: Future<Output = Result<()>> + Send + 'static,
+    {
+        let runs = cx.cluster().state::<Runs>();
+        let work = self.work_dir()?;
+        // The pass's token still reaches the run (shutdown); a deprovision
+        // stops it through its own child token.
+        let stop = cx.cancellation().child_token();
+        let run = Arc::new(Run::new(
+            action,
+            operation,
+            purpose,
+            stop.clone(),
+            work.started(),
+        ));
+        let processes = HelmProcesses::of(cx.cluster());
+        let queued = processes.running() >= processes.max();
+        let job = job(cx.clone().with_cancellation(stop), work);
+        tracing::info!(release = %self.id(), action, "helm started in the background");
+        runs.start(
+            &self.namespace,
+            &self.release,
+            Arc::clone(&run),
+            serialised.share(),
+            job,
+        );
+        if !queued
+            && run.wait(self.pass_timeout).await
+            && let Some(outcome) = runs.take(&self.namespace, &self.release, &run)
+        {
+            return self.collected(cx, &run, outcome).await;
+        }
+        Err(self.running(cx, &run).await)
+    }
+
+    /// The yield for a live run: what it waits for (a helm slot; a hook Job
+    /// and its pod's reason; an object being deleted), as text and data.
+    async fn running(&self, cx: &Context, run: &Run) -> Error {
+        let elapsed = run.elapsed().as_secs();
+        let processes = HelmProcesses::of(cx.cluster());
+        // Not started with every slot taken: queued (else it is still
+        // detecting helm's version, or about to start).
+        if !run.helm_started() && processes.running() >= processes.max() {
+            return Error::yielding(format!(
+                "helm {} of release `{}` waits for a helm slot ({} of {} in use on cluster `{}`)",
+                run.action,
+                self.id(),
+                processes.running(),
+                processes.max(),
+                cx.cluster().id()
+            ))
+            .waiting_on(
+                Waiting::new("a free helm slot")
+                    .object(self.waited_object())
+                    .since(run.since),
+            );
+        }
+        let doing = format!(
+            "helm {} of release `{}` running for {elapsed}s",
+            run.action,
+            self.id()
+        );
+        match probe::blocker(cx.client(), &self.namespace, run.since).await {
+            Some(blocker) => Error::yielding(format!(
+                "{doing}; waiting for {}: {}",
+                blocker.object, blocker.reason
+            ))
+            .waiting_on(
+                Waiting::new(blocker.reason)
+                    .object(blocker.object)
+                    .since(blocker.since.unwrap_or(run.since)),
+            ),
+            None => Error::yielding(doing).waiting_on(
+                Waiting::new(format!("helm {}", run.action))
+                    .object(self.waited_object())
+                    .since(run.since),
+            ),
+        }
+    }
+}
+
+/// Why a pass of `operation` with `inputs` stops the live `run`, if it
+/// does: a deprovision stops a provision's run (then uninstalls); a
+/// provision with other inputs stops an install or upgrade of outdated ones,
+/// as a controller cancels a tree on a new generation (an unpinned chart's
+/// inputs are unknown: its run is left to finish).
+fn superseded(run: &Run, operation: Operation, inputs: Option<&str>) -> Option<&'static str> {
+    match (operation, run.operation, &run.purpose) {
+        (Operation::Deprovision, Operation::Provision, _) => Some("before uninstalling it"),
+        (
+            Operation::Provision,
+            Operation::Provision,
+            Purpose::Release {
+                inputs: Some(started),
+            },
+        ) if inputs.is_some_and(|now| now != started) => Some("as its inputs changed"),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use provisioners_testing::mock;
+    use tokio_util::sync::CancellationToken;
+
+    use super::*;
+    use crate::chart::Chart;
+
+    fn release() -> HelmRelease {
+        HelmRelease::new("web", Chart::local("/charts/web"))
+            .namespace("apps")
+            .pass_timeout(Duration::from_millis(50))
+    }
+
+    /// Registers a provision's run of `release()` that ends with `outcome`
+    /// once `end` fires (or its own stop token does).
+    fn provision_run(
+        cx: &Context,
+        inputs: &str,
+        end: CancellationToken,
+        outcome: Result<()>,
+    ) -> CancellationToken {
+        let serialised = release().try_lock(cx).expect("free");
+        let stop = CancellationToken::new();
+        let run = Arc::new(Run::new(
+            "upgrade --install",
+            Operation::Provision,
+            Purpose::Release {
+                inputs: Some(inputs.to_owned()),
+            },
+            stop.clone(),
+            Arc::default(),
+        ));
+        let stopped = stop.clone();
+        cx.cluster()
+            .state::<Runs>()
+            .start("apps", "web", run, serialised.share(), async move {
+                tokio::select! {
+                    () = end.cancelled() => outcome,
+                    // helm takes a while to exit after SIGTERM.
+                    () = async {
+                        stopped.cancelled().await;
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    } => Err(Error::cancelled()),
+                }
+            });
+        stop
+    }
+
+    #[tokio::test]
+    async fn a_deprovision_stops_a_provisions_run_then_goes_on() {
+        let (cx, _api) = mock::context();
+        let stop = provision_run(&cx, "a", CancellationToken::new(), Ok(()));
+        let error = release()
+            .collect(&cx, Operation::Deprovision, None)
+            .await
+            .expect_err("helm is still exiting");
+        assert!(error.is_yield(), "{error}");
+        assert!(
+            error
+                .message()
+                .contains("stopping helm upgrade --install of release `apps/web`"),
+            "{error}"
+        );
+        let waiting = error.waiting().expect("waiting data");
+        assert_eq!(waiting.object_name(), Some("HelmRelease apps/web"));
+        assert!(waiting.started().is_some());
+        assert!(stop.is_cancelled(), "helm was not told to stop");
+        let locked = release().try_lock(&cx).expect_err("the run holds the lock");
+        assert!(locked.is_yield(), "{locked}");
+
+        // Once helm has exited: the provision's `Cancelled` is not the
+        // deprovision's error, and the lock is free.
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            match release().collect(&cx, Operation::Deprovision, None).await {
+                Ok(installed) => {
+                    assert!(!installed);
+                    break;
+                }
+                Err(e) if e.is_yield() => {}
+                Err(e) => panic!("{e}"),
+            }
+            assert!(std::time::Instant::now() < deadline, "never collected");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(release().try_lock(&cx).is_ok());
+    }
+
+    #[tokio::test]
+    async fn an_ended_run_is_reported_only_to_a_pass_with_its_inputs() {
+        let (cx, _api) = mock::context();
+        let end = CancellationToken::new();
+        end.cancel();
+        provision_run(&cx, "a", end.clone(), Err(Error::invalid("bad values")));
+        let runs = cx.cluster().state::<Runs>();
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while runs.find_live("apps", "web").is_some() {
+            assert!(std::time::Instant::now() < deadline, "never ended");
+            tokio::task::yield_now().await;
+        }
+        let error = release()
+            .collect(&cx, Operation::Provision, Some("a"))
+            .await
+            .expect_err("its own failure");
+        assert_eq!(error.kind(), ErrorKind::Invalid, "{error}");
+        // Collected once.
+        assert!(
+            !release()
+                .collect(&cx, Operation::Provision, Some("a"))
+                .await
+                .unwrap()
+        );
+
+        // A run for other inputs: logged, not returned.
+        provision_run(&cx, "a", end.clone(), Err(Error::invalid("bad values")));
+        while runs.find_live("apps", "web").is_some() {
+            assert!(std::time::Instant::now() < deadline, "never ended");
+            tokio::task::yield_now().await;
+        }
+        let installed = release()
+            .collect(&cx, Operation::Provision, Some("b"))
+            .await
+            .expect("a stale run's failure");
+        assert!(!installed);
+
+        // Ended well: the pass of the same inputs needs no helm.
+        provision_run(&cx, "b", end.clone(), Ok(()));
+        while runs.find_live("apps", "web").is_some() {
+            assert!(std::time::Instant::now() < deadline, "never ended");
+            tokio::task::yield_now().await;
+        }
+        assert!(
+            release()
+                .collect(&cx, Operation::Provision, Some("b"))
+                .await
+                .unwrap()
+        );
+    }
+
+    #[test]
+    fn credentials_are_part_of_a_run_s_inputs() {
+        use crate::credentials::Credentials;
+        let plain = release().run_inputs(Some("d"));
+        assert_eq!(plain.as_deref(), Some("d"));
+        let with = |password: &str| {
+            release()
+                .credentials(Credentials::basic("robot", password))
+                .run_inputs(Some("d"))
+                .unwrap()
+        };
+        assert_ne!(with("one"), with("two"));
+        assert_eq!(with("one"), with("one"));
+        assert!(!with("one").contains("one"));
+        assert_eq!(release().run_inputs(None), None);
+    }
+
+    #[test]
+    fn what_stops_a_live_run() {
+        let run = |operation, purpose| {
+            Run::new(
+                "upgrade --install",
+                operation,
+                purpose,
+                CancellationToken::new(),
+                Arc::default(),
+            )
+        };
+        let install = |inputs: Option<&str>| {
+            run(
+                Operation::Provision,
+                Purpose::Release {
+                    inputs: inputs.map(str::to_owned),
+                },
+            )
+        };
+        let deprovision = Operation::Deprovision;
+        let provision = Operation::Provision;
+        assert!(superseded(&install(Some("a")), deprovision, None).is_some());
+        assert!(superseded(&run(provision, Purpose::Recovery), deprovision, None).is_some());
+        assert!(superseded(&install(Some("a")), provision, Some("b")).is_some());
+        assert!(superseded(&install(Some("a")), provision, Some("a")).is_none());
+        // Unknown inputs on either side: left to finish.
+        assert!(superseded(&install(None), provision, Some("b")).is_none());
+        assert!(superseded(&install(Some("a")), provision, None).is_none());
+        assert!(superseded(&run(provision, Purpose::Recovery), provision, Some("b")).is_none());
+        let uninstall = run(
+            deprovision,
+            Purpose::Uninstall {
+                seen: Vec::new(),
+                record: "r".to_owned(),
+            },
+        );
+        assert!(superseded(&uninstall, provision, Some("a")).is_none());
+        assert!(superseded(&uninstall, deprovision, None).is_none());
+    }
+}
