@@ -118,7 +118,7 @@ pub use cluster::Cluster;
 pub use context::{Context, DEFAULT_FIELD_MANAGER, DEFAULT_SHUTDOWN_GRACE};
 pub use error::{Error, ErrorKind, Result, Waiting};
 pub use observe::{Event, Observer, Operation, Outcome, Phase};
-pub use owner::Owner;
+pub use owner::{OWNER_KEY_MIN_LEN, Owner, OwnerKeys};
 pub use plan::Plan;
 pub use policy::{ClientPolicy, DEFAULT_BACKOFF, DEFAULT_REQUEST_TIMEOUT, PolicyService};
 pub use provisioner::{Managed, ManagerProvisioner, Metadata, Provisioner};

@@ -15,6 +15,16 @@
 //! each field we add costs the API server on every apply (one more field
 //! in the managed-fields set), so owner and node share one annotation.
 //!
+//! With [owner keys](provisioners_core::OwnerKeys) on the context the stamp
+//! also carries `mac`, an HMAC-SHA256 over owner, node and the object's
+//! group, kind, namespace and name: a tenant who can patch an object but
+//! cannot read the key cannot make it ours, nor copy a stamp from one of our
+//! objects to another. Then a stamp naming our owner whose `mac` does not
+//! verify is foreign, and one without `mac` (written before keys were
+//! configured) is taken over by provision (which signs it) but never
+//! deleted: prune and deprovision report it instead. Without keys the stamp
+//! is plain data, as it always was.
+//!
 //! Only an object whose live annotation names our owner *and* our node is
 //! deleted, and only with a precondition on its UID. An object stamped by
 //! our owner under another node (a parent of the node was renamed) is taken
@@ -25,7 +35,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::DynamicObject;
-use provisioners_core::Context;
+use provisioners_core::{Context, OwnerKeys};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
@@ -46,6 +56,9 @@ pub const OWNER_ANNOTATION: &str = "provisioners.dev/owner";
 struct Identity<'a> {
     owner: std::borrow::Cow<'a, str>,
     node: std::borrow::Cow<'a, str>,
+    /// The authenticator, when the stamp was written with owner keys.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    mac: Option<std::borrow::Cow<'a, str>>,
 }
 
 /// The owner's identity and the node in an object's ownership stamp
@@ -69,10 +82,39 @@ struct Identity<'a> {
 /// assert_eq!(stamped_by(&ObjectMeta::default()), None);
 /// ```
 pub fn stamped_by(meta: &ObjectMeta) -> Option<(String, String)> {
-    let value = meta.annotations.as_ref()?.get(OWNER_ANNOTATION)?;
-    let identity: Identity<'_> = serde_json::from_str(value).ok()?;
+    let identity = read_stamp(meta)?;
     Some((identity.owner.into_owned(), identity.node.into_owned()))
 }
+
+fn read_stamp(meta: &ObjectMeta) -> Option<Identity<'_>> {
+    let value = meta.annotations.as_ref()?.get(OWNER_ANNOTATION)?;
+    serde_json::from_str(value).ok()
+}
+
+/// Group, kind, namespace and name of `object`: what its stamp's `mac`
+/// binds it to (the version is left out: the same object is served under
+/// several).
+fn identity_of(object: &DynamicObject) -> (&str, &str, &str, &str) {
+    let (api_version, kind) = object
+        .types
+        .as_ref()
+        .map_or(("", ""), |t| (t.api_version.as_str(), t.kind.as_str()));
+    (
+        crate::object::group_of(api_version),
+        kind,
+        object.metadata.namespace.as_deref().unwrap_or(""),
+        object.metadata.name.as_deref().unwrap_or(""),
+    )
+}
+
+/// Why a stamp naming our owner is not trusted: its authenticator is wrong.
+pub(crate) const FORGED: &str = "its provisioners.dev/owner stamp names this owner but does not \
+    verify (written by someone without our owner key, or copied from another object): not ours";
+
+/// Why a stamp naming our owner is not trusted for deletion: no authenticator.
+pub(crate) const UNSIGNED: &str = "its provisioners.dev/owner stamp names this owner but carries no \
+    authenticator (written before owner keys were configured, or by someone who copied our \
+    owner's name): never deleted; delete it by hand if it is ours";
 
 /// Annotation that keeps an object when its node is deprovisioned or prunes
 /// it: with the value `orphan`, the object is released (its stamp removed)
@@ -93,8 +135,8 @@ pub(crate) struct Stamp {
     owner: String,
     node: String,
     inventory_id: String,
-    /// The [`OWNER_ANNOTATION`] value.
-    annotation: String,
+    /// What signs and verifies stamps, when configured.
+    keys: Option<OwnerKeys>,
 }
 
 /// How a live object relates to a [`Stamp`].
@@ -128,16 +170,11 @@ impl Stamp {
         let head: String = label_value(name).chars().take(24).collect();
         let head = head.trim_end_matches(|c: char| !c.is_ascii_alphanumeric());
         let inventory_id = format!("{head}-{digest}");
-        let annotation = serde_json::to_string(&Identity {
-            owner: owner.as_str().into(),
-            node: node.as_str().into(),
-        })
-        .unwrap_or_default();
         Stamp {
             owner,
             node,
             inventory_id,
-            annotation,
+            keys: cx.owner_keys().cloned(),
         }
     }
 
@@ -156,8 +193,21 @@ impl Stamp {
         format!("{INVENTORY_LABEL}={}", self.inventory_id)
     }
 
-    /// Puts the stamp on `object`.
+    /// The authenticator of our stamp on `object`, by its identity.
+    fn mac(&self, keys: &OwnerKeys, object: &DynamicObject) -> String {
+        let (group, kind, namespace, name) = identity_of(object);
+        keys.sign(&[&self.owner, &self.node, group, kind, namespace, name])
+    }
+
+    /// Puts the stamp on `object` (its kind, namespace and name set).
     pub(crate) fn mark(&self, object: &mut DynamicObject) {
+        let mac = self.keys.as_ref().map(|keys| self.mac(keys, object));
+        let annotation = serde_json::to_string(&Identity {
+            owner: self.owner.as_str().into(),
+            node: self.node.as_str().into(),
+            mac: mac.map(Into::into),
+        })
+        .unwrap_or_default();
         object
             .metadata
             .labels
@@ -167,21 +217,55 @@ impl Stamp {
             .metadata
             .annotations
             .get_or_insert_with(BTreeMap::new)
-            .insert(OWNER_ANNOTATION.to_owned(), self.annotation.clone());
+            .insert(OWNER_ANNOTATION.to_owned(), annotation);
     }
 
-    /// Whose `live` is.
+    /// Whose `live` is. A stamp without `mac` counts as ours (provision
+    /// signs it); prune and deprovision also ask [`Stamp::unsigned`].
     pub(crate) fn classify(&self, live: &DynamicObject) -> Ownership {
-        match stamped_by(&live.metadata) {
-            Some((owner, node)) if owner == self.owner && node == self.node => Ownership::Ours,
-            Some((owner, node)) if owner == self.owner => Ownership::OurOwnerOtherNode(node),
-            _ => Ownership::Foreign(describe_owner(live)),
+        let Some(stamp) = read_stamp(&live.metadata) else {
+            return Ownership::Foreign(describe_owner(live));
+        };
+        if stamp.owner != self.owner {
+            return Ownership::Foreign(describe_owner(live));
+        }
+        if let (Some(keys), Some(mac)) = (&self.keys, &stamp.mac) {
+            let (group, kind, namespace, name) = identity_of(live);
+            let fields = [&*stamp.owner, &*stamp.node, group, kind, namespace, name];
+            if !keys.verify(&fields, mac) {
+                return Ownership::Foreign(FORGED.to_owned());
+            }
+        }
+        if stamp.node == self.node {
+            Ownership::Ours
+        } else {
+            Ownership::OurOwnerOtherNode(stamp.node.into_owned())
+        }
+    }
+
+    /// Why prune and deprovision must not delete `live` although
+    /// [`classify`](Stamp::classify) finds our owner's stamp on it: the
+    /// stamp does not verify, or lacks the authenticator that the owner keys
+    /// now in use require. `None` when it verifies, or keys are not in use.
+    pub(crate) fn unverified(&self, live: &DynamicObject) -> Option<&'static str> {
+        self.keys.as_ref()?;
+        let stamp = read_stamp(&live.metadata)?;
+        if stamp.owner != self.owner {
+            return None;
+        }
+        match self.classify(live) {
+            Ownership::Foreign(_) => Some(FORGED),
+            _ if stamp.mac.is_none() => Some(UNSIGNED),
+            _ => None,
         }
     }
 
     /// Whether `live` carries our owner's stamp, whatever the node.
     pub(crate) fn is_our_owner(&self, live: &DynamicObject) -> bool {
-        stamped_by(&live.metadata).is_some_and(|(owner, _)| owner == self.owner)
+        matches!(
+            self.classify(live),
+            Ownership::Ours | Ownership::OurOwnerOtherNode(_)
+        )
     }
 
     /// A JSON merge patch that removes the stamp (and the applied digest)

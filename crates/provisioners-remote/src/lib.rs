@@ -66,6 +66,7 @@
 
 mod clusters;
 mod secret;
+mod trust;
 
 use std::any::Any;
 use std::borrow::Cow;
@@ -82,6 +83,7 @@ use provisioners_core::{
 use crate::clusters::RemoteClusters;
 use crate::secret::{Missing, Read};
 pub use secret::SecretKubeconfig;
+pub use trust::{DEFAULT_SERVICE_RANGE, TrustPolicy};
 
 /// Runs a child provisioner against the cluster a [`RemoteCluster`] describes.
 ///

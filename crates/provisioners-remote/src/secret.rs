@@ -8,6 +8,8 @@ use kube::api::{Patch, PatchParams};
 use kube::config::Kubeconfig;
 use provisioners_core::{Error, RemoteCluster, Result, async_trait};
 
+use crate::TrustPolicy;
+
 /// The key under which Cluster API and most tools store a kubeconfig.
 const DEFAULT_KEY: &str = "kubeconfig";
 
@@ -49,6 +51,7 @@ pub struct SecretKubeconfig {
     name: String,
     key: String,
     trust_local_references: bool,
+    trust: TrustPolicy,
 }
 
 impl SecretKubeconfig {
@@ -71,6 +74,7 @@ impl SecretKubeconfig {
             name,
             key: DEFAULT_KEY.to_owned(),
             trust_local_references: false,
+            trust: TrustPolicy::default(),
         }
     }
 
@@ -78,6 +82,14 @@ impl SecretKubeconfig {
     /// Secrets that nobody less trusted than this process can write.
     pub fn trust_local_references(mut self, trust: bool) -> Self {
         self.trust_local_references = trust;
+        self
+    }
+
+    /// Where the kubeconfig may lead (default [`TrustPolicy::default`]:
+    /// https only, no proxy, no skipped or renamed TLS verification, no
+    /// loopback, link-local or service-range server).
+    pub fn trust(mut self, policy: TrustPolicy) -> Self {
+        self.trust = policy;
         self
     }
 
@@ -252,6 +264,7 @@ impl SecretKubeconfig {
                 self.describe()
             )));
         }
+        self.trust.check(&kubeconfig, &self.describe()).await?;
         Ok(Read::Kubeconfig(Box::new(kubeconfig)))
     }
 }

@@ -213,6 +213,13 @@ pub(super) fn replace_refused(
     live: &DynamicObject,
     adopt: bool,
 ) -> Option<Refusal> {
+    // A replace deletes: an unsigned stamp may be taken over, not deleted.
+    if let Some(why) = stamp.unverified(live).filter(|_| !adopt) {
+        return Some(Refusal {
+            why: why.to_owned(),
+            remedy: "delete it by hand, or set adopt(true) on this node to take it over",
+        });
+    }
     match stamp.classify(live) {
         Ownership::Ours | Ownership::OurOwnerOtherNode(_) => {}
         Ownership::Foreign(_) if adopt => {}
