@@ -438,6 +438,56 @@ mod tests {
         assert_eq!(describe_owner(&helm), "owned by Helm release apps/web");
     }
 
+    #[tokio::test]
+    async fn with_keys_a_stamp_verifies_only_on_the_object_it_was_made_for() {
+        let keys = OwnerKeys::new(vec![3; 32]).unwrap();
+        let cx = Context::offline()
+            .with_owner(Owner::standalone("me"))
+            .with_owner_keys(keys.clone());
+        let stamp = Stamp::new(&cx, "app", None);
+        let mut ours = live(&json!({}));
+        stamp.mark(&mut ours);
+        assert_eq!(stamp.classify(&ours), Ownership::Ours);
+        assert_eq!(stamp.unverified(&ours), None);
+        // Still one annotation: the authenticator rides in the stamp.
+        assert_eq!(ours.metadata.annotations.as_ref().unwrap().len(), 1);
+
+        // The stamp copied onto another object does not verify there.
+        let mut copy = live(&json!({
+            OWNER_ANNOTATION: ours.metadata.annotations.as_ref().unwrap()[OWNER_ANNOTATION].clone()
+        }));
+        copy.metadata.name = Some("y".into());
+        assert_eq!(stamp.classify(&copy), Ownership::Foreign(FORGED.to_owned()));
+        assert_eq!(stamp.unverified(&copy), Some(FORGED));
+        assert!(!stamp.is_our_owner(&copy));
+
+        // Our owner's name without an authenticator: taken over, never deleted.
+        let unsigned =
+            live(&json!({ OWNER_ANNOTATION: r#"{"owner":"standalone:me","node":"app"}"# }));
+        assert_eq!(stamp.classify(&unsigned), Ownership::Ours);
+        assert_eq!(stamp.unverified(&unsigned), Some(UNSIGNED));
+
+        // A rotation keeps our objects ours; without keys, nothing is checked.
+        let rotated = Context::offline()
+            .with_owner(Owner::standalone("me"))
+            .with_owner_keys(
+                OwnerKeys::new(vec![4; 32])
+                    .unwrap()
+                    .with_previous(vec![3; 32]),
+            );
+        assert_eq!(
+            Stamp::new(&rotated, "app", None).classify(&ours),
+            Ownership::Ours
+        );
+        let keyless = Stamp::new(
+            &Context::offline().with_owner(Owner::standalone("me")),
+            "app",
+            None,
+        );
+        assert_eq!(keyless.unverified(&unsigned), None);
+        assert_eq!(keyless.classify(&copy), Ownership::Ours);
+    }
+
     #[test]
     fn protected_and_annotated_objects_are_kept() {
         let mut namespace = live(&json!({}));

@@ -287,8 +287,9 @@ mod tests {
         fs::write(root.join("1/a.yaml"), "a".repeat(600)).unwrap();
         fs::write(root.join("1/2/b.yaml"), "b".repeat(600)).unwrap();
         let e = invalid(root);
+        // Path order: `1/2/b.yaml` is read first, `1/a.yaml` goes over.
         assert!(
-            e.contains("budget of 1024 bytes") && e.contains("b.yaml"),
+            e.contains("budget of 1024 bytes") && e.contains("1/a.yaml"),
             "{e}"
         );
     }
