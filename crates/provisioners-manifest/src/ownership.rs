@@ -443,7 +443,7 @@ mod tests {
         let keys = OwnerKeys::new(vec![3; 32]).unwrap();
         let cx = Context::offline()
             .with_owner(Owner::standalone("me"))
-            .with_owner_keys(keys.clone());
+            .with_owner_keys(keys);
         let stamp = Stamp::new(&cx, "app", None);
         let mut ours = live(&json!({}));
         stamp.mark(&mut ours);
