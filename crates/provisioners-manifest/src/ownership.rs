@@ -40,7 +40,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
-use crate::object::label_value;
+use crate::object::{ObjectRef, label_value};
 use crate::unchanged::DIGEST_ANNOTATION;
 
 /// Label whose value is the inventory id of the node that applied the
@@ -193,15 +193,12 @@ impl Stamp {
         format!("{INVENTORY_LABEL}={}", self.inventory_id)
     }
 
-    /// The authenticator of our stamp on `object`, by its identity.
-    fn mac(&self, keys: &OwnerKeys, object: &DynamicObject) -> String {
-        let (group, kind, namespace, name) = identity_of(object);
-        keys.sign(&[&self.owner, &self.node, group, kind, namespace, name])
-    }
-
     /// Puts the stamp on `object` (its kind, namespace and name set).
     pub(crate) fn mark(&self, object: &mut DynamicObject) {
-        let mac = self.keys.as_ref().map(|keys| self.mac(keys, object));
+        let mac = self.keys.as_ref().map(|keys| {
+            let (group, kind, namespace, name) = identity_of(object);
+            keys.sign(&[&self.owner, &self.node, group, kind, namespace, name])
+        });
         let annotation = serde_json::to_string(&Identity {
             owner: self.owner.as_str().into(),
             node: self.node.as_str().into(),
@@ -222,7 +219,9 @@ impl Stamp {
 
     /// Whose `live` is. A stamp without `mac` counts as ours (provision
     /// signs it); prune and deprovision also ask [`Stamp::unsigned`].
-    pub(crate) fn classify(&self, live: &DynamicObject) -> Ownership {
+    /// `key` is the object's identity as we know it (a live object read
+    /// through a metadata LIST does not carry its kind).
+    pub(crate) fn classify(&self, key: &ObjectRef, live: &DynamicObject) -> Ownership {
         let Some(stamp) = read_stamp(&live.metadata) else {
             return Ownership::Foreign(describe_owner(live));
         };
@@ -230,8 +229,15 @@ impl Stamp {
             return Ownership::Foreign(describe_owner(live));
         }
         if let (Some(keys), Some(mac)) = (&self.keys, &stamp.mac) {
-            let (group, kind, namespace, name) = identity_of(live);
-            let fields = [&*stamp.owner, &*stamp.node, group, kind, namespace, name];
+            let namespace = key.namespace.as_deref().unwrap_or("");
+            let fields = [
+                &*stamp.owner,
+                &*stamp.node,
+                key.group(),
+                &key.kind,
+                namespace,
+                &key.name,
+            ];
             if !keys.verify(&fields, mac) {
                 return Ownership::Foreign(FORGED.to_owned());
             }
@@ -247,13 +253,13 @@ impl Stamp {
     /// [`classify`](Stamp::classify) finds our owner's stamp on it: the
     /// stamp does not verify, or lacks the authenticator that the owner keys
     /// now in use require. `None` when it verifies, or keys are not in use.
-    pub(crate) fn unverified(&self, live: &DynamicObject) -> Option<&'static str> {
+    pub(crate) fn unverified(&self, key: &ObjectRef, live: &DynamicObject) -> Option<&'static str> {
         self.keys.as_ref()?;
         let stamp = read_stamp(&live.metadata)?;
         if stamp.owner != self.owner {
             return None;
         }
-        match self.classify(live) {
+        match self.classify(key, live) {
             Ownership::Foreign(_) => Some(FORGED),
             _ if stamp.mac.is_none() => Some(UNSIGNED),
             _ => None,
@@ -261,9 +267,9 @@ impl Stamp {
     }
 
     /// Whether `live` carries our owner's stamp, whatever the node.
-    pub(crate) fn is_our_owner(&self, live: &DynamicObject) -> bool {
+    pub(crate) fn is_our_owner(&self, key: &ObjectRef, live: &DynamicObject) -> bool {
         matches!(
-            self.classify(live),
+            self.classify(key, live),
             Ownership::Ours | Ownership::OurOwnerOtherNode(_)
         )
     }
@@ -356,6 +362,15 @@ mod tests {
     use super::*;
     use provisioners_core::Owner;
 
+    fn key() -> ObjectRef {
+        ObjectRef {
+            api_version: "v1".into(),
+            kind: "ConfigMap".into(),
+            namespace: Some("n".into()),
+            name: "x".into(),
+        }
+    }
+
     fn live(annotations: &Value) -> DynamicObject {
         serde_json::from_value(json!({
             "apiVersion": "v1", "kind": "ConfigMap",
@@ -396,7 +411,7 @@ mod tests {
         let stamp = Stamp::new(&cx, "app", None);
         let mut object = live(&json!({}));
         stamp.mark(&mut object);
-        assert_eq!(stamp.classify(&object), Ownership::Ours);
+        assert_eq!(stamp.classify(&key(), &object), Ownership::Ours);
         // One label, one annotation: every field costs each apply.
         assert_eq!(object.metadata.labels.as_ref().unwrap().len(), 1);
         assert_eq!(object.metadata.annotations.as_ref().unwrap().len(), 1);
@@ -407,17 +422,17 @@ mod tests {
 
         let renamed = Stamp::new(&cx, "app", Some("platform/app"));
         assert_eq!(
-            renamed.classify(&object),
+            renamed.classify(&key(), &object),
             Ownership::OurOwnerOtherNode("app".into())
         );
-        assert!(renamed.is_our_owner(&object));
+        assert!(renamed.is_our_owner(&key(), &object));
 
         let someone = Context::offline().with_owner(Owner::standalone("you"));
-        match Stamp::new(&someone, "app", None).classify(&object) {
+        match Stamp::new(&someone, "app", None).classify(&key(), &object) {
             Ownership::Foreign(who) => assert!(who.contains("standalone:me"), "{who}"),
             other => panic!("{other:?}"),
         }
-        match stamp.classify(&live(&json!({}))) {
+        match stamp.classify(&key(), &live(&json!({}))) {
             Ownership::Foreign(who) => {
                 assert!(who.contains("`kubectl-client-side-apply`"), "{who}");
             }
@@ -425,7 +440,7 @@ mod tests {
         }
         // A hand-written annotation that is no stamp: foreign, not quoted.
         let tampered = live(&json!({ OWNER_ANNOTATION: "standalone:me" }));
-        match stamp.classify(&tampered) {
+        match stamp.classify(&key(), &tampered) {
             Ownership::Foreign(who) => {
                 assert!(who.contains("not a stamp"), "{who}");
                 assert!(!who.contains("standalone:me"), "{who}");
@@ -447,8 +462,8 @@ mod tests {
         let stamp = Stamp::new(&cx, "app", None);
         let mut ours = live(&json!({}));
         stamp.mark(&mut ours);
-        assert_eq!(stamp.classify(&ours), Ownership::Ours);
-        assert_eq!(stamp.unverified(&ours), None);
+        assert_eq!(stamp.classify(&key(), &ours), Ownership::Ours);
+        assert_eq!(stamp.unverified(&key(), &ours), None);
         // Still one annotation: the authenticator rides in the stamp.
         assert_eq!(ours.metadata.annotations.as_ref().unwrap().len(), 1);
 
@@ -457,15 +472,28 @@ mod tests {
             OWNER_ANNOTATION: ours.metadata.annotations.as_ref().unwrap()[OWNER_ANNOTATION].clone()
         }));
         copy.metadata.name = Some("y".into());
-        assert_eq!(stamp.classify(&copy), Ownership::Foreign(FORGED.to_owned()));
-        assert_eq!(stamp.unverified(&copy), Some(FORGED));
-        assert!(!stamp.is_our_owner(&copy));
+        let y = ObjectRef {
+            name: "y".into(),
+            ..key()
+        };
+        assert_eq!(
+            stamp.classify(&y, &copy),
+            Ownership::Foreign(FORGED.to_owned())
+        );
+        assert_eq!(stamp.unverified(&y, &copy), Some(FORGED));
+        assert!(!stamp.is_our_owner(&y, &copy));
+        // Nor on an object of another kind with the same name.
+        let secret = ObjectRef {
+            kind: "Secret".into(),
+            ..key()
+        };
+        assert_eq!(stamp.unverified(&secret, &ours), Some(FORGED));
 
         // Our owner's name without an authenticator: taken over, never deleted.
         let unsigned =
             live(&json!({ OWNER_ANNOTATION: r#"{"owner":"standalone:me","node":"app"}"# }));
-        assert_eq!(stamp.classify(&unsigned), Ownership::Ours);
-        assert_eq!(stamp.unverified(&unsigned), Some(UNSIGNED));
+        assert_eq!(stamp.classify(&key(), &unsigned), Ownership::Ours);
+        assert_eq!(stamp.unverified(&key(), &unsigned), Some(UNSIGNED));
 
         // A rotation keeps our objects ours; without keys, nothing is checked.
         let rotated = Context::offline()
@@ -476,7 +504,7 @@ mod tests {
                     .with_previous(vec![3; 32]),
             );
         assert_eq!(
-            Stamp::new(&rotated, "app", None).classify(&ours),
+            Stamp::new(&rotated, "app", None).classify(&key(), &ours),
             Ownership::Ours
         );
         let keyless = Stamp::new(
@@ -484,8 +512,8 @@ mod tests {
             "app",
             None,
         );
-        assert_eq!(keyless.unverified(&unsigned), None);
-        assert_eq!(keyless.classify(&copy), Ownership::Ours);
+        assert_eq!(keyless.unverified(&key(), &unsigned), None);
+        assert_eq!(keyless.classify(&y, &copy), Ownership::Ours);
     }
 
     #[test]

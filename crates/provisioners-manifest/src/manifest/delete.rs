@@ -293,10 +293,10 @@ pub(super) fn removal(stamp: &Stamp, key: &ObjectRef, live: Option<&DynamicObjec
     let Some(live) = live else {
         return Removal::Gone;
     };
-    if let Some(why) = stamp.unverified(live) {
+    if let Some(why) = stamp.unverified(key, live) {
         return Removal::Unverified(why.to_owned());
     }
-    match stamp.classify(live) {
+    match stamp.classify(key, live) {
         Ownership::Ours => {}
         Ownership::OurOwnerOtherNode(node) => return Removal::OtherNode(node),
         Ownership::Foreign(who) => return Removal::NotOurs(who),

@@ -133,7 +133,13 @@ impl Manifest {
         let dynamic: DynamicObject = serde_json::to_value(&live)
             .and_then(serde_json::from_value)
             .map_err(|e| Error::invalid(format!("reading the inventory {name}: {e}")))?;
-        if stamp.classify(&dynamic) != Ownership::Ours {
+        let key = ObjectRef {
+            api_version: "v1".to_owned(),
+            kind: "ConfigMap".to_owned(),
+            namespace: Some(self.inventory_home(cx)),
+            name: name.clone(),
+        };
+        if stamp.classify(&key, &dynamic) != Ownership::Ours {
             tracing::warn!(inventory = %name, "not deleting an inventory ConfigMap without our stamp");
             return Ok(());
         }
