@@ -142,9 +142,14 @@ async fn a_tenant_who_may_patch_but_not_delete_cannot_have_our_prune_delete_its_
             .prune(true)
     };
     converge(&cx, &manifest(), true, DEADLINE).await;
+    // Signed stamps are stable: a second provision changes nothing.
+    let admin = ns.api::<ConfigMap>();
+    let version = |cm: ConfigMap| cm.metadata.resource_version.unwrap_or_default();
+    let before = version(admin.get("ours").await.expect("ours"));
+    cx.provision(&manifest()).await.expect("no-op provision");
+    assert_eq!(version(admin.get("ours").await.expect("ours")), before);
 
     // Objects the tenant may patch but not delete.
-    let admin = ns.api::<ConfigMap>();
     create_config_map(&admin, "precious").await;
     create_config_map(&admin, "unsigned").await;
     let as_tenant: Api<ConfigMap> = Api::namespaced(tenant(&ns).await, ns.name());
@@ -290,6 +295,50 @@ async fn an_inventory_entry_outside_the_manifests_targets_is_ignored_and_reporte
     for ns in [ns, elsewhere] {
         ns.cleanup().await.expect("cleanup");
     }
+}
+
+#[tokio::test]
+#[ignore = "needs the local control plane (cargo xtask test)"]
+async fn a_key_configured_later_re_signs_what_stays_and_never_deletes_what_left_unsigned() {
+    let ns = TestNamespace::create("attack-upgrade")
+        .await
+        .expect("namespace");
+    let owner = Owner::standalone(format!("ops-{}", ns.name()));
+    let before = cx().await.with_owner(owner.clone());
+    let manifest = |names: &[&str]| {
+        Manifest::from_yaml("app", config_maps(names))
+            .namespace(ns.name())
+            .prune(true)
+    };
+    converge(&before, &manifest(&["stays", "leaves"]), true, DEADLINE).await;
+
+    // The upgrade: the same owner, now with a key.
+    let after = before
+        .clone()
+        .with_owner_keys(OwnerKeys::generate().expect("a key"));
+    let plan = after.plan(&manifest(&["stays"])).await.expect("plan");
+    let (action, reason) = planned(&plan, "leaves");
+    assert_eq!(action, Action::Refuse, "{reason}");
+    assert!(reason.contains("no authenticator"), "{reason}");
+    converge(&after, &manifest(&["stays"]), true, DEADLINE).await;
+    let api = ns.api::<ConfigMap>();
+    let stays = api.get("stays").await.expect("stays");
+    let stamp = &stays.metadata.annotations.as_ref().expect("annotations")[OWNER_ANNOTATION];
+    assert!(stamp.contains("\"mac\""), "not re-signed: {stamp}");
+    let leaves = api
+        .get_opt("leaves")
+        .await
+        .expect("get")
+        .expect("kept, not pruned");
+    assert!(leaves.metadata.deletion_timestamp.is_none());
+
+    // What was re-signed is ours again: deprovision deletes it.
+    converge(&after, &manifest(&["stays"]), false, DEADLINE).await;
+    assert!(
+        api.get_opt("stays").await.expect("get").is_none(),
+        "stays left"
+    );
+    ns.cleanup().await.expect("cleanup");
 }
 
 /// A kubeconfig for `server`, with a token that must never be echoed.
