@@ -3,7 +3,8 @@
 //! the walk must end, and end soon, whatever the tree holds.
 //!
 //! Regular files only (a FIFO or device is refused from its metadata,
-//! never opened: reading one would block the pass forever); symlinks are
+//! never read: reading one would block the pass forever; a file swapped for
+//! one after the walk is opened without blocking and refused); symlinks are
 //! followed only to a target inside the tree (Kubernetes' ConfigMap volumes
 //! are made of them), never out of it nor around a loop; a depth limit; a
 //! byte budget over all files read.
@@ -176,13 +177,24 @@ fn check_regular(path: &Path, metadata: &fs::Metadata) -> Result<()> {
     )))
 }
 
+/// Opens `file` for reading without waiting for a writer, should it have
+/// become a FIFO since the walk looked at it (then the caller refuses it).
+/// Non-blocking mode does not change reads of a regular file.
+fn open_nonblocking(file: &Path) -> std::io::Result<File> {
+    let mut options = fs::OpenOptions::new();
+    options.read(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::custom_flags(&mut options, libc::O_NONBLOCK);
+    options.open(file)
+}
+
 /// The text of `file`, charged to `budget`; reads at most one byte past
 /// it, so a file that grows while read cannot exceed it either.
 fn read_file(file: &Path, budget: &mut u64, limits: InputLimits) -> Result<String> {
     let io = |e: std::io::Error| {
         Error::invalid(format!("cannot read manifest file {}: {e}", file.display()))
     };
-    let opened = File::open(file).map_err(io)?;
+    let opened = open_nonblocking(file).map_err(io)?;
     // Checked again on the open file: it may have been swapped since the walk.
     check_regular(file, &opened.metadata().map_err(io)?)?;
     let mut bytes = Vec::new();
@@ -276,6 +288,11 @@ mod tests {
         );
         // Given as the path itself, too: refused without being opened.
         let e = read_path(&fifo, limits()).unwrap_err().to_string();
+        assert!(e.contains("not a regular file"), "{e}");
+        // Swapped in after the walk looked: opened without blocking, refused.
+        let e = read_file(&fifo, &mut 1024, limits())
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("not a regular file"), "{e}");
         fs::remove_file(&fifo).unwrap();
 
