@@ -54,4 +54,3 @@ struct HelmReadme;
 #[cfg(doctest)]
 #[doc = include_str!("../../crates/provisioners-manifest/README.md")]
 struct ManifestReadme;
-

@@ -194,8 +194,9 @@ async fn a_remote_that_never_answers_yields_promptly_each_pass_and_names_the_clu
     kubeconfig_secret(&ns, "dead", &pointed_at(&remote_kubeconfig, port)).await;
 
     let cx = context().await;
-    let remote =
-        SecretKubeconfig::new(cx.client().clone(), ns.name(), "dead").cluster_id("dead-edge");
+    let remote = SecretKubeconfig::new(cx.client().clone(), ns.name(), "dead")
+        .trust(local_clusters())
+        .cluster_id("dead-edge");
     let tree = RemoteClusterProvisioner::new(remote)
         .named("edge")
         .provision_on(remote_workload(&format!("{}-w", ns.name())));
@@ -280,8 +281,9 @@ async fn abandon_after_a_grace_deprovisions_a_tree_whose_remote_never_answers() 
         .await
         .expect("the owner");
     let cx = context().await.with_owner(Owner::of(&owner));
-    let remote =
-        SecretKubeconfig::new(cx.client().clone(), ns.name(), "dead").cluster_id("dead-edge");
+    let remote = SecretKubeconfig::new(cx.client().clone(), ns.name(), "dead")
+        .trust(local_clusters())
+        .cluster_id("dead-edge");
     let tree = serial!(
         "platform",
         config_map("local-settings", ns.name()),
@@ -361,8 +363,9 @@ async fn a_remote_that_stops_mid_run_is_abandoned_after_the_grace_or_kept_if_it_
         let grace = Duration::from_secs(if comes_back { 30 } else { 4 });
 
         let cx = context().await;
-        let remote =
-            SecretKubeconfig::new(cx.client().clone(), ns.name(), "edge").cluster_id("stopping");
+        let remote = SecretKubeconfig::new(cx.client().clone(), ns.name(), "edge")
+            .trust(local_clusters())
+            .cluster_id("stopping");
         let tree = serial!(
             "platform",
             config_map("local-settings", ns.name()),
@@ -466,6 +469,7 @@ async fn ten_remotes_with_three_dead_cost_about_what_the_seven_live_ones_cost() 
         let mut group = concurrent!("fleet");
         for i in 0..count {
             let remote = SecretKubeconfig::new(cx.client().clone(), ns.name(), format!("c{i}"))
+                .trust(local_clusters())
                 .cluster_id(format!("{}-c{i}", ns.name()));
             group = group.with(
                 RemoteClusterProvisioner::new(remote)
@@ -524,6 +528,7 @@ fn tree_dead(cx: &Context, ns: &TestNamespace) -> provisioners::Concurrent {
     let mut group = concurrent!("fleet");
     for i in 7..10 {
         let remote = SecretKubeconfig::new(cx.client().clone(), ns.name(), format!("c{i}"))
+            .trust(local_clusters())
             .cluster_id(format!("{}-c{i}", ns.name()));
         group = group.with(
             RemoteClusterProvisioner::new(remote)
@@ -641,4 +646,12 @@ async fn an_oversized_response_is_refused_naming_the_cluster_and_the_limit() {
     assert!(text.contains("cluster `bulky`"), "{text}");
     assert!(text.contains("limit of 65536 bytes"), "{text}");
     assert!(cluster.health().is_reachable(), "a big answer is an answer");
+}
+
+/// The clusters of these tests listen on this machine's loopback, which the
+/// remote trust policy denies by default.
+fn local_clusters() -> provisioners_remote::TrustPolicy {
+    provisioners_remote::TrustPolicy::default()
+        .allow_range("127.0.0.0/8")
+        .expect("a range")
 }

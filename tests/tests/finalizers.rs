@@ -93,9 +93,11 @@ async fn install_crd(client: &kube::Client) {
 fn tree(ns: &str, client: &kube::Client, keeper: &Keeper) -> Box<dyn Provisioner> {
     match &keeper.spec.secret {
         Some(secret) => Box::new(
-            RemoteClusterProvisioner::new(SecretKubeconfig::new(client.clone(), ns, secret))
-                .named(keeper.spec.node.clone())
-                .provision_on(Noop::new("addons")),
+            RemoteClusterProvisioner::new(
+                SecretKubeconfig::new(client.clone(), ns, secret).trust(local_clusters()),
+            )
+            .named(keeper.spec.node.clone())
+            .provision_on(Noop::new("addons")),
         ),
         None => Box::new(Noop::new("nothing")),
     }
@@ -238,4 +240,12 @@ async fn renaming_moving_removing_a_remote_and_deleting_the_owner_leave_no_final
         let _ = secrets.delete(name, &DeleteParams::default()).await;
     }
     ns.cleanup().await.expect("cleanup");
+}
+
+/// The clusters of these tests listen on this machine's loopback, which the
+/// remote trust policy denies by default.
+fn local_clusters() -> provisioners_remote::TrustPolicy {
+    provisioners_remote::TrustPolicy::default()
+        .allow_range("127.0.0.0/8")
+        .expect("a range")
 }

@@ -86,6 +86,9 @@ async fn start_operator(ns: &TestNamespace, events: &Events) -> Operator {
     let token = cx.cancellation().clone();
     let platforms: Api<Platform> = Api::namespaced(cx.client().clone(), ns.name());
     let mut settings = Settings::new(helm4().expect("helm 4"));
+    settings.remote_trust = provisioners_remote::TrustPolicy::default()
+        .allow_range("127.0.0.0/8")
+        .expect("range");
     settings.helm_timeout = Duration::from_secs(60);
     let task = tokio::spawn(run(cx, platforms, settings, Duration::from_millis(500)));
     Operator { token, task }
@@ -102,6 +105,9 @@ async fn start_operator_with(ns: &TestNamespace, events: &Events, options: Optio
     let token = cx.cancellation().clone();
     let platforms: Api<Platform> = Api::namespaced(cx.client().clone(), ns.name());
     let mut settings = Settings::new(helm4().expect("helm 4"));
+    settings.remote_trust = provisioners_remote::TrustPolicy::default()
+        .allow_range("127.0.0.0/8")
+        .expect("range");
     settings.helm_timeout = Duration::from_secs(60);
     let task = tokio::spawn(run_with(cx, platforms, settings, options));
     Operator { token, task }
@@ -376,6 +382,9 @@ async fn start_replica(
     let token = cx.cancellation().clone();
     let platforms: Api<Platform> = Api::namespaced(cx.client().clone(), ns.name());
     let mut settings = Settings::new(helm4().expect("helm 4"));
+    settings.remote_trust = provisioners_remote::TrustPolicy::default()
+        .allow_range("127.0.0.0/8")
+        .expect("range");
     settings.helm_timeout = Duration::from_secs(60);
     let mut options = Options::new(Duration::from_millis(500));
     options.events = Some(identity.to_owned());

@@ -14,7 +14,7 @@ use provisioners::plan::{Action, ReleaseAction};
 use provisioners::{
     Chart, Conditional, Context, HelmRelease, Manifest, Operation, Owner, Plan, Serial,
 };
-use provisioners_remote::{RemoteClusterProvisioner, SecretKubeconfig};
+use provisioners_remote::{RemoteClusterProvisioner, SecretKubeconfig, TrustPolicy};
 use provisioners_testing::cluster::{self, HarnessCluster, TestNamespace};
 use provisioners_testing::faults::Proxy;
 use serde_json::json;
@@ -258,6 +258,11 @@ async fn a_mixed_tree_plans_manifests_a_release_and_a_remote_subtree_with_no_wri
             .with(
                 RemoteClusterProvisioner::new(
                     SecretKubeconfig::new(cx.client().clone(), ns.name(), kubeconfig)
+                        .trust(
+                            TrustPolicy::default()
+                                .allow_range("127.0.0.0/8")
+                                .expect("range"),
+                        )
                         .cluster_id("tenant"),
                 )
                 .named("edge")

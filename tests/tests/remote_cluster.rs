@@ -21,7 +21,7 @@ use provisioners::testing::cluster::{HarnessCluster, TestNamespace};
 use provisioners::testing::{Recorder, Scripted};
 use provisioners::{Context, Operation, Provisioner, serial};
 use provisioners_manifest::Manifest;
-use provisioners_remote::{RemoteClusterProvisioner, SecretKubeconfig};
+use provisioners_remote::{RemoteClusterProvisioner, SecretKubeconfig, TrustPolicy};
 use provisioners_testing::faults::Proxy;
 
 const DEADLINE: Duration = Duration::from_secs(60);
@@ -74,6 +74,7 @@ async fn a_subtree_lands_on_the_remote_cluster_and_not_on_the_first() {
 
     let cx = HarnessCluster::Primary.context().await.expect("context");
     let remote = SecretKubeconfig::new(cx.client().clone(), ns.name(), "tenant-kubeconfig")
+        .trust(local_clusters())
         .cluster_id("tenant");
     let tree = RemoteClusterProvisioner::new(remote).provision_on(workload(&target));
     cx.provision(&tree).await.expect("provision on the remote");
@@ -116,7 +117,8 @@ async fn a_deleted_kubeconfig_secret_does_not_wedge_the_parent() {
     let recorder = Recorder::new();
 
     let cx = HarnessCluster::Primary.context().await.expect("context");
-    let remote = SecretKubeconfig::new(cx.client().clone(), ns.name(), "tenant-kubeconfig");
+    let remote = SecretKubeconfig::new(cx.client().clone(), ns.name(), "tenant-kubeconfig")
+        .trust(local_clusters());
     let tree = serial!(
         "platform",
         Scripted::new("local", &recorder),
@@ -172,7 +174,8 @@ async fn the_kubeconfig_secret_outlives_its_namespace_until_the_remote_objects_a
         .expect("kubeconfig secret");
     let target = format!("{}-workload", ns.name());
     let cx = HarnessCluster::Primary.context().await.expect("context");
-    let remote = SecretKubeconfig::new(cx.client().clone(), ns.name(), "tenant-kubeconfig");
+    let remote = SecretKubeconfig::new(cx.client().clone(), ns.name(), "tenant-kubeconfig")
+        .trust(local_clusters());
     let tree = RemoteClusterProvisioner::new(remote)
         .named("tenant")
         .provision_on(workload(&target));
@@ -284,11 +287,10 @@ async fn every_pass_reaches_the_remote_through_one_cluster_until_its_kubeconfig_
     let probe = ClusterProbe::default();
     // A controller builds the tree anew on every reconcile.
     let tree = || {
-        RemoteClusterProvisioner::new(SecretKubeconfig::new(
-            cx.client().clone(),
-            ns.name(),
-            "tenant-kubeconfig",
-        ))
+        RemoteClusterProvisioner::new(
+            SecretKubeconfig::new(cx.client().clone(), ns.name(), "tenant-kubeconfig")
+                .trust(local_clusters()),
+        )
         .provision_on(probe.clone())
     };
     cx.provision(&tree()).await.expect("first pass");
@@ -452,7 +454,9 @@ async fn a_remote_subtree_plans_on_the_remote_cluster_with_no_write() {
         namespace: far.name().to_owned(),
     };
     let remote = |id: &str| {
-        SecretKubeconfig::new(cx.client().clone(), ns.name(), "tenant-kubeconfig").cluster_id(id)
+        SecretKubeconfig::new(cx.client().clone(), ns.name(), "tenant-kubeconfig")
+            .trust(local_clusters())
+            .cluster_id(id)
     };
     let tree = serial!(
         "platform",
@@ -508,11 +512,9 @@ async fn a_missing_kubeconfig_plans_as_unknown_without_its_content() {
     let proxy = Proxy::start(HarnessCluster::Primary).await.expect("proxy");
     let cx = proxy.context("local").await.expect("context");
     let tree = |secret: &str| {
-        RemoteClusterProvisioner::new(SecretKubeconfig::new(
-            cx.client().clone(),
-            ns.name(),
-            secret,
-        ))
+        RemoteClusterProvisioner::new(
+            SecretKubeconfig::new(cx.client().clone(), ns.name(), secret).trust(local_clusters()),
+        )
         .named("tenant")
         .provision_on(workload("never-made"))
     };
@@ -564,4 +566,12 @@ async fn a_missing_kubeconfig_plans_as_unknown_without_its_content() {
         .finalizers;
     assert!(finalizers.unwrap_or_default().is_empty(), "no finalizer");
     ns.cleanup().await.expect("cleanup");
+}
+
+/// The local test clusters listen on loopback, which a kubeconfig from a
+/// Secret may not reach by default: the explicit opt-in.
+fn local_clusters() -> TrustPolicy {
+    TrustPolicy::default()
+        .allow_range("127.0.0.0/8")
+        .expect("a range")
 }

@@ -16,7 +16,7 @@ use tracing::Instrument;
 
 use crate::observe::{Event, Observer, Operation, Outcome, Phase};
 use crate::path::{Lazy, NodePath};
-use crate::{Cluster, Error, Owner, Plan, Provisioner, Result};
+use crate::{Cluster, Error, Owner, OwnerKeys, Plan, Provisioner, Result};
 
 /// The field manager used for server-side apply unless
 /// [`Context::with_field_manager`] says otherwise.
@@ -75,6 +75,7 @@ struct Shared {
     background_deletion: bool,
     field_manager: Cow<'static, str>,
     owner: Option<Arc<Owner>>,
+    owner_keys: Option<Arc<OwnerKeys>>,
     observer: Option<Arc<dyn Observer>>,
     shutdown_grace: Duration,
 }
@@ -91,6 +92,7 @@ impl Context {
                 background_deletion: false,
                 field_manager: Cow::Borrowed(DEFAULT_FIELD_MANAGER),
                 owner: None,
+                owner_keys: None,
                 observer: None,
                 shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
             }),
@@ -208,6 +210,14 @@ impl Context {
         self
     }
 
+    /// The keys that authenticate ownership stamps (see [`OwnerKeys`]).
+    /// Without them stamps are plain data, as before keys existed: fine
+    /// for one owner per cluster, not where tenants can patch our objects.
+    pub fn with_owner_keys(mut self, keys: OwnerKeys) -> Self {
+        self.shared_mut().owner_keys = Some(Arc::new(keys));
+        self
+    }
+
     /// Receives started/finished events for every node.
     pub fn with_observer(mut self, observer: Arc<dyn Observer>) -> Self {
         self.shared_mut().observer = Some(observer);
@@ -253,6 +263,11 @@ impl Context {
     /// The object on whose behalf the tree runs, if any.
     pub fn owner(&self) -> Option<&Owner> {
         self.shared().owner.as_deref()
+    }
+
+    /// The keys that authenticate ownership stamps, if configured.
+    pub fn owner_keys(&self) -> Option<&OwnerKeys> {
+        self.shared().owner_keys.as_deref()
     }
 
     /// The identity that provisioners stamp on what they create: the
@@ -609,6 +624,7 @@ impl fmt::Debug for Context {
             .field("field_manager", &self.shared().field_manager)
             .field("background_deletion", &self.shared().background_deletion)
             .field("owner", &self.shared().owner)
+            .field("owner_keys", &self.shared().owner_keys)
             .field("shutdown_grace", &self.shared().shutdown_grace)
             .field("cancelled", &self.is_cancelled())
             .finish_non_exhaustive()

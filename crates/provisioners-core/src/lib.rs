@@ -120,7 +120,7 @@ pub use context::{Context, DEFAULT_FIELD_MANAGER, DEFAULT_SHUTDOWN_GRACE};
 pub use error::{Error, ErrorKind, Result, Waiting};
 pub use health::{Health, Unreachable};
 pub use observe::{Event, Observer, Operation, Outcome, Phase};
-pub use owner::Owner;
+pub use owner::{OWNER_KEY_MIN_LEN, Owner, OwnerKeys};
 pub use plan::Plan;
 pub use policy::{
     ClientPolicy, DEFAULT_BACKOFF, DEFAULT_PAGE_LIMIT, DEFAULT_REQUEST_TIMEOUT,

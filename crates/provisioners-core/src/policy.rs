@@ -8,8 +8,8 @@ use std::task::{Context as TaskContext, Poll};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use http_body_util::{BodyExt, LengthLimitError, Limited};
 use http::{HeaderValue, Method, Request, Response, StatusCode, header};
+use http_body_util::{BodyExt, LengthLimitError, Limited};
 use kube::client::Body;
 use tokio::time::Instant;
 use tower::{BoxError, Layer, Service, ServiceExt};

@@ -157,6 +157,7 @@ mod ownership;
 mod resource;
 mod source;
 mod unchanged;
+mod walk;
 
 pub use manifest::{Manifest, REPLACE_POLICY_ANNOTATION, ReplacePolicy};
 pub use ownership::{DELETION_POLICY_ANNOTATION, INVENTORY_LABEL, OWNER_ANNOTATION, stamped_by};

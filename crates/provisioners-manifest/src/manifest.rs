@@ -17,6 +17,7 @@ mod provision;
 mod ready;
 mod replace;
 mod resolve;
+mod targets;
 
 #[cfg(test)]
 mod mock_tests;
@@ -37,6 +38,7 @@ use provisioners_core::{
 pub use self::replace::{REPLACE_POLICY_ANNOTATION, ReplacePolicy};
 use crate::ownership::Stamp;
 use crate::source::{Document, Source};
+use crate::walk::InputLimits;
 
 /// How many objects a yield or error message lists before "and N more".
 const LISTED: usize = 8;
@@ -116,6 +118,8 @@ pub struct Manifest {
     replace: ReplacePolicy,
     concurrency: usize,
     unknown_kind_deadline: Duration,
+    targets: targets::Targets,
+    limits: InputLimits,
 }
 
 impl Manifest {
@@ -133,6 +137,8 @@ impl Manifest {
             force: false,
             replace: ReplacePolicy::Fail,
             concurrency: 32,
+            targets: targets::Targets::default(),
+            limits: InputLimits::default(),
             unknown_kind_deadline: Duration::from_secs(300),
         }
     }
@@ -151,6 +157,15 @@ impl Manifest {
     /// A YAML file, or a directory whose `.yaml`, `.yml` and `.json` files
     /// (recursively, hidden entries skipped) are read in path order. Read
     /// at every provision, so edits are picked up.
+    ///
+    /// The directory may be written by someone less trusted (a tenant's
+    /// volume), so the read is bounded: regular files only (a FIFO, socket
+    /// or device is refused without being opened), symlinks followed only
+    /// to targets inside the directory and never around a loop, at most
+    /// [`max_depth`](Manifest::max_depth) levels and
+    /// [`max_input_bytes`](Manifest::max_input_bytes) bytes in all. Each
+    /// breach is an [`Invalid`](provisioners_core::ErrorKind::Invalid)
+    /// error naming the path.
     pub fn from_path(name: impl Into<Cow<'static, str>>, path: impl Into<PathBuf>) -> Self {
         Manifest::with_source(Metadata::new(name), Source::Path(path.into()))
     }
@@ -229,6 +244,52 @@ impl Manifest {
         self
     }
 
+    /// The byte budget over all files of a [path](Manifest::from_path)
+    /// source (default 64 MiB): reading stops, with an
+    /// [`Invalid`](provisioners_core::ErrorKind::Invalid) error naming the
+    /// file, at the first byte past it.
+    pub fn max_input_bytes(mut self, bytes: u64) -> Self {
+        self.limits.max_bytes = bytes;
+        self
+    }
+
+    /// How deep a [path](Manifest::from_path) source's directories may
+    /// nest (default 16; the directory itself is level 0); deeper is an
+    /// [`Invalid`](provisioners_core::ErrorKind::Invalid) error naming it.
+    pub fn max_depth(mut self, depth: usize) -> Self {
+        self.limits.max_depth = depth;
+        self
+    }
+
+    /// The only namespaces this manifest may target (default: any). A
+    /// document in another namespace (or a Namespace named otherwise) is an
+    /// [`Invalid`](provisioners_core::ErrorKind::Invalid) error, and an
+    /// inventory entry outside them is never pruned or deprovisioned, only
+    /// reported: the inventory lives where a tenant may write. Declare it
+    /// when the manifest's source or its inventory's namespace is
+    /// tenant-writable.
+    pub fn target_namespaces<S: Into<String>>(
+        mut self,
+        namespaces: impl IntoIterator<Item = S>,
+    ) -> Self {
+        self.targets.namespaces = Some(namespaces.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// The only kinds this manifest may target (default: any), each as
+    /// `Kind` for the core API or `Kind.group` (`Deployment.apps`), as
+    /// kubectl spells them; enforced as
+    /// [`target_namespaces`](Manifest::target_namespaces) is.
+    pub fn target_kinds<S: AsRef<str>>(mut self, kinds: impl IntoIterator<Item = S>) -> Self {
+        self.targets.kinds = Some(
+            kinds
+                .into_iter()
+                .map(|k| targets::parse_kind(k.as_ref()))
+                .collect(),
+        );
+        self
+    }
+
     /// The node's id: it stands for the node in the ownership stamp and
     /// names the inventory, taken verbatim; by default it is the node's
     /// path. Give one to keep ownership when the node or a parent of it is
@@ -293,7 +354,8 @@ impl Manifest {
 
     async fn load(&self) -> Result<Vec<Document>> {
         let source = self.source.clone();
-        tokio::task::spawn_blocking(move || source.load())
+        let limits = self.limits;
+        tokio::task::spawn_blocking(move || source.load(limits))
             .await
             .map_err(|e| Error::invalid(format!("reading the manifest failed: {e}")))?
     }

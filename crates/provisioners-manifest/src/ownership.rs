@@ -15,6 +15,16 @@
 //! each field we add costs the API server on every apply (one more field
 //! in the managed-fields set), so owner and node share one annotation.
 //!
+//! With [owner keys](provisioners_core::OwnerKeys) on the context the stamp
+//! also carries `mac`, an HMAC-SHA256 over owner, node and the object's
+//! group, kind, namespace and name: a tenant who can patch an object but
+//! cannot read the key cannot make it ours, nor copy a stamp from one of our
+//! objects to another. Then a stamp naming our owner whose `mac` does not
+//! verify is foreign, and one without `mac` (written before keys were
+//! configured) is taken over by provision (which signs it) but never
+//! deleted: prune and deprovision report it instead. Without keys the stamp
+//! is plain data, as it always was.
+//!
 //! Only an object whose live annotation names our owner *and* our node is
 //! deleted, and only with a precondition on its UID. An object stamped by
 //! our owner under another node (a parent of the node was renamed) is taken
@@ -25,12 +35,12 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::DynamicObject;
-use provisioners_core::Context;
+use provisioners_core::{Context, OwnerKeys};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
-use crate::object::label_value;
+use crate::object::{ObjectRef, label_value};
 use crate::unchanged::DIGEST_ANNOTATION;
 
 /// Label whose value is the inventory id of the node that applied the
@@ -46,6 +56,9 @@ pub const OWNER_ANNOTATION: &str = "provisioners.dev/owner";
 struct Identity<'a> {
     owner: std::borrow::Cow<'a, str>,
     node: std::borrow::Cow<'a, str>,
+    /// The authenticator, when the stamp was written with owner keys.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    mac: Option<std::borrow::Cow<'a, str>>,
 }
 
 /// The owner's identity and the node in an object's ownership stamp
@@ -69,10 +82,39 @@ struct Identity<'a> {
 /// assert_eq!(stamped_by(&ObjectMeta::default()), None);
 /// ```
 pub fn stamped_by(meta: &ObjectMeta) -> Option<(String, String)> {
-    let value = meta.annotations.as_ref()?.get(OWNER_ANNOTATION)?;
-    let identity: Identity<'_> = serde_json::from_str(value).ok()?;
+    let identity = read_stamp(meta)?;
     Some((identity.owner.into_owned(), identity.node.into_owned()))
 }
+
+fn read_stamp(meta: &ObjectMeta) -> Option<Identity<'_>> {
+    let value = meta.annotations.as_ref()?.get(OWNER_ANNOTATION)?;
+    serde_json::from_str(value).ok()
+}
+
+/// Group, kind, namespace and name of `object`: what its stamp's `mac`
+/// binds it to (the version is left out: the same object is served under
+/// several).
+fn identity_of(object: &DynamicObject) -> (&str, &str, &str, &str) {
+    let (api_version, kind) = object
+        .types
+        .as_ref()
+        .map_or(("", ""), |t| (t.api_version.as_str(), t.kind.as_str()));
+    (
+        crate::object::group_of(api_version),
+        kind,
+        object.metadata.namespace.as_deref().unwrap_or(""),
+        object.metadata.name.as_deref().unwrap_or(""),
+    )
+}
+
+/// Why a stamp naming our owner is not trusted: its authenticator is wrong.
+pub(crate) const FORGED: &str = "its provisioners.dev/owner stamp names this owner but does not \
+    verify (written by someone without our owner key, or copied from another object): not ours";
+
+/// Why a stamp naming our owner is not trusted for deletion: no authenticator.
+pub(crate) const UNSIGNED: &str = "its provisioners.dev/owner stamp names this owner but carries no \
+    authenticator (written before owner keys were configured, or by someone who copied our \
+    owner's name): never deleted; delete it by hand if it is ours";
 
 /// Annotation that keeps an object when its node is deprovisioned or prunes
 /// it: with the value `orphan`, the object is released (its stamp removed)
@@ -93,8 +135,8 @@ pub(crate) struct Stamp {
     owner: String,
     node: String,
     inventory_id: String,
-    /// The [`OWNER_ANNOTATION`] value.
-    annotation: String,
+    /// What signs and verifies stamps, when configured.
+    keys: Option<OwnerKeys>,
 }
 
 /// How a live object relates to a [`Stamp`].
@@ -128,16 +170,11 @@ impl Stamp {
         let head: String = label_value(name).chars().take(24).collect();
         let head = head.trim_end_matches(|c: char| !c.is_ascii_alphanumeric());
         let inventory_id = format!("{head}-{digest}");
-        let annotation = serde_json::to_string(&Identity {
-            owner: owner.as_str().into(),
-            node: node.as_str().into(),
-        })
-        .unwrap_or_default();
         Stamp {
             owner,
             node,
             inventory_id,
-            annotation,
+            keys: cx.owner_keys().cloned(),
         }
     }
 
@@ -156,8 +193,18 @@ impl Stamp {
         format!("{INVENTORY_LABEL}={}", self.inventory_id)
     }
 
-    /// Puts the stamp on `object`.
+    /// Puts the stamp on `object` (its kind, namespace and name set).
     pub(crate) fn mark(&self, object: &mut DynamicObject) {
+        let mac = self.keys.as_ref().map(|keys| {
+            let (group, kind, namespace, name) = identity_of(object);
+            keys.sign(&[&self.owner, &self.node, group, kind, namespace, name])
+        });
+        let annotation = serde_json::to_string(&Identity {
+            owner: self.owner.as_str().into(),
+            node: self.node.as_str().into(),
+            mac: mac.map(Into::into),
+        })
+        .unwrap_or_default();
         object
             .metadata
             .labels
@@ -167,21 +214,64 @@ impl Stamp {
             .metadata
             .annotations
             .get_or_insert_with(BTreeMap::new)
-            .insert(OWNER_ANNOTATION.to_owned(), self.annotation.clone());
+            .insert(OWNER_ANNOTATION.to_owned(), annotation);
     }
 
-    /// Whose `live` is.
-    pub(crate) fn classify(&self, live: &DynamicObject) -> Ownership {
-        match stamped_by(&live.metadata) {
-            Some((owner, node)) if owner == self.owner && node == self.node => Ownership::Ours,
-            Some((owner, node)) if owner == self.owner => Ownership::OurOwnerOtherNode(node),
-            _ => Ownership::Foreign(describe_owner(live)),
+    /// Whose `live` is. A stamp without `mac` counts as ours (provision
+    /// signs it); prune and deprovision also ask [`Stamp::unsigned`].
+    /// `key` is the object's identity as we know it (a live object read
+    /// through a metadata LIST does not carry its kind).
+    pub(crate) fn classify(&self, key: &ObjectRef, live: &DynamicObject) -> Ownership {
+        let Some(stamp) = read_stamp(&live.metadata) else {
+            return Ownership::Foreign(describe_owner(live));
+        };
+        if stamp.owner != self.owner {
+            return Ownership::Foreign(describe_owner(live));
+        }
+        if let (Some(keys), Some(mac)) = (&self.keys, &stamp.mac) {
+            let namespace = key.namespace.as_deref().unwrap_or("");
+            let fields = [
+                &*stamp.owner,
+                &*stamp.node,
+                key.group(),
+                &key.kind,
+                namespace,
+                &key.name,
+            ];
+            if !keys.verify(&fields, mac) {
+                return Ownership::Foreign(FORGED.to_owned());
+            }
+        }
+        if stamp.node == self.node {
+            Ownership::Ours
+        } else {
+            Ownership::OurOwnerOtherNode(stamp.node.into_owned())
+        }
+    }
+
+    /// Why prune and deprovision must not delete `live` although
+    /// [`classify`](Stamp::classify) finds our owner's stamp on it: the
+    /// stamp does not verify, or lacks the authenticator that the owner keys
+    /// now in use require. `None` when it verifies, or keys are not in use.
+    pub(crate) fn unverified(&self, key: &ObjectRef, live: &DynamicObject) -> Option<&'static str> {
+        self.keys.as_ref()?;
+        let stamp = read_stamp(&live.metadata)?;
+        if stamp.owner != self.owner {
+            return None;
+        }
+        match self.classify(key, live) {
+            Ownership::Foreign(_) => Some(FORGED),
+            _ if stamp.mac.is_none() => Some(UNSIGNED),
+            _ => None,
         }
     }
 
     /// Whether `live` carries our owner's stamp, whatever the node.
-    pub(crate) fn is_our_owner(&self, live: &DynamicObject) -> bool {
-        stamped_by(&live.metadata).is_some_and(|(owner, _)| owner == self.owner)
+    pub(crate) fn is_our_owner(&self, key: &ObjectRef, live: &DynamicObject) -> bool {
+        matches!(
+            self.classify(key, live),
+            Ownership::Ours | Ownership::OurOwnerOtherNode(_)
+        )
     }
 
     /// A JSON merge patch that removes the stamp (and the applied digest)
@@ -272,6 +362,15 @@ mod tests {
     use super::*;
     use provisioners_core::Owner;
 
+    fn key() -> ObjectRef {
+        ObjectRef {
+            api_version: "v1".into(),
+            kind: "ConfigMap".into(),
+            namespace: Some("n".into()),
+            name: "x".into(),
+        }
+    }
+
     fn live(annotations: &Value) -> DynamicObject {
         serde_json::from_value(json!({
             "apiVersion": "v1", "kind": "ConfigMap",
@@ -312,7 +411,7 @@ mod tests {
         let stamp = Stamp::new(&cx, "app", None);
         let mut object = live(&json!({}));
         stamp.mark(&mut object);
-        assert_eq!(stamp.classify(&object), Ownership::Ours);
+        assert_eq!(stamp.classify(&key(), &object), Ownership::Ours);
         // One label, one annotation: every field costs each apply.
         assert_eq!(object.metadata.labels.as_ref().unwrap().len(), 1);
         assert_eq!(object.metadata.annotations.as_ref().unwrap().len(), 1);
@@ -323,17 +422,17 @@ mod tests {
 
         let renamed = Stamp::new(&cx, "app", Some("platform/app"));
         assert_eq!(
-            renamed.classify(&object),
+            renamed.classify(&key(), &object),
             Ownership::OurOwnerOtherNode("app".into())
         );
-        assert!(renamed.is_our_owner(&object));
+        assert!(renamed.is_our_owner(&key(), &object));
 
         let someone = Context::offline().with_owner(Owner::standalone("you"));
-        match Stamp::new(&someone, "app", None).classify(&object) {
+        match Stamp::new(&someone, "app", None).classify(&key(), &object) {
             Ownership::Foreign(who) => assert!(who.contains("standalone:me"), "{who}"),
             other => panic!("{other:?}"),
         }
-        match stamp.classify(&live(&json!({}))) {
+        match stamp.classify(&key(), &live(&json!({}))) {
             Ownership::Foreign(who) => {
                 assert!(who.contains("`kubectl-client-side-apply`"), "{who}");
             }
@@ -341,7 +440,7 @@ mod tests {
         }
         // A hand-written annotation that is no stamp: foreign, not quoted.
         let tampered = live(&json!({ OWNER_ANNOTATION: "standalone:me" }));
-        match stamp.classify(&tampered) {
+        match stamp.classify(&key(), &tampered) {
             Ownership::Foreign(who) => {
                 assert!(who.contains("not a stamp"), "{who}");
                 assert!(!who.contains("standalone:me"), "{who}");
@@ -352,6 +451,69 @@ mod tests {
             "meta.helm.sh/release-name": "web", "meta.helm.sh/release-namespace": "apps"
         }));
         assert_eq!(describe_owner(&helm), "owned by Helm release apps/web");
+    }
+
+    #[tokio::test]
+    async fn with_keys_a_stamp_verifies_only_on_the_object_it_was_made_for() {
+        let keys = OwnerKeys::new(vec![3; 32]).unwrap();
+        let cx = Context::offline()
+            .with_owner(Owner::standalone("me"))
+            .with_owner_keys(keys);
+        let stamp = Stamp::new(&cx, "app", None);
+        let mut ours = live(&json!({}));
+        stamp.mark(&mut ours);
+        assert_eq!(stamp.classify(&key(), &ours), Ownership::Ours);
+        assert_eq!(stamp.unverified(&key(), &ours), None);
+        // Still one annotation: the authenticator rides in the stamp.
+        assert_eq!(ours.metadata.annotations.as_ref().unwrap().len(), 1);
+
+        // The stamp copied onto another object does not verify there.
+        let mut copy = live(&json!({
+            OWNER_ANNOTATION: ours.metadata.annotations.as_ref().unwrap()[OWNER_ANNOTATION].clone()
+        }));
+        copy.metadata.name = Some("y".into());
+        let y = ObjectRef {
+            name: "y".into(),
+            ..key()
+        };
+        assert_eq!(
+            stamp.classify(&y, &copy),
+            Ownership::Foreign(FORGED.to_owned())
+        );
+        assert_eq!(stamp.unverified(&y, &copy), Some(FORGED));
+        assert!(!stamp.is_our_owner(&y, &copy));
+        // Nor on an object of another kind with the same name.
+        let secret = ObjectRef {
+            kind: "Secret".into(),
+            ..key()
+        };
+        assert_eq!(stamp.unverified(&secret, &ours), Some(FORGED));
+
+        // Our owner's name without an authenticator: taken over, never deleted.
+        let unsigned =
+            live(&json!({ OWNER_ANNOTATION: r#"{"owner":"standalone:me","node":"app"}"# }));
+        assert_eq!(stamp.classify(&key(), &unsigned), Ownership::Ours);
+        assert_eq!(stamp.unverified(&key(), &unsigned), Some(UNSIGNED));
+
+        // A rotation keeps our objects ours; without keys, nothing is checked.
+        let rotated = Context::offline()
+            .with_owner(Owner::standalone("me"))
+            .with_owner_keys(
+                OwnerKeys::new(vec![4; 32])
+                    .unwrap()
+                    .with_previous(vec![3; 32]),
+            );
+        assert_eq!(
+            Stamp::new(&rotated, "app", None).classify(&key(), &ours),
+            Ownership::Ours
+        );
+        let keyless = Stamp::new(
+            &Context::offline().with_owner(Owner::standalone("me")),
+            "app",
+            None,
+        );
+        assert_eq!(keyless.unverified(&key(), &unsigned), None);
+        assert_eq!(keyless.classify(&y, &copy), Ownership::Ours);
     }
 
     #[test]

@@ -9,6 +9,8 @@ use provisioners_core::{Error, Result};
 use serde_json::Value;
 use serde_saphyr::Spanned;
 
+use crate::walk::{InputLimits, read_path};
+
 /// Largest manifest file or string accepted (the kube-prometheus CRDs are
 /// under 1 MiB each; a whole tree is a few MiB).
 const MAX_INPUT_BYTES: usize = 64 * 1024 * 1024;
@@ -99,10 +101,10 @@ pub(crate) struct Document {
 impl Source {
     /// Reads and parses everything. Blocking (file system and parsing): run
     /// it on a blocking thread.
-    pub(crate) fn load(&self) -> Result<Vec<Document>> {
+    pub(crate) fn load(&self, limits: InputLimits) -> Result<Vec<Document>> {
         match self {
             Source::Yaml { name, text } => parse_yaml(name, text),
-            Source::Path(path) => load_path(path),
+            Source::Path(path) => load_path(path, limits),
             Source::Objects(objects) => {
                 let source: Arc<str> = Arc::from("objects");
                 objects
@@ -122,89 +124,13 @@ impl Source {
     }
 }
 
-fn load_path(path: &Path) -> Result<Vec<Document>> {
-    let metadata = std::fs::metadata(path).map_err(|e| {
-        if e.kind() == std::io::ErrorKind::NotFound {
-            Error::not_found(format!(
-                "manifest path {} does not exist; pass an existing YAML file or directory",
-                path.display()
-            ))
-        } else {
-            Error::invalid(format!("cannot read manifest path {}: {e}", path.display()))
-        }
-    })?;
-    let files = if metadata.is_dir() {
-        let mut files = Vec::new();
-        collect_files(path, &mut files)?;
-        files.sort();
-        files
-    } else {
-        vec![path.to_path_buf()]
-    };
+fn load_path(path: &Path, limits: InputLimits) -> Result<Vec<Document>> {
     let mut documents = Vec::new();
-    for file in files {
-        let text = read_file(&file)?;
+    for (file, text) in read_path(path, limits)? {
         let name: Arc<str> = Arc::from(file.display().to_string());
         documents.extend(parse_yaml(&name, &text)?);
     }
     Ok(documents)
-}
-
-fn read_file(file: &Path) -> Result<String> {
-    let io = |e: std::io::Error| {
-        Error::invalid(format!("cannot read manifest file {}: {e}", file.display()))
-    };
-    let len = std::fs::metadata(file).map_err(io)?.len();
-    if len > MAX_INPUT_BYTES as u64 {
-        return Err(Error::invalid(format!(
-            "manifest file {} is {len} bytes, more than the limit of {MAX_INPUT_BYTES}; split it",
-            file.display()
-        )));
-    }
-    let bytes = std::fs::read(file).map_err(io)?;
-    String::from_utf8(bytes).map_err(|e| {
-        Error::invalid(format!(
-            "manifest file {} is not UTF-8 (invalid byte at offset {})",
-            file.display(),
-            e.utf8_error().valid_up_to()
-        ))
-    })
-}
-
-/// YAML and JSON files under `dir`, recursively; hidden entries are skipped.
-fn collect_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
-    let entries = std::fs::read_dir(dir).map_err(|e| {
-        Error::invalid(format!(
-            "cannot list manifest directory {}: {e}",
-            dir.display()
-        ))
-    })?;
-    for entry in entries {
-        let entry = entry.map_err(|e| {
-            Error::invalid(format!(
-                "cannot list manifest directory {}: {e}",
-                dir.display()
-            ))
-        })?;
-        let path = entry.path();
-        let name = entry.file_name();
-        if name.to_string_lossy().starts_with('.') {
-            continue;
-        }
-        // Follows symlinks, as kubectl does.
-        let Ok(metadata) = std::fs::metadata(&path) else {
-            continue;
-        };
-        if metadata.is_dir() {
-            collect_files(&path, out)?;
-        } else if matches!(
-            path.extension().and_then(|e| e.to_str()),
-            Some("yaml" | "yml" | "json")
-        ) {
-            out.push(path);
-        }
-    }
-    Ok(())
 }
 
 /// Parse options: the budgets stay at their defaults (which stop alias
@@ -535,9 +461,44 @@ mod tests {
     #[test]
     fn a_missing_path_is_not_found() {
         let error = Source::Path(PathBuf::from("/nonexistent/manifests"))
-            .load()
+            .load(InputLimits::default())
             .unwrap_err();
         assert_eq!(error.kind(), ErrorKind::NotFound);
         assert!(error.to_string().contains("/nonexistent/manifests"));
+    }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// Pieces a tenant's YAML is made of, including the ones parsers
+        /// trip on: anchors, aliases, tags, flow collections, odd scalars.
+        fn fragment() -> impl Strategy<Value = String> {
+            prop_oneof![
+                Just("---\n".to_owned()),
+                Just("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: a}\n".to_owned()),
+                Just("kind: List\nitems: [{apiVersion: v1, kind: ConfigMap}]\n".to_owned()),
+                Just("a: &x [*x, *x]\n".to_owned()),
+                Just("b: !!binary aGk=\n".to_owned()),
+                Just("- [ {\n".to_owned()),
+                Just("metadata: {name: [1]}\n".to_owned()),
+                "[ -~\t\n]{0,40}",
+            ]
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+            #[test]
+            fn any_multi_document_text_parses_or_names_its_source(
+                parts in prop::collection::vec(fragment(), 0..12)
+            ) {
+                let text = parts.concat();
+                if let Err(e) = parse_yaml(&Arc::from("tenant.yaml"), &text) {
+                    prop_assert_eq!(e.kind(), ErrorKind::Invalid);
+                    prop_assert!(e.to_string().contains("tenant.yaml"), "{}", e);
+                }
+            }
+        }
     }
 }

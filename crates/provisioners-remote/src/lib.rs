@@ -93,6 +93,7 @@
 mod clusters;
 mod report;
 mod secret;
+mod trust;
 mod unreachable;
 
 use std::any::Any;
@@ -114,6 +115,7 @@ use crate::clusters::RemoteClusters;
 use crate::secret::{Missing, Protection, Read};
 pub use report::ABANDONED_REASON;
 pub use secret::SecretKubeconfig;
+pub use trust::{DEFAULT_SERVICE_RANGE, TrustPolicy};
 pub use unreachable::{UNREACHABLE_SINCE_ANNOTATION, WhenUnreachable};
 
 /// Runs a child provisioner against the cluster a [`RemoteCluster`] describes.

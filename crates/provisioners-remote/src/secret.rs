@@ -8,6 +8,7 @@ use kube::api::{Patch, PatchParams};
 use kube::config::Kubeconfig;
 use provisioners_core::{Error, RemoteCluster, Result, async_trait};
 
+use crate::TrustPolicy;
 use crate::unreachable::UNREACHABLE_SINCE_ANNOTATION;
 
 /// The key under which Cluster API and most tools store a kubeconfig.
@@ -51,6 +52,7 @@ pub struct SecretKubeconfig {
     name: String,
     key: String,
     trust_local_references: bool,
+    trust: TrustPolicy,
 }
 
 impl SecretKubeconfig {
@@ -73,6 +75,7 @@ impl SecretKubeconfig {
             name,
             key: DEFAULT_KEY.to_owned(),
             trust_local_references: false,
+            trust: TrustPolicy::default(),
         }
     }
 
@@ -80,6 +83,14 @@ impl SecretKubeconfig {
     /// Secrets that nobody less trusted than this process can write.
     pub fn trust_local_references(mut self, trust: bool) -> Self {
         self.trust_local_references = trust;
+        self
+    }
+
+    /// Where the kubeconfig may lead (default [`TrustPolicy::default`]:
+    /// https only, no proxy, no skipped or renamed TLS verification, no
+    /// loopback, link-local or service-range server).
+    pub fn trust(mut self, policy: TrustPolicy) -> Self {
+        self.trust = policy;
         self
     }
 
@@ -381,6 +392,7 @@ impl SecretKubeconfig {
                 self.describe()
             )));
         }
+        self.trust.check(&kubeconfig, &self.describe()).await?;
         Ok(Read::Kubeconfig(Box::new(kubeconfig)))
     }
 }

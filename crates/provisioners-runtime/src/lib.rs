@@ -127,10 +127,10 @@ mod events;
 mod in_flight;
 mod kubeconfigs;
 mod lease;
-mod predicate;
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub mod metrics;
+mod predicate;
 mod reconciler;
 mod status;
 mod summary;

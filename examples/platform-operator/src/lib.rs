@@ -40,7 +40,7 @@ use kube::runtime::events::Reporter;
 use kube::runtime::{PredicateConfig, WatchStreamExt, reflector, watcher};
 use kube::{Api, CustomResource, CustomResourceExt, ResourceExt};
 use provisioners::helm::Chart;
-use provisioners::remote::SecretKubeconfig;
+use provisioners::remote::{SecretKubeconfig, TrustPolicy};
 use provisioners::runtime::{LeaderElection, significant_change};
 use provisioners::{
     Concurrent, Conditional, Context, Error, HelmRelease, Managed, Manifest, Reconciler,
@@ -224,6 +224,10 @@ pub struct Settings {
     /// How long a manifest may stay not ready (the namespace and CRD of
     /// `base`, the remote agent) before its node reports a timeout.
     pub ready_timeout: Duration,
+    /// Where a platform's remote kubeconfig (a Secret its owner writes) may
+    /// lead; default [`TrustPolicy::default`] (no plain http, proxies or
+    /// skipped TLS checks; no loopback, link-local or service addresses).
+    pub remote_trust: TrustPolicy,
 }
 
 impl Settings {
@@ -236,6 +240,7 @@ impl Settings {
             charts: default_charts(),
             helm_timeout: Duration::from_secs(120),
             ready_timeout: Duration::from_secs(600),
+            remote_trust: TrustPolicy::default(),
         }
     }
 }
@@ -315,7 +320,8 @@ fn components(platform: &Platform, settings: &Settings, client: &kube::Client) -
         ));
     if let Some(remote) = &spec.remote {
         let namespace = platform.namespace().unwrap_or_else(|| "default".into());
-        let kubeconfig = SecretKubeconfig::new(client.clone(), namespace, &remote.secret_name);
+        let kubeconfig = SecretKubeconfig::new(client.clone(), namespace, &remote.secret_name)
+            .trust(settings.remote_trust.clone());
         let agent = RemoteClusterProvisioner::new(kubeconfig)
             .named("remote")
             .provision_on(manifest("agent", agent_yaml(platform)).wait(settings.ready_timeout));

@@ -1,6 +1,7 @@
 //! The Platform operator:
 //! `platform-operator [--crd] [--helm PATH] [--charts DIR] [--metrics-addr ADDR] [--leader-elect]
-//! [--shard SELECTOR] [--concurrency N] [--plan-status] [--log-format text|json]`.
+//! [--shard SELECTOR] [--concurrency N] [--plan-status] [--log-format text|json]
+//! [--allow-remote-range CIDR]... [--owner-key-secret NAME]`.
 //!
 //! With `--crd`, prints the `Platform` CRD (JSON, as `kubectl apply -f -`
 //! takes it). Otherwise installs the CRD, then reconciles `Platform`s on the
@@ -22,7 +23,14 @@
 //! - `--plan-status` plans every tree before provisioning it and writes the
 //!   plan's digest and summary to `status.plan`;
 //! - `--log-format` (default `PLATFORM_OPERATOR_LOG_FORMAT`, else `text`):
-//!   `text` has colour only on a terminal, `json` is one object per line.
+//!   `text` has colour only on a terminal, `json` is one object per line;
+//! - `--allow-remote-range` (repeatable) lets a Platform's remote kubeconfig
+//!   lead to an address range the trust policy denies by default (loopback,
+//!   link-local, the service range): `127.0.0.0/8` for clusters on this
+//!   machine, as in local development;
+//! - `--owner-key-secret` (default `provisioners-owner-key`) names the
+//!   Secret in `POD_NAMESPACE` (default: the client's namespace) holding
+//!   the key that signs ownership stamps; it is created when missing.
 //!
 //! A Platform annotated `provisioners.dev/plan-approval: required` is
 //! provisioned only once `provisioners.dev/approved-plan` holds its plan's
@@ -41,12 +49,13 @@ use platform_operator::{
 };
 use prometheus_client::registry::Registry;
 use provisioners::runtime::LeaderElection;
-use provisioners::{Cluster, Context};
+use provisioners::{Cluster, Context, OwnerKeys};
 use provisioners_runtime::metrics::{Health, Metrics, serve};
 
 const USAGE: &str = "usage: platform-operator [--crd] [--helm PATH] [--charts DIR] \
                      [--metrics-addr ADDR|off] [--leader-elect] [--shard SELECTOR] \
-                     [--concurrency N] [--plan-status] [--log-format text|json]";
+                     [--concurrency N] [--plan-status] [--log-format text|json] \
+                     [--allow-remote-range CIDR]... [--owner-key-secret NAME]";
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -63,6 +72,8 @@ async fn main() -> anyhow::Result<()> {
     let mut shard = None;
     let mut concurrency = platform_operator::DEFAULT_CONCURRENCY;
     let mut plan_status = false;
+    let mut remote_ranges = Vec::new();
+    let mut owner_key_secret = String::from("provisioners-owner-key");
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
@@ -92,6 +103,12 @@ async fn main() -> anyhow::Result<()> {
                     .parse()
                     .with_context(|| format!("--concurrency {n}: not a number from 0 to 65535"))?;
             }
+            "--allow-remote-range" => {
+                remote_ranges.push(args.next().context("--allow-remote-range needs a CIDR")?);
+            }
+            "--owner-key-secret" => {
+                owner_key_secret = args.next().context("--owner-key-secret needs a name")?;
+            }
             other => bail!("unknown argument `{other}`; {USAGE}"),
         }
     }
@@ -102,6 +119,12 @@ async fn main() -> anyhow::Result<()> {
         settings.charts = charts.into();
     }
     check_charts(&settings.charts)?;
+    for range in &remote_ranges {
+        settings.remote_trust = settings
+            .remote_trust
+            .allow_range(range)
+            .map_err(|e| anyhow::anyhow!("--allow-remote-range {range}: {e}"))?;
+    }
 
     let identity = std::env::var("POD_NAME").unwrap_or_else(|_| {
         let host = std::fs::read_to_string("/etc/hostname").unwrap_or_default();
@@ -112,6 +135,14 @@ async fn main() -> anyhow::Result<()> {
     let cx = Context::new(Cluster::infer().await?)
         .with_field_manager(FIELD_MANAGER)
         .with_observer(metrics.clone());
+    // Ownership stamps are signed with a key only the operator can read, so
+    // a tenant who can patch an object cannot make our prune delete it.
+    let key_namespace = std::env::var("POD_NAMESPACE")
+        .unwrap_or_else(|_| cx.client().default_namespace().to_owned());
+    let keys = OwnerKeys::load_or_create(cx.client(), &key_namespace, &owner_key_secret)
+        .await
+        .with_context(|| format!("the owner key Secret {key_namespace}/{owner_key_secret}"))?;
+    let cx = cx.with_owner_keys(keys);
     let shutdown = cx.cancellation().clone();
 
     let health = Health::default();

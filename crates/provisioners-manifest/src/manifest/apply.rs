@@ -36,7 +36,13 @@ const EXISTING_PAGES: usize = 4;
 /// owner's stamp, and it is not one of the shared system namespaces.
 pub(super) fn is_ours_ns(stamp: &Stamp, live: &DynamicObject) -> bool {
     let name = live.metadata.name.as_deref().unwrap_or_default();
-    !PROTECTED_NAMESPACES.contains(&name) && stamp.is_our_owner(live)
+    let key = ObjectRef {
+        api_version: "v1".to_owned(),
+        kind: "Namespace".to_owned(),
+        namespace: None,
+        name: name.to_owned(),
+    };
+    !PROTECTED_NAMESPACES.contains(&name) && stamp.is_our_owner(&key, live)
 }
 
 impl Manifest {
@@ -103,7 +109,7 @@ impl Manifest {
                     };
                     let mut force = self.force;
                     if let Some(live) = live {
-                        match stamp.classify(&live) {
+                        match stamp.classify(&object.key, &live) {
                             Ownership::Ours => {
                                 if unchanged::is_applied(&live, &object.object, cx.field_manager())
                                 {

@@ -60,6 +60,9 @@ pub(super) struct DeprovisionTargets {
     pub(super) in_manifest: usize,
     /// Objects whose kinds could not be looked up (transient).
     pub(super) failed: Vec<Error>,
+    /// Inventory entries outside what the manifest may target, with why:
+    /// never deleted, reported.
+    pub(super) outside: Vec<(ObjectRef, String)>,
 }
 
 impl Manifest {
@@ -80,6 +83,10 @@ impl Manifest {
             }
             Removal::NotOurs(who) => {
                 tracing::warn!(object = %key, owner = %who, "not deleting: the live object is not ours");
+                return Ok(true);
+            }
+            Removal::Unverified(why) => {
+                tracing::warn!(object = %key, reason = %why, "not deleting: the stamp does not verify");
                 return Ok(true);
             }
             Removal::Terminating => return Ok(false),
@@ -190,11 +197,14 @@ impl Manifest {
             .map(|p| (p.key, p.kind, p.tier))
             .collect();
         let in_manifest = targets.len();
+        let mut outside = Vec::new();
         if self.prune {
             let discovery = Discovery::of(cx);
             let mut seen: BTreeSet<Identity> =
                 targets.iter().map(|(k, _, _)| k.identity()).collect();
-            for key in self.read_inventory(cx, stamp).await? {
+            let (inside, ignored) = self.read_inventory_checked(cx, stamp).await?;
+            outside = ignored;
+            for key in inside {
                 if !seen.insert(key.identity()) {
                     continue;
                 }
@@ -208,14 +218,21 @@ impl Manifest {
             targets,
             in_manifest,
             failed,
+            outside,
         })
     }
 
     pub(super) async fn deprovision_inner(&self, cx: &Context) -> Result<()> {
         let stamp = self.stamp(cx);
         let DeprovisionTargets {
-            targets, failed, ..
+            targets,
+            failed,
+            outside,
+            ..
         } = self.deprovision_targets(cx, &stamp).await?;
+        for (key, why) in &outside {
+            tracing::warn!(object = %key, reason = %why, "inventory entry ignored, not deleted: it lies outside what this manifest may target");
+        }
         // Unresolved kinds are not served: their objects are gone already.
         for step in DELETION_STEPS {
             let objects: Vec<(ObjectRef, Kind)> = targets
@@ -260,6 +277,9 @@ pub(super) enum Removal {
     OtherNode(String),
     /// Not ours (who owns or manages it): left alone.
     NotOurs(String),
+    /// Stamped with our owner's name, but the stamp does not verify under
+    /// the owner keys (why): left alone, and reported.
+    Unverified(String),
     /// Ours and being deleted already: waited for.
     Terminating,
     /// Ours but kept (why): released, the stamp removed from the UID.
@@ -273,7 +293,10 @@ pub(super) fn removal(stamp: &Stamp, key: &ObjectRef, live: Option<&DynamicObjec
     let Some(live) = live else {
         return Removal::Gone;
     };
-    match stamp.classify(live) {
+    if let Some(why) = stamp.unverified(key, live) {
+        return Removal::Unverified(why.to_owned());
+    }
+    match stamp.classify(key, live) {
         Ownership::Ours => {}
         Ownership::OurOwnerOtherNode(node) => return Removal::OtherNode(node),
         Ownership::Foreign(who) => return Removal::NotOurs(who),

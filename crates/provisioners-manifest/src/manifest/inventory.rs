@@ -2,7 +2,10 @@
 //!
 //! It is a hint for finding candidates to prune or deprovision, never proof
 //! of ownership: it lives in a namespace a tenant may write to, so every
-//! entry is checked against the ownership stamp of the live object.
+//! entry is checked against the ownership stamp of the live object, and
+//! against what the manifest may target (see
+//! [`Manifest::target_namespaces`]): an entry outside is ignored, reported,
+//! and never deleted.
 
 use std::collections::BTreeSet;
 
@@ -15,20 +18,52 @@ use crate::object::ObjectRef;
 use crate::ownership::{Ownership, Stamp};
 
 impl Manifest {
-    fn inventory_api(&self, cx: &Context, stamp: &Stamp) -> (Api<ConfigMap>, String) {
-        let namespace = self
-            .inventory_namespace
+    fn inventory_home(&self, cx: &Context) -> String {
+        self.inventory_namespace
             .clone()
-            .unwrap_or_else(|| self.default_namespace(cx));
+            .unwrap_or_else(|| self.default_namespace(cx))
+    }
+
+    fn inventory_api(&self, cx: &Context, stamp: &Stamp) -> (Api<ConfigMap>, String) {
+        let namespace = self.inventory_home(cx);
         let name = format!("provisioners-inventory-{}", stamp.inventory_id());
         (Api::namespaced(cx.client().clone(), &namespace), name)
     }
 
+    /// The inventory's entries within the manifest's targets; those
+    /// outside are logged as ignored.
     pub(super) async fn read_inventory(
         &self,
         cx: &Context,
         stamp: &Stamp,
     ) -> Result<Vec<ObjectRef>> {
+        let (inside, outside) = self.read_inventory_checked(cx, stamp).await?;
+        for (key, why) in outside {
+            tracing::warn!(object = %key, reason = %why, "inventory entry ignored, not deleted: it lies outside what this manifest may target");
+        }
+        Ok(inside)
+    }
+
+    /// The inventory's entries within the manifest's targets, and those
+    /// outside with why.
+    pub(super) async fn read_inventory_checked(
+        &self,
+        cx: &Context,
+        stamp: &Stamp,
+    ) -> Result<(Vec<ObjectRef>, Vec<(ObjectRef, String)>)> {
+        let entries = self.read_inventory_entries(cx, stamp).await?;
+        let mut inside = Vec::with_capacity(entries.len());
+        let mut outside = Vec::new();
+        for key in entries {
+            match self.targets.outside(&key) {
+                Some(why) => outside.push((key, why)),
+                None => inside.push(key),
+            }
+        }
+        Ok((inside, outside))
+    }
+
+    async fn read_inventory_entries(&self, cx: &Context, stamp: &Stamp) -> Result<Vec<ObjectRef>> {
         let (api, name) = self.inventory_api(cx, stamp);
         let config_map = match api.get_opt(&name).await {
             Ok(config_map) => config_map,
@@ -67,7 +102,8 @@ impl Manifest {
         let mut config_map: DynamicObject = serde_json::from_value(serde_json::json!({
             "apiVersion": "v1",
             "kind": "ConfigMap",
-            "metadata": { "name": name },
+            // The namespace is part of what the stamp's authenticator binds.
+            "metadata": { "name": name, "namespace": self.inventory_home(cx) },
             "data": { "objects": text },
         }))
         .map_err(|e| Error::invalid(format!("encoding the inventory failed: {e}")))?;
@@ -97,7 +133,13 @@ impl Manifest {
         let dynamic: DynamicObject = serde_json::to_value(&live)
             .and_then(serde_json::from_value)
             .map_err(|e| Error::invalid(format!("reading the inventory {name}: {e}")))?;
-        if stamp.classify(&dynamic) != Ownership::Ours {
+        let key = ObjectRef {
+            api_version: "v1".to_owned(),
+            kind: "ConfigMap".to_owned(),
+            namespace: Some(self.inventory_home(cx)),
+            name: name.clone(),
+        };
+        if stamp.classify(&key, &dynamic) != Ownership::Ours {
             tracing::warn!(inventory = %name, "not deleting an inventory ConfigMap without our stamp");
             return Ok(());
         }

@@ -259,7 +259,7 @@ impl Manifest {
         let mut force = self.force;
         let mut action = Action::Update;
         let mut reason = None;
-        match stamp.classify(&live) {
+        match stamp.classify(key, &live) {
             Ownership::Ours => {
                 if !seen.partial && unchanged::is_applied(&live, &object.object, cx.field_manager())
                 {

@@ -213,7 +213,14 @@ pub(super) fn replace_refused(
     live: &DynamicObject,
     adopt: bool,
 ) -> Option<Refusal> {
-    match stamp.classify(live) {
+    // A replace deletes: an unsigned stamp may be taken over, not deleted.
+    if let Some(why) = stamp.unverified(key, live).filter(|_| !adopt) {
+        return Some(Refusal {
+            why: why.to_owned(),
+            remedy: "delete it by hand, or set adopt(true) on this node to take it over",
+        });
+    }
+    match stamp.classify(key, live) {
         Ownership::Ours | Ownership::OurOwnerOtherNode(_) => {}
         Ownership::Foreign(_) if adopt => {}
         Ownership::Foreign(who) => {

@@ -144,6 +144,13 @@ impl Manifest {
                 namespace,
                 name,
             };
+            if let Some(why) = self.targets.outside(&key) {
+                errors.push(Error::invalid(format!(
+                    "{origin}: {key}: {why}; move it into the manifest's targets or widen them \
+                     (Manifest::target_namespaces, Manifest::target_kinds)"
+                )));
+                continue;
+            }
             if let Some(first) = seen.get(&key.identity()) {
                 errors.push(Error::invalid(format!(
                     "{origin}: {key} is defined twice, first at {first}; remove one of them"

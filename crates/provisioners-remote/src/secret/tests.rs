@@ -60,7 +60,11 @@ async fn config_with(
 fn mocked() -> (SecretKubeconfig, ApiMock) {
     let (cx, api) = mock::context();
     (
-        SecretKubeconfig::new(cx.client().clone(), "clusters", "tenant-a"),
+        SecretKubeconfig::new(cx.client().clone(), "clusters", "tenant-a").trust(
+            crate::TrustPolicy::default()
+                .allow_range("127.0.0.0/8")
+                .unwrap(),
+        ),
         api,
     )
 }
@@ -402,7 +406,11 @@ async fn plan_with(
     reply: Value,
 ) -> Result<provisioners_core::Plan> {
     let (cx, mut api) = mock::context();
-    let remote = SecretKubeconfig::new(cx.client().clone(), "clusters", "tenant-a");
+    let remote = SecretKubeconfig::new(cx.client().clone(), "clusters", "tenant-a").trust(
+        crate::TrustPolicy::default()
+            .allow_range("127.0.0.0/8")
+            .unwrap(),
+    );
     let tree = crate::RemoteClusterProvisioner::new(remote).provision_on(crate::tests::PlanProbe);
     let plan = tokio::spawn(async move { cx.plan_operation(&tree, operation).await });
     api.expect(Method::GET, SECRET, status, reply).await;

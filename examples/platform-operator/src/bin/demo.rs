@@ -105,7 +105,10 @@ async fn main() -> anyhow::Result<()> {
         },
     );
     platform.metadata.namespace = Some("default".into());
-    let settings = Settings::new(&args.helm);
+    let mut settings = Settings::new(&args.helm);
+    // The demo's remote cluster runs on this machine's loopback, which the
+    // trust policy denies by default.
+    settings.remote_trust = settings.remote_trust.allow_range("127.0.0.0/8")?;
     let root = tree(&platform, &settings, &client);
     let remote_client = match &args.remote_kubeconfig {
         Some(path) => {

@@ -27,7 +27,14 @@ impl Manifest {
     ) -> Result<Vec<ObjectPlan>> {
         let discovery = Discovery::of(cx);
         let mut targets = Vec::new();
-        for key in self.read_inventory(cx, stamp).await? {
+        let mut out = Vec::new();
+        let (inside, outside) = self.read_inventory_checked(cx, stamp).await?;
+        for (key, why) in outside {
+            if !current.contains(&key.identity()) {
+                out.push(outside_plan(&key, &why));
+            }
+        }
+        for key in inside {
             if current.contains(&key.identity()) {
                 continue;
             }
@@ -40,7 +47,6 @@ impl Manifest {
             .iter()
             .map(|(key, kind)| read_for_removal(cx, kind, key))
             .collect();
-        let mut out = Vec::new();
         for ((key, _), live) in targets.iter().zip(bounded(reads, self.concurrency).await) {
             let planned = match removal(stamp, key, live?.as_ref()) {
                 Removal::Delete(_) => object_plan(key, Action::Delete)
@@ -51,6 +57,9 @@ impl Manifest {
                     "no longer in the manifest, but kept ({why}): released (our stamp removed), \
                      not deleted"
                 )),
+                Removal::Unverified(why) => {
+                    object_plan(key, Action::Refuse).with_reason(format!("not pruned: {why}"))
+                }
                 // Prune leaves what is not ours (or gone) alone, silently.
                 Removal::Gone | Removal::OtherNode(_) | Removal::NotOurs(_) => continue,
             };
@@ -66,9 +75,13 @@ impl Manifest {
             targets,
             in_manifest,
             failed,
+            outside,
         } = self.deprovision_targets(cx, &stamp).await?;
         if !failed.is_empty() {
             return Err(Error::group(failed));
+        }
+        for (key, why) in &outside {
+            plan = plan.with_object(outside_plan(key, why));
         }
         for step in DELETION_STEPS {
             let step_targets: Vec<(usize, &(ObjectRef, _, Tier))> = targets
@@ -90,6 +103,9 @@ impl Manifest {
                     Removal::Release(why, _) => object_plan(key, Action::Update).with_reason(
                         format!("kept ({why}): released (our stamp removed), not deleted"),
                     ),
+                    Removal::Unverified(why) => {
+                        object_plan(key, Action::Refuse).with_reason(format!("not deleted: {why}"))
+                    }
                     Removal::NotOurs(who) if from_manifest => object_plan(key, Action::Refuse)
                         .with_reason(format!("not deleted: it is not ours ({who})")),
                     Removal::OtherNode(node) if from_manifest => object_plan(key, Action::Refuse)
@@ -104,4 +120,11 @@ impl Manifest {
         }
         Ok(plan)
     }
+}
+
+/// How a plan reports an inventory entry outside the manifest's targets.
+fn outside_plan(key: &ObjectRef, why: &str) -> ObjectPlan {
+    object_plan(key, Action::Refuse).with_reason(format!(
+        "not deleted: the inventory lists it, but {why} (an entry someone else wrote?)"
+    ))
 }
