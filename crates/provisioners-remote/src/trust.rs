@@ -19,8 +19,16 @@ use provisioners_core::{Error, Result};
 /// `--service-cluster-ip-range`. Set yours with [`TrustPolicy::service_range`].
 pub const DEFAULT_SERVICE_RANGE: &str = "10.96.0.0/12";
 
-/// What a kubeconfig read from a Secret may ask of this process; see the
-/// [module docs](self) for the defaults and why.
+/// What a kubeconfig read from a Secret may ask of this process.
+///
+/// Whoever writes the Secret chooses the server this process connects to
+/// with its own network position. Left open, a tenant could point it at an
+/// internal service (the cloud metadata endpoint, the API server's service
+/// address, a sidecar on loopback) and have the operator talk to it, or
+/// turn off what authenticates the server. So by default: `https` only, no
+/// `proxy-url`, no `insecure-skip-tls-verify`, no `tls-server-name`, and no
+/// server whose address (literal, or each address its name resolves to) is
+/// loopback, link-local, unspecified or in the cluster's service range.
 ///
 /// ```
 /// use provisioners_remote::TrustPolicy;
