@@ -12,12 +12,14 @@ use tokio::time::Instant;
 /// [`Cluster::health`](crate::Cluster::health).
 ///
 /// A cluster is *unreachable* once [`ClientPolicy::failure_threshold`]
-/// consecutive attempts failed to connect or timed out (a timeout counts as
-/// the whole threshold: it already cost a full deadline). Until the next
-/// probe, every request to it fails at once with a transient error naming
-/// the cluster; then one request sends a cheap probe (`GET /version`, within
-/// [`ClientPolicy::probe_timeout`]): an answer of any kind closes the
-/// breaker, no answer opens it again for twice as long (up to
+/// consecutive attempts failed to connect, or once a probe found no answer.
+/// A timed-out attempt alone does not say the cluster is gone (one slow
+/// request, an aggregated API that does not answer, a loaded server): it
+/// makes the next request probe first. Until the next probe, every request
+/// to an unreachable cluster fails at once with a transient error naming
+/// the cluster; then one request sends a cheap probe (`GET /version`,
+/// within [`ClientPolicy::probe_timeout`]): an answer of any kind closes
+/// the breaker, no answer opens it again for twice as long (up to
 /// [`ClientPolicy::max_probe_interval`]).
 ///
 /// [`ClientPolicy::failure_threshold`]: crate::ClientPolicy::failure_threshold
@@ -113,6 +115,9 @@ struct State {
     /// While open: when a request may probe again, and the wait after that.
     open: Option<(Instant, Duration)>,
     probing: bool,
+    /// An attempt timed out with no answer since: the next request probes
+    /// before it is sent.
+    suspect: bool,
 }
 
 /// What the breaker lets a request do.
@@ -178,6 +183,13 @@ impl Breaker {
     pub(crate) fn admit(self: &Arc<Self>) -> Result<Admission, Unreachable> {
         let mut state = self.lock();
         let Some((until, _)) = state.open else {
+            // One probe settles a timeout; the others go on meanwhile.
+            if state.suspect && !state.probing {
+                state.probing = true;
+                return Ok(Admission::Probe(ProbeTicket {
+                    breaker: Some(Arc::clone(self)),
+                }));
+            }
             return Ok(Admission::Send);
         };
         let now = Instant::now();
@@ -200,13 +212,15 @@ impl Breaker {
                 }
                 *state = State::default();
             }
-            Outcome::ConnectionFailed | Outcome::TimedOut => {
-                let weight = if outcome == Outcome::TimedOut {
-                    settings.threshold
-                } else {
-                    1
-                };
-                state.failures = state.failures.saturating_add(weight.max(1));
+            Outcome::TimedOut => {
+                // A deadline says less than a refused connection: a probe
+                // decides (see `admit`).
+                state.failures = state.failures.saturating_add(1);
+                state.since.get_or_insert_with(SystemTime::now);
+                state.suspect = true;
+            }
+            Outcome::ConnectionFailed => {
+                state.failures = state.failures.saturating_add(1);
                 state.since.get_or_insert_with(SystemTime::now);
                 if state.open.is_none() && state.failures >= settings.threshold.max(1) {
                     let wait = settings.first_probe;
@@ -237,10 +251,21 @@ impl Breaker {
         let mut state = self.lock();
         state.probing = false;
         state.failures = state.failures.saturating_add(1);
-        let previous = state.open.map_or(settings.first_probe, |(_, wait)| wait);
-        let wait = (previous * 2)
-            .min(settings.max_interval)
-            .max(settings.first_probe);
+        state.suspect = false;
+        let wait = match state.open {
+            // The probe after a timeout: unreachable from now on.
+            None => settings.first_probe,
+            Some((_, previous)) => (previous * 2)
+                .min(settings.max_interval)
+                .max(settings.first_probe),
+        };
+        if state.open.is_none() {
+            tracing::warn!(
+                cluster = %self.cluster,
+                "cluster unreachable (a request timed out and a probe found no answer): \
+                 requests fail fast until a probe answers"
+            );
+        }
         state.open = Some((Instant::now() + wait, wait));
         Err(self.unreachable(&state, wait))
     }
@@ -346,7 +371,7 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_timeout_opens_at_once_and_an_answer_resets_the_count() {
+    async fn a_timeout_makes_the_next_request_probe_and_a_failed_probe_opens() {
         let breaker = Breaker::new("edge".into());
         breaker.record(Outcome::ConnectionFailed, &SETTINGS);
         breaker.record(Outcome::Reached, &SETTINGS);
@@ -354,7 +379,35 @@ mod tests {
         breaker.record(Outcome::ConnectionFailed, &SETTINGS);
         assert!(breaker.health().is_reachable());
         breaker.record(Outcome::TimedOut, &SETTINGS);
+        // Still reachable: one request probes, the others are sent.
+        assert!(breaker.health().is_reachable());
+        let Ok(Admission::Probe(ticket)) = breaker.admit() else {
+            panic!("the request after a timeout probes first");
+        };
+        assert_eq!(breaker.admit(), Ok(Admission::Send));
+        let refused = breaker.probed(ticket, false, &SETTINGS).unwrap_err();
+        assert_eq!(refused.next_probe_in, SETTINGS.first_probe);
         assert!(breaker.health().unreachable_since().is_some());
+        assert!(breaker.admit().is_err());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_timeout_on_a_cluster_that_answers_the_probe_changes_nothing() {
+        // A slow aggregated API, say: the server itself answers.
+        let breaker = Breaker::new("edge".into());
+        for _ in 0..5 {
+            breaker.record(Outcome::TimedOut, &SETTINGS);
+            let Ok(Admission::Probe(ticket)) = breaker.admit() else {
+                panic!("probe after a timeout");
+            };
+            breaker.probed(ticket, true, &SETTINGS).unwrap();
+            assert!(breaker.health().is_reachable());
+            assert_eq!(breaker.admit(), Ok(Admission::Send));
+        }
+        // An answer to any request settles it as well, without a probe.
+        breaker.record(Outcome::TimedOut, &SETTINGS);
+        breaker.record(Outcome::Reached, &SETTINGS);
+        assert_eq!(breaker.admit(), Ok(Admission::Send));
     }
 
     #[tokio::test(start_paused = true)]
@@ -362,7 +415,7 @@ mod tests {
         let breaker = Breaker::new("edge".into());
         breaker.record(Outcome::TimedOut, &SETTINGS);
         let mut waits = Vec::new();
-        for _ in 0..4 {
+        for _ in 0..5 {
             tokio::time::advance(Duration::from_secs(10)).await;
             let Ok(Admission::Probe(ticket)) = breaker.admit() else {
                 panic!("due");
@@ -374,7 +427,7 @@ mod tests {
                     .next_probe_in,
             );
         }
-        assert_eq!(waits, [2, 4, 4, 4].map(Duration::from_secs));
+        assert_eq!(waits, [1, 2, 4, 4, 4].map(Duration::from_secs));
 
         tokio::time::advance(Duration::from_secs(10)).await;
         drop(breaker.admit());

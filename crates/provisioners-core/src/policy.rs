@@ -74,8 +74,10 @@ const ABANDONED_AFTER: Duration = Duration::from_secs(4);
 ///   invalid objects (400, 422) and missing objects (404) are never retried:
 ///   they need a decision, not patience.
 /// - **Circuit breaker**: after [`ClientPolicy::failure_threshold`]
-///   consecutive attempts that could not connect (a timeout counts as all of
-///   them), the cluster is [unreachable](crate::Health): every request fails
+///   consecutive attempts that could not connect, or when a request timed
+///   out and the probe sent before the next request finds no answer either
+///   (one slow request, or an aggregated API that does not answer, is not a
+///   dead cluster), the cluster is [unreachable](crate::Health): every request fails
 ///   at once with a transient error naming the cluster, since when, and when
 ///   it is probed next. When the probe is due, one request (only one) sends
 ///   `GET /version` within [`ClientPolicy::probe_timeout`] first; any answer
@@ -161,7 +163,8 @@ impl ClientPolicy {
     }
 
     /// Opens the breaker after `attempts` consecutive connection failures
-    /// (at least 1; a timed-out attempt counts as `attempts`).
+    /// (at least 1; a timed-out attempt makes the next request probe
+    /// first, and a probe without an answer opens it).
     pub fn failure_threshold(mut self, attempts: u32) -> Self {
         self.threshold = attempts.max(1);
         self

@@ -225,7 +225,7 @@ async fn a_dead_cluster_fails_fast_after_three_failures_until_a_probe_answers() 
 }
 
 #[tokio::test(start_paused = true)]
-async fn one_timeout_opens_the_breaker_and_the_pass_after_it_returns_at_once() {
+async fn a_timeout_then_a_probe_without_an_answer_opens_the_breaker() {
     let calls = Arc::new(AtomicU32::new(0));
     let counted = Arc::clone(&calls);
     let policy = ClientPolicy::new().timeout(Duration::from_secs(3));
@@ -235,20 +235,68 @@ async fn one_timeout_opens_the_breaker_and_the_pass_after_it_returns_at_once() {
     });
     let error = get(edge.client()).await.unwrap_err();
     assert!(error.to_string().contains("no answer within 3s"), "{error}");
+    assert!(edge.health().is_reachable(), "one timeout is not a verdict");
+    // The next request probes first, within the probe's own short timeout.
     let started = tokio::time::Instant::now();
     let error = get(edge.client()).await.unwrap_err();
-    assert_eq!(started.elapsed(), Duration::ZERO);
+    assert_eq!(started.elapsed(), Duration::from_secs(1));
     assert!(
         error.to_string().contains("cluster `edge` is unreachable"),
         "{error}"
     );
-    assert_eq!(calls.load(Ordering::SeqCst), 1);
-    // The probe waits for its own short timeout, not the request's.
-    tokio::time::advance(Duration::from_secs(1)).await;
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    // Then the pass after it returns at once, without a call.
     let started = tokio::time::Instant::now();
     get(edge.client()).await.unwrap_err();
-    assert_eq!(started.elapsed(), Duration::from_secs(1));
+    assert_eq!(started.elapsed(), Duration::ZERO);
     assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_timeout_on_a_cluster_whose_probe_answers_keeps_it_reachable() {
+    // An aggregated API that never answers, on a server that does.
+    let calls = Arc::new(AtomicU32::new(0));
+    let counted = Arc::clone(&calls);
+    let policy = ClientPolicy::new().timeout(Duration::from_secs(3));
+    let edge = cluster(policy, move |request: Request<Body>| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        let stuck = request
+            .uri()
+            .path()
+            .starts_with("/apis/metrics.example.com");
+        async move {
+            if stuck {
+                return std::future::pending().await;
+            }
+            Ok::<_, kube::Error>(
+                Response::builder()
+                    .status(200)
+                    .body(Body::from(
+                        br#"{"kind":"Namespace","apiVersion":"v1","metadata":{"name":"x"}}"#
+                            .to_vec(),
+                    ))
+                    .unwrap(),
+            )
+        }
+    });
+    let stuck = Request::get("/apis/metrics.example.com/v1")
+        .body(Vec::new())
+        .unwrap();
+    let error = edge
+        .client()
+        .request::<serde_json::Value>(stuck)
+        .await
+        .unwrap_err();
+    assert!(error.to_string().contains("no answer within 3s"), "{error}");
+    // The probe answers: the request goes, and so do the ones after it.
+    get(edge.client()).await.unwrap();
+    get(edge.client()).await.unwrap();
+    assert!(edge.health().is_reachable());
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        4,
+        "the stuck request, a probe, two requests"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -264,6 +312,9 @@ async fn a_caller_that_gives_up_after_a_while_counts_as_a_timeout() {
     );
     let long = tokio::time::timeout(Duration::from_secs(5), get(edge.client())).await;
     assert!(long.is_err());
+    // Counted as a timeout: the next request probes, finds no answer, and
+    // the cluster is unreachable.
+    assert!(get(edge.client()).await.is_err());
     assert!(!edge.health().is_reachable());
 }
 
