@@ -14,8 +14,11 @@ use tokio::time::Instant;
 /// A cluster is *unreachable* once [`ClientPolicy::failure_threshold`]
 /// consecutive attempts failed to connect, or once a probe found no answer.
 /// A timed-out attempt alone does not say the cluster is gone (one slow
-/// request, an aggregated API that does not answer, a loaded server): it
-/// makes the next request probe first. Until the next probe, every request
+/// request, an aggregated API that does not answer, a loaded server): a
+/// request still without an answer a probe's timeout before its deadline
+/// sends a probe beside it, and only a probe without an answer opens the
+/// breaker (when another probe was in flight, the next request probes
+/// first). Until the next probe, every request
 /// to an unreachable cluster fails at once with a transient error naming
 /// the cluster; then one request sends a cheap probe (`GET /version`,
 /// within [`ClientPolicy::probe_timeout`]): an answer of any kind closes
@@ -200,6 +203,20 @@ impl Breaker {
         Ok(Admission::Probe(ProbeTicket {
             breaker: Some(Arc::clone(self)),
         }))
+    }
+
+    /// The probe sent beside a request that has waited long for its answer
+    /// (see the client policy): the one probe in flight, if there is none
+    /// and the breaker is closed.
+    pub(crate) fn hedge(self: &Arc<Self>) -> Option<ProbeTicket> {
+        let mut state = self.lock();
+        if state.probing || state.open.is_some() {
+            return None;
+        }
+        state.probing = true;
+        Some(ProbeTicket {
+            breaker: Some(Arc::clone(self)),
+        })
     }
 
     /// Records one attempt's outcome.

@@ -3,6 +3,7 @@
 
 use std::error::Error as StdError;
 use std::fmt;
+use std::future::Future;
 use std::sync::Arc;
 use std::task::{Context as TaskContext, Poll};
 use std::time::Duration;
@@ -14,7 +15,7 @@ use kube::client::Body;
 use tokio::time::Instant;
 use tower::{BoxError, Layer, Service, ServiceExt};
 
-use crate::health::{Admission, Breaker, BreakerSettings, Outcome};
+use crate::health::{Admission, Breaker, BreakerSettings, Outcome, ProbeTicket};
 
 /// How long one request may take, body included, unless
 /// [`ClientPolicy::timeout`] says otherwise.
@@ -74,8 +75,9 @@ const ABANDONED_AFTER: Duration = Duration::from_secs(4);
 ///   invalid objects (400, 422) and missing objects (404) are never retried:
 ///   they need a decision, not patience.
 /// - **Circuit breaker**: after [`ClientPolicy::failure_threshold`]
-///   consecutive attempts that could not connect, or when a request timed
-///   out and the probe sent before the next request finds no answer either
+///   consecutive attempts that could not connect, or when a request times
+///   out and the probe sent beside it (a probe's timeout before its
+///   deadline, so it costs the request no time) finds no answer either
 ///   (one slow request, or an aggregated API that does not answer, is not a
 ///   dead cluster), the cluster is [unreachable](crate::Health): every request fails
 ///   at once with a transient error naming the cluster, since when, and when
@@ -163,8 +165,8 @@ impl ClientPolicy {
     }
 
     /// Opens the breaker after `attempts` consecutive connection failures
-    /// (at least 1; a timed-out attempt makes the next request probe
-    /// first, and a probe without an answer opens it).
+    /// (at least 1; a request still without an answer near its deadline
+    /// sends a probe beside it, and a probe without an answer opens it).
     pub fn failure_threshold(mut self, attempts: u32) -> Self {
         self.threshold = attempts.max(1);
         self
@@ -317,16 +319,32 @@ where
         let delay = policy.backoff.get(attempt).copied();
         let next = delay.and_then(|_| clone_request(&request));
         let watch = Abandoned::watch(&breaker, settings);
-        let answer = tokio::time::timeout(
-            policy.timeout,
+        let prober = inner.clone();
+        let answer = hedged(
             one_attempt(&mut inner, request, streaming, &policy, breaker.cluster()),
+            prober,
+            &policy,
+            &breaker,
         )
         .await;
         watch.disarm();
         let result = match answer {
-            Ok(result) => result,
-            Err(_) => {
-                breaker.record(Outcome::TimedOut, &settings);
+            Hedged::Answered(result) => result,
+            Hedged::TimedOut(probe) => {
+                match probe {
+                    // The cluster itself answers: only this request is slow
+                    // (an aggregated API that hangs, say).
+                    Some((ticket, true)) => {
+                        let _ = breaker.probed(ticket, true, &settings);
+                    }
+                    // Neither this request nor the probe beside it got an
+                    // answer: unreachable from now on.
+                    Some((ticket, false)) => {
+                        let _ = breaker.probed(ticket, false, &settings);
+                    }
+                    // Another request was probing: the next one decides.
+                    None => breaker.record(Outcome::TimedOut, &settings),
+                }
                 return Err(Box::new(RequestTimeout {
                     after: policy.timeout,
                 }));
@@ -464,6 +482,73 @@ fn foreign_body_status(code: StatusCode, cluster: &str) -> Vec<u8> {
         "code": code.as_u16(),
     });
     serde_json::to_vec(&status).unwrap_or_default()
+}
+
+/// How an attempt raced against its deadline went.
+enum Hedged {
+    /// An answer (or an error) within the deadline.
+    Answered(Result<Response<Body>, BoxError>),
+    /// No answer within the deadline; with the outcome of the probe sent
+    /// beside it, if this attempt was the one to probe.
+    TimedOut(Option<(ProbeTicket, bool)>),
+}
+
+/// Runs `attempt` within the policy's deadline. An attempt still without an
+/// answer a probe's timeout before its deadline sends a probe beside it, so
+/// that when the deadline passes the breaker already knows whether the
+/// cluster answers at all: a dead cluster is marked unreachable by the
+/// request that found it silent (the next pass fails fast), a cluster that
+/// answers the probe stays reachable, and neither costs a request more time.
+async fn hedged<F, S>(
+    attempt: F,
+    prober: S,
+    policy: &ClientPolicy,
+    breaker: &Arc<Breaker>,
+) -> Hedged
+where
+    F: Future<Output = Result<Response<Body>, BoxError>>,
+    S: Service<Request<Body>, Response = Response<Body>>,
+    S::Error: Into<BoxError>,
+{
+    let start = Instant::now();
+    let deadline = start + policy.timeout;
+    let probe_at = start
+        + policy
+            .timeout
+            .saturating_sub(policy.probe_timeout)
+            .max(policy.timeout / 2);
+    let mut attempt = std::pin::pin!(attempt);
+    let mut prober = Some(prober);
+    let mut probing = None;
+    let mut probed = None;
+    loop {
+        tokio::select! {
+            result = &mut attempt => return Hedged::Answered(result),
+            () = tokio::time::sleep_until(deadline) => break,
+            () = tokio::time::sleep_until(probe_at), if prober.is_some() => {
+                if let (Some(ticket), Some(service)) = (breaker.hedge(), prober.take()) {
+                    probing = Some((ticket, Box::pin(probe(service, policy.probe_timeout))));
+                }
+                prober = None;
+            }
+            reached = async {
+                match probing.as_mut() {
+                    Some((_, probe)) => probe.await,
+                    None => std::future::pending().await,
+                }
+            }, if probing.is_some() => {
+                if let Some((ticket, _)) = probing.take() {
+                    probed = Some((ticket, reached));
+                }
+            }
+        }
+    }
+    // The probe started a probe's timeout before the deadline: it is over
+    // or about to be.
+    if let Some((ticket, probe)) = probing.take() {
+        probed = Some((ticket, probe.await));
+    }
+    Hedged::TimedOut(probed)
 }
 
 /// Whether a `GET /version` is answered within `timeout`.

@@ -89,7 +89,9 @@ async fn an_attempt_without_an_answer_times_out_and_is_not_retried() {
         error.to_string().contains("no answer within 20s"),
         "{error}"
     );
-    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    // The request and the probe sent beside it near its deadline; no
+    // second attempt.
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
 }
 
 #[tokio::test(start_paused = true)]
@@ -225,7 +227,8 @@ async fn a_dead_cluster_fails_fast_after_three_failures_until_a_probe_answers() 
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_timeout_then_a_probe_without_an_answer_opens_the_breaker() {
+async fn a_request_without_an_answer_probes_beside_it_and_a_silent_cluster_is_unreachable_after_it()
+{
     let calls = Arc::new(AtomicU32::new(0));
     let counted = Arc::clone(&calls);
     let policy = ClientPolicy::new().timeout(Duration::from_secs(3));
@@ -233,23 +236,40 @@ async fn a_timeout_then_a_probe_without_an_answer_opens_the_breaker() {
         counted.fetch_add(1, Ordering::SeqCst);
         std::future::pending::<Result<Response<Body>, kube::Error>>()
     });
-    let error = get(edge.client()).await.unwrap_err();
-    assert!(error.to_string().contains("no answer within 3s"), "{error}");
-    assert!(edge.health().is_reachable(), "one timeout is not a verdict");
-    // The next request probes first, within the probe's own short timeout.
     let started = tokio::time::Instant::now();
     let error = get(edge.client()).await.unwrap_err();
-    assert_eq!(started.elapsed(), Duration::from_secs(1));
+    assert!(error.to_string().contains("no answer within 3s"), "{error}");
+    // The probe went a probe's timeout before the deadline: the request
+    // took no longer than its deadline, and its verdict is in.
+    assert_eq!(started.elapsed(), Duration::from_secs(3));
+    assert_eq!(calls.load(Ordering::SeqCst), 2, "the request and a probe");
+    assert!(!edge.health().is_reachable());
+    // The pass after it returns at once, without a call, naming the cluster.
+    let started = tokio::time::Instant::now();
+    let error = get(edge.client()).await.unwrap_err();
+    assert_eq!(started.elapsed(), Duration::ZERO);
     assert!(
         error.to_string().contains("cluster `edge` is unreachable"),
         "{error}"
     );
     assert_eq!(calls.load(Ordering::SeqCst), 2);
-    // Then the pass after it returns at once, without a call.
-    let started = tokio::time::Instant::now();
-    get(edge.client()).await.unwrap_err();
-    assert_eq!(started.elapsed(), Duration::ZERO);
-    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_timeout_with_a_probe_in_flight_leaves_the_verdict_to_the_next_request() {
+    // Two requests hang at once: only one probes beside it; the other's
+    // timeout makes the next request probe first.
+    let calls = Arc::new(AtomicU32::new(0));
+    let counted = Arc::clone(&calls);
+    let policy = ClientPolicy::new().timeout(Duration::from_secs(3));
+    let edge = cluster(policy, move |_request: Request<Body>| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        std::future::pending::<Result<Response<Body>, kube::Error>>()
+    });
+    let (a, b) = tokio::join!(get(edge.client()), get(edge.client()));
+    assert!(a.is_err() && b.is_err());
+    assert_eq!(calls.load(Ordering::SeqCst), 3, "two requests, one probe");
+    assert!(!edge.health().is_reachable());
 }
 
 #[tokio::test(start_paused = true)]
