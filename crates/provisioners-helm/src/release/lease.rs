@@ -206,6 +206,52 @@ async fn try_acquire(
     }
 }
 
+/// Writes `value` as the annotation `key` on the Lease of `release` (held by
+/// this process: the caller holds it).
+pub(super) async fn annotate(
+    client: &kube::Client,
+    namespace: &str,
+    release: &str,
+    key: &str,
+    value: &str,
+) -> Result<()> {
+    let leases: Api<Lease> = Api::namespaced(client.clone(), namespace);
+    let patch = serde_json::json!({"metadata": {"annotations": {key: value}}});
+    leases
+        .patch(
+            &name(release),
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await
+        .map(drop)
+        .map_err(|e| {
+            Error::kube(
+                format_args!("annotating the Lease of release `{namespace}/{release}`"),
+                e,
+            )
+        })
+}
+
+/// The annotation `key` on the Lease of `release`, if there is one.
+pub(super) async fn annotation(
+    client: &kube::Client,
+    namespace: &str,
+    release: &str,
+    key: &str,
+) -> Result<Option<String>> {
+    let leases: Api<Lease> = Api::namespaced(client.clone(), namespace);
+    let lease = leases.get_opt(&name(release)).await.map_err(|e| {
+        Error::kube(
+            format_args!("reading the Lease of release `{namespace}/{release}`"),
+            e,
+        )
+    })?;
+    Ok(lease
+        .and_then(|lease| lease.metadata.annotations)
+        .and_then(|mut annotations| annotations.remove(key)))
+}
+
 /// Yields while another live holder has the Lease of `release`, as taking
 /// it would; reads only (a plan takes no Lease).
 pub(super) async fn check_free(

@@ -485,6 +485,7 @@ mod pure {
             deployed_before,
             uninstalled: None,
             resource_version: None,
+            owner: None,
         }
     }
 
