@@ -29,10 +29,10 @@ use super::{Payload, decode};
 
 /// The annotation holding the identity of the owner whose tree wrote the
 /// record (see [`Context::owner_identity`](provisioners_core::Context::owner_identity)).
-pub(crate) const OWNER_ANNOTATION: &str = "provisioners.dev/helm-owner";
+pub const OWNER_ANNOTATION: &str = "provisioners.dev/helm-owner";
 
 /// The annotation holding the record's authenticator (hex HMAC-SHA256).
-pub(crate) const MAC_ANNOTATION: &str = "provisioners.dev/helm-record-mac";
+pub const MAC_ANNOTATION: &str = "provisioners.dev/helm-record-mac";
 
 /// The annotation on the release's Lease naming, signed, the revision the
 /// holder's helm run is about to write: a record of that revision that was
