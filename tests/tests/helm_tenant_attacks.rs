@@ -169,7 +169,13 @@ async fn a_forged_pending_install_record_listing_a_cluster_role_is_reported_and_
     secrets
         .create(
             &PostParams::default(),
-            &forged_record(ns.name(), "app", 1, "pending-install", &cluster_role_manifest(&victim_name)),
+            &forged_record(
+                ns.name(),
+                "app",
+                1,
+                "pending-install",
+                &cluster_role_manifest(&victim_name),
+            ),
         )
         .await
         .expect("the tenant may write Secrets in its namespace");
@@ -183,14 +189,24 @@ async fn a_forged_pending_install_record_listing_a_cluster_role_is_reported_and_
     let message = error.message();
     assert!(message.contains("sh.helm.release.v1.app.v1"), "{message}");
     assert!(message.contains("cannot prove"), "{message}");
-    assert!(roles.get_opt(&victim_name).await.expect("read").is_some(), "the ClusterRole survives");
+    assert!(
+        roles.get_opt(&victim_name).await.expect("read").is_some(),
+        "the ClusterRole survives"
+    );
     // Deprovision neither: the ClusterRole is never uninstalled.
     let error = until_not_yield(&cx, &app, true)
         .await
         .expect_err("a record we cannot prove we wrote");
     assert_eq!(error.kind(), ErrorKind::Failed, "{error}");
-    assert!(roles.get_opt(&victim_name).await.expect("read").is_some(), "the ClusterRole survives");
-    assert_eq!(records(&ns, "app").await.len(), 1, "the forged record is left for a human");
+    assert!(
+        roles.get_opt(&victim_name).await.expect("read").is_some(),
+        "the ClusterRole survives"
+    );
+    assert_eq!(
+        records(&ns, "app").await.len(),
+        1,
+        "the forged record is left for a human"
+    );
 
     // Once the forged record is gone, the release installs, sealed.
     ns.api::<Secret>()
@@ -232,7 +248,10 @@ async fn a_forged_deployed_record_listing_an_object_as_removed_never_has_it_dele
     let secrets: Api<Secret> = Api::namespaced(tenant(&ns).await, ns.name());
     let manifest = format!("{genuine_manifest}{}", cluster_role_manifest(&victim_name));
     secrets
-        .create(&PostParams::default(), &forged_record(ns.name(), "app", 2, "deployed", &manifest))
+        .create(
+            &PostParams::default(),
+            &forged_record(ns.name(), "app", 2, "deployed", &manifest),
+        )
         .await
         .expect("the tenant may write Secrets in its namespace");
     // An upgrade (new values).
@@ -241,12 +260,21 @@ async fn a_forged_deployed_record_listing_an_object_as_removed_never_has_it_dele
         .await
         .expect_err("a record we cannot prove we wrote");
     assert_eq!(error.kind(), ErrorKind::Failed, "{error}");
-    assert!(error.message().contains("sh.helm.release.v1.app.v2"), "{error}");
-    assert!(roles.get_opt(&victim_name).await.expect("read").is_some(), "the ClusterRole survives");
+    assert!(
+        error.message().contains("sh.helm.release.v1.app.v2"),
+        "{error}"
+    );
+    assert!(
+        roles.get_opt(&victim_name).await.expect("read").is_some(),
+        "the ClusterRole survives"
+    );
 
     // The tenant also rewrites our own sealed record's manifest: that one
     // no longer verifies either.
-    let mut ours = secrets.get("sh.helm.release.v1.app.v1").await.expect("ours");
+    let mut ours = secrets
+        .get("sh.helm.release.v1.app.v1")
+        .await
+        .expect("ours");
     let forged = forged_record(ns.name(), "app", 1, "deployed", &manifest);
     ours.data = forged.data;
     secrets
@@ -256,14 +284,26 @@ async fn a_forged_deployed_record_listing_an_object_as_removed_never_has_it_dele
     let error = until_not_yield(&cx, &upgraded, false)
         .await
         .expect_err("records we cannot prove we wrote");
-    assert!(error.message().contains("sh.helm.release.v1.app.v1"), "{error}");
+    assert!(
+        error.message().contains("sh.helm.release.v1.app.v1"),
+        "{error}"
+    );
     let error = until_not_yield(&cx, &app, true)
         .await
         .expect_err("no uninstall of a forged record");
     assert_eq!(error.kind(), ErrorKind::Failed, "{error}");
-    assert!(roles.get_opt(&victim_name).await.expect("read").is_some(), "the ClusterRole survives");
+    assert!(
+        roles.get_opt(&victim_name).await.expect("read").is_some(),
+        "the ClusterRole survives"
+    );
     let settings: Api<ConfigMap> = ns.api();
-    assert!(settings.get_opt("app-settings").await.expect("read").is_some());
+    assert!(
+        settings
+            .get_opt("app-settings")
+            .await
+            .expect("read")
+            .is_some()
+    );
     roles
         .delete(&victim_name, &DeleteParams::default())
         .await
@@ -279,7 +319,9 @@ async fn a_second_owner_naming_the_same_release_is_refused_and_the_first_release
     let first = operator("helm-owner-one").await;
     let second = operator("helm-owner-two").await;
     let app = release(&helm, ns.name(), "shared");
-    until_not_yield(&first, &app, false).await.expect("installs");
+    until_not_yield(&first, &app, false)
+        .await
+        .expect("installs");
     let before = records(&ns, "shared").await;
     assert_eq!(before.len(), 1);
 
@@ -290,7 +332,10 @@ async fn a_second_owner_naming_the_same_release_is_refused_and_the_first_release
             .expect_err("another owner's release");
         assert_eq!(error.kind(), ErrorKind::Invalid, "{error}");
         let message = error.message();
-        assert!(message.contains(&format!("release `{}/shared`", ns.name())), "{message}");
+        assert!(
+            message.contains(&format!("release `{}/shared`", ns.name())),
+            "{message}"
+        );
         assert!(message.contains("standalone:helm-owner-one"), "{message}");
         assert!(message.contains(&format!("will not {verb}")), "{message}");
     }
@@ -307,15 +352,25 @@ async fn a_second_owner_naming_the_same_release_is_refused_and_the_first_release
         "the first owner's record is untouched"
     );
     let settings: Api<ConfigMap> = ns.api();
-    assert!(settings.get_opt("shared-settings").await.expect("read").is_some());
+    assert!(
+        settings
+            .get_opt("shared-settings")
+            .await
+            .expect("read")
+            .is_some()
+    );
     // The first owner still owns it: a no-op, then its uninstall.
     first.provision(&app).await.expect("a no-op");
-    until_not_yield(&first, &app, true).await.expect("uninstalls");
+    until_not_yield(&first, &app, true)
+        .await
+        .expect("uninstalls");
 }
 
 async fn a_first_install_with_create_namespace_takes_the_lease_before_helm_runs(helm: PathBuf) {
     // A namespace that does not exist yet (the test namespace only names it).
-    let base = TestNamespace::create("helm-newns").await.expect("namespace");
+    let base = TestNamespace::create("helm-newns")
+        .await
+        .expect("namespace");
     let name = format!("{}-new", base.name());
     let namespaces: Api<Namespace> = Api::all(base.client().clone());
     let cx = operator("helm-ns-op").await;

@@ -203,7 +203,7 @@ impl HelmRelease {
                 purpose,
                 Some(latest.number),
             )
-                .await?;
+            .await?;
             return Ok(seen);
         }
         storage::remember_uninstalled(cx.client(), &self.namespace, &latest.secret, &seen).await?;
@@ -344,8 +344,7 @@ impl Provisioner for HelmRelease {
                     .run_helm_in(&cx, "upgrade --install", &values, &work, None, |work| {
                         let kubeconfig = work.write_kubeconfig(kubeconfig)?;
                         let values = work.write_private("values.json", &values_json)?;
-                        let mut args =
-                            this.upgrade_args(major, &kubeconfig, &values, stamp, fresh);
+                        let mut args = this.upgrade_args(major, &kubeconfig, &values, stamp, fresh);
                         if force_conflicts && major == version::Major::Four {
                             args.push("--force-conflicts".into());
                         }
@@ -396,8 +395,7 @@ impl Provisioner for HelmRelease {
         };
         self.refuse_foreign(cx, &latest, "uninstall")?;
         if self.trust_records(cx).await? {
-            let Some(again) =
-                storage::latest(cx.client(), &self.namespace, &self.release).await?
+            let Some(again) = storage::latest(cx.client(), &self.namespace, &self.release).await?
             else {
                 return Ok(());
             };

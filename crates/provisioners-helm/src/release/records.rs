@@ -31,8 +31,8 @@ use kube::api::{Api, PostParams};
 use provisioners_core::{Context, Error, OwnerKeys, Result};
 
 use super::HelmRelease;
-use super::lock::Serialised;
 use super::lease;
+use super::lock::Serialised;
 use crate::storage::{self, INTENT_ANNOTATION, Record, Revision};
 
 /// Who seals the records of a run, taken from the pass's context before
@@ -189,7 +189,9 @@ impl HelmRelease {
             unverified = rest;
             if unverified.is_empty() {
                 for (record, _) in unsigned {
-                    let Some(number) = record.number else { continue };
+                    let Some(number) = record.number else {
+                        continue;
+                    };
                     tracing::warn!(
                         release = %self.id(), record = %record.secret,
                         "sealing a record written before owner keys were configured \
@@ -228,9 +230,13 @@ impl HelmRelease {
         let (Some(keys), Some(number)) = (cx.owner_keys(), record.number) else {
             return Ok(false);
         };
-        let Some(mac) =
-            lease::annotation(cx.client(), &self.namespace, &self.release, INTENT_ANNOTATION)
-                .await?
+        let Some(mac) = lease::annotation(
+            cx.client(),
+            &self.namespace,
+            &self.release,
+            INTENT_ANNOTATION,
+        )
+        .await?
         else {
             return Ok(false);
         };

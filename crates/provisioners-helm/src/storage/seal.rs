@@ -156,9 +156,11 @@ pub(crate) fn verify(
         Some(_) => {}
     }
     let Some(mac) = &record.mac else {
-        return Err("it carries no authenticator (written before owner keys were configured, \
+        return Err(
+            "it carries no authenticator (written before owner keys were configured, \
                     or not by us)"
-            .to_owned());
+                .to_owned(),
+        );
     };
     let payload = record
         .payload
@@ -307,7 +309,11 @@ mod tests {
         let later = record(&superseded, "me", Some(mac.clone()));
         assert_eq!(verify(&keys, "me", "apps", "web", &later), Ok(()));
         // A manifest or a hook edited by a tenant: forged.
-        let edited = record(&payload("deployed", "kind: ClusterRole"), "me", Some(mac.clone()));
+        let edited = record(
+            &payload("deployed", "kind: ClusterRole"),
+            "me",
+            Some(mac.clone()),
+        );
         assert!(
             verify(&keys, "me", "apps", "web", &edited)
                 .unwrap_err()
@@ -315,12 +321,27 @@ mod tests {
         );
         let mut hook = sealed.clone();
         hook["hooks"][0]["manifest"] = json!("kind: ClusterRoleBinding");
-        assert!(verify(&keys, "me", "apps", "web", &record(&hook, "me", Some(mac.clone()))).is_err());
+        assert!(
+            verify(
+                &keys,
+                "me",
+                "apps",
+                "web",
+                &record(&hook, "me", Some(mac.clone()))
+            )
+            .is_err()
+        );
         // Another owner's name, no authenticator, another key, another revision.
         assert!(
-            verify(&keys, "me", "apps", "web", &record(&sealed, "you", Some(mac.clone())))
-                .unwrap_err()
-                .contains("owner `you`")
+            verify(
+                &keys,
+                "me",
+                "apps",
+                "web",
+                &record(&sealed, "you", Some(mac.clone()))
+            )
+            .unwrap_err()
+            .contains("owner `you`")
         );
         assert!(
             verify(&keys, "me", "apps", "web", &record(&sealed, "me", None))
