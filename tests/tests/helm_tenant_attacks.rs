@@ -15,7 +15,7 @@ use k8s_openapi::api::rbac::v1::{ClusterRole, Role, RoleBinding};
 use kube::Client;
 use kube::api::{Api, DeleteParams, PostParams};
 use provisioners::{Context, ErrorKind, Owner, OwnerKeys};
-use provisioners_helm::{HelmRelease, RECORD_MAC_ANNOTATION, RECORD_OWNER_ANNOTATION};
+use provisioners_helm::{HelmRelease, RECORD_OWNER_ANNOTATION, RECORD_SEAL_PREFIX};
 use provisioners_testing::cluster::TestNamespace;
 use serde_json::json;
 
@@ -220,7 +220,18 @@ async fn a_forged_pending_install_record_listing_a_cluster_role_is_reported_and_
         annotation(&sealed[0], RECORD_OWNER_ANNOTATION),
         Some("standalone:helm-tenant-op")
     );
-    assert!(annotation(&sealed[0], RECORD_MAC_ANNOTATION).is_some_and(|m| m.len() == 64));
+    // The authenticator lives on the release's Lease, which helm never rewrites.
+    let lease = ns
+        .api::<Lease>()
+        .get("provisioners-helm.app")
+        .await
+        .expect("the Lease");
+    let seal = lease
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(&format!("{RECORD_SEAL_PREFIX}1")));
+    assert!(seal.is_some_and(|m| m.len() == 64), "{seal:?}");
     until_not_yield(&cx, &app, true).await.expect("uninstalls");
     assert!(roles.get_opt(&victim_name).await.expect("read").is_some());
     roles

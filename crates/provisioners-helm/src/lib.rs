@@ -38,10 +38,12 @@
 //! [`RECORD_OWNER_ANNOTATION`] names the owner
 //! ([`Context::owner_identity`](provisioners_core::Context::owner_identity)),
 //! and, with [owner keys](provisioners_core::Context::with_owner_keys),
-//! [`RECORD_MAC_ANNOTATION`] carries an HMAC-SHA256 over release namespace,
-//! name, revision, owner and a hash of everything in the record that helm
-//! acts on (all but `info` and the hooks' `last_run`, which helm rewrites
-//! itself). Then:
+//! an HMAC-SHA256 over release namespace, name, revision, owner and a hash
+//! of everything in the record that helm acts on (all but `info` and the
+//! hooks' `last_run`, which helm rewrites itself) is kept on the release's
+//! Lease, as [`RECORD_SEAL_PREFIX`] and the revision (helm replaces a record
+//! whole when it supersedes or uninstalls it, dropping the record's own
+//! annotations; it never touches the Lease). Then:
 //!
 //! * **Release owners**, with or without keys: `provision` and
 //!   `deprovision` refuse (`Invalid`, naming the release and the other
@@ -187,6 +189,6 @@ pub use failure::HelmFailure;
 pub use processes::{DEFAULT_MAX_HELM_PROCESSES, HelmProcesses};
 pub use release::{DEFAULT_GRACE, DEFAULT_HOOK_TIMEOUT, DEFAULT_PASS_TIMEOUT, Drift, HelmRelease};
 pub use storage::{
-    DIGEST_LABEL, MAC_ANNOTATION as RECORD_MAC_ANNOTATION,
-    OWNER_ANNOTATION as RECORD_OWNER_ANNOTATION, REVISION_LABEL,
+    DIGEST_LABEL, OWNER_ANNOTATION as RECORD_OWNER_ANNOTATION, REVISION_LABEL,
+    SEAL_PREFIX as RECORD_SEAL_PREFIX,
 };

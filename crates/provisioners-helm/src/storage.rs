@@ -16,8 +16,10 @@ use crate::objects::Seen;
 
 mod seal;
 
-pub(crate) use self::seal::{INTENT_ANNOTATION, Record, intent_fields, records, seal, verify};
-pub use self::seal::{MAC_ANNOTATION, OWNER_ANNOTATION};
+pub(crate) use self::seal::{
+    INTENT_ANNOTATION, Record, SEALS_KEPT, intent_fields, records, seal, verify,
+};
+pub use self::seal::{OWNER_ANNOTATION, SEAL_PREFIX};
 
 /// The label in which the digest of chart, version and values is stored on
 /// the release record (passed to helm with `--labels`).

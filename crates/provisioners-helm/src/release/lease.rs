@@ -206,17 +206,16 @@ async fn try_acquire(
     }
 }
 
-/// Writes `value` as the annotation `key` on the Lease of `release` (held by
-/// this process: the caller holds it).
+/// Merges `annotations` (a `null` removes one) into those of the Lease of
+/// `release` (held by this process: the caller holds it).
 pub(super) async fn annotate(
     client: &kube::Client,
     namespace: &str,
     release: &str,
-    key: &str,
-    value: &str,
+    annotations: serde_json::Value,
 ) -> Result<()> {
     let leases: Api<Lease> = Api::namespaced(client.clone(), namespace);
-    let patch = serde_json::json!({"metadata": {"annotations": {key: value}}});
+    let patch = serde_json::json!({"metadata": {"annotations": annotations}});
     leases
         .patch(
             &name(release),
@@ -233,13 +232,12 @@ pub(super) async fn annotate(
         })
 }
 
-/// The annotation `key` on the Lease of `release`, if there is one.
-pub(super) async fn annotation(
+/// The annotations of the Lease of `release` (none without a Lease).
+pub(super) async fn annotations(
     client: &kube::Client,
     namespace: &str,
     release: &str,
-    key: &str,
-) -> Result<Option<String>> {
+) -> Result<std::collections::BTreeMap<String, String>> {
     let leases: Api<Lease> = Api::namespaced(client.clone(), namespace);
     let lease = leases.get_opt(&name(release)).await.map_err(|e| {
         Error::kube(
@@ -249,7 +247,7 @@ pub(super) async fn annotation(
     })?;
     Ok(lease
         .and_then(|lease| lease.metadata.annotations)
-        .and_then(|mut annotations| annotations.remove(key)))
+        .unwrap_or_default())
 }
 
 /// Yields while another live holder has the Lease of `release`, as taking

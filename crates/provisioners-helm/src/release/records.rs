@@ -51,15 +51,34 @@ impl HelmRelease {
         }
     }
 
-    /// Seals the record of `revision` (see [`storage::seal`]).
+    /// Seals the record of `revision` (see [`storage::seal`]): the owner on
+    /// the record, the authenticator on the Lease (held by this run).
     pub(super) async fn seal(&self, cx: &Context, sealing: &Sealing, revision: u32) -> Result<()> {
-        storage::seal(
+        let Some(mac) = storage::seal(
             cx.client(),
             sealing.keys.as_ref(),
             &sealing.owner,
             &self.namespace,
             &self.release,
             revision,
+        )
+        .await?
+        else {
+            return Ok(());
+        };
+        let mut annotations = serde_json::Map::new();
+        annotations.insert(format!("{}{revision}", storage::SEAL_PREFIX), mac.into());
+        if let Some(old) = revision.checked_sub(storage::SEALS_KEPT) {
+            annotations.insert(
+                format!("{}{old}", storage::SEAL_PREFIX),
+                serde_json::Value::Null,
+            );
+        }
+        lease::annotate(
+            cx.client(),
+            &self.namespace,
+            &self.release,
+            annotations.into(),
         )
         .await
     }
@@ -140,7 +159,15 @@ impl HelmRelease {
             return Ok(false);
         };
         let owner = cx.owner_identity();
-        let records = storage::records(cx.client(), &self.namespace, &self.release).await?;
+        let mut records = storage::records(cx.client(), &self.namespace, &self.release).await?;
+        let lease = lease::annotations(cx.client(), &self.namespace, &self.release).await?;
+        for record in &mut records {
+            record.mac = record
+                .number
+                .and_then(|n| lease.get(&format!("{}{n}", storage::SEAL_PREFIX)))
+                .cloned();
+        }
+        let intent = lease.get(INTENT_ANNOTATION);
         let mut unverified: Vec<(&Record, String)> = records
             .iter()
             .filter_map(|record| {
@@ -158,7 +185,7 @@ impl HelmRelease {
             && record.number.is_some()
             && record.number == newest
             && record.owner.as_deref().is_none_or(|o| o == owner)
-            && self.intended(cx, &owner, record).await?
+            && self.intended(cx, &owner, record, intent)
         {
             tracing::warn!(
                 release = %self.id(), record = %record.secret, status = %record.status,
@@ -197,15 +224,7 @@ impl HelmRelease {
                         "sealing a record written before owner keys were configured \
                          (adopt_unsigned_records)"
                     );
-                    storage::seal(
-                        cx.client(),
-                        Some(keys),
-                        &owner,
-                        &self.namespace,
-                        &self.release,
-                        number,
-                    )
-                    .await?;
+                    self.seal(cx, &self.sealing(cx), number).await?;
                 }
                 return Ok(true);
             }
@@ -224,25 +243,21 @@ impl HelmRelease {
         )))
     }
 
-    /// Whether the release's Lease carries our signed intent to write the
-    /// revision of `record`.
-    async fn intended(&self, cx: &Context, owner: &str, record: &Record) -> Result<bool> {
-        let (Some(keys), Some(number)) = (cx.owner_keys(), record.number) else {
-            return Ok(false);
-        };
-        let Some(mac) = lease::annotation(
-            cx.client(),
-            &self.namespace,
-            &self.release,
-            INTENT_ANNOTATION,
-        )
-        .await?
-        else {
-            return Ok(false);
+    /// Whether `intent` (from the release's Lease) is our signed intent to
+    /// write the revision of `record`.
+    fn intended(
+        &self,
+        cx: &Context,
+        owner: &str,
+        record: &Record,
+        intent: Option<&String>,
+    ) -> bool {
+        let (Some(keys), Some(number), Some(mac)) = (cx.owner_keys(), record.number, intent) else {
+            return false;
         };
         let revision = number.to_string();
         let fields = storage::intent_fields(&self.namespace, &self.release, owner, &revision);
-        Ok(keys.verify(&fields, &mac))
+        keys.verify(&fields, mac)
     }
 
     /// With owner keys, before a run that writes `revision`: the signed
@@ -264,8 +279,7 @@ impl HelmRelease {
             cx.client(),
             &self.namespace,
             &self.release,
-            INTENT_ANNOTATION,
-            &mac,
+            serde_json::json!({ INTENT_ANNOTATION: mac }),
         )
         .await
     }

@@ -5,11 +5,14 @@
 //! uninstall make helm delete what a record lists. So right after each helm
 //! run that writes a record, the record is *sealed*: annotated with the
 //! owner's identity ([`OWNER_ANNOTATION`]) and, when
-//! [`OwnerKeys`] are configured, an HMAC-SHA256
-//! ([`MAC_ANNOTATION`]) over release namespace, name, revision, owner and
-//! the hash of everything in the record that helm acts on
-//! ([`Payload::content`]). A tenant who cannot read the key cannot forge
-//! one, nor move one to another revision, release or owner.
+//! [`OwnerKeys`] are configured, authenticated by an HMAC-SHA256 over
+//! release namespace, name, revision, owner and the hash of everything in
+//! the record that helm acts on ([`Payload::content`]). The authenticator
+//! is kept on the release's Lease ([`SEAL_PREFIX`] and the revision), which
+//! helm never rewrites: helm replaces a record whole when it supersedes or
+//! uninstalls it, dropping the record's own annotations. A tenant who
+//! cannot read the key cannot forge one, nor move one to another revision,
+//! release or owner.
 //!
 //! What the authenticator leaves out, on purpose: `info` (status,
 //! description, times) and the hooks' `last_run`, which helm rewrites on
@@ -31,8 +34,14 @@ use super::{Payload, decode};
 /// record (see [`Context::owner_identity`](provisioners_core::Context::owner_identity)).
 pub const OWNER_ANNOTATION: &str = "provisioners.dev/helm-owner";
 
-/// The annotation holding the record's authenticator (hex HMAC-SHA256).
-pub const MAC_ANNOTATION: &str = "provisioners.dev/helm-record-mac";
+/// The prefix of the annotations on the release's Lease
+/// (`provisioners-helm.RELEASE`) that hold the records' authenticators (hex
+/// HMAC-SHA256), one per revision: `provisioners.dev/helm-seal-v3`.
+pub const SEAL_PREFIX: &str = "provisioners.dev/helm-seal-v";
+
+/// Seals kept on the Lease: the one this many revisions back is dropped
+/// with each new one (helm keeps 10 revisions by default).
+pub(crate) const SEALS_KEPT: u32 = 32;
 
 /// The annotation on the release's Lease naming, signed, the revision the
 /// holder's helm run is about to write: a record of that revision that was
@@ -99,7 +108,7 @@ pub(crate) struct Record {
     pub(crate) status: String,
     /// [`OWNER_ANNOTATION`].
     pub(crate) owner: Option<String>,
-    /// [`MAC_ANNOTATION`].
+    /// Its authenticator, from the Lease's [`SEAL_PREFIX`] annotations.
     pub(crate) mac: Option<String>,
     /// The decoded payload, or why it does not decode.
     pub(crate) payload: std::result::Result<Payload, String>,
@@ -136,7 +145,7 @@ fn record_of(secret: Secret) -> Record {
         number: labels.get("version").and_then(|v| v.parse().ok()),
         status: labels.get("status").cloned().unwrap_or_default(),
         owner: annotations.get(OWNER_ANNOTATION).cloned(),
-        mac: annotations.get(MAC_ANNOTATION).cloned(),
+        mac: None,
         payload: decode(data),
     }
 }
@@ -191,9 +200,10 @@ pub(crate) fn verify(
 }
 
 /// Seals the record of `revision` of `namespace/release` for `owner`: its
-/// owner annotation, and with `keys` its authenticator. Nothing when there
-/// is no such record (helm failed before writing one). The patch carries
-/// the resourceVersion read, so a record changed meanwhile is not sealed.
+/// owner annotation, and with `keys` returns its authenticator (for the
+/// Lease). `None` when there is no such record (helm failed before writing
+/// one). The patch carries the resourceVersion read, so a record changed
+/// meanwhile is not sealed.
 pub(crate) async fn seal(
     client: &kube::Client,
     keys: Option<&OwnerKeys>,
@@ -201,7 +211,7 @@ pub(crate) async fn seal(
     namespace: &str,
     release: &str,
     revision: u32,
-) -> Result<()> {
+) -> Result<Option<String>> {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
     let name = format!("sh.helm.release.v1.{release}.v{revision}");
     let Some(secret) = secrets.get_opt(&name).await.map_err(|e| {
@@ -211,12 +221,13 @@ pub(crate) async fn seal(
         )
     })?
     else {
-        return Ok(());
+        return Ok(None);
     };
     let resource_version = secret.metadata.resource_version.clone();
     let record = record_of(secret);
     let labels_match = record.number == Some(revision);
-    let mut annotations = BTreeMap::from([(OWNER_ANNOTATION, Value::from(owner))]);
+    let annotations = BTreeMap::from([(OWNER_ANNOTATION, Value::from(owner))]);
+    let mut sealed = None;
     if let Some(keys) = keys {
         let payload = record.payload.as_ref().map_err(|e| {
             Error::failed(format!(
@@ -243,7 +254,7 @@ pub(crate) async fn seal(
             owner,
             &payload.content,
         ));
-        annotations.insert(MAC_ANNOTATION, Value::from(mac));
+        sealed = Some(mac);
     }
     let patch = serde_json::json!({
         "metadata": {"resourceVersion": resource_version, "annotations": annotations}
@@ -251,13 +262,13 @@ pub(crate) async fn seal(
     secrets
         .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
-        .map(drop)
         .map_err(|e| {
             Error::kube(
                 format_args!("sealing the helm release record {namespace}/{name}"),
                 e,
             )
-        })
+        })?;
+    Ok(sealed)
 }
 
 #[cfg(test)]
