@@ -321,3 +321,47 @@ impl HelmRelease {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::chart::Chart;
+
+    fn record(number: u32, status: &str) -> Record {
+        Record {
+            secret: format!("sh.helm.release.v1.web.v{number}"),
+            number: Some(number),
+            status: status.to_owned(),
+            owner: None,
+            mac: None,
+            payload: Err(String::new()),
+        }
+    }
+
+    #[test]
+    fn records_out_of_helms_order_are_reported() {
+        let release = HelmRelease::new("web", Chart::local(".")).namespace("apps");
+        let helms = [
+            record(1, "superseded"),
+            record(2, "superseded"),
+            record(3, "deployed"),
+            record(4, "failed"),
+        ];
+        assert!(release.in_helms_order(&helms).is_ok());
+        // An old manifest made "current": set back and forth by a tenant.
+        let swapped = [record(1, "deployed"), record(2, "superseded")];
+        let error = release.in_helms_order(&swapped).unwrap_err();
+        assert_eq!(error.kind(), provisioners_core::ErrorKind::Failed);
+        assert!(
+            error.message().contains("sh.helm.release.v1.web.v2"),
+            "{error}"
+        );
+        let two = [record(1, "deployed"), record(2, "deployed")];
+        let error = release.in_helms_order(&two).unwrap_err();
+        assert!(
+            error.message().contains("2 records are `deployed`"),
+            "{error}"
+        );
+        assert!(release.in_helms_order(&[]).is_ok());
+    }
+}
