@@ -35,8 +35,9 @@
 //! where a tenant may write Secrets too, and it deletes what a record lists
 //! (uninstall, rollback, the objects an upgrade drops). So, right after each
 //! helm run that writes a record, this crate *seals* it: the annotation
-//! [`RECORD_OWNER_ANNOTATION`] names the owner
-//! ([`Context::owner_identity`](provisioners_core::Context::owner_identity)),
+//! [`RECORD_OWNER_ANNOTATION`] names the context's
+//! [`Owner`](provisioners_core::Owner) (none for a tree without one: a
+//! release is keyed by name and namespace, not by where it sits in a tree),
 //! and, with [owner keys](provisioners_core::Context::with_owner_keys),
 //! an HMAC-SHA256 over release namespace, name, revision, owner and a hash
 //! of everything in the record that helm acts on (all but `info` and the
@@ -45,8 +46,8 @@
 //! whole when it supersedes or uninstalls it, dropping the record's own
 //! annotations; it never touches the Lease). Then:
 //!
-//! * **Release owners**, with or without keys: `provision` and
-//!   `deprovision` refuse (`Invalid`, naming the release and the other
+//! * **Release owners**, with an `Owner`, with or without keys: `provision`
+//!   and `deprovision` refuse (`Invalid`, naming the release and the other
 //!   owner) a release whose records name another owner, as a `Manifest`
 //!   refuses foreign objects. A release no owner has sealed yet is taken.
 //! * **Records that verify**, with keys: before helm acts on a release's

@@ -1,10 +1,13 @@
 //! Whose a release is, and whether its records are ours to act on (see
 //! [`storage::seal`](crate::storage)).
 //!
-//! * **Release owners.** Every record this crate has helm write is sealed
-//!   with the owner's identity; upgrade and uninstall refuse a release whose
-//!   newest owner annotation names another owner, as a `Manifest` refuses
-//!   foreign objects. With or without owner keys.
+//! * **Release owners.** With an [`Owner`](provisioners_core::Owner) on the
+//!   context, every record this crate has helm write is sealed with the
+//!   owner's identity; upgrade and uninstall refuse a release whose newest
+//!   owner annotation names another owner, as a `Manifest` refuses foreign
+//!   objects. With or without owner keys. A tree without an `Owner` stamps
+//!   and checks no owner: a release stays keyed by its name and namespace
+//!   only, wherever it moves in the tree (the owner field signed is empty).
 //! * **Records that verify.** With [`OwnerKeys`](provisioners_core::OwnerKeys)
 //!   on the context, before helm acts on a release's records (recovery of a
 //!   pending record, upgrade, drift repair, uninstall) every record of the
@@ -39,7 +42,14 @@ use crate::storage::{self, INTENT_ANNOTATION, Record, Revision};
 /// the run starts.
 pub(super) struct Sealing {
     keys: Option<OwnerKeys>,
-    owner: String,
+    owner: Option<String>,
+}
+
+/// The owner a release is held for: the context's explicit
+/// [`Owner`](provisioners_core::Owner), if any (a tree's own identity
+/// follows its root's name, and a release does not).
+pub(super) fn release_owner(cx: &Context) -> Option<String> {
+    cx.owner().map(provisioners_core::Owner::identity)
 }
 
 impl HelmRelease {
@@ -47,7 +57,7 @@ impl HelmRelease {
     pub(super) fn sealing(&self, cx: &Context) -> Sealing {
         Sealing {
             keys: cx.owner_keys().cloned(),
-            owner: cx.owner_identity(),
+            owner: release_owner(cx),
         }
     }
 
@@ -57,7 +67,7 @@ impl HelmRelease {
         let Some(mac) = storage::seal(
             cx.client(),
             sealing.keys.as_ref(),
-            &sealing.owner,
+            sealing.owner.as_deref(),
             &self.namespace,
             &self.release,
             revision,
@@ -98,11 +108,12 @@ impl HelmRelease {
             return Ok(());
         }
         let namespaces: Api<Namespace> = Api::all(cx.client().clone());
+        let annotations = match release_owner(cx) {
+            Some(owner) => serde_json::json!({ storage::OWNER_ANNOTATION: owner }),
+            None => serde_json::json!({}),
+        };
         let namespace: Namespace = serde_json::from_value(serde_json::json!({
-            "metadata": {
-                "name": self.namespace,
-                "annotations": {storage::OWNER_ANNOTATION: cx.owner_identity()},
-            }
+            "metadata": {"name": self.namespace, "annotations": annotations}
         }))
         .map_err(|e| Error::invalid(format!("namespace `{}`: {e}", self.namespace)))?;
         tracing::info!(release = %self.id(), "creating the release's namespace before taking its Lease");
@@ -135,7 +146,9 @@ impl HelmRelease {
     /// An `Invalid` error when another owner holds the release `latest` is
     /// the newest record of; `what` is the refused action.
     pub(super) fn refuse_foreign(&self, cx: &Context, latest: &Revision, what: &str) -> Result<()> {
-        let ours = cx.owner_identity();
+        let Some(ours) = release_owner(cx) else {
+            return Ok(());
+        };
         match &latest.owner {
             Some(other) if *other != ours => Err(Error::invalid(format!(
                 "release `{}` belongs to owner `{other}` (annotation {} on its record {}); \
@@ -158,7 +171,8 @@ impl HelmRelease {
         let Some(keys) = cx.owner_keys() else {
             return Ok(false);
         };
-        let owner = cx.owner_identity();
+        let owner = release_owner(cx);
+        let owner = owner.as_deref();
         let mut records = storage::records(cx.client(), &self.namespace, &self.release).await?;
         let lease = lease::annotations(cx.client(), &self.namespace, &self.release).await?;
         for record in &mut records {
@@ -171,7 +185,7 @@ impl HelmRelease {
         let mut unverified: Vec<(&Record, String)> = records
             .iter()
             .filter_map(|record| {
-                storage::verify(keys, &owner, &self.namespace, &self.release, record)
+                storage::verify(keys, owner, &self.namespace, &self.release, record)
                     .err()
                     .map(|why| (record, why))
             })
@@ -184,8 +198,8 @@ impl HelmRelease {
         if let [(record, _)] = unverified.as_slice()
             && record.number.is_some()
             && record.number == newest
-            && record.owner.as_deref().is_none_or(|o| o == owner)
-            && self.intended(cx, &owner, record, intent)
+            && (record.owner.is_none() || record.owner.as_deref() == owner)
+            && self.intended(cx, owner, record, intent)
         {
             tracing::warn!(
                 release = %self.id(), record = %record.secret, status = %record.status,
@@ -210,7 +224,7 @@ impl HelmRelease {
             let (unsigned, rest): (Vec<_>, Vec<_>) =
                 unverified.into_iter().partition(|(record, _)| {
                     record.mac.is_none()
-                        && record.owner.as_deref().is_none_or(|o| o == owner)
+                        && (record.owner.is_none() || record.owner.as_deref() == owner)
                         && record.payload.is_ok()
                 });
             unverified = rest;
@@ -248,7 +262,7 @@ impl HelmRelease {
     fn intended(
         &self,
         cx: &Context,
-        owner: &str,
+        owner: Option<&str>,
         record: &Record,
         intent: Option<&String>,
     ) -> bool {
@@ -256,7 +270,12 @@ impl HelmRelease {
             return false;
         };
         let revision = number.to_string();
-        let fields = storage::intent_fields(&self.namespace, &self.release, owner, &revision);
+        let fields = storage::intent_fields(
+            &self.namespace,
+            &self.release,
+            owner.unwrap_or_default(),
+            &revision,
+        );
         keys.verify(&fields, mac)
     }
 
@@ -267,12 +286,12 @@ impl HelmRelease {
         let Some(keys) = cx.owner_keys() else {
             return Ok(());
         };
-        let owner = cx.owner_identity();
+        let owner = release_owner(cx);
         let number = revision.to_string();
         let mac = keys.sign(&storage::intent_fields(
             &self.namespace,
             &self.release,
-            &owner,
+            owner.as_deref().unwrap_or_default(),
             &number,
         ));
         lease::annotate(

@@ -154,16 +154,21 @@ fn record_of(secret: Secret) -> Record {
 /// with `keys`: `Err` says why not, for the report.
 pub(crate) fn verify(
     keys: &OwnerKeys,
-    owner: &str,
+    owner: Option<&str>,
     namespace: &str,
     release: &str,
     record: &Record,
 ) -> std::result::Result<(), String> {
-    match record.owner.as_deref() {
-        None => return Err("it carries no owner (not sealed by this library)".to_owned()),
-        Some(other) if other != owner => return Err(format!("it belongs to owner `{other}`")),
-        Some(_) => {}
+    match (record.owner.as_deref(), owner) {
+        (None, Some(_)) => {
+            return Err("it carries no owner (not sealed by this library)".to_owned());
+        }
+        (Some(other), _) if Some(other) != owner => {
+            return Err(format!("it belongs to owner `{other}`"));
+        }
+        _ => {}
     }
+    let owner = owner.unwrap_or_default();
     let Some(mac) = &record.mac else {
         return Err(
             "it carries no authenticator (written before owner keys were configured, \
@@ -200,18 +205,21 @@ pub(crate) fn verify(
 }
 
 /// Seals the record of `revision` of `namespace/release` for `owner`: its
-/// owner annotation, and with `keys` returns its authenticator (for the
-/// Lease). `None` when there is no such record (helm failed before writing
-/// one). The patch carries the resourceVersion read, so a record changed
-/// meanwhile is not sealed.
+/// owner annotation (when there is an owner), and with `keys` returns its
+/// authenticator (for the Lease). `None` when there is no such record (helm
+/// failed before writing one), or nothing to seal with. The patch carries
+/// the resourceVersion read, so a record changed meanwhile is not sealed.
 pub(crate) async fn seal(
     client: &kube::Client,
     keys: Option<&OwnerKeys>,
-    owner: &str,
+    owner: Option<&str>,
     namespace: &str,
     release: &str,
     revision: u32,
 ) -> Result<Option<String>> {
+    if keys.is_none() && owner.is_none() {
+        return Ok(None);
+    }
     let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
     let name = format!("sh.helm.release.v1.{release}.v{revision}");
     let Some(secret) = secrets.get_opt(&name).await.map_err(|e| {
@@ -226,7 +234,11 @@ pub(crate) async fn seal(
     let resource_version = secret.metadata.resource_version.clone();
     let record = record_of(secret);
     let labels_match = record.number == Some(revision);
-    let annotations = BTreeMap::from([(OWNER_ANNOTATION, Value::from(owner))]);
+    let annotations: BTreeMap<&str, Value> = owner
+        .map(|owner| (OWNER_ANNOTATION, Value::from(owner)))
+        .into_iter()
+        .collect();
+    let owner = owner.unwrap_or_default();
     let mut sealed = None;
     if let Some(keys) = keys {
         let payload = record.payload.as_ref().map_err(|e| {
@@ -312,13 +324,13 @@ mod tests {
         let sealed = payload("deployed", "kind: ConfigMap");
         let mac = signed(&keys, "me", &sealed);
         let ok = record(&sealed, "me", Some(mac.clone()));
-        assert_eq!(verify(&keys, "me", "apps", "web", &ok), Ok(()));
+        assert_eq!(verify(&keys, Some("me"), "apps", "web", &ok), Ok(()));
         // helm supersedes it and reruns its hooks: still ours.
         let mut superseded = payload("superseded", "kind: ConfigMap");
         superseded["hooks"][0]["last_run"] = json!({"phase": "Succeeded"});
         superseded["info"]["description"] = json!("Superseded");
         let later = record(&superseded, "me", Some(mac.clone()));
-        assert_eq!(verify(&keys, "me", "apps", "web", &later), Ok(()));
+        assert_eq!(verify(&keys, Some("me"), "apps", "web", &later), Ok(()));
         // A manifest or a hook edited by a tenant: forged.
         let edited = record(
             &payload("deployed", "kind: ClusterRole"),
@@ -326,7 +338,7 @@ mod tests {
             Some(mac.clone()),
         );
         assert!(
-            verify(&keys, "me", "apps", "web", &edited)
+            verify(&keys, Some("me"), "apps", "web", &edited)
                 .unwrap_err()
                 .contains("does not verify")
         );
@@ -335,7 +347,7 @@ mod tests {
         assert!(
             verify(
                 &keys,
-                "me",
+                Some("me"),
                 "apps",
                 "web",
                 &record(&hook, "me", Some(mac.clone()))
@@ -346,7 +358,7 @@ mod tests {
         assert!(
             verify(
                 &keys,
-                "me",
+                Some("me"),
                 "apps",
                 "web",
                 &record(&sealed, "you", Some(mac.clone()))
@@ -355,23 +367,29 @@ mod tests {
             .contains("owner `you`")
         );
         assert!(
-            verify(&keys, "me", "apps", "web", &record(&sealed, "me", None))
-                .unwrap_err()
-                .contains("no authenticator")
+            verify(
+                &keys,
+                Some("me"),
+                "apps",
+                "web",
+                &record(&sealed, "me", None)
+            )
+            .unwrap_err()
+            .contains("no authenticator")
         );
         let other = OwnerKeys::new(vec![4; 32]).unwrap();
-        assert!(verify(&other, "me", "apps", "web", &ok).is_err());
+        assert!(verify(&other, Some("me"), "apps", "web", &ok).is_err());
         let mut moved = record(&sealed, "me", Some(mac));
         moved.number = Some(3);
         assert!(
-            verify(&keys, "me", "apps", "web", &moved)
+            verify(&keys, Some("me"), "apps", "web", &moved)
                 .unwrap_err()
                 .contains("revision 2, its labels revision 3")
         );
         // A status label that is not the content's.
         let mut relabelled = record(&sealed, "me", Some(signed(&keys, "me", &sealed)));
         relabelled.status = "pending-install".to_owned();
-        assert!(verify(&keys, "me", "apps", "web", &relabelled).is_err());
+        assert!(verify(&keys, Some("me"), "apps", "web", &relabelled).is_err());
     }
 
     #[test]
@@ -386,7 +404,7 @@ mod tests {
             payload: Err("not base64".to_owned()),
         };
         assert!(
-            verify(&keys, "me", "apps", "web", &record)
+            verify(&keys, Some("me"), "apps", "web", &record)
                 .unwrap_err()
                 .contains("does not decode")
         );
