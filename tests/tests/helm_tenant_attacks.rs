@@ -30,6 +30,7 @@ both_helms!(
     a_forged_deployed_record_listing_an_object_as_removed_never_has_it_deleted,
     a_second_owner_naming_the_same_release_is_refused_and_the_first_release_is_intact,
     a_first_install_with_create_namespace_takes_the_lease_before_helm_runs,
+    a_record_our_own_run_left_unsealed_is_replaced_never_uninstalled,
 );
 
 /// The operator: an owner, and the key only it can read.
@@ -415,4 +416,104 @@ async fn a_first_install_with_create_namespace_takes_the_lease_before_helm_runs(
     until_not_yield(&cx, &app, false).await.expect("installs");
     until_not_yield(&cx, &app, true).await.expect("uninstalls");
     let _ = namespaces.delete(&name, &DeleteParams::default()).await;
+}
+
+/// Removes what sealing revision `revision` wrote (as if the process died
+/// between helm's write and the seal), and the run's intent with `intent`.
+async fn unseal(ns: &TestNamespace, release: &str, revision: u32, intent: bool) {
+    let mut lease_annotations = serde_json::Map::new();
+    lease_annotations.insert(format!("{RECORD_SEAL_PREFIX}{revision}"), json!(null));
+    if intent {
+        lease_annotations.insert("provisioners.dev/helm-intent".to_owned(), json!(null));
+    }
+    ns.api::<Lease>()
+        .patch(
+            &format!("provisioners-helm.{release}"),
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"metadata": {"annotations": lease_annotations}})),
+        )
+        .await
+        .expect("unseal the Lease");
+    ns.api::<Secret>()
+        .patch(
+            &format!("sh.helm.release.v1.{release}.v{revision}"),
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(
+                json!({"metadata": {"annotations": {RECORD_OWNER_ANNOTATION: null}}}),
+            ),
+        )
+        .await
+        .expect("unseal the record");
+}
+
+async fn a_record_our_own_run_left_unsealed_is_replaced_never_uninstalled(helm: PathBuf) {
+    let ns = TestNamespace::create("helm-unsealed")
+        .await
+        .expect("namespace");
+    let cx = operator("helm-crash-op").await;
+    let with =
+        |greeting: &str| release(&helm, ns.name(), "app").set("greeting", greeting.to_owned());
+    until_not_yield(&cx, &with("one"), false)
+        .await
+        .expect("installs");
+    until_not_yield(&cx, &with("two"), false)
+        .await
+        .expect("upgrades");
+    let settings: Api<ConfigMap> = ns.api();
+    let uid = settings
+        .get("app-settings")
+        .await
+        .expect("ConfigMap")
+        .metadata
+        .uid;
+    // The process died after helm wrote revision 2, before sealing it: the
+    // signed intent on the Lease says it was ours. It is replaced by a new
+    // run, never uninstalled: the ConfigMap is the same object throughout.
+    unseal(&ns, "app", 2, false).await;
+    until_not_yield(&cx, &with("three"), false)
+        .await
+        .expect("converges");
+    let now = settings.get("app-settings").await.expect("ConfigMap");
+    assert_eq!(now.metadata.uid, uid, "adopted, never deleted");
+    assert_eq!(
+        now.data.and_then(|d| d.get("greeting").cloned()).as_deref(),
+        Some("three")
+    );
+    let sealed = records(&ns, "app").await;
+    assert!(
+        sealed.iter().any(
+            |r| r.metadata.name.as_deref() == Some("sh.helm.release.v1.app.v2")
+                && annotation(r, RECORD_OWNER_ANNOTATION) == Some("standalone:helm-crash-op")
+        ),
+        "revision 2 written again, and sealed"
+    );
+    // Without the intent (a record nobody can show is ours): reported.
+    unseal(&ns, "app", 2, true).await;
+    let error = until_not_yield(&cx, &with("four"), false)
+        .await
+        .expect_err("an unsealed record without our intent");
+    assert_eq!(error.kind(), ErrorKind::Failed, "{error}");
+    assert!(
+        error.message().contains("sh.helm.release.v1.app.v2"),
+        "{error}"
+    );
+    let error = until_not_yield(&cx, &with("four"), true)
+        .await
+        .expect_err("no uninstall either");
+    assert_eq!(error.kind(), ErrorKind::Failed, "{error}");
+    assert!(
+        settings
+            .get_opt("app-settings")
+            .await
+            .expect("read")
+            .is_some()
+    );
+    // The operator adopts it once (it knows nobody else wrote there).
+    let adopt = with("four").adopt_unsigned_records(true);
+    until_not_yield(&cx, &adopt, false)
+        .await
+        .expect("adopted and upgraded");
+    until_not_yield(&cx, &with("four"), true)
+        .await
+        .expect("uninstalls");
 }
