@@ -159,14 +159,13 @@ pub(crate) fn verify(
     release: &str,
     record: &Record,
 ) -> std::result::Result<(), String> {
-    match (record.owner.as_deref(), owner) {
-        (None, Some(_)) => {
-            return Err("it carries no owner (not sealed by this library)".to_owned());
-        }
-        (Some(other), _) if Some(other) != owner => {
-            return Err(format!("it belongs to owner `{other}`"));
-        }
-        _ => {}
+    // helm drops the record's annotations when it supersedes or uninstalls
+    // it: a record without one may still be ours (the authenticator binds
+    // the owner); one naming another owner is not.
+    if let Some(other) = record.owner.as_deref()
+        && Some(other) != owner
+    {
+        return Err(format!("it belongs to owner `{other}`"));
     }
     let owner = owner.unwrap_or_default();
     let Some(mac) = &record.mac else {
@@ -377,6 +376,12 @@ mod tests {
             .unwrap_err()
             .contains("no authenticator")
         );
+        // helm superseded it, dropping the record's annotations: still ours.
+        let dropped = Record {
+            owner: None,
+            ..record(&superseded, "me", Some(mac.clone()))
+        };
+        assert_eq!(verify(&keys, Some("me"), "apps", "web", &dropped), Ok(()));
         let other = OwnerKeys::new(vec![4; 32]).unwrap();
         assert!(verify(&other, Some("me"), "apps", "web", &ok).is_err());
         let mut moved = record(&sealed, "me", Some(mac));
