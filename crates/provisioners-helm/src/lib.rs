@@ -29,6 +29,48 @@
 //! [source](std::error::Error::source) is a [`HelmFailure`]: exit code,
 //! signal and helm's redacted stderr.
 //!
+//! # Records we can prove we wrote
+//!
+//! helm keeps a release's records as Secrets in the release's namespace,
+//! where a tenant may write Secrets too, and it deletes what a record lists
+//! (uninstall, rollback, the objects an upgrade drops). So, right after each
+//! helm run that writes a record, this crate *seals* it: the annotation
+//! [`RECORD_OWNER_ANNOTATION`] names the context's
+//! [`Owner`](provisioners_core::Owner) (none for a tree without one: a
+//! release is keyed by name and namespace, not by where it sits in a tree),
+//! and, with [owner keys](provisioners_core::Context::with_owner_keys),
+//! an HMAC-SHA256 over release namespace, name, revision, owner and a hash
+//! of everything in the record that helm acts on (all but `info` and the
+//! hooks' `last_run`, which helm rewrites itself) is kept on the release's
+//! Lease, as [`RECORD_SEAL_PREFIX`] and the revision (helm replaces a record
+//! whole when it supersedes or uninstalls it, dropping the record's own
+//! annotations; it never touches the Lease). Then:
+//!
+//! * **Release owners**, with an `Owner`, with or without keys: `provision`
+//!   and `deprovision` refuse (`Invalid`, naming the release and the other
+//!   owner) a release whose records name another owner, as a `Manifest`
+//!   refuses foreign objects. A release no owner has sealed yet is taken.
+//! * **Records that verify**, with keys: before helm acts on a release's
+//!   records (recovery of a pending record, upgrade, drift repair,
+//!   uninstall), every record must verify, and be in the order helm leaves
+//!   them (one `deployed`, older ones `superseded`). One that does not is
+//!   reported as `Failed`, naming the Secret and what to do; helm does not
+//!   run, so nothing a tenant listed is uninstalled, rolled back or deleted.
+//! * **The crash window.** helm writes its record before the seal. Before
+//!   each run that writes a revision, the pass signs its intent on the
+//!   release's Lease; a record of that revision found unsealed later (the
+//!   process died in between) is deleted, never acted on, and helm runs
+//!   again from the newest record that verifies, adopting the objects the
+//!   interrupted run made. A live holder's run in flight is never touched.
+//! * **Without keys** records carry the owner only and recovery is what it
+//!   always was: keys are what make records tenant-proof. Records written
+//!   before keys were configured carry no authenticator and are reported,
+//!   unless [`HelmRelease::adopt_unsigned_records`] seals them once.
+//! * **The first install** with
+//!   [`create_namespace`](HelmRelease::create_namespace) creates the
+//!   namespace itself (annotated with the owner) and takes the Lease before
+//!   helm runs.
+//!
 //! What the crate learns about a cluster lives on its
 //! [`Cluster`](provisioners_core::Cluster), not in statics: the locks that
 //! serialise work on a release in its [state](provisioners_core::Cluster::state),
@@ -147,4 +189,7 @@ pub use credentials::Credentials;
 pub use failure::HelmFailure;
 pub use processes::{DEFAULT_MAX_HELM_PROCESSES, HelmProcesses};
 pub use release::{DEFAULT_GRACE, DEFAULT_HOOK_TIMEOUT, DEFAULT_PASS_TIMEOUT, Drift, HelmRelease};
-pub use storage::{DIGEST_LABEL, REVISION_LABEL};
+pub use storage::{
+    DIGEST_LABEL, OWNER_ANNOTATION as RECORD_OWNER_ANNOTATION, REVISION_LABEL,
+    SEAL_PREFIX as RECORD_SEAL_PREFIX,
+};

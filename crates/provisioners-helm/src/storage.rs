@@ -14,6 +14,13 @@ use serde::Deserialize;
 
 use crate::objects::Seen;
 
+mod seal;
+
+pub(crate) use self::seal::{
+    INTENT_ANNOTATION, Record, SEALS_KEPT, intent_fields, records, seal, verify,
+};
+pub use self::seal::{OWNER_ANNOTATION, SEAL_PREFIX};
+
 /// The label in which the digest of chart, version and values is stored on
 /// the release record (passed to helm with `--labels`).
 pub const DIGEST_LABEL: &str = "provisioners.dev/helm-digest";
@@ -49,6 +56,10 @@ pub(crate) struct Revision {
     /// The record's resourceVersion as listed: a cached decoding of it is
     /// current while this is unchanged.
     pub(crate) resource_version: Option<String>,
+    /// The release's owner: the [`OWNER_ANNOTATION`] of the newest record
+    /// that carries one (helm's own rewrites drop annotations, and a revision
+    /// made by hand has none). `None` for a release no owner has stamped.
+    pub(crate) owner: Option<String>,
 }
 
 /// The annotation in which the objects of an uninstalled release, with their
@@ -107,6 +118,12 @@ pub(crate) async fn latest(
                     .as_ref()
                     .and_then(|a| a.get(UNINSTALLED_ANNOTATION))
                     .and_then(|json| serde_json::from_str(json).ok()),
+                owner: item
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(OWNER_ANNOTATION))
+                    .cloned(),
                 resource_version: item.metadata.resource_version,
                 secret: item.metadata.name?,
                 deployed_before: None,
@@ -121,6 +138,11 @@ pub(crate) async fn latest(
         .filter(|r| r.number < latest.number && r.status == "deployed")
         .map(|r| r.number)
         .max();
+    latest.owner = revisions
+        .iter()
+        .filter(|r| r.owner.is_some())
+        .max_by_key(|r| r.number)
+        .and_then(|r| r.owner.clone());
     Ok(Some(latest))
 }
 
@@ -184,6 +206,20 @@ pub(crate) struct Payload {
     /// The values the revision was made with (never shown: they may hold secrets).
     #[serde(default)]
     pub(crate) config: Option<Values>,
+    /// The release's name, as helm wrote it in the record.
+    #[serde(default)]
+    pub(crate) name: String,
+    /// The release's namespace, as helm wrote it in the record.
+    #[serde(default)]
+    pub(crate) namespace: String,
+    /// The revision, as helm wrote it in the record (helm orders by it).
+    #[serde(default)]
+    pub(crate) version: u32,
+    /// SHA-256 (hex) of everything in the record that helm acts on: the
+    /// canonical JSON without `info` and the hooks' `last_run`, which helm
+    /// rewrites itself (superseding, uninstalling). Not in the record.
+    #[serde(skip)]
+    pub(crate) content: String,
 }
 
 /// What a release record (or helm's dry run) says about its chart.
@@ -227,6 +263,9 @@ pub(crate) struct Info {
     /// When helm started this revision (RFC 3339, helm's own clock).
     #[serde(default)]
     pub(crate) last_deployed: Option<String>,
+    /// `deployed`, `superseded`, `pending-install`, ...
+    #[serde(default)]
+    pub(crate) status: String,
 }
 
 /// The most a record may decompress to: Kubernetes caps a Secret at 1 MiB,
@@ -337,7 +376,13 @@ fn decode(data: &[u8]) -> std::result::Result<Payload, String> {
     } else {
         raw
     };
-    serde_json::from_slice(&json).map_err(|e| format!("not a release: {e}"))
+    let value: serde_json::Value =
+        serde_json::from_slice(&json).map_err(|e| format!("not a release: {e}"))?;
+    let content = seal::content_of(&value);
+    let mut payload: Payload =
+        serde_json::from_value(value).map_err(|e| format!("not a release: {e}"))?;
+    payload.content = content;
+    Ok(payload)
 }
 
 /// Keeps `seen` on the record `secret` (see [`UNINSTALLED_ANNOTATION`]).

@@ -206,6 +206,70 @@ async fn try_acquire(
     }
 }
 
+/// Merges `annotations` (a `null` removes one) into those of the Lease of
+/// `release` (held by this process: the caller holds it). A read and an
+/// update at the version read, as renewing does (no `patch` right needed),
+/// tried again when the renewal got in between.
+pub(super) async fn annotate(
+    client: &kube::Client,
+    namespace: &str,
+    release: &str,
+    annotations: serde_json::Value,
+) -> Result<()> {
+    let leases: Api<Lease> = Api::namespaced(client.clone(), namespace);
+    let name = name(release);
+    let failed = |e| {
+        Error::kube(
+            format_args!("annotating the Lease of release `{namespace}/{release}`"),
+            e,
+        )
+    };
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let mut lease = leases.get(&name).await.map_err(failed)?;
+        let current = lease
+            .metadata
+            .annotations
+            .get_or_insert_with(Default::default);
+        if let serde_json::Value::Object(changes) = &annotations {
+            for (key, value) in changes {
+                match value.as_str() {
+                    Some(value) => {
+                        current.insert(key.clone(), value.to_owned());
+                    }
+                    None => {
+                        current.remove(key);
+                    }
+                }
+            }
+        }
+        match leases.replace(&name, &PostParams::default(), &lease).await {
+            Ok(_) => return Ok(()),
+            Err(kube::Error::Api(status)) if status.code == 409 && tries < 5 => {}
+            Err(e) => return Err(failed(e)),
+        }
+    }
+}
+
+/// The annotations of the Lease of `release` (none without a Lease).
+pub(super) async fn annotations(
+    client: &kube::Client,
+    namespace: &str,
+    release: &str,
+) -> Result<std::collections::BTreeMap<String, String>> {
+    let leases: Api<Lease> = Api::namespaced(client.clone(), namespace);
+    let lease = leases.get_opt(&name(release)).await.map_err(|e| {
+        Error::kube(
+            format_args!("reading the Lease of release `{namespace}/{release}`"),
+            e,
+        )
+    })?;
+    Ok(lease
+        .and_then(|lease| lease.metadata.annotations)
+        .unwrap_or_default())
+}
+
 /// Yields while another live holder has the Lease of `release`, as taking
 /// it would; reads only (a plan takes no Lease).
 pub(super) async fn check_free(

@@ -6,7 +6,8 @@
 //! per release), [`lease`] (one process per release), [`recovery`] (pending
 //! records), [`live`] (the release's objects now), [`ready`] (readiness
 //! instead of `--wait`), [`drift`] (repair on a no-op), [`gate`] (the
-//! deletion gate), [`run`] (running helm), [`running`] (a helm run that
+//! deletion gate), [`records`] (release owners, records that verify),
+//! [`run`] (running helm), [`running`] (a helm run that
 //! outlives its pass: [`background`] keeps it, [`probe`] says what it
 //! waits for). [`plan`] says what they would do,
 //! from [`render`] (helm's server-side dry run) and [`compare`] (rendered,
@@ -25,6 +26,7 @@ mod plan;
 mod probe;
 mod provision;
 mod ready;
+mod records;
 mod recovery;
 mod render;
 mod run;
@@ -163,6 +165,7 @@ pub struct HelmRelease {
     hook_timeout: Option<Duration>,
     drift: Drift,
     lease_holder: Option<String>,
+    adopt_unsigned: bool,
     credentials: Option<Credentials>,
     plain_http: bool,
     helm: PathBuf,
@@ -190,6 +193,7 @@ impl HelmRelease {
             hook_timeout: None,
             drift: Drift::default(),
             lease_holder: None,
+            adopt_unsigned: false,
             credentials: None,
             plain_http: false,
             helm: PathBuf::from("helm"),
@@ -267,6 +271,21 @@ impl HelmRelease {
     /// operator passes its pod name, so that its Leases read well.
     pub fn lease_holder(mut self, identity: impl Into<String>) -> Self {
         self.lease_holder = Some(identity.into());
+        self
+    }
+
+    /// With [owner keys](provisioners_core::Context::with_owner_keys):
+    /// seals as this owner's the release's records that carry no
+    /// authenticator (and no other owner), at the next provision or
+    /// deprovision, instead of reporting them (default `false`).
+    ///
+    /// Records written before owner keys were configured carry none, and
+    /// with keys a release whose records do not verify is never upgraded,
+    /// recovered or uninstalled (a tenant may have written them). Turn this
+    /// on once, for the migration, when nobody but the operator can have
+    /// written records in the release's namespace; then off again.
+    pub fn adopt_unsigned_records(mut self, adopt: bool) -> Self {
+        self.adopt_unsigned = adopt;
         self
     }
 

@@ -133,6 +133,10 @@ impl HelmRelease {
         let values = self.merged_values()?;
         let digest = self.digest(&values).await?;
         let latest = storage::latest(cx.client(), &self.namespace, &self.release).await?;
+        if let Some(revision) = &latest {
+            // Provision would refuse another owner's release.
+            self.refuse_foreign(cx, revision, "upgrade")?;
+        }
         if let Some(revision) = &latest
             && revision.is_deployed_with(digest.as_deref())
         {
@@ -368,6 +372,7 @@ impl HelmRelease {
         else {
             return Ok(node.with_release(self.release_plan(ReleaseAction::Absent)));
         };
+        self.refuse_foreign(cx, &latest, "uninstall")?;
         lease::check_free(cx.client(), &self.namespace, &self.release, self.holder()).await?;
         let payload = storage::payload(cx.client(), &self.namespace, &latest.secret)
             .await?
@@ -485,6 +490,7 @@ mod pure {
             deployed_before,
             uninstalled: None,
             resource_version: None,
+            owner: None,
         }
     }
 

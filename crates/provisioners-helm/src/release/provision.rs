@@ -41,7 +41,7 @@ impl HelmRelease {
 
     /// Takes the release's Lease for the rest of this call (and the helm it
     /// runs), or yields while another process holds it.
-    async fn take_lease(&self, cx: &Context, serialised: &Serialised) -> Result<()> {
+    pub(super) async fn take_lease(&self, cx: &Context, serialised: &Serialised) -> Result<()> {
         if serialised.has_lease() {
             return Ok(());
         }
@@ -195,8 +195,15 @@ impl HelmRelease {
                 seen: seen.clone(),
                 record: latest.secret.clone(),
             };
-            self.uninstall(cx, serialised, false, operation, purpose)
-                .await?;
+            self.uninstall(
+                cx,
+                serialised,
+                false,
+                operation,
+                purpose,
+                Some(latest.number),
+            )
+            .await?;
             return Ok(seen);
         }
         storage::remember_uninstalled(cx.client(), &self.namespace, &latest.secret, &seen).await?;
@@ -249,6 +256,9 @@ impl Provisioner for HelmRelease {
         }
 
         let mut latest = storage::latest(cx.client(), &self.namespace, &self.release).await?;
+        if let Some(revision) = &latest {
+            self.refuse_foreign(cx, revision, "upgrade")?;
+        }
         let mut repair = None;
         if let Some(revision) = &latest
             && revision.is_deployed_with(digest.as_deref())
@@ -259,18 +269,32 @@ impl Provisioner for HelmRelease {
                 return Ok(());
             }
         }
-        self.take_lease(cx, &serialised).await?;
-        if repair.is_none() {
+        self.take_lease_creating(cx, &serialised, latest.is_none())
+            .await?;
+        if repair.is_some() {
+            // Repaired from the records helm will diff against: ours only.
+            if self.trust_records(cx).await? {
+                return Err(self.record_changed());
+            }
+        } else {
             // Read again under the Lease: a pending record now is not another
             // process's work in progress.
             latest = storage::latest(cx.client(), &self.namespace, &self.release).await?;
             if let Some(revision) = &latest {
+                self.refuse_foreign(cx, revision, "upgrade")?;
                 if revision.is_deployed_with(digest.as_deref()) {
                     return self.settled(cx, revision).await;
                 }
-                if self.recover(cx, &serialised, revision).await? {
+                // With owner keys, helm acts on no record we cannot prove
+                // we wrote (one our own interrupted run left unsealed is removed).
+                if self.trust_records(cx).await? {
                     latest = storage::latest(cx.client(), &self.namespace, &self.release).await?;
                 }
+            }
+            if let Some(revision) = &latest
+                && self.recover(cx, &serialised, revision).await?
+            {
+                latest = storage::latest(cx.client(), &self.namespace, &self.release).await?;
             }
         }
         // helm numbers the revision it is about to write one past the newest.
@@ -287,6 +311,10 @@ impl Provisioner for HelmRelease {
                 self.id()
             ))
         })?;
+        if serialised.has_lease() {
+            self.intend(cx, next).await?;
+        }
+        let sealing = self.sealing(cx);
         tracing::info!(release = %self.id(), chart = %self.chart, "helm upgrade --install");
         let this = self.clone();
         let repaired = repair.map(|r| r.digest);
@@ -312,17 +340,21 @@ impl Provisioner for HelmRelease {
                     revision: next,
                     repair: repaired.as_deref(),
                 });
-                this.run_helm_in(&cx, "upgrade --install", &values, &work, None, |work| {
-                    let kubeconfig = work.write_kubeconfig(kubeconfig)?;
-                    let values = work.write_private("values.json", &values_json)?;
-                    let mut args = this.upgrade_args(major, &kubeconfig, &values, stamp, fresh);
-                    if force_conflicts && major == version::Major::Four {
-                        args.push("--force-conflicts".into());
-                    }
-                    Ok(args)
-                })
-                .await
-                .map(drop)
+                let ran = this
+                    .run_helm_in(&cx, "upgrade --install", &values, &work, None, |work| {
+                        let kubeconfig = work.write_kubeconfig(kubeconfig)?;
+                        let values = work.write_private("values.json", &values_json)?;
+                        let mut args = this.upgrade_args(major, &kubeconfig, &values, stamp, fresh);
+                        if force_conflicts && major == version::Major::Four {
+                            args.push("--force-conflicts".into());
+                        }
+                        Ok(args)
+                    })
+                    .await
+                    .map(drop);
+                // Still under the Lease: the record helm wrote, whatever the outcome.
+                let sealed = this.seal(&cx, &sealing, next).await;
+                ran.and(sealed)
             },
         )
         .await?;
@@ -342,10 +374,10 @@ impl Provisioner for HelmRelease {
         self.validate_names()?;
         self.collect(cx, Operation::Deprovision, None).await?;
         let serialised = self.try_lock(cx)?;
-        if storage::latest(cx.client(), &self.namespace, &self.release)
-            .await?
-            .is_none()
-        {
+        let first = storage::latest(cx.client(), &self.namespace, &self.release).await?;
+        if let Some(revision) = &first {
+            self.refuse_foreign(cx, revision, "uninstall")?;
+        } else {
             // Gone; a Lease may still be left from a deprovision that
             // stopped right before deleting it.
             return lease::remove_leftover(
@@ -357,10 +389,18 @@ impl Provisioner for HelmRelease {
             .await;
         }
         self.take_lease(cx, &serialised).await?;
-        let Some(latest) = storage::latest(cx.client(), &self.namespace, &self.release).await?
+        let Some(mut latest) = storage::latest(cx.client(), &self.namespace, &self.release).await?
         else {
             return Ok(());
         };
+        self.refuse_foreign(cx, &latest, "uninstall")?;
+        if self.trust_records(cx).await? {
+            let Some(again) = storage::latest(cx.client(), &self.namespace, &self.release).await?
+            else {
+                return Ok(());
+            };
+            latest = again;
+        }
         let seen = self
             .uninstalled(cx, &serialised, &latest, Operation::Deprovision)
             .await?;

@@ -33,6 +33,7 @@ impl HelmRelease {
                 true,
                 Operation::Provision,
                 Purpose::Recovery,
+                None,
             )
             .await?;
             storage::forget_all(cx.client(), &self.namespace, &self.release).await?;
@@ -48,7 +49,10 @@ impl HelmRelease {
                 // Back to the last deployed revision, diffed against the
                 // interrupted one: fields it set that the chart does not are
                 // removed (an upgrade from the deployed revision would keep them).
-                Some(deployed) => self.rollback(cx, serialised, deployed).await?,
+                Some(deployed) => {
+                    self.rollback(cx, serialised, deployed, revision.number + 1)
+                        .await?;
+                }
                 None => storage::forget(cx.client(), &self.namespace, revision).await?,
             }
             Ok(true)

@@ -194,8 +194,13 @@ impl HelmRelease {
         cx: &Context,
         serialised: &Serialised,
         revision: u32,
+        writes: u32,
     ) -> Result<()> {
         self.kubeconfig(cx)?;
+        if serialised.has_lease() {
+            self.intend(cx, writes).await?;
+        }
+        let sealing = self.sealing(cx);
         let this = self.clone();
         self.in_background(
             cx,
@@ -205,12 +210,15 @@ impl HelmRelease {
             Purpose::Recovery,
             move |cx, work| async move {
                 let kubeconfig = this.kubeconfig(&cx)?;
-                this.run_helm_in(&cx, "rollback", &Value::Null, &work, None, |work| {
-                    let kubeconfig = work.write_kubeconfig(kubeconfig)?;
-                    Ok(this.rollback_args(&kubeconfig, revision))
-                })
-                .await
-                .map(drop)
+                let ran = this
+                    .run_helm_in(&cx, "rollback", &Value::Null, &work, None, |work| {
+                        let kubeconfig = work.write_kubeconfig(kubeconfig)?;
+                        Ok(this.rollback_args(&kubeconfig, revision))
+                    })
+                    .await
+                    .map(drop);
+                let sealed = this.seal(&cx, &sealing, writes).await;
+                ran.and(sealed)
             },
         )
         .await
@@ -225,9 +233,11 @@ impl HelmRelease {
         background: bool,
         operation: Operation,
         purpose: Purpose,
+        seal: Option<u32>,
     ) -> Result<()> {
         self.kubeconfig(cx)?;
         let background = background || cx.background_deletion();
+        let sealing = self.sealing(cx);
         let this = self.clone();
         self.in_background(
             cx,
@@ -237,12 +247,18 @@ impl HelmRelease {
             purpose,
             move |cx, work| async move {
                 let kubeconfig = this.kubeconfig(&cx)?;
-                this.run_helm_in(&cx, "uninstall", &Value::Null, &work, None, |work| {
-                    let kubeconfig = work.write_kubeconfig(kubeconfig)?;
-                    Ok(this.uninstall_args(&kubeconfig, background))
-                })
-                .await
-                .map(drop)
+                let ran = this
+                    .run_helm_in(&cx, "uninstall", &Value::Null, &work, None, |work| {
+                        let kubeconfig = work.write_kubeconfig(kubeconfig)?;
+                        Ok(this.uninstall_args(&kubeconfig, background))
+                    })
+                    .await
+                    .map(drop);
+                // helm rewrote the record, dropping our annotations: the
+                // release stays this owner's until its records are gone.
+                let Some(revision) = seal else { return ran };
+                let sealed = this.seal(&cx, &sealing, revision).await;
+                ran.and(sealed)
             },
         )
         .await

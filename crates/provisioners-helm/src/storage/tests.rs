@@ -134,6 +134,7 @@ mod records {
                 deployed_before: Some(2),
                 uninstalled: None,
                 resource_version: None,
+                owner: None,
             }
         );
         assert!(latest.is_pending());
@@ -314,6 +315,7 @@ mod records {
             deployed_before: None,
             uninstalled: None,
             resource_version: None,
+            owner: None,
         }
     }
 

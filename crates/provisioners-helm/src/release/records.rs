@@ -1,0 +1,386 @@
+//! Whose a release is, and whether its records are ours to act on (see
+//! [`storage::seal`](crate::storage)).
+//!
+//! * **Release owners.** With an [`Owner`](provisioners_core::Owner) on the
+//!   context, every record this crate has helm write is sealed with the
+//!   owner's identity; upgrade and uninstall refuse a release whose newest
+//!   owner annotation names another owner, as a `Manifest` refuses foreign
+//!   objects. With or without owner keys. A tree without an `Owner` stamps
+//!   and checks no owner: a release stays keyed by its name and namespace
+//!   only, wherever it moves in the tree (the owner field signed is empty).
+//! * **Records that verify.** With [`OwnerKeys`](provisioners_core::OwnerKeys)
+//!   on the context, before helm acts on a release's records (recovery of a
+//!   pending record, upgrade, drift repair, uninstall) every record of the
+//!   release must verify. One that does not is reported (`Failed`, naming
+//!   the Secret and what to do) and helm does not run: nothing a tenant
+//!   wrote is uninstalled or rolled back, nor deleted as "removed".
+//! * **The crash window.** helm writes its record before the seal: a record
+//!   left unsealed by a process that died in between (pending, or already
+//!   deployed) is recognised by the signed intent the run left on the
+//!   release's Lease (its revision, our owner): it is *deleted*, never acted
+//!   on (no uninstall, no rollback), and helm runs again from the newest
+//!   record that verifies, adopting the objects the interrupted run made. A
+//!   live holder's own run in flight is never touched (the Lease yields).
+//! * **Before keys.** Without keys records carry the owner only, and
+//!   recovery is what it always was (keys are what make it tenant-proof).
+//!   Records written before keys were configured carry no authenticator:
+//!   they are reported, unless [`adopt_unsigned_records`](HelmRelease::adopt_unsigned_records)
+//!   is on, when they are sealed as ours at the next provision or
+//!   deprovision (a one-time migration, after checking that nobody else
+//!   could have written them).
+
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{Api, PostParams};
+use provisioners_core::{Context, Error, OwnerKeys, Result};
+
+use super::HelmRelease;
+use super::lease;
+use super::lock::Serialised;
+use crate::storage::{self, INTENT_ANNOTATION, Record, Revision};
+
+/// Who seals the records of a run, taken from the pass's context before
+/// the run starts.
+pub(super) struct Sealing {
+    keys: Option<OwnerKeys>,
+    owner: Option<String>,
+}
+
+/// The owner a release is held for: the context's explicit
+/// [`Owner`](provisioners_core::Owner), if any (a tree's own identity
+/// follows its root's name, and a release does not).
+pub(super) fn release_owner(cx: &Context) -> Option<String> {
+    cx.owner().map(provisioners_core::Owner::identity)
+}
+
+impl HelmRelease {
+    /// The sealing of runs started from `cx`.
+    pub(super) fn sealing(&self, cx: &Context) -> Sealing {
+        Sealing {
+            keys: cx.owner_keys().cloned(),
+            owner: release_owner(cx),
+        }
+    }
+
+    /// Seals the record of `revision` (see [`storage::seal`]): the owner on
+    /// the record, the authenticator on the Lease (held by this run).
+    pub(super) async fn seal(&self, cx: &Context, sealing: &Sealing, revision: u32) -> Result<()> {
+        let Some(mac) = storage::seal(
+            cx.client(),
+            sealing.keys.as_ref(),
+            sealing.owner.as_deref(),
+            &self.namespace,
+            &self.release,
+            revision,
+        )
+        .await?
+        else {
+            return Ok(());
+        };
+        let mut annotations = serde_json::Map::new();
+        annotations.insert(format!("{}{revision}", storage::SEAL_PREFIX), mac.into());
+        if let Some(old) = revision.checked_sub(storage::SEALS_KEPT) {
+            annotations.insert(
+                format!("{}{old}", storage::SEAL_PREFIX),
+                serde_json::Value::Null,
+            );
+        }
+        lease::annotate(
+            cx.client(),
+            &self.namespace,
+            &self.release,
+            annotations.into(),
+        )
+        .await
+    }
+
+    /// Takes the release's Lease; for a first install with
+    /// [`create_namespace`](HelmRelease::create_namespace) into a namespace
+    /// that does not exist yet, creates the namespace first (annotated with
+    /// our owner), so helm never runs without the Lease.
+    pub(super) async fn take_lease_creating(
+        &self,
+        cx: &Context,
+        serialised: &Serialised,
+        fresh: bool,
+    ) -> Result<()> {
+        self.take_lease(cx, serialised).await?;
+        if serialised.has_lease() || !(fresh && self.create_namespace) {
+            return Ok(());
+        }
+        let namespaces: Api<Namespace> = Api::all(cx.client().clone());
+        let annotations = match release_owner(cx) {
+            Some(owner) => serde_json::json!({ storage::OWNER_ANNOTATION: owner }),
+            None => serde_json::json!({}),
+        };
+        let namespace: Namespace = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": self.namespace, "annotations": annotations}
+        }))
+        .map_err(|e| Error::invalid(format!("namespace `{}`: {e}", self.namespace)))?;
+        tracing::info!(release = %self.id(), "creating the release's namespace before taking its Lease");
+        match namespaces.create(&PostParams::default(), &namespace).await {
+            Ok(_) => {}
+            // Created meanwhile (or being deleted: the Lease says which).
+            Err(kube::Error::Api(status)) if status.code == 409 => {}
+            Err(e) => {
+                return Err(Error::kube(
+                    format_args!(
+                        "creating namespace `{}` of release `{}`",
+                        self.namespace,
+                        self.id()
+                    ),
+                    e,
+                ));
+            }
+        }
+        self.take_lease(cx, serialised).await?;
+        if serialised.has_lease() {
+            return Ok(());
+        }
+        Err(Error::yielding(format!(
+            "namespace `{}` of release `{}` is being deleted; installing once it is gone",
+            self.namespace,
+            self.id()
+        )))
+    }
+
+    /// An `Invalid` error when another owner holds the release `latest` is
+    /// the newest record of; `what` is the refused action.
+    pub(super) fn refuse_foreign(&self, cx: &Context, latest: &Revision, what: &str) -> Result<()> {
+        let Some(ours) = release_owner(cx) else {
+            return Ok(());
+        };
+        match &latest.owner {
+            Some(other) if *other != ours => Err(Error::invalid(format!(
+                "release `{}` belongs to owner `{other}` (annotation {} on its record {}); \
+                 owner `{ours}` will not {what} it: give one of the two releases another name \
+                 or namespace",
+                self.id(),
+                storage::OWNER_ANNOTATION,
+                latest.secret,
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    /// With owner keys, under the Lease: `Ok(true)` when every record of
+    /// the release verifies, after removing a record our own interrupted
+    /// run left unsealed (then the caller reads the records again);
+    /// otherwise a `Failed` error naming each record that does not verify.
+    /// Without keys: `Ok(false)`, nothing read.
+    pub(super) async fn trust_records(&self, cx: &Context) -> Result<bool> {
+        let Some(keys) = cx.owner_keys() else {
+            return Ok(false);
+        };
+        let owner = release_owner(cx);
+        let owner = owner.as_deref();
+        let mut records = storage::records(cx.client(), &self.namespace, &self.release).await?;
+        let lease = lease::annotations(cx.client(), &self.namespace, &self.release).await?;
+        for record in &mut records {
+            record.mac = record
+                .number
+                .and_then(|n| lease.get(&format!("{}{n}", storage::SEAL_PREFIX)))
+                .cloned();
+        }
+        let intent = lease.get(INTENT_ANNOTATION);
+        let mut unverified: Vec<(&Record, String)> = records
+            .iter()
+            .filter_map(|record| {
+                storage::verify(keys, owner, &self.namespace, &self.release, record)
+                    .err()
+                    .map(|why| (record, why))
+            })
+            .collect();
+        if unverified.is_empty() {
+            return self.in_helms_order(&records).map(|()| false);
+        }
+        // Our own run's record, written by helm but never sealed.
+        let newest = records.iter().filter_map(|r| r.number).max();
+        if let [(record, _)] = unverified.as_slice()
+            && record.number.is_some()
+            && record.number == newest
+            && (record.owner.is_none() || record.owner.as_deref() == owner)
+            && self.intended(cx, owner, record, intent)
+        {
+            tracing::warn!(
+                release = %self.id(), record = %record.secret, status = %record.status,
+                "a record our own interrupted helm run wrote was never sealed; removing it \
+                 (not uninstalling) and running helm again"
+            );
+            let revision = Revision {
+                number: record.number.unwrap_or_default(),
+                status: record.status.clone(),
+                digest: None,
+                repaired: None,
+                secret: record.secret.clone(),
+                deployed_before: None,
+                uninstalled: None,
+                resource_version: None,
+                owner: None,
+            };
+            storage::forget(cx.client(), &self.namespace, &revision).await?;
+            return Ok(true);
+        }
+        if self.adopt_unsigned {
+            let (unsigned, rest): (Vec<_>, Vec<_>) =
+                unverified.into_iter().partition(|(record, _)| {
+                    record.mac.is_none()
+                        && (record.owner.is_none() || record.owner.as_deref() == owner)
+                        && record.payload.is_ok()
+                });
+            unverified = rest;
+            if unverified.is_empty() {
+                for (record, _) in unsigned {
+                    let Some(number) = record.number else {
+                        continue;
+                    };
+                    tracing::warn!(
+                        release = %self.id(), record = %record.secret,
+                        "sealing a record written before owner keys were configured \
+                         (adopt_unsigned_records)"
+                    );
+                    self.seal(cx, &self.sealing(cx), number).await?;
+                }
+                return Ok(true);
+            }
+        }
+        let listed: Vec<String> = unverified
+            .iter()
+            .map(|(record, why)| format!("Secret {}/{}: {why}", self.namespace, record.secret))
+            .collect();
+        Err(Error::failed(format!(
+            "release `{}` has records this owner cannot prove it wrote, so helm will not act on \
+             them (no recovery, upgrade or uninstall): {}. If you wrote them (before owner keys \
+             were configured), set adopt_unsigned_records once; otherwise inspect them \
+             (`helm history`, `kubectl get secret`) and delete the ones that are not genuine",
+            self.id(),
+            listed.join("; ")
+        )))
+    }
+
+    /// Whether `intent` (from the release's Lease) is our signed intent to
+    /// write the revision of `record`.
+    fn intended(
+        &self,
+        cx: &Context,
+        owner: Option<&str>,
+        record: &Record,
+        intent: Option<&String>,
+    ) -> bool {
+        let (Some(keys), Some(number), Some(mac)) = (cx.owner_keys(), record.number, intent) else {
+            return false;
+        };
+        let revision = number.to_string();
+        let fields = storage::intent_fields(
+            &self.namespace,
+            &self.release,
+            owner.unwrap_or_default(),
+            &revision,
+        );
+        keys.verify(&fields, mac)
+    }
+
+    /// With owner keys, before a run that writes `revision`: the signed
+    /// intent on the Lease (held by this pass) that recognises its record
+    /// should the process die before sealing it.
+    pub(super) async fn intend(&self, cx: &Context, revision: u32) -> Result<()> {
+        let Some(keys) = cx.owner_keys() else {
+            return Ok(());
+        };
+        let owner = release_owner(cx);
+        let number = revision.to_string();
+        let mac = keys.sign(&storage::intent_fields(
+            &self.namespace,
+            &self.release,
+            owner.as_deref().unwrap_or_default(),
+            &number,
+        ));
+        lease::annotate(
+            cx.client(),
+            &self.namespace,
+            &self.release,
+            serde_json::json!({ INTENT_ANNOTATION: mac }),
+        )
+        .await
+    }
+
+    /// Records that verify one by one may still have been reordered (a
+    /// sealed `deployed` record set back to `superseded`, an old one set to
+    /// `deployed`, to make an old manifest helm's "current"): helm keeps at
+    /// most one `deployed` record, and every `superseded` one is older.
+    fn in_helms_order(&self, records: &[Record]) -> Result<()> {
+        let deployed: Vec<&Record> = records.iter().filter(|r| r.status == "deployed").collect();
+        let odd = match deployed.as_slice() {
+            [] => None,
+            [one] => records
+                .iter()
+                .find(|r| r.status == "superseded" && r.number > one.number)
+                .map(|r| {
+                    format!(
+                        "Secret {}/{} is `superseded` but newer than the `deployed` {}",
+                        self.namespace, r.secret, one.secret
+                    )
+                }),
+            [..] => Some(format!(
+                "{} records are `deployed` ({})",
+                deployed.len(),
+                deployed
+                    .iter()
+                    .map(|r| r.secret.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )),
+        };
+        match odd {
+            None => Ok(()),
+            Some(odd) => Err(Error::failed(format!(
+                "the records of release `{}` are not in the order helm leaves them: {odd}; helm \
+                 will not act on them. Inspect them (`helm history`) and set each status back",
+                self.id()
+            ))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::chart::Chart;
+
+    fn record(number: u32, status: &str) -> Record {
+        Record {
+            secret: format!("sh.helm.release.v1.web.v{number}"),
+            number: Some(number),
+            status: status.to_owned(),
+            owner: None,
+            mac: None,
+            payload: Err(String::new()),
+        }
+    }
+
+    #[test]
+    fn records_out_of_helms_order_are_reported() {
+        let release = HelmRelease::new("web", Chart::local(".")).namespace("apps");
+        let helms = [
+            record(1, "superseded"),
+            record(2, "superseded"),
+            record(3, "deployed"),
+            record(4, "failed"),
+        ];
+        assert!(release.in_helms_order(&helms).is_ok());
+        // An old manifest made "current": set back and forth by a tenant.
+        let swapped = [record(1, "deployed"), record(2, "superseded")];
+        let error = release.in_helms_order(&swapped).unwrap_err();
+        assert_eq!(error.kind(), provisioners_core::ErrorKind::Failed);
+        assert!(
+            error.message().contains("sh.helm.release.v1.web.v2"),
+            "{error}"
+        );
+        let two = [record(1, "deployed"), record(2, "deployed")];
+        let error = release.in_helms_order(&two).unwrap_err();
+        assert!(
+            error.message().contains("2 records are `deployed`"),
+            "{error}"
+        );
+        assert!(release.in_helms_order(&[]).is_ok());
+    }
+}

@@ -1,0 +1,417 @@
+//! Release records we can prove we wrote.
+//!
+//! helm writes its release records itself, in the release's namespace, where
+//! a tenant may write Secrets too; recovery, drift repair, upgrade and
+//! uninstall make helm delete what a record lists. So right after each helm
+//! run that writes a record, the record is *sealed*: annotated with the
+//! owner's identity ([`OWNER_ANNOTATION`]) and, when
+//! [`OwnerKeys`] are configured, authenticated by an HMAC-SHA256 over
+//! release namespace, name, revision, owner and the hash of everything in
+//! the record that helm acts on ([`Payload::content`]). The authenticator
+//! is kept on the release's Lease ([`SEAL_PREFIX`] and the revision), which
+//! helm never rewrites: helm replaces a record whole when it supersedes or
+//! uninstalls it, dropping the record's own annotations. A tenant who
+//! cannot read the key cannot forge one, nor move one to another revision,
+//! release or owner.
+//!
+//! What the authenticator leaves out, on purpose: `info` (status,
+//! description, times) and the hooks' `last_run`, which helm rewrites on
+//! records we sealed (superseding, uninstalling). A tenant who edits the
+//! status of a sealed record can at most make us redo or undo our own
+//! release; the objects helm would act on are still the ones we sealed.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use provisioners_core::{Error, OwnerKeys, Result};
+use serde_json::Value;
+use sha2::{Digest as _, Sha256};
+
+use super::{Payload, decode};
+
+/// The annotation holding the identity of the owner whose tree wrote the
+/// record (see [`Context::owner_identity`](provisioners_core::Context::owner_identity)).
+pub const OWNER_ANNOTATION: &str = "provisioners.dev/helm-owner";
+
+/// The prefix of the annotations on the release's Lease
+/// (`provisioners-helm.RELEASE`) that hold the records' authenticators (hex
+/// HMAC-SHA256), one per revision: `provisioners.dev/helm-seal-v3`.
+pub const SEAL_PREFIX: &str = "provisioners.dev/helm-seal-v";
+
+/// Seals kept on the Lease: the one this many revisions back is dropped
+/// with each new one (helm keeps 10 revisions by default).
+pub(crate) const SEALS_KEPT: u32 = 32;
+
+/// The annotation on the release's Lease naming, signed, the revision the
+/// holder's helm run is about to write: a record of that revision that was
+/// never sealed (the process died between helm's write and the seal) is
+/// known to be ours, and is removed rather than trusted.
+pub(crate) const INTENT_ANNOTATION: &str = "provisioners.dev/helm-intent";
+
+/// Domain separation: no other signed thing of the workspace signs alike.
+const RECORD_TAG: &str = "provisioners-helm/record/1";
+const INTENT_TAG: &str = "provisioners-helm/intent/1";
+
+/// The hash behind [`Payload::content`] of a decoded record.
+pub(super) fn content_of(record: &Value) -> String {
+    let mut record = record.clone();
+    if let Some(map) = record.as_object_mut() {
+        map.remove("info");
+        if let Some(Value::Array(hooks)) = map.get_mut("hooks") {
+            for hook in hooks {
+                if let Some(hook) = hook.as_object_mut() {
+                    hook.remove("last_run");
+                }
+            }
+        }
+    }
+    let mut canonical = Vec::new();
+    crate::values::canonical(&record, &mut canonical);
+    hex(&Sha256::digest(&canonical))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// What the record authenticator signs.
+fn record_fields<'a>(
+    namespace: &'a str,
+    release: &'a str,
+    revision: &'a str,
+    owner: &'a str,
+    content: &'a str,
+) -> [&'a str; 6] {
+    [RECORD_TAG, namespace, release, revision, owner, content]
+}
+
+/// What the intent on the Lease signs: `revision` of `namespace/release`
+/// is being written by a helm run of `owner`.
+pub(crate) fn intent_fields<'a>(
+    namespace: &'a str,
+    release: &'a str,
+    owner: &'a str,
+    revision: &'a str,
+) -> [&'a str; 5] {
+    [INTENT_TAG, namespace, release, owner, revision]
+}
+
+/// One record of a release, read whole.
+#[derive(Debug)]
+pub(crate) struct Record {
+    /// The Secret's name.
+    pub(crate) secret: String,
+    /// The `version` label (`None` when missing or not a number).
+    pub(crate) number: Option<u32>,
+    /// The `status` label.
+    pub(crate) status: String,
+    /// [`OWNER_ANNOTATION`].
+    pub(crate) owner: Option<String>,
+    /// Its authenticator, from the Lease's [`SEAL_PREFIX`] annotations.
+    pub(crate) mac: Option<String>,
+    /// The decoded payload, or why it does not decode.
+    pub(crate) payload: std::result::Result<Payload, String>,
+}
+
+/// Every record of `release` in `namespace`, read whole (one LIST).
+pub(crate) async fn records(
+    client: &kube::Client,
+    namespace: &str,
+    release: &str,
+) -> Result<Vec<Record>> {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    let params = ListParams::default().labels(&format!("owner=helm,name={release}"));
+    let list = secrets.list(&params).await.map_err(|e| {
+        Error::kube(
+            format_args!("reading the records of helm release `{namespace}/{release}`"),
+            e,
+        )
+    })?;
+    Ok(list.items.into_iter().map(record_of).collect())
+}
+
+fn record_of(secret: Secret) -> Record {
+    let labels = secret.metadata.labels.unwrap_or_default();
+    let annotations = secret.metadata.annotations.unwrap_or_default();
+    let data = secret
+        .data
+        .as_ref()
+        .and_then(|data| data.get("release"))
+        .map(|bytes| bytes.0.as_slice())
+        .unwrap_or_default();
+    Record {
+        secret: secret.metadata.name.unwrap_or_default(),
+        number: labels.get("version").and_then(|v| v.parse().ok()),
+        status: labels.get("status").cloned().unwrap_or_default(),
+        owner: annotations.get(OWNER_ANNOTATION).cloned(),
+        mac: None,
+        payload: decode(data),
+    }
+}
+
+/// Whether `record` is one that `owner` sealed for `namespace/release`
+/// with `keys`: `Err` says why not, for the report.
+pub(crate) fn verify(
+    keys: &OwnerKeys,
+    owner: Option<&str>,
+    namespace: &str,
+    release: &str,
+    record: &Record,
+) -> std::result::Result<(), String> {
+    // helm drops the record's annotations when it supersedes or uninstalls
+    // it: a record without one may still be ours (the authenticator binds
+    // the owner); one naming another owner is not.
+    if let Some(other) = record.owner.as_deref()
+        && Some(other) != owner
+    {
+        return Err(format!("it belongs to owner `{other}`"));
+    }
+    let owner = owner.unwrap_or_default();
+    let Some(mac) = &record.mac else {
+        return Err(
+            "it carries no authenticator (written before owner keys were configured, \
+                    or not by us)"
+                .to_owned(),
+        );
+    };
+    let payload = record
+        .payload
+        .as_ref()
+        .map_err(|e| format!("it does not decode ({e})"))?;
+    let Some(number) = record.number else {
+        return Err("its `version` label is not a number".to_owned());
+    };
+    if payload.name != release || payload.namespace != namespace || payload.version != number {
+        return Err(format!(
+            "its content names release `{}/{}` revision {}, its labels revision {number}",
+            payload.namespace, payload.name, payload.version
+        ));
+    }
+    if payload.info.status != record.status {
+        return Err(format!(
+            "its `status` label `{}` is not its content's `{}`",
+            record.status, payload.info.status
+        ));
+    }
+    let revision = number.to_string();
+    let fields = record_fields(namespace, release, &revision, owner, &payload.content);
+    if keys.verify(&fields, mac) {
+        Ok(())
+    } else {
+        Err("its authenticator does not verify (the record was edited or forged)".to_owned())
+    }
+}
+
+/// Seals the record of `revision` of `namespace/release` for `owner`: its
+/// owner annotation (when there is an owner), and with `keys` returns its
+/// authenticator (for the Lease). `None` when there is no such record (helm
+/// failed before writing one), or nothing to seal with. The patch carries
+/// the resourceVersion read, so a record changed meanwhile is not sealed.
+pub(crate) async fn seal(
+    client: &kube::Client,
+    keys: Option<&OwnerKeys>,
+    owner: Option<&str>,
+    namespace: &str,
+    release: &str,
+    revision: u32,
+) -> Result<Option<String>> {
+    if keys.is_none() && owner.is_none() {
+        return Ok(None);
+    }
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    let name = format!("sh.helm.release.v1.{release}.v{revision}");
+    let Some(secret) = secrets.get_opt(&name).await.map_err(|e| {
+        Error::kube(
+            format_args!("reading the helm release record {namespace}/{name} to seal it"),
+            e,
+        )
+    })?
+    else {
+        return Ok(None);
+    };
+    let resource_version = secret.metadata.resource_version.clone();
+    let record = record_of(secret);
+    let labels_match = record.number == Some(revision);
+    let annotations: BTreeMap<&str, Value> = owner
+        .map(|owner| (OWNER_ANNOTATION, Value::from(owner)))
+        .into_iter()
+        .collect();
+    let owner = owner.unwrap_or_default();
+    let mut sealed = None;
+    if let Some(keys) = keys {
+        let payload = record.payload.as_ref().map_err(|e| {
+            Error::failed(format!(
+                "the helm release record {namespace}/{name} that helm just wrote does not \
+                 decode: {e}"
+            ))
+        })?;
+        if !labels_match
+            || payload.version != revision
+            || payload.name != release
+            || payload.namespace != namespace
+        {
+            return Err(Error::failed(format!(
+                "the helm release record {namespace}/{name} does not describe revision \
+                 {revision} of release `{namespace}/{release}`; it was not sealed: inspect and \
+                 delete it"
+            )));
+        }
+        let number = revision.to_string();
+        let mac = keys.sign(&record_fields(
+            namespace,
+            release,
+            &number,
+            owner,
+            &payload.content,
+        ));
+        sealed = Some(mac);
+    }
+    let patch = serde_json::json!({
+        "metadata": {"resourceVersion": resource_version, "annotations": annotations}
+    });
+    secrets
+        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map_err(|e| {
+            Error::kube(
+                format_args!("sealing the helm release record {namespace}/{name}"),
+                e,
+            )
+        })?;
+    Ok(sealed)
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn record(payload: &Value, owner: &str, mac: Option<String>) -> Record {
+        let mut decoded: Payload = serde_json::from_value(payload.clone()).unwrap();
+        decoded.content = content_of(payload);
+        Record {
+            secret: "sh.helm.release.v1.web.v2".to_owned(),
+            number: Some(2),
+            status: decoded.info.status.clone(),
+            owner: Some(owner.to_owned()),
+            mac,
+            payload: Ok(decoded),
+        }
+    }
+
+    fn payload(status: &str, manifest: &str) -> Value {
+        json!({"name": "web", "namespace": "apps", "version": 2, "manifest": manifest,
+               "info": {"status": status, "description": "x"},
+               "hooks": [{"name": "h", "manifest": "kind: Job", "last_run": {"phase": "x"}}]})
+    }
+
+    fn signed(keys: &OwnerKeys, owner: &str, value: &Value) -> String {
+        keys.sign(&record_fields(
+            "apps",
+            "web",
+            "2",
+            owner,
+            &content_of(value),
+        ))
+    }
+
+    #[test]
+    fn a_sealed_record_verifies_through_helms_own_rewrites_only() {
+        let keys = OwnerKeys::new(vec![3; 32]).unwrap();
+        let sealed = payload("deployed", "kind: ConfigMap");
+        let mac = signed(&keys, "me", &sealed);
+        let ok = record(&sealed, "me", Some(mac.clone()));
+        assert_eq!(verify(&keys, Some("me"), "apps", "web", &ok), Ok(()));
+        // helm supersedes it and reruns its hooks: still ours.
+        let mut superseded = payload("superseded", "kind: ConfigMap");
+        superseded["hooks"][0]["last_run"] = json!({"phase": "Succeeded"});
+        superseded["info"]["description"] = json!("Superseded");
+        let later = record(&superseded, "me", Some(mac.clone()));
+        assert_eq!(verify(&keys, Some("me"), "apps", "web", &later), Ok(()));
+        // A manifest or a hook edited by a tenant: forged.
+        let edited = record(
+            &payload("deployed", "kind: ClusterRole"),
+            "me",
+            Some(mac.clone()),
+        );
+        assert!(
+            verify(&keys, Some("me"), "apps", "web", &edited)
+                .unwrap_err()
+                .contains("does not verify")
+        );
+        let mut hook = sealed.clone();
+        hook["hooks"][0]["manifest"] = json!("kind: ClusterRoleBinding");
+        assert!(
+            verify(
+                &keys,
+                Some("me"),
+                "apps",
+                "web",
+                &record(&hook, "me", Some(mac.clone()))
+            )
+            .is_err()
+        );
+        // Another owner's name, no authenticator, another key, another revision.
+        assert!(
+            verify(
+                &keys,
+                Some("me"),
+                "apps",
+                "web",
+                &record(&sealed, "you", Some(mac.clone()))
+            )
+            .unwrap_err()
+            .contains("owner `you`")
+        );
+        assert!(
+            verify(
+                &keys,
+                Some("me"),
+                "apps",
+                "web",
+                &record(&sealed, "me", None)
+            )
+            .unwrap_err()
+            .contains("no authenticator")
+        );
+        // helm superseded it, dropping the record's annotations: still ours.
+        let dropped = Record {
+            owner: None,
+            ..record(&superseded, "me", Some(mac.clone()))
+        };
+        assert_eq!(verify(&keys, Some("me"), "apps", "web", &dropped), Ok(()));
+        let other = OwnerKeys::new(vec![4; 32]).unwrap();
+        assert!(verify(&other, Some("me"), "apps", "web", &ok).is_err());
+        let mut moved = record(&sealed, "me", Some(mac));
+        moved.number = Some(3);
+        assert!(
+            verify(&keys, Some("me"), "apps", "web", &moved)
+                .unwrap_err()
+                .contains("revision 2, its labels revision 3")
+        );
+        // A status label that is not the content's.
+        let mut relabelled = record(&sealed, "me", Some(signed(&keys, "me", &sealed)));
+        relabelled.status = "pending-install".to_owned();
+        assert!(verify(&keys, Some("me"), "apps", "web", &relabelled).is_err());
+    }
+
+    #[test]
+    fn a_record_that_does_not_decode_never_verifies() {
+        let keys = OwnerKeys::new(vec![3; 32]).unwrap();
+        let record = Record {
+            secret: "s".to_owned(),
+            number: Some(1),
+            status: "deployed".to_owned(),
+            owner: Some("me".to_owned()),
+            mac: Some("00".to_owned()),
+            payload: Err("not base64".to_owned()),
+        };
+        assert!(
+            verify(&keys, Some("me"), "apps", "web", &record)
+                .unwrap_err()
+                .contains("does not decode")
+        );
+    }
+}

@@ -1,0 +1,519 @@
+//! Attacks of a tenant on the operator through helm's release records, each
+//! written as the attack (issue 22), with the real Helm 3 and Helm 4: the
+//! tenant may write Secrets in the release's namespace (a real
+//! ServiceAccount with a Role for that, impersonated), the operator signs
+//! with owner keys only it holds. `docs/security.md` points here.
+//!
+//! Run like `helm_cluster.rs` (see docs/testing.md).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, Role, RoleBinding};
+use kube::Client;
+use kube::api::{Api, DeleteParams, PostParams};
+use provisioners::{Context, ErrorKind, Owner, OwnerKeys};
+use provisioners_helm::{HelmRelease, RECORD_OWNER_ANNOTATION, RECORD_SEAL_PREFIX};
+use provisioners_testing::cluster::TestNamespace;
+use serde_json::json;
+
+#[macro_use]
+mod helm_support;
+use helm_support::*;
+mod helm_async_support;
+use helm_async_support::until_not_yield;
+
+both_helms!(
+    a_forged_pending_install_record_listing_a_cluster_role_is_reported_and_the_cluster_role_survives,
+    a_forged_deployed_record_listing_an_object_as_removed_never_has_it_deleted,
+    a_second_owner_naming_the_same_release_is_refused_and_the_first_release_is_intact,
+    a_first_install_with_create_namespace_takes_the_lease_before_helm_runs,
+    a_record_our_own_run_left_unsealed_is_replaced_never_uninstalled,
+);
+
+/// The operator: an owner, and the key only it can read.
+async fn operator(id: &str) -> Context {
+    context_as(id)
+        .await
+        .with_owner(Owner::standalone(id))
+        .with_owner_keys(OwnerKeys::generate().expect("a key"))
+}
+
+fn release(helm: &PathBuf, ns: &str, name: &str) -> HelmRelease {
+    HelmRelease::new(name.to_owned(), chart("hello"))
+        .namespace(ns)
+        .helm(helm)
+        .drift(provisioners_helm::Drift::Ignore)
+}
+
+/// A client acting as ServiceAccount `tenant` of `ns`, which may read and
+/// write Secrets there (as tenants of a namespace usually may), nothing else.
+async fn tenant(ns: &TestNamespace) -> Client {
+    let account: ServiceAccount =
+        serde_json::from_value(json!({"metadata": {"name": "tenant"}})).expect("account");
+    ns.api::<ServiceAccount>()
+        .create(&PostParams::default(), &account)
+        .await
+        .expect("account");
+    let role: Role = serde_json::from_value(json!({
+        "metadata": {"name": "secrets"},
+        "rules": [{"apiGroups": [""], "resources": ["secrets"],
+                   "verbs": ["get", "list", "create", "update", "patch"]}],
+    }))
+    .expect("role");
+    ns.api::<Role>()
+        .create(&PostParams::default(), &role)
+        .await
+        .expect("role");
+    let binding: RoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": "tenant-secrets"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "secrets"},
+        "subjects": [{"kind": "ServiceAccount", "name": "tenant", "namespace": ns.name()}],
+    }))
+    .expect("binding");
+    ns.api::<RoleBinding>()
+        .create(&PostParams::default(), &binding)
+        .await
+        .expect("binding");
+    let mut config = ns.config().clone();
+    config.auth_info.impersonate = Some(format!("system:serviceaccount:{}:tenant", ns.name()));
+    config.auth_info.impersonate_groups = Some(vec![
+        "system:serviceaccounts".to_owned(),
+        format!("system:serviceaccounts:{}", ns.name()),
+    ]);
+    Client::try_from(config).expect("tenant client")
+}
+
+/// A ClusterRole the tenant may not touch, which it wants deleted.
+async fn victim(name: &str) -> Api<ClusterRole> {
+    let roles: Api<ClusterRole> = Api::all(context().await.client().clone());
+    let role: ClusterRole = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}],
+    }))
+    .expect("cluster role");
+    let _ = roles.delete(name, &DeleteParams::default()).await;
+    roles
+        .create(&PostParams::default(), &role)
+        .await
+        .expect("create the victim ClusterRole");
+    roles
+}
+
+/// A helm record as helm reads it: base64 of JSON in `release`.
+fn forged_record(ns: &str, name: &str, version: u32, status: &str, manifest: &str) -> Secret {
+    let payload = json!({
+        "name": name, "namespace": ns, "version": version,
+        "info": {"status": status, "description": "forged",
+                 "first_deployed": "2026-01-01T00:00:00Z", "last_deployed": "2026-01-01T00:00:00Z"},
+        "chart": {"metadata": {"apiVersion": "v2", "name": "hello", "version": "0.1.0"},
+                  "templates": [], "values": {}},
+        "config": {},
+        "manifest": manifest,
+    });
+    // helm reads plain JSON as well as gzipped.
+    let helm_base64 = base64_encode(payload.to_string().as_bytes());
+    serde_json::from_value(json!({
+        "metadata": {
+            "name": format!("sh.helm.release.v1.{name}.v{version}"),
+            "labels": {"owner": "helm", "name": name, "status": status,
+                       "version": version.to_string()},
+        },
+        "type": "helm.sh/release.v1",
+        "data": {"release": base64_encode(helm_base64.as_bytes())},
+    }))
+    .expect("record")
+}
+
+fn base64_encode(bytes: &[u8]) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+fn cluster_role_manifest(name: &str) -> String {
+    format!(
+        "---\n# Source: hello/templates/role.yaml\napiVersion: rbac.authorization.k8s.io/v1\n\
+         kind: ClusterRole\nmetadata:\n  name: {name}\nrules: []\n"
+    )
+}
+
+async fn records(ns: &TestNamespace, name: &str) -> Vec<Secret> {
+    ns.api::<Secret>()
+        .list(&kube::api::ListParams::default().labels(&format!("owner=helm,name={name}")))
+        .await
+        .expect("records")
+        .items
+}
+
+fn annotation<'a>(secret: &'a Secret, key: &str) -> Option<&'a str> {
+    secret
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(key))
+        .map(String::as_str)
+}
+
+async fn a_forged_pending_install_record_listing_a_cluster_role_is_reported_and_the_cluster_role_survives(
+    helm: PathBuf,
+) {
+    let ns = TestNamespace::create("helm-forge-pending")
+        .await
+        .expect("namespace");
+    let victim_name = format!("{}-victim", ns.name());
+    let roles = victim(&victim_name).await;
+    // The tenant writes a pending-install record of release `app` that
+    // lists the ClusterRole: recovery would uninstall it.
+    let secrets: Api<Secret> = Api::namespaced(tenant(&ns).await, ns.name());
+    secrets
+        .create(
+            &PostParams::default(),
+            &forged_record(
+                ns.name(),
+                "app",
+                1,
+                "pending-install",
+                &cluster_role_manifest(&victim_name),
+            ),
+        )
+        .await
+        .expect("the tenant may write Secrets in its namespace");
+
+    let cx = operator("helm-tenant-op").await;
+    let app = release(&helm, ns.name(), "app");
+    let error = until_not_yield(&cx, &app, false)
+        .await
+        .expect_err("a record we cannot prove we wrote");
+    assert_eq!(error.kind(), ErrorKind::Failed, "{error}");
+    let message = error.message();
+    assert!(message.contains("sh.helm.release.v1.app.v1"), "{message}");
+    assert!(message.contains("cannot prove"), "{message}");
+    assert!(
+        roles.get_opt(&victim_name).await.expect("read").is_some(),
+        "the ClusterRole survives"
+    );
+    // Deprovision neither: the ClusterRole is never uninstalled.
+    let error = until_not_yield(&cx, &app, true)
+        .await
+        .expect_err("a record we cannot prove we wrote");
+    assert_eq!(error.kind(), ErrorKind::Failed, "{error}");
+    assert!(
+        roles.get_opt(&victim_name).await.expect("read").is_some(),
+        "the ClusterRole survives"
+    );
+    assert_eq!(
+        records(&ns, "app").await.len(),
+        1,
+        "the forged record is left for a human"
+    );
+
+    // Once the forged record is gone, the release installs, sealed.
+    ns.api::<Secret>()
+        .delete("sh.helm.release.v1.app.v1", &DeleteParams::default())
+        .await
+        .expect("delete the forged record");
+    until_not_yield(&cx, &app, false).await.expect("installs");
+    let sealed = records(&ns, "app").await;
+    assert_eq!(sealed.len(), 1);
+    assert_eq!(
+        annotation(&sealed[0], RECORD_OWNER_ANNOTATION),
+        Some("standalone:helm-tenant-op")
+    );
+    // The authenticator lives on the release's Lease, which helm never rewrites.
+    let lease = ns
+        .api::<Lease>()
+        .get("provisioners-helm.app")
+        .await
+        .expect("the Lease");
+    let seal = lease
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(&format!("{RECORD_SEAL_PREFIX}1")));
+    assert!(seal.is_some_and(|m| m.len() == 64), "{seal:?}");
+    until_not_yield(&cx, &app, true).await.expect("uninstalls");
+    assert!(roles.get_opt(&victim_name).await.expect("read").is_some());
+    roles
+        .delete(&victim_name, &DeleteParams::default())
+        .await
+        .expect("cleanup");
+}
+
+async fn a_forged_deployed_record_listing_an_object_as_removed_never_has_it_deleted(helm: PathBuf) {
+    let ns = TestNamespace::create("helm-forge-deployed")
+        .await
+        .expect("namespace");
+    let victim_name = format!("{}-victim", ns.name());
+    let roles = victim(&victim_name).await;
+    let cx = operator("helm-tenant-op").await;
+    let app = release(&helm, ns.name(), "app");
+    until_not_yield(&cx, &app, false).await.expect("installs");
+    let genuine = records(&ns, "app").await;
+    assert_eq!(genuine.len(), 1);
+    let genuine_manifest = "---\n# Source: hello/templates/configmap.yaml\napiVersion: v1\n\
+                            kind: ConfigMap\nmetadata:\n  name: app-settings\ndata: {}\n";
+
+    // The tenant adds a newer `deployed` record that lists the ClusterRole:
+    // the next upgrade would delete it as removed from the chart.
+    let secrets: Api<Secret> = Api::namespaced(tenant(&ns).await, ns.name());
+    let manifest = format!("{genuine_manifest}{}", cluster_role_manifest(&victim_name));
+    secrets
+        .create(
+            &PostParams::default(),
+            &forged_record(ns.name(), "app", 2, "deployed", &manifest),
+        )
+        .await
+        .expect("the tenant may write Secrets in its namespace");
+    // An upgrade (new values).
+    let upgraded = release(&helm, ns.name(), "app").set("greeting", "changed");
+    let error = until_not_yield(&cx, &upgraded, false)
+        .await
+        .expect_err("a record we cannot prove we wrote");
+    assert_eq!(error.kind(), ErrorKind::Failed, "{error}");
+    assert!(
+        error.message().contains("sh.helm.release.v1.app.v2"),
+        "{error}"
+    );
+    assert!(
+        roles.get_opt(&victim_name).await.expect("read").is_some(),
+        "the ClusterRole survives"
+    );
+
+    // The tenant also rewrites our own sealed record's manifest: that one
+    // no longer verifies either.
+    let mut ours = secrets
+        .get("sh.helm.release.v1.app.v1")
+        .await
+        .expect("ours");
+    let forged = forged_record(ns.name(), "app", 1, "deployed", &manifest);
+    ours.data = forged.data;
+    secrets
+        .replace("sh.helm.release.v1.app.v1", &PostParams::default(), &ours)
+        .await
+        .expect("the tenant may update Secrets");
+    let error = until_not_yield(&cx, &upgraded, false)
+        .await
+        .expect_err("records we cannot prove we wrote");
+    assert!(
+        error.message().contains("sh.helm.release.v1.app.v1"),
+        "{error}"
+    );
+    let error = until_not_yield(&cx, &app, true)
+        .await
+        .expect_err("no uninstall of a forged record");
+    assert_eq!(error.kind(), ErrorKind::Failed, "{error}");
+    assert!(
+        roles.get_opt(&victim_name).await.expect("read").is_some(),
+        "the ClusterRole survives"
+    );
+    let settings: Api<ConfigMap> = ns.api();
+    assert!(
+        settings
+            .get_opt("app-settings")
+            .await
+            .expect("read")
+            .is_some()
+    );
+    roles
+        .delete(&victim_name, &DeleteParams::default())
+        .await
+        .expect("cleanup");
+}
+
+async fn a_second_owner_naming_the_same_release_is_refused_and_the_first_release_is_intact(
+    helm: PathBuf,
+) {
+    let ns = TestNamespace::create("helm-two-owners")
+        .await
+        .expect("namespace");
+    let first = operator("helm-owner-one").await;
+    let second = operator("helm-owner-two").await;
+    let app = release(&helm, ns.name(), "shared");
+    until_not_yield(&first, &app, false)
+        .await
+        .expect("installs");
+    let before = records(&ns, "shared").await;
+    assert_eq!(before.len(), 1);
+
+    for (deprovision, verb) in [(false, "upgrade"), (true, "uninstall")] {
+        let other = release(&helm, ns.name(), "shared").set("greeting", "mine now");
+        let error = until_not_yield(&second, &other, deprovision)
+            .await
+            .expect_err("another owner's release");
+        assert_eq!(error.kind(), ErrorKind::Invalid, "{error}");
+        let message = error.message();
+        assert!(
+            message.contains(&format!("release `{}/shared`", ns.name())),
+            "{message}"
+        );
+        assert!(message.contains("standalone:helm-owner-one"), "{message}");
+        assert!(message.contains(&format!("will not {verb}")), "{message}");
+    }
+    // Even a second owner asking for exactly the same inputs is refused.
+    let error = until_not_yield(&second, &app, false)
+        .await
+        .expect_err("another owner's release");
+    assert_eq!(error.kind(), ErrorKind::Invalid, "{error}");
+
+    let after = records(&ns, "shared").await;
+    assert_eq!(after.len(), 1, "no new revision");
+    assert_eq!(
+        after[0].metadata.resource_version, before[0].metadata.resource_version,
+        "the first owner's record is untouched"
+    );
+    let settings: Api<ConfigMap> = ns.api();
+    assert!(
+        settings
+            .get_opt("shared-settings")
+            .await
+            .expect("read")
+            .is_some()
+    );
+    // The first owner still owns it: a no-op, then its uninstall.
+    first.provision(&app).await.expect("a no-op");
+    until_not_yield(&first, &app, true)
+        .await
+        .expect("uninstalls");
+}
+
+async fn a_first_install_with_create_namespace_takes_the_lease_before_helm_runs(helm: PathBuf) {
+    // A namespace that does not exist yet (the test namespace only names it).
+    let base = TestNamespace::create("helm-newns")
+        .await
+        .expect("namespace");
+    let name = format!("{}-new", base.name());
+    let namespaces: Api<Namespace> = Api::all(base.client().clone());
+    let cx = operator("helm-ns-op").await;
+    let app = release(&helm, &name, "app")
+        .create_namespace(true)
+        .pass_timeout(Duration::ZERO);
+    let error = cx
+        .provision(&app)
+        .await
+        .expect_err("a zero pass timeout yields while helm runs");
+    assert!(error.is_yield(), "{error}");
+    // helm has been started; the Lease was taken before (without it, no
+    // Lease is ever made: helm creates the namespace on its own).
+    let leases: Api<Lease> = Api::namespaced(base.client().clone(), &name);
+    let lease = leases
+        .get_opt("provisioners-helm.app")
+        .await
+        .expect("read the Lease");
+    assert!(lease.is_some(), "the Lease was taken before helm ran");
+    let created = namespaces.get(&name).await.expect("the namespace");
+    assert_eq!(
+        created
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(RECORD_OWNER_ANNOTATION))
+            .map(String::as_str),
+        Some("standalone:helm-ns-op"),
+        "created by us, with our stamp"
+    );
+    until_not_yield(&cx, &app, false).await.expect("installs");
+    until_not_yield(&cx, &app, true).await.expect("uninstalls");
+    let _ = namespaces.delete(&name, &DeleteParams::default()).await;
+}
+
+/// Removes what sealing revision `revision` wrote (as if the process died
+/// between helm's write and the seal), and the run's intent with `intent`.
+async fn unseal(ns: &TestNamespace, release: &str, revision: u32, intent: bool) {
+    let mut lease_annotations = serde_json::Map::new();
+    lease_annotations.insert(format!("{RECORD_SEAL_PREFIX}{revision}"), json!(null));
+    if intent {
+        lease_annotations.insert("provisioners.dev/helm-intent".to_owned(), json!(null));
+    }
+    ns.api::<Lease>()
+        .patch(
+            &format!("provisioners-helm.{release}"),
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"metadata": {"annotations": lease_annotations}})),
+        )
+        .await
+        .expect("unseal the Lease");
+    ns.api::<Secret>()
+        .patch(
+            &format!("sh.helm.release.v1.{release}.v{revision}"),
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(
+                json!({"metadata": {"annotations": {RECORD_OWNER_ANNOTATION: null}}}),
+            ),
+        )
+        .await
+        .expect("unseal the record");
+}
+
+async fn a_record_our_own_run_left_unsealed_is_replaced_never_uninstalled(helm: PathBuf) {
+    let ns = TestNamespace::create("helm-unsealed")
+        .await
+        .expect("namespace");
+    let cx = operator("helm-crash-op").await;
+    let with =
+        |greeting: &str| release(&helm, ns.name(), "app").set("greeting", greeting.to_owned());
+    until_not_yield(&cx, &with("one"), false)
+        .await
+        .expect("installs");
+    until_not_yield(&cx, &with("two"), false)
+        .await
+        .expect("upgrades");
+    let settings: Api<ConfigMap> = ns.api();
+    let uid = settings
+        .get("app-settings")
+        .await
+        .expect("ConfigMap")
+        .metadata
+        .uid;
+    // The process died after helm wrote revision 2, before sealing it: the
+    // signed intent on the Lease says it was ours. It is replaced by a new
+    // run, never uninstalled: the ConfigMap is the same object throughout.
+    unseal(&ns, "app", 2, false).await;
+    until_not_yield(&cx, &with("three"), false)
+        .await
+        .expect("converges");
+    let now = settings.get("app-settings").await.expect("ConfigMap");
+    assert_eq!(now.metadata.uid, uid, "adopted, never deleted");
+    assert_eq!(
+        now.data.and_then(|d| d.get("greeting").cloned()).as_deref(),
+        Some("three")
+    );
+    let sealed = records(&ns, "app").await;
+    assert!(
+        sealed.iter().any(
+            |r| r.metadata.name.as_deref() == Some("sh.helm.release.v1.app.v2")
+                && annotation(r, RECORD_OWNER_ANNOTATION) == Some("standalone:helm-crash-op")
+        ),
+        "revision 2 written again, and sealed"
+    );
+    // Without the intent (a record nobody can show is ours): reported.
+    unseal(&ns, "app", 2, true).await;
+    let error = until_not_yield(&cx, &with("four"), false)
+        .await
+        .expect_err("an unsealed record without our intent");
+    assert_eq!(error.kind(), ErrorKind::Failed, "{error}");
+    assert!(
+        error.message().contains("sh.helm.release.v1.app.v2"),
+        "{error}"
+    );
+    let error = until_not_yield(&cx, &with("four"), true)
+        .await
+        .expect_err("no uninstall either");
+    assert_eq!(error.kind(), ErrorKind::Failed, "{error}");
+    assert!(
+        settings
+            .get_opt("app-settings")
+            .await
+            .expect("read")
+            .is_some()
+    );
+    // The operator adopts it once (it knows nobody else wrote there).
+    let adopt = with("four").adopt_unsigned_records(true);
+    until_not_yield(&cx, &adopt, false)
+        .await
+        .expect("adopted and upgraded");
+    until_not_yield(&cx, &with("four"), true)
+        .await
+        .expect("uninstalls");
+}
