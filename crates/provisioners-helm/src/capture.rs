@@ -23,10 +23,13 @@ pub(crate) const MAX_STDOUT: usize = 64 << 20;
 
 /// The most of helm's stderr that is kept: its first [`STDERR_HEAD`] and
 /// last [`STDERR_TAIL`] bytes.
-pub(crate) const MAX_STDERR: usize = STDERR_HEAD + STDERR_TAIL;
+const MAX_STDERR: usize = STDERR_HEAD + STDERR_TAIL;
 
 const STDERR_HEAD: usize = 16 << 10;
 const STDERR_TAIL: usize = 48 << 10;
+
+// The marker names the limit.
+const _: () = assert!(MAX_STDERR == 64 << 10);
 
 /// Stands where stderr's middle was dropped.
 pub(crate) const CUT: &str = "<cut: helm's stderr passed its limit of 64 KiB; its middle was dropped>";

@@ -315,13 +315,19 @@ pub(crate) fn render(text: &str, masked: &[Range<usize>], keep: Range<usize>) ->
 /// The forms of `secret`; `short` adds the standalone base64 encodings and
 /// keeps shorter unaligned runs (their lines are masked, not the run).
 fn forms(secret: &str, short: bool, out: &mut Vec<Form>) {
-    let mut texts = vec![secret.to_owned()];
     let json = json_escaped(secret);
-    texts.push(json_escaped(&json));
-    texts.push(go_html_safe(&json));
-    texts.push(ascii_only(&json));
-    texts.push(json.replace("\\b", "\\u0008").replace("\\f", "\\u000c"));
-    texts.push(json);
+    let escaped = [
+        go_html_safe(&json),
+        ascii_only(&json),
+        json.replace("\\b", "\\u0008").replace("\\f", "\\u000c"),
+        json,
+    ];
+    let mut texts = vec![secret.to_owned()];
+    for form in escaped {
+        // Escaped once more: a JSON message quoted in another (or by `%q`).
+        texts.push(json_escaped(&form));
+        texts.push(form);
+    }
     if secret.contains('\'') {
         texts.push(secret.replace('\'', "''"));
     }
