@@ -46,7 +46,12 @@ async fn values_from_a_secret(ns: &TestNamespace) -> (String, String) {
         .create(&PostParams::default(), &secret)
         .await
         .expect("create the Secret");
-    let data = secrets.get("app-values").await.expect("read").data.expect("data");
+    let data = secrets
+        .get("app-values")
+        .await
+        .expect("read")
+        .data
+        .expect("data");
     let text = |key: &str| String::from_utf8(data[key].0.clone()).expect("utf-8");
     (text("token"), text("pin"))
 }

@@ -32,7 +32,8 @@ const STDERR_TAIL: usize = 48 << 10;
 const _: () = assert!(MAX_STDERR == 64 << 10);
 
 /// Stands where stderr's middle was dropped.
-pub(crate) const CUT: &str = "<cut: helm's stderr passed its limit of 64 KiB; its middle was dropped>";
+pub(crate) const CUT: &str =
+    "<cut: helm's stderr passed its limit of 64 KiB; its middle was dropped>";
 
 /// The first `head` and last `tail` bytes of a stream, and how many it had.
 #[derive(Debug)]
@@ -120,7 +121,12 @@ pub(crate) fn stderr_text(capture: Capture, redactor: &Redactor) -> String {
     stderr_text_within(capture, redactor, STDERR_HEAD, STDERR_TAIL)
 }
 
-pub(crate) fn stderr_text_within(capture: Capture, redactor: &Redactor, head: usize, tail: usize) -> String {
+pub(crate) fn stderr_text_within(
+    capture: Capture,
+    redactor: &Redactor,
+    head: usize,
+    tail: usize,
+) -> String {
     if capture.is_whole() {
         let mut bytes = capture.head;
         bytes.extend(capture.tail);
@@ -168,7 +174,10 @@ mod tests {
         assert!(!capture.is_whole());
         assert_eq!(capture.total, 1000);
         assert_eq!(capture.head, &text[..10]);
-        assert_eq!(capture.tail.iter().copied().collect::<Vec<_>>(), &text[980..]);
+        assert_eq!(
+            capture.tail.iter().copied().collect::<Vec<_>>(),
+            &text[980..]
+        );
         let capture = captured(&text, 10, 0);
         assert!(capture.into_whole().is_none(), "stdout past its cap");
     }

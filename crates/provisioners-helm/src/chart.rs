@@ -128,7 +128,12 @@ impl fmt::Display for Chart {
         match self {
             Chart::Local(path) => write!(f, "{}", path.display()),
             Chart::Repository { url, name } => {
-                write!(f, "{} from {}", without_userinfo(name), without_userinfo(url))
+                write!(
+                    f,
+                    "{} from {}",
+                    without_userinfo(name),
+                    without_userinfo(url)
+                )
             }
             Chart::Oci(reference) => f.write_str(&without_userinfo(reference)),
         }
@@ -263,7 +268,10 @@ mod tests {
         for chart in [
             Chart::repository("https://robot:hunter2@charts.example.com/stable", "app"),
             Chart::repository("https://ghp_token1234@charts.example.com", "app"),
-            Chart::repository("charts.example.com", "https://robot:hunter2@evil.example.com/app"),
+            Chart::repository(
+                "charts.example.com",
+                "https://robot:hunter2@evil.example.com/app",
+            ),
             Chart::oci("oci://robot:hunter2@registry.example.com/charts/app"),
             Chart::oci("robot:hunter2@registry.example.com/charts/app"),
         ] {

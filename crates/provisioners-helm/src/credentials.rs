@@ -163,7 +163,10 @@ mod tests {
             .client_certificate(b"CERT".to_vec(), b"-----BEGIN KEY-----\nabc\n".to_vec());
         credentials.from_secret = true;
         assert_eq!(
-            redacted(&credentials, "login failed\nuser bob denied\nkey -----BEGIN KEY-----\nabc\nend"),
+            redacted(
+                &credentials,
+                "login failed\nuser bob denied\nkey -----BEGIN KEY-----\nabc\nend"
+            ),
             "login failed\n<redacted>\nkey <redacted>\nend"
         );
     }

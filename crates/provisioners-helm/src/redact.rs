@@ -361,7 +361,7 @@ fn forms(secret: &str, short: bool, out: &mut Vec<Form>) {
             out.push(Form {
                 text: encoded[start..end].to_owned(),
                 left: align != 0,
-                right: (8 * (align + n)) % 6 != 0,
+                right: !(8 * (align + n)).is_multiple_of(6),
             });
         }
     }

@@ -330,7 +330,9 @@ impl Manifest {
 pub(super) fn page_limit(cx: &Context) -> usize {
     cx.cluster()
         .policy()
-        .map_or(provisioners_core::DEFAULT_PAGE_LIMIT, |policy| policy.pages())
+        .map_or(provisioners_core::DEFAULT_PAGE_LIMIT, |policy| {
+            policy.pages()
+        })
 }
 
 /// Why [`list_all`] returned no list.

@@ -322,7 +322,13 @@ async fn listing_our_objects_stops_at_the_policy_s_page_cap() {
         let request = api.next().await;
         assert_eq!(request.uri.path(), "/api/v1/namespaces/ns/configmaps");
         if page > 0 {
-            assert!(request.uri.query().unwrap_or_default().contains("continue=t"));
+            assert!(
+                request
+                    .uri
+                    .query()
+                    .unwrap_or_default()
+                    .contains("continue=t")
+            );
         }
         request.answer(
             200,
@@ -336,7 +342,12 @@ async fn listing_our_objects_stops_at_the_policy_s_page_cap() {
     };
     let text = error.to_string();
     assert_eq!(error.kind(), ErrorKind::Unavailable);
-    for part in ["ConfigMap", "namespace ns", "limit of 3 pages", "page_limit"] {
+    for part in [
+        "ConfigMap",
+        "namespace ns",
+        "limit of 3 pages",
+        "page_limit",
+    ] {
         assert!(text.contains(part), "{part}: {text}");
     }
     // It returned after the third answer: no fourth page was asked for.
