@@ -24,6 +24,7 @@
 //! was replaced), so no fragment of a secret survives between two masks.
 
 use std::ops::Range;
+use std::sync::OnceLock;
 
 use aho_corasick::{AhoCorasick, MatchKind};
 use base64::Engine as _;
@@ -114,27 +115,32 @@ impl Form {
 #[derive(Debug)]
 struct Patterns {
     forms: Vec<Form>,
-    automaton: Option<AhoCorasick>,
+    /// Built on first use: most helm runs print nothing to mask in.
+    automaton: OnceLock<Option<AhoCorasick>>,
 }
 
 impl Patterns {
     fn new(mut forms: Vec<Form>) -> Self {
         forms.sort_by(|a, b| a.text.cmp(&b.text).then(a.left.cmp(&b.left)));
         forms.dedup();
-        let automaton = if forms.is_empty() {
-            None
-        } else {
-            // Standard semantics: the only kind with overlapping search.
-            AhoCorasick::builder()
-                .match_kind(MatchKind::Standard)
-                .build(forms.iter().map(|f| f.text.as_bytes()))
-                .ok()
-        };
-        Patterns { forms, automaton }
+        Patterns {
+            forms,
+            automaton: OnceLock::new(),
+        }
     }
 
     /// Every occurrence of every form, overlapping, with base64 edges.
     fn find(&self, text: &str, out: &mut Vec<Range<usize>>) {
+        if self.forms.is_empty() || text.is_empty() {
+            return;
+        }
+        let automaton = self.automaton.get_or_init(|| {
+            // Standard semantics: the only kind with overlapping search.
+            AhoCorasick::builder()
+                .match_kind(MatchKind::Standard)
+                .build(self.forms.iter().map(|f| f.text.as_bytes()))
+                .ok()
+        });
         let bytes = text.as_bytes();
         let mut add = |pattern: usize, start: usize, end: usize| {
             let form = &self.forms[pattern];
@@ -154,7 +160,7 @@ impl Patterns {
             }
             out.push(start..end);
         };
-        match &self.automaton {
+        match automaton {
             Some(automaton) => {
                 for found in automaton.find_overlapping_iter(bytes) {
                     add(found.pattern().as_usize(), found.start(), found.end());
