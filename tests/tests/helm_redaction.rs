@@ -62,6 +62,8 @@ fn release(ns: &TestNamespace, helm: &PathBuf, token: &str, pin: &str) -> HelmRe
         .helm(helm)
         .set_sensitive("token", token)
         .set_sensitive("pin", pin)
+        // Created by the uninstall, where a policy may refuse it.
+        .set("deleteHook", true)
 }
 
 /// The base64 characters that depend on `secret` alone when it sits after
@@ -114,7 +116,7 @@ async fn a_sensitive_value_in_a_failing_template_never_reaches_the_error(helm: P
     // The message is still there, its secrets masked; the pin's line is gone.
     assert_eq!(error.kind(), ErrorKind::Invalid, "{error}");
     assert!(text.contains("refusing: plain=<redacted>"), "{error}");
-    assert!(text.contains("json=<redacted>"), "{error}");
+    assert!(text.contains("json=\"<redacted>\""), "{error}");
     assert!(!text.contains("short pin"), "{error}");
     let failure = std::error::Error::source(&error)
         .and_then(|s| s.downcast_ref::<provisioners_helm::HelmFailure>())
@@ -134,7 +136,7 @@ async fn a_sensitive_value_in_an_uninstall_refusal_never_reaches_the_error(helm:
     let forms = ns.api::<ConfigMap>().get("app-forms").await.expect("forms");
     assert_eq!(forms.data.expect("data")["plain"], TOKEN);
 
-    // A policy that refuses to delete the release's ConfigMap and says why
+    // A policy that refuses the uninstall's pre-delete hook and says why
     // with everything it holds: helm's uninstall fails with that on stderr.
     let name = format!("redaction-{}", ns.name());
     let policies: Api<ValidatingAdmissionPolicy> = Api::all(cx.client().clone());
@@ -145,12 +147,12 @@ async fn a_sensitive_value_in_an_uninstall_refusal_never_reaches_the_error(helm:
             "failurePolicy": "Fail",
             "matchConstraints": {
                 "resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"],
-                    "operations": ["DELETE"], "resources": ["configmaps"]}],
-                "objectSelector": {"matchLabels": {"provisioners-test/redaction": ns.name()}},
+                    "operations": ["CREATE"], "resources": ["configmaps"]}],
+                "objectSelector": {"matchLabels": {"provisioners-test/redaction-hook": ns.name()}},
             },
             "validations": [{
                 "expression": "false",
-                "messageExpression": "'kept: ' + oldObject.data.plain + ' ' + oldObject.data.b64 + ' ' + oldObject.data.blob + ' ' + oldObject.data.json + ' pin ' + oldObject.data.pin",
+                "messageExpression": "'kept: ' + object.data.plain + ' ' + object.data.b64 + ' ' + object.data.blob + ' ' + object.data.json",
             }],
         },
     }))
@@ -170,21 +172,21 @@ async fn a_sensitive_value_in_an_uninstall_refusal_never_reaches_the_error(helm:
         .expect("create the binding");
     // The policy takes effect once the API server has compiled it.
     let probe: ConfigMap = serde_json::from_value(json!({
-        "metadata": {"name": "probe", "labels": {"provisioners-test/redaction": ns.name()}},
-        "data": {"plain": "p", "b64": "b", "blob": "c", "json": "j", "pin": "n"},
+        "metadata": {"name": "probe", "labels": {"provisioners-test/redaction-hook": ns.name()}},
+        "data": {"plain": "p", "b64": "b", "blob": "c", "json": "j"},
     }))
     .expect("probe");
     let configmaps = ns.api::<ConfigMap>();
-    configmaps
-        .create(&PostParams::default(), &probe)
-        .await
-        .expect("create the probe");
-    eventually("the policy to refuse a delete", || async {
-        let refused = configmaps
-            .delete("probe", &DeleteParams::default().dry_run())
+    let dry_run = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    eventually("the policy to refuse the hook", || async {
+        configmaps
+            .create(&dry_run, &probe)
             .await
-            .is_err();
-        refused.then_some(())
+            .is_err()
+            .then_some(())
     })
     .await;
 
@@ -204,7 +206,7 @@ async fn a_sensitive_value_in_an_uninstall_refusal_never_reaches_the_error(helm:
     let _ = policies.delete(&name, &DeleteParams::default()).await;
     eventually("the policy to be gone", || async {
         configmaps
-            .delete("probe", &DeleteParams::default().dry_run())
+            .create(&dry_run, &probe)
             .await
             .is_ok()
             .then_some(())
