@@ -62,7 +62,7 @@ pub(crate) struct Output {
     pub(crate) status: ExitStatus,
     /// Whole, at most [`MAX_STDOUT`] bytes.
     pub(crate) stdout: Vec<u8>,
-    /// Redacted, then cut to [`capture::MAX_STDERR`] (see [`capture`]).
+    /// Redacted, then cut to its budget (see [`capture`]).
     pub(crate) stderr: String,
 }
 
@@ -365,6 +365,56 @@ mod tests {
         let stderr = output.stderr;
         assert!(stderr.contains("/nonexistent-provisioners"), "{stderr}");
         assert_eq!(std::fs::read_dir(root.path()).unwrap().count(), 0);
+    }
+
+    #[tokio::test]
+    async fn stderr_is_redacted_as_it_is_read() {
+        let root = tempfile::tempdir().unwrap();
+        let mut secrets = crate::redact::Secrets::default();
+        secrets.sensitive("hunter2hunter2");
+        let output = run(
+            Invocation {
+                redactor: Arc::new(crate::redact::Redactor::new(&secrets)),
+                ..invocation("ls", &["/nonexistent-hunter2hunter2"], root.path())
+            },
+            &CancellationToken::new(),
+            Duration::from_secs(1),
+        )
+        .await
+        .unwrap();
+        assert!(
+            output.stderr.contains("/nonexistent-<redacted>"),
+            "{}",
+            output.stderr
+        );
+        assert!(!output.stderr.contains("hunter2"), "{}", output.stderr);
+    }
+
+    #[tokio::test]
+    async fn stdout_past_its_cap_is_an_error_and_read_to_its_end() {
+        let root = tempfile::tempdir().unwrap();
+        let over = (MAX_STDOUT + 1).to_string();
+        let error = run(
+            invocation("head", &["-c", &over, "/dev/zero"], root.path()),
+            &CancellationToken::new(),
+            Duration::from_secs(1),
+        )
+        .await
+        .unwrap_err();
+        // `head` wrote it all and exited by itself: nothing blocked it.
+        assert!(
+            matches!(error, RunError::StdoutLimit(limit, status) if limit == MAX_STDOUT && status.success()),
+            "{error:?}"
+        );
+        let at_cap = MAX_STDOUT.to_string();
+        let output = run(
+            invocation("head", &["-c", &at_cap, "/dev/zero"], root.path()),
+            &CancellationToken::new(),
+            Duration::from_secs(1),
+        )
+        .await
+        .unwrap();
+        assert_eq!(output.stdout.len(), MAX_STDOUT);
     }
 
     #[tokio::test]
