@@ -27,6 +27,7 @@ use helm_async_support::until_not_yield;
 both_helms!(
     a_sensitive_value_in_a_failing_template_never_reaches_the_error,
     a_sensitive_value_in_an_uninstall_refusal_never_reaches_the_error,
+    a_sensitive_value_in_a_rollback_refusal_never_reaches_the_error,
 );
 
 /// Escaping changes it (`"`, `\`, and `<>&`, which Go's JSON escapes too).
@@ -138,80 +139,146 @@ async fn a_sensitive_value_in_an_uninstall_refusal_never_reaches_the_error(helm:
 
     // A policy that refuses the uninstall's pre-delete hook and says why
     // with everything it holds: helm's uninstall fails with that on stderr.
-    let name = format!("redaction-{}", ns.name());
-    let policies: Api<ValidatingAdmissionPolicy> = Api::all(cx.client().clone());
-    let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(cx.client().clone());
-    let policy: ValidatingAdmissionPolicy = serde_json::from_value(json!({
-        "metadata": {"name": name},
-        "spec": {
-            "failurePolicy": "Fail",
-            "matchConstraints": {
-                "resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"],
-                    "operations": ["CREATE"], "resources": ["configmaps"]}],
-                "objectSelector": {"matchLabels": {"provisioners-test/redaction-hook": ns.name()}},
-            },
-            "validations": [{
-                "expression": "false",
-                "messageExpression": "'kept: ' + object.data.plain + ' ' + object.data.b64 + ' ' + object.data.blob + ' ' + object.data.json",
-            }],
-        },
-    }))
-    .expect("policy");
-    let binding: ValidatingAdmissionPolicyBinding = serde_json::from_value(json!({
-        "metadata": {"name": name},
-        "spec": {"policyName": name, "validationActions": ["Deny"]},
-    }))
-    .expect("binding");
-    policies
-        .create(&PostParams::default(), &policy)
-        .await
-        .expect("create the policy");
-    bindings
-        .create(&PostParams::default(), &binding)
-        .await
-        .expect("create the binding");
-    // The policy takes effect once the API server has compiled it.
-    let probe: ConfigMap = serde_json::from_value(json!({
-        "metadata": {"name": "probe", "labels": {"provisioners-test/redaction-hook": ns.name()}},
-        "data": {"plain": "p", "b64": "b", "blob": "c", "json": "j"},
-    }))
-    .expect("probe");
-    let configmaps = ns.api::<ConfigMap>();
-    let dry_run = PostParams {
-        dry_run: true,
-        ..PostParams::default()
-    };
-    eventually("the policy to refuse the hook", || async {
-        configmaps
-            .create(&dry_run, &probe)
-            .await
-            .is_err()
-            .then_some(())
-    })
-    .await;
+    let policy = RefusingPolicy::create(&cx, &ns).await;
 
     let error = until_not_yield(&cx, &installed, true)
         .await
         .expect_err("the uninstall is refused");
+    assert_refusal_redacted(&error);
+
+    policy.remove().await;
+    deprovision_until_gone(&cx, &installed).await;
+    ns.cleanup().await.expect("cleanup");
+}
+
+/// A ValidatingAdmissionPolicy that refuses to create the chart's hook
+/// ConfigMap in `ns`, quoting every form of the token it holds.
+struct RefusingPolicy {
+    name: String,
+    policies: Api<ValidatingAdmissionPolicy>,
+    bindings: Api<ValidatingAdmissionPolicyBinding>,
+    configmaps: Api<ConfigMap>,
+    probe: ConfigMap,
+}
+
+impl RefusingPolicy {
+    async fn create(cx: &provisioners::Context, ns: &TestNamespace) -> Self {
+        let name = format!("redaction-{}", ns.name());
+        let policies: Api<ValidatingAdmissionPolicy> = Api::all(cx.client().clone());
+        let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(cx.client().clone());
+        let policy: ValidatingAdmissionPolicy = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {
+                "failurePolicy": "Fail",
+                "matchConstraints": {
+                    "resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"],
+                        "operations": ["CREATE"], "resources": ["configmaps"]}],
+                    "objectSelector": {"matchLabels": {"provisioners-test/redaction-hook": ns.name()}},
+                },
+                "validations": [{
+                    "expression": "false",
+                    "messageExpression": "'kept: ' + object.data.plain + ' ' + object.data.b64 + ' ' + object.data.blob + ' ' + object.data.json",
+                }],
+            },
+        }))
+        .expect("policy");
+        let binding: ValidatingAdmissionPolicyBinding = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {"policyName": name, "validationActions": ["Deny"]},
+        }))
+        .expect("binding");
+        policies
+            .create(&PostParams::default(), &policy)
+            .await
+            .expect("create the policy");
+        bindings
+            .create(&PostParams::default(), &binding)
+            .await
+            .expect("create the binding");
+        let probe: ConfigMap = serde_json::from_value(json!({
+            "metadata": {"name": "probe", "labels": {"provisioners-test/redaction-hook": ns.name()}},
+            "data": {"plain": "p", "b64": "b", "blob": "c", "json": "j"},
+        }))
+        .expect("probe");
+        let this = RefusingPolicy {
+            name,
+            policies,
+            bindings,
+            configmaps: ns.api::<ConfigMap>(),
+            probe,
+        };
+        // The policy takes effect once the API server has compiled it.
+        eventually("the policy to refuse the hook", || async {
+            this.refuses().await.then_some(())
+        })
+        .await;
+        this
+    }
+
+    async fn refuses(&self) -> bool {
+        let dry_run = PostParams {
+            dry_run: true,
+            ..PostParams::default()
+        };
+        self.configmaps.create(&dry_run, &self.probe).await.is_err()
+    }
+
+    async fn remove(self) {
+        let _ = self
+            .bindings
+            .delete(&self.name, &DeleteParams::default())
+            .await;
+        let _ = self
+            .policies
+            .delete(&self.name, &DeleteParams::default())
+            .await;
+        eventually("the policy to be gone", || async {
+            (!self.refuses().await).then_some(())
+        })
+        .await;
+    }
+}
+
+/// The error holds none of the token's forms, but the refusal's text with
+/// them masked: the secret did reach helm's stderr.
+fn assert_refusal_redacted(error: &provisioners::Error) {
     let text = format!("{error} {error:?}");
     assert_no_form(&text);
     assert!(text.contains("kept: <redacted>"), "{error}");
-    if let Some(failure) = std::error::Error::source(&error)
+    if let Some(failure) = std::error::Error::source(error)
         .and_then(|s| s.downcast_ref::<provisioners_helm::HelmFailure>())
     {
         assert_no_form(&failure.stderr);
     }
+}
 
-    let _ = bindings.delete(&name, &DeleteParams::default()).await;
-    let _ = policies.delete(&name, &DeleteParams::default()).await;
-    eventually("the policy to be gone", || async {
-        configmaps
-            .create(&dry_run, &probe)
-            .await
-            .is_ok()
-            .then_some(())
-    })
-    .await;
+async fn a_sensitive_value_in_a_rollback_refusal_never_reaches_the_error(helm: PathBuf) {
+    let ns = TestNamespace::create("helm-redact-rollback")
+        .await
+        .expect("namespace");
+    let (token, pin) = values_from_a_secret(&ns).await;
+    let cx = context().await;
+    let installed = release(&ns, &helm, &token, &pin);
+    settle(&cx, &installed, "install").await;
+
+    // An upgrade whose helm dies mid-way: the release is left
+    // pending-upgrade, and the next pass rolls it back to revision 1, whose
+    // pre-rollback hook the policy refuses.
+    let stuck = release(&ns, &helm, &token, &pin).set("stuckHook", true);
+    let (result, ()) = tokio::join!(
+        until_not_yield(&cx, &stuck, false),
+        kill_helm_when(&helm, &ns, "app", "pending-upgrade")
+    );
+    result.expect_err("helm was killed");
+    let policy = RefusingPolicy::create(&cx, &ns).await;
+    let error = until_not_yield(&cx, &installed, false)
+        .await
+        .expect_err("the rollback is refused");
+    assert!(format!("{error}").contains("rollback"), "{error}");
+    assert_refusal_redacted(&error);
+
+    policy.remove().await;
+    settle(&cx, &installed, "recovered").await;
     deprovision_until_gone(&cx, &installed).await;
     ns.cleanup().await.expect("cleanup");
 }
