@@ -18,7 +18,14 @@ use sha2::{Digest as _, Sha256};
 /// assert_eq!(repo.to_string(), "ingress-nginx from https://charts.example.com");
 /// # let _ = (local, oci);
 /// ```
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+///
+/// A repository URL or OCI reference never carries credentials
+/// (`https://user:password@host/...`): `provision` refuses one as
+/// [`Invalid`](provisioners_core::ErrorKind::Invalid), since helm would put
+/// them on its command line and in its messages; give them as
+/// [`Credentials`](crate::Credentials) instead. Display and `Debug` never
+/// show them.
+#[derive(Clone, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 #[must_use]
 pub enum Chart {
@@ -57,6 +64,27 @@ impl Chart {
         } else {
             Chart::Oci(format!("oci://{reference}"))
         }
+    }
+
+    /// Refuses credentials in the repository URL or OCI reference (and in
+    /// a chart name given as a URL), naming the chart (never the password)
+    /// and the way to pass them.
+    pub(crate) fn check_credentials(&self) -> Result<(), String> {
+        let carries = match self {
+            Chart::Local(_) => false,
+            Chart::Repository { url, name } => {
+                userinfo(url).is_some() || (name.contains("://") && userinfo(name).is_some())
+            }
+            Chart::Oci(reference) => userinfo(reference).is_some(),
+        };
+        if carries {
+            return Err(format!(
+                "chart `{self}` has credentials in its URL; helm would put them on its command \
+                 line and in its messages: remove them from the URL and give them with \
+                 HelmRelease::credentials (Credentials::basic, or Credentials::from_secret)"
+            ));
+        }
+        Ok(())
     }
 
     /// Whether the chart's content is known from its identity and `version`
@@ -99,9 +127,52 @@ impl fmt::Display for Chart {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Chart::Local(path) => write!(f, "{}", path.display()),
-            Chart::Repository { url, name } => write!(f, "{name} from {url}"),
-            Chart::Oci(reference) => f.write_str(reference),
+            Chart::Repository { url, name } => {
+                write!(
+                    f,
+                    "{} from {}",
+                    without_userinfo(name),
+                    without_userinfo(url)
+                )
+            }
+            Chart::Oci(reference) => f.write_str(&without_userinfo(reference)),
         }
+    }
+}
+
+impl fmt::Debug for Chart {
+    // Derived, it would print credentials left in a URL.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Chart::Local(path) => f.debug_tuple("Local").field(path).finish(),
+            Chart::Repository { url, name } => f
+                .debug_struct("Repository")
+                .field("url", &without_userinfo(url))
+                .field("name", &without_userinfo(name))
+                .finish(),
+            Chart::Oci(reference) => f
+                .debug_tuple("Oci")
+                .field(&without_userinfo(reference))
+                .finish(),
+        }
+    }
+}
+
+/// The byte range of the user information (`user:password`) in the
+/// authority of `url`, with or without a scheme.
+fn userinfo(url: &str) -> Option<std::ops::Range<usize>> {
+    let start = url.find("://").map_or(0, |i| i + 3);
+    let authority = &url[start..];
+    let end = authority.find(['/', '?', '#']).unwrap_or(authority.len());
+    let at = authority[..end].rfind('@')?;
+    Some(start..start + at)
+}
+
+/// `url` with its user information, if any, replaced by `<redacted>`.
+fn without_userinfo(url: &str) -> std::borrow::Cow<'_, str> {
+    match userinfo(url) {
+        Some(range) => format!("{}<redacted>{}", &url[..range.start], &url[range.end..]).into(),
+        None => url.into(),
     }
 }
 
@@ -190,6 +261,40 @@ mod tests {
         )
         .unwrap();
         assert_ne!(first, digest(&chart));
+    }
+
+    #[test]
+    fn credentials_in_a_url_are_refused_and_never_shown() {
+        for chart in [
+            Chart::repository("https://robot:hunter2@charts.example.com/stable", "app"),
+            Chart::repository("https://ghp_token1234@charts.example.com", "app"),
+            Chart::repository(
+                "charts.example.com",
+                "https://robot:hunter2@evil.example.com/app",
+            ),
+            Chart::oci("oci://robot:hunter2@registry.example.com/charts/app"),
+            Chart::oci("robot:hunter2@registry.example.com/charts/app"),
+        ] {
+            let error = chart.check_credentials().unwrap_err();
+            for shown in [error.clone(), chart.to_string(), format!("{chart:?}")] {
+                assert!(!shown.contains("hunter2"), "{shown}");
+                assert!(!shown.contains("token1234"), "{shown}");
+            }
+            assert!(error.contains("Credentials::from_secret"), "{error}");
+            assert!(error.contains("<redacted>@"), "{error}");
+        }
+        for fine in [
+            Chart::repository("https://charts.example.com/a@b", "app"),
+            Chart::repository("https://charts.example.com/?q=a@b", "app@1"),
+            Chart::oci("registry.example.com/charts/app@sha256:abc"),
+            Chart::local("/tmp/a@b"),
+        ] {
+            assert_eq!(fine.check_credentials(), Ok(()), "{fine}");
+        }
+        assert_eq!(
+            Chart::repository("https://u:p@h", "app").to_string(),
+            "app from https://<redacted>@h"
+        );
     }
 
     #[test]

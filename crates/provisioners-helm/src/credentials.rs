@@ -4,10 +4,11 @@
 
 use std::fmt;
 
-use base64::Engine as _;
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 use provisioners_core::{Error, Result};
+
+use crate::redact::Secrets;
 
 /// A username and password, optionally a CA bundle and a client certificate,
 /// for the chart's repository or registry (see [`HelmRelease::credentials`]).
@@ -28,6 +29,8 @@ pub struct Credentials {
     pub(crate) password: String,
     pub(crate) ca: Option<Vec<u8>>,
     pub(crate) client: Option<(Vec<u8>, Vec<u8>)>,
+    /// Read from a Secret: every value of it is masked, the username too.
+    from_secret: bool,
 }
 
 impl Credentials {
@@ -38,6 +41,7 @@ impl Credentials {
             password: password.into(),
             ca: None,
             client: None,
+            from_secret: false,
         }
     }
 
@@ -54,7 +58,9 @@ impl Credentials {
     }
 
     /// Reads `username` and `password` (and optionally `ca.crt`, `tls.crt`
-    /// with `tls.key`) from the Secret `namespace/name`.
+    /// with `tls.key`) from the Secret `namespace/name`. Every one of them
+    /// is masked in helm's messages (a short one by masking its line), the
+    /// username included.
     ///
     /// # Errors
     ///
@@ -83,6 +89,7 @@ impl Credentials {
             })
         };
         let mut credentials = Credentials::basic(text("username")?, text("password")?);
+        credentials.from_secret = true;
         if let Some(ca) = data.get("ca.crt") {
             credentials = credentials.ca(ca.0.clone());
         }
@@ -92,17 +99,26 @@ impl Credentials {
         Ok(credentials)
     }
 
-    /// What must never appear in a message: the password, in the forms a
-    /// tool may print it (plain, base64, and inside a basic-auth header).
-    pub(crate) fn secrets(&self) -> Vec<String> {
-        let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
-        let mut secrets = vec![
-            self.password.clone(),
-            b64(&self.password),
-            b64(&format!("{}:{}", self.username, self.password)),
-        ];
-        secrets.retain(|s| !s.is_empty());
-        secrets
+    /// Adds what must never appear in a message: the password (the
+    /// [`Redactor`](crate::redact::Redactor) masks its base64 forms too,
+    /// also inside a basic-auth header) and the private key; when read
+    /// from a Secret, every value of it.
+    pub(crate) fn add_to(&self, secrets: &mut Secrets) {
+        secrets.sensitive(self.password.as_str());
+        secrets.sensitive(format!("{}:{}", self.username, self.password));
+        let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).trim().to_owned();
+        if let Some((cert, key)) = &self.client {
+            secrets.sensitive(text(key));
+            if self.from_secret {
+                secrets.sensitive(text(cert));
+            }
+        }
+        if self.from_secret {
+            secrets.sensitive(self.username.as_str());
+            if let Some(ca) = &self.ca {
+                secrets.sensitive(text(ca));
+            }
+        }
     }
 }
 
@@ -120,13 +136,38 @@ impl fmt::Debug for Credentials {
 mod tests {
     use super::*;
 
+    use crate::redact::Redactor;
+
+    fn redacted(credentials: &Credentials, text: &str) -> String {
+        let mut secrets = Secrets::default();
+        credentials.add_to(&mut secrets);
+        Redactor::new(&secrets).redact(text)
+    }
+
     #[test]
-    fn secrets_cover_plain_and_base64_forms() {
+    fn the_password_is_masked_in_plain_and_base64_forms() {
         let credentials = Credentials::basic("robot", "hunter2");
-        let secrets = credentials.secrets();
-        assert!(secrets.contains(&"hunter2".to_owned()));
-        assert!(secrets.contains(&"aHVudGVyMg==".to_owned()));
-        assert!(secrets.contains(&"cm9ib3Q6aHVudGVyMg==".to_owned()));
+        assert_eq!(
+            redacted(
+                &credentials,
+                "pw hunter2, b64 aHVudGVyMg==, header Basic cm9ib3Q6aHVudGVyMg==; user robot"
+            ),
+            "pw <redacted>, b64 <redacted>, header Basic <redacted>; user robot"
+        );
         assert!(!format!("{credentials:?}").contains("hunter2"));
+    }
+
+    #[test]
+    fn every_value_from_a_secret_is_masked_the_short_username_by_its_line() {
+        let mut credentials = Credentials::basic("bob", "a-long-password")
+            .client_certificate(b"CERT".to_vec(), b"-----BEGIN KEY-----\nabc\n".to_vec());
+        credentials.from_secret = true;
+        assert_eq!(
+            redacted(
+                &credentials,
+                "login failed\nuser bob denied\nkey -----BEGIN KEY-----\nabc\nend"
+            ),
+            "login failed\n<redacted>\nkey <redacted>\nend"
+        );
     }
 }

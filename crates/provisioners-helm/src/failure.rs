@@ -32,8 +32,9 @@ pub struct HelmFailure {
     pub exit: Option<i32>,
     /// The signal that ended helm, when one did (9 for SIGKILL).
     pub signal: Option<i32>,
-    /// helm's stderr, trimmed of noise and to its last 4 KiB, with the
-    /// release's values and credentials redacted.
+    /// helm's stderr, with the release's values and credentials redacted
+    /// (in plain, JSON-escaped and base64 forms), then trimmed of noise and
+    /// cut to its last 4 KiB.
     pub stderr: String,
 }
 
@@ -63,9 +64,10 @@ fn signal_name(signal: i32) -> String {
         .unwrap_or_default()
 }
 
-/// helm's stderr without the `Error: ` prefix and noise, at most the last 4 KiB.
-pub(crate) fn trimmed(stderr: &[u8]) -> String {
-    let text = String::from_utf8_lossy(stderr);
+/// helm's (already redacted) stderr without the `Error: ` prefix and noise,
+/// at most the last 4 KiB; the cut never splits a mask's marker.
+pub(crate) fn trimmed(stderr: impl AsRef<[u8]>) -> String {
+    let text = String::from_utf8_lossy(stderr.as_ref());
     let lines: Vec<&str> = text
         .lines()
         .map(str::trim_end)
@@ -81,6 +83,7 @@ pub(crate) fn trimmed(stderr: &[u8]) -> String {
         while !joined.is_char_boundary(start) {
             start += 1;
         }
+        start = past_markers(&joined, start);
         joined = format!("...{}", &joined[start..]);
     }
     if joined.is_empty() {
@@ -88,6 +91,19 @@ pub(crate) fn trimmed(stderr: &[u8]) -> String {
     } else {
         joined
     }
+}
+
+/// `start`, or the end of a marker that it falls inside.
+fn past_markers(text: &str, start: usize) -> usize {
+    for marker in [crate::redact::MARKER, crate::capture::CUT] {
+        let from = start.saturating_sub(marker.len() - 1);
+        for at in from..start {
+            if text.is_char_boundary(at) && text[at..].starts_with(marker) {
+                return at + marker.len();
+            }
+        }
+    }
+    start
 }
 
 impl fmt::Display for HelmFailure {
@@ -110,5 +126,20 @@ mod tests {
         let killed = HelmFailure::new(ExitStatus::from_raw(9), String::new());
         assert_eq!((killed.exit, killed.signal), (None, Some(9)));
         assert_eq!(killed.ended(), "signal: 9 (SIGKILL)");
+    }
+
+    #[test]
+    fn the_cut_never_splits_a_marker() {
+        let marker = crate::redact::MARKER;
+        for shift in 0..=marker.len() {
+            let text = format!("{}{marker}{}", "a".repeat(100), "b".repeat(4096 - shift));
+            let cut = trimmed(&text);
+            let rest = cut.strip_prefix("...").unwrap();
+            assert!(
+                rest.starts_with(marker) || rest.starts_with('b'),
+                "{shift}: {}",
+                &rest[..20]
+            );
+        }
     }
 }

@@ -172,12 +172,14 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod capture;
 mod chart;
 mod credentials;
 mod failure;
 mod objects;
 mod process;
 mod processes;
+mod redact;
 mod release;
 mod storage;
 mod values;

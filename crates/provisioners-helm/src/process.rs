@@ -9,6 +9,8 @@
 //! its place under the cluster's [process bound](crate::HelmProcesses) until then.
 //! A run with a deadline is stopped the same way once the deadline has
 //! passed, so a helm pointed at a cluster that never answers frees its place.
+//! Its output is read within a [budget](crate::capture), and its stderr is
+//! [redacted](crate::redact) here, before anything else sees it.
 
 use std::ffi::OsString;
 use std::io;
@@ -19,18 +21,21 @@ use std::time::Duration;
 
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::process::{Child, Command};
 use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::sync::CancellationToken;
 
+use crate::capture::{self, Capture, MAX_STDOUT};
 use crate::processes::HelmProcesses;
+use crate::redact::Redactor;
 use crate::workdir::WorkDir;
 
 /// One helm run: the binary, its arguments, its private directory (shared
 /// by the steps of one operation, removed when the last is done), what it
 /// reads on stdin (a password for `--password-stdin`), the bound it runs
-/// under and how long it may run once started.
+/// under, how long it may run once started, and the secrets masked in its
+/// stderr.
 pub(crate) struct Invocation {
     pub(crate) program: PathBuf,
     pub(crate) args: Vec<OsString>,
@@ -38,6 +43,7 @@ pub(crate) struct Invocation {
     pub(crate) stdin: Option<Vec<u8>>,
     pub(crate) processes: Arc<HelmProcesses>,
     pub(crate) deadline: Option<Duration>,
+    pub(crate) redactor: Arc<Redactor>,
 }
 
 impl std::fmt::Debug for Invocation {
@@ -54,8 +60,10 @@ impl std::fmt::Debug for Invocation {
 #[derive(Debug)]
 pub(crate) struct Output {
     pub(crate) status: ExitStatus,
+    /// Whole, at most [`MAX_STDOUT`] bytes.
     pub(crate) stdout: Vec<u8>,
-    pub(crate) stderr: Vec<u8>,
+    /// Redacted, then cut to its budget (see [`capture`]).
+    pub(crate) stderr: String,
 }
 
 /// Why a run produced no [`Output`].
@@ -69,6 +77,9 @@ pub(crate) enum RunError {
     Cancelled,
     /// It ran past its deadline (given here); it was stopped and is gone.
     Deadline(Duration),
+    /// It exited, but printed more than this many bytes on stdout (read to
+    /// its end and dropped); its exit status.
+    StdoutLimit(usize, ExitStatus),
 }
 
 /// How the wait for a started process ended.
@@ -91,6 +102,7 @@ pub(crate) async fn run(
         stdin,
         processes,
         deadline,
+        redactor,
     } = invocation;
     let permit = tokio::select! {
         permit = processes.acquire() => permit.map_err(|_| {
@@ -140,8 +152,14 @@ pub(crate) async fn run(
             let _ = pipe.write_all(&bytes).await;
         });
     }
-    let stdout = tokio::spawn(read_all(child.stdout.take()));
-    let stderr = tokio::spawn(read_all(child.stderr.take()));
+    let stdout = tokio::spawn(capture::read(
+        child.stdout.take(),
+        Capture::new(MAX_STDOUT, 0),
+    ));
+    let stderr = tokio::spawn(capture::read(
+        child.stderr.take(),
+        capture::for_stderr(&redactor),
+    ));
     let mut guard = DropGuard(Some(Running {
         child: Some(child),
         pid: Pid::from_raw(pid),
@@ -173,20 +191,27 @@ pub(crate) async fn run(
     match finished {
         Ended::Exited(status) => {
             running.child = None;
-            let joined = |read: Result<io::Result<Vec<u8>>, tokio::task::JoinError>| {
-                read.map_err(io::Error::other).and_then(|bytes| bytes)
+            let joined = |read: Result<io::Result<_>, tokio::task::JoinError>| {
+                read.map_err(io::Error::other).and_then(|capture| capture)
             };
             let output = async {
-                Ok::<_, io::Error>(Output {
-                    status: status?,
-                    stdout: joined(stdout.await)?,
-                    stderr: joined(stderr.await)?,
-                })
+                let status = status?;
+                let stdout = joined(stdout.await)?;
+                let stderr = joined(stderr.await)?;
+                Ok::<_, io::Error>((status, stdout, stderr))
             }
             .await;
             // The files go once the output is read (a grandchild may hold the pipes).
             drop(running);
-            output.map_err(RunError::Wait)
+            let (status, stdout, stderr) = output.map_err(RunError::Wait)?;
+            let stdout = stdout
+                .into_whole()
+                .ok_or(RunError::StdoutLimit(MAX_STDOUT, status))?;
+            Ok(Output {
+                status,
+                stdout,
+                stderr: capture::stderr_text(stderr, &redactor),
+            })
         }
         Ended::Cancelled => {
             running.terminate().await;
@@ -198,14 +223,6 @@ pub(crate) async fn run(
             Err(RunError::Deadline(deadline))
         }
     }
-}
-
-async fn read_all(pipe: Option<impl AsyncRead + Unpin>) -> io::Result<Vec<u8>> {
-    let mut buffer = Vec::new();
-    if let Some(mut pipe) = pipe {
-        pipe.read_to_end(&mut buffer).await?;
-    }
-    Ok(buffer)
 }
 
 /// A started process and what must outlive it.
@@ -295,6 +312,7 @@ mod tests {
             stdin: None,
             processes: Arc::default(),
             deadline: None,
+            redactor: Arc::default(),
         }
     }
 
@@ -344,9 +362,59 @@ mod tests {
         .unwrap();
         assert_eq!(output.status.code(), Some(2));
         assert_eq!(output.stdout, b".\n");
-        let stderr = String::from_utf8(output.stderr).unwrap();
+        let stderr = output.stderr;
         assert!(stderr.contains("/nonexistent-provisioners"), "{stderr}");
         assert_eq!(std::fs::read_dir(root.path()).unwrap().count(), 0);
+    }
+
+    #[tokio::test]
+    async fn stderr_is_redacted_as_it_is_read() {
+        let root = tempfile::tempdir().unwrap();
+        let mut secrets = crate::redact::Secrets::default();
+        secrets.sensitive("hunter2hunter2");
+        let output = run(
+            Invocation {
+                redactor: Arc::new(crate::redact::Redactor::new(&secrets)),
+                ..invocation("ls", &["/nonexistent-hunter2hunter2"], root.path())
+            },
+            &CancellationToken::new(),
+            Duration::from_secs(1),
+        )
+        .await
+        .unwrap();
+        assert!(
+            output.stderr.contains("/nonexistent-<redacted>"),
+            "{}",
+            output.stderr
+        );
+        assert!(!output.stderr.contains("hunter2"), "{}", output.stderr);
+    }
+
+    #[tokio::test]
+    async fn stdout_past_its_cap_is_an_error_and_read_to_its_end() {
+        let root = tempfile::tempdir().unwrap();
+        let over = (MAX_STDOUT + 1).to_string();
+        let error = run(
+            invocation("head", &["-c", &over, "/dev/zero"], root.path()),
+            &CancellationToken::new(),
+            Duration::from_secs(1),
+        )
+        .await
+        .unwrap_err();
+        // `head` wrote it all and exited by itself: nothing blocked it.
+        assert!(
+            matches!(error, RunError::StdoutLimit(limit, status) if limit == MAX_STDOUT && status.success()),
+            "{error:?}"
+        );
+        let at_cap = MAX_STDOUT.to_string();
+        let output = run(
+            invocation("head", &["-c", &at_cap, "/dev/zero"], root.path()),
+            &CancellationToken::new(),
+            Duration::from_secs(1),
+        )
+        .await
+        .unwrap();
+        assert_eq!(output.stdout.len(), MAX_STDOUT);
     }
 
     #[tokio::test]
@@ -502,6 +570,7 @@ mod tests {
             stdin: None,
             processes: Arc::default(),
             deadline: None,
+            redactor: Arc::default(),
         };
         let cancel = CancellationToken::new();
         let grace = Duration::from_millis(500);

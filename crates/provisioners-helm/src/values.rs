@@ -1,5 +1,5 @@
-//! Values: merging name/value parameters, canonical form for the digest, and
-//! redaction of values from helm's messages.
+//! Values: merging name/value parameters and the canonical form for the
+//! digest (their redaction from helm's messages is [`crate::redact`]'s).
 
 use serde_json::{Map, Value};
 
@@ -91,37 +91,6 @@ pub(crate) fn canonical(value: &Value, out: &mut Vec<u8>) {
     }
 }
 
-/// Shortest string value that is masked in helm's messages: shorter ones
-/// (`true`, `1`, names) are too common to hide without garbling the message.
-const MIN_REDACTED_LEN: usize = 6;
-
-/// Replaces every string value of `values` (of at least [`MIN_REDACTED_LEN`]
-/// characters) and every one of `also` (whatever its length) found in
-/// `message` by `<redacted>`.
-pub(crate) fn redact(message: &str, values: &Value, also: &[String]) -> String {
-    let mut secrets = Vec::new();
-    collect_strings(values, &mut secrets);
-    secrets.extend(also.iter().map(String::as_str).filter(|s| !s.is_empty()));
-    // Longest first, so a value containing another is masked whole.
-    secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
-    let mut message = message.to_owned();
-    for secret in secrets {
-        if message.contains(secret) {
-            message = message.replace(secret, "<redacted>");
-        }
-    }
-    message
-}
-
-fn collect_strings<'a>(value: &'a Value, out: &mut Vec<&'a str>) {
-    match value {
-        Value::String(s) if s.chars().count() >= MIN_REDACTED_LEN => out.push(s),
-        Value::Array(items) => items.iter().for_each(|v| collect_strings(v, out)),
-        Value::Object(map) => map.values().for_each(|v| collect_strings(v, out)),
-        _ => {}
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use serde_json::json;
@@ -171,21 +140,6 @@ mod tests {
         assert_eq!(
             String::from_utf8(ca).unwrap(),
             r#"{"a":{"x":null,"y":[1,"x"]},"b":1}"#
-        );
-    }
-
-    #[test]
-    fn values_are_redacted_from_messages() {
-        let values =
-            json!({"db": {"password": "hunter2hunter2", "user": "app"}, "list": ["tokenvalue"]});
-        let message = "Deployment is invalid: value \"hunter2hunter2\" and tokenvalue; app ok";
-        assert_eq!(
-            redact(message, &values, &[]),
-            "Deployment is invalid: value \"<redacted>\" and <redacted>; app ok"
-        );
-        assert_eq!(
-            redact("401 for pw: abc", &Value::Null, &["abc".to_owned()]),
-            "401 for pw: <redacted>"
         );
     }
 }

@@ -76,6 +76,8 @@ async fn run_version(
         processes,
         // `helm version` reads no cluster: a hang is a broken binary.
         deadline: Some(VERSION_DEADLINE),
+        // No release, no secrets: its stderr is only bounded.
+        redactor: Arc::default(),
     };
     let output = match process::run(invocation, cancel, Duration::from_secs(5)).await {
         Ok(output) => output,
@@ -94,6 +96,12 @@ async fn run_version(
         Err(RunError::Deadline(after)) => {
             return Err(Error::timeout(format!(
                 "`{shown} version` did not answer within {after:?}; it was stopped"
+            )));
+        }
+        Err(RunError::StdoutLimit(limit, _)) => {
+            return Err(Error::invalid(format!(
+                "`{shown} version` printed more than {} MiB; is it helm?",
+                limit >> 20
             )));
         }
     };

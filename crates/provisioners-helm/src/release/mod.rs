@@ -161,6 +161,8 @@ pub struct HelmRelease {
     create_namespace: bool,
     values: std::result::Result<Value, String>,
     parameters: Vec<(String, Value)>,
+    /// Values given by [`set_sensitive`](HelmRelease::set_sensitive).
+    sensitive: Vec<Value>,
     wait: Option<Duration>,
     hook_timeout: Option<Duration>,
     drift: Drift,
@@ -189,6 +191,7 @@ impl HelmRelease {
             create_namespace: false,
             values: Ok(Value::Object(serde_json::Map::new())),
             parameters: Vec::new(),
+            sensitive: Vec::new(),
             wait: None,
             hook_timeout: None,
             drift: Drift::default(),
@@ -244,6 +247,32 @@ impl HelmRelease {
     /// as `\.`), over [`values`](HelmRelease::values). Later calls win.
     pub fn set(mut self, name: impl Into<String>, value: impl Into<Value>) -> Self {
         self.parameters.push((name.into(), value.into()));
+        self
+    }
+
+    /// Sets one value as [`set`](HelmRelease::set) does, and masks it in
+    /// every message of helm, whatever its length: in plain, JSON-escaped
+    /// and base64 forms, the whole line when it is shorter than 6
+    /// characters. Give every value read from a Secret this way; a map
+    /// masks every string and number in it.
+    ///
+    /// String values of at least 6 characters given any way are masked too;
+    /// shorter ones only when sensitive.
+    ///
+    /// ```
+    /// use provisioners_helm::{Chart, HelmRelease};
+    ///
+    /// # let password_from_secret = String::new();
+    /// let release = HelmRelease::new("db", Chart::local("charts/db"))
+    ///     .set("auth.username", "app")
+    ///     .set_sensitive("auth.password", password_from_secret)
+    ///     .set_sensitive("tls", serde_json::json!({"pin": 1234}));
+    /// # let _ = release;
+    /// ```
+    pub fn set_sensitive(mut self, name: impl Into<String>, value: impl Into<Value>) -> Self {
+        let value = value.into();
+        self.sensitive.push(value.clone());
+        self.parameters.push((name.into(), value));
         self
     }
 
@@ -367,6 +396,9 @@ impl HelmRelease {
 
     fn validate(&self) -> Result<()> {
         self.validate_names()?;
+        self.chart
+            .check_credentials()
+            .map_err(|e| Error::invalid(format!("release `{}`: {e}", self.id())))?;
         if let Chart::Local(path) = &self.chart
             && !path.exists()
         {

@@ -14,11 +14,10 @@ use super::background::Purpose;
 use super::classify::classify;
 use super::lock::Serialised;
 use crate::chart::Chart;
-use crate::credentials::Credentials;
 use crate::failure::{HelmFailure, trimmed};
 use crate::process::{self, Invocation, Output, RunError};
 use crate::processes::HelmProcesses;
-use crate::values;
+use crate::redact::{Redactor, Secrets};
 use crate::workdir::WorkDir;
 
 impl HelmRelease {
@@ -43,6 +42,28 @@ impl HelmRelease {
                 ))
                 .with_source(e)
             })
+    }
+
+    /// What helm's messages must not show: `values` and every value and
+    /// parameter of the release (also in a rollback or an uninstall, which
+    /// run with none), the sensitive ones whatever their length, and the
+    /// credentials.
+    fn redactor(&self, values: &Value) -> Redactor {
+        let mut secrets = Secrets::default();
+        secrets.plain_values(values);
+        if let Ok(values) = &self.values {
+            secrets.plain_values(values);
+        }
+        for (_, value) in &self.parameters {
+            secrets.plain_values(value);
+        }
+        for value in &self.sensitive {
+            secrets.sensitive_values(value);
+        }
+        if let Some(credentials) = &self.credentials {
+            credentials.add_to(&mut secrets);
+        }
+        Redactor::new(&secrets)
     }
 
     /// Runs helm with the arguments `write` returns for `work`, its private
@@ -75,6 +96,7 @@ impl HelmRelease {
             stdin,
             processes: HelmProcesses::of(cx.cluster()),
             deadline: Some(self.run_deadline()),
+            redactor: Arc::new(self.redactor(values)),
         };
         let stop = cx.cancellation().child_token();
         // Dropped with this future (and harmless once helm is done).
@@ -102,6 +124,16 @@ impl HelmRelease {
                 ))
                 .with_source(e));
             }
+            Ok(Err(RunError::StdoutLimit(limit, status))) => {
+                return Err(Error::failed(format!(
+                    "helm {action} of release `{}` ({}) printed more than {} MiB on stdout, \
+                     the most read ({}); its output was dropped",
+                    self.id(),
+                    self.chart_shown(),
+                    limit >> 20,
+                    HelmFailure::new(status, String::new()).ended()
+                )));
+            }
             Ok(Err(RunError::Wait(e))) => {
                 return Err(Error::failed(format!(
                     "helm {action} of release `{}` failed: {e}",
@@ -120,13 +152,8 @@ impl HelmRelease {
         if output.status.success() {
             return Ok(output);
         }
-        let credentials = self
-            .credentials
-            .as_ref()
-            .map(Credentials::secrets)
-            .unwrap_or_default();
-        let stderr = values::redact(&trimmed(&output.stderr), values, &credentials);
-        let failure = HelmFailure::new(output.status, stderr);
+        // Redacted as it was read, before any cut.
+        let failure = HelmFailure::new(output.status, trimmed(&output.stderr));
         let message = format!(
             "helm {action} of release `{}` ({}) failed ({}): {}",
             self.id(),

@@ -228,7 +228,7 @@ impl Manifest {
             let mut params = ListParams::default().limit(PAGE);
             let mut existing: HashMap<String, DynamicObject> = HashMap::new();
             let mut complete = false;
-            for _ in 0..EXISTING_PAGES {
+            for _ in 0..EXISTING_PAGES.min(page_limit(cx)) {
                 let page = match api.list_metadata(&params).await {
                     Ok(page) => page,
                     Err(error) => {
@@ -292,9 +292,23 @@ impl Manifest {
         for ((_, _, namespace), indices) in groups {
             let first = &objects[indices[0]];
             let api = dynamic_api(cx, &first.kind.resource, namespace.as_deref());
-            let items = match list_all(&api, &selector).await {
+            let items = match list_all(
+                &api,
+                &selector,
+                page_limit(cx),
+                &first.key.kind,
+                namespace.as_deref(),
+            )
+            .await
+            {
                 Ok(items) => items,
-                Err(error) => {
+                Err(ListError::Pages(error)) => {
+                    // Past the client policy's cap (objects labelled as
+                    // ours by the thousand): read them one by one.
+                    tracing::warn!(%error, "listing our objects stopped");
+                    continue;
+                }
+                Err(ListError::Kube(error)) => {
                     tracing::debug!(%error, kind = %first.key.kind, "listing our objects failed");
                     continue;
                 }
@@ -311,21 +325,54 @@ impl Manifest {
     }
 }
 
-/// Every object matching `selector`, page by page.
+/// How many pages a LIST of `cx`'s cluster may follow: its client
+/// policy's [cap](provisioners_core::ClientPolicy::pages).
+pub(super) fn page_limit(cx: &Context) -> usize {
+    cx.cluster()
+        .policy()
+        .map_or(provisioners_core::DEFAULT_PAGE_LIMIT, |policy| {
+            policy.pages()
+        })
+}
+
+/// Why [`list_all`] returned no list.
+#[derive(Debug)]
+pub(super) enum ListError {
+    /// A request failed.
+    Kube(kube::Error),
+    /// More pages than the cap: an `Unavailable` error naming the kind,
+    /// the namespace and the cap.
+    Pages(Error),
+}
+
+/// Every object of `kind` in `namespace` matching `selector`, page by
+/// page, following at most `pages` pages.
 pub(super) async fn list_all(
     api: &Api<DynamicObject>,
     selector: &str,
-) -> Result<Vec<DynamicObject>, kube::Error> {
+    pages: usize,
+    kind: &str,
+    namespace: Option<&str>,
+) -> std::result::Result<Vec<DynamicObject>, ListError> {
     let mut params = ListParams::default().labels(selector).limit(PAGE);
     let mut items = Vec::new();
-    loop {
-        let page = api.list(&params).await?;
+    for _ in 0..pages.max(1) {
+        let page = api.list(&params).await.map_err(ListError::Kube)?;
         items.extend(page.items);
         match page.metadata.continue_ {
             Some(token) if !token.is_empty() => params = params.continue_token(&token),
             _ => return Ok(items),
         }
     }
+    let place = namespace.map_or_else(
+        || "cluster-wide".to_owned(),
+        |namespace| format!("in namespace {namespace}"),
+    );
+    Err(ListError::Pages(Error::unavailable(format!(
+        "listing {kind} objects labelled `{selector}` {place} passed the client policy's \
+         limit of {pages} pages of {PAGE}; raise it with ClientPolicy::page_limit, or find \
+         what created so many objects with this node's label"
+    ))))
 }
 
 /// Namespaces the API server never deletes: applying to them (labels for

@@ -306,3 +306,50 @@ async fn nothing_is_read_or_dry_run_in_a_namespace_the_manifest_creates() {
         Some("its namespace ns is created by this manifest first (not dry-run)")
     );
 }
+
+#[tokio::test]
+async fn listing_our_objects_stops_at_the_policy_s_page_cap() {
+    let (cx, mut api) = mock::context();
+    let resource = kube::api::ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&());
+    let objects: kube::Api<kube::api::DynamicObject> =
+        kube::Api::namespaced_with(cx.client().clone(), "ns", &resource);
+    let list = tokio::spawn(async move {
+        super::apply::list_all(&objects, "owner=x", 3, "ConfigMap", Some("ns")).await
+    });
+    // A namespace that always has another page (objects created as fast as
+    // they are listed, or a server that never ends its list).
+    for page in 0..3 {
+        let request = api.next().await;
+        assert_eq!(request.uri.path(), "/api/v1/namespaces/ns/configmaps");
+        if page > 0 {
+            assert!(
+                request
+                    .uri
+                    .query()
+                    .unwrap_or_default()
+                    .contains("continue=t")
+            );
+        }
+        request.answer(
+            200,
+            json!({"apiVersion": "v1", "kind": "ConfigMapList",
+                   "metadata": {"continue": format!("t{page}")}, "items": []}),
+        );
+    }
+    let error = match list.await.unwrap() {
+        Err(super::apply::ListError::Pages(error)) => error,
+        other => panic!("expected the page cap, got {other:?}"),
+    };
+    let text = error.to_string();
+    assert_eq!(error.kind(), ErrorKind::Unavailable);
+    for part in [
+        "ConfigMap",
+        "namespace ns",
+        "limit of 3 pages",
+        "page_limit",
+    ] {
+        assert!(text.contains(part), "{part}: {text}");
+    }
+    // It returned after the third answer: no fourth page was asked for.
+    drop(api);
+}
