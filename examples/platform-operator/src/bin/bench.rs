@@ -388,11 +388,24 @@ impl Cpu {
         }
     }
 
-    /// What the phase's numbers fail to explain: our own and helm's time
-    /// beyond what the whole machine was busy for (a little slack for the
-    /// tick rounding of two separate counters). `None` when they fit.
-    fn inconsistency(&self) -> Option<String> {
+    /// What a phase of `wall` time on `cores` cores fails to explain: our
+    /// own and helm's time beyond what the whole machine was busy for, or
+    /// the machine's clocks running ahead of the wall clock (a VM paused or
+    /// restored mid-run charges the jump to whatever was running). A little
+    /// slack covers the tick rounding of separate counters. `None` when the
+    /// numbers fit.
+    fn inconsistency(&self, wall: Duration, cores: usize) -> Option<String> {
         let ours = self.operator + self.helm;
+        let possible = wall.as_secs_f64() * cores as f64;
+        if self.machine_total > possible * 1.05 + 1.0 {
+            return Some(format!(
+                "the cores' clocks advanced {:.1} s in {:.1} s of wall time on {cores} cores \
+                 (at most {possible:.1} s): the VM was paused or its clock jumped; CPU figures \
+                 of this phase are not usable",
+                self.machine_total,
+                wall.as_secs_f64()
+            ));
+        }
         (ours > self.machine_busy * 1.02 + 0.5).then(|| {
             format!(
                 "operator {:.1} s + helm {:.1} s is more than the machine's {:.1} s busy: the \
@@ -466,7 +479,7 @@ fn load_average() -> String {
 
 /// Prints a phase's CPU: ours, helm's, and the machine's busy time against
 /// what its cores could give in that time, with the load averages.
-fn report_cpu(what: &str, cpu: Cpu, load_before: &str) {
+fn report_cpu(what: &str, cpu: Cpu, wall: Duration, load_before: &str) {
     let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
     println!(
         "  CPU {what}: operator {:.1} s, helm {:.1} s; the machine was busy {:.1} s of {:.1} s \
@@ -477,7 +490,7 @@ fn report_cpu(what: &str, cpu: Cpu, load_before: &str) {
         cpu.machine_total,
         load_average()
     );
-    if let Some(problem) = cpu.inconsistency() {
+    if let Some(problem) = cpu.inconsistency(wall, cores) {
         println!("  WARNING: {problem}");
     }
 }
@@ -693,6 +706,7 @@ async fn main() -> anyhow::Result<()> {
 
     // 1. From nothing to all Available.
     let (cpu_before, load_before) = (Cpu::now(), load_average());
+    let phase_started = Instant::now();
     let requests_before = requests.snapshot();
     let stop = CancellationToken::new();
     let first = tokio::spawn(controller(cx.clone(), shared(Arc::default()), stop.clone()));
@@ -712,7 +726,12 @@ async fn main() -> anyhow::Result<()> {
         helm_peak / 1024,
         provisioning.discoveries
     );
-    report_cpu("to all Available", Cpu::now() - cpu_before, &load_before);
+    report_cpu(
+        "to all Available",
+        Cpu::now() - cpu_before,
+        phase_started.elapsed(),
+        &load_before,
+    );
     phases.report("to all Available", n);
 
     // 2. A full no-op resync: a new controller lists and reconciles all N.
@@ -732,6 +751,7 @@ async fn main() -> anyhow::Result<()> {
     let changes_before = changes.load(Ordering::Relaxed);
     let provisioned = Arc::new(Provisioned::default());
     let (cpu_before, load_before) = (Cpu::now(), load_average());
+    let phase_started = Instant::now();
     let before = requests.snapshot();
     let stop = CancellationToken::new();
     let resync = tokio::spawn(controller(
@@ -745,7 +765,7 @@ async fn main() -> anyhow::Result<()> {
     })
     .await?;
     let during = requests.snapshot() - before;
-    let resync_cpu = Cpu::now() - cpu_before;
+    let (resync_cpu, resync_wall) = (Cpu::now() - cpu_before, phase_started.elapsed());
     let resync_rss = rss_kib(std::process::id());
     stop.cancel();
     resync.await?;
@@ -758,7 +778,7 @@ async fn main() -> anyhow::Result<()> {
         elapsed.as_secs_f64(),
         resync_rss / 1024,
     );
-    report_cpu("in the no-op resync", resync_cpu, &load_before);
+    report_cpu("in the no-op resync", resync_cpu, resync_wall, &load_before);
     println!(
         "  requests: {:.1}/object; writes {} (applies {}, status writes {}, other writes {}); reads {} ({:.1}/object), watches {}",
         per(during.reads + during.applies + during.statuses + during.other_writes),
@@ -840,7 +860,8 @@ mod tests {
         assert!((phase.helm - 10.0).abs() < 1e-9);
         assert!((phase.machine_busy - 15.0).abs() < 1e-9);
         assert!((phase.machine_total - 20.0).abs() < 1e-9);
-        assert_eq!(phase.inconsistency(), None);
+        let wall = Duration::from_secs(10);
+        assert_eq!(phase.inconsistency(wall, 2), None);
 
         // 457 s of helm in a phase where the machine was busy 51 s: wrong.
         let impossible = Cpu {
@@ -849,7 +870,18 @@ mod tests {
             machine_busy: 51.2,
             machine_total: 51.2,
         };
-        assert!(impossible.inconsistency().unwrap().contains("457.4"));
+        let wall = Duration::from_secs_f64(25.6);
+        assert!(impossible.inconsistency(wall, 2).unwrap().contains("457.4"));
+
+        // Clocks that ran ahead of the wall clock (a paused VM charged the
+        // jump to helm, and to the machine's counters alike).
+        let jumped = Cpu {
+            operator: 3.0,
+            helm: 457.4,
+            machine_busy: 470.0,
+            machine_total: 480.0,
+        };
+        assert!(jumped.inconsistency(wall, 2).unwrap().contains("paused"));
     }
 
     #[test]
