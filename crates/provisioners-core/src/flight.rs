@@ -49,7 +49,8 @@ type Landed<T> = std::result::Result<T, Arc<Error>>;
 ///     let runs = Arc::clone(&runs);
 ///     flights.run("v1", async move {
 ///         runs.fetch_add(1, Ordering::SeqCst);
-///         tokio::task::yield_now().await; // as a request would
+///         // A request: the others ask while it is under way.
+///         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
 ///         Ok(7)
 ///     })
 /// };
@@ -258,6 +259,15 @@ mod tests {
     use super::*;
     use crate::ErrorKind;
 
+    /// Callers waiting for the run of `key` (0 when none runs).
+    fn waiters<K: Eq + Hash + std::borrow::Borrow<str>, T>(
+        flights: &SingleFlight<K, T>,
+        key: &str,
+    ) -> usize {
+        let flights = flights.flights.lock().unwrap();
+        flights.running.get(key).map_or(0, |f| f.waiters)
+    }
+
     /// Work that counts its runs and lands when `release` is notified.
     fn counted(
         runs: &Arc<AtomicUsize>,
@@ -285,7 +295,7 @@ mod tests {
             })
             .collect();
         // Every caller has joined before the run lands.
-        while flights.flights.lock().unwrap().running.get("v1").map(|f| f.waiters) != Some(32) {
+        while waiters(&flights, "v1") != 32 {
             tokio::task::yield_now().await;
         }
         release.notify_one();
@@ -389,7 +399,7 @@ mod tests {
             let work = counted(&runs, &release, Ok(4));
             tokio::spawn(async move { flights.run("v1", work).await })
         };
-        while flights.flights.lock().unwrap().running.get("v1").map(|f| f.waiters) != Some(2) {
+        while waiters(&flights, "v1") != 2 {
             tokio::task::yield_now().await;
         }
         first.abort();

@@ -163,10 +163,7 @@ impl Discovery {
     }
 }
 
-async fn fetch(
-    client: &kube::Client,
-    api_version: &str,
-) -> Result<Option<HashMap<String, Kind>>> {
+async fn fetch(client: &kube::Client, api_version: &str) -> Result<Option<HashMap<String, Kind>>> {
     let call = async {
         if api_version.contains('/') {
             client.list_api_group_resources(api_version).await
@@ -254,9 +251,9 @@ mod tests {
         (0..n)
             .map(|_| {
                 let cx = cx.clone();
-                tokio::spawn(async move {
-                    Discovery::of(&cx).resolve(&cx, api_version, kind).await
-                })
+                tokio::spawn(
+                    async move { Discovery::of(&cx).resolve(&cx, api_version, kind).await },
+                )
             })
             .collect()
     }
@@ -311,10 +308,14 @@ mod tests {
         let_them_run().await;
         discovery.answer(503, json!({}));
         for caller in first {
-            let error = outcome(caller).await.expect_err("the 503 reaches every caller");
+            let error = outcome(caller)
+                .await
+                .expect_err("the 503 reaches every caller");
             assert_eq!(error.kind(), ErrorKind::Unavailable, "{error}");
             assert!(
-                error.message().contains("discovering the kinds of apiVersion v1"),
+                error
+                    .message()
+                    .contains("discovering the kinds of apiVersion v1"),
                 "{error}"
             );
         }

@@ -841,7 +841,8 @@ mod tests {
     #[test]
     fn machine_cpu_counts_guest_once_and_steal_as_not_busy() {
         // user nice system idle iowait irq softirq steal guest guest_nice
-        let stat = "cpu  1000 100 300 5000 200 10 40 350 400 0\ncpu0 500 50 150 2500 100 5 20 175 200 0\n";
+        let stat =
+            "cpu  1000 100 300 5000 200 10 40 350 400 0\ncpu0 500 50 150 2500 100 5 20 175 200 0\n";
         let (busy, total) = machine_cpu(stat);
         assert!((busy - 14.5).abs() < 1e-9, "{busy}"); // user+nice+system+irq+softirq
         assert!((total - 70.0).abs() < 1e-9, "{total}"); // + idle + iowait + steal
