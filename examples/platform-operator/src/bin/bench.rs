@@ -478,12 +478,16 @@ fn load_average() -> String {
 }
 
 /// Prints a phase's CPU: ours, helm's, and the machine's busy time against
-/// what its cores could give in that time, with the load averages.
+/// what its cores could give in that time, with the load averages. `wall`
+/// is the span the counters were read over (the phase, the controller's
+/// graceful shutdown and the wait for helm runs to end), which may be longer
+/// than the phase's own figure.
 fn report_cpu(what: &str, cpu: Cpu, wall: Duration, load_before: &str) {
     let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
     println!(
-        "  CPU {what}: operator {:.1} s, helm {:.1} s; the machine was busy {:.1} s of {:.1} s \
-         ({cores} cores; load {load_before} -> {})",
+        "  CPU {what} (over {:.1} s): operator {:.1} s, helm {:.1} s; the machine was busy {:.1} s \
+         of {:.1} s ({cores} cores; load {load_before} -> {})",
+        wall.as_secs_f64(),
         cpu.operator,
         cpu.helm,
         cpu.machine_busy,
