@@ -18,7 +18,8 @@
 //!   timeout and a short retry of transient failures, so leaves never write
 //!   their own), and per-cluster state ([`Cluster::state`],
 //!   [`Cluster::shared_state`]) where leaf crates keep what they learn about
-//!   a cluster;
+//!   a cluster, with [`SingleFlight`] so that callers learning the same
+//!   thing at once (API discovery) share one request;
 //! - [`Metadata`], the one way to name a node; [`Context::provision`]
 //!   rejects a name that is empty or holds `/` before the node runs;
 //! - [plans](plan): [`Context::plan`] asks a tree what it would do, without
@@ -104,6 +105,7 @@ mod cluster;
 mod context;
 pub mod drift;
 mod error;
+mod flight;
 mod health;
 mod observe;
 mod owner;
@@ -118,6 +120,7 @@ pub use async_trait::async_trait;
 pub use cluster::Cluster;
 pub use context::{Context, DEFAULT_FIELD_MANAGER, DEFAULT_SHUTDOWN_GRACE};
 pub use error::{Error, ErrorKind, Result, Waiting};
+pub use flight::SingleFlight;
 pub use health::{Health, Unreachable};
 pub use observe::{Event, Observer, Operation, Outcome, Phase};
 pub use owner::{OWNER_KEY_MIN_LEN, Owner, OwnerKeys};

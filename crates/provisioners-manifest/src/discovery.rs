@@ -4,7 +4,9 @@
 //! `/apis/apps/v1`, ...), so an aggregated `APIService` that is down breaks
 //! nothing but the objects of its own group. The cache lives in the
 //! cluster's state ([`Cluster::state`](provisioners_core::Cluster::state)),
-//! so every manifest of every tree on that cluster shares it.
+//! so every manifest of every tree on that cluster shares it, and the fetch
+//! is single-flight: when many first reconciles start together, they share
+//! one request per group-version instead of each sending its own.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -12,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::APIResourceList;
 use kube::core::ApiResource;
-use provisioners_core::{Context, Error, Result};
+use provisioners_core::{Context, Error, Result, SingleFlight};
 
 /// A kind on a cluster does not appear within this long of the last fetch
 /// only if it is really missing: refetch after it.
@@ -48,7 +50,11 @@ struct GroupVersion {
 /// meanwhile is picked up.
 #[derive(Default)]
 pub(crate) struct Discovery {
-    versions: Mutex<HashMap<String, GroupVersion>>,
+    /// Shared with the fetch in flight, which fills it before any of its
+    /// callers returns.
+    versions: Arc<Mutex<HashMap<String, GroupVersion>>>,
+    /// The fetch under way per group-version: concurrent callers share it.
+    fetching: SingleFlight<String, GroupVersion>,
     /// Per node path: when each kind (`apiVersion kind`) the node needs was
     /// first seen unknown.
     unknown_since: Mutex<HashMap<String, HashMap<String, Instant>>>,
@@ -117,27 +123,47 @@ impl Discovery {
         api_version: &str,
         kind: &str,
     ) -> Result<Option<Kind>> {
+        let asked = Instant::now();
         if let Some(cached) = self.cached(api_version) {
             let found = cached.kinds.as_ref().and_then(|k| k.get(kind)).cloned();
             if found.is_some() || cached.fetched.elapsed() < REFRESH_AFTER {
                 return Ok(found);
             }
         }
-        let fetched = GroupVersion {
-            fetched: Instant::now(),
-            kinds: fetch(cx, api_version).await?.map(Arc::new),
-        };
-        let found = fetched.kinds.as_ref().and_then(|k| k.get(kind)).cloned();
-        self.versions
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(api_version.to_owned(), fetched);
-        Ok(found)
+        // One fetch per group-version at a time, whoever asks: the callers
+        // that find it under way wait for it.
+        let versions = Arc::clone(&self.versions);
+        let client = cx.client().clone();
+        let key = api_version.to_owned();
+        let fetched = self
+            .fetching
+            .run(api_version.to_owned(), async move {
+                // A fetch that landed since this caller looked is as good.
+                let landed = versions
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .get(&key)
+                    .filter(|cached| cached.fetched >= asked)
+                    .cloned();
+                if let Some(landed) = landed {
+                    return Ok(landed);
+                }
+                let fetched = GroupVersion {
+                    fetched: Instant::now(),
+                    kinds: fetch(&client, &key).await?.map(Arc::new),
+                };
+                versions
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .insert(key, fetched.clone());
+                Ok(fetched)
+            })
+            .await?;
+        Ok(fetched.kinds.as_ref().and_then(|k| k.get(kind)).cloned())
     }
 }
 
-async fn fetch(cx: &Context, api_version: &str) -> Result<Option<HashMap<String, Kind>>> {
-    let client = cx.client();
+async fn fetch(client: &kube::Client, api_version: &str) -> Result<Option<HashMap<String, Kind>>> {
     let call = async {
         if api_version.contains('/') {
             client.list_api_group_resources(api_version).await
@@ -193,7 +219,113 @@ fn kinds_of(api_version: &str, list: &APIResourceList) -> HashMap<String, Kind> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::Method;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::APIResource;
+    use provisioners_core::ErrorKind;
+    use provisioners_testing::mock;
+    use serde_json::{Value, json};
+    use tokio::task::JoinHandle;
+
+    fn core_v1() -> Value {
+        json!({"kind": "APIResourceList", "groupVersion": "v1", "resources": [
+            {"name": "configmaps", "singularName": "configmap", "namespaced": true,
+             "kind": "ConfigMap", "verbs": ["get", "list", "patch"]},
+        ]})
+    }
+
+    fn apps_v1() -> Value {
+        json!({"kind": "APIResourceList", "groupVersion": "apps/v1", "resources": [
+            {"name": "deployments", "singularName": "deployment", "namespaced": true,
+             "kind": "Deployment", "verbs": ["get", "list", "patch"]},
+        ]})
+    }
+
+    /// `n` callers, as `n` first reconciles would be, each resolving
+    /// `api_version` `kind` on the context's cluster.
+    fn callers(
+        cx: &Context,
+        n: usize,
+        api_version: &'static str,
+        kind: &'static str,
+    ) -> Vec<JoinHandle<Result<Option<Kind>>>> {
+        (0..n)
+            .map(|_| {
+                let cx = cx.clone();
+                tokio::spawn(
+                    async move { Discovery::of(&cx).resolve(&cx, api_version, kind).await },
+                )
+            })
+            .collect()
+    }
+
+    /// Lets every spawned caller run up to its wait (one thread: they run
+    /// only when the test yields).
+    async fn let_them_run() {
+        for _ in 0..200 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    async fn outcome(caller: JoinHandle<Result<Option<Kind>>>) -> Result<Option<Kind>> {
+        tokio::time::timeout(Duration::from_secs(10), caller)
+            .await
+            .expect("a caller still waits: it sent a discovery request of its own")
+            .expect("the caller panicked")
+    }
+
+    #[tokio::test]
+    async fn concurrent_first_callers_on_a_cluster_send_one_discovery_request() {
+        let (cx, mut api) = mock::context();
+        let first = callers(&cx, 32, "v1", "ConfigMap");
+        let discovery = api.next().await;
+        assert_eq!(
+            (&discovery.method, discovery.uri.path()),
+            (&Method::GET, "/api/v1")
+        );
+        let_them_run().await;
+        discovery.answer(200, core_v1());
+        for caller in first {
+            let kind = outcome(caller).await.expect("discovery").expect("served");
+            assert_eq!(kind.resource.plural, "configmaps");
+        }
+        // Later callers find it cached; nothing else was sent: the next
+        // request the API sees is another group-version's discovery.
+        let later = callers(&cx, 4, "v1", "ConfigMap");
+        let apps = callers(&cx, 1, "apps/v1", "Deployment");
+        api.expect(Method::GET, "/apis/apps/v1", 200, apps_v1())
+            .await;
+        for caller in later.into_iter().chain(apps) {
+            assert!(outcome(caller).await.expect("discovery").is_some());
+        }
+    }
+
+    #[tokio::test]
+    async fn concurrent_callers_share_a_failed_discovery_and_the_next_caller_asks_again() {
+        let (cx, mut api) = mock::context();
+        let first = callers(&cx, 8, "v1", "ConfigMap");
+        let discovery = api.next().await;
+        assert_eq!(discovery.uri.path(), "/api/v1");
+        let_them_run().await;
+        discovery.answer(503, json!({}));
+        for caller in first {
+            let error = outcome(caller)
+                .await
+                .expect_err("the 503 reaches every caller");
+            assert_eq!(error.kind(), ErrorKind::Unavailable, "{error}");
+            assert!(
+                error
+                    .message()
+                    .contains("discovering the kinds of apiVersion v1"),
+                "{error}"
+            );
+        }
+        // A failure is not cached: the next caller fetches again.
+        let again = callers(&cx, 1, "v1", "ConfigMap");
+        api.expect(Method::GET, "/api/v1", 200, core_v1()).await;
+        for caller in again {
+            assert!(outcome(caller).await.expect("discovery").is_some());
+        }
+    }
 
     #[test]
     fn subresources_are_skipped_and_scope_is_kept() {

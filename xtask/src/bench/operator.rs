@@ -1,7 +1,10 @@
 //! `cargo xtask bench operator [--quick]`: N Platform-like objects
 //! reconciled by one in-process operator on a local control plane of its own
-//! (`bench-operator`): time until all are Available, a full no-op resync
-//! (time, API writes, requests per object), operator and helm RSS.
+//! (`bench-operator`): time until all are Available, passes per tree, API
+//! discovery requests, a full no-op resync (time, API writes, requests per
+//! object), operator and helm RSS, and per phase the CPU of the operator,
+//! of the helm runs it waited for and of the whole machine (the bound the
+//! two must fit in; the bench warns when they do not).
 //!
 //! N is 100 and 1,000 (20 with `--quick`; `PROVISIONERS_BENCH_OPERATOR_N=100,300`
 //! to choose). The work is done by the `bench` binary of `platform-operator`, built in

@@ -16,10 +16,15 @@
 //! Measured: time until all N are Available (one operator, fresh cluster
 //! state); a full no-op resync (a new controller lists and reconciles all N
 //! again: time, API writes, which must be 0, and API requests per object);
-//! operator RSS and the peak summed RSS of helm children; where the wall
-//! time goes (summed per tree node, beside operator and helm CPU); then the
-//! time until all N are deleted (everything deprovisioned; `--skip-delete`
-//! leaves them for the cluster's teardown).
+//! operator RSS and the peak summed RSS of helm children; passes per tree
+//! and where the wall time goes (summed per tree node); per phase, the CPU
+//! of the operator, of its helm children and of the whole machine (the bound
+//! the first two must fit in, with the load averages); discovery requests;
+//! then the time until all N are deleted (everything deprovisioned;
+//! `--skip-delete` leaves them for the cluster's teardown).
+//!
+//! The controller filters watch events as the operator does
+//! (`significant_change`): its own finalizer and status writes start no pass.
 
 #![allow(clippy::print_stdout)]
 
@@ -34,11 +39,11 @@ use http::Method;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{DeleteParams, ListParams, ObjectMeta, PostParams};
 use kube::runtime::controller::{self, Action, Controller};
-use kube::runtime::watcher;
+use kube::runtime::{PredicateConfig, WatchStreamExt, reflector, watcher};
 use kube::{Api, ResourceExt};
 use platform_operator::{FIELD_MANAGER, FINALIZER, Platform, PlatformSpec, install_crd};
 use provisioners::helm::Chart;
-use provisioners::runtime::{ReconcileObserver, ReconcileResult};
+use provisioners::runtime::{ReconcileObserver, ReconcileResult, significant_change};
 use provisioners::{
     CancellationToken, Cluster, Concurrent, Context, Error, Event, HelmRelease, Managed, Manifest,
     Observer, Operation, Outcome, Phase, Reconciler, Serial,
@@ -50,6 +55,9 @@ const NAMESPACE: &str = "bench";
 #[derive(Default)]
 struct Requests {
     reads: AtomicU64,
+    /// API discovery (`GET /api/v1`, `GET /apis/<group>/<version>`), also
+    /// counted in `reads`.
+    discoveries: AtomicU64,
     watches: AtomicU64,
     /// Server-side applies (`application/apply-patch+yaml`).
     applies: AtomicU64,
@@ -63,6 +71,7 @@ struct Requests {
 #[derive(Clone, Copy, Debug, Default)]
 struct Counts {
     reads: u64,
+    discoveries: u64,
     watches: u64,
     applies: u64,
     statuses: u64,
@@ -73,6 +82,7 @@ impl Requests {
     fn snapshot(&self) -> Counts {
         Counts {
             reads: self.reads.load(Ordering::Relaxed),
+            discoveries: self.discoveries.load(Ordering::Relaxed),
             watches: self.watches.load(Ordering::Relaxed),
             applies: self.applies.load(Ordering::Relaxed),
             statuses: self.statuses.load(Ordering::Relaxed),
@@ -81,6 +91,9 @@ impl Requests {
     }
 
     fn count(&self, request: &http::Request<kube::client::Body>) {
+        if request.method() == Method::GET && is_discovery(request.uri().path()) {
+            self.discoveries.fetch_add(1, Ordering::Relaxed);
+        }
         let counter = if request
             .uri()
             .query()
@@ -104,11 +117,19 @@ impl Requests {
     }
 }
 
+/// Whether `path` is one group-version's discovery: `/api/v1` or
+/// `/apis/<group>/<version>`, nothing below it.
+fn is_discovery(path: &str) -> bool {
+    let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+    matches!(segments.as_slice(), ["api", _] | ["apis", _, _])
+}
+
 impl std::ops::Sub for Counts {
     type Output = Counts;
     fn sub(self, before: Counts) -> Counts {
         Counts {
             reads: self.reads - before.reads,
+            discoveries: self.discoveries - before.discoveries,
             watches: self.watches - before.watches,
             applies: self.applies - before.applies,
             statuses: self.statuses - before.statuses,
@@ -196,12 +217,22 @@ impl Observer for Phases {
 }
 
 impl Phases {
-    /// Prints the sums and starts over.
-    fn report(&self, what: &str) {
+    /// Prints the passes per tree (of `n` trees) and the sums, and starts over.
+    fn report(&self, what: &str, n: usize) {
         let mut phases = self
             .0
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(tree) = phases.get("(tree)") {
+            println!(
+                "  passes per tree ({what}): {:.2} ({} passes of {n} trees: {} provisioned, {} yielded, {} failed)",
+                tree.runs as f64 / n.max(1) as f64,
+                tree.runs,
+                tree.done,
+                tree.yielded,
+                tree.failed
+            );
+        }
         println!("  wall time per node, summed over all trees ({what}):");
         for (node, t) in phases.iter() {
             println!(
@@ -280,10 +311,19 @@ async fn reconcile(platform: Arc<Platform>, shared: Arc<Shared>) -> Result<Actio
         .await
 }
 
-/// Runs a controller over the bench namespace until `stop`.
+/// Runs a controller over the bench namespace until `stop`, as the
+/// operator does: only a new spec, a deletion or an annotation starts a
+/// pass ([`significant_change`]), not the operator's own finalizer and
+/// status writes.
 async fn controller(cx: Context, shared: Arc<Shared>, stop: CancellationToken) {
     let platforms: Api<Platform> = Api::namespaced(cx.client().clone(), NAMESPACE);
-    Controller::new(platforms, watcher::Config::default())
+    let (store, writer) = reflector::store();
+    let changes = watcher(platforms, watcher::Config::default())
+        .default_backoff()
+        .reflect(writer)
+        .applied_objects()
+        .predicate_filter(significant_change, PredicateConfig::default());
+    Controller::for_stream(changes, store)
         .with_config(controller::Config::default().concurrency(shared.concurrency))
         .graceful_shutdown_on(async move { stop.cancelled().await })
         .run(
@@ -305,27 +345,182 @@ fn rss_kib(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
-/// CPU seconds of this process and of its waited-for children (helm), from
-/// `/proc/self/stat` (clock ticks of 10 ms, as on every Linux we run on).
-fn cpu_seconds() -> (f64, f64) {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    let fields: Vec<f64> = stat
+/// Clock ticks per second in `/proc/<pid>/stat` and `/proc/stat`: the
+/// kernel's `USER_HZ`, 100 on every Linux architecture we run on (x86_64,
+/// arm64; only alpha and ia64 differ).
+const USER_HZ: f64 = 100.0;
+
+/// CPU time in seconds, as the kernel counts it: this process (the
+/// operator, every thread), the children it has waited for (helm, with
+/// whatever they waited for), and the whole machine (every process on every
+/// core: the bound the first two must fit in, and the load beside them).
+///
+/// Read at the start and the end of a phase; the difference is the phase's.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct Cpu {
+    /// `utime + stime` of this process.
+    operator: f64,
+    /// `cutime + cstime`: reaped children only, so a helm still running is
+    /// counted when it exits (see [`settle_helm`]).
+    helm: f64,
+    /// Busy time of all cores (`user nice system irq softirq` of `/proc/stat`).
+    machine_busy: f64,
+    /// All time of all cores, busy or not (busy, `idle iowait steal`).
+    machine_total: f64,
+}
+
+impl Cpu {
+    /// Now, from `/proc/self/stat` and `/proc/stat` (zeros if unreadable).
+    fn now() -> Cpu {
+        let own = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+        let machine = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+        Cpu::parse(&own, &machine)
+    }
+
+    fn parse(own_stat: &str, machine_stat: &str) -> Cpu {
+        let (operator, helm) = process_cpu(own_stat);
+        let (machine_busy, machine_total) = machine_cpu(machine_stat);
+        Cpu {
+            operator,
+            helm,
+            machine_busy,
+            machine_total,
+        }
+    }
+
+    /// What a phase of `wall` time on `cores` cores fails to explain: our
+    /// own and helm's time beyond what the whole machine was busy for, or
+    /// the machine's clocks running ahead of the wall clock (a VM paused or
+    /// restored mid-run charges the jump to whatever was running). A little
+    /// slack covers the tick rounding of separate counters. `None` when the
+    /// numbers fit.
+    fn inconsistency(&self, wall: Duration, cores: usize) -> Option<String> {
+        let ours = self.operator + self.helm;
+        let possible = wall.as_secs_f64() * cores as f64;
+        if self.machine_total > possible * 1.05 + 1.0 {
+            return Some(format!(
+                "the cores' clocks advanced {:.1} s in {:.1} s of wall time on {cores} cores \
+                 (at most {possible:.1} s): the VM was paused or its clock jumped; CPU figures \
+                 of this phase are not usable",
+                self.machine_total,
+                wall.as_secs_f64()
+            ));
+        }
+        (ours > self.machine_busy * 1.02 + 0.5).then(|| {
+            format!(
+                "operator {:.1} s + helm {:.1} s is more than the machine's {:.1} s busy: the \
+                 accounting is wrong",
+                self.operator, self.helm, self.machine_busy
+            )
+        })
+    }
+}
+
+impl std::ops::Sub for Cpu {
+    type Output = Cpu;
+    fn sub(self, before: Cpu) -> Cpu {
+        Cpu {
+            operator: self.operator - before.operator,
+            helm: self.helm - before.helm,
+            machine_busy: self.machine_busy - before.machine_busy,
+            machine_total: self.machine_total - before.machine_total,
+        }
+    }
+}
+
+/// `(utime + stime, cutime + cstime)` in seconds from a `/proc/<pid>/stat`
+/// line. The fields are counted after the last `)`, since `comm` may hold
+/// spaces and parentheses: there `state` is field 3, `utime` 14, `stime`
+/// 15, `cutime` 16, `cstime` 17 (proc(5)).
+fn process_cpu(stat: &str) -> (f64, f64) {
+    let after_comm: Vec<&str> = stat
         .rsplit_once(')')
         .map(|(_, rest)| rest)
         .unwrap_or("")
         .split_whitespace()
-        .map(|f| f.parse().unwrap_or(0.0))
         .collect();
-    // After `comm`: state is field 3, utime 14, stime 15, cutime 16, cstime 17.
-    let field = |n: usize| fields.get(n - 3).copied().unwrap_or(0.0) / 100.0;
+    let field = |n: usize| {
+        after_comm
+            .get(n - 3)
+            .and_then(|f| f.parse::<u64>().ok())
+            .unwrap_or(0) as f64
+            / USER_HZ
+    };
     (field(14) + field(15), field(16) + field(17))
 }
 
-/// The summed RSS of this process's `helm` children, in KiB.
-fn helm_rss_kib() -> u64 {
+/// `(busy, total)` seconds of all cores from `/proc/stat`'s `cpu` line:
+/// `user nice system idle iowait irq softirq steal guest guest_nice`.
+/// `guest` and `guest_nice` are already inside `user` and `nice`, so they
+/// are not added again; `steal` (another VM had the core) is neither ours
+/// nor idle: it counts in the total only.
+fn machine_cpu(stat: &str) -> (f64, f64) {
+    let Some(line) = stat.lines().find(|l| l.starts_with("cpu ")) else {
+        return (0.0, 0.0);
+    };
+    let ticks: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .map(|f| f.parse().unwrap_or(0))
+        .collect();
+    let at = |i: usize| ticks.get(i).copied().unwrap_or(0) as f64 / USER_HZ;
+    let busy = at(0) + at(1) + at(2) + at(5) + at(6);
+    let total = busy + at(3) + at(4) + at(7);
+    (busy, total)
+}
+
+/// The 1, 5 and 15 minute load averages, as `/proc/loadavg` says them.
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join("/"))
+        .unwrap_or_else(|| "?".to_owned())
+}
+
+/// Prints a phase's CPU: ours, helm's, and the machine's busy time against
+/// what its cores could give in that time, with the load averages. `wall`
+/// is the span the counters were read over (the phase, the controller's
+/// graceful shutdown and the wait for helm runs to end), which may be longer
+/// than the phase's own figure.
+fn report_cpu(what: &str, cpu: Cpu, wall: Duration, load_before: &str) {
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+    println!(
+        "  CPU {what} (over {:.1} s): operator {:.1} s, helm {:.1} s; the machine was busy {:.1} s \
+         of {:.1} s ({cores} cores; load {load_before} -> {})",
+        wall.as_secs_f64(),
+        cpu.operator,
+        cpu.helm,
+        cpu.machine_busy,
+        cpu.machine_total,
+        load_average()
+    );
+    if let Some(problem) = cpu.inconsistency(wall, cores) {
+        println!("  WARNING: {problem}");
+    }
+}
+
+/// Waits (up to `deadline`) until no helm child of this process runs, so
+/// the phase's helm CPU holds every run it started: a run outlives the pass
+/// that started it, and its time is counted only once it is reaped.
+async fn settle_helm(deadline: Duration) {
+    let started = Instant::now();
+    while !helm_children().is_empty() {
+        if started.elapsed() > deadline {
+            println!(
+                "  note: {} helm runs still going after {deadline:?}; their CPU counts in the next phase",
+                helm_children().len()
+            );
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The process ids of this process's `helm` children.
+fn helm_children() -> Vec<u32> {
     let me = std::process::id().to_string();
     let Ok(entries) = std::fs::read_dir("/proc") else {
-        return 0;
+        return Vec::new();
     };
     entries
         .filter_map(Result::ok)
@@ -339,10 +534,14 @@ fn helm_rss_kib() -> u64 {
                 .and_then(|(_, rest)| rest.rsplit_once(')'))
                 .map(|(comm, _)| comm)
                 .unwrap_or("");
-            after.split_whitespace().nth(1) == Some(me.as_str()) && comm == "helm"
+            after.split_whitespace().nth(1) == Some(me.as_str()) && comm.starts_with("helm")
         })
-        .map(rss_kib)
-        .sum()
+        .collect()
+}
+
+/// The summed RSS of this process's `helm` children, in KiB.
+fn helm_rss_kib() -> u64 {
+    helm_children().into_iter().map(rss_kib).sum()
 }
 
 /// Polls until `count()` reaches `n`, sampling helm RSS; returns the elapsed
@@ -510,6 +709,9 @@ async fn main() -> anyhow::Result<()> {
     }
 
     // 1. From nothing to all Available.
+    let (cpu_before, load_before) = (Cpu::now(), load_average());
+    let phase_started = Instant::now();
+    let requests_before = requests.snapshot();
     let stop = CancellationToken::new();
     let first = tokio::spawn(controller(cx.clone(), shared(Arc::default()), stop.clone()));
     let (provision, helm_peak) = until("Available", n, Duration::from_secs(3600), || {
@@ -519,14 +721,22 @@ async fn main() -> anyhow::Result<()> {
     let operator_rss = rss_kib(std::process::id());
     stop.cancel();
     first.await?;
-    let (operator_cpu, helm_cpu) = cpu_seconds();
+    settle_helm(Duration::from_secs(60)).await;
+    let provisioning = requests.snapshot() - requests_before;
     println!(
-        "all {n} Available:        {:>8.1} s   operator RSS {} MiB, helm children peak {} MiB; CPU: operator {operator_cpu:.1} s, helm {helm_cpu:.1} s",
+        "all {n} Available:        {:>8.1} s   operator RSS {} MiB, helm children peak {} MiB; {} discovery requests",
         provision.as_secs_f64(),
         operator_rss / 1024,
-        helm_peak / 1024
+        helm_peak / 1024,
+        provisioning.discoveries
     );
-    phases.report("to all Available");
+    report_cpu(
+        "to all Available",
+        Cpu::now() - cpu_before,
+        phase_started.elapsed(),
+        &load_before,
+    );
+    phases.report("to all Available", n);
 
     // 2. A full no-op resync: a new controller lists and reconciles all N.
     // Beside it, watches (on a client of their own) count what changes.
@@ -544,6 +754,8 @@ async fn main() -> anyhow::Result<()> {
     tokio::time::sleep(Duration::from_secs(3)).await; // let the initial lists finish
     let changes_before = changes.load(Ordering::Relaxed);
     let provisioned = Arc::new(Provisioned::default());
+    let (cpu_before, load_before) = (Cpu::now(), load_average());
+    let phase_started = Instant::now();
     let before = requests.snapshot();
     let stop = CancellationToken::new();
     let resync = tokio::spawn(controller(
@@ -557,7 +769,7 @@ async fn main() -> anyhow::Result<()> {
     })
     .await?;
     let during = requests.snapshot() - before;
-    let (resync_cpu, resync_helm_cpu) = cpu_seconds();
+    let (resync_cpu, resync_wall) = (Cpu::now() - cpu_before, phase_started.elapsed());
     let resync_rss = rss_kib(std::process::id());
     stop.cancel();
     resync.await?;
@@ -566,12 +778,11 @@ async fn main() -> anyhow::Result<()> {
     watching.cancel();
     let per = |v: u64| v as f64 / n as f64;
     println!(
-        "no-op resync of {n}:      {:>8.1} s   objects changed on the server: {changed}; operator RSS {} MiB; CPU: operator {:.1} s, helm {:.1} s",
+        "no-op resync of {n}:      {:>8.1} s   objects changed on the server: {changed}; operator RSS {} MiB",
         elapsed.as_secs_f64(),
         resync_rss / 1024,
-        resync_cpu - operator_cpu,
-        resync_helm_cpu - helm_cpu
     );
+    report_cpu("in the no-op resync", resync_cpu, resync_wall, &load_before);
     println!(
         "  requests: {:.1}/object; writes {} (applies {}, status writes {}, other writes {}); reads {} ({:.1}/object), watches {}",
         per(during.reads + during.applies + during.statuses + during.other_writes),
@@ -583,7 +794,7 @@ async fn main() -> anyhow::Result<()> {
         per(during.reads),
         during.watches
     );
-    phases.report("no-op resync");
+    phases.report("no-op resync", n);
     if !delete {
         return Ok(());
     }
@@ -611,4 +822,80 @@ async fn main() -> anyhow::Result<()> {
     stop.cancel();
     last.await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `/proc/<pid>/stat` of a process whose `comm` holds `) (` and spaces,
+    /// with utime 250, stime 50, cutime 1000, cstime 230 ticks.
+    const OWN: &str = "4242 (bench (x) y) S 1 4242 4242 0 -1 4194560 100 0 0 0 250 50 1000 230 \
+                       20 0 9 0 100 1000000 2000 18446744073709551615 0 0 0 0 0 0 0 0 0 0 0 0 17 1";
+
+    #[test]
+    fn process_cpu_reads_the_fields_after_comm_in_seconds() {
+        let (own, children) = process_cpu(OWN);
+        assert!((own - 3.0).abs() < 1e-9, "{own}");
+        assert!((children - 12.3).abs() < 1e-9, "{children}");
+        assert_eq!(process_cpu(""), (0.0, 0.0));
+        assert_eq!(process_cpu("1 (x) S"), (0.0, 0.0));
+    }
+
+    #[test]
+    fn machine_cpu_counts_guest_once_and_steal_as_not_busy() {
+        // user nice system idle iowait irq softirq steal guest guest_nice
+        let stat =
+            "cpu  1000 100 300 5000 200 10 40 350 400 0\ncpu0 500 50 150 2500 100 5 20 175 200 0\n";
+        let (busy, total) = machine_cpu(stat);
+        assert!((busy - 14.5).abs() < 1e-9, "{busy}"); // user+nice+system+irq+softirq
+        assert!((total - 70.0).abs() < 1e-9, "{total}"); // + idle + iowait + steal
+        assert_eq!(machine_cpu("intr 1 2 3"), (0.0, 0.0));
+    }
+
+    #[test]
+    fn a_phase_is_the_difference_and_must_fit_in_the_machine() {
+        let before = Cpu::parse(OWN, "cpu  1000 0 0 1000 0 0 0 0 0 0\n");
+        let after = Cpu::parse(
+            &OWN.replace(" 250 50 1000 230 ", " 450 50 2000 230 "),
+            "cpu  2500 0 0 1500 0 0 0 0 0 0\n",
+        );
+        let phase = after - before;
+        assert!((phase.operator - 2.0).abs() < 1e-9);
+        assert!((phase.helm - 10.0).abs() < 1e-9);
+        assert!((phase.machine_busy - 15.0).abs() < 1e-9);
+        assert!((phase.machine_total - 20.0).abs() < 1e-9);
+        let wall = Duration::from_secs(10);
+        assert_eq!(phase.inconsistency(wall, 2), None);
+
+        // 457 s of helm in a phase where the machine was busy 51 s: wrong.
+        let impossible = Cpu {
+            operator: 3.0,
+            helm: 457.4,
+            machine_busy: 51.2,
+            machine_total: 51.2,
+        };
+        let wall = Duration::from_secs_f64(25.6);
+        assert!(impossible.inconsistency(wall, 2).unwrap().contains("457.4"));
+
+        // Clocks that ran ahead of the wall clock (a paused VM charged the
+        // jump to helm, and to the machine's counters alike).
+        let jumped = Cpu {
+            operator: 3.0,
+            helm: 457.4,
+            machine_busy: 470.0,
+            machine_total: 480.0,
+        };
+        assert!(jumped.inconsistency(wall, 2).unwrap().contains("paused"));
+    }
+
+    #[test]
+    fn discovery_paths_are_told_from_reads() {
+        assert!(is_discovery("/api/v1"));
+        assert!(is_discovery("/apis/apps/v1"));
+        assert!(!is_discovery("/api/v1/namespaces/bench"));
+        assert!(!is_discovery("/apis/apps/v1/namespaces/x/deployments"));
+        assert!(!is_discovery("/apis"));
+        assert!(!is_discovery("/version"));
+    }
 }
