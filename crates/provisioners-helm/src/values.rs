@@ -142,4 +142,54 @@ mod tests {
             r#"{"a":{"x":null,"y":[1,"x"]},"b":1}"#
         );
     }
+
+    /// Any JSON value: nested maps and lists of plain values.
+    fn json() -> impl proptest::strategy::Strategy<Value = Value> {
+        use proptest::prelude::*;
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            "[ -~]{0,12}".prop_map(Value::from),
+        ];
+        leaf.prop_recursive(4, 32, 4, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..4).prop_map(Value::from),
+                proptest::collection::btree_map("[a-z.\\\\]{0,6}", inner, 0..4)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 512, ..Default::default() })]
+
+        /// Parameter names and values come from a custom resource's spec: whatever
+        /// they are, setting one never panics, succeeds where the path allows it
+        /// (the value is then found there), and otherwise names the parameter.
+        #[test]
+        fn any_parameter_is_set_or_refused_by_name(
+            start in json(),
+            name in "[a-z.\\\\ -~]{0,16}",
+            value in json(),
+        ) {
+            let mut values = start;
+            match set_path(&mut values, &name, value.clone()) {
+                Ok(()) => {
+                    let segments = split_path(&name).expect("a path that was set splits");
+                    let mut node = &values;
+                    for segment in &segments {
+                        node = node.get(segment).expect("every segment was created");
+                    }
+                    proptest::prop_assert_eq!(node, &value);
+                }
+                Err(error) => proptest::prop_assert!(error.contains(&format!("`{name}`")), "{}", error),
+            }
+            // The canonical form is JSON that reads back as the same value.
+            let mut out = Vec::new();
+            canonical(&values, &mut out);
+            let back: Value = serde_json::from_slice(&out).expect("canonical JSON parses");
+            proptest::prop_assert_eq!(back, values);
+        }
+    }
 }
