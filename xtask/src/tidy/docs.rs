@@ -405,6 +405,11 @@ fn looks_like_path(span: &str) -> bool {
 /// extension is not taken for a path (`apps/v1`, `helm.sh/resource-policy`).
 fn exists(root: &Path, dir: &Path, path: &str) -> bool {
     let trimmed = path.trim_end_matches('/');
+    // Outside the repository (`../shared/fixtures` beside a clone): not
+    // this repository's to check, and absent from a plain clone.
+    if leaves(root, dir, trimmed) {
+        return true;
+    }
     if root.join(trimmed).exists() || dir.join(trimmed).exists() {
         return true;
     }
@@ -432,9 +437,35 @@ fn exists(root: &Path, dir: &Path, path: &str) -> bool {
     !(first_exists || has_extension || relative)
 }
 
+/// Whether `path`, read from the doc's directory `dir`, leads out of `root`.
+fn leaves(root: &Path, dir: &Path, path: &str) -> bool {
+    let mut depth = dir
+        .strip_prefix(root)
+        .map_or(0, |inside| inside.components().count());
+    for segment in path.split('/') {
+        match segment {
+            "" | "." => {}
+            ".." if depth == 0 => return true,
+            ".." => depth -= 1,
+            _ => depth += 1,
+        }
+    }
+    false
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn paths_outside_the_repository_are_not_checked() {
+        let root = Path::new("/repo");
+        assert!(leaves(root, root, "../shared/fixtures"));
+        assert!(leaves(root, &root.join("docs"), "../../shared"));
+        assert!(!leaves(root, &root.join("docs"), "../README.md"));
+        assert!(!leaves(root, root, "docs/../README.md"));
+        assert!(exists(root, root, "../shared/fixtures"));
+    }
 
     fn write(path: &Path, text: &str) {
         fs::create_dir_all(path.parent().expect("a parent")).expect("create dir");
