@@ -407,7 +407,7 @@ fn exists(root: &Path, dir: &Path, path: &str) -> bool {
     let trimmed = path.trim_end_matches('/');
     // Outside the repository (`../shared/fixtures` beside a clone): not
     // this repository's to check, and absent from a plain clone.
-    if leaves(root, dir, trimmed) {
+    if outside(root, dir, trimmed) {
         return true;
     }
     if root.join(trimmed).exists() || dir.join(trimmed).exists() {
@@ -437,20 +437,44 @@ fn exists(root: &Path, dir: &Path, path: &str) -> bool {
     !(first_exists || has_extension || relative)
 }
 
-/// Whether `path`, read from the doc's directory `dir`, leads out of `root`.
-fn leaves(root: &Path, dir: &Path, path: &str) -> bool {
-    let mut depth = dir
+/// Whether `path` names something outside the repository: read from the
+/// root it leads out, and read from the doc's directory `dir` it either
+/// leads out too or starts in no directory of the repository
+/// (`../shared/fixtures` in `docs/` means the clone's sibling, while
+/// `../crates/x/README.md` there is a link into the repository).
+fn outside(root: &Path, dir: &Path, path: &str) -> bool {
+    let Some(_) = inside(root, root, path).err() else {
+        return false;
+    };
+    match inside(root, dir, path) {
+        Err(()) => true,
+        Ok(segments) => segments
+            .first()
+            .is_none_or(|first| !root.join(first).exists()),
+    }
+}
+
+/// `path` read from `dir`, as segments from `root`; `Err` when it leads out.
+fn inside(root: &Path, dir: &Path, path: &str) -> Result<Vec<String>, ()> {
+    let mut segments: Vec<String> = dir
         .strip_prefix(root)
-        .map_or(0, |inside| inside.components().count());
+        .map(|within| {
+            within
+                .components()
+                .map(|c| c.as_os_str().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
     for segment in path.split('/') {
         match segment {
             "" | "." => {}
-            ".." if depth == 0 => return true,
-            ".." => depth -= 1,
-            _ => depth += 1,
+            ".." => {
+                segments.pop().ok_or(())?;
+            }
+            other => segments.push(other.to_owned()),
         }
     }
-    false
+    Ok(segments)
 }
 
 #[cfg(test)]
@@ -459,12 +483,20 @@ mod tests {
 
     #[test]
     fn paths_outside_the_repository_are_not_checked() {
-        let root = Path::new("/repo");
-        assert!(leaves(root, root, "../shared/fixtures"));
-        assert!(leaves(root, &root.join("docs"), "../../shared"));
-        assert!(!leaves(root, &root.join("docs"), "../README.md"));
-        assert!(!leaves(root, root, "docs/../README.md"));
-        assert!(exists(root, root, "../shared/fixtures"));
+        let root = &std::env::temp_dir().join(format!("xtask-tidy-outside-{}", std::process::id()));
+        let _ = fs::remove_dir_all(root);
+        fs::create_dir_all(root.join("crates/core")).expect("create dir");
+        let docs = root.join("docs");
+        fs::create_dir_all(&docs).expect("create dir");
+        assert!(outside(root, root, "../shared/fixtures"));
+        assert!(outside(root, &docs, "../shared/fixtures"));
+        assert!(outside(root, &docs, "../../shared"));
+        assert!(exists(root, &docs, "../shared/fixtures"));
+        // A link from docs/ into the repository is still checked.
+        assert!(!outside(root, &docs, "../crates/core/README.md"));
+        assert!(!exists(root, &docs, "../crates/core/README.md"));
+        assert!(!outside(root, root, "docs/../README.md"));
+        let _ = fs::remove_dir_all(root);
     }
 
     fn write(path: &Path, text: &str) {
