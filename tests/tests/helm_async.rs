@@ -29,8 +29,13 @@ both_helms!(
 /// The kwok node every pod of the local control plane runs on.
 const NODE: &str = "kwok-node-0";
 
-/// A pass must return within this (the bound, loose for a loaded CI).
-const PASS_BOUND: Duration = Duration::from_secs(2);
+/// A pass must return within this. What it proves is that no pass waits
+/// for helm: the hook below would hold such a pass for its 120 s timeout.
+/// The figure is 2 s, and passes take 0.3-1.5 s on a quiet machine
+/// (docs/benchmarks.md), but one took 2.59 s at load 13 (the reads and
+/// Lease writes before helm starts, not a wait): the bound leaves room for
+/// a loaded CI, as [`CROWDED_PASS_BOUND`] does, and the times are printed.
+const PASS_BOUND: Duration = Duration::from_secs(5);
 
 /// The bound for a pass among 32 at once: what they cost is reads and
 /// writes on a 2-core machine that also runs the control plane, 8 helm
