@@ -233,6 +233,7 @@ pub struct CrashTest {
     kill_children: bool,
     ignored: Vec<String>,
     second_pass: SecondPass,
+    crash_on: Match,
 }
 
 impl fmt::Debug for CrashTest {
@@ -286,7 +287,21 @@ impl CrashTest {
             kill_children: true,
             ignored: Vec::new(),
             second_pass: SecondPass::NoWrites,
+            crash_on: Match::writes(),
         }
+    }
+
+    /// Which writes are crash points: every write by default. The sweep
+    /// counts the clean run's writes that `writes` matches and crashes at
+    /// the n-th of them. Narrow it where the number of writes depends on
+    /// timing (a Lease renewed while a helm run goes on), so that a sample
+    /// such as [`Points::Spread`] lands on the writes that matter (helm's
+    /// release records: `Match::writes().resource("secrets")`) rather than
+    /// on whichever write happens to come last. Only writes are matched,
+    /// whatever `writes` says.
+    pub fn crash_on(mut self, writes: Match) -> Self {
+        self.crash_on = writes.and_writes();
+        self
     }
 
     /// Provisions the tree `initial` makes before every run of the
@@ -467,20 +482,22 @@ impl CrashTest {
         let token = token();
         let scope = self.scope(&token).await?;
         let clean = self.clean_run(&scope).await?;
-        let (writes, requests, passes) = match operation {
+        let (writes, crash_points, requests, passes) = match operation {
             Operation::Provision => (
                 clean.provision_writes,
+                clean.provision_points,
                 clean.provision_requests,
                 clean.provision_passes,
             ),
             Operation::Deprovision => (
                 clean.deprovision_writes,
+                clean.deprovision_points,
                 clean.deprovision_requests,
                 clean.deprovision_passes,
             ),
         };
         let mut points = Vec::new();
-        for point in self.points.select(writes) {
+        for point in self.points.select(crash_points) {
             points.push(
                 self.crash_point(&scope, operation, point, &clean.snapshot)
                     .await?,
@@ -512,6 +529,16 @@ impl CrashTest {
             .map(drop)
     }
 
+    /// The writes in `proxy`'s journal that are crash points.
+    fn matching_writes(&self, proxy: &Proxy) -> u64 {
+        let matching = proxy
+            .journal()
+            .iter()
+            .filter(|record| self.crash_on.matches(&record.request))
+            .count();
+        u64::try_from(matching).unwrap_or(u64::MAX)
+    }
+
     async fn clean_run(&self, scope: &Scope) -> Result<Clean, CrashError> {
         let scope = scope.clone();
         self.prepare(&scope, "clean run: initial state").await?;
@@ -523,6 +550,7 @@ impl CrashTest {
             .converge(tree.as_ref(), &cx, Operation::Provision, "clean provision")
             .await?;
         let counts = phase.proxy.counts();
+        let provision_points = self.matching_writes(&phase.proxy);
         let snapshot = self.snapshot(&scope, &cx).await?;
         self.check_second_pass(tree.as_ref(), &cx, &phase, &scope, "clean run")
             .await?;
@@ -536,6 +564,7 @@ impl CrashTest {
             )
             .await?;
         let deprovision_counts = phase.proxy.counts();
+        let deprovision_points = self.matching_writes(&phase.proxy);
         self.check_gone(&scope, &cx, "clean deprovision").await?;
         drop(tree);
         drop(scope);
@@ -545,9 +574,11 @@ impl CrashTest {
         Ok(Clean {
             snapshot,
             provision_writes: counts.writes(),
+            provision_points,
             provision_requests: counts.requests(),
             provision_passes: provision.passes,
             deprovision_writes: deprovision_counts.writes(),
+            deprovision_points,
             deprovision_requests: deprovision_counts.requests(),
             deprovision_passes: deprovision.passes,
         })
@@ -585,7 +616,7 @@ impl CrashTest {
         let hold = Hold::new();
         crash
             .proxy
-            .add(Rule::on(Match::writes()).from(point).hold(&hold));
+            .add(Rule::on(self.crash_on.clone()).from(point).hold(&hold));
         let (cx, scope_for_phase) = self.context(&crash, &scope).await?;
         self.run_setup(&scope_for_phase, &label("crashed run"))
             .await?;
@@ -992,9 +1023,12 @@ impl CrashTest {
 struct Clean {
     snapshot: Snapshot,
     provision_writes: u64,
+    /// Writes that [`CrashTest::crash_on`] matches.
+    provision_points: u64,
     provision_requests: u64,
     provision_passes: u32,
     deprovision_writes: u64,
+    deprovision_points: u64,
     deprovision_requests: u64,
     deprovision_passes: u32,
 }

@@ -45,6 +45,12 @@ impl Match {
         }
     }
 
+    /// These requests, but only the writes among them.
+    pub(crate) fn and_writes(mut self) -> Self {
+        self.writes_only = true;
+        self
+    }
+
     /// Requests with this verb.
     pub fn verb(verb: Verb) -> Self {
         Match::verbs([verb])
