@@ -298,7 +298,7 @@ impl CrashTest {
     /// such as [`Points::Spread`] lands on the writes that matter (helm's
     /// release records: `Match::writes().resource("secrets")`) rather than
     /// on whichever write happens to come last. Only writes are matched,
-    /// whatever `writes` says.
+    /// whatever `writes` says; reports number the points among them.
     pub fn crash_on(mut self, writes: Match) -> Self {
         self.crash_on = writes.and_writes();
         self
