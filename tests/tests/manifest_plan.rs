@@ -926,6 +926,24 @@ async fn zeros_the_server_omits_are_no_change_but_a_zero_removed_by_hand_is_repa
     )
     .await
     .expect("remove the field by hand");
+    // The deployment controller answers the edit with a new revision
+    // (annotation `deployment.kubernetes.io/revision`): wait for it, or the
+    // plan may read the live object before that write and its dry run after
+    // it, and show the controller's change beside ours.
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let live = api.get("hardened").await.expect("get");
+        let generation = live.metadata.generation;
+        let observed = live.status.and_then(|s| s.observed_generation);
+        if generation.is_some() && observed >= generation {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the deployment controller never observed generation {generation:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let plan = plan_of(&proxy, &cx, &node).await;
     let planned = object(&plan, "Deployment", "hardened");
     assert_eq!(planned.action(), Action::Update, "{plan:#}");
