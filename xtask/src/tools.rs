@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::process::Cmd;
+use crate::process::{CmdExt as _, Shell, cmd};
 
 /// Kubernetes release the control plane and `kubectl` are built from.
 pub(crate) const KUBERNETES_VERSION: &str = "v1.36.3";
@@ -313,22 +313,27 @@ fn is_executable(path: &Path) -> bool {
 
 /// `go version`, or a clear error when Go is missing.
 fn check_go() -> Result<String> {
-    go_cmd(&std::env::temp_dir())
-        .arg("version")
+    let sh = go_shell(&std::env::temp_dir())?;
+    cmd!(sh, "go version")
         .read()
         .context("the tools are built from Go modules, so `go` (1.26 or newer) must be on PATH")
 }
 
-/// A `go` command with a reproducible environment: the installed toolchain only
-/// (no toolchain downloads), no workspace, static binaries.
-fn go_cmd(dir: &Path) -> Cmd {
-    Cmd::new("go")
-        .dir(dir)
-        .env("GOTOOLCHAIN", "local")
-        .env("GOWORK", "off")
-        .env("GOFLAGS", "-buildvcs=false")
-        .env("CGO_ENABLED", "0")
-        .env("GO111MODULE", "on")
+/// A shell in `dir` for `go` commands with a reproducible environment: the
+/// installed toolchain only (no toolchain downloads), no workspace, static binaries.
+fn go_shell(dir: &Path) -> Result<Shell> {
+    let sh = Shell::new().context("could not create a shell")?;
+    sh.change_dir(dir);
+    for (key, value) in [
+        ("GOTOOLCHAIN", "local"),
+        ("GOWORK", "off"),
+        ("GOFLAGS", "-buildvcs=false"),
+        ("CGO_ENABLED", "0"),
+        ("GO111MODULE", "on"),
+    ] {
+        sh.set_var(key, value);
+    }
+    Ok(sh)
 }
 
 /// Builds the `missing` binaries of `package` into its cache directory.
@@ -399,11 +404,11 @@ fn build(package: Package, missing: &[&'static str], cache: &Path) -> Result<()>
 
 /// `go install module/cmd@version` with `GOBIN` pointing at `out`.
 fn go_install(work: &Path, out: &Path, package: &str, version: &str, ldflags: &str) -> Result<()> {
-    go_cmd(work)
+    let sh = go_shell(work)?;
+    let target = format!("{package}@{version}");
+    cmd!(sh, "go install -trimpath -ldflags={ldflags} {target}")
         .env("GOBIN", out)
-        .args(["install", "-trimpath", &format!("-ldflags={ldflags}")])
-        .arg(format!("{package}@{version}"))
-        .output()?;
+        .output_checked()?;
     Ok(())
 }
 
@@ -415,14 +420,10 @@ struct Downloaded {
 
 fn go_mod_download(work: &Path, module: &str, version: &str) -> Result<Downloaded> {
     // Without -json first: that form reports failures on stderr, which the error then shows.
-    go_cmd(work)
-        .args(["mod", "download"])
-        .arg(format!("{module}@{version}"))
-        .output()?;
-    let json = go_cmd(work)
-        .args(["mod", "download", "-json"])
-        .arg(format!("{module}@{version}"))
-        .read()?;
+    let sh = go_shell(work)?;
+    let target = format!("{module}@{version}");
+    cmd!(sh, "go mod download {target}").output_checked()?;
+    let json = cmd!(sh, "go mod download -json {target}").read()?;
     let info: serde_json::Value = serde_json::from_str(&json)
         .with_context(|| format!("unexpected `go mod download -json` output: {json}"))?;
     if let Some(error) = info.get("Error").and_then(|e| e.as_str()) {
@@ -454,7 +455,8 @@ fn write_wrapper_module(
     let tools_go = format!("//go:build tools\n\npackage tools\n\nimport (\n{imports})\n");
     write(&work.join("go.mod"), &go_mod)?;
     write(&work.join("tools.go"), &tools_go)?;
-    go_cmd(work).args(["mod", "tidy"]).output()?;
+    let sh = go_shell(work)?;
+    cmd!(sh, "go mod tidy").output_checked()?;
     Ok(())
 }
 
@@ -512,11 +514,12 @@ fn build_kubernetes(missing: &[&str], work: &Path, out: &Path) -> Result<()> {
     }
     let mut out_dir = out.as_os_str().to_owned();
     out_dir.push("/");
-    go_cmd(work)
-        .args(["build", "-trimpath", &format!("-ldflags={ldflags}"), "-o"])
-        .arg(out_dir)
-        .args(&cmds)
-        .output()?;
+    let sh = go_shell(work)?;
+    cmd!(
+        sh,
+        "go build -trimpath -ldflags={ldflags} -o {out_dir} {cmds...}"
+    )
+    .output_checked()?;
     Ok(())
 }
 
@@ -563,11 +566,9 @@ fn build_etcd(work: &Path, out: &Path) -> Result<()> {
         "go 1.26.0\n",
         cmds,
     )?;
-    go_cmd(work)
-        .args(["build", "-trimpath", "-ldflags=-s -w", "-o"])
-        .arg(out.join("etcd"))
-        .arg(main)
-        .output()?;
+    let sh = go_shell(work)?;
+    let etcd = out.join("etcd");
+    cmd!(sh, "go build -trimpath '-ldflags=-s -w' -o {etcd} {main}").output_checked()?;
     Ok(())
 }
 

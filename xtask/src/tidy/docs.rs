@@ -8,7 +8,8 @@ use std::collections::HashSet;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use super::{Manifest, rust_files, shown};
+use super::manifest::Manifest;
+use super::{rust_files, shown};
 
 /// The `cargo xtask` vocabulary, from xtask's own help texts.
 pub(super) struct Tasks {
@@ -134,7 +135,7 @@ impl Workspace {
 
 impl Package {
     fn read(dir: &Path) -> Option<Self> {
-        let manifest = Manifest::parse(&fs::read_to_string(dir.join("Cargo.toml")).ok()?);
+        let manifest = Manifest::parse(&fs::read_to_string(dir.join("Cargo.toml")).ok()?).ok()?;
         let name = manifest
             .value("package", "name")?
             .trim_matches('"')
