@@ -12,9 +12,14 @@
 //! docs/rbac.md grants what the example's operator.yaml grants. The README's
 //! "Requirements" names the `rust-version` of the workspace's Cargo.toml.
 
+mod core_names;
+mod cycles;
 mod docs;
+mod lex;
+mod lints;
 mod manifest;
 mod rbac;
+mod size;
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -51,8 +56,19 @@ fn all_problems(root: &Path) -> Vec<String> {
     let mut found = problems(root);
     found.extend(docs::problems(root, &docs::Tasks::of_xtask()));
     found.extend(rbac::problems(root));
+    found.extend(architecture_problems(root));
     check_msrv(root, &mut found);
     check_dockerfiles(root, &mut found);
+    found
+}
+
+/// The rules of docs/architecture.md ("Rules tidy enforces"): file size,
+/// no leaf names in core, no circular imports, every public item documented.
+fn architecture_problems(root: &Path) -> Vec<String> {
+    let mut found = size::problems(root, size::RATCHET);
+    found.extend(core_names::problems(root, core_names::ALLOWED));
+    found.extend(cycles::problems(root, cycles::ALLOWED));
+    found.extend(lints::problems(root));
     found
 }
 
