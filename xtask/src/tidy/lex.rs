@@ -83,7 +83,8 @@ pub(super) fn tokens(source: &str) -> Vec<Token> {
             '\'' => {
                 // A char literal ('x', '\n', '\u{1F600}') or a lifetime ('a).
                 if next == Some('\\') {
-                    i += 2;
+                    // Past the quote, the backslash and the escaped char ('\'').
+                    i += 3;
                     while i < chars.len() && chars[i] != '\'' {
                         i += 1;
                     }
@@ -157,9 +158,10 @@ mod tests {
     fn comments_and_literals_are_left_out() {
         let source = "use crate::a::{b, c}; // helm\n/* Release /* nested */ */ \
                       let s = \"Helm {\"; let r = r#\"chart\"#; let c = '{'; fn f<'a>() {}\n\
-                      let b = b\"manifest\"; let x = b'}';";
+                      let b = b\"manifest\"; let x = b'}';\n\
+                      let q = '\\''; let e = '\\u{7B}'; let helm = 1;";
         let got = texts(source);
-        for word in ["helm", "Release", "nested", "Helm", "chart", "manifest"] {
+        for word in ["Release", "nested", "Helm", "chart", "manifest"] {
             assert!(!got.iter().any(|t| t == word), "{word} in {got:?}");
         }
         assert_eq!(
@@ -171,6 +173,11 @@ mod tests {
         let braces = |open: &str| got.iter().filter(|t| *t == open).count();
         assert_eq!(braces("{"), braces("}"), "{got:?}");
         assert!(got.iter().any(|t| t == "a") && got.iter().any(|t| t == "f"));
+        assert_eq!(
+            got.iter().filter(|t| *t == "helm").count(),
+            1,
+            "code after the chars"
+        );
     }
 
     #[test]
