@@ -101,7 +101,9 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
 
 /// `cargo metadata` of the workspace members: their features and whether
 /// they are published, read at run time so that a new feature or crate is
-/// covered without editing this file.
+/// covered without editing this file. Read as JSON rather than through the
+/// `cargo_metadata` crate: four fields of one command's output do not pay
+/// for a crate and its dependencies (camino, semver, cargo-platform).
 struct Metadata {
     packages: Vec<serde_json::Value>,
 }

@@ -1,6 +1,10 @@
 //! A Cargo.toml, read with the `toml` crate: its values looked up by
 //! section and key, each shown as TOML (`false`, `"name"`,
 //! `["--cfg", "docsrs"]`), which is how the checks compare them.
+//!
+//! Not `cargo metadata`: the checkers' unit tests build broken workspaces
+//! that cargo would refuse to load, and `cargo metadata` does not show the
+//! `[lints]` table the checks read.
 
 /// The values of a Cargo.toml by section (`[[bin]]` repeats its section).
 pub(super) struct Manifest {
