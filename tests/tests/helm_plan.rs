@@ -16,8 +16,8 @@ use kube::api::{Patch, PatchParams, PostParams};
 use provisioners::plan::{Action, ObjectPlan, Plan, ReleaseAction};
 use provisioners::{Conditional, Context, Provisioner, Serial};
 use provisioners_helm::HelmRelease;
-use provisioners_testing::cluster::{HarnessCluster, TestNamespace};
-use provisioners_testing::faults::Proxy;
+use provisioners_lab::cluster::{HarnessCluster, TestNamespace};
+use provisioners_lab::faults::Proxy;
 use serde_json::json;
 
 #[macro_use]

@@ -14,7 +14,7 @@ use kube::api::{Api, DynamicObject, ListParams};
 use kube::core::ApiResource;
 use provisioners::{Context, ErrorKind};
 use provisioners_manifest::Manifest;
-use provisioners_testing::cluster::TestNamespace;
+use provisioners_lab::cluster::TestNamespace;
 
 mod manifest_support;
 use manifest_support::{config_maps, converge, cx, resource};

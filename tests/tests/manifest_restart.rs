@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::ListParams;
 use provisioners::Context;
 use provisioners_manifest::Manifest;
-use provisioners_testing::cluster::{HarnessCluster, TestNamespace};
+use provisioners_lab::cluster::{HarnessCluster, TestNamespace};
 
 const OBJECTS: usize = 3000;
 

@@ -15,8 +15,8 @@ use provisioners::{
     Chart, Conditional, Context, HelmRelease, Manifest, Operation, Owner, Plan, Serial,
 };
 use provisioners_remote::{RemoteClusterProvisioner, SecretKubeconfig, TrustPolicy};
-use provisioners_testing::cluster::{self, HarnessCluster, TestNamespace};
-use provisioners_testing::faults::Proxy;
+use provisioners_lab::cluster::{self, HarnessCluster, TestNamespace};
+use provisioners_lab::faults::Proxy;
 use serde_json::json;
 
 mod manifest_support;

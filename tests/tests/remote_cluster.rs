@@ -22,7 +22,7 @@ use provisioners::testing::{Recorder, Scripted};
 use provisioners::{Context, Operation, Provisioner, serial};
 use provisioners_manifest::Manifest;
 use provisioners_remote::{RemoteClusterProvisioner, SecretKubeconfig, TrustPolicy};
-use provisioners_testing::faults::Proxy;
+use provisioners_lab::faults::Proxy;
 
 const DEADLINE: Duration = Duration::from_secs(60);
 

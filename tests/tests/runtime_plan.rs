@@ -16,7 +16,7 @@ use provisioners::plan::{Action as Change, FieldChange, ObjectPlan};
 use provisioners::testing::cluster::{HarnessCluster, TestNamespace};
 use provisioners::{Context, Error, Managed, Operation, Plan, Provisioner, Result, async_trait};
 use provisioners_runtime::Reconciler;
-use provisioners_testing::faults::{Proxy, Verb};
+use provisioners_lab::faults::{Proxy, Verb};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::json;

@@ -13,7 +13,7 @@ use provisioners::plan::Action;
 use provisioners::{Context, ErrorKind, Owner, OwnerKeys, Plan};
 use provisioners_manifest::{INVENTORY_LABEL, Manifest, OWNER_ANNOTATION};
 use provisioners_remote::{RemoteClusterProvisioner, SecretKubeconfig, TrustPolicy};
-use provisioners_testing::cluster::{HarnessCluster, TestNamespace};
+use provisioners_lab::cluster::{HarnessCluster, TestNamespace};
 
 mod manifest_support;
 use manifest_support::{config_maps, converge, cx};
