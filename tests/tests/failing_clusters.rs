@@ -19,14 +19,14 @@ use k8s_openapi::api::events::v1::Event;
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, ObjectMeta, PostParams};
 use kube::config::Kubeconfig;
-use provisioners::testing::cluster::{HarnessCluster, TestNamespace};
 use provisioners::{ClientPolicy, Cluster, Context, Owner, Provisioner, concurrent, serial};
+use provisioners_lab::cluster::{HarnessCluster, TestNamespace};
+use provisioners_lab::faults::{Hold, Match, Proxy, Rule};
 use provisioners_manifest::Manifest;
 use provisioners_remote::{
     ABANDONED_REASON, RemoteClusterProvisioner, SecretKubeconfig, UNREACHABLE_SINCE_ANNOTATION,
     WhenUnreachable,
 };
-use provisioners_lab::faults::{Hold, Match, Proxy, Rule};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
