@@ -109,15 +109,15 @@ fn display_reads_like_a_diff() {
     let expected = "\
 platform: serial provision
   platform/metrics: manifest provision
-~ v1 Secret monitoring/creds (update)
-    data.password: (sensitive value) -> (sensitive value)
-    stringData: (none) -> (sensitive value)
-    metadata.labels.tier: (none) -> \"db\"
-= 1 unchanged
+    ~ v1 Secret monitoring/creds (update)
+        data.password: (sensitive value) -> (sensitive value)
+        stringData: (none) -> (sensitive value)
+        metadata.labels.tier: (none) -> \"db\"
+    = 1 unchanged
   platform/agent: helm deprovision (condition is false)
-release ops/agent: uninstall, revision 3 deployed
+    release ops/agent: uninstall, revision 3 deployed
   platform/custom: unknown provision
-? unknown: no plan
+    ? unknown: no plan
 Plan: 1 to update, 1 unchanged, releases: 1 to uninstall, 1 node unknown";
     assert_eq!(text, expected);
     assert!(format!("{:#}", sample()).contains("= v1 Namespace monitoring (no change)"));
