@@ -122,14 +122,14 @@ pub use cluster::Cluster;
 pub use context::{Context, DEFAULT_FIELD_MANAGER, DEFAULT_SHUTDOWN_GRACE};
 pub use error::{Error, ErrorKind, Result, Waiting};
 pub use health::{Health, Unreachable};
-pub use observe::{Event, Observer, Operation, Outcome, Phase};
+pub use observe::{Event, Observer, Outcome, Phase};
 pub use owner::{OWNER_KEY_MIN_LEN, Owner, OwnerKeys};
 pub use plan::Plan;
 pub use policy::{
     ClientPolicy, DEFAULT_BACKOFF, DEFAULT_PAGE_LIMIT, DEFAULT_REQUEST_TIMEOUT,
     DEFAULT_RESPONSE_LIMIT, PolicyService,
 };
-pub use provisioner::{Managed, ManagerProvisioner, Metadata, Provisioner};
+pub use provisioner::{Managed, ManagerProvisioner, Metadata, Operation, Provisioner};
 pub use remote::{
     ClaimedSecret, KubeconfigClaims, RemoteCluster, kubeconfig_finalizer,
     kubeconfig_finalizer_prefix, kubeconfig_owner_label,
