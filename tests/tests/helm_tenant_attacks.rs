@@ -16,7 +16,7 @@ use kube::Client;
 use kube::api::{Api, DeleteParams, PostParams};
 use provisioners::{Context, ErrorKind, Owner, OwnerKeys};
 use provisioners_helm::{HelmRelease, RECORD_OWNER_ANNOTATION, RECORD_SEAL_PREFIX};
-use provisioners_testing::cluster::TestNamespace;
+use provisioners_lab::cluster::TestNamespace;
 use serde_json::json;
 
 #[macro_use]

@@ -14,7 +14,8 @@ use kube::config::Kubeconfig;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::observe::{Event, Observer, Operation, Outcome, Phase};
+use crate::Operation;
+use crate::observe::{Event, Observer, Outcome, Phase};
 use crate::path::{Lazy, NodePath};
 use crate::{Cluster, Error, Owner, OwnerKeys, Plan, Provisioner, Result};
 

@@ -291,6 +291,21 @@ where
     }
 }
 
+/// The attempts of one request: the breaker's admission (or its probe), one
+/// attempt under the deadline, then a retry after the backoff if the answer
+/// may pass.
+///
+/// Why a loop here and not tower's `Retry` and `Timeout` layers (issue 23
+/// asked): `tower::timeout` bounds the response future, which resolves at
+/// the headers, while our deadline must cover the body too (a server that
+/// trickles its body is the case it exists for), so the body is read inside
+/// the attempt; each attempt must first be admitted by the cluster's
+/// breaker, and a timed-out attempt sends a probe beside it that decides
+/// whether the breaker opens, which a `tower::retry::Policy` (a pure
+/// decision on a finished result) cannot express; and a request is resent
+/// only if it can be cloned and is not a `POST`, which `Retry` would need a
+/// buffered clone of every body for. Stacking the layers would split one
+/// rule (deadline, admission, retry) over three places.
 async fn attempts<S>(
     mut inner: S,
     policy: ClientPolicy,
