@@ -85,10 +85,10 @@ pub(super) fn decoded_runs(text: &str) -> Vec<(Range<usize>, String)> {
         }
     }
     for (range, token) in tokens(text) {
-        if !has_escape(token.as_bytes()) {
-            continue;
+        if has_escape(token.as_bytes()) {
+            out.push((range.clone(), percent_decoded(token, false)));
         }
-        out.push((range.clone(), percent_decoded(token, false)));
+        // A form encodes a space as `+`, also in a value with nothing else to escape.
         if token.contains('+') {
             out.push((range, percent_decoded(token, true)));
         }

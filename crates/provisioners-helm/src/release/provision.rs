@@ -350,11 +350,12 @@ impl Provisioner for HelmRelease {
                         }
                         Ok(args)
                     })
-                    .await
-                    .map(drop);
-                // Still under the Lease: the record helm wrote, whatever the outcome.
-                let sealed = this.seal(&cx, &sealing, next).await;
-                ran.and(sealed)
+                    .await;
+                // Still under the Lease: the record helm wrote, whatever the
+                // outcome, if it is the release helm printed.
+                let stdout = ran.as_ref().ok().map(|output| output.stdout.as_slice());
+                let sealed = this.seal_printed(&cx, &sealing, next, stdout).await;
+                ran.map(drop).and(sealed)
             },
         )
         .await?;

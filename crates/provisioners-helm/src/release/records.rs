@@ -36,7 +36,7 @@ use provisioners_core::{Context, Error, OwnerKeys, Result};
 use super::HelmRelease;
 use super::lease;
 use super::lock::Serialised;
-use crate::storage::{self, INTENT_ANNOTATION, Record, Revision};
+use crate::storage::{self, Expect, INTENT_ANNOTATION, Record, Revision};
 
 /// Who seals the records of a run, taken from the pass's context before
 /// the run starts.
@@ -62,19 +62,78 @@ impl HelmRelease {
     }
 
     /// Seals the record of `revision` (see [`storage::seal`]): the owner on
-    /// the record, the authenticator on the Lease (held by this run).
+    /// the record, the authenticator on the Lease (held by this run). A
+    /// revision sealed already (helm rewrote it, uninstalling) must still
+    /// verify; one helm printed is [`seal_printed`](Self::seal_printed).
     pub(super) async fn seal(&self, cx: &Context, sealing: &Sealing, revision: u32) -> Result<()> {
-        let Some(mac) = storage::seal(
+        let expect = match &sealing.keys {
+            Some(_) => lease::annotations(cx.client(), &self.namespace, &self.release)
+                .await?
+                .remove(&format!("{}{revision}", storage::SEAL_PREFIX))
+                .map_or(Expect::Unknown, Expect::Sealed),
+            None => Expect::Unknown,
+        };
+        self.seal_as(cx, sealing, revision, &expect).await
+    }
+
+    /// Seals the record of `revision` that a successful `upgrade --install`
+    /// wrote, only if it is the release helm printed (`stdout`); a helm that
+    /// failed (`None`) printed none.
+    pub(super) async fn seal_printed(
+        &self,
+        cx: &Context,
+        sealing: &Sealing,
+        revision: u32,
+        stdout: Option<&[u8]>,
+    ) -> Result<()> {
+        let expect = match stdout.map(storage::printed_content) {
+            Some(Ok(content)) => Expect::Printed(content),
+            Some(Err(why)) if sealing.keys.is_some() => {
+                return Err(Error::failed(format!(
+                    "release `{}`: helm reported success but {why}, so the record it wrote \
+                     (revision {revision}) cannot be checked and was not sealed",
+                    self.id()
+                )));
+            }
+            _ => Expect::Unknown,
+        };
+        self.seal_as(cx, sealing, revision, &expect).await
+    }
+
+    async fn seal_as(
+        &self,
+        cx: &Context,
+        sealing: &Sealing,
+        revision: u32,
+        expect: &Expect,
+    ) -> Result<()> {
+        let sealed = storage::seal(
             cx.client(),
             sealing.keys.as_ref(),
             sealing.owner.as_deref(),
             &self.namespace,
             &self.release,
             revision,
+            expect,
         )
-        .await?
-        else {
-            return Ok(());
+        .await;
+        let mac = match sealed {
+            Ok(Some(mac)) => mac,
+            Ok(None) => return Ok(()),
+            Err(error) if storage::is_rewritten(&error) => {
+                // Not our run's record any more: reported from now on (no
+                // intent names it), never removed or acted on.
+                tracing::warn!(release = %self.id(), revision, "{error}");
+                lease::annotate(
+                    cx.client(),
+                    &self.namespace,
+                    &self.release,
+                    serde_json::json!({ INTENT_ANNOTATION: null }),
+                )
+                .await?;
+                return Err(error);
+            }
+            Err(error) => return Err(error),
         };
         let mut annotations = serde_json::Map::new();
         annotations.insert(format!("{}{revision}", storage::SEAL_PREFIX), mac.into());
