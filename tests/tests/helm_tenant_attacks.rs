@@ -16,7 +16,8 @@ use kube::Client;
 use kube::api::{Api, DeleteParams, PostParams};
 use provisioners::{Context, ErrorKind, Owner, OwnerKeys};
 use provisioners_helm::{HelmRelease, RECORD_OWNER_ANNOTATION, RECORD_SEAL_PREFIX};
-use provisioners_testing::cluster::TestNamespace;
+use provisioners_testing::cluster::{HarnessCluster, TestNamespace};
+use provisioners_testing::faults::{Hold, Match, Proxy, Rule, Verb};
 use serde_json::json;
 
 #[macro_use]
@@ -31,6 +32,7 @@ both_helms!(
     a_second_owner_naming_the_same_release_is_refused_and_the_first_release_is_intact,
     a_first_install_with_create_namespace_takes_the_lease_before_helm_runs,
     a_record_our_own_run_left_unsealed_is_replaced_never_uninstalled,
+    a_record_rewritten_between_helms_write_and_the_seal_is_never_sealed,
 );
 
 /// The operator: an owner, and the key only it can read.
@@ -516,4 +518,100 @@ async fn a_record_our_own_run_left_unsealed_is_replaced_never_uninstalled(helm: 
     until_not_yield(&cx, &with("four"), true)
         .await
         .expect("uninstalls");
+}
+
+async fn a_record_rewritten_between_helms_write_and_the_seal_is_never_sealed(helm: PathBuf) {
+    let ns = TestNamespace::create("helm-seal-race")
+        .await
+        .expect("namespace");
+    let victim_name = format!("{}-victim", ns.name());
+    let roles = victim(&victim_name).await;
+    // The operator's traffic (helm's and ours) through a proxy that holds
+    // the first read of revision 1's record by name: the seal's read, right
+    // after helm's last write (helm itself lists records, never reads one
+    // by name). The tenant's own client goes straight to the cluster.
+    let proxy = Proxy::start(HarnessCluster::Primary)
+        .await
+        .expect("proxy");
+    let cx = proxy
+        .context("helm-race-op")
+        .await
+        .expect("context")
+        .with_owner(Owner::standalone("helm-race-op"))
+        .with_owner_keys(OwnerKeys::generate().expect("a key"));
+    let record = "sh.helm.release.v1.app.v1";
+    let hold = Hold::new();
+    proxy.add(
+        Rule::on(
+            Match::verb(Verb::Get)
+                .resource("secrets")
+                .namespace(ns.name())
+                .name(record),
+        )
+        .times(1)
+        .hold(&hold),
+    );
+    let tenant = tenant(&ns).await;
+    let app = release(&helm, ns.name(), "app");
+    // The tenant rewrites the record in that window: the same revision, now
+    // listing the ClusterRole, which an uninstall would delete.
+    let attack = async {
+        hold.reached().await;
+        let secrets: Api<Secret> = Api::namespaced(tenant, ns.name());
+        let mut written = secrets.get(record).await.expect("helm's record");
+        let forged = forged_record(
+            ns.name(),
+            "app",
+            1,
+            "deployed",
+            &cluster_role_manifest(&victim_name),
+        );
+        written.data = forged.data;
+        secrets
+            .replace(record, &PostParams::default(), &written)
+            .await
+            .expect("the tenant may write Secrets in its namespace");
+        hold.release();
+    };
+    let (installed, ()) = tokio::join!(until_not_yield(&cx, &app, false), attack);
+    let error = installed.expect_err("a record rewritten before the seal");
+    assert_eq!(error.kind(), ErrorKind::Failed, "{error}");
+    assert!(error.message().contains(record), "{error}");
+    assert!(
+        error.message().contains("changed after helm wrote it"),
+        "{error}"
+    );
+    // Not sealed: no authenticator for revision 1, no owner on the record.
+    let lease = ns
+        .api::<Lease>()
+        .get("provisioners-helm.app")
+        .await
+        .expect("the Lease");
+    let annotations = lease.metadata.annotations.unwrap_or_default();
+    assert!(
+        !annotations.contains_key(&format!("{RECORD_SEAL_PREFIX}1")),
+        "{annotations:?}"
+    );
+    let left = records(&ns, "app").await;
+    assert_eq!(left.len(), 1);
+    assert_eq!(annotation(&left[0], RECORD_OWNER_ANNOTATION), None);
+    // From now on it is reported, never acted on: no uninstall deletes the
+    // ClusterRole it lists.
+    let error = until_not_yield(&cx, &app, false)
+        .await
+        .expect_err("a record we cannot prove we wrote");
+    assert_eq!(error.kind(), ErrorKind::Failed, "{error}");
+    assert!(error.message().contains(record), "{error}");
+    let error = until_not_yield(&cx, &app, true)
+        .await
+        .expect_err("no uninstall of a record we cannot prove we wrote");
+    assert_eq!(error.kind(), ErrorKind::Failed, "{error}");
+    assert!(
+        roles.get_opt(&victim_name).await.expect("read").is_some(),
+        "the ClusterRole survives"
+    );
+    roles
+        .delete(&victim_name, &DeleteParams::default())
+        .await
+        .expect("cleanup");
 }
