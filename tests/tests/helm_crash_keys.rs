@@ -101,16 +101,19 @@ async fn install_with_keys_converges_from_every_crash(helm: PathBuf) {
     } else {
         (Match::writes().resource("secrets"), Points::Spread(3))
     };
-    let report = CrashTest::new(format!("helm install with owner keys ({})", helm.display()), build)
-        .configure(move |cx, _scope| {
-            cx.with_owner(Owner::standalone("crash-keys-op"))
-                .with_owner_keys(keys.clone())
-        })
-        .crash_on(crash_on)
-        .points(points)
-        .provision_sweep()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let report = CrashTest::new(
+        format!("helm install with owner keys ({})", helm.display()),
+        build,
+    )
+    .configure(move |cx, _scope| {
+        cx.with_owner(Owner::standalone("crash-keys-op"))
+            .with_owner_keys(keys.clone())
+    })
+    .crash_on(crash_on)
+    .points(points)
+    .provision_sweep()
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
     eprintln!("[faults] {report}");
     assert!(report.crashed() >= 1, "{report}");
     // The sample crashes on helm's record writes, and on our seal of them.
@@ -121,7 +124,8 @@ async fn install_with_keys_converges_from_every_crash(helm: PathBuf) {
             .is_some_and(|h| h.contains("sh.helm.release.v1"))),
         "{report}"
     );
-    let log = String::from_utf8_lossy(&log.lock().unwrap_or_else(PoisonError::into_inner)).into_owned();
+    let log =
+        String::from_utf8_lossy(&log.lock().unwrap_or_else(PoisonError::into_inner)).into_owned();
     for recovery in [
         "removing it first",
         "rolling back",

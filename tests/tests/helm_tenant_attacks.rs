@@ -530,9 +530,7 @@ async fn a_record_rewritten_between_helms_write_and_the_seal_is_never_sealed(hel
     // the first read of revision 1's record by name: the seal's read, right
     // after helm's last write (helm itself lists records, never reads one
     // by name). The tenant's own client goes straight to the cluster.
-    let proxy = Proxy::start(HarnessCluster::Primary)
-        .await
-        .expect("proxy");
+    let proxy = Proxy::start(HarnessCluster::Primary).await.expect("proxy");
     let cx = proxy
         .context("helm-race-op")
         .await

@@ -170,7 +170,13 @@ fn context_text() -> impl Strategy<Value = String> {
 
 /// The encodings of encodings the module promises to mask (decoded
 /// views, hex): each is masked whole, so none of it may survive.
-fn encoded_forms(secret: &str, context: &str, offset: usize, width: usize, indent: &str) -> Vec<String> {
+fn encoded_forms(
+    secret: &str,
+    context: &str,
+    offset: usize,
+    width: usize,
+    indent: &str,
+) -> Vec<String> {
     let mut blob = context.as_bytes().to_vec();
     let at = offset.min(blob.len());
     blob.splice(at..at, secret.bytes());
@@ -196,7 +202,11 @@ fn encoded_forms(secret: &str, context: &str, offset: usize, width: usize, inden
     }
     for upper in [true, false] {
         for plus in [true, false] {
-            forms.push(percent_encoded(&String::from_utf8_lossy(&blob), upper, plus));
+            forms.push(percent_encoded(
+                &String::from_utf8_lossy(&blob),
+                upper,
+                plus,
+            ));
         }
     }
     forms.push(percent_encoded(&STANDARD.encode(&blob), true, false));

@@ -71,7 +71,8 @@ pub(super) fn decoded_runs(text: &str) -> Vec<(Range<usize>, String)> {
             if run.joined.len() < MIN_RUN {
                 continue;
             }
-            let starts = std::iter::once(0).chain(run.line_starts.iter().copied().take(LINE_STARTS));
+            let starts =
+                std::iter::once(0).chain(run.line_starts.iter().copied().take(LINE_STARTS));
             for start in starts {
                 for skip in 0..4 {
                     let Some(chars) = run.joined.get(start + skip..) else {
@@ -178,11 +179,12 @@ fn decode_base64(engine: &GeneralPurpose, chars: &[u8], out: &mut Vec<String>) {
 
 /// The whitespace-separated tokens of `text`, with their byte ranges.
 fn tokens(text: &str) -> impl Iterator<Item = (Range<usize>, &str)> {
-    text.split(|c: char| c.is_whitespace()).scan(0, move |at, token| {
-        let start = text[*at..].find(token).map_or(*at, |i| *at + i);
-        *at = start + token.len();
-        Some((start..start + token.len(), token))
-    })
+    text.split(|c: char| c.is_whitespace())
+        .scan(0, move |at, token| {
+            let start = text[*at..].find(token).map_or(*at, |i| *at + i);
+            *at = start + token.len();
+            Some((start..start + token.len(), token))
+        })
 }
 
 fn has_escape(bytes: &[u8]) -> bool {
@@ -229,7 +231,10 @@ mod tests {
             .chunks(16)
             .map(|c| String::from_utf8(c.to_vec()).unwrap())
             .collect();
-        let text = format!("-----BEGIN X-----\n  {}\n-----END X-----", wrapped.join("\n  "));
+        let text = format!(
+            "-----BEGIN X-----\n  {}\n-----END X-----",
+            wrapped.join("\n  ")
+        );
         let runs = decoded_runs(&text);
         assert!(runs.iter().any(|(_, d)| *d == inner), "{runs:?}");
         let percent = "https://x/?p=hunter2%2Fhunter2+ok";

@@ -468,10 +468,7 @@ mod tests {
         printed["info"]["description"] = json!("Install complete");
         printed["hooks"][0]["last_run"] = json!({"phase": "Succeeded"});
         let stdout = format!("WARNING: a note\n{printed:#}\n");
-        assert_eq!(
-            printed_content(stdout.as_bytes()),
-            Ok(content_of(&stored))
-        );
+        assert_eq!(printed_content(stdout.as_bytes()), Ok(content_of(&stored)));
         let rewritten = payload("deployed", "kind: ClusterRole");
         assert_ne!(
             printed_content(stdout.as_bytes()).unwrap(),
