@@ -342,3 +342,30 @@ proptest! {
         let _ = trimmed(capture::stderr_text_within(capture, &redactor, head, tail));
     }
 }
+
+/// Not a check: prints how long masking takes (run it in release:
+/// `cargo test -p provisioners-helm --release --lib measure_redaction -- --ignored --nocapture`).
+#[test]
+#[ignore = "a measurement, run by hand"]
+fn measure_redaction() {
+    let mut secrets = Secrets::default();
+    for i in 0..1000 {
+        secrets.plain(format!("value-{i:04}-of-the-release"));
+    }
+    secrets.sensitive("hunter2hunter2");
+    let redactor = Redactor::new(&secrets);
+    // 64 KiB of a helm-like message: words, a base64 blob and a URL per line.
+    let line = "Error: UPGRADE FAILED: cannot patch \"web\" with kind Deployment: \
+                data aGVsbG8gd29ybGQgaGVsbG8gd29ybGQ= url https://x/?q=a%2Fb+c\n";
+    let text = line.repeat((64 << 10) / line.len());
+    let runs = 20;
+    let start = std::time::Instant::now();
+    for _ in 0..runs {
+        std::hint::black_box(redactor.redact(&text));
+    }
+    eprintln!(
+        "redact {} KiB with 1,001 values: {:.2?} per run",
+        text.len() >> 10,
+        start.elapsed() / runs
+    );
+}
