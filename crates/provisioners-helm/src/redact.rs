@@ -254,6 +254,15 @@ impl Redactor {
         views::margin(self.longest + 3)
     }
 
+    /// The shortest base64 run a decoded view looks into.
+    fn min_run(&self) -> usize {
+        if self.lines.forms.is_empty() {
+            views::MIN_RUN
+        } else {
+            views::MIN_RUN_SHORT
+        }
+    }
+
     fn is_empty(&self) -> bool {
         self.inline.forms.is_empty() && self.lines.forms.is_empty()
     }
@@ -266,7 +275,7 @@ impl Redactor {
         self.lines.find(text, &mut found);
         !found.is_empty()
             || (depth > 0
-                && views::decoded_runs(text)
+                && views::decoded_runs(text, self.min_run())
                     .iter()
                     .any(|(_, decoded)| self.holds(decoded, depth - 1)))
     }
@@ -291,7 +300,7 @@ impl Redactor {
             ranges.push(start..end);
         }
         if !self.is_empty() {
-            for (run, decoded) in views::decoded_runs(text) {
+            for (run, decoded) in views::decoded_runs(text, self.min_run()) {
                 if self.holds(&decoded, views::DEPTH - 1) {
                     ranges.push(run);
                 }

@@ -21,9 +21,13 @@ use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
 /// Decodings nested within one another that are searched.
 pub(super) const DEPTH: usize = 3;
 
-/// The shortest base64 run decoded (the base64 of a two-byte value is 3
-/// characters, of its base64 4).
-const MIN_RUN: usize = 4;
+/// The shortest base64 run decoded when a sensitive value is short (the
+/// base64 of a two-byte value is 3 characters, of its base64 4).
+pub(super) const MIN_RUN_SHORT: usize = 4;
+
+/// The shortest base64 run decoded otherwise: the base64 of the base64 of
+/// a secret of [`MIN_INLINE_LEN`](super::MIN_INLINE_LEN) bytes.
+pub(super) const MIN_RUN: usize = 11;
 
 /// Line starts of a wrapped run decoded from, besides its own start.
 const LINE_STARTS: usize = 2;
@@ -51,14 +55,19 @@ fn in_url_safe(byte: u8) -> bool {
     byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'_')
 }
 
-/// Every run of `text` that decodes to text, with the byte range of the
-/// run in `text` and what it decodes to (a run may come with several).
-pub(super) fn decoded_runs(text: &str) -> Vec<(Range<usize>, String)> {
+/// Every run of `text` of at least `min_run` characters that decodes to
+/// text, with the byte range of the run in `text` and what it decodes to
+/// (a run may come with several).
+pub(super) fn decoded_runs(text: &str, min_run: usize) -> Vec<(Range<usize>, String)> {
     let mut out = Vec::new();
     let bytes = text.as_bytes();
-    for (inside, engine) in [
-        (in_standard as fn(u8) -> bool, lenient(&alphabet::STANDARD)),
-        (in_url_safe, lenient(&alphabet::URL_SAFE)),
+    for (url_safe, inside, engine) in [
+        (
+            false,
+            in_standard as fn(u8) -> bool,
+            lenient(&alphabet::STANDARD),
+        ),
+        (true, in_url_safe, lenient(&alphabet::URL_SAFE)),
     ] {
         let mut at = 0;
         while at < bytes.len() {
@@ -68,7 +77,11 @@ pub(super) fn decoded_runs(text: &str) -> Vec<(Range<usize>, String)> {
             }
             let run = base64_run(bytes, at, inside);
             at = run.end.max(at + 1);
-            if run.joined.len() < MIN_RUN {
+            // A URL-safe run with neither `-` nor `_` decodes as the
+            // standard run at its start does (which may only go on further).
+            if run.joined.len() < min_run
+                || (url_safe && !run.joined.iter().any(|b| matches!(b, b'-' | b'_')))
+            {
                 continue;
             }
             let starts =
@@ -235,16 +248,17 @@ mod tests {
             "-----BEGIN X-----\n  {}\n-----END X-----",
             wrapped.join("\n  ")
         );
-        let runs = decoded_runs(&text);
+        let runs = decoded_runs(&text, MIN_RUN);
         assert!(runs.iter().any(|(_, d)| *d == inner), "{runs:?}");
         let percent = "https://x/?p=hunter2%2Fhunter2+ok";
-        let runs = decoded_runs(percent);
+        let runs = decoded_runs(percent, MIN_RUN);
         assert!(runs.iter().any(|(_, d)| d.contains("hunter2/hunter2 ok")));
     }
 
     #[test]
     fn words_rarely_decode_to_text() {
         let text = "Error: UPGRADE FAILED: cannot patch Deployment with kind Deployment";
-        assert!(decoded_runs(text).len() < 8, "{:?}", decoded_runs(text));
+        let runs = decoded_runs(text, MIN_RUN_SHORT);
+        assert!(runs.len() < 8, "{runs:?}");
     }
 }
