@@ -262,6 +262,7 @@ impl Provisioner for HelmRelease {
         let mut repair = None;
         if let Some(revision) = &latest
             && revision.is_deployed_with(digest.as_deref())
+            && !Self::unsealed_looking(cx, revision)
         {
             tracing::debug!(release = %self.id(), revision = revision.number, "no change");
             repair = self.unchanged(cx, revision).await?;
@@ -282,7 +283,9 @@ impl Provisioner for HelmRelease {
             latest = storage::latest(cx.client(), &self.namespace, &self.release).await?;
             if let Some(revision) = &latest {
                 self.refuse_foreign(cx, revision, "upgrade")?;
-                if revision.is_deployed_with(digest.as_deref()) {
+                if revision.is_deployed_with(digest.as_deref())
+                    && !Self::unsealed_looking(cx, revision)
+                {
                     return self.settled(cx, revision).await;
                 }
                 // With owner keys, helm acts on no record we cannot prove

@@ -202,6 +202,16 @@ impl HelmRelease {
         )))
     }
 
+    /// Whether `latest`, helm's newest record, lacks the owner annotation
+    /// our seal puts on every record we keep (helm drops it only from the
+    /// records it supersedes): with owner keys and an owner, it was not
+    /// sealed by us (a seal refused because the record was rewritten, a
+    /// forgery with our labels copied), so its digest label is not trusted
+    /// to skip the check of the records. Reads nothing.
+    pub(super) fn unsealed_looking(cx: &Context, latest: &Revision) -> bool {
+        cx.owner_keys().is_some() && cx.owner().is_some() && latest.owner.is_none()
+    }
+
     /// An `Invalid` error when another owner holds the release `latest` is
     /// the newest record of; `what` is the refused action.
     pub(super) fn refuse_foreign(&self, cx: &Context, latest: &Revision, what: &str) -> Result<()> {
