@@ -283,15 +283,19 @@ impl Provisioner for HelmRelease {
             latest = storage::latest(cx.client(), &self.namespace, &self.release).await?;
             if let Some(revision) = &latest {
                 self.refuse_foreign(cx, revision, "upgrade")?;
-                if revision.is_deployed_with(digest.as_deref())
-                    && !Self::unsealed_looking(cx, revision)
-                {
+                let settled = revision.is_deployed_with(digest.as_deref());
+                if settled && !Self::unsealed_looking(cx, revision) {
                     return self.settled(cx, revision).await;
                 }
                 // With owner keys, helm acts on no record we cannot prove
                 // we wrote (one our own interrupted run left unsealed is removed).
                 if self.trust_records(cx).await? {
                     latest = storage::latest(cx.client(), &self.namespace, &self.release).await?;
+                } else if settled {
+                    // Only our owner was missing on a record that verifies:
+                    // the process died between the seal and the annotation.
+                    self.seal(cx, &self.sealing(cx), revision.number).await?;
+                    return self.settled(cx, revision).await;
                 }
             }
             if let Some(revision) = &latest

@@ -117,8 +117,8 @@ impl HelmRelease {
             expect,
         )
         .await;
-        let mac = match sealed {
-            Ok(Some(mac)) => mac,
+        let checked = match sealed {
+            Ok(Some(checked)) => checked,
             Ok(None) => return Ok(()),
             Err(error) if storage::is_rewritten(&error) => {
                 // Not our run's record any more: reported from now on (no
@@ -135,21 +135,30 @@ impl HelmRelease {
             }
             Err(error) => return Err(error),
         };
-        let mut annotations = serde_json::Map::new();
-        annotations.insert(format!("{}{revision}", storage::SEAL_PREFIX), mac.into());
-        if let Some(old) = revision.checked_sub(storage::SEALS_KEPT) {
+        // The authenticator first, then the owner on the record: a process
+        // that dies in between leaves a record without our owner, which
+        // the next pass checks (and annotates once it verifies).
+        if let Some(mac) = &checked.mac {
+            let mut annotations = serde_json::Map::new();
             annotations.insert(
-                format!("{}{old}", storage::SEAL_PREFIX),
-                serde_json::Value::Null,
+                format!("{}{revision}", storage::SEAL_PREFIX),
+                mac.clone().into(),
             );
+            if let Some(old) = revision.checked_sub(storage::SEALS_KEPT) {
+                annotations.insert(
+                    format!("{}{old}", storage::SEAL_PREFIX),
+                    serde_json::Value::Null,
+                );
+            }
+            lease::annotate(
+                cx.client(),
+                &self.namespace,
+                &self.release,
+                annotations.into(),
+            )
+            .await?;
         }
-        lease::annotate(
-            cx.client(),
-            &self.namespace,
-            &self.release,
-            annotations.into(),
-        )
-        .await
+        storage::annotate(cx.client(), &self.namespace, &checked).await
     }
 
     /// Takes the release's Lease; for a first install with

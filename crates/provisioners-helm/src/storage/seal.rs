@@ -255,11 +255,12 @@ pub(crate) fn verify(
     }
 }
 
-/// Seals the record of `revision` of `namespace/release` for `owner`: its
-/// owner annotation (when there is an owner), and with `keys` returns its
-/// authenticator (for the Lease). `None` when there is no such record (helm
-/// failed before writing one), or nothing to seal with. The patch carries
-/// the resourceVersion read, so a record changed meanwhile is not sealed;
+/// Checks the record of `revision` of `namespace/release` for sealing by
+/// `owner`: with `keys`, its authenticator (for the Lease), and the owner
+/// annotation to [`annotate`] it with. `None` when there is no such record
+/// (helm failed before writing one), or nothing to seal with. The patch
+/// carries the resourceVersion read, so a record changed meanwhile is not
+/// annotated;
 /// with keys, a record that is not what `expect` says helm wrote is not
 /// sealed either (`Failed`, naming it).
 #[allow(clippy::too_many_arguments)]
@@ -271,7 +272,7 @@ pub(crate) async fn seal(
     release: &str,
     revision: u32,
     expect: &Expect,
-) -> Result<Option<String>> {
+) -> Result<Option<Checked>> {
     if keys.is_none() && owner.is_none() {
         return Ok(None);
     }
@@ -334,8 +335,35 @@ pub(crate) async fn seal(
     let patch = serde_json::json!({
         "metadata": {"resourceVersion": resource_version, "annotations": annotations}
     });
+    Ok(Some(Checked {
+        name,
+        patch,
+        mac: sealed,
+    }))
+}
+
+/// A record [`seal`] checked: its authenticator (with keys), and the owner
+/// annotation still to put on it ([`annotate`]) once the authenticator is
+/// kept, so that a record carrying our owner always has its seal.
+#[derive(Debug)]
+pub(crate) struct Checked {
+    name: String,
+    patch: Value,
+    /// The authenticator, with keys.
+    pub(crate) mac: Option<String>,
+}
+
+/// Puts the owner annotation on the record `checked`, if it was not
+/// changed since it was read.
+pub(crate) async fn annotate(
+    client: &kube::Client,
+    namespace: &str,
+    checked: &Checked,
+) -> Result<()> {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    let name = &checked.name;
     secrets
-        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .patch(name, &PatchParams::default(), &Patch::Merge(&checked.patch))
         .await
         .map_err(|e| {
             Error::kube(
@@ -343,7 +371,7 @@ pub(crate) async fn seal(
                 e,
             )
         })?;
-    Ok(sealed)
+    Ok(())
 }
 
 #[cfg(test)]
