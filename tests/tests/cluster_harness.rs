@@ -1,7 +1,7 @@
 //! The local control plane itself: what every cluster-facing crate relies on.
 //!
 //! Run through `cargo xtask test`, which starts the clusters and sets the
-//! variables `provisioners_testing::cluster` reads.
+//! variables `provisioners_lab::cluster` reads.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -9,7 +9,7 @@ use std::time::Duration;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
-use provisioners_testing::cluster::{self, HarnessCluster, TestNamespace};
+use provisioners_lab::cluster::{self, HarnessCluster, TestNamespace};
 use serde_json::json;
 
 /// Generous for 2 cores running two control planes and a parallel test suite.

@@ -10,8 +10,8 @@ use k8s_openapi::api::apps::v1::ReplicaSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::api::{ListParams, Patch, PatchParams};
 use provisioners::{Context, Owner};
+use provisioners_lab::cluster::{self, HarnessCluster, TestNamespace};
 use provisioners_manifest::Manifest;
-use provisioners_testing::cluster::{self, HarnessCluster, TestNamespace};
 
 mod manifest_support;
 use manifest_support::{POLL, converge};

@@ -19,14 +19,14 @@ use k8s_openapi::api::events::v1::Event;
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, ObjectMeta, PostParams};
 use kube::config::Kubeconfig;
-use provisioners::testing::cluster::{HarnessCluster, TestNamespace};
 use provisioners::{ClientPolicy, Cluster, Context, Owner, Provisioner, concurrent, serial};
+use provisioners_lab::cluster::{HarnessCluster, TestNamespace};
+use provisioners_lab::faults::{Hold, Match, Proxy, Rule};
 use provisioners_manifest::Manifest;
 use provisioners_remote::{
     ABANDONED_REASON, RemoteClusterProvisioner, SecretKubeconfig, UNREACHABLE_SINCE_ANNOTATION,
     WhenUnreachable,
 };
-use provisioners_testing::faults::{Hold, Match, Proxy, Rule};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
@@ -348,7 +348,7 @@ async fn abandon_after_a_grace_deprovisions_a_tree_whose_remote_never_answers() 
 
 /// The shared remote cluster behind a proxy, black-holed by a rule that
 /// holds every request; returns the rule's handle.
-fn black_hole_everything(proxy: &Proxy, hold: &Hold) -> provisioners_testing::faults::RuleHandle {
+fn black_hole_everything(proxy: &Proxy, hold: &Hold) -> provisioners_lab::faults::RuleHandle {
     proxy.add(Rule::on(Match::any()).hold(hold))
 }
 

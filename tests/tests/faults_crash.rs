@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use provisioners::{Context, Error, Operation, Provisioner, Result, async_trait};
-use provisioners_testing::crash::{CrashError, CrashTest, Points, Scope};
+use provisioners_lab::crash::{CrashError, CrashTest, Points, Scope};
 use serde_json::json;
 
 /// Writes `names` as ConfigMaps, one after another, with server-side apply

@@ -10,8 +10,8 @@ use kube::api::{
     Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
 };
 use provisioners_helm::{Chart, HelmRelease};
-use provisioners_testing::cluster::{self, HarnessCluster, TestNamespace};
-use provisioners_testing::faults::{Fault, Hold, Match, Outcome, Proxy, Rule, Verb};
+use provisioners_lab::cluster::{self, HarnessCluster, TestNamespace};
+use provisioners_lab::faults::{Fault, Hold, Match, Outcome, Proxy, Rule, Verb};
 use serde_json::json;
 
 const DEADLINE: Duration = Duration::from_secs(120);

@@ -17,9 +17,9 @@ use kube::api::{Api, Patch, PatchParams};
 use platform_operator::{Platform, PlatformSpec, RemoteSpec, Settings};
 use provisioners::{Provisioner, manifest::Manifest};
 use provisioners_helm::{Chart, HelmRelease};
-use provisioners_testing::cluster::{self, HarnessCluster};
-use provisioners_testing::crash::{CrashError, CrashTest, Points, Scope, SecondPass};
-use provisioners_testing::faults::{Fault, Match, Rule};
+use provisioners_lab::cluster::{self, HarnessCluster};
+use provisioners_lab::crash::{CrashError, CrashTest, Points, Scope, SecondPass};
+use provisioners_lab::faults::{Fault, Match, Rule};
 use serde_json::json;
 
 /// Whether `cargo xtask test --faults-full` runs us.

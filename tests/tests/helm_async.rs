@@ -11,7 +11,7 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::config::Kubeconfig;
 use provisioners::{Cluster, Context, Error, Provisioner};
 use provisioners_helm::{HelmProcesses, HelmRelease};
-use provisioners_testing::cluster::{HarnessCluster, TestNamespace};
+use provisioners_lab::cluster::{HarnessCluster, TestNamespace};
 use serde_json::json;
 
 #[macro_use]

@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::Api;
 use provisioners::{Concurrent, ErrorKind, Manifest, Serial};
 use provisioners_helm::{Chart, HelmRelease};
-use provisioners_testing::cluster::{self, HarnessCluster, TestNamespace};
+use provisioners_lab::cluster::{self, HarnessCluster, TestNamespace};
 use serde_json::json;
 
 #[macro_use]

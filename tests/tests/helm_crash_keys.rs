@@ -24,9 +24,9 @@ use std::time::Duration;
 
 use provisioners::{Owner, OwnerKeys, Provisioner};
 use provisioners_helm::{Chart, HelmRelease};
-use provisioners_testing::cluster;
-use provisioners_testing::crash::{CrashTest, Points, Scope};
-use provisioners_testing::faults::Match;
+use provisioners_lab::cluster;
+use provisioners_lab::crash::{CrashTest, Points, Scope};
+use provisioners_lab::faults::Match;
 
 /// Whether `cargo xtask test --faults-full` runs us.
 fn full() -> bool {

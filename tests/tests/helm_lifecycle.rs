@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::Api;
 use provisioners::ErrorKind;
 use provisioners_helm::{Chart, Credentials, Drift, HelmRelease};
-use provisioners_testing::cluster::{self, TestNamespace};
+use provisioners_lab::cluster::{self, TestNamespace};
 use serde_json::json;
 
 #[macro_use]

@@ -13,11 +13,11 @@ use std::time::Instant;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Patch, PatchParams, PostParams};
-use provisioners::plan::{Action, ObjectPlan, Plan, ReleaseAction};
-use provisioners::{Conditional, Context, Provisioner, Serial};
+use provisioners::plan::{Action, ObjectPlan, Plan};
+use provisioners::{Conditional, Context, PlanRelease, Provisioner, ReleaseAction, Serial};
 use provisioners_helm::HelmRelease;
-use provisioners_testing::cluster::{HarnessCluster, TestNamespace};
-use provisioners_testing::faults::Proxy;
+use provisioners_lab::cluster::{HarnessCluster, TestNamespace};
+use provisioners_lab::faults::Proxy;
 use serde_json::json;
 
 #[macro_use]
@@ -360,7 +360,7 @@ async fn a_release_plans_install_no_change_drift_upgrade_and_uninstall(helm: Pat
         ReleaseAction::Uninstall,
         "{plan}"
     );
-    assert_eq!(plan.counts().uninstall, 1, "{plan}");
+    assert_eq!(plan.counts().detail("release", "to uninstall"), 1, "{plan}");
 
     // Deprovision: every object deleted but the kept one.
     let plan = plan_without_writes(&cx, &proxy, &web, true, "deprovision").await;

@@ -15,7 +15,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::{Api, DeleteParams, PostParams};
 use provisioners::ErrorKind;
 use provisioners_helm::{Chart, HelmRelease};
-use provisioners_testing::cluster::TestNamespace;
+use provisioners_lab::cluster::TestNamespace;
 use serde_json::json;
 
 #[macro_use]

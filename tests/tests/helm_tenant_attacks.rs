@@ -16,8 +16,8 @@ use kube::Client;
 use kube::api::{Api, DeleteParams, PostParams};
 use provisioners::{Context, ErrorKind, Owner, OwnerKeys};
 use provisioners_helm::{HelmRelease, RECORD_OWNER_ANNOTATION, RECORD_SEAL_PREFIX};
-use provisioners_testing::cluster::{HarnessCluster, TestNamespace};
-use provisioners_testing::faults::{Hold, Match, Proxy, Rule, Verb};
+use provisioners_lab::cluster::{HarnessCluster, TestNamespace};
+use provisioners_lab::faults::{Hold, Match, Proxy, Rule, Verb};
 use serde_json::json;
 
 #[macro_use]

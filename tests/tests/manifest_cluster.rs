@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DynamicObject, ObjectMeta, Patch, PatchParams, PostParams};
 use provisioners::{Context, Error, ErrorKind, Owner, Provisioner};
+use provisioners_lab::cluster::TestNamespace;
 use provisioners_manifest::{INVENTORY_LABEL, Manifest, Resource};
-use provisioners_testing::cluster::TestNamespace;
 
 mod manifest_support;
 use manifest_support::{POLL, config_maps, converge, cx, resource};

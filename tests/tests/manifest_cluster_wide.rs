@@ -13,8 +13,8 @@ use kube::Client;
 use kube::api::{Api, DynamicObject, ListParams};
 use kube::core::ApiResource;
 use provisioners::{Context, ErrorKind};
+use provisioners_lab::cluster::TestNamespace;
 use provisioners_manifest::Manifest;
-use provisioners_testing::cluster::TestNamespace;
 
 mod manifest_support;
 use manifest_support::{config_maps, converge, cx, resource};

@@ -16,9 +16,9 @@ use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::{Api, ObjectMeta, PostParams};
 use provisioners::plan::{Action, ObjectPlan};
 use provisioners::{Context, ErrorKind, Plan, Provisioner};
+use provisioners_lab::cluster::{HarnessCluster, TestNamespace};
+use provisioners_lab::faults::{Fault, Match, Proxy, Rule, Verb};
 use provisioners_manifest::{Manifest, ReplacePolicy, Resource};
-use provisioners_testing::cluster::{HarnessCluster, TestNamespace};
-use provisioners_testing::faults::{Fault, Match, Proxy, Rule, Verb};
 use tokio::sync::RwLock;
 
 mod manifest_support;

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::ListParams;
 use provisioners::Context;
+use provisioners_lab::cluster::{HarnessCluster, TestNamespace};
 use provisioners_manifest::Manifest;
-use provisioners_testing::cluster::{HarnessCluster, TestNamespace};
 
 const OBJECTS: usize = 3000;
 

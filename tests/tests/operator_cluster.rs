@@ -22,8 +22,8 @@ use platform_operator::{
 };
 use prometheus_client::registry::Registry;
 use provisioners::runtime::LeaderElection;
-use provisioners::testing::cluster::{self, HarnessCluster, TestNamespace, helm4};
 use provisioners::{CancellationToken, Event, Observer, Operation, Phase};
+use provisioners_lab::cluster::{self, HarnessCluster, TestNamespace, helm4};
 use provisioners_runtime::metrics::{Health, Metrics, serve};
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -22,8 +22,8 @@ use platform_operator::{
     FIELD_MANAGER, Options, Platform, PlatformSpec, RemoteSpec, Settings, install_crd, run_with,
 };
 use provisioners::runtime::LeaderElection;
-use provisioners::testing::cluster::{HarnessCluster, TestNamespace, helm3, helm4};
 use provisioners::{Cluster, Context, Manifest};
+use provisioners_lab::cluster::{HarnessCluster, TestNamespace, helm3, helm4};
 
 /// Where `deploy/operator.yaml` puts the operator.
 const OPERATOR_NAMESPACE: &str = "platform-operator";

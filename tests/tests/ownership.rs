@@ -9,8 +9,8 @@ use futures::{StreamExt, stream};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, ServiceAccount};
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use provisioners::{Context, ErrorKind, Owner};
+use provisioners_lab::cluster::{HarnessCluster, TestNamespace};
 use provisioners_manifest::{INVENTORY_LABEL, Manifest, OWNER_ANNOTATION, stamped_by};
-use provisioners_testing::cluster::{HarnessCluster, TestNamespace};
 
 mod manifest_support;
 use manifest_support::{config_maps, converge, cx};

@@ -10,13 +10,14 @@ use std::time::Duration;
 use std::path::Path;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-use provisioners::plan::{Action, ReleaseAction};
+use provisioners::helm::{PlanRelease, ReleaseAction};
+use provisioners::plan::Action;
 use provisioners::{
     Chart, Conditional, Context, HelmRelease, Manifest, Operation, Owner, Plan, Serial,
 };
+use provisioners_lab::cluster::{self, HarnessCluster, TestNamespace};
+use provisioners_lab::faults::Proxy;
 use provisioners_remote::{RemoteClusterProvisioner, SecretKubeconfig, TrustPolicy};
-use provisioners_testing::cluster::{self, HarnessCluster, TestNamespace};
-use provisioners_testing::faults::Proxy;
 use serde_json::json;
 
 mod manifest_support;

@@ -17,12 +17,12 @@ use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::config::Kubeconfig;
 use provisioners::plan::{Action, ObjectPlan};
-use provisioners::testing::cluster::{HarnessCluster, TestNamespace};
 use provisioners::testing::{Recorder, Scripted};
 use provisioners::{Context, Operation, Provisioner, serial};
+use provisioners_lab::cluster::{HarnessCluster, TestNamespace};
+use provisioners_lab::faults::Proxy;
 use provisioners_manifest::Manifest;
 use provisioners_remote::{RemoteClusterProvisioner, SecretKubeconfig, TrustPolicy};
-use provisioners_testing::faults::Proxy;
 
 const DEADLINE: Duration = Duration::from_secs(60);
 

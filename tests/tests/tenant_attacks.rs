@@ -11,9 +11,9 @@ use kube::Client;
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use provisioners::plan::Action;
 use provisioners::{Context, ErrorKind, Owner, OwnerKeys, Plan};
+use provisioners_lab::cluster::{HarnessCluster, TestNamespace};
 use provisioners_manifest::{INVENTORY_LABEL, Manifest, OWNER_ANNOTATION};
 use provisioners_remote::{RemoteClusterProvisioner, SecretKubeconfig, TrustPolicy};
-use provisioners_testing::cluster::{HarnessCluster, TestNamespace};
 
 mod manifest_support;
 use manifest_support::{config_maps, converge, cx};

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context as _, Result, bail};
 
 use crate::cluster::TestClusters;
-use crate::process::Cmd;
+use crate::process::{Cmd, CmdExt as _, Shell, cmd, shell};
 use crate::tools::{self, Tools};
 
 const PRIMARY: &str = "demo";
@@ -40,24 +40,19 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
     }
 
     let tools = tools::ensure()?;
+    let sh = shell()?;
     // Build before starting clusters, so none idles through a compile.
-    Cmd::new("cargo")
-        .args([
-            "build",
-            "--locked",
-            "--quiet",
-            "-p",
-            "platform-operator",
-            "--bin",
-            "demo",
-        ])
-        .run()?;
+    cmd!(
+        sh,
+        "cargo build --locked --quiet -p platform-operator --bin demo"
+    )
+    .run()?;
     if let Some(kubeconfig) = kubeconfig {
-        return demo(&tools, &kubeconfig, remote.as_deref()).run();
+        return Ok(demo(&sh, &tools, &kubeconfig, remote.as_deref()).run()?);
     }
     let clusters = TestClusters::up_named(&tools, [PRIMARY, REMOTE])?;
     let result = match (clusters.kubeconfig(PRIMARY), clusters.kubeconfig(REMOTE)) {
-        (Some(primary), Some(remote)) => demo(&tools, primary, Some(remote)).run(),
+        (Some(primary), Some(remote)) => Ok(demo(&sh, &tools, primary, Some(remote)).run()?),
         _ => Err(anyhow::anyhow!("the demo clusters did not come up")),
     };
     clusters.down();
@@ -65,26 +60,17 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
 }
 
 /// The demo binary against `kubeconfig` (and `remote` for the remote part).
-fn demo(tools: &Tools, kubeconfig: &Path, remote: Option<&Path>) -> Cmd {
-    let mut cmd = Cmd::new("cargo")
-        .args([
-            "run",
-            "--locked",
-            "--quiet",
-            "-p",
-            "platform-operator",
-            "--bin",
-            "demo",
-            "--",
-        ])
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .arg("--helm")
-        .arg(&tools.helm4);
-    if let Some(remote) = remote {
-        cmd = cmd.arg("--remote-kubeconfig").arg(remote);
+fn demo<'a>(sh: &'a Shell, tools: &Tools, kubeconfig: &Path, remote: Option<&Path>) -> Cmd<'a> {
+    let helm = &tools.helm4;
+    let cmd = cmd!(
+        sh,
+        "cargo run --locked --quiet -p platform-operator --bin demo --
+            --kubeconfig {kubeconfig} --helm {helm}"
+    );
+    match remote {
+        Some(remote) => cmd.arg("--remote-kubeconfig").arg(remote),
+        None => cmd,
     }
-    cmd
 }
 
 /// What the demo must print when it worked (it also checks the clusters
@@ -125,9 +111,9 @@ fn matches(output: &str, pattern: &str) -> bool {
 
 /// Runs the demo against clusters that are up (`cargo xtask test` does, after
 /// the tests) and checks its output.
-pub(crate) fn check(tools: &Tools, kubeconfig: &Path, remote: &Path) -> Result<()> {
+pub(crate) fn check(sh: &Shell, tools: &Tools, kubeconfig: &Path, remote: &Path) -> Result<()> {
     eprintln!("== the demo (`cargo xtask demo`) against the test clusters");
-    let output = demo(tools, kubeconfig, Some(remote)).output()?;
+    let output = demo(sh, tools, kubeconfig, Some(remote)).output_checked()?;
     let stdout = String::from_utf8_lossy(&output.stdout);
     print!("{stdout}");
     let missing: Vec<&str> = EXPECTED

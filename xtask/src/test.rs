@@ -7,7 +7,7 @@ use std::path::Path;
 
 use anyhow::{Context as _, Result};
 
-use crate::process::Cmd;
+use crate::process::{Cmd, CmdExt as _, Shell, cmd, shell};
 use crate::workspace_root;
 
 pub(crate) fn run(args: &[String]) -> Result<()> {
@@ -22,59 +22,39 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
         }
     }
 
-    Cmd::new("cargo")
-        .args(["fmt", "--all", "--", "--check"])
-        .run()?;
+    let sh = &shell()?;
+    cmd!(sh, "cargo fmt --all -- --check").run()?;
     // The house rules (xtask/src/tidy.rs): seconds, and each message says what to add.
-    Cmd::new("cargo")
-        .args(["test", "--locked", "-p", "xtask", "--", "tidy::"])
-        .run()?;
-    Cmd::new("cargo")
-        .args([
-            "clippy",
-            "--workspace",
-            "--all-targets",
-            "--locked",
-            "--",
-            "-D",
-            "warnings",
-        ])
-        .run()?;
-    Cmd::new("cargo")
-        .args([
-            "doc",
-            "--workspace",
-            "--no-deps",
-            "--all-features",
-            "--locked",
-        ])
-        .env("RUSTDOCFLAGS", "-D warnings")
-        .run()?;
-    let metadata = Metadata::read()?;
-    facade_features(&metadata)?;
-    package(&metadata)?;
+    cmd!(sh, "cargo test --locked -p xtask -- tidy::").run()?;
+    cmd!(
+        sh,
+        "cargo clippy --workspace --all-targets --locked -- -D warnings"
+    )
+    .run()?;
+    cmd!(
+        sh,
+        "cargo doc --workspace --no-deps --all-features --locked"
+    )
+    .env("RUSTDOCFLAGS", "-D warnings")
+    .run()?;
+    let metadata = Metadata::read(sh)?;
+    facade_features(sh, &metadata)?;
+    package(sh, &metadata)?;
 
     // Cluster tests: build first (no cluster idles through a compile error),
     // then run everything, ignored cluster tests included, against two local
     // control planes that are taken down whatever the outcome.
-    Cmd::new("cargo")
-        .args(["test", "--workspace", "--locked", "--no-run"])
-        .run()?;
-    pick_and_mix("build").run()?;
+    cmd!(sh, "cargo test --workspace --locked --no-run").run()?;
+    pick_and_mix(sh, "build").run()?;
     let tools = crate::tools::ensure()?;
     let clusters = crate::cluster::TestClusters::up(&tools)?;
-    let mut tests = Cmd::new("cargo").args([
-        "test",
-        "--workspace",
-        "--locked",
-        "--no-fail-fast",
-        "--",
-        "--include-ignored",
-        // Regressions for known bugs (`#[ignore = "bug: ..."]`, named
-        // `known_bug_*`) stay out of CI until fixed: run them by name.
-        "--skip",
-        "known_bug_",
-    ]);
+    // Regressions for known bugs (`#[ignore = "bug: ..."]`, named
+    // `known_bug_*`) stay out of CI until fixed: run them by name.
+    let mut tests = cmd!(
+        sh,
+        "cargo test --workspace --locked --no-fail-fast --
+            --include-ignored --skip known_bug_"
+    );
     for (key, value) in clusters.env(&tools) {
         tests = tests.env(key, value);
     }
@@ -94,17 +74,16 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
     if faults_full {
         tests = tests.env("PROVISIONERS_FAULTS_FULL", "1");
     }
-    let result = tests.status().and_then(|status| {
-        anyhow::ensure!(status.success(), "cargo test failed ({status})");
+    let result = tests.run().context("cargo test failed").and_then(|()| {
         let (Some(primary), Some(remote)) = (
             clusters.kubeconfig(crate::cluster::DEFAULT_NAME),
             clusters.kubeconfig(crate::cluster::REMOTE_NAME),
         ) else {
             anyhow::bail!("the test clusters are not up");
         };
-        run_pick_and_mix(primary)?;
+        run_pick_and_mix(sh, primary)?;
         // The README's main command, with its output checked, on the same clusters.
-        crate::demo::check(&tools, primary, remote)
+        crate::demo::check(sh, &tools, primary, remote)
     });
     clusters.down();
     if let Ok(text) = std::fs::read_to_string(&faults_report) {
@@ -122,16 +101,16 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
 
 /// `cargo metadata` of the workspace members: their features and whether
 /// they are published, read at run time so that a new feature or crate is
-/// covered without editing this file.
+/// covered without editing this file. Read as JSON rather than through the
+/// `cargo_metadata` crate: four fields of one command's output do not pay
+/// for a crate and its dependencies (camino, semver, cargo-platform).
 struct Metadata {
     packages: Vec<serde_json::Value>,
 }
 
 impl Metadata {
-    fn read() -> Result<Self> {
-        let text = Cmd::new("cargo")
-            .args(["metadata", "--format-version", "1", "--no-deps", "--locked"])
-            .read()?;
+    fn read(sh: &Shell) -> Result<Self> {
+        let text = cmd!(sh, "cargo metadata --format-version 1 --no-deps --locked").read()?;
         let value: serde_json::Value =
             serde_json::from_str(&text).context("`cargo metadata` printed no JSON")?;
         let packages = value["packages"]
@@ -196,25 +175,20 @@ const K8S_OPENAPI_VERSION: (&str, &str) = ("K8S_OPENAPI_ENABLED_VERSION", "1.36"
 /// needs fails here, not on a user's machine. A loop rather than
 /// `cargo hack --each-feature`: nothing to install, and one package's dozen
 /// features need no powerset.
-fn facade_features(metadata: &Metadata) -> Result<()> {
+fn facade_features(sh: &Shell, metadata: &Metadata) -> Result<()> {
     const FACADE: &str = "provisioners";
     let check = || {
-        Cmd::new("cargo")
-            .args([
-                "check",
-                "--locked",
-                "-p",
-                FACADE,
-                "--lib",
-                "--no-default-features",
-            ])
-            .env(K8S_OPENAPI_VERSION.0, K8S_OPENAPI_VERSION.1)
+        cmd!(
+            sh,
+            "cargo check --locked -p {FACADE} --lib --no-default-features"
+        )
+        .env(K8S_OPENAPI_VERSION.0, K8S_OPENAPI_VERSION.1)
     };
     check().run()?;
     for feature in metadata.features(FACADE)? {
         check().args(["--features", &feature]).run()?;
     }
-    check().arg("--all-features").run()
+    Ok(check().arg("--all-features").run()?)
 }
 
 /// `cargo package` of every published crate, verified: each `.crate` is
@@ -225,7 +199,7 @@ fn facade_features(metadata: &Metadata) -> Result<()> {
 /// Measured on the project machine (2 cores, load average 7-8 from other
 /// builds, 2026-12-01): 4m27s for the nine crates, each built once from its
 /// packed sources (their dependencies shared through `target/package-verify/`).
-fn package(metadata: &Metadata) -> Result<()> {
+fn package(sh: &Shell, metadata: &Metadata) -> Result<()> {
     // A target directory of its own: cargo takes a registry crate for
     // immutable, so what it compiled from an earlier `.crate` of the same
     // name and version would be used again. Ours are removed from it before
@@ -233,22 +207,25 @@ fn package(metadata: &Metadata) -> Result<()> {
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map_or_else(|| workspace_root().join("target"), std::path::PathBuf::from)
         .join("package-verify");
+    let excluded: &Vec<String> = &metadata
+        .unpublished()
+        .into_iter()
+        .flat_map(|unpublished| ["--exclude".to_owned(), unpublished])
+        .collect();
+    // What is packaged is checked, not whether git is clean: a local
+    // run on work in progress packages it as it is (CI's clone is clean).
     let cargo_package = || {
-        let mut cmd = Cmd::new("cargo")
-            // What is packaged is checked, not whether git is clean: a local
-            // run on work in progress packages it as it is (CI's clone is clean).
-            .args(["package", "--workspace", "--locked", "--allow-dirty"])
-            .env(K8S_OPENAPI_VERSION.0, K8S_OPENAPI_VERSION.1)
-            .env("CARGO_TARGET_DIR", &target);
-        for unpublished in metadata.unpublished() {
-            cmd = cmd.arg("--exclude").arg(unpublished);
-        }
-        cmd
+        cmd!(
+            sh,
+            "cargo package --workspace --locked --allow-dirty {excluded...}"
+        )
+        .env(K8S_OPENAPI_VERSION.0, K8S_OPENAPI_VERSION.1)
+        .env("CARGO_TARGET_DIR", &target)
     };
     cargo_package().arg("--no-verify").run()?;
-    forget_stale_unpacked(metadata, &target.join("package"))?;
+    forget_stale_unpacked(sh, metadata, &target.join("package"))?;
     forget_built(&target.join("debug"))?;
-    cargo_package().run()
+    Ok(cargo_package().run()?)
 }
 
 /// Removes what `dir` (a profile directory) holds of our own crates, so
@@ -284,7 +261,7 @@ fn forget_built(dir: &Path) -> Result<()> {
 /// failing on a `provisioners-core` from hours before). So every unpacked
 /// copy of our crates that differs from what was just packaged is removed;
 /// an identical one (another clone of the same commit) is left alone.
-fn forget_stale_unpacked(metadata: &Metadata, packaged: &Path) -> Result<()> {
+fn forget_stale_unpacked(sh: &Shell, metadata: &Metadata, packaged: &Path) -> Result<()> {
     let cargo_home = std::env::var_os("CARGO_HOME").map_or_else(
         || {
             std::env::var_os("HOME")
@@ -314,12 +291,7 @@ fn forget_stale_unpacked(metadata: &Metadata, packaged: &Path) -> Result<()> {
         let fresh = packaged.join(format!("fresh-{crate_name}"));
         let _ = std::fs::remove_dir_all(&fresh);
         std::fs::create_dir_all(&fresh).with_context(|| format!("creating {}", fresh.display()))?;
-        Cmd::new("tar")
-            .arg("-xzf")
-            .arg(&file)
-            .arg("-C")
-            .arg(&fresh)
-            .output()?;
+        cmd!(sh, "tar -xzf {file} -C {fresh}").output_checked()?;
         let fresh_tree = fresh.join(&crate_name);
         for local in &locals {
             let unpacked = local.join(&crate_name);
@@ -371,13 +343,15 @@ fn same_tree(fresh: &Path, unpacked: &Path) -> bool {
 /// invocation of its own. Inside `cargo test --workspace` the features of
 /// every member are unified, which would hide a crate that has no TLS stack
 /// when it is picked alone.
-fn pick_and_mix(action: &str) -> Cmd {
-    Cmd::new("cargo").args([action, "--locked", "-q", "-p", "pick-and-mix"])
+fn pick_and_mix<'a>(sh: &'a Shell, action: &str) -> Cmd<'a> {
+    cmd!(sh, "cargo {action} --locked -q -p pick-and-mix")
 }
 
 /// Runs the pick-and-mix program against the cluster of `kubeconfig`.
-fn run_pick_and_mix(kubeconfig: &Path) -> Result<()> {
-    pick_and_mix("run").env("KUBECONFIG", kubeconfig).run()
+fn run_pick_and_mix(sh: &Shell, kubeconfig: &Path) -> Result<()> {
+    Ok(pick_and_mix(sh, "run")
+        .env("KUBECONFIG", kubeconfig)
+        .run()?)
 }
 
 /// The fixtures directory: `PROVISIONERS_FIXTURES` when set, else
@@ -531,7 +505,8 @@ mod tests {
 
     #[test]
     fn metadata_lists_the_facade_features_and_the_unpublished_members() {
-        let metadata = Metadata::read().expect("cargo metadata");
+        let sh = crate::process::shell().expect("shell");
+        let metadata = Metadata::read(&sh).expect("cargo metadata");
         let features = metadata.features("provisioners").expect("the facade");
         for feature in ["manifest", "helm", "rustls-tls", "full"] {
             assert!(features.iter().any(|f| f == feature), "{features:?}");

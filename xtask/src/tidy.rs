@@ -12,11 +12,19 @@
 //! docs/rbac.md grants what the example's operator.yaml grants. The README's
 //! "Requirements" names the `rust-version` of the workspace's Cargo.toml.
 
+mod core_names;
+mod cycles;
 mod docs;
+mod lex;
+mod lints;
+mod manifest;
 mod rbac;
+mod size;
 
 use std::fs;
 use std::path::{Path, PathBuf};
+
+use self::manifest::Manifest;
 
 /// Everything in the workspace at `root` that breaks a rule, one message each.
 fn problems(root: &Path) -> Vec<String> {
@@ -48,8 +56,19 @@ fn all_problems(root: &Path) -> Vec<String> {
     let mut found = problems(root);
     found.extend(docs::problems(root, &docs::Tasks::of_xtask()));
     found.extend(rbac::problems(root));
+    found.extend(architecture_problems(root));
     check_msrv(root, &mut found);
     check_dockerfiles(root, &mut found);
+    found
+}
+
+/// The rules of docs/architecture.md ("Rules tidy enforces"): file size,
+/// no leaf names in core, no circular imports, every public item documented.
+fn architecture_problems(root: &Path) -> Vec<String> {
+    let mut found = size::problems(root, size::RATCHET);
+    found.extend(core_names::problems(root, core_names::ALLOWED));
+    found.extend(cycles::problems(root, cycles::ALLOWED));
+    found.extend(lints::problems(root));
     found
 }
 
@@ -111,7 +130,14 @@ fn check_dockerfiles(root: &Path, problems: &mut Vec<String>) {
 /// declares (and cargo enforces), so a change of either shows in both.
 fn check_msrv(root: &Path, problems: &mut Vec<String>) {
     let manifest = fs::read_to_string(root.join("Cargo.toml")).unwrap_or_default();
-    let Some(version) = Manifest::parse(&manifest)
+    let manifest = match Manifest::parse(&manifest) {
+        Ok(manifest) => manifest,
+        Err(error) => {
+            problems.push(format!("Cargo.toml: {error}"));
+            return;
+        }
+    };
+    let Some(version) = manifest
         .value("workspace.package", "rust-version")
         .map(|v| v.trim_matches('"').to_owned())
     else {
@@ -129,8 +155,12 @@ fn check_msrv(root: &Path, problems: &mut Vec<String>) {
 
 fn check_crate(root: &Path, dir: &Path, problems: &mut Vec<String>) {
     let manifest_path = dir.join("Cargo.toml");
-    let manifest = match fs::read_to_string(&manifest_path) {
-        Ok(text) => Manifest::parse(&text),
+    let manifest = match fs::read_to_string(&manifest_path).map(|text| Manifest::parse(&text)) {
+        Ok(Ok(manifest)) => manifest,
+        Ok(Err(error)) => {
+            problems.push(format!("{}: {error}", shown(root, &manifest_path)));
+            return;
+        }
         Err(error) => {
             problems.push(format!(
                 "{}: cannot read: {error}",
@@ -272,60 +302,6 @@ fn shown(root: &Path, path: &Path) -> String {
         .to_string()
 }
 
-/// The `key = value` lines of a Cargo.toml by section: enough for the keys
-/// tidy reads (no crate for it: xtask keeps its dependencies few).
-struct Manifest {
-    entries: Vec<(String, String, String)>,
-}
-
-impl Manifest {
-    fn parse(text: &str) -> Self {
-        let mut section = String::new();
-        let mut entries = Vec::new();
-        let mut lines = text.lines();
-        while let Some(line) = lines.next() {
-            let line = line.trim();
-            if line.starts_with('[') {
-                section = line
-                    .trim_start_matches('[')
-                    .trim_end_matches(']')
-                    .trim()
-                    .to_owned();
-            } else if let Some((key, value)) = line.split_once('=')
-                && !line.starts_with('#')
-            {
-                let mut value = value.trim().to_owned();
-                // An array may go on over several lines.
-                while value.starts_with('[') && !value.contains(']') {
-                    let Some(next) = lines.next() else { break };
-                    value.push(' ');
-                    value.push_str(next.trim());
-                }
-                if !value.starts_with('"')
-                    && let Some((before, _comment)) = value.split_once('#')
-                {
-                    value = before.trim().to_owned();
-                }
-                entries.push((section.clone(), key.trim().to_owned(), value));
-            }
-        }
-        Self { entries }
-    }
-
-    fn value(&self, section: &str, key: &str) -> Option<&str> {
-        self.values(section, key).into_iter().next()
-    }
-
-    /// Every value of `key` in sections named `section` (`[[bin]]` repeats).
-    fn values(&self, section: &str, key: &str) -> Vec<&str> {
-        self.entries
-            .iter()
-            .filter(|(s, k, _)| s == section && k == key)
-            .map(|(_, _, v)| v.as_str())
-            .collect()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -338,26 +314,6 @@ mod tests {
             "tidy found {} problem(s):\n  {}",
             problems.len(),
             problems.join("\n  ")
-        );
-    }
-
-    #[test]
-    fn manifest_values_span_lines_and_drop_comments() {
-        let manifest = Manifest::parse(
-            "[package]\npublish = false # private\n\n[package.metadata.docs.rs]\n\
-             rustdoc-args = [\n  \"--cfg\",\n  \"docsrs\",\n]\n# all-features = true\n",
-        );
-        assert_eq!(manifest.value("package", "publish"), Some("false"));
-        let args = manifest
-            .value("package.metadata.docs.rs", "rustdoc-args")
-            .expect("args");
-        assert!(
-            args.contains("\"--cfg\"") && args.contains("\"docsrs\""),
-            "{args}"
-        );
-        assert_eq!(
-            manifest.value("package.metadata.docs.rs", "all-features"),
-            None
         );
     }
 

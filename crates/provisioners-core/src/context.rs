@@ -14,9 +14,9 @@ use kube::config::Kubeconfig;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::observe::{Event, Observer, Operation, Outcome, Phase};
+use crate::observe::{Event, Observer, Outcome, Phase};
 use crate::path::{Lazy, NodePath};
-use crate::{Cluster, Error, Owner, OwnerKeys, Plan, Provisioner, Result};
+use crate::{Cluster, Error, Operation, Owner, OwnerKeys, Plan, Provisioner, Result};
 
 /// The field manager used for server-side apply unless
 /// [`Context::with_field_manager`] says otherwise.

@@ -18,14 +18,18 @@
 //!   timeout and a short retry of transient failures, so leaves never write
 //!   their own), and per-cluster state ([`Cluster::state`],
 //!   [`Cluster::shared_state`]) where leaf crates keep what they learn about
-//!   a cluster, with [`SingleFlight`] so that callers learning the same
-//!   thing at once (API discovery) share one request;
+//!   a cluster;
 //! - [`Metadata`], the one way to name a node; [`Context::provision`]
 //!   rejects a name that is empty or holds `/` before the node runs;
 //! - [plans](plan): [`Context::plan`] asks a tree what it would do, without
 //!   doing it, and returns a [`Plan`] that mirrors the tree (per object:
 //!   create, update with the changed fields, no change, delete, replace,
-//!   adopt, refuse, unknown; Secret data masked; a stable digest).
+//!   adopt, refuse, unknown; Secret data masked; a leaf's own
+//!   [`Detail`](plan::Detail); a stable digest).
+//!
+//! What leaves share about objects beyond this contract (readiness, drift,
+//! the diffs a plan shows) is in `provisioners-kit`; no leaf's vocabulary is
+//! here.
 //!
 //! TLS for the client is a feature: `rustls-tls` (default) or `openssl-tls`.
 //!
@@ -103,9 +107,7 @@
 
 mod cluster;
 mod context;
-pub mod drift;
 mod error;
-mod flight;
 mod health;
 mod observe;
 mod owner;
@@ -113,23 +115,21 @@ mod path;
 pub mod plan;
 mod policy;
 mod provisioner;
-pub mod readiness;
 mod remote;
 
 pub use async_trait::async_trait;
 pub use cluster::Cluster;
 pub use context::{Context, DEFAULT_FIELD_MANAGER, DEFAULT_SHUTDOWN_GRACE};
 pub use error::{Error, ErrorKind, Result, Waiting};
-pub use flight::SingleFlight;
 pub use health::{Health, Unreachable};
-pub use observe::{Event, Observer, Operation, Outcome, Phase};
+pub use observe::{Event, Observer, Outcome, Phase};
 pub use owner::{OWNER_KEY_MIN_LEN, Owner, OwnerKeys};
 pub use plan::Plan;
 pub use policy::{
     ClientPolicy, DEFAULT_BACKOFF, DEFAULT_PAGE_LIMIT, DEFAULT_REQUEST_TIMEOUT,
     DEFAULT_RESPONSE_LIMIT, PolicyService,
 };
-pub use provisioner::{Managed, ManagerProvisioner, Metadata, Provisioner};
+pub use provisioner::{Managed, ManagerProvisioner, Metadata, Operation, Provisioner};
 pub use remote::{
     ClaimedSecret, KubeconfigClaims, RemoteCluster, kubeconfig_finalizer,
     kubeconfig_finalizer_prefix, kubeconfig_owner_label,

@@ -1,9 +1,8 @@
 //! Progress events: what a CLI draws and what a controller turns into events or metrics.
 
-use std::fmt;
 use std::time::Duration;
 
-use crate::Error;
+use crate::{Error, Operation};
 
 /// Receives an event when each tree node starts and finishes.
 ///
@@ -46,32 +45,6 @@ impl<A: Observer, B: Observer> Observer for (A, B) {
     fn on_event(&self, event: &Event<'_>) {
         self.0.on_event(event);
         self.1.on_event(event);
-    }
-}
-
-/// Whether a node is being provisioned or deprovisioned.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Operation {
-    /// [`Provisioner::provision`](crate::Provisioner::provision).
-    Provision,
-    /// [`Provisioner::deprovision`](crate::Provisioner::deprovision).
-    Deprovision,
-}
-
-impl Operation {
-    /// `"provision"` or `"deprovision"`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Operation::Provision => "provision",
-            Operation::Deprovision => "deprovision",
-        }
-    }
-}
-
-impl fmt::Display for Operation {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
     }
 }
 

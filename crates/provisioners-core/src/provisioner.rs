@@ -1,13 +1,14 @@
 //! The [`Provisioner`] trait and its companions.
 
 use std::borrow::Cow;
+use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use crate::{Context, Operation, Plan, Result};
+use crate::{Context, Plan, Result};
 
 /// A package of Kubernetes resources that can be installed and removed.
 ///
@@ -265,5 +266,31 @@ impl Metadata {
     /// The node's name.
     pub fn name(&self) -> &str {
         &self.name
+    }
+}
+
+/// Whether a node is being provisioned or deprovisioned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Operation {
+    /// [`Provisioner::provision`](Provisioner::provision).
+    Provision,
+    /// [`Provisioner::deprovision`](Provisioner::deprovision).
+    Deprovision,
+}
+
+impl Operation {
+    /// `"provision"` or `"deprovision"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Operation::Provision => "provision",
+            Operation::Deprovision => "deprovision",
+        }
+    }
+}
+
+impl fmt::Display for Operation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
     }
 }

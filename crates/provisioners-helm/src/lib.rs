@@ -181,6 +181,7 @@ mod process;
 mod processes;
 mod redact;
 mod release;
+mod release_plan;
 mod storage;
 mod values;
 mod version;
@@ -191,6 +192,7 @@ pub use credentials::Credentials;
 pub use failure::HelmFailure;
 pub use processes::{DEFAULT_MAX_HELM_PROCESSES, HelmProcesses};
 pub use release::{DEFAULT_GRACE, DEFAULT_HOOK_TIMEOUT, DEFAULT_PASS_TIMEOUT, Drift, HelmRelease};
+pub use release_plan::{DETAIL_KIND, PlanRelease, ReleaseAction, ReleasePlan};
 pub use storage::{
     DIGEST_LABEL, OWNER_ANNOTATION as RECORD_OWNER_ANNOTATION, REVISION_LABEL,
     SEAL_PREFIX as RECORD_SEAL_PREFIX,

@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::APIResourceList;
 use kube::core::ApiResource;
-use provisioners_core::{Context, Error, Result, SingleFlight};
+use provisioners_core::{Context, Error, Result};
+use provisioners_kit::SingleFlight;
 
 /// A kind on a cluster does not appear within this long of the last fetch
 /// only if it is really missing: refetch after it.

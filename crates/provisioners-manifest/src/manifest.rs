@@ -8,6 +8,7 @@
 //! (checked deletes for prune and deprovision) and [`plan`] (what a
 //! provision or deprovision would do, from reads and dry-runs).
 
+mod answer;
 mod apply;
 mod crd;
 mod delete;

@@ -61,7 +61,7 @@ pub(crate) fn is_applied(
         .and_then(Value::as_str)
         .map(str::to_owned);
     if let Some(kind) = kind {
-        desired = provisioners_core::drift::as_stored(&kind, &desired);
+        desired = provisioners_kit::drift::as_stored(&kind, &desired);
     }
     // Items of a LIST carry no apiVersion and kind; the list was of this kind.
     if let Value::Object(desired) = &mut desired {
@@ -69,7 +69,7 @@ pub(crate) fn is_applied(
         desired.remove("kind");
     }
     drop_omitted_zeros(&mut desired, &live, owned.as_ref());
-    provisioners_core::drift::contains(&live, &desired)
+    provisioners_kit::drift::contains(&live, &desired)
 }
 
 /// Removes from `desired` the zero values that `live` does not hold because

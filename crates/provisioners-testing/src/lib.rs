@@ -2,9 +2,11 @@
 //! outcome per call is set by the test and which records every call in a
 //! shared [`Recorder`], and a [`Noop`] provisioner for benchmarks.
 //!
-//! Use them to test your own combinators and trees without a cluster; for
-//! the cluster path use the real control plane that `cargo xtask test`
-//! brings up.
+//! Use them to test your own combinators and trees without a cluster; with
+//! the `mock` feature, [`mock::context`] answers a leaf's API requests one
+//! by one. For the cluster path use the real control plane: the
+//! `provisioners-lab` crate has a namespace per test on it, a
+//! fault-injecting proxy and a crash-point driver.
 //!
 //! # Example
 //!
@@ -49,15 +51,6 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-#[cfg(feature = "cluster")]
-#[cfg_attr(docsrs, doc(cfg(feature = "cluster")))]
-pub mod cluster;
-#[cfg(feature = "faults")]
-#[cfg_attr(docsrs, doc(cfg(feature = "faults")))]
-pub mod crash;
-#[cfg(feature = "faults")]
-#[cfg_attr(docsrs, doc(cfg(feature = "faults")))]
-pub mod faults;
 #[cfg(feature = "mock")]
 #[cfg_attr(docsrs, doc(cfg(feature = "mock")))]
 pub mod mock;

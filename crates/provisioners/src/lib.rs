@@ -10,6 +10,7 @@
 //! | feature | crate | what |
 //! |---|---|---|
 //! | (always) | [`provisioners-core`](provisioners_core) | `Provisioner`, `Context`, `Error` |
+//! | (always) | [`provisioners-kit`](provisioners_kit) | `kit::{readiness, drift, diff}` and `SingleFlight`, for leaves of your own |
 //! | `group` (default) | [`provisioners-group`] | `Serial`, `Concurrent` |
 //! | `conditional` (default) | [`provisioners-conditional`] | `Conditional` |
 //! | `manifest` | [`provisioners-manifest`] | `Manifest`, `Resource` (server-side apply) |
@@ -64,6 +65,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub use provisioners_core::*;
+pub use provisioners_kit as kit;
 
 #[cfg(feature = "conditional")]
 pub use provisioners_conditional::{self as conditional, Conditional};
@@ -71,7 +73,8 @@ pub use provisioners_conditional::{self as conditional, Conditional};
 pub use provisioners_group::{self as group, Concurrent, Serial, concurrent, serial};
 #[cfg(feature = "helm")]
 pub use provisioners_helm::{
-    self as helm, Chart, Credentials, Drift, HelmFailure, HelmProcesses, HelmRelease,
+    self as helm, Chart, Credentials, Drift, HelmFailure, HelmProcesses, HelmRelease, PlanRelease,
+    ReleaseAction, ReleasePlan,
 };
 #[cfg(feature = "manifest")]
 pub use provisioners_manifest::{self as manifest, Manifest, ReplacePolicy, Resource};

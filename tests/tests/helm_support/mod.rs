@@ -12,7 +12,7 @@ use kube::api::ListParams;
 use kube::config::Kubeconfig;
 use provisioners::{Cluster, Context, Provisioner};
 use provisioners_helm::{Chart, DIGEST_LABEL, HelmFailure};
-use provisioners_testing::cluster::{self, HarnessCluster, TestNamespace};
+use provisioners_lab::cluster::{self, HarnessCluster, TestNamespace};
 
 /// Generous for 2 cores running control planes and a parallel test suite.
 pub const DEADLINE: Duration = Duration::from_secs(120);
@@ -28,7 +28,7 @@ macro_rules! both_helms {
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 #[ignore = "needs the local control plane (cargo xtask test)"]
                 async fn $scenario() {
-                    super::$scenario(provisioners_testing::cluster::helm3().expect("PROVISIONERS_HELM3")).await;
+                    super::$scenario(provisioners_lab::cluster::helm3().expect("PROVISIONERS_HELM3")).await;
                 }
             )*
         }
@@ -37,7 +37,7 @@ macro_rules! both_helms {
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 #[ignore = "needs the local control plane (cargo xtask test)"]
                 async fn $scenario() {
-                    super::$scenario(provisioners_testing::cluster::helm4().expect("PROVISIONERS_HELM4")).await;
+                    super::$scenario(provisioners_lab::cluster::helm4().expect("PROVISIONERS_HELM4")).await;
                 }
             )*
         }

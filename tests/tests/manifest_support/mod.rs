@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use kube::core::ApiResource;
 use provisioners::{Context, Provisioner};
-use provisioners_testing::cluster::HarnessCluster;
+use provisioners_lab::cluster::HarnessCluster;
 
 pub const POLL: Duration = Duration::from_millis(250);
 

@@ -5,7 +5,7 @@
 use anyhow::Result;
 
 use super::Options;
-use crate::process::Cmd;
+use crate::process::{cmd, shell};
 
 /// The cluster the suite starts (and stops, unless it was already up).
 const CLUSTER: &str = "bench-helm";
@@ -13,25 +13,18 @@ const CLUSTER: &str = "bench-helm";
 pub(crate) fn run(options: &Options) -> Result<()> {
     let tools = crate::tools::ensure()?;
     let cluster = crate::cluster::up(CLUSTER, &tools)?;
-    let mut cmd = Cmd::new("cargo")
-        .args([
-            "bench",
-            "--locked",
-            "-p",
-            "provisioners-helm",
-            "--bench",
-            "helm",
-            "--",
-        ])
-        .env("PROVISIONERS_KUBECONFIG", &cluster.kubeconfig)
-        .env("PROVISIONERS_HELM3", &tools.helm3)
-        .env("PROVISIONERS_HELM4", &tools.helm4);
-    if options.quick {
-        cmd = cmd.arg("--quick");
-    }
-    let result = cmd.run();
+    let sh = shell()?;
+    let quick = options.quick.then_some("--quick");
+    let result = cmd!(
+        sh,
+        "cargo bench --locked -p provisioners-helm --bench helm -- {quick...}"
+    )
+    .env("PROVISIONERS_KUBECONFIG", &cluster.kubeconfig)
+    .env("PROVISIONERS_HELM3", &tools.helm3)
+    .env("PROVISIONERS_HELM4", &tools.helm4)
+    .run();
     if cluster.started_now {
         crate::cluster::down(CLUSTER)?;
     }
-    result
+    Ok(result?)
 }

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result, bail};
 
 use super::Options;
-use crate::process::Cmd;
+use crate::process::{CmdExt as _, Shell, cmd, shell};
 
 /// The cluster this benchmark starts (and takes down if it started it).
 const CLUSTER: &str = "bench-manifest";
@@ -40,6 +40,7 @@ impl Sample {
 }
 
 struct Bench {
+    sh: Shell,
     kubectl: PathBuf,
     ours: PathBuf,
     bare: PathBuf,
@@ -50,19 +51,12 @@ struct Bench {
 
 pub(crate) fn run(options: &Options) -> Result<()> {
     let tools = crate::tools::ensure()?;
-    Cmd::new("cargo")
-        .args([
-            "build",
-            "--release",
-            "--locked",
-            "-p",
-            "provisioners-manifest",
-            "--example",
-            "apply",
-            "--example",
-            "bare_apply",
-        ])
-        .run()?;
+    let sh = shell()?;
+    cmd!(
+        sh,
+        "cargo build --release --locked -p provisioners-manifest --example apply --example bare_apply"
+    )
+    .run()?;
     let root = crate::workspace_root();
     let work = root.join("target").join("bench-manifest");
     std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
@@ -71,6 +65,7 @@ pub(crate) fn run(options: &Options) -> Result<()> {
         .map_or_else(|| root.join("target"), PathBuf::from)
         .join("release/examples");
     let bench = Bench {
+        sh,
         kubectl: tools.kubectl,
         ours: examples.join("apply"),
         bare: examples.join("bare_apply"),
@@ -93,15 +88,12 @@ impl Bench {
         let peak_file = self.work.join("peak-rss");
         let _ = std::fs::remove_file(&peak_file);
         let cmd = match &self.time {
-            Some(time) => Cmd::new(time)
-                .args(["-f", "%M", "-o"])
-                .arg(&peak_file)
-                .arg(program),
-            None => Cmd::new(program),
+            Some(time) => cmd!(self.sh, "{time} -f %M -o {peak_file} {program}"),
+            None => self.sh.cmd(program),
         };
         let cmd = cmd.args(args).env("KUBECONFIG", &self.kubeconfig);
         let started = Instant::now();
-        cmd.output()?;
+        cmd.output_checked()?;
         let wall = started.elapsed();
         let peak_kib = std::fs::read_to_string(&peak_file)
             .ok()

@@ -12,7 +12,7 @@ mod plan;
 
 use anyhow::{Result, bail};
 
-use crate::process::Cmd;
+use crate::process::{cmd, shell};
 
 /// A suite: its name and the function that runs it with the options.
 type Suite = (&'static str, fn(&Options) -> Result<()>);
@@ -84,19 +84,14 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
 
 /// Combinator overhead on trees of 10,000 no-op leaves.
 fn tree(options: &Options) -> Result<()> {
-    let mut cmd = Cmd::new("cargo").args([
-        "bench",
-        "--locked",
-        "-p",
-        "provisioners-group",
-        "--bench",
-        "tree",
-        "--",
-    ]);
-    if options.quick {
-        cmd = cmd.arg("--quick");
-    }
-    cmd.run()
+    let sh = shell()?;
+    let quick = options.quick.then_some("--quick");
+    cmd!(
+        sh,
+        "cargo bench --locked -p provisioners-group --bench tree -- {quick...}"
+    )
+    .run()?;
+    Ok(())
 }
 
 #[cfg(test)]

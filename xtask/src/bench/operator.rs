@@ -13,7 +13,7 @@
 use anyhow::Result;
 
 use super::Options;
-use crate::process::Cmd;
+use crate::process::{cmd, shell};
 
 /// The cluster the suite starts (and stops, unless it was already up).
 const CLUSTER: &str = "bench-operator";
@@ -32,31 +32,22 @@ pub(crate) fn run(options: &Options) -> Result<()> {
         Err(_) => sizes.iter().map(|s| (*s).to_owned()).collect(),
     };
     let tools = crate::tools::ensure()?;
+    let sh = shell()?;
     for n in &sizes {
         // A fresh cluster per size: the bench needs an empty namespace, and
         // waiting for a large N to be deleted measures the control plane's
         // namespace finalization (about 2 s a tree), not the operator.
         let cluster = crate::cluster::up(CLUSTER, &tools)?;
         let large = n.parse::<usize>().map_or(true, |n| n > DELETE_UP_TO);
-        let mut bench = Cmd::new("cargo")
-            .args([
-                "run",
-                "--locked",
-                "--release",
-                "-p",
-                "platform-operator",
-                "--bin",
-                "bench",
-                "--",
-                "--n",
-                n,
-            ])
-            .arg("--helm")
-            .arg(&tools.helm4);
-        if cluster.started_now && large {
-            bench = bench.arg("--skip-delete");
-        }
-        let result = bench.env("KUBECONFIG", &cluster.kubeconfig).run();
+        let helm = &tools.helm4;
+        let skip_delete = (cluster.started_now && large).then_some("--skip-delete");
+        let result = cmd!(
+            sh,
+            "cargo run --locked --release -p platform-operator --bin bench --
+                --n {n} --helm {helm} {skip_delete...}"
+        )
+        .env("KUBECONFIG", &cluster.kubeconfig)
+        .run();
         if cluster.started_now {
             crate::cluster::down(CLUSTER)?;
         }

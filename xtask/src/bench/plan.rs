@@ -22,7 +22,7 @@ use anyhow::{Context as _, Result, bail};
 
 use super::Options;
 use super::manifest::{Sample, fixtures, median};
-use crate::process::Cmd;
+use crate::process::{CmdExt as _, Shell, cmd, shell};
 
 /// The cluster this benchmark starts (and takes down if it started it).
 const CLUSTER: &str = "bench-plan";
@@ -34,6 +34,7 @@ const EDITS: &[&str] = &[
 ];
 
 struct Bench {
+    sh: Shell,
     kubectl: PathBuf,
     plan: PathBuf,
     apply: PathBuf,
@@ -56,19 +57,12 @@ pub(crate) fn run(options: &Options) -> Result<()> {
         bail!("{} does not exist", manifests.display());
     }
     let tools = crate::tools::ensure()?;
-    Cmd::new("cargo")
-        .args([
-            "build",
-            "--release",
-            "--locked",
-            "-p",
-            "provisioners-manifest",
-            "--example",
-            "plan",
-            "--example",
-            "apply",
-        ])
-        .run()?;
+    let sh = shell()?;
+    cmd!(
+        sh,
+        "cargo build --release --locked -p provisioners-manifest --example plan --example apply"
+    )
+    .run()?;
     let root = crate::workspace_root();
     let examples = std::env::var_os("CARGO_TARGET_DIR")
         .map_or_else(|| root.join("target"), PathBuf::from)
@@ -78,6 +72,7 @@ pub(crate) fn run(options: &Options) -> Result<()> {
         copy_edited(&manifests, edited.path())?;
         let cluster = crate::cluster::up(CLUSTER, &tools)?;
         let bench = Bench {
+            sh,
             kubectl: tools.kubectl.clone(),
             plan: examples.join("plan"),
             apply: examples.join("apply"),
@@ -176,10 +171,12 @@ impl Bench {
     /// Runs one of our example binaries; its stderr is the answer.
     fn ours(&self, program: &Path, args: &[&str]) -> Result<Answer> {
         let started = Instant::now();
-        let output = Cmd::new(program)
+        let output = self
+            .sh
+            .cmd(program)
             .args(args)
             .env("KUBECONFIG", &self.kubeconfig)
-            .output()?;
+            .output_checked()?;
         let wall = started.elapsed();
         Ok(Answer {
             sample: Sample {
@@ -194,17 +191,15 @@ impl Bench {
     /// differences, anything else an error.
     fn diff(&self, path: &str) -> Result<Diff> {
         let started = Instant::now();
-        let output = Cmd::new(&self.kubectl)
-            .args([
-                "diff",
-                "--server-side",
-                "--force-conflicts",
-                "-R",
-                "-f",
-                path,
-            ])
-            .env("KUBECONFIG", &self.kubeconfig)
-            .output_any()?;
+        let kubectl = &self.kubectl;
+        // The exit status is the answer: 0 no difference, 1 differences.
+        let output = cmd!(
+            self.sh,
+            "{kubectl} diff --server-side --force-conflicts -R -f {path}"
+        )
+        .env("KUBECONFIG", &self.kubeconfig)
+        .ignore_status()
+        .output()?;
         let wall = started.elapsed();
         match output.status.code() {
             Some(0 | 1) => {}

@@ -1,15 +1,11 @@
-//! A small blocking HTTPS client for the few API calls `cluster up` makes:
-//! health endpoints, creating the fake node, reading a few objects.
+//! A small blocking HTTPS client for the few API calls `cluster up` makes
+//! (health endpoints, creating the fake node, reading a few objects); what
+//! those calls are lives in [`super::probes`].
 
 use std::time::Duration;
 
-use anyhow::{Context as _, Result, bail};
-use serde_json::json;
+use anyhow::{Context as _, Result};
 use ureq::tls::{Certificate, ClientCert, PrivateKey, RootCerts, TlsConfig};
-
-use super::NODE_NAME;
-use super::components::Layout;
-use super::pki::Pki;
 
 /// Talks to one server, trusting only the cluster CA and presenting a client certificate.
 pub(crate) struct ApiClient {
@@ -77,64 +73,6 @@ impl ApiClient {
             .send(body.to_string())
             .with_context(|| format!("POST {url}"))?;
         reply(response, &url)
-    }
-}
-
-/// Clients for the health endpoints and the API, as the admin.
-pub(super) struct Probes {
-    pub(super) api: ApiClient,
-    pub(super) controller_manager: ApiClient,
-    pub(super) scheduler: ApiClient,
-}
-
-impl Probes {
-    pub(super) fn new(layout: &Layout, pki: &Pki) -> Result<Self> {
-        let client = |url: &str| {
-            ApiClient::new(
-                url,
-                &pki.ca.cert_pem,
-                &pki.admin.cert_pem,
-                &pki.admin.key_pem,
-            )
-        };
-        Ok(Self {
-            api: client(&layout.server())?,
-            controller_manager: client(&layout.controller_manager())?,
-            scheduler: client(&layout.scheduler())?,
-        })
-    }
-
-    /// Creates the node kwok manages (kwok only takes over annotated nodes).
-    pub(super) fn create_node(&self) -> Result<()> {
-        let node = json!({
-            "apiVersion": "v1",
-            "kind": "Node",
-            "metadata": {
-                "name": NODE_NAME,
-                "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
-                "labels": {
-                    "kubernetes.io/hostname": NODE_NAME,
-                    "kubernetes.io/os": "linux",
-                    "kubernetes.io/arch": "amd64",
-                    "type": "kwok",
-                },
-            },
-            // Room for `cargo xtask bench operator` at N = 1,000 (a Pod per tree) on
-            // one node: a real kubelet's 110 is a kubelet limit, kwok runs no pods.
-            "status": {
-                "allocatable": {"cpu": "1000", "memory": "4Ti", "pods": "5000"},
-                "capacity": {"cpu": "1000", "memory": "4Ti", "pods": "5000"},
-            },
-        });
-        let created = self.api.post_json("/api/v1/nodes", &node)?;
-        if !created.ok() && created.status != 409 {
-            bail!(
-                "creating node {NODE_NAME} failed ({}): {}",
-                created.status,
-                created.body
-            );
-        }
-        Ok(())
     }
 }
 

@@ -1,5 +1,5 @@
 //! The control plane as data: which programs run with which arguments, in
-//! which order, and what "ready" means.
+//! which order ("ready" is [`super::probes`]).
 //!
 //! Every command line is built from a [`Layout`] (the cluster's paths and
 //! ports), so what a component reads is visible in one place.
@@ -9,10 +9,9 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, Result};
 
-use super::api::{ApiClient, Probes};
+use super::free_ports;
 use super::pki::{CertifiedKey, Pki, kubeconfig_yaml, write_file};
-use super::{NODE_NAME, free_ports};
-use crate::process::Cmd;
+use crate::process::{Cmd, Shell};
 use crate::tools::Tools;
 
 /// One cluster's files and ports: everything a component's command line names.
@@ -129,9 +128,9 @@ pub(super) struct Component {
 }
 
 impl Component {
-    /// Its command line in `layout`.
-    pub(super) fn command(&self, layout: &Layout, tools: &Tools) -> Cmd {
-        Cmd::new((self.program)(tools)).args((self.args)(layout))
+    /// Its command line in `layout`, run from `sh`.
+    pub(super) fn command<'a>(&self, sh: &'a Shell, layout: &Layout, tools: &Tools) -> Cmd<'a> {
+        sh.cmd((self.program)(tools)).args((self.args)(layout))
     }
 }
 
@@ -151,7 +150,7 @@ pub(super) const SERVERS: [Component; 2] = [
     },
 ];
 
-/// Started once kube-apiserver is ready ([`API_READY`]).
+/// Started once kube-apiserver is ready ([`super::probes::API_READY`]).
 pub(super) const CLIENTS: [Component; 3] = [
     Component {
         name: "kube-controller-manager",
@@ -267,65 +266,6 @@ fn kwok(layout: &Layout) -> Vec<String> {
     ]
 }
 
-/// A readiness condition, polled until it holds.
-pub(super) struct Check {
-    pub(super) what: &'static str,
-    pub(super) holds: fn(&Probes) -> Result<bool>,
-}
-
-fn healthy(client: &ApiClient, path: &str) -> bool {
-    client.get(path).map(|r| r.ok()).unwrap_or(false)
-}
-
-/// Waited for before [`CLIENTS`] start.
-pub(super) const API_READY: Check = Check {
-    what: "kube-apiserver /readyz",
-    holds: |probes| Ok(healthy(&probes.api, "/readyz")),
-};
-
-/// What "ready" means once everything runs, checked in this order.
-pub(super) const READY: [Check; 4] = [
-    Check {
-        what: "kube-scheduler /healthz",
-        holds: |probes| Ok(healthy(&probes.scheduler, "/healthz")),
-    },
-    Check {
-        what: "kube-controller-manager /healthz",
-        holds: |probes| Ok(healthy(&probes.controller_manager, "/healthz")),
-    },
-    // Proof that the controllers run, not only the process: the service-account
-    // controller has filled in the default namespace.
-    Check {
-        what: "the default service account",
-        holds: |probes| {
-            Ok(probes
-                .api
-                .get("/api/v1/namespaces/default/serviceaccounts/default")?
-                .ok())
-        },
-    },
-    Check {
-        what: "node kwok-node-0 Ready (kwok)",
-        holds: node_ready,
-    },
-];
-
-fn node_ready(probes: &Probes) -> Result<bool> {
-    let reply = probes.api.get(&format!("/api/v1/nodes/{NODE_NAME}"))?;
-    if !reply.ok() {
-        return Ok(false);
-    }
-    let node = reply.json()?;
-    let ready = node["status"]["conditions"]
-        .as_array()
-        .is_some_and(|conditions| {
-            conditions
-                .iter()
-                .any(|c| c["type"] == "Ready" && c["status"] == "True")
-        });
-    Ok(ready)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -375,10 +315,5 @@ mod tests {
     fn every_client_has_an_identity_and_no_server_needs_one() {
         assert!(SERVERS.iter().all(|c| c.identity.is_none()));
         assert!(CLIENTS.iter().all(|c| c.identity.is_some()));
-    }
-
-    #[test]
-    fn the_node_check_names_the_node() {
-        assert!(READY.iter().any(|c| c.what.contains(NODE_NAME)));
     }
 }

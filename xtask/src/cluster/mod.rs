@@ -7,13 +7,15 @@
 //! certificates, etcd data, `state.json` (what runs, for `down`) and `logs/`.
 //! Clusters with different names run side by side.
 //!
-//! [`components`] holds the command lines and readiness checks as data,
-//! [`supervise`] starts, watches and stops the processes, [`state`] records
-//! them, [`pki`] makes the certificates and kubeconfigs.
+//! [`components`] holds the command lines as data and [`probes`] the
+//! readiness checks (over [`api`], the HTTPS client), [`supervise`] starts,
+//! watches and stops the processes, [`state`] records them, [`pki`] makes
+//! the certificates and kubeconfigs.
 
 mod api;
 mod components;
 mod pki;
+mod probes;
 mod state;
 mod supervise;
 
@@ -24,9 +26,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
 
-use self::api::Probes;
-use self::components::{API_READY, CLIENTS, Layout, READY, SERVERS};
+use self::components::{CLIENTS, Layout, SERVERS};
 use self::pki::Pki;
+use self::probes::{API_READY, Probes, READY};
 use self::state::{STATE_FILE, Started, State, rss_kib};
 use self::supervise::{Launcher, remove_data, stop};
 use crate::tools::{self, Tools};
@@ -314,14 +316,15 @@ fn start(name: &str, dir: &Path, tools: &Tools, started: &mut Vec<Started>) -> R
     layout.write(&pki)?;
     let server = layout.server();
     let probes = Probes::new(&layout, &pki)?;
+    let sh = crate::process::shell()?;
     let mut launcher = Launcher::new(dir, &logs, started, server.clone());
     let deadline = Instant::now() + READY_TIMEOUT;
     for component in &SERVERS {
-        launcher.launch(component.name, component.command(&layout, tools))?;
+        launcher.launch(component.name, component.command(&sh, &layout, tools))?;
     }
     launcher.wait_for(API_READY.what, deadline, || (API_READY.holds)(&probes))?;
     for component in &CLIENTS {
-        launcher.launch(component.name, component.command(&layout, tools))?;
+        launcher.launch(component.name, component.command(&sh, &layout, tools))?;
     }
     probes.create_node()?;
     for check in &READY {

@@ -12,7 +12,7 @@ use nix::unistd::Pid;
 
 use super::READY_TIMEOUT;
 use super::state::{Started, State, proc_stat};
-use crate::process::Cmd;
+use crate::process::{Cmd, CmdExt as _};
 
 /// How long `down` waits after SIGTERM before SIGKILL.
 const STOP_GRACE: Duration = Duration::from_secs(10);
@@ -47,7 +47,7 @@ impl<'a> Launcher<'a> {
     }
 
     /// Starts `component` with its output in `logs/COMPONENT.log`.
-    pub(super) fn launch(&mut self, component: &str, cmd: Cmd) -> Result<()> {
+    pub(super) fn launch(&mut self, component: &str, cmd: Cmd<'_>) -> Result<()> {
         let pid = cmd
             .spawn_detached(&self.log(component))
             .with_context(|| format!("could not start {component}"))?;
@@ -147,7 +147,7 @@ fn signal(process: &Started, signal: Signal) {
     let Ok(pid) = i32::try_from(process.pid) else {
         return;
     };
-    // Each component leads its own process group (see `Cmd::spawn_detached`).
+    // Each component leads its own process group (see `CmdExt::spawn_detached`).
     if let Err(error) = killpg(Pid::from_raw(pid), signal)
         && error != nix::errno::Errno::ESRCH
     {

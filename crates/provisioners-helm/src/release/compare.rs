@@ -7,9 +7,10 @@
 use std::collections::BTreeSet;
 
 use kube::api::DynamicObject;
-use provisioners_core::drift::{as_stored, contains_rendered};
-use provisioners_core::plan::{Action, ObjectPlan, diff_rendered};
+use provisioners_core::plan::{Action, ObjectPlan};
 use provisioners_core::{Error, Result};
+use provisioners_kit::diff::diff_rendered;
+use provisioners_kit::drift::{as_stored, contains_rendered};
 use serde_json::Value;
 
 use super::gate;

@@ -2,7 +2,7 @@
 //! from helm's stored manifest (no helm process), compared as the manifest
 //! crate does ([`provisioners_core::drift`]).
 
-use provisioners_core::drift::{as_stored, contains_rendered};
+use provisioners_kit::drift::{as_stored, contains_rendered};
 use serde_json::Value;
 use sha2::{Digest as _, Sha256};
 

@@ -6,7 +6,7 @@
 //! uninstall with `helm.sh/resource-policy: keep`.
 
 use k8s_openapi::api::core::v1::Namespace;
-use provisioners_core::plan::{Action, ObjectPlan, Plan, ReleaseAction, ReleasePlan};
+use provisioners_core::plan::{Action, ObjectPlan, Plan};
 use provisioners_core::{Context, Operation, Result};
 use serde_json::Value;
 
@@ -14,6 +14,7 @@ use super::args::Render;
 use super::compare::{self, Prior};
 use super::{Drift, HelmRelease, drift, lease};
 use crate::objects::parse_manifest;
+use crate::release_plan::{ReleaseAction, ReleasePlan, WithRelease as _};
 use crate::storage::{self, Revision};
 
 /// Where provision would start from, after its recovery step.

@@ -5,19 +5,10 @@
 use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
-use provisioners_core::readiness::{self, Readiness};
 use provisioners_core::{Error, Result};
+use provisioners_kit::readiness::{self, NotReady, Verdict};
 
 use super::live::Live;
-
-/// What is not ready among a release's objects.
-#[derive(Debug, Default, PartialEq, Eq)]
-pub(super) struct NotReady {
-    /// Not yet: `Kind ns/name: reason`.
-    pub(super) waiting: Vec<String>,
-    /// Will not become ready without a change (a failed Job, a stalled rollout).
-    pub(super) failed: Vec<String>,
-}
 
 /// Judges each object as the server returned it.
 pub(super) fn check(objects: &[Live]) -> NotReady {
@@ -43,15 +34,10 @@ pub(super) fn check(objects: &[Live]) -> NotReady {
             }
             continue;
         };
-        match readiness::check(object.group(), &object.kind, live) {
-            Readiness::Ready => {}
-            Readiness::Waiting(reason) => not_ready
-                .waiting
-                .push(format!("{}: {reason}", object.shown())),
-            Readiness::Failed(reason) => not_ready
-                .failed
-                .push(format!("{}: {reason}", object.shown())),
-        }
+        not_ready.add(
+            readiness::check(object.group(), &object.kind, live),
+            |why| format!("{}: {why}", object.shown()),
+        );
     }
     not_ready
 }
@@ -74,23 +60,20 @@ pub(super) fn verdict(
     elapsed: Option<Duration>,
     wait: Duration,
 ) -> Result<()> {
-    if !not_ready.failed.is_empty() {
-        return Err(Error::failed(format!(
+    match not_ready.verdict(elapsed, wait) {
+        Verdict::Ready => Ok(()),
+        Verdict::Failed(failed) => Err(Error::failed(format!(
             "release `{release}` (revision {revision}) will not become ready without a change: {}",
-            not_ready.failed.join("; ")
-        )));
-    }
-    if not_ready.waiting.is_empty() {
-        return Ok(());
-    }
-    let waiting = not_ready.waiting.join("; ");
-    match elapsed {
-        Some(elapsed) if elapsed >= wait => Err(Error::timeout(format!(
-            "release `{release}` (revision {revision}) did not become ready within {}s: {waiting}",
-            wait.as_secs()
+            failed.join("; ")
         ))),
-        _ => Err(Error::yielding(format!(
-            "release `{release}` (revision {revision}) is not ready yet: {waiting}"
+        Verdict::TimedOut(waiting) => Err(Error::timeout(format!(
+            "release `{release}` (revision {revision}) did not become ready within {}s: {}",
+            wait.as_secs(),
+            waiting.join("; ")
+        ))),
+        Verdict::Waiting(waiting) => Err(Error::yielding(format!(
+            "release `{release}` (revision {revision}) is not ready yet: {}",
+            waiting.join("; ")
         ))),
     }
 }

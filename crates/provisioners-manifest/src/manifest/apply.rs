@@ -12,13 +12,13 @@ use std::collections::{BTreeMap, HashMap};
 
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
-use provisioners_core::{Context, Error, ErrorKind, Result};
+use provisioners_core::{Context, Error, Result};
 
+use super::answer::{apply_error, immutable_fields};
 use super::resolve::Resolved;
-use super::{Manifest, bounded, dynamic_api, replace};
+use super::{Manifest, bounded, dynamic_api};
 use crate::object::{ObjectRef, Tier};
 use crate::ownership::{Ownership, PROTECTED_NAMESPACES, Stamp};
-use crate::source::Origin;
 use crate::unchanged;
 
 /// Objects of one kind in one namespace from which one LIST is cheaper
@@ -134,7 +134,7 @@ impl Manifest {
                     }
                     match self.apply_one(cx, object, force).await {
                         Ok(live) => Ok(live),
-                        Err(error) => match replace::immutable_fields(&error) {
+                        Err(error) => match immutable_fields(&error) {
                             Some(fields) => {
                                 self.replace_immutable(cx, stamp, object, force, &fields, error)
                                     .await
@@ -389,171 +389,4 @@ pub(super) fn foreign_error(object: &Resolved, stamp: &Stamp, who: &str) -> Erro
         object.key,
         stamp.owner()
     ))
-}
-
-/// The error of a failed apply, naming where the object came from.
-pub(super) fn apply_error(origin: &Origin, key: &ObjectRef, error: kube::Error) -> Error {
-    if let kube::Error::Api(status) = &error
-        && key.api_version == "v1"
-        && key.kind == "Secret"
-    {
-        return secret_rejection(origin, key, status);
-    }
-    match &error {
-        kube::Error::Api(status) if status.code == 409 && is_field_manager_conflict(status) => Error::invalid(format!(
-            "{origin}: {key}: conflict with another field manager: {}; the fields are managed by \
-             someone else: stop them managing these fields, or set force(true) to take them over",
-            status.message
-        ))
-        .with_source(error),
-        kube::Error::Api(status) if matches!(status.code, 400 | 422) => Error::invalid(format!(
-            "{origin}: {key}: rejected by the API server: {}",
-            status.message
-        ))
-        .with_source(error),
-        _ => Error::kube(format_args!("{origin}: applying {key}"), error),
-    }
-}
-
-/// The kind [`apply_error`] gives an answer of the API server.
-fn rejection_kind(status: &kube::core::Status) -> ErrorKind {
-    if matches!(status.code, 400 | 422) || (status.code == 409 && is_field_manager_conflict(status))
-    {
-        return ErrorKind::Invalid;
-    }
-    Error::kube("", kube::Error::Api(Box::new(status.clone()))).kind()
-}
-
-/// A Secret refused by the server, without the server's message (or the
-/// error as source): a rejection may quote the value it refused.
-fn secret_rejection(origin: &Origin, key: &ObjectRef, status: &kube::core::Status) -> Error {
-    let fields: Vec<&str> = status
-        .details
-        .iter()
-        .flat_map(|d| d.causes.iter())
-        .map(|c| c.field.as_str())
-        .filter(|f| !f.is_empty())
-        .collect();
-    let fields = if fields.is_empty() {
-        "none named".to_owned()
-    } else {
-        fields.join(", ")
-    };
-    let remedy = if status.code == 409 && is_field_manager_conflict(status) {
-        "; another field manager owns these fields: stop it, or set force(true) to take them over"
-    } else {
-        ""
-    };
-    Error::new(
-        rejection_kind(status),
-        format!(
-            "{origin}: {key}: refused by the API server (HTTP {} {}; fields: {fields}); its \
-             message is not shown, as it may quote the Secret's data{remedy}",
-            status.code, status.reason
-        ),
-    )
-}
-
-/// A server-side apply conflict with another field manager, which only a
-/// change of ownership resolves; any other 409 ("the object has been
-/// modified", a racing create) is transient.
-fn is_field_manager_conflict(status: &kube::core::Status) -> bool {
-    status.details.as_ref().is_some_and(|details| {
-        details
-            .causes
-            .iter()
-            .any(|cause| cause.reason == "FieldManagerConflict")
-    }) || status.message.starts_with("Apply failed with")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use provisioners_core::ErrorKind;
-    use std::sync::Arc;
-
-    #[test]
-    fn conflicts_and_rejections_are_invalid_and_name_the_object() {
-        let origin = Origin::new(Arc::from("a.yaml"), 3, 2);
-        let key = ObjectRef {
-            api_version: "v1".into(),
-            kind: "ConfigMap".into(),
-            namespace: Some("ns".into()),
-            name: "x".into(),
-        };
-        let status = |code| {
-            kube::Error::Api(Box::new(
-                kube::core::Status::failure("the message", "Reason").with_code(code),
-            ))
-        };
-        let field_manager_conflict = || {
-            kube::Error::Api(Box::new(
-                kube::core::Status::failure("Apply failed with 1 conflict", "Conflict")
-                    .with_code(409)
-                    .with_details(
-                        serde_json::from_value(serde_json::json!({"causes": [{
-                            "reason": "FieldManagerConflict",
-                            "message": "conflict with \"kubectl\"",
-                            "field": ".data.k",
-                        }]}))
-                        .unwrap(),
-                    ),
-            ))
-        };
-        let conflict = apply_error(&origin, &key, field_manager_conflict());
-        assert_eq!(conflict.kind(), ErrorKind::Invalid);
-        assert!(!conflict.is_transient());
-        assert!(
-            conflict
-                .message()
-                .starts_with("a.yaml:3 (document 2): ConfigMap ns/x: conflict")
-        );
-        let rejected = apply_error(&origin, &key, status(422));
-        assert_eq!(rejected.kind(), ErrorKind::Invalid);
-        assert!(
-            rejected
-                .message()
-                .contains("rejected by the API server: the message")
-        );
-        // "the object has been modified": try again.
-        let modified = apply_error(&origin, &key, status(409));
-        assert!(modified.is_transient(), "{modified}");
-        assert_eq!(modified.kind(), ErrorKind::Unavailable, "{modified}");
-        let unavailable = apply_error(&origin, &key, status(503));
-        assert_eq!(unavailable.kind(), ErrorKind::Unavailable);
-        assert!(unavailable.is_transient());
-    }
-
-    #[test]
-    fn a_secrets_rejection_does_not_quote_the_server() {
-        let origin = Origin::new(Arc::from("a.yaml"), 1, 1);
-        let key = ObjectRef {
-            api_version: "v1".into(),
-            kind: "Secret".into(),
-            namespace: Some("ns".into()),
-            name: "s".into(),
-        };
-        let rejected = kube::Error::Api(Box::new(
-            kube::core::Status::failure("data[k]: Invalid value: \"hunter2\"", "Invalid")
-                .with_code(422)
-                .with_details(
-                    serde_json::from_value(serde_json::json!({"causes": [{
-                        "reason": "FieldValueInvalid",
-                        "message": "Invalid value: \"hunter2\"",
-                        "field": "data[k]",
-                    }]}))
-                    .unwrap(),
-                ),
-        ));
-        let error = apply_error(&origin, &key, rejected);
-        assert_eq!(error.kind(), ErrorKind::Invalid);
-        let shown = format!("{error} {error:?}");
-        assert!(!shown.contains("hunter2"), "{shown}");
-        assert!(shown.contains("fields: data[k]"), "{shown}");
-        assert!(std::error::Error::source(&error).is_none());
-        let busy = kube::Error::Api(Box::new(
-            kube::core::Status::failure("etcd", "ServiceUnavailable").with_code(503),
-        ));
-        assert!(apply_error(&origin, &key, busy).is_transient());
-    }
 }

@@ -18,7 +18,8 @@ use provisioners_core::plan::{Action, ObjectPlan};
 use provisioners_core::{Context, Error, Operation, Plan, Result};
 
 use self::fields::{changes, immutable_changes, object_plan};
-use super::replace::{ReplacePolicy, immutable_fields, replace_refused};
+use super::answer::{apply_error, immutable_fields};
+use super::replace::{ReplacePolicy, replace_refused};
 use super::resolve::{Resolution, Resolved, Unresolved};
 use super::{Manifest, apply, bounded, dynamic_api};
 use crate::object::{Identity, Tier};
@@ -253,7 +254,7 @@ impl Manifest {
             // admission, a namespace that does not exist).
             return match self.dry_run(cx, object, self.force).await {
                 Ok(_) => Ok(object_plan(key, Action::Create)),
-                Err(e) => Err(apply::apply_error(&object.origin, &object.key, e)),
+                Err(e) => Err(apply_error(&object.origin, &object.key, e)),
             };
         };
         let mut force = self.force;
@@ -299,7 +300,7 @@ impl Manifest {
                 None => {
                     return match self.dry_run(cx, object, self.force).await {
                         Ok(_) => Ok(object_plan(key, Action::Create)),
-                        Err(e) => Err(apply::apply_error(&object.origin, &object.key, e)),
+                        Err(e) => Err(apply_error(&object.origin, &object.key, e)),
                     };
                 }
             }
@@ -309,7 +310,7 @@ impl Manifest {
             Err(error) => {
                 return match immutable_fields(&error) {
                     Some(fields) => self.plan_replace(stamp, object, &live, &fields),
-                    None => Err(apply::apply_error(&object.origin, &object.key, error)),
+                    None => Err(apply_error(&object.origin, &object.key, error)),
                 };
             }
         };

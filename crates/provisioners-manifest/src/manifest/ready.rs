@@ -12,8 +12,8 @@ use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use kube::api::DynamicObject;
-use provisioners_core::readiness::{self, Readiness};
 use provisioners_core::{Context, Error, Result};
+use provisioners_kit::readiness::{self, NotReady, Verdict};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
@@ -53,13 +53,6 @@ impl NotReadySince {
     }
 }
 
-/// What is not ready among the applied objects.
-#[derive(Debug, Default)]
-struct NotReady {
-    waiting: Vec<String>,
-    failed: Vec<String>,
-}
-
 fn check(applied: &[(Resolved, DynamicObject)], established: &BTreeSet<String>) -> NotReady {
     let mut not_ready = NotReady::default();
     for (object, live) in applied {
@@ -68,11 +61,10 @@ fn check(applied: &[(Resolved, DynamicObject)], established: &BTreeSet<String>) 
             continue;
         }
         let value = serde_json::to_value(live).unwrap_or(Value::Null);
-        match readiness::check(&object.kind.resource.group, &object.key.kind, &value) {
-            Readiness::Ready => {}
-            Readiness::Waiting(why) => not_ready.waiting.push(format!("{} ({why})", object.key)),
-            Readiness::Failed(why) => not_ready.failed.push(format!("{} ({why})", object.key)),
-        }
+        not_ready.add(
+            readiness::check(&object.kind.resource.group, &object.key.kind, &value),
+            |why| format!("{} ({why})", object.key),
+        );
     }
     not_ready
 }
@@ -105,7 +97,7 @@ pub(super) fn wait_ready(
 ) -> Result<()> {
     let not_ready = check(applied, established);
     let clocks = NotReadySince::of(cx);
-    if not_ready.failed.is_empty() && not_ready.waiting.is_empty() {
+    if not_ready.is_empty() {
         clocks.forget(scope);
         return Ok(());
     }
@@ -121,25 +113,18 @@ pub(super) fn forget(cx: &Context, scope: &str) {
 /// The outcome for objects that are not ready, `elapsed` after the node
 /// first saw this content not ready.
 fn verdict(not_ready: &NotReady, elapsed: Duration, wait: Duration) -> Result<()> {
-    if !not_ready.failed.is_empty() {
-        return Err(Error::failed(format!(
+    match not_ready.verdict(Some(elapsed), wait) {
+        Verdict::Ready => Ok(()),
+        Verdict::Failed(failed) => Err(Error::failed(format!(
             "will not become ready without a change: {}",
-            list(&not_ready.failed)
-        )));
-    }
-    if not_ready.waiting.is_empty() {
-        return Ok(());
-    }
-    if elapsed >= wait {
-        return Err(Error::timeout(format!(
+            list(failed)
+        ))),
+        Verdict::TimedOut(waiting) => Err(Error::timeout(format!(
             "not ready within {wait:?}: {}",
-            list(&not_ready.waiting)
-        )));
+            list(waiting)
+        ))),
+        Verdict::Waiting(waiting) => Err(Error::yielding(format!("not ready: {}", list(waiting)))),
     }
-    Err(Error::yielding(format!(
-        "not ready: {}",
-        list(&not_ready.waiting)
-    )))
 }
 
 #[cfg(test)]

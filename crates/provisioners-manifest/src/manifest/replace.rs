@@ -4,9 +4,10 @@
 use kube::api::{DeleteParams, DynamicObject, Preconditions};
 use provisioners_core::{Context, Error, Result};
 
+use super::answer::apply_error;
 use super::delete::propagation;
 use super::resolve::Resolved;
-use super::{Manifest, apply, dynamic_api};
+use super::{Manifest, dynamic_api};
 use crate::object::ObjectRef;
 use crate::ownership::{Ownership, Stamp, kept};
 
@@ -49,49 +50,6 @@ impl ReplacePolicy {
             _ => None,
         }
     }
-}
-
-/// The fields of an apply the server refused because they cannot change, if
-/// that is why it refused (and the only reason: a rejection that also has
-/// another cause is not fixed by recreating the object).
-pub(super) fn immutable_fields(error: &kube::Error) -> Option<Vec<String>> {
-    let kube::Error::Api(status) = error else {
-        return None;
-    };
-    if status.code != 422 {
-        return None;
-    }
-    let causes = status
-        .details
-        .as_ref()
-        .map(|d| d.causes.as_slice())
-        .unwrap_or_default();
-    if causes.is_empty() || !causes.iter().all(|c| is_immutable(&c.message)) {
-        return None;
-    }
-    let mut fields: Vec<String> = Vec::new();
-    for cause in causes {
-        let field = if cause.field.is_empty() {
-            "(unnamed field)".to_owned()
-        } else {
-            cause.field.clone()
-        };
-        if !fields.contains(&field) {
-            fields.push(field);
-        }
-    }
-    Some(fields)
-}
-
-/// The messages the API server's validation gives a field that may not
-/// change: `field is immutable` (most kinds), `field is immutable when
-/// \`immutable\` is set` (ConfigMap, Secret), `spec is immutable after
-/// creation ...` (PersistentVolumeClaim), `updates to statefulset spec for
-/// fields other than ... are forbidden` (StatefulSet).
-fn is_immutable(message: &str) -> bool {
-    message.contains("is immutable")
-        || message.contains("may not change once set")
-        || (message.contains("updates to") && message.contains("are forbidden"))
 }
 
 impl Manifest {
@@ -193,7 +151,7 @@ impl Manifest {
     ) -> Result<DynamicObject> {
         self.apply_one(cx, object, force)
             .await
-            .map_err(|e| apply::apply_error(&object.origin, &object.key, e))
+            .map_err(|e| apply_error(&object.origin, &object.key, e))
     }
 }
 
@@ -237,107 +195,4 @@ pub(super) fn replace_refused(
         why: format!("it is kept ({why})"),
         remedy: "delete it by hand, or remove the annotation",
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn status(body: serde_json::Value) -> kube::Error {
-        kube::Error::Api(Box::new(serde_json::from_value(body).unwrap()))
-    }
-
-    // The bodies below are the API server's (v1.36) answers to a
-    // server-side apply `dryRun=All`, captured from the local control plane
-    // (the Job's dump of its pod template is cut short).
-
-    #[test]
-    fn immutable_fields_are_recognised_in_real_answers() {
-        let job = status(serde_json::json!({
-            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-            "message": "Job.batch \"once\" is invalid: spec.template: Invalid value: {\"labels\":{\"job-name\":\"once\"},\"Spec\":{}}: field is immutable",
-            "reason": "Invalid",
-            "details": {"name": "once", "group": "batch", "kind": "Job", "causes": [{
-                "reason": "FieldValueInvalid",
-                "message": "Invalid value: {\"labels\":{\"job-name\":\"once\"},\"Spec\":{}}: field is immutable",
-                "field": "spec.template"
-            }]},
-            "code": 422
-        }));
-        assert_eq!(
-            immutable_fields(&job),
-            Some(vec!["spec.template".to_owned()])
-        );
-        let config_map = status(serde_json::json!({
-            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-            "message": "ConfigMap \"frozen\" is invalid: data: Forbidden: field is immutable when `immutable` is set",
-            "reason": "Invalid",
-            "details": {"name": "frozen", "kind": "ConfigMap", "causes": [{
-                "reason": "FieldValueForbidden",
-                "message": "Forbidden: field is immutable when `immutable` is set",
-                "field": "data"
-            }]},
-            "code": 422
-        }));
-        assert_eq!(immutable_fields(&config_map), Some(vec!["data".to_owned()]));
-        let service = status(serde_json::json!({
-            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-            "message": "Service \"web\" is invalid: spec.clusterIPs[0]: Invalid value: [\"10.96.0.78\"]: may not change once set",
-            "reason": "Invalid",
-            "details": {"name": "web", "kind": "Service", "causes": [{
-                "reason": "FieldValueInvalid",
-                "message": "Invalid value: [\"10.96.0.78\"]: may not change once set",
-                "field": "spec.clusterIPs[0]"
-            }]},
-            "code": 422
-        }));
-        assert_eq!(
-            immutable_fields(&service),
-            Some(vec!["spec.clusterIPs[0]".to_owned()])
-        );
-        let secret = status(serde_json::json!({
-            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-            "message": "Secret \"frozen\" is invalid: data: Forbidden: field is immutable when `immutable` is set",
-            "reason": "Invalid",
-            "details": {"name": "frozen", "kind": "Secret", "causes": [{
-                "reason": "FieldValueForbidden",
-                "message": "Forbidden: field is immutable when `immutable` is set",
-                "field": "data"
-            }]},
-            "code": 422
-        }));
-        assert_eq!(immutable_fields(&secret), Some(vec!["data".to_owned()]));
-    }
-
-    #[test]
-    fn other_rejections_are_not_immutable() {
-        let error = status(serde_json::json!({
-            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-            "message": "Service \"bad\" is invalid: spec.ports[0].port: Invalid value: 99999: \
-                        must be between 1 and 65535, inclusive",
-            "reason": "Invalid",
-            "details": {"name": "bad", "kind": "Service", "causes": [{
-                "reason": "FieldValueInvalid",
-                "message": "Invalid value: 99999: must be between 1 and 65535, inclusive",
-                "field": "spec.ports[0].port"
-            }]},
-            "code": 422
-        }));
-        assert_eq!(immutable_fields(&error), None);
-        // Made up from the two above: an immutable field beside another
-        // problem, which recreating would not fix.
-        let mixed = status(serde_json::json!({
-            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-            "message": "...", "reason": "Invalid",
-            "details": {"causes": [
-                {"reason": "FieldValueInvalid", "message": "Invalid value: 1: field is immutable", "field": "spec.selector"},
-                {"reason": "FieldValueInvalid", "message": "Invalid value: -1: must be greater than or equal to 0", "field": "spec.replicas"}
-            ]},
-            "code": 422
-        }));
-        assert_eq!(immutable_fields(&mixed), None);
-        // Not an API answer at all.
-        let other = kube::Error::Service("connection refused".into());
-        assert_eq!(immutable_fields(&other), None);
-    }
 }

@@ -5,7 +5,9 @@ use std::io::Write as _;
 
 use base64::Engine as _;
 use http::Method;
-use provisioners_core::plan::{Action, ReleaseAction};
+use provisioners_core::plan::Action;
+
+use crate::{PlanRelease, ReleaseAction};
 use provisioners_testing::mock::{self, ApiMock};
 use serde_json::{Value, json};
 

@@ -3,7 +3,8 @@
 //! quote a Secret.
 
 use kube::api::DynamicObject;
-use provisioners_core::plan::{self, Action, FieldChange, ObjectPlan};
+use provisioners_core::plan::{Action, FieldChange, ObjectPlan};
+use provisioners_kit::diff;
 use serde_json::Value;
 
 use crate::object::ObjectRef;
@@ -42,7 +43,7 @@ pub(super) fn changes(
         strip_stamp(&mut value);
         value
     };
-    let mut changes = plan::diff(&comparable(live), &comparable(answer));
+    let mut changes = diff::diff(&comparable(live), &comparable(answer));
     if is_secret(key) {
         // kubectl's record of what it applied holds the Secret's data too.
         for change in &mut changes {

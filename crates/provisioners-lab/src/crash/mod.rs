@@ -39,7 +39,7 @@
 //! use k8s_openapi::api::core::v1::ConfigMap;
 //! use kube::api::{Api, Patch, PatchParams};
 //! use provisioners_core::{async_trait, Context, Error, Provisioner, Result};
-//! use provisioners_testing::crash::{CrashTest, Points, Scope};
+//! use provisioners_lab::crash::{CrashTest, Points, Scope};
 //!
 //! /// Applies one ConfigMap unless it is already there; deletes it on deprovision.
 //! struct Settings {

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use futures::future::{BoxFuture, FutureExt, Shared};
 
-use crate::{Error, Result};
+use provisioners_core::{Error, Result};
 
 /// What a flight leaves every caller: the value, or the error of the run.
 type Landed<T> = std::result::Result<T, Arc<Error>>;
@@ -21,8 +21,8 @@ type Landed<T> = std::result::Result<T, Arc<Error>>;
 /// should outlive the run in a cache of your own, filled by the work itself
 /// (it is filled before any caller returns).
 ///
-/// Meant to live in a [`Cluster`](crate::Cluster)'s
-/// [state](crate::Cluster::state), for what many nodes learn about one
+/// Meant to live in a [`Cluster`](provisioners_core::Cluster)'s
+/// [state](provisioners_core::Cluster::state), for what many nodes learn about one
 /// cluster at once: when a thousand first reconciles start together, they
 /// send one discovery request per group-version, not a thousand.
 ///
@@ -39,7 +39,7 @@ type Landed<T> = std::result::Result<T, Arc<Error>>;
 /// ```
 /// use std::sync::Arc;
 /// use std::sync::atomic::{AtomicUsize, Ordering};
-/// use provisioners_core::SingleFlight;
+/// use provisioners_kit::SingleFlight;
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
@@ -257,7 +257,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::ErrorKind;
+    use provisioners_core::ErrorKind;
 
     /// Callers waiting for the run of `key` (0 when none runs).
     fn waiters<K: Eq + Hash + std::borrow::Borrow<str>, T>(
@@ -363,7 +363,7 @@ mod tests {
 
     #[test]
     fn a_copied_group_keeps_its_children_path_cluster_and_waiting() {
-        let waiting = crate::Waiting::new("pod scheduling").object("Job ns/hook");
+        let waiting = provisioners_core::Waiting::new("pod scheduling").object("Job ns/hook");
         let original = Error::group(vec![
             Error::yielding("hook running").waiting_on(waiting.clone()),
             Error::failed("apply refused").with_source(std::io::Error::other("409")),

@@ -11,7 +11,7 @@ use super::request::{RequestInfo, Verb};
 /// Which requests a [`Rule`] looks at.
 ///
 /// ```
-/// use provisioners_testing::faults::{Match, Verb};
+/// use provisioners_lab::faults::{Match, Verb};
 ///
 /// let config_map_writes = Match::writes().resource("configmaps");
 /// let watches = Match::verb(Verb::Watch);
@@ -228,7 +228,7 @@ enum When {
 ///
 /// ```
 /// use std::time::Duration;
-/// use provisioners_testing::faults::{Fault, Match, Rule};
+/// use provisioners_lab::faults::{Fault, Match, Rule};
 ///
 /// // The third write fails with a 500; no other request is touched.
 /// let third = Rule::on(Match::writes()).nth(3).fail(Fault::InternalError);
@@ -439,7 +439,7 @@ impl RuleHandle {
 /// Where held requests wait, and what the test decides for them.
 ///
 /// ```no_run
-/// use provisioners_testing::faults::{Hold, Match, Proxy, Rule};
+/// use provisioners_lab::faults::{Hold, Match, Proxy, Rule};
 ///
 /// # async fn example(proxy: &Proxy) {
 /// let hold = Hold::new();

@@ -5,7 +5,7 @@
 //! chart set is repaired).
 //!
 //! ```
-//! use provisioners_core::drift::contains;
+//! use provisioners_kit::drift::contains;
 //! use serde_json::json;
 //!
 //! let applied = json!({"data": {"k": "v"}});

@@ -12,8 +12,8 @@
 //! The [crash-point driver](crate::crash) is built on it.
 //!
 //! ```no_run
-//! use provisioners_testing::cluster::HarnessCluster;
-//! use provisioners_testing::faults::{Fault, Match, Proxy, Rule, Verb};
+//! use provisioners_lab::cluster::HarnessCluster;
+//! use provisioners_lab::faults::{Fault, Match, Proxy, Rule, Verb};
 //!
 //! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
 //! let proxy = Proxy::start(HarnessCluster::Primary).await?;

@@ -4,7 +4,7 @@
 //! release's objects), close to kstatus.
 //!
 //! ```
-//! use provisioners_core::readiness::{self, Readiness};
+//! use provisioners_kit::readiness::{self, Readiness};
 //! use serde_json::json;
 //!
 //! let deployment = json!({
@@ -14,6 +14,8 @@
 //! });
 //! assert!(matches!(readiness::check("apps", "Deployment", &deployment), Readiness::Waiting(_)));
 //! ```
+
+use std::time::Duration;
 
 use serde_json::Value;
 
@@ -138,6 +140,79 @@ pub fn check(group: &str, kind: &str, object: &Value) -> Readiness {
             Some(status) => Readiness::Waiting(format!("condition Ready is {status}")),
         },
     }
+}
+
+/// What is not ready among a node's objects, gathered from [`check`]s: the
+/// one rule both leaves judge a set of objects by.
+///
+/// ```
+/// use std::time::Duration;
+/// use provisioners_kit::readiness::{NotReady, Readiness, Verdict};
+///
+/// let mut not_ready = NotReady::default();
+/// not_ready.add(Readiness::Ready, |_| unreachable!());
+/// not_ready.add(Readiness::Waiting("0 of 1 available".into()), |why| format!("Deployment apps/web: {why}"));
+/// let wait = Duration::from_secs(60);
+/// assert!(matches!(not_ready.verdict(Some(Duration::from_secs(5)), wait), Verdict::Waiting(_)));
+/// assert!(matches!(not_ready.verdict(Some(wait), wait), Verdict::TimedOut(_)));
+/// assert!(matches!(not_ready.verdict(None, wait), Verdict::Waiting(_)));
+/// ```
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct NotReady {
+    /// Not yet, one line per object (as the leaf describes it).
+    pub waiting: Vec<String>,
+    /// Will not become ready without a change (a failed Job, a stalled
+    /// rollout), one line per object.
+    pub failed: Vec<String>,
+}
+
+impl NotReady {
+    /// Records one object's [`Readiness`]; `describe` makes its line from
+    /// the reason (e.g. `Kind ns/name: reason`). Ready objects add nothing.
+    pub fn add(&mut self, readiness: Readiness, describe: impl FnOnce(&str) -> String) {
+        match readiness {
+            Readiness::Ready => {}
+            Readiness::Waiting(why) => self.waiting.push(describe(&why)),
+            Readiness::Failed(why) => self.failed.push(describe(&why)),
+        }
+    }
+
+    /// Whether every object is ready.
+    pub fn is_empty(&self) -> bool {
+        self.waiting.is_empty() && self.failed.is_empty()
+    }
+
+    /// What to do: anything [failed](NotReady::failed) fails at once (waiting
+    /// will not help); otherwise, objects still waiting after `wait` (since
+    /// the content was first seen not ready; `None` when that is not known,
+    /// which never times out) time out, and before that they wait.
+    pub fn verdict(&self, elapsed: Option<Duration>, wait: Duration) -> Verdict<'_> {
+        if !self.failed.is_empty() {
+            return Verdict::Failed(&self.failed);
+        }
+        if self.waiting.is_empty() {
+            return Verdict::Ready;
+        }
+        match elapsed {
+            Some(elapsed) if elapsed >= wait => Verdict::TimedOut(&self.waiting),
+            _ => Verdict::Waiting(&self.waiting),
+        }
+    }
+}
+
+/// The outcome of [`NotReady::verdict`], with the lines it concerns; the
+/// leaf words the error (a yield, `Timeout`, `Failed`).
+#[derive(Debug, PartialEq, Eq)]
+// Exhaustive on purpose: every caller decides for each outcome.
+pub enum Verdict<'a> {
+    /// Everything is ready.
+    Ready,
+    /// Not yet: yield.
+    Waiting(&'a [String]),
+    /// Still not ready after the deadline: `Timeout`.
+    TimedOut(&'a [String]),
+    /// Will not become ready without a change: `Failed`.
+    Failed(&'a [String]),
 }
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use super::attempt::is_streaming;
 use super::*;
 use crate::{Error, ErrorKind};
 

@@ -8,7 +8,7 @@
 //!
 //! ```no_run
 //! use k8s_openapi::api::core::v1::ConfigMap;
-//! use provisioners_testing::cluster::TestNamespace;
+//! use provisioners_lab::cluster::TestNamespace;
 //!
 //! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
 //! let ns = TestNamespace::create("configmaps").await?;

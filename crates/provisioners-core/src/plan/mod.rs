@@ -1,0 +1,340 @@
+//! What a tree would do, without doing it: the [`Plan`] tree.
+//!
+//! [`Context::plan`](crate::Context::plan) asks every node of a tree what
+//! its provision (or deprovision) would change, and returns a [`Plan`] that
+//! mirrors the tree: one node per provisioner, in the order they would run,
+//! each with the operation it would perform and, for leaves, one
+//! [`ObjectPlan`] per Kubernetes object with its [`Action`] and the fields
+//! that would change, and, where a leaf has more to say than its objects
+//! (a Helm release: install, upgrade, drift), a [`Detail`] of the leaf's own
+//! making. Planning never writes: leaves plan from dry-runs and reads only.
+//!
+//! A plan reads like `kubectl diff` or a terraform plan through
+//! [`Display`](std::fmt::Display), serialises to JSON through `serde`, and
+//! has a stable [`digest`](Plan::digest) that an approval can pin.
+//!
+//! ```
+//! use provisioners_core::plan::{Action, FieldChange, ObjectPlan, Plan};
+//! use provisioners_core::Operation;
+//! use serde_json::json;
+//!
+//! let plan = Plan::new("platform", Operation::Provision, "manifest")
+//!     .with_object(ObjectPlan::new("v1", "ConfigMap", Some("apps"), "settings", Action::Create))
+//!     .with_object(
+//!         ObjectPlan::new("apps/v1", "Deployment", Some("apps"), "web", Action::Update)
+//!             .with_changes(vec![FieldChange::new(
+//!                 "spec.replicas",
+//!                 Some(json!(1)),
+//!                 Some(json!(3)),
+//!             )]),
+//!     );
+//! assert_eq!(plan.counts().create, 1);
+//! assert_eq!(plan.counts().update, 1);
+//! assert!(plan.to_string().contains("spec.replicas: 1 -> 3"));
+//! assert!(plan.digest().starts_with("sha256:"));
+//! ```
+
+use std::fmt::Write as _;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sha2::{Digest as _, Sha256};
+
+use crate::Operation;
+
+mod counts;
+mod detail;
+mod object;
+#[cfg(test)]
+mod tests;
+
+pub use counts::Counts;
+pub use detail::Detail;
+pub use object::{Action, FieldChange, MASKED, ObjectPlan};
+
+/// What one node of a tree would do: a node of the plan tree.
+///
+/// Leaves fill [`objects`](Plan::objects) (and, where they have more to say,
+/// [`detail`](Plan::detail)); groups fill [`children`](Plan::children) in
+/// the order the children would run. A node that cannot say what it would
+/// do is [`unknown`](Plan::unknown_reason), with the reason; the rest of the
+/// tree is still planned.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+#[must_use]
+pub struct Plan {
+    name: String,
+    operation: Operation,
+    kind: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    cluster: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    note: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    unknown: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    detail: Option<Detail>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    objects: Vec<ObjectPlan>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    children: Vec<Plan>,
+}
+
+impl Plan {
+    /// The plan of the node `name`, which would perform `operation`; `kind`
+    /// says what the node is (`"manifest"`, `"helm"`, `"serial"`, ...).
+    pub fn new(name: impl Into<String>, operation: Operation, kind: impl Into<String>) -> Self {
+        Plan {
+            name: name.into(),
+            operation,
+            kind: kind.into(),
+            cluster: None,
+            note: None,
+            unknown: None,
+            detail: None,
+            objects: Vec::new(),
+            children: Vec::new(),
+        }
+    }
+
+    /// The plan of a node that cannot say what it would do, and why.
+    pub fn unknown(
+        name: impl Into<String>,
+        operation: Operation,
+        reason: impl Into<String>,
+    ) -> Self {
+        Plan::new(name, operation, "unknown").with_unknown(reason)
+    }
+
+    /// Marks this node unknown, with the reason.
+    pub fn with_unknown(mut self, reason: impl Into<String>) -> Self {
+        self.unknown = Some(reason.into());
+        self
+    }
+
+    /// The id of the cluster this node plans on, when it is not the
+    /// parent's (a remote subtree).
+    pub fn with_cluster(mut self, cluster: impl Into<String>) -> Self {
+        self.cluster = Some(cluster.into());
+        self
+    }
+
+    /// A line for a reader: why the node does what it does (e.g. "condition
+    /// is false").
+    pub fn with_note(mut self, note: impl Into<String>) -> Self {
+        self.note = Some(note.into());
+        self
+    }
+
+    /// What the leaf has to say beyond its objects (a Helm release's
+    /// install, upgrade or drift), in a [`Detail`] of its own making.
+    pub fn with_detail(mut self, detail: Detail) -> Self {
+        self.detail = Some(detail);
+        self
+    }
+
+    /// Adds one object.
+    pub fn with_object(mut self, object: ObjectPlan) -> Self {
+        self.objects.push(object);
+        self
+    }
+
+    /// Adds objects.
+    pub fn with_objects(mut self, objects: impl IntoIterator<Item = ObjectPlan>) -> Self {
+        self.objects.extend(objects);
+        self
+    }
+
+    /// Adds a child, after the ones already there.
+    pub fn with_child(mut self, child: Plan) -> Self {
+        self.children.push(child);
+        self
+    }
+
+    /// Adds children, in order.
+    pub fn with_children(mut self, children: impl IntoIterator<Item = Plan>) -> Self {
+        self.children.extend(children);
+        self
+    }
+
+    /// Says what the node is (a wrapper that plans through its child may
+    /// name itself: a `Resource` is a `manifest` node of one object).
+    pub fn with_kind(mut self, kind: impl Into<String>) -> Self {
+        self.kind = kind.into();
+        self
+    }
+
+    /// Renames the node (the context names every node after its provisioner).
+    pub fn with_name(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
+    }
+
+    /// The node's name: one segment of its path.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// What the node would do.
+    pub fn operation(&self) -> Operation {
+        self.operation
+    }
+
+    /// What the node is: `"manifest"`, `"helm"`, `"serial"`, ...
+    pub fn kind(&self) -> &str {
+        &self.kind
+    }
+
+    /// The cluster the node plans on, when it is not its parent's.
+    pub fn cluster(&self) -> Option<&str> {
+        self.cluster.as_deref()
+    }
+
+    /// A line for a reader, if any.
+    pub fn note(&self) -> Option<&str> {
+        self.note.as_deref()
+    }
+
+    /// Why the node's plan is unknown, if it is.
+    pub fn unknown_reason(&self) -> Option<&str> {
+        self.unknown.as_deref()
+    }
+
+    /// The leaf's own detail, if it gave one.
+    pub fn detail(&self) -> Option<&Detail> {
+        self.detail.as_ref()
+    }
+
+    /// The node's own objects, in the order they would be applied.
+    pub fn objects(&self) -> &[ObjectPlan] {
+        &self.objects
+    }
+
+    /// The node's children, in the order they would run.
+    pub fn children(&self) -> &[Plan] {
+        &self.children
+    }
+
+    /// Every node of the tree with its path (`platform/components/metrics`),
+    /// depth first, in the order the nodes would run.
+    pub fn nodes(&self) -> Vec<(String, &Plan)> {
+        let mut out = Vec::new();
+        self.walk(None, &mut out);
+        out
+    }
+
+    fn walk<'a>(&'a self, parent: Option<&str>, out: &mut Vec<(String, &'a Plan)>) {
+        let path = match parent {
+            Some(parent) => format!("{parent}/{}", self.name),
+            None => self.name.clone(),
+        };
+        out.push((path.clone(), self));
+        for child in &self.children {
+            child.walk(Some(&path), out);
+        }
+    }
+
+    /// The node at `path` (`platform/components/metrics`), if there is one.
+    pub fn find(&self, path: &str) -> Option<&Plan> {
+        self.nodes()
+            .into_iter()
+            .find_map(|(p, node)| (p == path).then_some(node))
+    }
+
+    /// Every object of the tree, with the path of its node.
+    pub fn all_objects(&self) -> Vec<(String, &ObjectPlan)> {
+        self.nodes()
+            .into_iter()
+            .flat_map(|(path, node)| node.objects.iter().map(move |o| (path.clone(), o)))
+            .collect()
+    }
+
+    /// How many objects, details and nodes of the tree would do what.
+    pub fn counts(&self) -> Counts {
+        let mut counts = Counts::default();
+        for (_, node) in self.nodes() {
+            if node.unknown.is_some() {
+                counts.unknown_nodes += 1;
+            }
+            if let Some(change) = node.detail.as_ref().and_then(Detail::change) {
+                counts.add_detail(node.detail.as_ref().map_or("", Detail::kind), change);
+            }
+            for object in &node.objects {
+                match object.action() {
+                    Action::Create => counts.create += 1,
+                    Action::Update => counts.update += 1,
+                    Action::NoChange => counts.no_change += 1,
+                    Action::Delete => counts.delete += 1,
+                    Action::Replace => counts.replace += 1,
+                    Action::Adopt => counts.adopt += 1,
+                    Action::Refuse => counts.refuse += 1,
+                    Action::Unknown => counts.unknown += 1,
+                }
+            }
+        }
+        counts
+    }
+
+    /// Whether applying the plan would change anything, or might (an unknown
+    /// node or object counts as a change: nobody can say it is not one).
+    pub fn has_changes(&self) -> bool {
+        self.counts().has_changes()
+    }
+
+    /// One line: what the plan would do, e.g. `3 to create, 1 to update, 12
+    /// unchanged`.
+    pub fn summary(&self) -> String {
+        self.counts().to_string()
+    }
+
+    /// A stable digest of the plan, `sha256:` and 64 hex digits.
+    ///
+    /// It covers everything the plan says, in a canonical form (object keys
+    /// sorted), so the same plan has the same digest in every process and
+    /// release of this crate with the same plan format, and any change to
+    /// what would be done changes it. A Secret's values are masked before
+    /// they reach a plan, so the digest covers *that* a Secret's field
+    /// changes, not to what: pinning a digest does not pin a Secret's new
+    /// value.
+    pub fn digest(&self) -> String {
+        let value = serde_json::to_value(self).unwrap_or(Value::Null);
+        let mut hasher = Sha256::new();
+        hasher.update(b"provisioners.dev/plan/v1\n");
+        canonical(&value, &mut hasher);
+        let digest = hasher.finalize();
+        let mut out = String::with_capacity(7 + 64);
+        out.push_str("sha256:");
+        for byte in digest.iter() {
+            let _ = write!(out, "{byte:02x}");
+        }
+        out
+    }
+}
+
+/// Feeds `value` to `hasher` with object keys in order, whatever order the
+/// map kept them in.
+fn canonical(value: &Value, hasher: &mut Sha256) {
+    match value {
+        Value::Object(map) => {
+            let mut keys: Vec<&String> = map.keys().collect();
+            keys.sort();
+            hasher.update(b"{");
+            for key in keys {
+                hasher.update(serde_json::to_string(key).unwrap_or_default().as_bytes());
+                hasher.update(b":");
+                canonical(&map[key], hasher);
+                hasher.update(b",");
+            }
+            hasher.update(b"}");
+        }
+        Value::Array(items) => {
+            hasher.update(b"[");
+            for item in items {
+                canonical(item, hasher);
+                hasher.update(b",");
+            }
+            hasher.update(b"]");
+        }
+        other => hasher.update(other.to_string().as_bytes()),
+    }
+}

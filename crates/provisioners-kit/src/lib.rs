@@ -1,0 +1,51 @@
+//! What the leaves of the provisioners workspace share about Kubernetes
+//! objects, apart from the contract in `provisioners-core`.
+//!
+//! `provisioners-manifest` and `provisioners-helm` both apply objects, wait
+//! for them, repair them and plan them; this crate is where that logic lives
+//! once, for them and for anyone writing a leaf of their own:
+//!
+//! - [`readiness`]: whether an object is ready, kstatus-style (conditions,
+//!   `observedGeneration`, the built-in workload kinds);
+//! - [`drift`]: whether a live object still holds what was applied
+//!   ([`drift::contains`]) or what a renderer wrote
+//!   ([`drift::contains_rendered`]), and a desired object as the server
+//!   stores it ([`drift::as_stored`]);
+//! - [`diff`]: the [`FieldChange`](provisioners_core::plan::FieldChange)s a
+//!   plan shows, from a dry run ([`diff::diff`]) or a rendered manifest
+//!   ([`diff::diff_rendered`]);
+//! - [`SingleFlight`]: per-cluster state that callers learning the same
+//!   thing at once (API discovery) fill with one request.
+//!
+//! Core stays the contract (the trait, the context, errors, plans); a leaf
+//! depends on core and on this crate, never on another leaf.
+//!
+//! # Example
+//!
+//! A leaf deciding what a plan says about one object and whether it is done:
+//!
+//! ```
+//! use provisioners_kit::{diff, drift, readiness::{self, Readiness}};
+//! use serde_json::json;
+//!
+//! let applied = json!({"spec": {"replicas": 2}});
+//! let live = json!({
+//!     "metadata": {"generation": 3},
+//!     "spec": {"replicas": 1, "paused": false},
+//!     "status": {"observedGeneration": 3, "replicas": 1, "readyReplicas": 1,
+//!                "updatedReplicas": 1, "availableReplicas": 1},
+//! });
+//! assert!(!drift::contains(&live, &applied));
+//! let changes = diff::diff_rendered(&live, &applied);
+//! assert_eq!(changes[0].to_string(), "spec.replicas: 1 -> 2");
+//! assert!(matches!(readiness::check("apps", "Deployment", &live), Readiness::Ready));
+//! ```
+
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+pub mod diff;
+pub mod drift;
+mod flight;
+pub mod readiness;
+
+pub use flight::SingleFlight;
