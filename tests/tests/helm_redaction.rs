@@ -28,6 +28,7 @@ both_helms!(
     a_sensitive_value_in_a_failing_template_never_reaches_the_error,
     a_sensitive_value_in_an_uninstall_refusal_never_reaches_the_error,
     a_sensitive_value_in_a_rollback_refusal_never_reaches_the_error,
+    a_rotated_value_in_a_rollback_refusal_never_reaches_the_error,
 );
 
 /// Escaping changes it (`"`, `\`, and `<>&`, which Go's JSON escapes too).
@@ -253,6 +254,17 @@ fn assert_refusal_redacted(error: &provisioners::Error) {
 }
 
 async fn a_sensitive_value_in_a_rollback_refusal_never_reaches_the_error(helm: PathBuf) {
+    rollback_refused(helm, false).await;
+}
+
+/// The values were rotated before the recovery: the rollback goes back to
+/// a revision made with the earlier ones (`TOKEN`, `PIN`), which the
+/// release no longer holds; they are masked from the sealed records.
+async fn a_rotated_value_in_a_rollback_refusal_never_reaches_the_error(helm: PathBuf) {
+    rollback_refused(helm, true).await;
+}
+
+async fn rollback_refused(helm: PathBuf, rotated: bool) {
     let ns = TestNamespace::create("helm-redact-rollback")
         .await
         .expect("namespace");
@@ -270,16 +282,21 @@ async fn a_sensitive_value_in_a_rollback_refusal_never_reaches_the_error(helm: P
         kill_helm_when(&helm, &ns, "app", "pending-upgrade")
     );
     result.expect_err("helm was killed");
+    let recovering = if rotated {
+        release(&ns, &helm, "rotated-7d1e-token", "9876")
+    } else {
+        installed
+    };
     let policy = RefusingPolicy::create(&cx, &ns).await;
-    let error = until_not_yield(&cx, &installed, false)
+    let error = until_not_yield(&cx, &recovering, false)
         .await
         .expect_err("the rollback is refused");
     assert!(format!("{error}").contains("rollback"), "{error}");
     assert_refusal_redacted(&error);
 
     policy.remove().await;
-    settle(&cx, &installed, "recovered").await;
-    deprovision_until_gone(&cx, &installed).await;
+    settle(&cx, &recovering, "recovered").await;
+    deprovision_until_gone(&cx, &recovering).await;
     ns.cleanup().await.expect("cleanup");
 }
 

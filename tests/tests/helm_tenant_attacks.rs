@@ -10,20 +10,20 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, ServiceAccount};
-use k8s_openapi::api::rbac::v1::{ClusterRole, Role, RoleBinding};
-use kube::Client;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use kube::api::{Api, DeleteParams, PostParams};
-use provisioners::{Context, ErrorKind, Owner, OwnerKeys};
-use provisioners_helm::{HelmRelease, RECORD_OWNER_ANNOTATION, RECORD_SEAL_PREFIX};
-use provisioners_lab::cluster::TestNamespace;
+use provisioners::{ErrorKind, Owner, OwnerKeys};
+use provisioners_helm::{RECORD_OWNER_ANNOTATION, RECORD_SEAL_PREFIX};
+use provisioners_lab::cluster::{HarnessCluster, TestNamespace};
+use provisioners_lab::faults::{Hold, Match, Proxy, Rule, Verb};
 use serde_json::json;
 
 #[macro_use]
 mod helm_support;
-use helm_support::*;
 mod helm_async_support;
 use helm_async_support::until_not_yield;
+mod helm_attack_support;
+use helm_attack_support::*;
 
 both_helms!(
     a_forged_pending_install_record_listing_a_cluster_role_is_reported_and_the_cluster_role_survives,
@@ -31,130 +31,8 @@ both_helms!(
     a_second_owner_naming_the_same_release_is_refused_and_the_first_release_is_intact,
     a_first_install_with_create_namespace_takes_the_lease_before_helm_runs,
     a_record_our_own_run_left_unsealed_is_replaced_never_uninstalled,
+    a_record_rewritten_between_helms_write_and_the_seal_is_never_sealed,
 );
-
-/// The operator: an owner, and the key only it can read.
-async fn operator(id: &str) -> Context {
-    context_as(id)
-        .await
-        .with_owner(Owner::standalone(id))
-        .with_owner_keys(OwnerKeys::generate().expect("a key"))
-}
-
-fn release(helm: &PathBuf, ns: &str, name: &str) -> HelmRelease {
-    HelmRelease::new(name.to_owned(), chart("hello"))
-        .namespace(ns)
-        .helm(helm)
-        .drift(provisioners_helm::Drift::Ignore)
-}
-
-/// A client acting as ServiceAccount `tenant` of `ns`, which may read and
-/// write Secrets there (as tenants of a namespace usually may), nothing else.
-async fn tenant(ns: &TestNamespace) -> Client {
-    let account: ServiceAccount =
-        serde_json::from_value(json!({"metadata": {"name": "tenant"}})).expect("account");
-    ns.api::<ServiceAccount>()
-        .create(&PostParams::default(), &account)
-        .await
-        .expect("account");
-    let role: Role = serde_json::from_value(json!({
-        "metadata": {"name": "secrets"},
-        "rules": [{"apiGroups": [""], "resources": ["secrets"],
-                   "verbs": ["get", "list", "create", "update", "patch"]}],
-    }))
-    .expect("role");
-    ns.api::<Role>()
-        .create(&PostParams::default(), &role)
-        .await
-        .expect("role");
-    let binding: RoleBinding = serde_json::from_value(json!({
-        "metadata": {"name": "tenant-secrets"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "secrets"},
-        "subjects": [{"kind": "ServiceAccount", "name": "tenant", "namespace": ns.name()}],
-    }))
-    .expect("binding");
-    ns.api::<RoleBinding>()
-        .create(&PostParams::default(), &binding)
-        .await
-        .expect("binding");
-    let mut config = ns.config().clone();
-    config.auth_info.impersonate = Some(format!("system:serviceaccount:{}:tenant", ns.name()));
-    config.auth_info.impersonate_groups = Some(vec![
-        "system:serviceaccounts".to_owned(),
-        format!("system:serviceaccounts:{}", ns.name()),
-    ]);
-    Client::try_from(config).expect("tenant client")
-}
-
-/// A ClusterRole the tenant may not touch, which it wants deleted.
-async fn victim(name: &str) -> Api<ClusterRole> {
-    let roles: Api<ClusterRole> = Api::all(context().await.client().clone());
-    let role: ClusterRole = serde_json::from_value(json!({
-        "metadata": {"name": name},
-        "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}],
-    }))
-    .expect("cluster role");
-    let _ = roles.delete(name, &DeleteParams::default()).await;
-    roles
-        .create(&PostParams::default(), &role)
-        .await
-        .expect("create the victim ClusterRole");
-    roles
-}
-
-/// A helm record as helm reads it: base64 of JSON in `release`.
-fn forged_record(ns: &str, name: &str, version: u32, status: &str, manifest: &str) -> Secret {
-    let payload = json!({
-        "name": name, "namespace": ns, "version": version,
-        "info": {"status": status, "description": "forged",
-                 "first_deployed": "2026-01-01T00:00:00Z", "last_deployed": "2026-01-01T00:00:00Z"},
-        "chart": {"metadata": {"apiVersion": "v2", "name": "hello", "version": "0.1.0"},
-                  "templates": [], "values": {}},
-        "config": {},
-        "manifest": manifest,
-    });
-    // helm reads plain JSON as well as gzipped.
-    let helm_base64 = base64_encode(payload.to_string().as_bytes());
-    serde_json::from_value(json!({
-        "metadata": {
-            "name": format!("sh.helm.release.v1.{name}.v{version}"),
-            "labels": {"owner": "helm", "name": name, "status": status,
-                       "version": version.to_string()},
-        },
-        "type": "helm.sh/release.v1",
-        "data": {"release": base64_encode(helm_base64.as_bytes())},
-    }))
-    .expect("record")
-}
-
-fn base64_encode(bytes: &[u8]) -> String {
-    use base64::Engine as _;
-    base64::engine::general_purpose::STANDARD.encode(bytes)
-}
-
-fn cluster_role_manifest(name: &str) -> String {
-    format!(
-        "---\n# Source: hello/templates/role.yaml\napiVersion: rbac.authorization.k8s.io/v1\n\
-         kind: ClusterRole\nmetadata:\n  name: {name}\nrules: []\n"
-    )
-}
-
-async fn records(ns: &TestNamespace, name: &str) -> Vec<Secret> {
-    ns.api::<Secret>()
-        .list(&kube::api::ListParams::default().labels(&format!("owner=helm,name={name}")))
-        .await
-        .expect("records")
-        .items
-}
-
-fn annotation<'a>(secret: &'a Secret, key: &str) -> Option<&'a str> {
-    secret
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(key))
-        .map(String::as_str)
-}
 
 async fn a_forged_pending_install_record_listing_a_cluster_role_is_reported_and_the_cluster_role_survives(
     helm: PathBuf,
@@ -516,4 +394,98 @@ async fn a_record_our_own_run_left_unsealed_is_replaced_never_uninstalled(helm: 
     until_not_yield(&cx, &with("four"), true)
         .await
         .expect("uninstalls");
+}
+
+async fn a_record_rewritten_between_helms_write_and_the_seal_is_never_sealed(helm: PathBuf) {
+    let ns = TestNamespace::create("helm-seal-race")
+        .await
+        .expect("namespace");
+    let victim_name = format!("{}-victim", ns.name());
+    let roles = victim(&victim_name).await;
+    // The operator's traffic (helm's and ours) through a proxy that holds
+    // the first read of revision 1's record by name: the seal's read, right
+    // after helm's last write (helm itself lists records, never reads one
+    // by name). The tenant's own client goes straight to the cluster.
+    let proxy = Proxy::start(HarnessCluster::Primary).await.expect("proxy");
+    let cx = proxy
+        .context("helm-race-op")
+        .await
+        .expect("context")
+        .with_owner(Owner::standalone("helm-race-op"))
+        .with_owner_keys(OwnerKeys::generate().expect("a key"));
+    let record = "sh.helm.release.v1.app.v1";
+    let hold = Hold::new();
+    proxy.add(
+        Rule::on(
+            Match::verb(Verb::Get)
+                .resource("secrets")
+                .namespace(ns.name())
+                .name(record),
+        )
+        .times(1)
+        .hold(&hold),
+    );
+    let tenant = tenant(&ns).await;
+    let app = release(&helm, ns.name(), "app");
+    // The tenant rewrites the record in that window: the same revision, now
+    // listing the ClusterRole, which an uninstall would delete.
+    let attack = async {
+        hold.reached().await;
+        let secrets: Api<Secret> = Api::namespaced(tenant, ns.name());
+        let mut written = secrets.get(record).await.expect("helm's record");
+        let forged = forged_record(
+            ns.name(),
+            "app",
+            1,
+            "deployed",
+            &cluster_role_manifest(&victim_name),
+        );
+        written.data = forged.data;
+        secrets
+            .replace(record, &PostParams::default(), &written)
+            .await
+            .expect("the tenant may write Secrets in its namespace");
+        hold.release();
+    };
+    let (installed, ()) = tokio::join!(until_not_yield(&cx, &app, false), attack);
+    let error = installed.expect_err("a record rewritten before the seal");
+    assert_eq!(error.kind(), ErrorKind::Failed, "{error}");
+    assert!(error.message().contains(record), "{error}");
+    assert!(
+        error.message().contains("changed after helm wrote it"),
+        "{error}"
+    );
+    // Not sealed: no authenticator for revision 1, no owner on the record.
+    let lease = ns
+        .api::<Lease>()
+        .get("provisioners-helm.app")
+        .await
+        .expect("the Lease");
+    let annotations = lease.metadata.annotations.unwrap_or_default();
+    assert!(
+        !annotations.contains_key(&format!("{RECORD_SEAL_PREFIX}1")),
+        "{annotations:?}"
+    );
+    let left = records(&ns, "app").await;
+    assert_eq!(left.len(), 1);
+    assert_eq!(annotation(&left[0], RECORD_OWNER_ANNOTATION), None);
+    // From now on it is reported, never acted on: no uninstall deletes the
+    // ClusterRole it lists.
+    let error = until_not_yield(&cx, &app, false)
+        .await
+        .expect_err("a record we cannot prove we wrote");
+    assert_eq!(error.kind(), ErrorKind::Failed, "{error}");
+    assert!(error.message().contains(record), "{error}");
+    let error = until_not_yield(&cx, &app, true)
+        .await
+        .expect_err("no uninstall of a record we cannot prove we wrote");
+    assert_eq!(error.kind(), ErrorKind::Failed, "{error}");
+    assert!(
+        roles.get_opt(&victim_name).await.expect("read").is_some(),
+        "the ClusterRole survives"
+    );
+    roles
+        .delete(&victim_name, &DeleteParams::default())
+        .await
+        .expect("cleanup");
 }

@@ -19,6 +19,12 @@
 //! no base64 characters of its own at an unaligned offset inside a larger
 //! blob; only its standalone encodings are matched.
 //!
+//! Hex (lower- and uppercase) of a secret's bytes is masked where it
+//! stands. Encodings of encodings are found through [decoded
+//! views](views): base64 of base64, base64 wrapped over lines (PEM,
+//! `base64 -w 76`) and percent-encoding; a run that decodes to text holding
+//! a secret is masked whole.
+//!
 //! Matching is overlapping (every occurrence of every form, also where two
 //! secrets overlap), on the text as it will be shown (after invalid UTF-8
 //! was replaced), so no fragment of a secret survives between two masks.
@@ -236,11 +242,42 @@ impl Redactor {
         }
     }
 
-    /// The longest form matched, in bytes: a cut needs this much text past
-    /// it to know that no secret straddles it.
+    /// The longest form matched, in bytes, encodings of encodings
+    /// included: a cut needs this much text past it to know that no secret
+    /// straddles it.
     pub(crate) fn longest(&self) -> usize {
-        // The partial characters and padding around base64.
-        self.longest + 3
+        if self.is_empty() {
+            return 0;
+        }
+        // The partial characters and padding around base64, and what a
+        // decoded view's encodings add.
+        views::margin(self.longest + 3)
+    }
+
+    /// The shortest base64 run a decoded view looks into.
+    fn min_run(&self) -> usize {
+        if self.lines.forms.is_empty() {
+            views::MIN_RUN
+        } else {
+            views::MIN_RUN_SHORT
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.inline.forms.is_empty() && self.lines.forms.is_empty()
+    }
+
+    /// Whether `text` holds a form of a secret, or (`depth` decodings
+    /// deep) an encoded run that does.
+    fn holds(&self, text: &str, depth: usize) -> bool {
+        let mut found = Vec::new();
+        self.inline.find(text, &mut found);
+        self.lines.find(text, &mut found);
+        !found.is_empty()
+            || (depth > 0
+                && views::decoded_runs(text, self.min_run())
+                    .iter()
+                    .any(|(_, decoded)| self.holds(decoded, depth - 1)))
     }
 
     /// The byte ranges of `text` to mask, sorted and disjoint, on character
@@ -261,6 +298,13 @@ impl Redactor {
                 .position(|b| *b == b'\n')
                 .map_or(bytes.len(), |i| range.end + i);
             ranges.push(start..end);
+        }
+        if !self.is_empty() {
+            for (run, decoded) in views::decoded_runs(text, self.min_run()) {
+                if self.holds(&decoded, views::DEPTH - 1) {
+                    ranges.push(run);
+                }
+            }
         }
         ranges.sort_by_key(|r| r.start);
         let mut merged: Vec<Range<usize>> = Vec::with_capacity(ranges.len());
@@ -337,6 +381,9 @@ fn forms(secret: &str, short: bool, out: &mut Vec<Form>) {
     if secret.contains('\'') {
         texts.push(secret.replace('\'', "''"));
     }
+    let hex: String = secret.bytes().map(|b| format!("{b:02x}")).collect();
+    texts.push(hex.to_ascii_uppercase());
+    texts.push(hex);
     texts.sort();
     texts.dedup();
     out.extend(texts.into_iter().map(Form::exact));
@@ -412,3 +459,4 @@ fn ascii_only(json: &str) -> String {
 
 #[cfg(test)]
 mod tests;
+mod views;

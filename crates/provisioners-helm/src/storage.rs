@@ -17,7 +17,8 @@ use crate::objects::Seen;
 mod seal;
 
 pub(crate) use self::seal::{
-    INTENT_ANNOTATION, Record, SEALS_KEPT, intent_fields, records, seal, verify,
+    Expect, INTENT_ANNOTATION, Record, SEALS_KEPT, annotate, intent_fields, is_rewritten,
+    printed_content, records, seal, verify,
 };
 pub use self::seal::{OWNER_ANNOTATION, SEAL_PREFIX};
 

@@ -93,6 +93,10 @@ impl HelmRelease {
         // worker is held while the release's objects come up.
         args.push("--timeout".into());
         args.push(go_duration(self.helm_timeout()).into());
+        // The release helm stored, printed: only a record that is this one
+        // is sealed (a tenant may rewrite it before the seal).
+        args.push("--output".into());
+        args.push("json".into());
         args
     }
 
@@ -299,6 +303,8 @@ mod tests {
                 "provisioners.dev/helm-digest=abc,provisioners.dev/helm-revision=3,provisioners.dev/helm-repair=null",
                 "--timeout",
                 "90000ms",
+                "--output",
+                "json",
             ]
         );
         assert!(

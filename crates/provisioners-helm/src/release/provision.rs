@@ -262,6 +262,7 @@ impl Provisioner for HelmRelease {
         let mut repair = None;
         if let Some(revision) = &latest
             && revision.is_deployed_with(digest.as_deref())
+            && !Self::unsealed_looking(cx, revision)
         {
             tracing::debug!(release = %self.id(), revision = revision.number, "no change");
             repair = self.unchanged(cx, revision).await?;
@@ -282,13 +283,19 @@ impl Provisioner for HelmRelease {
             latest = storage::latest(cx.client(), &self.namespace, &self.release).await?;
             if let Some(revision) = &latest {
                 self.refuse_foreign(cx, revision, "upgrade")?;
-                if revision.is_deployed_with(digest.as_deref()) {
+                let settled = revision.is_deployed_with(digest.as_deref());
+                if settled && !Self::unsealed_looking(cx, revision) {
                     return self.settled(cx, revision).await;
                 }
                 // With owner keys, helm acts on no record we cannot prove
                 // we wrote (one our own interrupted run left unsealed is removed).
                 if self.trust_records(cx).await? {
                     latest = storage::latest(cx.client(), &self.namespace, &self.release).await?;
+                } else if settled {
+                    // Only our owner was missing on a record that verifies:
+                    // the process died between the seal and the annotation.
+                    self.seal(cx, &self.sealing(cx), revision.number).await?;
+                    return self.settled(cx, revision).await;
                 }
             }
             if let Some(revision) = &latest
@@ -350,11 +357,12 @@ impl Provisioner for HelmRelease {
                         }
                         Ok(args)
                     })
-                    .await
-                    .map(drop);
-                // Still under the Lease: the record helm wrote, whatever the outcome.
-                let sealed = this.seal(&cx, &sealing, next).await;
-                ran.and(sealed)
+                    .await;
+                // Still under the Lease: the record helm wrote, whatever the
+                // outcome, if it is the release helm printed.
+                let stdout = ran.as_ref().ok().map(|output| output.stdout.as_slice());
+                let sealed = this.seal_printed(&cx, &sealing, next, stdout).await;
+                ran.map(drop).and(sealed)
             },
         )
         .await?;

@@ -36,7 +36,7 @@ use provisioners_core::{Context, Error, OwnerKeys, Result};
 use super::HelmRelease;
 use super::lease;
 use super::lock::Serialised;
-use crate::storage::{self, INTENT_ANNOTATION, Record, Revision};
+use crate::storage::{self, Expect, INTENT_ANNOTATION, Record, Revision};
 
 /// Who seals the records of a run, taken from the pass's context before
 /// the run starts.
@@ -62,35 +62,103 @@ impl HelmRelease {
     }
 
     /// Seals the record of `revision` (see [`storage::seal`]): the owner on
-    /// the record, the authenticator on the Lease (held by this run).
+    /// the record, the authenticator on the Lease (held by this run). A
+    /// revision sealed already (helm rewrote it, uninstalling) must still
+    /// verify; one helm printed is [`seal_printed`](Self::seal_printed).
     pub(super) async fn seal(&self, cx: &Context, sealing: &Sealing, revision: u32) -> Result<()> {
-        let Some(mac) = storage::seal(
+        let expect = match &sealing.keys {
+            Some(_) => lease::annotations(cx.client(), &self.namespace, &self.release)
+                .await?
+                .remove(&format!("{}{revision}", storage::SEAL_PREFIX))
+                .map_or(Expect::Unknown, Expect::Sealed),
+            None => Expect::Unknown,
+        };
+        self.seal_as(cx, sealing, revision, &expect).await
+    }
+
+    /// Seals the record of `revision` that a successful `upgrade --install`
+    /// wrote, only if it is the release helm printed (`stdout`); a helm that
+    /// failed (`None`) printed none.
+    pub(super) async fn seal_printed(
+        &self,
+        cx: &Context,
+        sealing: &Sealing,
+        revision: u32,
+        stdout: Option<&[u8]>,
+    ) -> Result<()> {
+        let expect = match stdout.map(storage::printed_content) {
+            Some(Ok(content)) => Expect::Printed(content),
+            Some(Err(why)) if sealing.keys.is_some() => {
+                return Err(Error::failed(format!(
+                    "release `{}`: helm reported success but {why}, so the record it wrote \
+                     (revision {revision}) cannot be checked and was not sealed",
+                    self.id()
+                )));
+            }
+            _ => Expect::Unknown,
+        };
+        self.seal_as(cx, sealing, revision, &expect).await
+    }
+
+    async fn seal_as(
+        &self,
+        cx: &Context,
+        sealing: &Sealing,
+        revision: u32,
+        expect: &Expect,
+    ) -> Result<()> {
+        let sealed = storage::seal(
             cx.client(),
             sealing.keys.as_ref(),
             sealing.owner.as_deref(),
             &self.namespace,
             &self.release,
             revision,
+            expect,
         )
-        .await?
-        else {
-            return Ok(());
+        .await;
+        let checked = match sealed {
+            Ok(Some(checked)) => checked,
+            Ok(None) => return Ok(()),
+            Err(error) if storage::is_rewritten(&error) => {
+                // Not our run's record any more: reported from now on (no
+                // intent names it), never removed or acted on.
+                tracing::warn!(release = %self.id(), revision, "{error}");
+                lease::annotate(
+                    cx.client(),
+                    &self.namespace,
+                    &self.release,
+                    serde_json::json!({ INTENT_ANNOTATION: null }),
+                )
+                .await?;
+                return Err(error);
+            }
+            Err(error) => return Err(error),
         };
-        let mut annotations = serde_json::Map::new();
-        annotations.insert(format!("{}{revision}", storage::SEAL_PREFIX), mac.into());
-        if let Some(old) = revision.checked_sub(storage::SEALS_KEPT) {
+        // The authenticator first, then the owner on the record: a process
+        // that dies in between leaves a record without our owner, which
+        // the next pass checks (and annotates once it verifies).
+        if let Some(mac) = &checked.mac {
+            let mut annotations = serde_json::Map::new();
             annotations.insert(
-                format!("{}{old}", storage::SEAL_PREFIX),
-                serde_json::Value::Null,
+                format!("{}{revision}", storage::SEAL_PREFIX),
+                mac.clone().into(),
             );
+            if let Some(old) = revision.checked_sub(storage::SEALS_KEPT) {
+                annotations.insert(
+                    format!("{}{old}", storage::SEAL_PREFIX),
+                    serde_json::Value::Null,
+                );
+            }
+            lease::annotate(
+                cx.client(),
+                &self.namespace,
+                &self.release,
+                annotations.into(),
+            )
+            .await?;
         }
-        lease::annotate(
-            cx.client(),
-            &self.namespace,
-            &self.release,
-            annotations.into(),
-        )
-        .await
+        storage::annotate(cx.client(), &self.namespace, &checked).await
     }
 
     /// Takes the release's Lease; for a first install with
@@ -141,6 +209,16 @@ impl HelmRelease {
             self.namespace,
             self.id()
         )))
+    }
+
+    /// Whether `latest`, helm's newest record, lacks the owner annotation
+    /// our seal puts on every record we keep (helm drops it only from the
+    /// records it supersedes): with owner keys and an owner, it was not
+    /// sealed by us (a seal refused because the record was rewritten, a
+    /// forgery with our labels copied), so its digest label is not trusted
+    /// to skip the check of the records. Reads nothing.
+    pub(super) fn unsealed_looking(cx: &Context, latest: &Revision) -> bool {
+        cx.owner_keys().is_some() && cx.owner().is_some() && latest.owner.is_none()
     }
 
     /// An `Invalid` error when another owner holds the release `latest` is

@@ -1,6 +1,7 @@
 //! Recovery of a release whose newest revision a dead helm left half-done.
 
 use provisioners_core::{Context, Operation, Result};
+use serde_json::Value;
 
 use super::HelmRelease;
 use super::background::Purpose;
@@ -50,7 +51,11 @@ impl HelmRelease {
                 // interrupted one: fields it set that the chart does not are
                 // removed (an upgrade from the deployed revision would keep them).
                 Some(deployed) => {
-                    self.rollback(cx, serialised, deployed, revision.number + 1)
+                    let (prior, sensitive) = self.prior_values(cx).await?;
+                    let mut rolling = self.clone();
+                    rolling.sensitive.extend(sensitive);
+                    rolling
+                        .rollback(cx, serialised, deployed, revision.number + 1, prior)
                         .await?;
                 }
                 None => storage::forget(cx.client(), &self.namespace, revision).await?,
@@ -70,5 +75,52 @@ impl HelmRelease {
         } else {
             Ok(false)
         }
+    }
+
+    /// The values every record of the release was made with, and those
+    /// among them at the paths this release sets sensitive (a rotated
+    /// password was sensitive before too): a rollback prints the values of
+    /// the revisions it moves between, which may be earlier (rotated) ones
+    /// than the release's current values.
+    async fn prior_values(&self, cx: &Context) -> Result<(Value, Vec<Value>)> {
+        let records = storage::records(cx.client(), &self.namespace, &self.release).await?;
+        let configs: Vec<Value> = records
+            .into_iter()
+            .filter_map(|record| record.payload.ok()?.config)
+            .map(|values| values.0)
+            .collect();
+        let sensitive = configs
+            .iter()
+            .flat_map(|config| {
+                self.parameters
+                    .iter()
+                    .filter(|(_, value)| self.sensitive.contains(value))
+                    .filter_map(|(name, _)| at_path(config, name).cloned())
+            })
+            .collect();
+        Ok((Value::Array(configs), sensitive))
+    }
+}
+
+/// The value at helm's dotted parameter path `name` in `values` (plain
+/// keys only: a path with an index or an escaped dot is not found).
+fn at_path<'a>(values: &'a Value, name: &str) -> Option<&'a Value> {
+    name.split('.')
+        .try_fold(values, |value, key| value.as_object()?.get(key))
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::at_path;
+
+    #[test]
+    fn parameter_paths_are_found_in_earlier_values() {
+        let values = json!({"auth": {"password": "old"}, "pin": 1});
+        assert_eq!(at_path(&values, "auth.password"), Some(&json!("old")));
+        assert_eq!(at_path(&values, "pin"), Some(&json!(1)));
+        assert_eq!(at_path(&values, "auth.user"), None);
+        assert_eq!(at_path(&values, "pin.x"), None);
     }
 }

@@ -215,13 +215,15 @@ impl HelmRelease {
         .map(drop)
     }
 
-    /// `helm rollback` to `revision`, in the background.
+    /// `helm rollback` to `revision`, in the background; `prior` are the
+    /// values of the revisions it may print (masked as release values).
     pub(super) async fn rollback(
         &self,
         cx: &Context,
         serialised: &Serialised,
         revision: u32,
         writes: u32,
+        prior: Value,
     ) -> Result<()> {
         self.kubeconfig(cx)?;
         if serialised.has_lease() {
@@ -238,7 +240,7 @@ impl HelmRelease {
             move |cx, work| async move {
                 let kubeconfig = this.kubeconfig(&cx)?;
                 let ran = this
-                    .run_helm_in(&cx, "rollback", &Value::Null, &work, None, |work| {
+                    .run_helm_in(&cx, "rollback", &prior, &work, None, |work| {
                         let kubeconfig = work.write_kubeconfig(kubeconfig)?;
                         Ok(this.rollback_args(&kubeconfig, revision))
                     })

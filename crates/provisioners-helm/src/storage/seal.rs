@@ -14,6 +14,14 @@
 //! cannot read the key cannot forge one, nor move one to another revision,
 //! release or owner.
 //!
+//! Only what helm itself wrote is sealed. A tenant who rewrites a record in
+//! the window between helm's last write and the seal would otherwise have
+//! it sealed as ours; so the record read back must be the one helm
+//! reports ([`Expect`]): `upgrade --install` prints the release it stored
+//! (`--output json`), and a record already sealed (helm rewrites it when it
+//! uninstalls) must still verify. A record that is not is left unsealed and
+//! the run is `Failed`, naming it.
+//!
 //! What the authenticator leaves out, on purpose: `info` (status,
 //! description, times) and the hooks' `last_run`, which helm rewrites on
 //! records we sealed (superseding, uninstalling). A tenant who edits the
@@ -95,6 +103,50 @@ pub(crate) fn intent_fields<'a>(
     revision: &'a str,
 ) -> [&'a str; 5] {
     [INTENT_TAG, namespace, release, owner, revision]
+}
+
+/// What the record sealed must be, besides a record of the revision.
+#[derive(Debug)]
+pub(crate) enum Expect {
+    /// The release helm printed it wrote: its content hash (see
+    /// [`printed_content`]).
+    Printed(String),
+    /// helm rewrote a record that is sealed already (uninstalling it): it
+    /// must still verify against this authenticator.
+    Sealed(String),
+    /// Nothing to compare with: helm failed before printing the release it
+    /// wrote, or its command prints none (rollback).
+    Unknown,
+}
+
+/// The content hash of the release helm printed on stdout with `--output
+/// json`, or why there is none.
+pub(crate) fn printed_content(stdout: &[u8]) -> std::result::Result<String, String> {
+    let start = stdout
+        .iter()
+        .position(|b| *b == b'{')
+        .ok_or("helm printed no release")?;
+    let value: Value = serde_json::from_slice(&stdout[start..])
+        .map_err(|e| format!("helm printed no release as JSON: {e}"))?;
+    if !value.is_object() {
+        return Err("helm printed no release as JSON".to_owned());
+    }
+    Ok(content_of(&value))
+}
+
+/// The message of a record changed after helm wrote it starts so (see
+/// [`is_rewritten`]).
+const REWRITTEN: &str = "the helm release record Secret ";
+
+fn rewritten_error(message: String) -> Error {
+    debug_assert!(message.starts_with(REWRITTEN));
+    Error::failed(message)
+}
+
+/// Whether `error` is [`seal`]'s report of a record changed after helm
+/// wrote it (not a failure to read or patch it).
+pub(crate) fn is_rewritten(error: &Error) -> bool {
+    error.kind() == provisioners_core::ErrorKind::Failed && error.message().starts_with(REWRITTEN)
 }
 
 /// One record of a release, read whole.
@@ -203,11 +255,15 @@ pub(crate) fn verify(
     }
 }
 
-/// Seals the record of `revision` of `namespace/release` for `owner`: its
-/// owner annotation (when there is an owner), and with `keys` returns its
-/// authenticator (for the Lease). `None` when there is no such record (helm
-/// failed before writing one), or nothing to seal with. The patch carries
-/// the resourceVersion read, so a record changed meanwhile is not sealed.
+/// Checks the record of `revision` of `namespace/release` for sealing by
+/// `owner`: with `keys`, its authenticator (for the Lease), and the owner
+/// annotation to [`annotate`] it with. `None` when there is no such record
+/// (helm failed before writing one), or nothing to seal with. The patch
+/// carries the resourceVersion read, so a record changed meanwhile is not
+/// annotated;
+/// with keys, a record that is not what `expect` says helm wrote is not
+/// sealed either (`Failed`, naming it).
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn seal(
     client: &kube::Client,
     keys: Option<&OwnerKeys>,
@@ -215,7 +271,8 @@ pub(crate) async fn seal(
     namespace: &str,
     release: &str,
     revision: u32,
-) -> Result<Option<String>> {
+    expect: &Expect,
+) -> Result<Option<Checked>> {
     if keys.is_none() && owner.is_none() {
         return Ok(None);
     }
@@ -258,20 +315,55 @@ pub(crate) async fn seal(
             )));
         }
         let number = revision.to_string();
-        let mac = keys.sign(&record_fields(
-            namespace,
-            release,
-            &number,
-            owner,
-            &payload.content,
-        ));
-        sealed = Some(mac);
+        let fields = record_fields(namespace, release, &number, owner, &payload.content);
+        let rewritten = match expect {
+            Expect::Printed(printed) => (*printed != payload.content)
+                .then_some("it is not the release helm printed it wrote"),
+            Expect::Sealed(mac) => (!keys.verify(&fields, mac))
+                .then_some("its content is no longer the content sealed before helm rewrote it"),
+            Expect::Unknown => None,
+        };
+        if let Some(why) = rewritten {
+            return Err(rewritten_error(format!(
+                "the helm release record Secret {namespace}/{name} was changed after helm wrote \
+                 it ({why}); it was not sealed, and helm will not act on it: inspect it (`kubectl \
+                 get secret`, `helm history`) and delete it if it is not genuine"
+            )));
+        }
+        sealed = Some(keys.sign(&fields));
     }
     let patch = serde_json::json!({
         "metadata": {"resourceVersion": resource_version, "annotations": annotations}
     });
+    Ok(Some(Checked {
+        name,
+        patch,
+        mac: sealed,
+    }))
+}
+
+/// A record [`seal`] checked: its authenticator (with keys), and the owner
+/// annotation still to put on it ([`annotate`]) once the authenticator is
+/// kept, so that a record carrying our owner always has its seal.
+#[derive(Debug)]
+pub(crate) struct Checked {
+    name: String,
+    patch: Value,
+    /// The authenticator, with keys.
+    pub(crate) mac: Option<String>,
+}
+
+/// Puts the owner annotation on the record `checked`, if it was not
+/// changed since it was read.
+pub(crate) async fn annotate(
+    client: &kube::Client,
+    namespace: &str,
+    checked: &Checked,
+) -> Result<()> {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    let name = &checked.name;
     secrets
-        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .patch(name, &PatchParams::default(), &Patch::Merge(&checked.patch))
         .await
         .map_err(|e| {
             Error::kube(
@@ -279,7 +371,7 @@ pub(crate) async fn seal(
                 e,
             )
         })?;
-    Ok(sealed)
+    Ok(())
 }
 
 #[cfg(test)]
@@ -395,6 +487,23 @@ mod tests {
         let mut relabelled = record(&sealed, "me", Some(signed(&keys, "me", &sealed)));
         relabelled.status = "pending-install".to_owned();
         assert!(verify(&keys, Some("me"), "apps", "web", &relabelled).is_err());
+    }
+
+    #[test]
+    fn the_release_helm_printed_is_compared_by_what_helm_acts_on() {
+        let stored = payload("deployed", "kind: ConfigMap");
+        let mut printed = stored.clone();
+        printed["info"]["description"] = json!("Install complete");
+        printed["hooks"][0]["last_run"] = json!({"phase": "Succeeded"});
+        let stdout = format!("WARNING: a note\n{printed:#}\n");
+        assert_eq!(printed_content(stdout.as_bytes()), Ok(content_of(&stored)));
+        let rewritten = payload("deployed", "kind: ClusterRole");
+        assert_ne!(
+            printed_content(stdout.as_bytes()).unwrap(),
+            content_of(&rewritten)
+        );
+        assert!(printed_content(b"Release \"web\" has been upgraded.").is_err());
+        assert!(printed_content(b"{not json").is_err());
     }
 
     #[test]
