@@ -178,7 +178,7 @@ impl OwnerKeys {
     /// Each field is length-prefixed, so no two lists of fields sign alike.
     pub fn sign(&self, fields: &[&str]) -> String {
         let mac = mac(&self.current, fields).finalize().into_bytes();
-        mac.iter().map(|b| format!("{b:02x}")).collect()
+        hex::encode(mac)
     }
 
     /// Whether `mac` authenticates `fields` under the current or the

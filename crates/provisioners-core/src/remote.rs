@@ -126,12 +126,9 @@ pub fn kubeconfig_finalizer(owner: &str, path: &str) -> String {
     format!("{}{}", kubeconfig_finalizer_prefix(owner), hex(&node, 8))
 }
 
+/// The first `bytes` bytes of `data`'s SHA-256, in hex.
 fn hex(data: &[u8], bytes: usize) -> String {
-    Sha256::digest(data)
-        .iter()
-        .take(bytes)
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    hex::encode(&Sha256::digest(data)[..bytes])
 }
 
 #[cfg(test)]

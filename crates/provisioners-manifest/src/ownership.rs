@@ -354,7 +354,7 @@ pub(crate) fn describe_owner(live: &DynamicObject) -> String {
 }
 
 fn hex(bytes: &[u8], len: usize) -> String {
-    bytes.iter().take(len).map(|b| format!("{b:02x}")).collect()
+    hex::encode(&bytes[..len.min(bytes.len())])
 }
 
 #[cfg(test)]

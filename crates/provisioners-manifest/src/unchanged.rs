@@ -25,7 +25,7 @@ pub(crate) fn stamp(object: &mut DynamicObject) {
     }
     let bytes = serde_json::to_vec(&*object).unwrap_or_default();
     let digest = Sha256::digest(&bytes);
-    let hex: String = digest.iter().take(16).map(|b| format!("{b:02x}")).collect();
+    let hex = hex::encode(&digest[..16]);
     object
         .metadata
         .annotations

@@ -547,12 +547,7 @@ fn legacy_finalizer(cx: &Context) -> String {
     hasher.update(cx.owner_identity().as_bytes());
     hasher.update([0]);
     hasher.update(cx.path().as_bytes());
-    let hex: String = hasher
-        .finalize()
-        .iter()
-        .take(16)
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let hex = hex::encode(&hasher.finalize()[..16]);
     format!("provisioners.dev/kubeconfig-{hex}")
 }
 

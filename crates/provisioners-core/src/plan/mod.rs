@@ -34,8 +34,6 @@
 //! assert!(plan.digest().starts_with("sha256:"));
 //! ```
 
-use std::fmt::Write as _;
-
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest as _, Sha256};
@@ -301,13 +299,7 @@ impl Plan {
         let mut hasher = Sha256::new();
         hasher.update(b"provisioners.dev/plan/v1\n");
         canonical(&value, &mut hasher);
-        let digest = hasher.finalize();
-        let mut out = String::with_capacity(7 + 64);
-        out.push_str("sha256:");
-        for byte in digest.iter() {
-            let _ = write!(out, "{byte:02x}");
-        }
-        out
+        format!("sha256:{}", hex::encode(hasher.finalize()))
     }
 }
 

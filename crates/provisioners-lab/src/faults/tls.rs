@@ -79,7 +79,7 @@ pub(crate) fn random_token() -> Result<String, ProxyError> {
             action: "reading /dev/urandom for the proxy's token",
             source: e,
         })?;
-    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+    Ok(hex::encode(bytes))
 }
 
 /// A kubeconfig for `https://127.0.0.1:<port>` trusting `ca_pem` and

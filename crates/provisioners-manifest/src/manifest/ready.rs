@@ -79,12 +79,7 @@ fn digest(applied: &[(Resolved, DynamicObject)]) -> String {
         hasher.update(serde_json::to_vec(&object.object).unwrap_or_default());
         hasher.update([0]);
     }
-    hasher
-        .finalize()
-        .iter()
-        .take(16)
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    hex::encode(&hasher.finalize()[..16])
 }
 
 /// Readiness of what node `scope` applied, waiting at most `wait` for it.
