@@ -135,6 +135,7 @@ mod reconciler;
 mod status;
 mod summary;
 mod target;
+mod wakes;
 #[cfg(test)]
 mod tests;
 
@@ -150,3 +151,4 @@ pub use reconciler::{
     ReconcileResult, Reconciler,
 };
 pub use summary::{MAX_MESSAGE, Waiting};
+pub use wakes::DEFAULT_WAKE_BACKSTOP;
