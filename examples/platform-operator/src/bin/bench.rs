@@ -323,6 +323,8 @@ async fn controller(cx: Context, shared: Arc<Shared>, stop: CancellationToken) {
         .reflect(writer)
         .applied_objects()
         .predicate_filter(significant_change, PredicateConfig::default());
+    // A tree waiting on a background helm run runs again when it ends.
+    let changes = futures::stream::select(changes, shared.reconciler.woken(store.clone()));
     Controller::for_stream(changes, store)
         .with_config(controller::Config::default().concurrency(shared.concurrency))
         .graceful_shutdown_on(async move { stop.cancelled().await })
