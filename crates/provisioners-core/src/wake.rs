@@ -132,7 +132,9 @@ mod tests {
         assert_eq!(calls.load(Ordering::SeqCst), 2);
         assert_eq!(wake.promised(), [Arc::<str>::from("")]);
         // A remote's context keeps it; another wake replaces it.
-        let remote = cx.clone().with_cluster(Context::offline().cluster().clone());
+        let remote = cx
+            .clone()
+            .with_cluster(Context::offline().cluster().clone());
         assert!(remote.wake().expect("kept").same(&wake));
         let other = Wake::new(|| {});
         assert!(!cx.with_wake(other.clone()).wake().expect("set").same(&wake));

@@ -181,7 +181,10 @@ fn big_chart(manifests: &Path, dir: &Path) -> std::io::Result<usize> {
         "apiVersion: v2\nname: big\nversion: 0.1.0\ndescription: kube-prometheus objects, for the no-op bench\n",
     )?;
     for crd in BIG_CRDS {
-        std::fs::copy(manifests.join("setup").join(crd), dir.join("crds").join(crd))?;
+        std::fs::copy(
+            manifests.join("setup").join(crd),
+            dir.join("crds").join(crd),
+        )?;
     }
     let mut files: Vec<_> = std::fs::read_dir(manifests)?
         .filter_map(|entry| entry.ok().map(|e| e.path()))
@@ -290,8 +293,7 @@ async fn big_noop(cx: &Context, label: &str, helm: &Path, kubeconfig: &Path, cha
 /// The big chart's no-op for each helm, or a line saying why it was skipped.
 async fn big(cx: &Context, helms: &[(&str, PathBuf)], kubeconfig: &Path) {
     println!();
-    let Some(fixtures) = std::env::var_os("PROVISIONERS_FIXTURES").filter(|f| !f.is_empty())
-    else {
+    let Some(fixtures) = std::env::var_os("PROVISIONERS_FIXTURES").filter(|f| !f.is_empty()) else {
         println!("big chart no-op: skipped (PROVISIONERS_FIXTURES is not set)");
         return;
     };

@@ -217,7 +217,9 @@ async fn pinned(client: &kube::Client, api_version: &str, kind: &str) -> Result<
     let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
     let gvk = GroupVersionKind::gvk(group, version, kind);
     match kube::discovery::pinned_kind(client, &gvk).await {
-        Ok((resource, capabilities)) => Ok(Some((resource, capabilities.scope == Scope::Namespaced))),
+        Ok((resource, capabilities)) => {
+            Ok(Some((resource, capabilities.scope == Scope::Namespaced)))
+        }
         // A group the server does not serve answers a bare "404 page
         // not found", not a Status: `is_not_found` alone misses it.
         Err(kube::Error::Api(status)) if status.is_not_found() || status.code == 404 => Ok(None),

@@ -144,9 +144,9 @@ mod reconciler;
 mod status;
 mod summary;
 mod target;
-mod wakes;
 #[cfg(test)]
 mod tests;
+mod wakes;
 
 pub use approval::{
     DEFAULT_APPROVED_PLAN_ANNOTATION, DEFAULT_PLAN_APPROVAL_ANNOTATION, PLAN_APPROVAL_REQUIRED,

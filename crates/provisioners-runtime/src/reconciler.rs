@@ -458,9 +458,7 @@ impl Reconciler {
             .clone()
             .with_owner(Owner::of(object))
             .with_cancellation(run.token().clone());
-        let wake = self
-            .wakes
-            .for_object(target.namespace(), target.name());
+        let wake = self.wakes.for_object(target.namespace(), target.name());
         if let Some(wake) = &wake {
             cx = cx.with_wake(wake.clone());
         }
@@ -492,7 +490,13 @@ impl Reconciler {
                 return Ok((ReconcileResult::Deprovisioned, Action::await_change()));
             }
             return self
-                .finish(&report, &result, Reason::Deprovisioning, stopped, wake.as_ref())
+                .finish(
+                    &report,
+                    &result,
+                    Reason::Deprovisioning,
+                    stopped,
+                    wake.as_ref(),
+                )
                 .await;
         }
 
@@ -550,8 +554,14 @@ impl Reconciler {
         if result.is_ok() && stopped == Stopped::No {
             self.release_kubeconfigs(&cx, &target, Some(&claimed)).await;
         }
-        self.finish(&report, &result, Reason::Provisioning, stopped, wake.as_ref())
-            .await
+        self.finish(
+            &report,
+            &result,
+            Reason::Provisioning,
+            stopped,
+            wake.as_ref(),
+        )
+        .await
     }
 
     /// Releases the kubeconfig finalizers of this owner that no node in

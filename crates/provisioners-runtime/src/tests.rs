@@ -459,7 +459,9 @@ async fn a_tree_whose_yield_promised_a_wake_is_woken_and_requeued_only_as_a_back
             after: Duration::ZERO,
             promise: true,
         })
-        .with(Scripted::new("config", &Recorder::new()).on_provision([Step::yielding("not ready")]));
+        .with(
+            Scripted::new("config", &Recorder::new()).on_provision([Step::yielding("not ready")]),
+        );
     let managed = Managed::new(object(3, &[FINALIZER]), tree);
     let server = tokio::spawn(async move {
         api.expect(Method::PATCH, STATUS, 200, reply()).await;

@@ -178,13 +178,19 @@ mod tests {
         fn name(&self) -> &str {
             self.0
         }
-        async fn provision(&self, cx: &provisioners_core::Context) -> provisioners_core::Result<()> {
+        async fn provision(
+            &self,
+            cx: &provisioners_core::Context,
+        ) -> provisioners_core::Result<()> {
             if self.1 {
                 cx.promise_wake();
             }
             Err(Error::yielding("waiting"))
         }
-        async fn deprovision(&self, _: &provisioners_core::Context) -> provisioners_core::Result<()> {
+        async fn deprovision(
+            &self,
+            _: &provisioners_core::Context,
+        ) -> provisioners_core::Result<()> {
             Ok(())
         }
     }

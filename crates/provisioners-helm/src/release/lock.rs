@@ -122,6 +122,7 @@ impl Serialised {
 impl ReleaseLocks {
     /// The lock of `release` in `namespace`, or `None` while another pass
     /// or helm run of this process holds it.
+    #[cfg(test)]
     pub(super) fn try_lock(&self, namespace: &str, release: &str) -> Option<Serialised> {
         self.try_lock_or_wake(namespace, release, None)
     }
@@ -214,7 +215,7 @@ mod tests {
         drop(helm);
         assert_eq!(calls.load(Ordering::SeqCst), 1, "woken once");
         let again = locks
-            .try_lock_or_wake("ns", "web", Some(wake.clone()))
+            .try_lock_or_wake("ns", "web", Some(wake))
             .expect("free once released");
         assert_eq!(calls.load(Ordering::SeqCst), 1, "a free lock wakes nobody");
         drop(again);

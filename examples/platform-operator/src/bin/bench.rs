@@ -187,7 +187,24 @@ struct NodeTime {
 /// (`base`, `components/app`, ...; `(tree)` for the whole tree), so the
 /// helm leaf's share stands beside the manifests'.
 #[derive(Default)]
-struct Phases(Mutex<BTreeMap<String, NodeTime>>);
+struct Phases(Mutex<BTreeMap<String, NodeTime>>, Mutex<BTreeMap<&'static str, u64>>);
+
+/// What a yield of the helm leaf waits for, from its message: the helm run
+/// (running, queued for a slot, being stopped), the release's lock, or the
+/// readiness of its objects.
+fn helm_yield(message: &str) -> &'static str {
+    if message.contains("waits for a helm slot") {
+        "a helm slot (woken)"
+    } else if message.contains(" running for ") || message.starts_with("stopping helm") {
+        "the helm run (woken)"
+    } else if message.contains("working on release") {
+        "the release's lock (woken)"
+    } else if message.contains("is not ready yet") {
+        "readiness (polled)"
+    } else {
+        "other (polled)"
+    }
+}
 
 impl Observer for Phases {
     fn on_event(&self, event: &Event<'_>) {
@@ -210,7 +227,18 @@ impl Observer for Phases {
         time.total += *elapsed;
         match outcome {
             Outcome::Done => time.done += 1,
-            Outcome::Yielded(_) => time.yielded += 1,
+            Outcome::Yielded(error) => {
+                time.yielded += 1;
+                if node == "components/app" {
+                    drop(phases);
+                    *self
+                        .1
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .entry(helm_yield(error.message()))
+                        .or_default() += 1;
+                }
+            }
             _ => time.failed += 1,
         }
     }
@@ -233,6 +261,16 @@ impl Phases {
                 tree.failed
             );
         }
+        let mut yields = self
+            .1
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !yields.is_empty() {
+            let shown: Vec<String> = yields.iter().map(|(why, n)| format!("{why} {n}")).collect();
+            println!("  the helm leaf's yields waited for: {}", shown.join(", "));
+        }
+        yields.clear();
+        drop(yields);
         println!("  wall time per node, summed over all trees ({what}):");
         for (node, t) in phases.iter() {
             println!(
