@@ -36,7 +36,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 /// let promised = cx.promise_wake().expect("a controller set one");
 /// promised.wake(); // when the job ends
 /// assert_eq!(woken.load(Ordering::Relaxed), 1);
-/// assert_eq!(wake.promised(), [""]); // the promising node's path
+/// assert_eq!(wake.promised(), [Arc::<str>::from("")]); // the promising node's path (the root here)
 /// # }
 /// ```
 #[derive(Clone)]
