@@ -187,7 +187,10 @@ struct NodeTime {
 /// (`base`, `components/app`, ...; `(tree)` for the whole tree), so the
 /// helm leaf's share stands beside the manifests'.
 #[derive(Default)]
-struct Phases(Mutex<BTreeMap<String, NodeTime>>, Mutex<BTreeMap<&'static str, u64>>);
+struct Phases(
+    Mutex<BTreeMap<String, NodeTime>>,
+    Mutex<BTreeMap<&'static str, u64>>,
+);
 
 /// What a yield of the helm leaf waits for, from its message: the helm run
 /// (running, queued for a slot, being stopped), the release's lock, or the
