@@ -199,13 +199,18 @@ fn big_chart(manifests: &Path, dir: &Path) -> std::io::Result<usize> {
             .find_map(|l| l.strip_prefix("kind: "))
             .unwrap_or_default()
             .trim();
+        // Objects of other namespaces (kube-system, default) are left out;
+        // the first `namespace:` is the object's own (metadata comes first
+        // in these files), later ones are subjects'.
         if text.contains("{{")
             || BIG_SKIPPED_KINDS.contains(&kind)
+            || text.contains("namespace: kube-system")
+            || text.contains("namespace: default")
             || !text.contains("\n  namespace: monitoring\n")
         {
             continue;
         }
-        let text = text.replace("\n  namespace: monitoring\n", "\n");
+        let text = text.replacen("\n  namespace: monitoring\n", "\n", 1);
         let name = file.file_name().unwrap_or_default();
         std::fs::write(dir.join("templates").join(name), text)?;
         templates += 1;
@@ -243,13 +248,33 @@ async fn big_noop(cx: &Context, label: &str, helm: &Path, kubeconfig: &Path, cha
         "{label} big chart: installed in {:.2?} ({calls} provision calls)",
         started.elapsed()
     );
+    // The first pass after the install may repair drift (the server's
+    // defaults): until one pass ends provisioned.
+    let settling = provision_until_done(cx, &release).await;
+    eprintln!("{label} big chart: settled in {settling} provision calls");
     let mut ours = Vec::new();
+    let mut not_noop = 0;
     for _ in 0..BIG_NOOPS {
         let started = Instant::now();
         match cx.provision(&release).await {
             Ok(()) => ours.push(started.elapsed()),
-            Err(e) => panic!("a no-op pass of the big chart did not end provisioned: {e}"),
+            Err(e) if e.is_yield() => {
+                // Not a no-op: helm ran again. Counted, and left out.
+                eprintln!("{label} big chart: a no-op pass yielded: {e}");
+                not_noop += 1;
+                provision_until_done(cx, &release).await;
+            }
+            Err(e) => panic!("a no-op pass of the big chart failed: {e}"),
         }
+    }
+    if ours.is_empty() {
+        println!("| {label} | no pass was a no-op ({not_noop} of {BIG_NOOPS} ran helm) | - | - |");
+        delete_namespace(&client, &ours_ns).await;
+        delete_namespace(&client, &plain_ns).await;
+        return;
+    }
+    if not_noop > 0 {
+        eprintln!("{label} big chart: {not_noop} of {BIG_NOOPS} passes were not no-ops");
     }
     let helm_upgrade = |helm: PathBuf, kubeconfig: PathBuf, chart: PathBuf, ns: String| {
         let status = Command::new(helm)
