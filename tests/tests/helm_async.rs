@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use kube::api::{Api, Patch, PatchParams};
 use kube::config::Kubeconfig;
-use provisioners::{Cluster, Context, Error, Provisioner};
+use provisioners::{Cluster, Context, Error, Provisioner, Wake};
 use provisioners_helm::{HelmProcesses, HelmRelease};
 use provisioners_lab::cluster::{HarnessCluster, TestNamespace};
 use serde_json::json;
@@ -24,6 +24,7 @@ both_helms!(
     a_hook_that_cannot_schedule_yields_at_once_and_converges_later,
     deprovision_while_a_hook_runs_stops_helm_and_uninstalls,
     thirty_two_releases_share_eight_helm_slots_without_a_waiting_pass,
+    a_yielded_release_wakes_its_tree_when_its_run_ends,
 );
 
 /// The kwok node every pod of the local control plane runs on.
@@ -328,5 +329,58 @@ async fn thirty_two_releases_share_eight_helm_slots_without_a_waiting_pass(helm:
         );
     }
     assert_eq!(HelmProcesses::of(cx.cluster()).running(), 0);
+    ns.cleanup().await.expect("cleanup");
+}
+
+/// A pass that yields on a background helm run promises the tree's wake,
+/// and the wake is called when the run ends: a controller runs the tree
+/// again then (two passes in all here) instead of polling it.
+async fn a_yielded_release_wakes_its_tree_when_its_run_ends(helm: PathBuf) {
+    let ns = TestNamespace::create("helm-async-wake")
+        .await
+        .expect("namespace");
+    let key = label(&ns);
+    let release = hooked(&ns, &helm, "woken", &key);
+    let (sender, mut woken) = tokio::sync::mpsc::unbounded_channel();
+    let wake = Wake::new(move || {
+        let _ = sender.send(Instant::now());
+    });
+    let cx = context().await.with_wake(wake.clone());
+    let mut passes = 0;
+
+    // The first pass starts helm, which waits for the hook: a yield, and
+    // the promise of a wake by the release's node.
+    let (first, took) = pass(&cx, &release, false).await;
+    passes += 1;
+    assert!(took <= PASS_BOUND, "the first pass took {took:?}");
+    assert!(first.expect_err("helm runs").is_yield());
+    assert_eq!(wake.promised(), [std::sync::Arc::<str>::from("woken")]);
+    // Not woken while helm waits for the hook.
+    let early = tokio::time::timeout(Duration::from_secs(3), woken.recv()).await;
+    assert!(early.is_err(), "woken while helm still runs: {early:?}");
+
+    // The hook can run: helm ends, and the wake comes without any pass.
+    set_node_label(&cx, &key, Some("true")).await;
+    let labelled = Instant::now();
+    let at = tokio::time::timeout(DEADLINE, woken.recv())
+        .await
+        .expect("never woken")
+        .expect("open");
+    eprintln!("woken {:?} after the node was labelled", at - labelled);
+    let (second, took) = pass(&cx, &release, false).await;
+    passes += 1;
+    assert!(took <= PASS_BOUND, "the second pass took {took:?}");
+    second.expect("the woken pass collects the run and is done");
+    eprintln!("passes: {passes}");
+    let (revision, status, _) = release_record(&ns, "woken").await.expect("recorded");
+    assert_eq!((revision, status.as_str()), (1, "deployed"));
+    // A no-op pass promises nothing more and wakes nobody.
+    pass(&cx, &release, false).await.0.expect("no-op");
+    let late = tokio::time::timeout(Duration::from_millis(500), woken.recv()).await;
+    assert!(late.is_err(), "woken by a no-op: {late:?}");
+
+    passes_until_done(&cx, &release, true, "uninstall").await;
+    assert!(release_record(&ns, "woken").await.is_none());
+    unlabel(&cx, &key).await;
     ns.cleanup().await.expect("cleanup");
 }

@@ -16,7 +16,7 @@ use tracing::Instrument;
 
 use crate::observe::{Event, Observer, Outcome, Phase};
 use crate::path::{Lazy, NodePath};
-use crate::{Cluster, Error, Operation, Owner, OwnerKeys, Plan, Provisioner, Result};
+use crate::{Cluster, Error, Operation, Owner, OwnerKeys, Plan, Provisioner, Result, Wake};
 
 /// The field manager used for server-side apply unless
 /// [`Context::with_field_manager`] says otherwise.
@@ -78,6 +78,7 @@ struct Shared {
     owner_keys: Option<Arc<OwnerKeys>>,
     observer: Option<Arc<dyn Observer>>,
     shutdown_grace: Duration,
+    wake: Option<Wake>,
 }
 
 impl Context {
@@ -95,6 +96,7 @@ impl Context {
                 owner_keys: None,
                 observer: None,
                 shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
+                wake: None,
             }),
             parent: None,
         }))
@@ -222,6 +224,34 @@ impl Context {
     pub fn with_observer(mut self, observer: Arc<dyn Observer>) -> Self {
         self.shared_mut().observer = Some(observer);
         self
+    }
+
+    /// Runs the tree again when `wake` is called: what a controller sets
+    /// per reconcile so that leaves waiting on something in this process
+    /// (a background helm run) wake the tree when it ends instead of being
+    /// polled. See [`Wake`].
+    pub fn with_wake(mut self, wake: Wake) -> Self {
+        self.shared_mut().wake = Some(wake);
+        self
+    }
+
+    /// The tree's [`Wake`], if whoever runs it set one. Looking at it
+    /// promises nothing; a leaf that will call it takes it with
+    /// [`Context::promise_wake`].
+    pub fn wake(&self) -> Option<&Wake> {
+        self.shared().wake.as_ref()
+    }
+
+    /// The tree's [`Wake`] for a leaf that is about to yield on something
+    /// in this process that ends by itself, and promises to call it when
+    /// that ends (or has ended: call it at once then). The promise is
+    /// recorded with this node's path, so a controller can tell a tree
+    /// whose every yield will wake it from one it must poll. `None` when no
+    /// wake is set: the tree is polled.
+    pub fn promise_wake(&self) -> Option<Wake> {
+        let wake = self.shared().wake.as_ref()?;
+        wake.promise(self.path());
+        Some(wake.clone())
     }
 
     /// The target cluster.
@@ -626,6 +656,7 @@ impl fmt::Debug for Context {
             .field("owner", &self.shared().owner)
             .field("owner_keys", &self.shared().owner_keys)
             .field("shutdown_grace", &self.shared().shutdown_grace)
+            .field("wake", &self.shared().wake.is_some())
             .field("cancelled", &self.is_cancelled())
             .finish_non_exhaustive()
     }

@@ -116,6 +116,7 @@ pub mod plan;
 mod policy;
 mod provisioner;
 mod remote;
+mod wake;
 
 pub use async_trait::async_trait;
 pub use cluster::Cluster;
@@ -136,6 +137,7 @@ pub use remote::{
 };
 /// Re-exported so that users name the same token type as [`Context`].
 pub use tokio_util::sync::CancellationToken;
+pub use wake::Wake;
 
 #[cfg(test)]
 mod tests;

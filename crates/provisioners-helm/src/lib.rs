@@ -10,7 +10,7 @@
 //! and its objects are checked for [drift](Drift) against the manifest
 //! stored in helm's record (and repaired by an upgrade); helm never runs
 //! with `--wait`: readiness is checked with the shared
-//! [rules](provisioners_core::readiness) and `provision` yields until the
+//! [rules](provisioners_kit::readiness) and `provision` yields until the
 //! release is ready or its deadline has passed; a release left `pending-*`
 //! by a helm that died is recovered, guarded by a per-release Lease against
 //! a second process; cancellation stops helm with SIGTERM, then SIGKILL

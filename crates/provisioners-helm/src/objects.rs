@@ -2,10 +2,12 @@
 //! reach each of them on the cluster.
 
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
 use kube::discovery::Scope;
-use provisioners_core::{Error, Result};
+use provisioners_core::{Context, Error, Result, SingleFlight};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -144,21 +146,110 @@ const BUILT_IN: &[(&str, &str, &str, &str, bool)] = &[
     ),
 ];
 
+/// What discovery found of one kind: its API and whether it is
+/// namespaced; `None` when the cluster does not serve it.
+type Found = Option<(ApiResource, bool)>;
+
+/// (apiVersion, kind).
+type KindKey = (String, String);
+
+/// How long a kind found through discovery is trusted (a CRD deleted
+/// meanwhile shows as its objects being gone until then).
+const FOUND_FOR: Duration = Duration::from_secs(60);
+
+/// How long "not served" is trusted: a CRD installed meanwhile is seen
+/// within a second.
+const UNSERVED_FOR: Duration = Duration::from_secs(1);
+
+/// The kinds of one cluster found through discovery (those outside the
+/// built-in table), shared by every release on it through the cluster's
+/// [state](provisioners_core::Cluster::state): many releases starting
+/// together make one discovery request per kind, not one each.
+#[derive(Default)]
+pub(crate) struct Kinds {
+    found: Mutex<HashMap<KindKey, (Instant, Found)>>,
+    fetching: SingleFlight<KindKey, Found>,
+}
+
+impl std::fmt::Debug for Kinds {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Kinds").finish_non_exhaustive()
+    }
+}
+
+impl Kinds {
+    fn cached(&self, key: &KindKey) -> Option<Found> {
+        let found = self.found.lock().unwrap_or_else(PoisonError::into_inner);
+        let (at, found) = found.get(key)?;
+        let trusted = if found.is_some() {
+            FOUND_FOR
+        } else {
+            UNSERVED_FOR
+        };
+        (at.elapsed() < trusted).then(|| found.clone())
+    }
+
+    /// `key`'s kind, from the cache or one discovery shared by every
+    /// concurrent caller.
+    async fn resolve(self: &Arc<Self>, client: &kube::Client, key: KindKey) -> Result<Found> {
+        if let Some(found) = self.cached(&key) {
+            return Ok(found);
+        }
+        let kinds = Arc::clone(self);
+        let client = client.clone();
+        let flight_key = key.clone();
+        self.fetching
+            .run(flight_key, async move {
+                let found = pinned(&client, &key.0, &key.1).await?;
+                kinds
+                    .found
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .insert(key, (Instant::now(), found.clone()));
+                Ok(found)
+            })
+            .await
+    }
+}
+
+/// Discovers `kind` of `api_version` with one request.
+async fn pinned(client: &kube::Client, api_version: &str, kind: &str) -> Result<Found> {
+    let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+    let gvk = GroupVersionKind::gvk(group, version, kind);
+    match kube::discovery::pinned_kind(client, &gvk).await {
+        Ok((resource, capabilities)) => {
+            Ok(Some((resource, capabilities.scope == Scope::Namespaced)))
+        }
+        // A group the server does not serve answers a bare "404 page
+        // not found", not a Status: `is_not_found` alone misses it.
+        Err(kube::Error::Api(status)) if status.is_not_found() || status.code == 404 => Ok(None),
+        Err(kube::Error::Discovery(_)) => Ok(None),
+        Err(e) => Err(Error::kube(
+            format_args!("discovering {api_version} {kind}"),
+            e,
+        )),
+    }
+}
+
 /// Finds the API of each object's kind: built-in kinds from a table, others
-/// through discovery of their group version, once per kind and resolver.
+/// through discovery of their group version, once per kind and resolver,
+/// and (from [`Resolver::new`]) shared with the cluster's other releases.
 pub(crate) struct Resolver {
     client: kube::Client,
     default_namespace: String,
-    found: HashMap<(String, String), Option<(ApiResource, bool)>>,
+    found: HashMap<KindKey, Found>,
+    kinds: Arc<Kinds>,
 }
 
 impl Resolver {
-    /// Objects without a namespace land in `default_namespace` (the release's).
-    pub(crate) fn new(client: &kube::Client, default_namespace: &str) -> Self {
+    /// Objects without a namespace land in `default_namespace` (the
+    /// release's); kinds are discovered once per cluster.
+    pub(crate) fn new(cx: &Context, default_namespace: &str) -> Self {
         Resolver {
-            client: client.clone(),
+            client: cx.client().clone(),
             default_namespace: default_namespace.to_owned(),
             found: HashMap::new(),
+            kinds: cx.cluster().state::<Kinds>(),
         }
     }
 
@@ -193,7 +284,7 @@ impl Resolver {
         Ok(Some((api, resolved)))
     }
 
-    async fn discover(&self, object: &ObjectRef) -> Result<Option<(ApiResource, bool)>> {
+    async fn discover(&self, object: &ObjectRef) -> Result<Found> {
         let (group, version) = match object.api_version.split_once('/') {
             Some((group, version)) => (group, version),
             None => ("", object.api_version.as_str()),
@@ -208,22 +299,8 @@ impl Resolver {
                 *namespaced,
             )));
         }
-        let gvk = GroupVersionKind::gvk(group, version, &object.kind);
-        match kube::discovery::pinned_kind(&self.client, &gvk).await {
-            Ok((resource, capabilities)) => {
-                Ok(Some((resource, capabilities.scope == Scope::Namespaced)))
-            }
-            // A group the server does not serve answers a bare "404 page
-            // not found", not a Status: `is_not_found` alone misses it.
-            Err(kube::Error::Api(status)) if status.is_not_found() || status.code == 404 => {
-                Ok(None)
-            }
-            Err(kube::Error::Discovery(_)) => Ok(None),
-            Err(e) => Err(Error::kube(
-                format_args!("discovering {} {}", object.api_version, object.kind),
-                e,
-            )),
-        }
+        let key = (object.api_version.clone(), object.kind.clone());
+        self.kinds.resolve(&self.client, key).await
     }
 }
 
@@ -258,5 +335,69 @@ mod tests {
             );
             assert_eq!(a.3, a.3.to_lowercase());
         }
+    }
+}
+
+#[cfg(test)]
+mod kinds_tests {
+    use http::Method;
+    use provisioners_testing::mock;
+    use serde_json::json;
+
+    use super::*;
+
+    fn widget() -> ObjectRef {
+        ObjectRef {
+            api_version: "example.com/v1".to_owned(),
+            kind: "Widget".to_owned(),
+            name: "w".to_owned(),
+            namespace: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn releases_starting_together_discover_a_kind_once_per_cluster() {
+        let (cx, mut api) = mock::context();
+        let resolves = (0..10).map(|_| {
+            let cx = cx.clone();
+            tokio::spawn(async move {
+                let mut resolver = Resolver::new(&cx, "apps");
+                let (_, resolved) = resolver
+                    .api(&widget())
+                    .await
+                    .expect("resolved")
+                    .expect("served");
+                resolved
+            })
+        });
+        let resolves: Vec<_> = resolves.collect();
+        api.expect(
+            Method::GET,
+            "/apis/example.com/v1",
+            200,
+            json!({
+                "kind": "APIResourceList",
+                "apiVersion": "v1",
+                "groupVersion": "example.com/v1",
+                "resources": [{
+                    "name": "widgets", "singularName": "widget", "namespaced": true,
+                    "kind": "Widget", "verbs": ["get", "list"]
+                }]
+            }),
+        )
+        .await;
+        for resolve in resolves {
+            let resolved = resolve.await.expect("task");
+            assert_eq!(resolved.namespace.as_deref(), Some("apps"));
+        }
+        // Cached: another release's pass asks nothing (nobody would answer).
+        let mut resolver = Resolver::new(&cx, "other");
+        let (_, resolved) = tokio::time::timeout(Duration::from_secs(5), resolver.api(&widget()))
+            .await
+            .expect("a second discovery request")
+            .unwrap()
+            .unwrap();
+        assert_eq!(resolved.namespace.as_deref(), Some("other"));
+        assert_eq!(cx.cluster().state::<Kinds>().fetching.running(), 0);
     }
 }

@@ -60,6 +60,15 @@
 //!   of after the old one's long step. The superseded reconcile writes no
 //!   status; an old tree that finished within the grace is reported
 //!   `Provisioned` at its own generation.
+//! - **Wakes instead of polls** ([`Reconciler::wakes`], or
+//!   [`Reconciler::woken`] for `Controller::for_stream`): a leaf that
+//!   yields on something in this process that ends by itself (a helm run
+//!   in the background, a release's lock) promises the reconcile's
+//!   [`Wake`](provisioners_core::Wake) and calls it when that ends; merged
+//!   into the controller's triggers, the tree runs again at once. A tree
+//!   whose every yield promised a wake requeues only at the
+//!   [backstop](Reconciler::wake_backstop) (30 s), for a wake lost to a
+//!   restart; any other yield is polled at the requeue as before.
 //! - **Events** ([`Reconciler::events`]): provisioning, provisioned, a node
 //!   failed (with its path), deprovisioning, deprovisioned, superseded;
 //!   once per generation, not on every requeue.
@@ -137,6 +146,7 @@ mod summary;
 mod target;
 #[cfg(test)]
 mod tests;
+mod wakes;
 
 pub use approval::{
     DEFAULT_APPROVED_PLAN_ANNOTATION, DEFAULT_PLAN_APPROVAL_ANNOTATION, PLAN_APPROVAL_REQUIRED,
@@ -150,3 +160,4 @@ pub use reconciler::{
     ReconcileResult, Reconciler,
 };
 pub use summary::{MAX_MESSAGE, Waiting};
+pub use wakes::DEFAULT_WAKE_BACKSTOP;

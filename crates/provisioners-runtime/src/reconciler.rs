@@ -9,10 +9,11 @@ use futures::StreamExt;
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::Action;
 use kube::runtime::events::Reporter;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Resource, ResourceExt};
 use provisioners_core::{
-    ClaimedSecret, Context, ErrorKind, KubeconfigClaims, ManagerProvisioner, Owner, Result,
+    ClaimedSecret, Context, ErrorKind, KubeconfigClaims, ManagerProvisioner, Owner, Result, Wake,
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -23,7 +24,8 @@ use crate::condition::Reason;
 use crate::events::{Events, Why};
 use crate::in_flight::{InFlight, Spec, Stopped};
 use crate::target::{Report, Target, key};
-use crate::{approval, kubeconfigs, status, summary};
+use crate::wakes::{DEFAULT_WAKE_BACKSTOP, Wakes};
+use crate::{approval, kubeconfigs, status, summary, wakes};
 
 /// The annotation that pauses reconciliation when set to `"true"`.
 pub const DEFAULT_PAUSED_ANNOTATION: &str = "provisioners.dev/paused";
@@ -109,6 +111,8 @@ pub struct Reconciler {
     events: Option<Events>,
     observer: Option<Arc<dyn ReconcileObserver>>,
     in_flight: InFlight,
+    wakes: Wakes,
+    wake_backstop: Duration,
 }
 
 impl fmt::Debug for Reconciler {
@@ -124,6 +128,8 @@ impl fmt::Debug for Reconciler {
             .field("approved_plan_annotation", &self.approval.approved)
             .field("events", &self.events.is_some())
             .field("in_flight", &self.in_flight.len())
+            .field("wakes", &self.wakes.listened())
+            .field("wake_backstop", &self.wake_backstop)
             .finish_non_exhaustive()
     }
 }
@@ -145,6 +151,8 @@ impl Reconciler {
             events: None,
             observer: None,
             in_flight: InFlight::default(),
+            wakes: Wakes::default(),
+            wake_backstop: DEFAULT_WAKE_BACKSTOP,
         }
     }
 
@@ -152,6 +160,52 @@ impl Reconciler {
     pub fn requeue_after(mut self, requeue: Duration) -> Self {
         self.requeue = requeue;
         self
+    }
+
+    /// The requeue of a tree whose every yielding leaf promised to
+    /// [wake](Reconciler::wakes) it (default [`DEFAULT_WAKE_BACKSTOP`], 30
+    /// s): the longest a lost wake can delay it. Trees with any other
+    /// yield, and errors, requeue after [`Reconciler::requeue_after`].
+    pub fn wake_backstop(mut self, backstop: Duration) -> Self {
+        self.wake_backstop = backstop;
+        self
+    }
+
+    /// The objects whose trees asked to run again: merge it into the
+    /// controller's triggers and a tree waiting on something in this
+    /// process (a background helm run, see
+    /// [`Context::promise_wake`](provisioners_core::Context::promise_wake))
+    /// runs as soon as that ends, not at its next requeue.
+    ///
+    /// With kube's `unstable-runtime-reconcile-on` feature, hand it to
+    /// `Controller::reconcile_on`; without it, turn it into objects with
+    /// [`Reconciler::woken`] and merge those into the stream of
+    /// `Controller::for_stream`. Until it is called (and after it is
+    /// dropped) reconciles set no [`Wake`] and every yield is polled. Call
+    /// it once: a second stream is empty.
+    ///
+    /// A wake of an object whose reconcile is running is held by the
+    /// controller and runs right after it, so none is missed; one the
+    /// stream has no room for (4,096 queued) is dropped, and the tree runs
+    /// at the [backstop](Reconciler::wake_backstop) instead.
+    pub fn wakes<K>(&self) -> impl futures::Stream<Item = ObjectRef<K>> + Send + 'static
+    where
+        K: Resource<DynamicType = ()> + 'static,
+    {
+        self.wakes.take()
+    }
+
+    /// [`Reconciler::wakes`] as the objects of `store` (the controller's
+    /// reflector store), for `Controller::for_stream`: select it with the
+    /// watch's stream. An object gone from the store is skipped.
+    pub fn woken<K>(
+        &self,
+        store: Store<K>,
+    ) -> impl futures::Stream<Item = std::result::Result<K, watcher::Error>> + Send + 'static
+    where
+        K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
+    {
+        wakes::from_store(self.wakes.take(), store)
     }
 
     /// Reconciles a provisioned object again after `resync`, to repair drift
@@ -399,11 +453,15 @@ impl Reconciler {
         let run = self
             .in_flight
             .start(target.key.clone(), spec, self.context.cancellation());
-        let cx = self
+        let mut cx = self
             .context
             .clone()
             .with_owner(Owner::of(object))
             .with_cancellation(run.token().clone());
+        let wake = self.wakes.for_object(target.namespace(), target.name());
+        if let Some(wake) = &wake {
+            cx = cx.with_wake(wake.clone());
+        }
         let report = Report {
             target: &target,
             current: serde_json::to_value(object).unwrap_or_default(),
@@ -432,7 +490,13 @@ impl Reconciler {
                 return Ok((ReconcileResult::Deprovisioned, Action::await_change()));
             }
             return self
-                .finish(&report, &result, Reason::Deprovisioning, stopped)
+                .finish(
+                    &report,
+                    &result,
+                    Reason::Deprovisioning,
+                    stopped,
+                    wake.as_ref(),
+                )
                 .await;
         }
 
@@ -463,7 +527,7 @@ impl Reconciler {
                     let stopped = run.stopped();
                     drop(run);
                     return self
-                        .finish(&report, &Err(error), Reason::Provisioning, stopped)
+                        .finish(&report, &Err(error), Reason::Provisioning, stopped, None)
                         .await;
                 }
                 Err(error) => {
@@ -490,8 +554,14 @@ impl Reconciler {
         if result.is_ok() && stopped == Stopped::No {
             self.release_kubeconfigs(&cx, &target, Some(&claimed)).await;
         }
-        self.finish(&report, &result, Reason::Provisioning, stopped)
-            .await
+        self.finish(
+            &report,
+            &result,
+            Reason::Provisioning,
+            stopped,
+            wake.as_ref(),
+        )
+        .await
     }
 
     /// Releases the kubeconfig finalizers of this owner that no node in
@@ -519,13 +589,16 @@ impl Reconciler {
         }
     }
 
-    /// Reports `result` and chooses the next action.
+    /// Reports `result` and chooses the next action: the
+    /// [backstop](Reconciler::wake_backstop) for a yield whose every
+    /// leaf promised `wake`.
     async fn finish(
         &self,
         report: &Report<'_>,
         result: &Result<()>,
         in_progress: Reason,
         stopped: Stopped,
+        wake: Option<&Wake>,
     ) -> Result<(ReconcileResult, Action)> {
         let outcome = match result {
             Ok(()) => ReconcileResult::Provisioned,
@@ -584,6 +657,16 @@ impl Reconciler {
             (ReconcileResult::Provisioned, Some(resync)) => Action::requeue(resync),
             (ReconcileResult::Provisioned | ReconcileResult::Cancelled, _) => {
                 Action::await_change()
+            }
+            (ReconcileResult::Provisioning | ReconcileResult::Deprovisioning, _)
+                if result
+                    .as_ref()
+                    .err()
+                    .zip(wake)
+                    .is_some_and(|(error, wake)| wakes::all_promised(error, wake)) =>
+            {
+                tracing::debug!(object = %report.target, backstop = ?self.wake_backstop, "every yield will wake the tree");
+                Action::requeue(self.wake_backstop.max(self.requeue))
             }
             _ => Action::requeue(self.requeue),
         };

@@ -37,6 +37,16 @@ pub(crate) struct Target {
 }
 
 impl Target {
+    /// The object's namespace, if it has one.
+    pub(crate) fn namespace(&self) -> Option<&str> {
+        self.namespace.as_deref()
+    }
+
+    /// The object's name.
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
     /// A merge patch of the status subresource.
     pub(crate) async fn patch_status(&self, patch: &Value) -> Result<()> {
         self.api

@@ -379,3 +379,94 @@ async fn a_shutdown_during_a_long_step_reports_cancelled_not_errored() {
     assert_eq!(condition["reason"], "Cancelled", "{condition}");
     assert_eq!(condition["observedGeneration"], 3);
 }
+
+/// A leaf that yields on a job of its own that ends after `after`, waking
+/// the tree then if it may.
+struct Background {
+    after: Duration,
+    promise: bool,
+}
+
+#[provisioners_core::async_trait]
+impl provisioners_core::Provisioner for Background {
+    fn name(&self) -> &str {
+        "helm"
+    }
+    async fn provision(&self, cx: &provisioners_core::Context) -> provisioners_core::Result<()> {
+        let wake = if self.promise {
+            cx.promise_wake()
+        } else {
+            None
+        };
+        let after = self.after;
+        tokio::spawn(async move {
+            tokio::time::sleep(after).await;
+            if let Some(wake) = wake {
+                wake.wake();
+            }
+        });
+        Err(provisioners_core::Error::yielding("helm running"))
+    }
+    async fn deprovision(&self, _: &provisioners_core::Context) -> provisioners_core::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn a_tree_whose_yield_promised_a_wake_is_woken_and_requeued_only_as_a_backstop() {
+    use futures::StreamExt;
+    use kube::runtime::reflector::ObjectRef;
+
+    let (reconciler, mut api) = mocked();
+    let reconciler = reconciler.wake_backstop(Duration::from_secs(45));
+    // Before anyone listens, no wake: polled at the requeue.
+    let tree = Concurrent::new("p").with(Background {
+        after: Duration::ZERO,
+        promise: true,
+    });
+    let managed = Managed::new(object(3, &[FINALIZER]), tree);
+    let server = tokio::spawn(async move {
+        api.expect(Method::PATCH, STATUS, 200, reply()).await;
+        api
+    });
+    let action = reconciler.reconcile(&managed).await.unwrap();
+    assert_eq!(action, Action::requeue(crate::DEFAULT_REQUEUE));
+    let mut api = server.await.unwrap();
+
+    let mut woken = Box::pin(reconciler.wakes::<ConfigMap>());
+    let tree = Concurrent::new("p").with(Background {
+        after: Duration::from_millis(50),
+        promise: true,
+    });
+    let managed = Managed::new(object(3, &[FINALIZER]), tree);
+    // The status is unchanged since the mock's reply carried none: written again.
+    let server = tokio::spawn(async move {
+        api.expect(Method::PATCH, STATUS, 200, reply()).await;
+        api
+    });
+    let action = reconciler.reconcile(&managed).await.unwrap();
+    assert_eq!(action, Action::requeue(Duration::from_secs(45)));
+    let object_ref = tokio::time::timeout(Duration::from_secs(10), woken.next())
+        .await
+        .expect("woken")
+        .expect("open");
+    assert_eq!(object_ref, ObjectRef::<ConfigMap>::new("p").within("ns"));
+    let mut api = server.await.unwrap();
+
+    // A sibling that yields without a promise: polled.
+    let tree = Concurrent::new("p")
+        .with(Background {
+            after: Duration::ZERO,
+            promise: true,
+        })
+        .with(
+            Scripted::new("config", &Recorder::new()).on_provision([Step::yielding("not ready")]),
+        );
+    let managed = Managed::new(object(3, &[FINALIZER]), tree);
+    let server = tokio::spawn(async move {
+        api.expect(Method::PATCH, STATUS, 200, reply()).await;
+    });
+    let action = reconciler.reconcile(&managed).await.unwrap();
+    assert_eq!(action, Action::requeue(crate::DEFAULT_REQUEUE));
+    server.await.unwrap();
+}

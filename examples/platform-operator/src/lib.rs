@@ -577,6 +577,10 @@ async fn run_controller(
         .reflect(writer)
         .applied_objects()
         .predicate_filter(significant_change, PredicateConfig::default());
+    // A tree waiting on a background helm run (or a release's lock) runs
+    // again as soon as it ends, not at the next requeue; the requeue of
+    // such a tree is only a backstop (see `Reconciler::wakes`).
+    let changes = futures::stream::select(changes, state.reconciler.woken(store.clone()));
     let controller = Controller::for_stream(changes, store)
         .with_config(controller::Config::default().concurrency(options.concurrency))
         .graceful_shutdown_on(async move { shutdown.cancelled().await })

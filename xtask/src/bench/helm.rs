@@ -1,6 +1,8 @@
 //! `cargo xtask bench helm`: a `Concurrent` group of `HelmRelease`s against a
 //! plain `helm upgrade --install --wait` loop, on a local control plane of
-//! its own (`bench-helm`), with Helm 3 and Helm 4.
+//! its own (`bench-helm`), with Helm 3 and Helm 4; then the no-op of a big
+//! chart built from the kube-prometheus fixture (skipped, and said so,
+//! without the fixtures).
 
 use anyhow::Result;
 
@@ -15,14 +17,17 @@ pub(crate) fn run(options: &Options) -> Result<()> {
     let cluster = crate::cluster::up(CLUSTER, &tools)?;
     let sh = shell()?;
     let quick = options.quick.then_some("--quick");
-    let result = cmd!(
+    let mut bench = cmd!(
         sh,
         "cargo bench --locked -p provisioners-helm --bench helm -- {quick...}"
     )
     .env("PROVISIONERS_KUBECONFIG", &cluster.kubeconfig)
     .env("PROVISIONERS_HELM3", &tools.helm3)
-    .env("PROVISIONERS_HELM4", &tools.helm4)
-    .run();
+    .env("PROVISIONERS_HELM4", &tools.helm4);
+    if let Some(fixtures) = crate::test::fixtures_dir() {
+        bench = bench.env("PROVISIONERS_FIXTURES", fixtures);
+    }
+    let result = bench.run();
     if cluster.started_now {
         crate::cluster::down(CLUSTER)?;
     }

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
 
-use provisioners_core::{Error, Operation, Result};
+use provisioners_core::{Error, Operation, Result, Wake};
 use tokio_util::sync::CancellationToken;
 
 use super::lock::Serialised;
@@ -23,6 +23,11 @@ use crate::objects::Seen;
 /// release left the tree, say); a pass of a release in the tree collects
 /// its run within a requeue or two.
 const UNCOLLECTED: Duration = Duration::from_secs(3600);
+
+/// At most this many wakes wait on one run: one per pass that yielded on
+/// it, so a handful unless a run is polled for long; past it the oldest
+/// goes (its tree is polled at its backstop instead).
+const MAX_WAKES: usize = 16;
 
 /// What a run is for, which decides what collecting it does.
 #[derive(Debug)]
@@ -58,6 +63,8 @@ pub(super) struct Run {
     done: CancellationToken,
     outcome: Mutex<Option<Result<()>>>,
     finished: Mutex<Option<Instant>>,
+    /// The trees to run again when it ends.
+    wakes: Mutex<Vec<Wake>>,
 }
 
 impl Run {
@@ -79,7 +86,28 @@ impl Run {
             done: CancellationToken::new(),
             outcome: Mutex::new(None),
             finished: Mutex::new(None),
+            wakes: Mutex::new(Vec::new()),
         }
+    }
+
+    /// Calls `wake` when the run ends, or now if it has.
+    pub(super) fn wake_on_end(&self, wake: Wake) {
+        {
+            let mut wakes = self.wakes.lock().unwrap_or_else(PoisonError::into_inner);
+            // `finish` marks the run done before it takes the wakes: a run
+            // not done here wakes whatever is pushed.
+            if !self.is_done() {
+                if wakes.iter().any(|w| w.same(&wake)) {
+                    return;
+                }
+                if wakes.len() >= MAX_WAKES {
+                    wakes.remove(0);
+                }
+                wakes.push(wake);
+                return;
+            }
+        }
+        wake.wake();
     }
 
     /// How long it has run.
@@ -114,6 +142,10 @@ impl Run {
         *self.outcome.lock().unwrap_or_else(PoisonError::into_inner) = Some(outcome);
         *self.finished.lock().unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
         self.done.cancel();
+        let wakes = std::mem::take(&mut *self.wakes.lock().unwrap_or_else(PoisonError::into_inner));
+        for wake in wakes {
+            wake.wake();
+        }
     }
 
     fn forgotten(&self) -> bool {
@@ -293,6 +325,49 @@ mod tests {
         let error = outcome.unwrap_err();
         assert_eq!(error.kind(), ErrorKind::Failed);
         assert!(error.message().contains("`ns/web`"), "{error}");
+    }
+
+    #[tokio::test]
+    async fn a_run_wakes_the_passes_that_yielded_on_it_once_it_has_ended() {
+        use std::sync::atomic::AtomicUsize;
+        let calls = Arc::new(AtomicUsize::new(0));
+        let counter = Arc::clone(&calls);
+        let wake = Wake::new(move || {
+            counter.fetch_add(1, Ordering::SeqCst);
+        });
+        let runs = Runs::default();
+        let held = ReleaseLocks::default().try_lock("ns", "web").expect("free");
+        let (release, released) = tokio::sync::oneshot::channel::<()>();
+        let live = run();
+        runs.start("ns", "web", Arc::clone(&live), held, async move {
+            let _ = released.await;
+            Ok(())
+        });
+        live.wake_on_end(wake.clone());
+        live.wake_on_end(wake.clone()); // the same tree twice: once
+        let other = Arc::new(AtomicUsize::new(0));
+        let counter = Arc::clone(&other);
+        live.wake_on_end(Wake::new(move || {
+            counter.fetch_add(1, Ordering::SeqCst);
+        }));
+        assert_eq!(calls.load(Ordering::SeqCst), 0, "woken before the end");
+        release.send(()).unwrap();
+        assert!(live.wait(Duration::from_secs(20)).await);
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        assert_eq!(other.load(Ordering::SeqCst), 1);
+        // The lock is free when the wake comes.
+        // A pass that yielded just as it ended is woken at once.
+        live.wake_on_end(wake);
+        assert_eq!(calls.load(Ordering::SeqCst), 2);
+    }
+
+    #[test]
+    fn wakes_per_run_are_bounded() {
+        let run = run();
+        for _ in 0..MAX_WAKES + 5 {
+            run.wake_on_end(Wake::new(|| {}));
+        }
+        assert_eq!(run.wakes.lock().unwrap().len(), MAX_WAKES);
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! The objects of a plan: rendered objects against the live ones and the
 //! prior revision's, by helm's rules (ownership metadata for an object new
 //! to the release, `helm.sh/resource-policy: keep` for one it would delete),
-//! compared as the drift check does ([`provisioners_core::plan::diff_rendered`]
+//! compared as the drift check does ([`provisioners_kit::diff::diff_rendered`]
 //! over [`as_stored`]).
 
 use std::collections::BTreeSet;

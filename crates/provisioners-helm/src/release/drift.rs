@@ -1,6 +1,6 @@
 //! Drift: whether a release's live objects still hold what helm applied,
 //! from helm's stored manifest (no helm process), compared as the manifest
-//! crate does ([`provisioners_core::drift`]).
+//! crate does ([`provisioners_kit::drift`]).
 
 use provisioners_kit::drift::{as_stored, contains_rendered};
 use serde_json::Value;

@@ -10,6 +10,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
+use provisioners_core::Wake;
 use tokio::sync::OwnedMutexGuard;
 
 /// The locks of the releases being worked on, by (namespace, release): in
@@ -17,7 +18,40 @@ use tokio::sync::OwnedMutexGuard;
 /// clusters may each have a release `ns/web`. Entries go once unused.
 #[derive(Debug, Default)]
 pub(super) struct ReleaseLocks {
-    locks: Mutex<HashMap<ReleaseKey, Weak<tokio::sync::Mutex<()>>>>,
+    locks: Mutex<HashMap<ReleaseKey, Weak<Entry>>>,
+}
+
+/// One release's lock and the trees to wake when it is released.
+#[derive(Debug, Default)]
+struct Entry {
+    mutex: Arc<tokio::sync::Mutex<()>>,
+    /// Bounded by [`MAX_WAITERS`].
+    waiters: Mutex<Vec<Wake>>,
+}
+
+/// At most this many trees wait for one lock with a wake; past it the
+/// oldest is polled at its backstop instead.
+const MAX_WAITERS: usize = 16;
+
+impl Entry {
+    /// Wakes `wake` when the lock is released, or now if it is free.
+    fn wake_on_release(&self, wake: Wake) {
+        {
+            let mut waiters = self.waiters.lock().unwrap_or_else(PoisonError::into_inner);
+            // The holder releases the mutex before it takes the waiters: a
+            // mutex still held here wakes whatever is pushed.
+            if self.mutex.try_lock().is_err() {
+                if !waiters.iter().any(|w| w.same(&wake)) {
+                    if waiters.len() >= MAX_WAITERS {
+                        waiters.remove(0);
+                    }
+                    waiters.push(wake);
+                }
+                return;
+            }
+        }
+        wake.wake();
+    }
 }
 
 /// (namespace, release).
@@ -31,10 +65,33 @@ pub(super) struct Serialised {
 
 #[derive(Debug)]
 struct Held {
-    // Dropped after the Lease (fields drop in order): the Lease is given up
-    // before another call of this process can take the lock.
+    // Released after the Lease (see `Drop`): the Lease is given up before
+    // another call of this process can take the lock.
     lease: Mutex<Option<super::lease::Held>>,
-    _guard: OwnedMutexGuard<()>,
+    guard: Option<OwnedMutexGuard<()>>,
+    entry: Arc<Entry>,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        drop(
+            self.lease
+                .get_mut()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take(),
+        );
+        drop(self.guard.take());
+        let waiters = std::mem::take(
+            &mut *self
+                .entry
+                .waiters
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+        );
+        for wake in waiters {
+            wake.wake();
+        }
+    }
 }
 
 impl Serialised {
@@ -65,25 +122,43 @@ impl Serialised {
 impl ReleaseLocks {
     /// The lock of `release` in `namespace`, or `None` while another pass
     /// or helm run of this process holds it.
+    #[cfg(test)]
     pub(super) fn try_lock(&self, namespace: &str, release: &str) -> Option<Serialised> {
-        let mutex = {
+        self.try_lock_or_wake(namespace, release, None)
+    }
+
+    /// [`ReleaseLocks::try_lock`]; while the lock is held, `wake` (if any)
+    /// is called once it is released.
+    pub(super) fn try_lock_or_wake(
+        &self,
+        namespace: &str,
+        release: &str,
+        wake: Option<Wake>,
+    ) -> Option<Serialised> {
+        let entry = {
             let mut locks = self.locks.lock().unwrap_or_else(PoisonError::into_inner);
             let key = (namespace.to_owned(), release.to_owned());
             match locks.get(&key).and_then(Weak::upgrade) {
-                Some(mutex) => mutex,
+                Some(entry) => entry,
                 None => {
                     locks.retain(|_, weak| weak.strong_count() > 0);
-                    let mutex = Arc::new(tokio::sync::Mutex::new(()));
-                    locks.insert(key, Arc::downgrade(&mutex));
-                    mutex
+                    let entry = Arc::new(Entry::default());
+                    locks.insert(key, Arc::downgrade(&entry));
+                    entry
                 }
             }
         };
-        let guard = mutex.try_lock_owned().ok()?;
+        let Ok(guard) = Arc::clone(&entry.mutex).try_lock_owned() else {
+            if let Some(wake) = wake {
+                entry.wake_on_release(wake);
+            }
+            return None;
+        };
         Some(Serialised {
             held: Arc::new(Held {
                 lease: Mutex::new(None),
-                _guard: guard,
+                guard: Some(guard),
+                entry,
             }),
         })
     }
@@ -115,5 +190,35 @@ mod tests {
         drop((other, held));
         let _next = locks.try_lock("ns", "db").expect("free");
         assert_eq!(locks.locks.lock().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn a_pass_that_found_the_lock_held_is_woken_when_it_is_released() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let calls = Arc::new(AtomicUsize::new(0));
+        let counter = Arc::clone(&calls);
+        let wake = Wake::new(move || {
+            counter.fetch_add(1, Ordering::SeqCst);
+        });
+        let locks = ReleaseLocks::default();
+        let first = locks.try_lock("ns", "web").expect("free");
+        let helm = first.share();
+        for _ in 0..2 {
+            assert!(
+                locks
+                    .try_lock_or_wake("ns", "web", Some(wake.clone()))
+                    .is_none()
+            );
+        }
+        drop(first);
+        assert_eq!(calls.load(Ordering::SeqCst), 0, "still held by helm");
+        drop(helm);
+        assert_eq!(calls.load(Ordering::SeqCst), 1, "woken once");
+        let again = locks
+            .try_lock_or_wake("ns", "web", Some(wake))
+            .expect("free once released");
+        assert_eq!(calls.load(Ordering::SeqCst), 1, "a free lock wakes nobody");
+        drop(again);
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
     }
 }

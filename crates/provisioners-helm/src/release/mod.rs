@@ -82,7 +82,7 @@ pub const DEFAULT_HOOK_TIMEOUT: Duration = Duration::from_secs(300);
 ///   one API call, without running helm.
 /// * **Never blocks a worker.** helm runs without `--wait`. With
 ///   [`wait`](HelmRelease::wait), `provision` then checks the release's
-///   objects with the shared [readiness rules](provisioners_core::readiness)
+///   objects with the shared [readiness rules](provisioners_kit::readiness)
 ///   and yields, naming what is not ready, until they are; past the deadline
 ///   (counted from when helm started the revision, as stored in its record,
 ///   so it survives a restart) it returns a `Timeout` naming what never

@@ -175,7 +175,7 @@ impl HelmRelease {
             }),
             None => None,
         };
-        let mut resolver = crate::objects::Resolver::new(cx.client(), &self.namespace);
+        let mut resolver = crate::objects::Resolver::new(cx, &self.namespace);
         let objects = compare::upgrade(
             &mut resolver,
             &self.release,
@@ -378,7 +378,7 @@ impl HelmRelease {
         let payload = storage::payload(cx.client(), &self.namespace, &latest.secret)
             .await?
             .ok_or_else(|| self.record_changed())?;
-        let mut resolver = crate::objects::Resolver::new(cx.client(), &self.namespace);
+        let mut resolver = crate::objects::Resolver::new(cx, &self.namespace);
         let (objects, reason) = if latest.status == "uninstalled"
             && let Some(seen) = &latest.uninstalled
         {

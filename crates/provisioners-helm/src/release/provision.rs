@@ -66,7 +66,7 @@ impl HelmRelease {
             return Ok(None);
         };
         let rendered = parse_manifest(&self.id(), &payload.manifest)?;
-        let mut resolver = Resolver::new(cx.client(), &self.namespace);
+        let mut resolver = Resolver::new(cx, &self.namespace);
         let objects = live::read(&mut resolver, rendered).await?;
         Ok(Some((objects, payload)))
     }
@@ -186,7 +186,7 @@ impl HelmRelease {
             .await?
             .map(|(objects, _)| objects)
             .unwrap_or_default();
-        let mut resolver = Resolver::new(cx.client(), &self.namespace);
+        let mut resolver = Resolver::new(cx, &self.namespace);
         let seen = gate::snapshot(&mut resolver, &objects).await?;
         if latest.status != "uninstalled" {
             tracing::info!(release = %self.id(), "helm uninstall");
@@ -212,7 +212,7 @@ impl HelmRelease {
 
     /// A yield naming what of `seen` is still there, else `Ok`.
     pub(super) async fn gone(&self, cx: &Context, seen: &[Seen], what: &str) -> Result<()> {
-        let mut resolver = Resolver::new(cx.client(), &self.namespace);
+        let mut resolver = Resolver::new(cx, &self.namespace);
         let remaining = gate::remaining(&mut resolver, seen).await?;
         if remaining.is_empty() {
             return Ok(());

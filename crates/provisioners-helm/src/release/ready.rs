@@ -1,5 +1,5 @@
 //! Readiness of a release's objects, by the shared rules of
-//! [`provisioners_core::readiness`], instead of `helm --wait`: a call looks
+//! [`provisioners_kit::readiness`], instead of `helm --wait`: a call looks
 //! once and yields, so no worker waits for a rollout.
 
 use std::time::Duration;

@@ -64,12 +64,14 @@ impl HelmRelease {
     }
 
     /// The release's lock in this process, or a yield while another pass or
-    /// run holds it.
+    /// run holds it (the tree is woken when it is released).
     pub(super) fn try_lock(&self, cx: &Context) -> Result<Serialised> {
         let locks = cx.cluster().state::<ReleaseLocks>();
         locks
-            .try_lock(&self.namespace, &self.release)
+            .try_lock_or_wake(&self.namespace, &self.release, cx.wake().cloned())
             .ok_or_else(|| {
+                // Woken when the holder releases it.
+                cx.promise_wake();
                 Error::yielding(format!(
                     "another pass of this process is working on release `{}`",
                     self.id()
@@ -114,6 +116,7 @@ impl HelmRelease {
                             .collected_by(cx, &run, outcome, operation, inputs)
                             .await;
                     }
+                    wake_on_end(cx, &run);
                     Err(Error::yielding(format!(
                         "stopping helm {} of release `{}` (running for {}s) {why}",
                         run.action,
@@ -230,7 +233,9 @@ impl HelmRelease {
 
     /// The yield for a live run: what it waits for (a helm slot; a hook Job
     /// and its pod's reason; an object being deleted), as text and data.
+    /// The tree is woken when the run ends (see [`Context::promise_wake`]).
     async fn running(&self, cx: &Context, run: &Run) -> Error {
+        wake_on_end(cx, run);
         let elapsed = run.elapsed().as_secs();
         let processes = HelmProcesses::of(cx.cluster());
         // Not started with every slot taken: queued (else it is still
@@ -271,6 +276,14 @@ impl HelmRelease {
                     .since(run.since),
             ),
         }
+    }
+}
+
+/// Wakes the tree of `cx` when `run` ends, if it has a wake: the pass is
+/// about to yield on it.
+fn wake_on_end(cx: &Context, run: &Run) {
+    if let Some(wake) = cx.promise_wake() {
+        run.wake_on_end(wake);
     }
 }
 

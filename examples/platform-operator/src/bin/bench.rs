@@ -187,7 +187,27 @@ struct NodeTime {
 /// (`base`, `components/app`, ...; `(tree)` for the whole tree), so the
 /// helm leaf's share stands beside the manifests'.
 #[derive(Default)]
-struct Phases(Mutex<BTreeMap<String, NodeTime>>);
+struct Phases(
+    Mutex<BTreeMap<String, NodeTime>>,
+    Mutex<BTreeMap<&'static str, u64>>,
+);
+
+/// What a yield of the helm leaf waits for, from its message: the helm run
+/// (running, queued for a slot, being stopped), the release's lock, or the
+/// readiness of its objects.
+fn helm_yield(message: &str) -> &'static str {
+    if message.contains("waits for a helm slot") {
+        "a helm slot (woken)"
+    } else if message.contains(" running for ") || message.starts_with("stopping helm") {
+        "the helm run (woken)"
+    } else if message.contains("working on release") {
+        "the release's lock (woken)"
+    } else if message.contains("is not ready yet") {
+        "readiness (polled)"
+    } else {
+        "other (polled)"
+    }
+}
 
 impl Observer for Phases {
     fn on_event(&self, event: &Event<'_>) {
@@ -210,7 +230,18 @@ impl Observer for Phases {
         time.total += *elapsed;
         match outcome {
             Outcome::Done => time.done += 1,
-            Outcome::Yielded(_) => time.yielded += 1,
+            Outcome::Yielded(error) => {
+                time.yielded += 1;
+                if node == "components/app" {
+                    drop(phases);
+                    *self
+                        .1
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .entry(helm_yield(error.message()))
+                        .or_default() += 1;
+                }
+            }
             _ => time.failed += 1,
         }
     }
@@ -233,6 +264,16 @@ impl Phases {
                 tree.failed
             );
         }
+        let mut yields = self
+            .1
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !yields.is_empty() {
+            let shown: Vec<String> = yields.iter().map(|(why, n)| format!("{why} {n}")).collect();
+            println!("  the helm leaf's yields waited for: {}", shown.join(", "));
+        }
+        yields.clear();
+        drop(yields);
         println!("  wall time per node, summed over all trees ({what}):");
         for (node, t) in phases.iter() {
             println!(
@@ -323,6 +364,8 @@ async fn controller(cx: Context, shared: Arc<Shared>, stop: CancellationToken) {
         .reflect(writer)
         .applied_objects()
         .predicate_filter(significant_change, PredicateConfig::default());
+    // A tree waiting on a background helm run runs again when it ends.
+    let changes = futures::stream::select(changes, shared.reconciler.woken(store.clone()));
     Controller::for_stream(changes, store)
         .with_config(controller::Config::default().concurrency(shared.concurrency))
         .graceful_shutdown_on(async move { stop.cancelled().await })

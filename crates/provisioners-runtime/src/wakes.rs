@@ -1,0 +1,226 @@
+//! Wakes: leaves that yield on something in this process (a background
+//! helm run) run their object's tree again when it ends, through a stream
+//! the controller merges into its triggers, instead of being polled.
+
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+use futures::Stream;
+use kube::Resource;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
+use provisioners_core::{Error, Wake};
+use tokio::sync::mpsc;
+
+/// How long a tree whose every yield promised a wake waits at most before
+/// it runs again, unless [`Reconciler::wake_backstop`](crate::Reconciler::wake_backstop)
+/// says otherwise: a wake lost (the stream full or dropped) costs no more.
+pub const DEFAULT_WAKE_BACKSTOP: Duration = Duration::from_secs(30);
+
+/// Wakes not yet taken by the controller beyond this are dropped (the
+/// backstop requeue runs those trees).
+const CAPACITY: usize = 4096;
+
+/// (namespace, name) of an object to run again.
+type Woken = (Option<String>, String);
+
+/// The channel between the wakes of reconciles and the controller.
+pub(crate) struct Wakes {
+    sender: mpsc::Sender<Woken>,
+    /// Until [`Wakes::take`]: nobody listens, reconciles set no wake.
+    receiver: Mutex<Option<mpsc::Receiver<Woken>>>,
+}
+
+impl Default for Wakes {
+    fn default() -> Self {
+        let (sender, receiver) = mpsc::channel(CAPACITY);
+        Wakes {
+            sender,
+            receiver: Mutex::new(Some(receiver)),
+        }
+    }
+}
+
+impl Wakes {
+    /// Whether the controller listens (the stream was taken and is alive).
+    pub(crate) fn listened(&self) -> bool {
+        self.receiver
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_none()
+            && !self.sender.is_closed()
+    }
+
+    /// The wake of one reconcile of the object `namespace/name`, if the
+    /// controller listens.
+    pub(crate) fn for_object(&self, namespace: Option<&str>, name: &str) -> Option<Wake> {
+        if !self.listened() {
+            return None;
+        }
+        let sender = self.sender.clone();
+        let woken = (namespace.map(str::to_owned), name.to_owned());
+        Some(Wake::new(move || match sender.try_send(woken.clone()) {
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                tracing::debug!(
+                    object = %format_args!("{}/{}", woken.0.as_deref().unwrap_or(""), woken.1),
+                    "too many wakes queued: this one is left to the backstop requeue"
+                );
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => {}
+        }))
+    }
+
+    /// The stream of woken objects; empty after the first call.
+    pub(crate) fn take<K>(&self) -> impl Stream<Item = ObjectRef<K>> + Send + 'static
+    where
+        K: Resource<DynamicType = ()> + 'static,
+    {
+        let receiver = self
+            .receiver
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if receiver.is_none() {
+            tracing::warn!(
+                "Reconciler::wakes called twice: the second stream is empty (wakes go to the first)"
+            );
+        }
+        futures::stream::unfold(receiver, |receiver| async move {
+            let mut receiver = receiver?;
+            let (namespace, name) = receiver.recv().await?;
+            let object = match namespace {
+                Some(namespace) => ObjectRef::new(&name).within(&namespace),
+                None => ObjectRef::new(&name),
+            };
+            Some((object, Some(receiver)))
+        })
+    }
+}
+
+/// Whether every leaf of the yield `error` promised `wake`.
+pub(crate) fn all_promised(error: &Error, wake: &Wake) -> bool {
+    let promised = wake.promised();
+    error.leaves().iter().all(|leaf| {
+        leaf.is_yield()
+            && leaf
+                .path()
+                .is_some_and(|path| promised.iter().any(|p| &**p == path))
+    })
+}
+
+/// `objects` as objects from `store`, for `Controller::for_stream`:
+/// an object no longer in the store is skipped (deleted, or not listed yet).
+pub(crate) fn from_store<K>(
+    objects: impl Stream<Item = ObjectRef<K>> + Send + 'static,
+    store: Store<K>,
+) -> impl Stream<Item = Result<K, watcher::Error>> + Send + 'static
+where
+    K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
+{
+    use futures::StreamExt;
+    objects.filter_map(move |object| {
+        let found = store.get(&object).map(|k| Ok(K::clone(&k)));
+        async move { found }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use futures::StreamExt;
+    use k8s_openapi::api::core::v1::ConfigMap;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn no_wake_until_the_stream_is_taken_and_none_once_it_is_dropped() {
+        let wakes = Wakes::default();
+        assert!(wakes.for_object(Some("ns"), "a").is_none());
+        let stream = wakes.take::<ConfigMap>();
+        let wake = wakes.for_object(Some("ns"), "a").expect("listened");
+        wake.wake();
+        wakes.for_object(None, "b").expect("listened").wake();
+        let mut stream = Box::pin(stream);
+        let first = stream.next().await.expect("woken");
+        assert_eq!(first, ObjectRef::<ConfigMap>::new("a").within("ns"));
+        let second = stream.next().await.expect("woken");
+        assert_eq!(second, ObjectRef::<ConfigMap>::new("b"));
+        // A second stream is empty.
+        let mut second = std::pin::pin!(wakes.take::<ConfigMap>());
+        assert!(second.next().await.is_none());
+        drop(stream);
+        assert!(wakes.for_object(Some("ns"), "a").is_none());
+        // A wake made before is harmless.
+        wake.wake();
+    }
+
+    #[tokio::test]
+    async fn wakes_beyond_the_capacity_are_dropped_not_queued() {
+        let wakes = Wakes::default();
+        let stream = wakes.take::<ConfigMap>();
+        let wake = wakes.for_object(Some("ns"), "a").expect("listened");
+        for _ in 0..CAPACITY + 10 {
+            wake.wake();
+        }
+        let mut stream = std::pin::pin!(stream);
+        for _ in 0..CAPACITY {
+            stream.next().await.expect("queued");
+        }
+        let more = tokio::time::timeout(Duration::from_millis(50), stream.next()).await;
+        assert!(more.is_err(), "more than the capacity was queued");
+    }
+
+    /// A leaf that yields, promising the wake or not.
+    struct Leaf(&'static str, bool);
+
+    #[provisioners_core::async_trait]
+    impl provisioners_core::Provisioner for Leaf {
+        fn name(&self) -> &str {
+            self.0
+        }
+        async fn provision(
+            &self,
+            cx: &provisioners_core::Context,
+        ) -> provisioners_core::Result<()> {
+            if self.1 {
+                cx.promise_wake();
+            }
+            Err(Error::yielding("waiting"))
+        }
+        async fn deprovision(
+            &self,
+            _: &provisioners_core::Context,
+        ) -> provisioners_core::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn a_tree_needs_no_poll_only_when_every_yield_promised() {
+        use provisioners_group::Concurrent;
+        let run = |tree: Concurrent| async move {
+            let wake = Wake::new(|| {});
+            let cx = provisioners_core::Context::offline().with_wake(wake.clone());
+            let error = cx.provision(&tree).await.expect_err("yields");
+            all_promised(&error, &wake)
+        };
+        assert!(run(Concurrent::new("p").with(Leaf("helm", true))).await);
+        assert!(
+            !run(Concurrent::new("p")
+                .with(Leaf("helm", true))
+                .with(Leaf("config", false)))
+            .await
+        );
+        assert!(
+            run(Concurrent::new("p")
+                .with(Leaf("a", true))
+                .with(Leaf("b", true)))
+            .await
+        );
+        // A failure is polled, promise or not.
+        let wake = Wake::new(|| {});
+        let failed = Error::failed("boom").at(&"p/helm".into());
+        assert!(!all_promised(&failed, &wake));
+        assert!(!all_promised(&Error::yielding("no path"), &wake));
+    }
+}
