@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
 use kube::discovery::Scope;
-use provisioners_core::{Context, Error, Result, SingleFlight};
+use provisioners_core::{Context, Error, Result};
+use provisioners_kit::SingleFlight;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 

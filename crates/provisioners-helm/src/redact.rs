@@ -381,7 +381,7 @@ fn forms(secret: &str, short: bool, out: &mut Vec<Form>) {
     if secret.contains('\'') {
         texts.push(secret.replace('\'', "''"));
     }
-    let hex: String = secret.bytes().map(|b| format!("{b:02x}")).collect();
+    let hex = hex::encode(secret);
     texts.push(hex.to_ascii_uppercase());
     texts.push(hex);
     texts.sort();

@@ -5,27 +5,25 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
-use kube::core::PartialObjectMeta;
 use kube::runtime::controller::Action;
 use kube::runtime::events::Reporter;
-use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, Resource, ResourceExt};
+use kube::{Resource, ResourceExt};
 use provisioners_core::{
     ClaimedSecret, Context, ErrorKind, KubeconfigClaims, ManagerProvisioner, Owner, Result, Wake,
 };
 use serde::Serialize;
-use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use crate::approval::{Approval, Decision};
 use crate::condition::Reason;
 use crate::events::{Events, Why};
 use crate::in_flight::{InFlight, Spec, Stopped};
-use crate::target::{Report, Target, key};
+use crate::target::{Report, Target};
 use crate::wakes::{DEFAULT_WAKE_BACKSTOP, Wakes};
 use crate::{approval, kubeconfigs, status, summary, wakes};
+
+mod supersede;
+mod wake;
 
 /// The annotation that pauses reconciliation when set to `"true"`.
 pub const DEFAULT_PAUSED_ANNOTATION: &str = "provisioners.dev/paused";
@@ -162,52 +160,6 @@ impl Reconciler {
         self
     }
 
-    /// The requeue of a tree whose every yielding leaf promised to
-    /// [wake](Reconciler::wakes) it (default [`DEFAULT_WAKE_BACKSTOP`], 30
-    /// s): the longest a lost wake can delay it. Trees with any other
-    /// yield, and errors, requeue after [`Reconciler::requeue_after`].
-    pub fn wake_backstop(mut self, backstop: Duration) -> Self {
-        self.wake_backstop = backstop;
-        self
-    }
-
-    /// The objects whose trees asked to run again: merge it into the
-    /// controller's triggers and a tree waiting on something in this
-    /// process (a background helm run, see
-    /// [`Context::promise_wake`](provisioners_core::Context::promise_wake))
-    /// runs as soon as that ends, not at its next requeue.
-    ///
-    /// With kube's `unstable-runtime-reconcile-on` feature, hand it to
-    /// `Controller::reconcile_on`; without it, turn it into objects with
-    /// [`Reconciler::woken`] and merge those into the stream of
-    /// `Controller::for_stream`. Until it is called (and after it is
-    /// dropped) reconciles set no [`Wake`] and every yield is polled. Call
-    /// it once: a second stream is empty.
-    ///
-    /// A wake of an object whose reconcile is running is held by the
-    /// controller and runs right after it, so none is missed; one the
-    /// stream has no room for (4,096 queued) is dropped, and the tree runs
-    /// at the [backstop](Reconciler::wake_backstop) instead.
-    pub fn wakes<K>(&self) -> impl futures::Stream<Item = ObjectRef<K>> + Send + 'static
-    where
-        K: Resource<DynamicType = ()> + 'static,
-    {
-        self.wakes.take()
-    }
-
-    /// [`Reconciler::wakes`] as the objects of `store` (the controller's
-    /// reflector store), for `Controller::for_stream`: select it with the
-    /// watch's stream. An object gone from the store is skipped.
-    pub fn woken<K>(
-        &self,
-        store: Store<K>,
-    ) -> impl futures::Stream<Item = std::result::Result<K, watcher::Error>> + Send + 'static
-    where
-        K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
-    {
-        wakes::from_store(self.wakes.take(), store)
-    }
-
     /// Reconciles a provisioned object again after `resync`, to repair drift
     /// (default: only when the object or the controller's watches change).
     pub fn resync_after(mut self, resync: Duration) -> Self {
@@ -325,68 +277,6 @@ impl Reconciler {
     /// How many trees are running right now.
     pub fn in_flight(&self) -> usize {
         self.in_flight.len()
-    }
-
-    /// Cancels the tree running for `object` if `object` (as just seen on
-    /// a watch) has a newer `metadata.generation` than the tree was built
-    /// from, or is being deleted while the tree provisions. The reconcile
-    /// running it returns at once (`Superseded`) and the controller, which
-    /// has the new version queued, reconciles it next. True if it cancelled.
-    ///
-    /// [`Reconciler::supersede_on_change`] calls this from a watch.
-    pub fn supersede<R: Resource>(&self, object: &R) -> bool {
-        let meta = object.meta();
-        let seen = Spec {
-            generation: meta.generation,
-            deleting: meta.deletion_timestamp.is_some(),
-        };
-        let superseded = self.in_flight.supersede(&key(object), seen);
-        if superseded {
-            tracing::info!(
-                object = %key(object),
-                generation = ?meta.generation,
-                "a newer spec: cancelling the running tree"
-            );
-        }
-        superseded
-    }
-
-    /// Watches the metadata of `api`'s objects (the same selection as the
-    /// controller's) and [supersedes](Reconciler::supersede) running trees
-    /// whose object changed generation or started deleting; returns when the
-    /// context's token is cancelled. Run it beside the controller.
-    ///
-    /// It is a watch of its own because kube's `Controller` holds back new
-    /// events of an object until its running reconcile returns, which is
-    /// exactly what must not wait here. Metadata only (an
-    /// `Api<PartialObjectMeta<K>>`): cheap on the wire and in memory.
-    pub async fn supersede_on_change<K>(
-        &self,
-        api: Api<PartialObjectMeta<K>>,
-        config: watcher::Config,
-    ) where
-        K: Resource<DynamicType = ()>
-            + Clone
-            + DeserializeOwned
-            + fmt::Debug
-            + Send
-            + Sync
-            + 'static,
-    {
-        let shutdown = self.context.cancellation().clone();
-        let changes = watcher(api, config)
-            .default_backoff()
-            .touched_objects()
-            .take_until(async move { shutdown.cancelled().await });
-        let mut changes = std::pin::pin!(changes);
-        while let Some(change) = changes.next().await {
-            match change {
-                Ok(object) => {
-                    self.supersede(&object);
-                }
-                Err(error) => tracing::debug!(%error, "watching for new generations"),
-            }
-        }
     }
 
     /// Provisions or deprovisions `managed` (an object and its tree); see the

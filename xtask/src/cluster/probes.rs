@@ -78,7 +78,7 @@ fn healthy(client: &ApiClient, path: &str) -> bool {
     client.get(path).map(|r| r.ok()).unwrap_or(false)
 }
 
-/// Waited for before [`CLIENTS`] start.
+/// Waited for before [`CLIENTS`](super::components::CLIENTS) start.
 pub(super) const API_READY: Check = Check {
     what: "kube-apiserver /readyz",
     holds: |probes| Ok(healthy(&probes.api, "/readyz")),

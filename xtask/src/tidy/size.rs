@@ -20,7 +20,6 @@ pub(super) const MAX_LINES: usize = 600;
 /// entry as its file comes down to the limit, and lower a ceiling when a
 /// file shrinks but is still over.
 pub(super) const RATCHET: &[(&str, usize)] = &[
-    ("crates/provisioners-core/src/context.rs", 632),
     ("crates/provisioners-core/src/error.rs", 714),
     ("crates/provisioners-helm/src/process.rs", 629),
     ("crates/provisioners-helm/src/release/lease.rs", 652),
@@ -29,8 +28,8 @@ pub(super) const RATCHET: &[(&str, usize)] = &[
     ("crates/provisioners-lab/src/faults/proxy.rs", 731),
     ("crates/provisioners-lab/src/faults/rule.rs", 629),
     ("crates/provisioners-remote/src/lib.rs", 610),
-    ("crates/provisioners-runtime/src/reconciler.rs", 692),
-    ("examples/platform-operator/src/bin/bench.rs", 901),
+    ("crates/provisioners-runtime/src/reconciler.rs", 666),
+    ("examples/platform-operator/src/bin/bench/main.rs", 757),
     ("examples/platform-operator/src/lib.rs", 643),
     ("tests/tests/failing_clusters.rs", 657),
     ("tests/tests/helm_cluster.rs", 717),

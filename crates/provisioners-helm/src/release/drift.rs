@@ -89,10 +89,7 @@ pub(super) fn check(objects: &[Live]) -> Drifted {
             }
         }
     }
-    drifted.changed_digest = hasher.finalize()[..8]
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    drifted.changed_digest = hex::encode(&hasher.finalize()[..8]);
     drifted
 }
 

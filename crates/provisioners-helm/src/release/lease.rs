@@ -38,7 +38,7 @@ pub(super) static PROCESS_HOLDER: LazyLock<String> = LazyLock::new(|| {
     if getrandom(&mut random).is_err() {
         random = (Timestamp::now().subsec_nanosecond() as u32).to_le_bytes();
     }
-    let suffix: String = random.iter().map(|b| format!("{b:02x}")).collect();
+    let suffix = hex::encode(random);
     format!("{host}/{}/{suffix}", std::process::id())
 });
 

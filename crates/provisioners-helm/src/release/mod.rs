@@ -475,9 +475,7 @@ impl HelmRelease {
             ))
         })?;
         // A label value holds at most 63 characters: 192 bits are plenty.
-        Ok(Some(
-            hashed[..24].iter().map(|b| format!("{b:02x}")).collect(),
-        ))
+        Ok(Some(hex::encode(&hashed[..24])))
     }
 }
 

@@ -51,10 +51,7 @@ impl HelmRelease {
             hasher.update(cert);
             hasher.update(key);
         }
-        let fingerprint: String = hasher.finalize()[..8]
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
+        let fingerprint = hex::encode(&hasher.finalize()[..8]);
         Some(format!("{digest}/{fingerprint}"))
     }
 

@@ -80,7 +80,7 @@ pub(super) fn content_of(record: &Value) -> String {
 }
 
 fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    hex::encode(bytes)
 }
 
 /// What the record authenticator signs.
