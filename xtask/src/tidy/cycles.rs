@@ -425,7 +425,7 @@ mod tests {
         );
         write(
             "crates/k/src/x.rs",
-            "pub(crate) fn x() -> crate::a::b::B { todo!() }\n",
+            "pub(crate) fn x() -> crate::a::b::B { loop {} }\n",
         );
         write(
             "crates/k/src/y.rs",
