@@ -25,7 +25,7 @@ use provisioners_lab::faults::{Hold, Match, Proxy, Rule};
 use provisioners_manifest::Manifest;
 use provisioners_remote::{
     ABANDONED_REASON, RemoteClusterProvisioner, SecretKubeconfig, UNREACHABLE_SINCE_ANNOTATION,
-    WhenUnreachable,
+    UnreachablePolicy,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
@@ -289,7 +289,7 @@ async fn abandon_after_a_grace_deprovisions_a_tree_whose_remote_never_answers() 
         config_map("local-settings", ns.name()),
         RemoteClusterProvisioner::new(remote)
             .named("edge")
-            .when_unreachable(WhenUnreachable::AbandonAfter(grace))
+            .unreachable(UnreachablePolicy::AbandonAfter(grace))
             .provision_on(remote_workload(&format!("{}-w", ns.name()))),
     );
     let (first, result) = timed(&cx, &tree, false).await;
@@ -371,7 +371,7 @@ async fn a_remote_that_stops_mid_run_is_abandoned_after_the_grace_or_kept_if_it_
             config_map("local-settings", ns.name()),
             RemoteClusterProvisioner::new(remote)
                 .named("edge")
-                .when_unreachable(WhenUnreachable::AbandonAfter(grace))
+                .unreachable(UnreachablePolicy::AbandonAfter(grace))
                 .provision_on(remote_workload(&target)),
         );
         cx.provision(&tree)

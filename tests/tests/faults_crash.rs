@@ -304,3 +304,32 @@ async fn a_deprovision_that_leaves_objects_is_caught() {
     assert_eq!(objects, &["core/ConfigMap crash-<token>/kept-2"], "{error}");
     assert_eq!(deprovisions.load(Ordering::SeqCst), 1);
 }
+
+/// The crash driver kills what a crashed operator leaves talking through
+/// its proxy: a child with a connection to a port is found among this
+/// process's descendants and killed hard. (A test here, not in the lab
+/// crate, because it spawns a process: the lab's library code never does.)
+#[test]
+fn a_child_connected_to_a_port_is_found_and_killed() {
+    use provisioners_lab::crash::process::{connected_descendants, descendants, kill_hard};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    // bash's /dev/tcp: a child with a connection and nothing else.
+    let mut child = std::process::Command::new("bash")
+        .arg("-c")
+        .arg(format!("exec 3<>/dev/tcp/127.0.0.1/{port}; sleep 60"))
+        .spawn()
+        .expect("spawn bash");
+    let _accepted = listener.accept().expect("accept");
+    let pid = i32::try_from(child.id()).expect("pid");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !connected_descendants(port).contains(&pid) {
+        assert!(std::time::Instant::now() < deadline, "child not found");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(descendants().contains(&pid));
+    kill_hard(pid);
+    let status = child.wait().expect("wait");
+    assert!(!status.success());
+    assert!(connected_descendants(port).is_empty());
+}

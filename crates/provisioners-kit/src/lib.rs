@@ -14,6 +14,8 @@
 //! - [`diff`]: the [`FieldChange`](provisioners_core::plan::FieldChange)s a
 //!   plan shows, from a dry run ([`diff::diff`]) or a rendered manifest
 //!   ([`diff::diff_rendered`]);
+//! - [`canonical`]: one byte form of a JSON value for digests that must
+//!   agree between processes and builds;
 //! - [`SingleFlight`]: per-cluster state that callers learning the same
 //!   thing at once (API discovery) fill with one request.
 //!
@@ -43,6 +45,7 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+pub mod canonical;
 pub mod diff;
 pub mod drift;
 mod flight;

@@ -1,13 +1,13 @@
 //! [`RemoteClusters`]: the remote clusters reached from one cluster, kept
 //! across passes.
 
-use std::collections::HashMap;
+use std::num::NonZeroUsize;
 use std::sync::{Mutex, PoisonError};
 
 use kube::config::Kubeconfig;
+use lru::LruCache;
 use provisioners_core::{Cluster, Error, Result};
-use serde_json::Value;
-use sha2::{Digest, Sha256};
+use provisioners_kit::canonical;
 
 /// How many remote clusters one cluster keeps. Remotes come and go with the
 /// objects that name them (a rotated kubeconfig replaces its remote's
@@ -22,28 +22,16 @@ pub(crate) const CAPACITY: usize = 256;
 /// kubeconfig: the same kubeconfig gives the same [`Cluster`] on every pass
 /// (so what provisioners keep in its state, a discovery cache or helm's
 /// release locks, lasts), and a changed one gives a new `Cluster` that
-/// replaces the remote's old one.
+/// replaces the remote's old one. The least recently used remote goes
+/// first when the cache is full (`lru`'s cache).
 pub(crate) struct RemoteClusters {
-    capacity: usize,
-    entries: Mutex<Entries>,
-}
-
-#[derive(Default)]
-struct Entries {
-    clusters: HashMap<Key, Entry>,
-    /// Bumped on every hit, so the least recently used entry goes first.
-    clock: u64,
+    entries: Mutex<LruCache<Key, Cluster>>,
 }
 
 #[derive(Clone, PartialEq, Eq, Hash)]
 struct Key {
     id: String,
     digest: [u8; 32],
-}
-
-struct Entry {
-    cluster: Cluster,
-    used: u64,
 }
 
 impl Default for RemoteClusters {
@@ -55,8 +43,9 @@ impl Default for RemoteClusters {
 impl RemoteClusters {
     pub(crate) fn with_capacity(capacity: usize) -> Self {
         RemoteClusters {
-            capacity: capacity.max(1),
-            entries: Mutex::default(),
+            entries: Mutex::new(LruCache::new(
+                NonZeroUsize::new(capacity).unwrap_or(NonZeroUsize::MIN),
+            )),
         }
     }
 
@@ -78,111 +67,56 @@ impl RemoteClusters {
             id: id.to_owned(),
             digest: digest(&kubeconfig)?,
         };
-        if let Some(cluster) = self.lookup(&key) {
-            return Ok(cluster);
+        if let Some(cluster) = self.lock().get(&key) {
+            return Ok(cluster.clone());
         }
         // Built outside the lock: building a client may take a while.
         let built = parent.derive(id, kubeconfig).await?;
         Ok(self.insert(key, built))
     }
 
-    fn lookup(&self, key: &Key) -> Option<Cluster> {
-        let mut entries = self.lock();
-        entries.clock += 1;
-        let now = entries.clock;
-        let entry = entries.clusters.get_mut(key)?;
-        entry.used = now;
-        Some(entry.cluster.clone())
-    }
-
     /// Keeps `built` unless a concurrent pass kept one for `key` first (then
     /// that one is returned, so both passes share one cluster).
     fn insert(&self, key: Key, built: Cluster) -> Cluster {
         let mut entries = self.lock();
-        entries.clock += 1;
-        let now = entries.clock;
-        if let Some(entry) = entries.clusters.get_mut(&key) {
-            entry.used = now;
-            return entry.cluster.clone();
+        if let Some(kept) = entries.get(&key) {
+            return kept.clone();
         }
         // The same remote with another kubeconfig: the old one was rotated
         // away, and its client need not wait for eviction.
-        entries.clusters.retain(|old, _| old.id != key.id);
-        if entries.clusters.len() >= self.capacity {
-            let oldest = entries
-                .clusters
-                .iter()
-                .min_by_key(|(_, entry)| entry.used)
-                .map(|(key, _)| key.clone());
-            if let Some(oldest) = oldest {
-                entries.clusters.remove(&oldest);
-            }
+        let rotated: Vec<Key> = entries
+            .iter()
+            .filter(|(old, _)| old.id == key.id)
+            .map(|(old, _)| old.clone())
+            .collect();
+        for old in rotated {
+            entries.pop(&old);
         }
-        entries.clusters.insert(
-            key,
-            Entry {
-                cluster: built.clone(),
-                used: now,
-            },
-        );
+        entries.put(key, built.clone());
         built
     }
 
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
-        self.lock().clusters.len()
+        self.lock().len()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Entries> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, LruCache<Key, Cluster>> {
         self.entries.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
 /// A digest of everything in `kubeconfig` (credentials included, so a
-/// rotated token is a new cluster), independent of the order of map keys.
-/// Only the digest is kept: the content is never stored or logged here.
+/// rotated token is a new cluster), independent of the order of map keys
+/// (some kubeconfig fields are hash maps, whose order differs between two
+/// reads). Only the digest is kept: the content is never stored or logged
+/// here.
 fn digest(kubeconfig: &Kubeconfig) -> Result<[u8; 32]> {
     let value = serde_json::to_value(kubeconfig).map_err(|e| {
         // serde_json's message names a type or position, never the content.
         Error::invalid(format!("a remote kubeconfig cannot be serialized: {e}"))
     })?;
-    let mut hasher = Sha256::new();
-    hash_value(&value, &mut hasher);
-    Ok(hasher.finalize().into())
-}
-
-/// Feeds `value` to `hasher` with object keys sorted (some kubeconfig
-/// fields are hash maps, whose order differs between two reads), each
-/// item tagged and length-prefixed so that distinct values never collide.
-fn hash_value(value: &Value, hasher: &mut Sha256) {
-    fn bytes(tag: u8, data: &[u8], hasher: &mut Sha256) {
-        hasher.update([tag]);
-        hasher.update((data.len() as u64).to_le_bytes());
-        hasher.update(data);
-    }
-    match value {
-        Value::Null => hasher.update([0]),
-        Value::Bool(b) => hasher.update([1, u8::from(*b)]),
-        Value::Number(n) => bytes(2, n.to_string().as_bytes(), hasher),
-        Value::String(s) => bytes(3, s.as_bytes(), hasher),
-        Value::Array(items) => {
-            hasher.update([4]);
-            hasher.update((items.len() as u64).to_le_bytes());
-            for item in items {
-                hash_value(item, hasher);
-            }
-        }
-        Value::Object(map) => {
-            hasher.update([5]);
-            hasher.update((map.len() as u64).to_le_bytes());
-            let mut keys: Vec<&String> = map.keys().collect();
-            keys.sort();
-            for key in keys {
-                bytes(3, key.as_bytes(), hasher);
-                hash_value(&map[key.as_str()], hasher);
-            }
-        }
-    }
+    Ok(canonical::sha256(&value))
 }
 
 #[cfg(test)]

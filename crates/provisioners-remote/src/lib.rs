@@ -45,7 +45,7 @@
 //! **A cluster that does not answer.** Requests to a remote go through its
 //! own circuit breaker ([`Cluster::health`](provisioners_core::Cluster::health)):
 //! once it is open, a pass returns at once with a yield naming the cluster
-//! and how long it has been unreachable, and [`WhenUnreachable`] decides
+//! and how long it has been unreachable, and [`UnreachablePolicy`] decides
 //! whether a deprovision waits for it (the default) or abandons the subtree
 //! after a grace. The first failure is recorded on the kubeconfig Secret
 //! ([`UNREACHABLE_SINCE_ANNOTATION`]) so the grace survives a restart; a
@@ -116,7 +116,7 @@ use crate::secret::{Missing, Protection, Read};
 pub use report::ABANDONED_REASON;
 pub use secret::SecretKubeconfig;
 pub use trust::{DEFAULT_SERVICE_RANGE, TrustPolicy};
-pub use unreachable::{UNREACHABLE_SINCE_ANNOTATION, WhenUnreachable};
+pub use unreachable::{UNREACHABLE_SINCE_ANNOTATION, UnreachablePolicy};
 
 /// Runs a child provisioner against the cluster a [`RemoteCluster`] describes.
 ///
@@ -142,7 +142,7 @@ pub struct RemoteClusterProvisioner {
     /// The remote's Secret, when it is one: protected by a finalizer.
     secret: Option<SecretKubeconfig>,
     background_deletion: Option<bool>,
-    when_unreachable: WhenUnreachable,
+    when_unreachable: UnreachablePolicy,
     child: Box<dyn Provisioner>,
 }
 
@@ -154,7 +154,7 @@ pub struct RemoteTarget {
     remote: Arc<dyn RemoteCluster>,
     secret: Option<SecretKubeconfig>,
     background_deletion: Option<bool>,
-    when_unreachable: WhenUnreachable,
+    when_unreachable: UnreachablePolicy,
 }
 
 impl RemoteClusterProvisioner {
@@ -174,7 +174,7 @@ impl RemoteClusterProvisioner {
             remote: Arc::new(remote),
             secret,
             background_deletion: None,
-            when_unreachable: WhenUnreachable::Wait,
+            when_unreachable: UnreachablePolicy::Wait,
         }
     }
 
@@ -264,12 +264,12 @@ impl RemoteClusterProvisioner {
         let down_for = unreachable::elapsed(since);
         let abandon = operation == Operation::Deprovision
             && (deleting
-                || matches!(self.when_unreachable, WhenUnreachable::AbandonAfter(grace) if down_for >= grace));
+                || matches!(self.when_unreachable, UnreachablePolicy::AbandonAfter(grace) if down_for >= grace));
         if abandon {
             return self.abandon(cx, &down, since, deleting).await;
         }
         let then = match (self.when_unreachable, operation) {
-            (WhenUnreachable::AbandonAfter(grace), Operation::Deprovision) => format!(
+            (UnreachablePolicy::AbandonAfter(grace), Operation::Deprovision) => format!(
                 "its subtree is abandoned in {}s unless it answers",
                 grace.saturating_sub(down_for).as_secs()
             ),
@@ -372,9 +372,9 @@ impl RemoteTarget {
         self
     }
 
-    /// What to do when the cluster does not answer; see [`WhenUnreachable`]
+    /// What to do when the cluster does not answer; see [`UnreachablePolicy`]
     /// (default: wait).
-    pub fn when_unreachable(mut self, policy: WhenUnreachable) -> Self {
+    pub fn unreachable(mut self, policy: UnreachablePolicy) -> Self {
         self.when_unreachable = policy;
         self
     }

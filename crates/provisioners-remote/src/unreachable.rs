@@ -1,4 +1,4 @@
-//! [`WhenUnreachable`]: what a remote node does about a cluster that does
+//! [`UnreachablePolicy`]: what a remote node does about a cluster that does
 //! not answer, and the record of since when it has not answered.
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -33,7 +33,7 @@ pub const UNREACHABLE_SINCE_ANNOTATION: &str = "provisioners.dev/unreachable-sin
 /// subtree is cleaned up as usual, which is what the finalizer is for.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum WhenUnreachable {
+pub enum UnreachablePolicy {
     /// Keep yielding until the cluster answers (the default): deleting the
     /// owner waits on the cluster, with a clear reason in its status.
     #[default]

@@ -1,5 +1,5 @@
-//! Prometheus metrics for provisioner trees and reconciles, and a tiny
-//! endpoint that serves them with `/healthz` and `/readyz`.
+//! Prometheus metrics for provisioner trees and reconciles, and a small
+//! hyper endpoint that serves them with `/healthz` and `/readyz`.
 //!
 //! [`Metrics`] is both the tree's [`Observer`] (per-node durations and
 //! outcomes) and the reconciler's [`ReconcileObserver`] (reconcile counts
@@ -37,6 +37,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::header::{CONTENT_TYPE, HeaderValue};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -44,8 +52,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use provisioners_core::{CancellationToken, Event, Observer, Phase};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 
 use crate::{ReconcileObserver, ReconcileResult};
 
@@ -189,13 +196,16 @@ impl Health {
     }
 }
 
-/// The longest request head read, and how long a client may take to send it.
-const MAX_REQUEST: usize = 8 * 1024;
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a client may take to send a request's head; the whole
+/// exchange is bounded by [`EXCHANGE_TIMEOUT`].
+const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Serves `GET /metrics` (the registry in the OpenMetrics text format),
-/// `/healthz` and `/readyz` on `listener` until `shutdown`. One request per
-/// connection; nothing else is served, so no HTTP framework is needed.
+/// `/healthz` and `/readyz` on `listener` until `shutdown`, with hyper's
+/// HTTP/1.1 server: one request per connection (no keep-alive), a request
+/// head within 5 s, and a whole exchange within 10 s, so a slow or stuck
+/// client holds nothing for long.
 pub async fn serve(
     listener: TcpListener,
     registry: Arc<Registry>,
@@ -211,11 +221,24 @@ pub async fn serve(
             Ok((stream, _)) => {
                 let registry = Arc::clone(&registry);
                 let health = health.clone();
+                let shutdown = shutdown.clone();
                 tokio::spawn(async move {
-                    let answer =
-                        tokio::time::timeout(REQUEST_TIMEOUT, answer(stream, &registry, &health));
-                    if let Ok(Err(error)) = answer.await {
-                        tracing::debug!(%error, "serving a metrics request");
+                    let service = service_fn(move |request: Request<Incoming>| {
+                        let response = answer(&request, &registry, &health);
+                        async move { Ok::<_, std::convert::Infallible>(response) }
+                    });
+                    let connection = http1::Builder::new()
+                        .timer(TokioTimer::new())
+                        .header_read_timeout(HEADER_TIMEOUT)
+                        .keep_alive(false)
+                        .serve_connection(TokioIo::new(stream), service);
+                    tokio::select! {
+                        () = shutdown.cancelled() => {}
+                        served = tokio::time::timeout(EXCHANGE_TIMEOUT, connection) => {
+                            if let Ok(Err(error)) = served {
+                                tracing::debug!(%error, "serving a metrics request");
+                            }
+                        }
                     }
                 });
             }
@@ -227,61 +250,48 @@ pub async fn serve(
     }
 }
 
-async fn answer(
-    mut stream: TcpStream,
+fn answer(
+    request: &Request<Incoming>,
     registry: &Registry,
     health: &Health,
-) -> std::io::Result<()> {
-    let mut head = Vec::with_capacity(1024);
-    let mut buffer = [0u8; 1024];
-    while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < MAX_REQUEST {
-        let read = stream.read(&mut buffer).await?;
-        if read == 0 {
-            break;
-        }
-        head.extend_from_slice(&buffer[..read]);
-    }
-    let line = head.split(|b| *b == b'\r').next().unwrap_or_default();
-    let line = String::from_utf8_lossy(line);
-    let mut parts = line.split(' ');
-    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-    let path = path.split('?').next().unwrap_or("");
-    let (status, content_type, body) = match (method, path) {
-        ("GET", "/metrics") => {
+) -> Response<Full<Bytes>> {
+    let text = "text/plain; charset=utf-8";
+    let (status, content_type, body) = match (request.method(), request.uri().path()) {
+        (&Method::GET, "/metrics") => {
             let mut body = String::new();
             match prometheus_client::encoding::text::encode(&mut body, registry) {
                 Ok(()) => (
-                    "200 OK",
+                    StatusCode::OK,
                     "application/openmetrics-text; version=1.0.0; charset=utf-8",
                     body,
                 ),
                 Err(_) => (
-                    "500 Internal Server Error",
-                    "text/plain",
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    text,
                     "encoding failed\n".to_owned(),
                 ),
             }
         }
-        ("GET", "/healthz") => ("200 OK", "text/plain", "ok\n".to_owned()),
-        ("GET", "/readyz") if health.is_ready() => ("200 OK", "text/plain", "ok\n".to_owned()),
-        ("GET", "/readyz") => (
-            "503 Service Unavailable",
-            "text/plain",
+        (&Method::GET, "/healthz") => (StatusCode::OK, text, "ok\n".to_owned()),
+        (&Method::GET, "/readyz") if health.is_ready() => (StatusCode::OK, text, "ok\n".to_owned()),
+        (&Method::GET, "/readyz") => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            text,
             "not ready\n".to_owned(),
         ),
-        ("GET", _) => ("404 Not Found", "text/plain", "not found\n".to_owned()),
+        (&Method::GET, _) => (StatusCode::NOT_FOUND, text, "not found\n".to_owned()),
         _ => (
-            "405 Method Not Allowed",
-            "text/plain",
+            StatusCode::METHOD_NOT_ALLOWED,
+            text,
             "only GET\n".to_owned(),
         ),
     };
-    let response = format!(
-        "HTTP/1.1 {status}\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    stream.write_all(response.as_bytes()).await?;
-    stream.shutdown().await
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    response
 }
 
 #[cfg(test)]
@@ -289,6 +299,8 @@ mod tests {
     use std::sync::Arc as StdArc;
 
     use provisioners_core::{Context, Error, Metadata, Provisioner, async_trait};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
 
     use super::*;
 
@@ -390,6 +402,33 @@ mod tests {
         health.set_ready(true);
         assert!(get(addr, "/readyz").await.starts_with("HTTP/1.1 200"));
         assert!(get(addr, "/nope").await.starts_with("HTTP/1.1 404"));
+        shutdown.cancel();
+        server.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_client_that_never_sends_its_request_blocks_no_one_and_post_is_refused() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let shutdown = CancellationToken::new();
+        let server = tokio::spawn(serve(
+            listener,
+            Arc::new(Registry::default()),
+            Health::default(),
+            shutdown.clone(),
+        ));
+        // Half a request head, then silence.
+        let mut stuck = TcpStream::connect(addr).await.unwrap();
+        stuck.write_all(b"GET /metrics HTT").await.unwrap();
+        assert!(get(addr, "/healthz").await.starts_with("HTTP/1.1 200"));
+
+        let mut post = TcpStream::connect(addr).await.unwrap();
+        post.write_all(b"POST /metrics HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\n\r\n")
+            .await
+            .unwrap();
+        let mut out = String::new();
+        post.read_to_string(&mut out).await.unwrap();
+        assert!(out.starts_with("HTTP/1.1 405"), "{out}");
         shutdown.cancel();
         server.await.unwrap();
     }

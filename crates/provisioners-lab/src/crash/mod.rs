@@ -94,7 +94,7 @@
 //! # }
 //! ```
 
-mod process;
+pub mod process;
 mod report;
 mod snapshot;
 
@@ -325,8 +325,8 @@ impl CrashTest {
 
     /// How long one operation may take to converge (180 s unless set:
     /// generous, for a loaded CI machine).
-    pub fn deadline(mut self, deadline: Duration) -> Self {
-        self.deadline = deadline;
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.deadline = timeout;
         self
     }
 

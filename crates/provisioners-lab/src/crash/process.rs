@@ -1,6 +1,9 @@
 //! The processes this test started that talk through a proxy (helm, or
 //! whatever CLI a user's tree drives), found through `/proc`, so a crash
-//! can kill them as the death of their parent would.
+//! can kill them as the death of their parent would. Linux only (`/proc`).
+//!
+//! [`CrashTest`](super::CrashTest) uses these; they are public so that a
+//! test can check them against a child of its own.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -11,7 +14,7 @@ use nix::unistd::Pid;
 /// Descendants of this process with a TCP connection to 127.0.0.1:`port`
 /// and none to another of `other_ports` (another test's proxy: that
 /// process is someone else's).
-pub(crate) fn connected_descendants_only(port: u16, other_ports: &BTreeSet<u16>) -> Vec<i32> {
+pub fn connected_descendants_only(port: u16, other_ports: &BTreeSet<u16>) -> Vec<i32> {
     let inodes = socket_inodes_to(port);
     if inodes.is_empty() {
         return Vec::new();
@@ -32,7 +35,7 @@ pub(crate) fn connected_descendants_only(port: u16, other_ports: &BTreeSet<u16>)
 }
 
 /// Descendants of this process with a TCP connection to 127.0.0.1:`port`.
-pub(crate) fn connected_descendants(port: u16) -> Vec<i32> {
+pub fn connected_descendants(port: u16) -> Vec<i32> {
     connected_descendants_only(port, &BTreeSet::new())
 }
 
@@ -54,7 +57,7 @@ fn socket_fds(pid: i32) -> Vec<u64> {
 }
 
 /// SIGKILLs `pid`, and its whole group when it leads one (helm does).
-pub(crate) fn kill_hard(pid: i32) {
+pub fn kill_hard(pid: i32) {
     let leads_group = stat(pid).is_some_and(|s| s.pgrp == pid);
     let _ = if leads_group {
         killpg(Pid::from_raw(pid), Signal::SIGKILL)
@@ -79,7 +82,8 @@ fn stat(pid: i32) -> Option<Stat> {
     Some(Stat { ppid, pgrp })
 }
 
-fn descendants() -> Vec<i32> {
+/// Every descendant of this process (children, their children, ...), by pid.
+pub fn descendants() -> Vec<i32> {
     let me = i32::try_from(std::process::id()).unwrap_or(i32::MAX);
     let mut children: BTreeMap<i32, Vec<i32>> = BTreeMap::new();
     if let Ok(entries) = fs::read_dir("/proc") {
@@ -131,33 +135,4 @@ fn socket_inodes_to(port: u16) -> BTreeSet<u64> {
         }
     }
     inodes
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_child_connected_to_a_port_is_found_and_killed() {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        let port = listener.local_addr().expect("addr").port();
-        // bash's /dev/tcp: a child with a connection and nothing else.
-        let mut child = std::process::Command::new("bash")
-            .arg("-c")
-            .arg(format!("exec 3<>/dev/tcp/127.0.0.1/{port}; sleep 60"))
-            .spawn()
-            .expect("spawn bash");
-        let _accepted = listener.accept().expect("accept");
-        let pid = i32::try_from(child.id()).expect("pid");
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while !connected_descendants(port).contains(&pid) {
-            assert!(std::time::Instant::now() < deadline, "child not found");
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
-        assert!(descendants().contains(&pid));
-        kill_hard(pid);
-        let status = child.wait().expect("wait");
-        assert!(!status.success());
-        assert!(connected_descendants(port).is_empty());
-    }
 }
