@@ -46,7 +46,7 @@ async fn context() -> Context {
     let cluster = Cluster::from_kubeconfig("primary", kubeconfig)
         .await
         .expect("cluster")
-        .with_policy(ClientPolicy::new().timeout(REQUEST_TIMEOUT));
+        .with_policy(ClientPolicy::new().request_timeout(REQUEST_TIMEOUT));
     Context::new(cluster)
 }
 
@@ -607,7 +607,7 @@ async fn a_server_that_trickles_its_body_is_cut_off_at_the_deadline() {
     let cluster = plain_cluster(
         "trickle",
         port,
-        ClientPolicy::new().timeout(REQUEST_TIMEOUT),
+        ClientPolicy::new().request_timeout(REQUEST_TIMEOUT),
     )
     .await;
     let started = Instant::now();
@@ -634,7 +634,7 @@ async fn an_oversized_response_is_refused_naming_the_cluster_and_the_limit() {
     .expect("json");
     let port = serve(CHUNKED_OK, big, 16 * 1024, Duration::ZERO).await;
     let policy = ClientPolicy::new()
-        .timeout(REQUEST_TIMEOUT)
+        .request_timeout(REQUEST_TIMEOUT)
         .response_limit(64 * 1024);
     let cluster = plain_cluster("bulky", port, policy).await;
     let error = Api::<ConfigMap>::namespaced(cluster.client().clone(), "default")

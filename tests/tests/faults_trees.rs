@@ -317,7 +317,7 @@ fn release(helm: &Path, temp: &Path, scope: &Scope, greeting: &str) -> Box<dyn P
             .helm(helm)
             .temp_dir(temp)
             .set("greeting", greeting.to_owned())
-            .grace_period(Duration::from_secs(5)),
+            .stop_timeout(Duration::from_secs(5)),
     )
 }
 

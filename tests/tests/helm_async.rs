@@ -119,7 +119,7 @@ fn hooked(ns: &TestNamespace, helm: &PathBuf, name: &str, selector: &str) -> Hel
         .helm(helm)
         .set("nodeSelector", json!({ selector: "true" }))
         .hook_timeout(Duration::from_secs(120))
-        .grace_period(Duration::from_secs(5))
+        .stop_timeout(Duration::from_secs(5))
         .pass_timeout(PASS_TIMEOUT)
 }
 

@@ -78,7 +78,7 @@ async fn plain_chart_install_upgrade_noop_uninstall(helm: PathBuf) {
             .helm(&helm)
             .values(&json!({"greeting": greeting}))
             .set("replicas", replicas)
-            .wait(WAIT)
+            .ready_timeout(WAIT)
     };
 
     // Install: the Deployment is Available when provision returns.
@@ -151,7 +151,7 @@ async fn plain_chart_install_upgrade_noop_uninstall(helm: PathBuf) {
         .helm(&helm)
         .values(&json!({"greeting": "bonjour"}))
         .set("replicas", 2)
-        .wait(WAIT);
+        .ready_timeout(WAIT);
     settle(&cx, &bumped, "upgrade chart version").await;
     let settings = ns
         .api::<ConfigMap>()
@@ -341,13 +341,13 @@ async fn inside_serial_and_concurrent_groups_with_other_provisioners(helm: PathB
         );
         Manifest::from_yaml(name.to_owned(), yaml)
             .namespace(ns.name())
-            .wait(WAIT)
+            .ready_timeout(WAIT)
     };
     let release = |name: &str| {
         HelmRelease::new(name.to_owned(), chart("helm-plain"))
             .namespace(ns.name())
             .helm(&helm)
-            .wait(WAIT)
+            .ready_timeout(WAIT)
     };
     let tree = Serial::new("platform")
         .with(manifest("config"))
@@ -409,8 +409,8 @@ async fn secrets_stay_off_argv_and_env_and_files_are_private_and_removed(helm: P
             .helm(&helm)
             .temp_dir(root.path())
             .values(&json!({"password": SECRET, "nodeSelector": node_selector}))
-            .wait(WAIT)
-            .grace_period(Duration::from_secs(5))
+            .ready_timeout(WAIT)
+            .stop_timeout(Duration::from_secs(5))
     };
 
     // A run that cannot finish (a hook that never completes, which helm
@@ -507,8 +507,8 @@ async fn dropping_a_provision_during_wait_leaves_no_helm_process(helm: PathBuf) 
             .helm(&helm)
             .temp_dir(root.path())
             .set("nodeSelector", node_selector)
-            .wait(WAIT)
-            .grace_period(Duration::from_secs(5))
+            .ready_timeout(WAIT)
+            .stop_timeout(Duration::from_secs(5))
     };
     let stuck = release(json!({"no-such-node": "true"})).set("stuckHook", true);
     // Drop passes as soon as helm is waiting (for a hook that never
@@ -551,7 +551,7 @@ async fn release_stuck_in_pending_install_is_recovered(helm: PathBuf) {
             .namespace(ns.name())
             .helm(&helm)
             .set("nodeSelector", node_selector)
-            .wait(WAIT)
+            .ready_timeout(WAIT)
     };
     let stuck = release(json!({"no-such-node": "true"})).set("stuckHook", true);
     let token = provisioners::CancellationToken::new();
@@ -599,7 +599,7 @@ async fn release_stuck_in_pending_upgrade_is_recovered(helm: PathBuf) {
             .helm(&helm)
             .set("greeting", greeting.to_owned())
             .set("nodeSelector", node_selector)
-            .wait(WAIT)
+            .ready_timeout(WAIT)
     };
     settle(&cx, &release("one", json!({})), "install").await;
 
@@ -640,7 +640,7 @@ async fn chart_from_a_repository_with_a_pinned_version(helm: PathBuf) {
         .namespace(ns.name())
         .helm(&helm)
         .version(version.to_owned())
-        .wait(WAIT)
+        .ready_timeout(WAIT)
     };
     settle(&cx, &release("0.1.0"), "install from the repository").await;
     assert_eq!(available(&ns, "from-repo").await, Some(1));
@@ -692,7 +692,7 @@ async fn packaged_chart_into_a_namespace_it_creates(helm: PathBuf) {
         .namespace(&target)
         .create_namespace(true)
         .helm(&helm)
-        .wait(WAIT);
+        .ready_timeout(WAIT);
     settle(&cx, &release, "install from the archive").await;
     let namespaces = Api::<k8s_openapi::api::core::v1::Namespace>::all(ns.client().clone());
     assert!(namespaces.get_opt(&target).await.expect("get").is_some());

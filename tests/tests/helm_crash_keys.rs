@@ -82,7 +82,7 @@ fn release(helm: &Path, temp: &Path, scope: &Scope) -> Box<dyn Provisioner> {
             .helm(helm)
             .temp_dir(temp)
             .set("greeting", "hello".to_owned())
-            .grace_period(Duration::from_secs(5)),
+            .stop_timeout(Duration::from_secs(5)),
     )
 }
 

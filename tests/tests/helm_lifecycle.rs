@@ -12,7 +12,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::Api;
 use provisioners::ErrorKind;
-use provisioners_helm::{Chart, Credentials, Drift, HelmRelease};
+use provisioners_helm::{Chart, Credentials, DriftPolicy, HelmRelease};
 use provisioners_lab::cluster::{self, TestNamespace};
 use serde_json::json;
 
@@ -44,7 +44,7 @@ async fn never_ready_release_yields_then_times_out(helm: PathBuf) {
             .namespace(ns.name())
             .helm(&helm)
             .set("nodeSelector", json!({"no-such-node": "true"}))
-            .wait(wait)
+            .ready_timeout(wait)
     };
     let started = Instant::now();
     // Passes yield while helm runs, then while the Deployment is not ready.
@@ -120,7 +120,7 @@ async fn kept_crd_is_left_and_deprovision_finishes(helm: PathBuf) {
     let release = HelmRelease::new("kept", chart("helm-kept"))
         .namespace(ns.name())
         .helm(&helm)
-        .wait(WAIT);
+        .ready_timeout(WAIT);
     settle(&cx, &release, "install").await;
     assert!(crds.get_opt(&crd_name).await.expect("get").is_some());
 
@@ -156,7 +156,7 @@ async fn cancelled_root_leaves_no_release_pending(helm: PathBuf) {
             .namespace(ns.name())
             .helm(&helm)
             .set("stuckHook", stuck)
-            .grace_period(Duration::from_secs(30))
+            .stop_timeout(Duration::from_secs(30))
     };
     // Once for the install, once for an upgrade.
     for (round, expected) in [(1, "pending-install"), (2, "pending-upgrade")] {
@@ -166,7 +166,7 @@ async fn cancelled_root_leaves_no_release_pending(helm: PathBuf) {
         let operator = cx
             .clone()
             .with_cancellation(token.clone())
-            .with_shutdown_grace(Duration::from_secs(45));
+            .with_shutdown_timeout(Duration::from_secs(45));
         let stuck = release(true).set("round", round);
         let cancelled_at = std::sync::Mutex::new(None);
         let canceller = async {
@@ -221,19 +221,19 @@ async fn drift_is_repaired_by_a_no_op_provision(helm: PathBuf) {
         .await
         .expect("namespace");
     let cx = context().await;
-    let release = |policy: Drift| {
+    let release = |policy: DriftPolicy| {
         HelmRelease::new("drifty", chart("helm-plain"))
             .namespace(ns.name())
             .helm(&helm)
             .values(&json!({"greeting": "as charted", "password": SECRET}))
             .drift(policy)
-            .wait(WAIT)
+            .ready_timeout(WAIT)
     };
-    settle(&cx, &release(Drift::Repair), "install").await;
+    settle(&cx, &release(DriftPolicy::Repair), "install").await;
     let revision = || async { release_record(&ns, "drifty").await.expect("recorded").0 };
     // Nothing drifted: no upgrade (the Secret's stringData, defaults and
     // helm's own labels are no drift).
-    settle(&cx, &release(Drift::Repair), "no-op").await;
+    settle(&cx, &release(DriftPolicy::Repair), "no-op").await;
     assert_eq!(revision().await, 1);
 
     // The Deployment deleted by hand comes back on the next no-op.
@@ -255,7 +255,7 @@ async fn drift_is_repaired_by_a_no_op_provision(helm: PathBuf) {
         }
     })
     .await;
-    settle(&cx, &release(Drift::Repair), "repair the deletion").await;
+    settle(&cx, &release(DriftPolicy::Repair), "repair the deletion").await;
     assert_eq!(revision().await, 2);
     let after = deployments
         .get("drifty")
@@ -277,7 +277,7 @@ async fn drift_is_repaired_by_a_no_op_provision(helm: PathBuf) {
         )
         .await
         .expect("edit by hand");
-    settle(&cx, &release(Drift::Repair), "repair the change").await;
+    settle(&cx, &release(DriftPolicy::Repair), "repair the change").await;
     assert_eq!(revision().await, 3);
     let settings = config_maps.get("drifty-settings").await.expect("configmap");
     assert_eq!(settings.data.expect("data")["greeting"], "as charted");
@@ -287,7 +287,7 @@ async fn drift_is_repaired_by_a_no_op_provision(helm: PathBuf) {
         .delete("drifty-settings", &Default::default())
         .await
         .expect("delete by hand");
-    for policy in [Drift::Warn, Drift::Ignore] {
+    for policy in [DriftPolicy::Warn, DriftPolicy::Ignore] {
         settle(&cx, &release(policy), "no-op that does not repair").await;
         assert_eq!(revision().await, 3, "{policy:?}");
         assert!(
@@ -298,7 +298,7 @@ async fn drift_is_repaired_by_a_no_op_provision(helm: PathBuf) {
                 .is_none()
         );
     }
-    deprovision_until_gone(&cx, &release(Drift::Repair)).await;
+    deprovision_until_gone(&cx, &release(DriftPolicy::Repair)).await;
     ns.cleanup().await.expect("cleanup");
 }
 
@@ -315,7 +315,7 @@ async fn two_processes_racing_on_a_pending_release_do_not_both_act(helm: PathBuf
             .helm(&helm)
             .lease_holder(holder.to_owned())
             .set("stuckHook", stuck)
-            .grace_period(Duration::from_secs(30))
+            .stop_timeout(Duration::from_secs(30))
     };
     let racer = async {
         eventually("the release to be pending-install", || async {
@@ -475,7 +475,7 @@ async fn private_repository_credentials_stay_off_argv_env_and_errors(helm: PathB
             .helm(&helm)
             .version("0.1.0")
             .credentials(Credentials::basic("robot", password.to_owned()))
-            .wait(WAIT)
+            .ready_timeout(WAIT)
     };
 
     // Watch every helm process while the release is installed.
@@ -585,7 +585,7 @@ async fn oci_registry_with_and_without_credentials(helm: PathBuf) {
     .helm(&helm)
     .version("0.1.0")
     .plain_http(true)
-    .wait(WAIT);
+    .ready_timeout(WAIT);
     settle(&cx, &release, "install from the open registry").await;
     assert_eq!(available(&ns, "oci-open").await, Some(1));
 
@@ -601,7 +601,7 @@ async fn oci_registry_with_and_without_credentials(helm: PathBuf) {
         .helm(&helm)
         .version("0.1.0")
         .plain_http(true)
-        .wait(WAIT);
+        .ready_timeout(WAIT);
         match credentials {
             Some(credentials) => release.credentials(credentials),
             None => release,

@@ -13,7 +13,7 @@ use std::time::Instant;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Patch, PatchParams, PostParams};
-use provisioners::plan::{Action, ObjectPlan, Plan};
+use provisioners::plan::{Change, ObjectPlan, Plan};
 use provisioners::{Conditional, Context, PlanRelease, Provisioner, ReleaseAction, Serial};
 use provisioners_helm::HelmRelease;
 use provisioners_lab::cluster::{HarnessCluster, TestNamespace};
@@ -91,7 +91,7 @@ fn object<'a>(plan: &'a Plan, kind: &str, name: &str) -> &'a ObjectPlan {
         .unwrap_or_else(|| panic!("no {kind} {name} in\n{plan:#}"))
 }
 
-fn actions(plan: &Plan) -> Vec<(String, Action)> {
+fn actions(plan: &Plan) -> Vec<(String, Change)> {
     plan.objects()
         .iter()
         .map(|o| (format!("{} {}", o.kind(), o.name()), o.action()))
@@ -135,7 +135,7 @@ async fn a_release_plans_install_no_change_drift_upgrade_and_uninstall(helm: Pat
     let mut created: Vec<String> = actions(&plan)
         .into_iter()
         .map(|(name, action)| {
-            assert_eq!(action, Action::Create, "{name}: {plan:#}");
+            assert_eq!(action, Change::Create, "{name}: {plan:#}");
             name
         })
         .collect();
@@ -243,7 +243,7 @@ async fn a_release_plans_install_no_change_drift_upgrade_and_uninstall(helm: Pat
     );
     assert_eq!(plan.release().unwrap().reason(), Some("1 object drifted"));
     let edited = object(&plan, "ConfigMap", "web-settings");
-    assert_eq!(edited.action(), Action::Update, "{plan:#}");
+    assert_eq!(edited.action(), Change::Update, "{plan:#}");
     assert_eq!(changes(edited), ["data.greeting: \"by hand\" -> \"hello\""]);
     assert_eq!(plan.counts().update, 1, "{plan:#}");
     assert_eq!(plan.counts().no_change, 4, "{plan:#}");
@@ -276,30 +276,30 @@ async fn a_release_plans_install_no_change_drift_upgrade_and_uninstall(helm: Pat
     assert!(reason.contains("values changed"), "{reason}");
     assert!(!reason.contains("chart helm-plan"), "{reason}");
     let settings = object(&plan, "ConfigMap", "web-settings");
-    assert_eq!(settings.action(), Action::Update, "{plan:#}");
+    assert_eq!(settings.action(), Change::Update, "{plan:#}");
     assert_eq!(
         changes(settings),
         ["data.greeting: \"hello\" -> \"bonjour\""]
     );
     let credentials = object(&plan, "Secret", "web-credentials");
-    assert_eq!(credentials.action(), Action::Update, "{plan:#}");
+    assert_eq!(credentials.action(), Change::Update, "{plan:#}");
     assert_eq!(
         changes(credentials),
         ["data.password: (sensitive value) -> (sensitive value)"]
     );
     assert_eq!(
         object(&plan, "ConfigMap", "web-extra").action(),
-        Action::Delete
+        Change::Delete
     );
     let kept = object(&plan, "ConfigMap", "web-kept");
-    assert_eq!(kept.action(), Action::NoChange, "{plan:#}");
+    assert_eq!(kept.action(), Change::NoChange, "{plan:#}");
     assert!(
         kept.reason().is_some_and(|r| r.contains("keep")),
         "{plan:#}"
     );
     assert_eq!(
         object(&plan, "Deployment", "web").action(),
-        Action::NoChange
+        Change::NoChange
     );
     let counts = plan.counts();
     assert_eq!(
@@ -368,7 +368,7 @@ async fn a_release_plans_install_no_change_drift_upgrade_and_uninstall(helm: Pat
     assert_eq!(release_plan.action(), ReleaseAction::Uninstall, "{plan}");
     assert_eq!(release_plan.revision(), Some(2));
     let kept = object(&plan, "ConfigMap", "web-kept");
-    assert_eq!(kept.action(), Action::NoChange, "{plan:#}");
+    assert_eq!(kept.action(), Change::NoChange, "{plan:#}");
     assert!(
         kept.reason().is_some_and(|r| r.contains("keep")),
         "{plan:#}"
@@ -376,15 +376,15 @@ async fn a_release_plans_install_no_change_drift_upgrade_and_uninstall(helm: Pat
     for name in ["web-settings", "web-extra"] {
         assert_eq!(
             object(&plan, "ConfigMap", name).action(),
-            Action::Delete,
+            Change::Delete,
             "{plan:#}"
         );
     }
     assert_eq!(
         object(&plan, "Secret", "web-credentials").action(),
-        Action::Delete
+        Change::Delete
     );
-    assert_eq!(object(&plan, "Deployment", "web").action(), Action::Delete);
+    assert_eq!(object(&plan, "Deployment", "web").action(), Change::Delete);
     no_secret(&plan, SECRET);
 
     proxy.reset_counts();
@@ -454,7 +454,7 @@ async fn objects_of_another_owner_are_refused_and_owned_ones_adopted(helm: PathB
         "{plan}"
     );
     let refused = object(&plan, "ConfigMap", "web-settings");
-    assert_eq!(refused.action(), Action::Refuse, "{plan:#}");
+    assert_eq!(refused.action(), Change::Refuse, "{plan:#}");
     assert!(
         refused
             .reason()
@@ -462,9 +462,9 @@ async fn objects_of_another_owner_are_refused_and_owned_ones_adopted(helm: PathB
         "{plan:#}"
     );
     let adopted = object(&plan, "ConfigMap", "web-extra");
-    assert_eq!(adopted.action(), Action::Adopt, "{plan:#}");
+    assert_eq!(adopted.action(), Change::Adopt, "{plan:#}");
     assert_eq!(changes(adopted), ["data.extra: (none) -> \"yes\""]);
-    assert_eq!(object(&plan, "Deployment", "web").action(), Action::Create);
+    assert_eq!(object(&plan, "Deployment", "web").action(), Change::Create);
     assert!(
         plan.release()
             .unwrap()
@@ -521,14 +521,14 @@ async fn a_kind_whose_crd_is_in_crds_plans_unknown_then_updates(helm: PathBuf) {
         "{plan}"
     );
     let gizmo = object(&plan, "Gizmo", "gizmo");
-    assert_eq!(gizmo.action(), Action::Unknown, "{plan:#}");
+    assert_eq!(gizmo.action(), Change::Unknown, "{plan:#}");
     assert!(
         gizmo.reason().is_some_and(|r| r.contains("crds/")),
         "{plan:#}"
     );
     assert_eq!(
         object(&plan, "ConfigMap", "gizmo-settings").action(),
-        Action::Create
+        Change::Create
     );
     assert!(
         plan.note().is_some_and(|n| n.contains("client-side")),
@@ -566,7 +566,7 @@ async fn a_kind_whose_crd_is_in_crds_plans_unknown_then_updates(helm: PathBuf) {
         "{plan}"
     );
     let gizmo = object(&plan, "Gizmo", "gizmo");
-    assert_eq!(gizmo.action(), Action::Update, "{plan:#}");
+    assert_eq!(gizmo.action(), Change::Update, "{plan:#}");
     assert_eq!(changes(gizmo), ["spec.size: \"small\" -> \"large\""]);
 
     deprovision_until_gone(&cx, &release("small")).await;
@@ -657,7 +657,7 @@ async fn a_pending_upgrade_plans_the_rollback_then_the_upgrade(helm: PathBuf) {
         "{reason}"
     );
     let settings = object(&plan, "ConfigMap", "stuck-settings");
-    assert_eq!(settings.action(), Action::Update, "{plan:#}");
+    assert_eq!(settings.action(), Change::Update, "{plan:#}");
     let greeting = changes(settings);
     assert_eq!(greeting.len(), 1, "{plan:#}");
     assert!(greeting[0].ends_with("-> \"three\""), "{greeting:?}");
@@ -706,7 +706,7 @@ async fn a_pending_install_plans_its_removal_then_the_install(helm: PathBuf) {
     );
     assert_eq!(plan.objects().len(), 3, "{plan:#}");
     for object in plan.objects() {
-        assert_eq!(object.action(), Action::Create, "{plan:#}");
+        assert_eq!(object.action(), Change::Create, "{plan:#}");
     }
     // What the interrupted install made is removed first, then made again.
     let settings = object(&plan, "ConfigMap", "fresh-settings");

@@ -1,4 +1,4 @@
-//! `Manifest` and `Resource` against the local control plane.
+//! `Manifest` and `SingleObject` against the local control plane.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -7,7 +7,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DynamicObject, ObjectMeta, Patch, PatchParams, PostParams};
 use provisioners::{Context, Error, ErrorKind, Owner, Provisioner};
 use provisioners_lab::cluster::TestNamespace;
-use provisioners_manifest::{INVENTORY_LABEL, Manifest, Resource};
+use provisioners_manifest::{INVENTORY_LABEL, Manifest, SingleObject};
 
 mod manifest_support;
 use manifest_support::{POLL, config_maps, converge, cx, resource};
@@ -235,7 +235,7 @@ async fn an_unknown_kind_yields_then_fails_at_the_deadline() {
     let manifest = || {
         Manifest::from_yaml("unknown", yaml)
             .namespace(ns.name())
-            .unknown_kind_deadline(Duration::from_secs(2))
+            .unknown_kind_timeout(Duration::from_secs(2))
     };
 
     let error = cx.provision(&manifest()).await.expect_err("must yield");
@@ -303,7 +303,7 @@ async fn wait_yields_while_not_ready_then_times_out_until_the_content_changes() 
     let manifest = |revision: &str| {
         Manifest::from_yaml("wait", claim(revision))
             .namespace(ns.name())
-            .wait(Duration::from_secs(2))
+            .ready_timeout(Duration::from_secs(2))
     };
 
     let error = cx.provision(&manifest("1")).await.expect_err("not ready");
@@ -370,9 +370,9 @@ async fn a_typed_resource_applies_waits_and_deletes() {
         data: Some([("k".to_owned(), "v".to_owned())].into()),
         ..ConfigMap::default()
     };
-    let node = Resource::new("typed", &config_map)
+    let node = SingleObject::new("typed", &config_map)
         .namespace(ns.name())
-        .wait(Duration::from_secs(60));
+        .ready_timeout(Duration::from_secs(60));
     assert_eq!(node.name(), "typed");
     cx.provision(&node).await.expect("provision");
     let api = ns.api::<ConfigMap>();

@@ -190,7 +190,8 @@ async fn kube_prometheus_provisions_from_nothing_is_idempotent_and_deprovisions(
     let field_manager = "manifest-kube-prometheus-test";
     let cx = cx().await.with_field_manager(field_manager);
     let client = cx.client().clone();
-    let manifest = Manifest::from_path("kube-prometheus", fixture()).wait(Duration::from_secs(600));
+    let manifest =
+        Manifest::from_path("kube-prometheus", fixture()).ready_timeout(Duration::from_secs(600));
 
     let (took, reasons) = converge(&cx, &manifest, true, Duration::from_secs(240)).await;
     eprintln!(

@@ -14,11 +14,11 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::{Api, ObjectMeta, PostParams};
-use provisioners::plan::{Action, ObjectPlan};
+use provisioners::plan::{Change, ObjectPlan};
 use provisioners::{Context, ErrorKind, Plan, Provisioner};
 use provisioners_lab::cluster::{HarnessCluster, TestNamespace};
 use provisioners_lab::faults::{Fault, Match, Proxy, Rule, Verb};
-use provisioners_manifest::{Manifest, ReplacePolicy, Resource};
+use provisioners_manifest::{Manifest, ReplacePolicy, SingleObject};
 use tokio::sync::RwLock;
 
 mod manifest_support;
@@ -161,7 +161,7 @@ async fn kube_prometheus_plans_create_then_no_change_then_exactly_the_two_edits(
     let not_create: Vec<String> = plan
         .objects()
         .iter()
-        .filter(|o| o.action() != Action::Create)
+        .filter(|o| o.action() != Change::Create)
         .map(|o| format!("{} {:?}", o.display_name(), o.reason()))
         .collect();
     assert!(not_create.is_empty(), "{not_create:#?}");
@@ -205,7 +205,7 @@ async fn kube_prometheus_plans_create_then_no_change_then_exactly_the_two_edits(
     let changed: Vec<String> = unchanged
         .objects()
         .iter()
-        .filter(|o| o.action() != Action::NoChange)
+        .filter(|o| o.action() != Change::NoChange)
         .map(|o| format!("{} {:?} {:?}", o.display_name(), o.action(), o.changes()))
         .collect();
     assert!(changed.is_empty(), "{changed:#?}");
@@ -242,7 +242,7 @@ async fn kube_prometheus_plans_create_then_no_change_then_exactly_the_two_edits(
     let updates: Vec<(String, Vec<&str>)> = plan
         .objects()
         .iter()
-        .filter(|o| o.action() != Action::NoChange)
+        .filter(|o| o.action() != Change::NoChange)
         .map(|o| (format!("{} {}", o.action(), o.display_name()), paths(o)))
         .collect();
     assert_eq!(
@@ -337,13 +337,13 @@ async fn a_secrets_values_never_appear_in_a_plan() {
 
     let first = secret(old.0, old.1);
     let plan = plan_of(&proxy, &cx, &first).await;
-    assert_eq!(object(&plan, "Secret", "creds").action(), Action::Create);
+    assert_eq!(object(&plan, "Secret", "creds").action(), Change::Create);
     converge(&cx, &first, true, DEADLINE).await;
 
     let second = secret(new.0, new.1);
     let plan = plan_of(&proxy, &cx, &second).await;
     let creds = object(&plan, "Secret", "creds");
-    assert_eq!(creds.action(), Action::Update, "{plan:#}");
+    assert_eq!(creds.action(), Change::Update, "{plan:#}");
     assert_eq!(paths(creds), ["data.password", "data.token"], "{plan:#}");
     for text in shown(&plan) {
         for value in &forbidden {
@@ -360,7 +360,7 @@ async fn a_secrets_values_never_appear_in_a_plan() {
     let plan = plan_of(&proxy, &cx, &second).await;
     assert_eq!(
         object(&plan, "Secret", "creds").action(),
-        Action::NoChange,
+        Change::NoChange,
         "{plan:#}"
     );
 
@@ -422,7 +422,7 @@ async fn prune_foreign_adopt_and_deprovision_plan_as_they_would_run() {
     // b left the manifest: prune would delete it.
     let second = node(&["a", "c"]);
     let plan = plan_of(&proxy, &cx, &second).await;
-    let actions: Vec<(String, Action)> = plan
+    let actions: Vec<(String, Change)> = plan
         .objects()
         .iter()
         .map(|o| (o.name().to_owned(), o.action()))
@@ -430,9 +430,9 @@ async fn prune_foreign_adopt_and_deprovision_plan_as_they_would_run() {
     assert_eq!(
         actions,
         [
-            ("a".to_owned(), Action::NoChange),
-            ("c".to_owned(), Action::NoChange),
-            ("b".to_owned(), Action::Delete),
+            ("a".to_owned(), Change::NoChange),
+            ("c".to_owned(), Change::NoChange),
+            ("b".to_owned(), Change::Delete),
         ],
         "{plan:#}"
     );
@@ -457,7 +457,7 @@ async fn prune_foreign_adopt_and_deprovision_plan_as_they_would_run() {
     let third = node(&["a", "c", "hand"]);
     let plan = plan_of(&proxy, &cx, &third).await;
     let hand = object(&plan, "ConfigMap", "hand");
-    assert_eq!(hand.action(), Action::Refuse, "{plan:#}");
+    assert_eq!(hand.action(), Change::Refuse, "{plan:#}");
     let reason = hand.reason().unwrap();
     assert!(
         reason.contains("already exists and is not ours"),
@@ -474,7 +474,7 @@ async fn prune_foreign_adopt_and_deprovision_plan_as_they_would_run() {
     let adopting = node(&["a", "c", "hand"]).adopt(true);
     let plan = plan_of(&proxy, &cx, &adopting).await;
     let hand = object(&plan, "ConfigMap", "hand");
-    assert_eq!(hand.action(), Action::Adopt, "{plan:#}");
+    assert_eq!(hand.action(), Change::Adopt, "{plan:#}");
     assert_eq!(paths(hand), ["data.name", "metadata.labels"], "{plan:#}");
     assert_eq!(
         hand.changes()[0].to_string(),
@@ -496,7 +496,7 @@ async fn prune_foreign_adopt_and_deprovision_plan_as_they_would_run() {
     let last = node(&["a", "c", "hand", "stranger"]);
     let plan = deprovision_plan_of(&proxy, &cx, &last).await;
     eprintln!("{plan}");
-    let actions: Vec<(String, Action)> = plan
+    let actions: Vec<(String, Change)> = plan
         .objects()
         .iter()
         .map(|o| (o.name().to_owned(), o.action()))
@@ -504,10 +504,10 @@ async fn prune_foreign_adopt_and_deprovision_plan_as_they_would_run() {
     assert_eq!(
         actions,
         [
-            ("a".to_owned(), Action::Delete),
-            ("c".to_owned(), Action::Update),
-            ("hand".to_owned(), Action::Delete),
-            ("stranger".to_owned(), Action::Refuse),
+            ("a".to_owned(), Change::Delete),
+            ("c".to_owned(), Change::Update),
+            ("hand".to_owned(), Change::Delete),
+            ("stranger".to_owned(), Change::Refuse),
         ],
         "{plan:#}"
     );
@@ -560,7 +560,7 @@ async fn an_immutable_change_plans_replace_and_provision_follows_the_policy() {
     let second = Manifest::from_yaml("frozen", frozen(ns.name(), "v2"));
     let plan = plan_of(&proxy, &cx, &second).await;
     let planned = object(&plan, "ConfigMap", "frozen");
-    assert_eq!(planned.action(), Action::Replace, "{plan:#}");
+    assert_eq!(planned.action(), Change::Replace, "{plan:#}");
     let reason = planned.reason().unwrap();
     assert!(
         reason.starts_with("data may not change (immutable)"),
@@ -589,7 +589,7 @@ async fn an_immutable_change_plans_replace_and_provision_follows_the_policy() {
         Manifest::from_yaml("frozen", frozen(ns.name(), "v2")).replace(ReplacePolicy::Recreate);
     let plan = plan_of(&proxy, &cx, &recreate).await;
     let planned = object(&plan, "ConfigMap", "frozen");
-    assert_eq!(planned.action(), Action::Replace);
+    assert_eq!(planned.action(), Change::Replace);
     assert!(
         planned
             .reason()
@@ -618,7 +618,7 @@ async fn an_immutable_change_plans_replace_and_provision_follows_the_policy() {
         Manifest::from_yaml("frozen", frozen(ns.name(), "v3")).replace(ReplacePolicy::Recreate);
     let plan = plan_of(&proxy, &cx, &third).await;
     let planned = object(&plan, "ConfigMap", "frozen");
-    assert_eq!(planned.action(), Action::Refuse, "{plan:#}");
+    assert_eq!(planned.action(), Change::Refuse, "{plan:#}");
     assert!(planned.reason().unwrap().contains("it is kept"), "{plan:#}");
     let error = cx.provision(&third).await.expect_err("kept");
     assert!(error.to_string().contains("was not deleted"), "{error}");
@@ -641,7 +641,7 @@ async fn an_immutable_change_plans_replace_and_provision_follows_the_policy() {
     let plan = plan_of(&proxy, &cx, &theirs).await;
     assert_eq!(
         object(&plan, "ConfigMap", "frozen-by-hand").action(),
-        Action::Refuse
+        Change::Refuse
     );
     let error = cx.provision(&theirs).await.expect_err("not ours");
     assert_eq!(error.kind(), ErrorKind::Invalid, "{error}");
@@ -680,7 +680,7 @@ async fn recreate_never_deletes_a_foreign_object_in_our_namespace() {
         .force(true);
     let plan = plan_of(&proxy, &cx, &with_it).await;
     let planned = object(&plan, "ConfigMap", "frozen");
-    assert_eq!(planned.action(), Action::Refuse, "{plan:#}");
+    assert_eq!(planned.action(), Change::Refuse, "{plan:#}");
     assert!(planned.reason().unwrap().contains("not ours"), "{plan:#}");
     let error = cx.provision(&with_it).await.expect_err("not ours");
     assert_eq!(error.kind(), ErrorKind::Invalid, "{error}");
@@ -715,7 +715,7 @@ async fn recreate_replaces_a_job_whose_template_changes() {
     let next = job("busybox:2");
     let plan = plan_of(&proxy, &cx, &next).await;
     let planned = object(&plan, "Job", "once");
-    assert_eq!(planned.action(), Action::Replace, "{plan:#}");
+    assert_eq!(planned.action(), Change::Replace, "{plan:#}");
     assert_eq!(paths(planned), ["spec.template"]);
     let (_, reasons) = converge(&cx, &next, true, DEADLINE).await;
     assert!(
@@ -776,7 +776,7 @@ async fn a_replace_interrupted_between_delete_and_create_converges() {
     let plan = plan_of(&proxy, &cx, &recreate).await;
     assert_eq!(
         object(&plan, "ConfigMap", "frozen").action(),
-        Action::Create
+        Change::Create
     );
     converge(&cx, &recreate, true, DEADLINE).await;
     let live = api.get("frozen").await.expect("get");
@@ -794,7 +794,7 @@ async fn a_resource_plans_as_a_node_of_kind_resource() {
         .expect("namespace");
     let (proxy, cx) = proxied("resource").await;
     let settings = |level: &str| {
-        Resource::new(
+        SingleObject::new(
             "settings",
             &ConfigMap {
                 metadata: ObjectMeta {
@@ -813,7 +813,7 @@ async fn a_resource_plans_as_a_node_of_kind_resource() {
     converge(&cx, &settings("debug"), true, DEADLINE).await;
     let plan = plan_of(&proxy, &cx, &settings("info")).await;
     let planned = object(&plan, "ConfigMap", "settings");
-    assert_eq!(planned.action(), Action::Update);
+    assert_eq!(planned.action(), Change::Update);
     assert_eq!(
         planned.changes()[0].to_string(),
         "data.level: \"debug\" -> \"info\""
@@ -841,13 +841,13 @@ async fn unknown_kinds_are_unknown_and_bad_input_fails_as_provision_does() {
     let manifest = Manifest::from_yaml("unknown", yaml).namespace(ns.name());
     let plan = plan_of(&proxy, &cx, &manifest).await;
     let gadget = object(&plan, "Gadget", "g");
-    assert_eq!(gadget.action(), Action::Unknown, "{plan:#}");
+    assert_eq!(gadget.action(), Change::Unknown, "{plan:#}");
     let reason = gadget.reason().unwrap();
     assert!(reason.contains("does not serve kind Gadget"), "{reason}");
     assert!(reason.contains("up to 300s"), "{reason}");
     assert_eq!(
         object(&plan, "ConfigMap", "beside").action(),
-        Action::Create
+        Change::Create
     );
     assert!(plan.has_changes());
 
@@ -856,7 +856,7 @@ async fn unknown_kinds_are_unknown_and_bad_input_fails_as_provision_does() {
         .namespace(format!("{}-not-yet", ns.name()));
     let plan = plan_of(&proxy, &cx, &elsewhere).await;
     let x = object(&plan, "ConfigMap", "x");
-    assert_eq!(x.action(), Action::Unknown, "{plan:#}");
+    assert_eq!(x.action(), Change::Unknown, "{plan:#}");
     assert!(x.reason().unwrap().contains("does not exist"), "{plan:#}");
     let error = cx.provision(&elsewhere).await.expect_err("no namespace");
     assert_eq!(error.kind(), ErrorKind::NotFound, "{error}");
@@ -946,7 +946,7 @@ async fn zeros_the_server_omits_are_no_change_but_a_zero_removed_by_hand_is_repa
     }
     let plan = plan_of(&proxy, &cx, &node).await;
     let planned = object(&plan, "Deployment", "hardened");
-    assert_eq!(planned.action(), Action::Update, "{plan:#}");
+    assert_eq!(planned.action(), Change::Update, "{plan:#}");
     assert_eq!(
         paths(planned),
         ["spec.template.spec.containers[0].securityContext.allowPrivilegeEscalation"],

@@ -11,7 +11,7 @@ use std::path::Path;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use provisioners::helm::{PlanRelease, ReleaseAction};
-use provisioners::plan::Action;
+use provisioners::plan::Change;
 use provisioners::{
     Chart, Conditional, Context, HelmRelease, Manifest, Operation, Owner, Plan, Serial,
 };
@@ -37,7 +37,7 @@ fn tree(ns: &str, enabled: &Arc<AtomicBool>) -> Serial {
 }
 
 /// A leaf's node path, operation, and `(object name, action)`s.
-type Leaf = (String, Operation, Vec<(String, Action)>);
+type Leaf = (String, Operation, Vec<(String, Change)>);
 
 /// Every leaf of `plan`, in run order.
 fn shape(plan: &Plan) -> Vec<Leaf> {
@@ -55,7 +55,7 @@ fn shape(plan: &Plan) -> Vec<Leaf> {
         .collect()
 }
 
-fn leaf(path: &str, operation: Operation, objects: &[(&str, Action)]) -> Leaf {
+fn leaf(path: &str, operation: Operation, objects: &[(&str, Change)]) -> Leaf {
     (
         path.to_owned(),
         operation,
@@ -71,7 +71,7 @@ async fn a_tree_plans_in_run_order_and_a_false_conditional_plans_its_deletes() {
     let cx = cx().await.with_owner(owner.clone());
     let enabled = Arc::new(AtomicBool::new(true));
     let root = tree(ns.name(), &enabled);
-    use Action::{Create, Delete, NoChange};
+    use Change::{Create, Delete, NoChange};
     use Operation::{Deprovision, Provision};
 
     // Nothing there yet: every object is a create, in run order.
@@ -313,7 +313,7 @@ async fn a_mixed_tree_plans_manifests_a_release_and_a_remote_subtree_with_no_wri
     assert_eq!(edge.cluster(), Some("tenant"));
     let agent = plan.find("platform/edge/agent").expect("agent");
     assert_eq!(agent.objects().len(), 1);
-    assert_eq!(agent.objects()[0].action(), Action::Create);
+    assert_eq!(agent.objects()[0].action(), Change::Create);
     assert_eq!(agent.objects()[0].namespace(), Some(remote_ns.name()));
     for text in shown(&plan) {
         assert!(!text.contains(OLD), "a Secret's value in the plan: {text}");
@@ -331,7 +331,7 @@ async fn a_mixed_tree_plans_manifests_a_release_and_a_remote_subtree_with_no_wri
     let plan = cx.plan(&tree(NEW, "tenant")).await.expect("plan");
     counted("changed");
     let base = plan.find("platform/base").expect("base");
-    assert_eq!(base.objects()[0].action(), Action::Update, "{plan:#}");
+    assert_eq!(base.objects()[0].action(), Change::Update, "{plan:#}");
     let web = plan.find("platform/web").expect("web");
     assert_eq!(web.operation(), Operation::Deprovision);
     assert_eq!(
@@ -340,7 +340,7 @@ async fn a_mixed_tree_plans_manifests_a_release_and_a_remote_subtree_with_no_wri
         "{plan:#}"
     );
     assert!(
-        web.objects().iter().all(|o| o.action() == Action::Delete),
+        web.objects().iter().all(|o| o.action() == Change::Delete),
         "{plan:#}"
     );
     for text in shown(&plan) {

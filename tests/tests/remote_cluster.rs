@@ -16,7 +16,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::config::Kubeconfig;
-use provisioners::plan::{Action, ObjectPlan};
+use provisioners::plan::{Change, ObjectPlan};
 use provisioners::testing::{Recorder, Scripted};
 use provisioners::{Context, Operation, Provisioner, serial};
 use provisioners_lab::cluster::{HarnessCluster, TestNamespace};
@@ -395,8 +395,8 @@ impl Provisioner for MarkerProbe {
             .await
             .map_err(|e| provisioners::Error::kube("reading ConfigMap marker", e))?;
         let action = match marker {
-            Some(_) => Action::NoChange,
-            None => Action::Create,
+            Some(_) => Change::NoChange,
+            None => Change::Create,
         };
         Ok(
             provisioners::Plan::new("marker", operation, "probe").with_object(ObjectPlan::new(
@@ -476,14 +476,14 @@ async fn a_remote_subtree_plans_on_the_remote_cluster_with_no_write() {
     let marker = plan
         .find("platform/tenant/marker")
         .expect("its child, below it");
-    assert_eq!(marker.objects()[0].action(), Action::NoChange, "{plan}");
+    assert_eq!(marker.objects()[0].action(), Change::NoChange, "{plan}");
     let unnamed = plan.find("platform/marker").expect("the unnamed remote");
     assert_eq!(unnamed.cluster(), Some("tenant-b"));
-    assert_eq!(unnamed.objects()[0].action(), Action::NoChange, "{plan}");
+    assert_eq!(unnamed.objects()[0].action(), Change::NoChange, "{plan}");
     assert!(!plan.has_changes(), "{plan}");
     // The same probe on the first cluster sees no marker: the plan above ran remotely.
     let here = cx.plan(&probe()).await.expect("plan here");
-    assert_eq!(here.objects()[0].action(), Action::Create);
+    assert_eq!(here.objects()[0].action(), Change::Create);
     assert_eq!(proxy.counts().writes(), 0);
 
     // Provisioning the same tree writes (the Secret's finalizer, the

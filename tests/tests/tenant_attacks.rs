@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::Client;
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
-use provisioners::plan::Action;
+use provisioners::plan::Change;
 use provisioners::{Context, ErrorKind, Owner, OwnerKeys, Plan};
 use provisioners_lab::cluster::{HarnessCluster, TestNamespace};
 use provisioners_manifest::{INVENTORY_LABEL, Manifest, OWNER_ANNOTATION};
@@ -104,7 +104,7 @@ async fn add_entry(api: &Api<ConfigMap>, entry: serde_json::Value) {
 }
 
 /// The plan's object `name`, with its action and reason.
-fn planned(plan: &Plan, name: &str) -> (Action, String) {
+fn planned(plan: &Plan, name: &str) -> (Change, String) {
     let (_, object) = plan
         .all_objects()
         .into_iter()
@@ -193,7 +193,7 @@ async fn a_tenant_who_may_patch_but_not_delete_cannot_have_our_prune_delete_its_
         ("unsigned", "no authenticator"),
     ] {
         let (action, reason) = planned(&plan, name);
-        assert_eq!(action, Action::Refuse, "{name}: {reason}");
+        assert_eq!(action, Change::Refuse, "{name}: {reason}");
         assert!(reason.contains(why), "{name}: {reason}");
     }
     converge(&cx, &manifest(), true, DEADLINE).await;
@@ -205,8 +205,8 @@ async fn a_tenant_who_may_patch_but_not_delete_cannot_have_our_prune_delete_its_
     .await;
     // Deprovision deletes ours, and still neither of the tenant's.
     let plan = cx.plan_deprovision(&manifest()).await.expect("plan");
-    assert_eq!(planned(&plan, "ours").0, Action::Delete);
-    assert_eq!(planned(&plan, "precious").0, Action::Refuse);
+    assert_eq!(planned(&plan, "ours").0, Change::Delete);
+    assert_eq!(planned(&plan, "precious").0, Change::Refuse);
     converge(&cx, &manifest(), false, DEADLINE).await;
     assert!(
         admin.get_opt("ours").await.expect("get").is_none(),
@@ -272,13 +272,13 @@ async fn an_inventory_entry_outside_the_manifests_targets_is_ignored_and_reporte
 
     let plan = cx.plan(&manifest()).await.expect("plan");
     let (action, reason) = planned(&plan, "victim");
-    assert_eq!(action, Action::Refuse, "{reason}");
+    assert_eq!(action, Change::Refuse, "{reason}");
     assert!(
         reason.contains(&format!("namespace {}", elsewhere.name())),
         "{reason}"
     );
     let (action, reason) = planned(&plan, "admin");
-    assert_eq!(action, Action::Refuse, "{reason}");
+    assert_eq!(action, Change::Refuse, "{reason}");
     assert!(
         reason.contains("ClusterRole.rbac.authorization.k8s.io"),
         "{reason}"
@@ -318,7 +318,7 @@ async fn a_key_configured_later_re_signs_what_stays_and_never_deletes_what_left_
         .with_owner_keys(OwnerKeys::generate().expect("a key"));
     let plan = after.plan(&manifest(&["stays"])).await.expect("plan");
     let (action, reason) = planned(&plan, "leaves");
-    assert_eq!(action, Action::Refuse, "{reason}");
+    assert_eq!(action, Change::Refuse, "{reason}");
     assert!(reason.contains("no authenticator"), "{reason}");
     converge(&after, &manifest(&["stays"]), true, DEADLINE).await;
     let api = ns.api::<ConfigMap>();

@@ -27,11 +27,11 @@ use run::{observed, until_cancelled};
 pub const DEFAULT_FIELD_MANAGER: &str = "provisioners";
 
 /// How long a cancelled tree's root waits for its nodes to stop on their own
-/// before dropping them, unless [`Context::with_shutdown_grace`] says
+/// before dropping them, unless [`Context::with_shutdown_timeout`] says
 /// otherwise: long enough for a helm process to get its own 10 s
 /// [grace period](https://docs.rs/provisioners-helm) after SIGTERM, and
 /// shorter than Kubernetes' default `terminationGracePeriodSeconds` (30 s).
-pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(20);
+pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// Where and how a tree runs: the target cluster, cancellation, deletion
 /// policy, field manager, owner and progress observer.
@@ -81,7 +81,7 @@ struct Shared {
     owner: Option<Arc<Owner>>,
     owner_keys: Option<Arc<OwnerKeys>>,
     observer: Option<Arc<dyn Observer>>,
-    shutdown_grace: Duration,
+    shutdown_timeout: Duration,
     wake: Option<Wake>,
 }
 
@@ -99,7 +99,7 @@ impl Context {
                 owner: None,
                 owner_keys: None,
                 observer: None,
-                shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
+                shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
                 wake: None,
             }),
             parent: None,
@@ -179,22 +179,22 @@ impl Context {
     }
 
     /// How long the root waits, once the token fires, for the tree to stop
-    /// on its own before dropping it (default [`DEFAULT_SHUTDOWN_GRACE`]).
+    /// on its own before dropping it (default [`DEFAULT_SHUTDOWN_TIMEOUT`]).
     ///
     /// Leaves that run something outside the process honour the token and
     /// finish cleanly within the grace: a helm leaf sends SIGTERM, waits for
     /// helm to record the outcome, and returns `Cancelled` only after helm
     /// has exited. Leaves that ignore the token are dropped when the grace
     /// ends. `Duration::ZERO` drops the tree as soon as the token fires.
-    pub fn with_shutdown_grace(mut self, grace: Duration) -> Self {
-        self.shared_mut().shutdown_grace = grace;
+    pub fn with_shutdown_timeout(mut self, grace: Duration) -> Self {
+        self.shared_mut().shutdown_timeout = grace;
         self
     }
 
     /// How long a cancelled root waits for its tree; see
-    /// [`Context::with_shutdown_grace`].
-    pub fn shutdown_grace(&self) -> Duration {
-        self.shared().shutdown_grace
+    /// [`Context::with_shutdown_timeout`].
+    pub fn shutdown_timeout(&self) -> Duration {
+        self.shared().shutdown_timeout
     }
 
     /// Deletes with background propagation instead of foreground, e.g. for
@@ -336,7 +336,7 @@ impl Context {
     /// `tracing` span, reports to the observer, and attaches the path to any
     /// error that leaves the node. At the root (an empty path) it also stops
     /// the whole tree when the cancellation token fires: it gives the tree
-    /// its [shutdown grace](Context::with_shutdown_grace) to stop on its own,
+    /// its [shutdown timeout](Context::with_shutdown_timeout) to stop on its own,
     /// then drops it, returning [`ErrorKind::Cancelled`](crate::ErrorKind::Cancelled).
     /// Once the token has fired, no node starts: composite nodes that run
     /// their children through this method stop starting new ones.
@@ -492,7 +492,7 @@ impl Context {
                 Box::pin(until_cancelled(
                     &self.shared().cancel,
                     &self.shared().stopping,
-                    self.shared().shutdown_grace,
+                    self.shared().shutdown_timeout,
                     work,
                 ))
                 .await
@@ -550,7 +550,7 @@ impl fmt::Debug for Context {
             .field("background_deletion", &self.shared().background_deletion)
             .field("owner", &self.shared().owner)
             .field("owner_keys", &self.shared().owner_keys)
-            .field("shutdown_grace", &self.shared().shutdown_grace)
+            .field("shutdown_timeout", &self.shared().shutdown_timeout)
             .field("wake", &self.shared().wake.is_some())
             .field("cancelled", &self.is_cancelled())
             .finish_non_exhaustive()

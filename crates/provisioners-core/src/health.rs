@@ -23,11 +23,11 @@ use tokio::time::Instant;
 /// the cluster; then one request sends a cheap probe (`GET /version`,
 /// within [`ClientPolicy::probe_timeout`]): an answer of any kind closes
 /// the breaker, no answer opens it again for twice as long (up to
-/// [`ClientPolicy::max_probe_interval`]).
+/// [`ClientPolicy::probe_interval`]).
 ///
 /// [`ClientPolicy::failure_threshold`]: crate::ClientPolicy::failure_threshold
 /// [`ClientPolicy::probe_timeout`]: crate::ClientPolicy::probe_timeout
-/// [`ClientPolicy::max_probe_interval`]: crate::ClientPolicy::max_probe_interval
+/// [`ClientPolicy::probe_interval`]: crate::ClientPolicy::probe_interval
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Health {

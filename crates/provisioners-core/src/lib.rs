@@ -120,7 +120,7 @@ mod wake;
 
 pub use async_trait::async_trait;
 pub use cluster::Cluster;
-pub use context::{Context, DEFAULT_FIELD_MANAGER, DEFAULT_SHUTDOWN_GRACE};
+pub use context::{Context, DEFAULT_FIELD_MANAGER, DEFAULT_SHUTDOWN_TIMEOUT};
 pub use error::{Error, ErrorKind, Result, Waiting};
 pub use health::{Health, Unreachable};
 pub use observe::{Event, Observer, Outcome, Phase};

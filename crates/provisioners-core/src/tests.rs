@@ -236,7 +236,7 @@ impl Provisioner for Stopping {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_cancelled_root_gives_its_tree_the_shutdown_grace() {
+async fn a_cancelled_root_gives_its_tree_the_shutdown_timeout() {
     let seen = Arc::default();
     let stopped = Arc::new(Mutex::new(false));
     let tree = Parent(
@@ -249,8 +249,8 @@ async fn a_cancelled_root_gives_its_tree_the_shutdown_grace() {
             Box::new(leaf("after", || Ok(()), &seen)),
         ],
     );
-    let cx = Context::offline().with_shutdown_grace(Duration::from_secs(8));
-    assert_eq!(cx.shutdown_grace(), Duration::from_secs(8));
+    let cx = Context::offline().with_shutdown_timeout(Duration::from_secs(8));
+    assert_eq!(cx.shutdown_timeout(), Duration::from_secs(8));
     let token = cx.cancellation().clone();
     let started = tokio::time::Instant::now();
     tokio::spawn(async move {
@@ -279,7 +279,7 @@ async fn a_cancelled_root_gives_its_tree_the_shutdown_grace() {
         needs: Duration::from_secs(60),
         stopped: Arc::clone(&stopped),
     };
-    let cx = Context::offline().with_shutdown_grace(Duration::from_secs(8));
+    let cx = Context::offline().with_shutdown_timeout(Duration::from_secs(8));
     let token = cx.cancellation().clone();
     let started = tokio::time::Instant::now();
     tokio::spawn(async move {
@@ -292,7 +292,7 @@ async fn a_cancelled_root_gives_its_tree_the_shutdown_grace() {
     assert_eq!(started.elapsed(), Duration::from_secs(9));
 
     // Zero grace drops at once.
-    let cx = Context::offline().with_shutdown_grace(Duration::ZERO);
+    let cx = Context::offline().with_shutdown_timeout(Duration::ZERO);
     let token = cx.cancellation().clone();
     let started = tokio::time::Instant::now();
     tokio::spawn(async move {

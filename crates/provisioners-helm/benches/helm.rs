@@ -4,7 +4,7 @@
 //! installed (ours: helm without `--wait`, then provisioned again after each
 //! yield until the readiness check passes, as a controller's requeue would),
 //! then provisioned again with no change: with the drift and readiness check
-//! (the default), and with `Drift::Ignore` and no wait (one API call per
+//! (the default), and with `DriftPolicy::Ignore` and no wait (one API call per
 //! release), which shows what the drift check costs.
 //!
 //! Then, when `PROVISIONERS_FIXTURES` names the fixtures directory, the
@@ -36,7 +36,7 @@ use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
 use kube::config::Kubeconfig;
 use provisioners_core::{Cluster, Context, Provisioner};
 use provisioners_group::Concurrent;
-use provisioners_helm::{Chart, Drift, HelmProcesses, HelmRelease};
+use provisioners_helm::{Chart, DriftPolicy, HelmProcesses, HelmRelease};
 
 const WAIT: Duration = Duration::from_secs(300);
 
@@ -98,7 +98,7 @@ async fn all_available(client: &kube::Client, namespace: &str, expected: usize) 
 }
 
 /// `checked`: readiness wait and the default drift check; else
-/// `Drift::Ignore` and no wait (the same releases, so a no-op for them too).
+/// `DriftPolicy::Ignore` and no wait (the same releases, so a no-op for them too).
 fn group(helm: &Path, namespace: &str, releases: usize, checked: bool) -> Concurrent {
     let mut group = Concurrent::new("bench");
     for i in 0..releases {
@@ -107,9 +107,9 @@ fn group(helm: &Path, namespace: &str, releases: usize, checked: bool) -> Concur
             .helm(helm)
             .set("greeting", format!("hello {i}"));
         group.push(if checked {
-            release.wait(WAIT)
+            release.ready_timeout(WAIT)
         } else {
-            release.drift(Drift::Ignore)
+            release.drift(DriftPolicy::Ignore)
         });
     }
     group
@@ -243,7 +243,7 @@ async fn big_noop(cx: &Context, label: &str, helm: &Path, kubeconfig: &Path, cha
     let release = HelmRelease::new("big", Chart::local(chart))
         .namespace(&ours_ns)
         .helm(helm)
-        .wait(WAIT);
+        .ready_timeout(WAIT);
     let started = Instant::now();
     let calls = provision_until_done(cx, &release).await;
     eprintln!(
@@ -415,7 +415,7 @@ async fn main() {
         for (pass, tree) in [
             ("first install", &checked),
             ("no change", &checked),
-            ("no change, `Drift::Ignore`, no wait", &unchecked),
+            ("no change, `DriftPolicy::Ignore`, no wait", &unchecked),
         ] {
             let started = Instant::now();
             let calls = provision_until_done(&cx, tree).await;

@@ -7,7 +7,7 @@
 //! kubeconfig reach helm through 0600 files in a private directory, never on
 //! the command line or in the environment; a release already deployed with
 //! the same chart, version and values is recognised without running helm,
-//! and its objects are checked for [drift](Drift) against the manifest
+//! and its objects are checked for [drift](DriftPolicy) against the manifest
 //! stored in helm's record (and repaired by an upgrade); helm never runs
 //! with `--wait`: readiness is checked with the shared
 //! [rules](provisioners_kit::readiness) and `provision` yields until the
@@ -100,7 +100,7 @@
 //!     .create_namespace(true)
 //!     .version("4.11.3")
 //!     .set("controller.replicaCount", 2)
-//!     .wait(Duration::from_secs(300));
+//!     .ready_timeout(Duration::from_secs(300));
 //! let app = HelmRelease::new("app", Chart::local("charts/app"))
 //!     .namespace("apps")
 //!     .create_namespace(true)
@@ -174,11 +174,11 @@
 
 mod capture;
 mod chart;
+mod child;
 mod credentials;
 mod failure;
 mod objects;
-mod process;
-mod processes;
+mod process_limit;
 mod redact;
 mod release;
 mod release_plan;
@@ -190,8 +190,10 @@ mod workdir;
 pub use chart::Chart;
 pub use credentials::Credentials;
 pub use failure::HelmFailure;
-pub use processes::{DEFAULT_MAX_HELM_PROCESSES, HelmProcesses};
-pub use release::{DEFAULT_GRACE, DEFAULT_HOOK_TIMEOUT, DEFAULT_PASS_TIMEOUT, Drift, HelmRelease};
+pub use process_limit::{DEFAULT_MAX_HELM_PROCESSES, HelmProcesses};
+pub use release::{
+    DEFAULT_HOOK_TIMEOUT, DEFAULT_PASS_TIMEOUT, DEFAULT_STOP_TIMEOUT, DriftPolicy, HelmRelease,
+};
 pub use release_plan::{DETAIL_KIND, PlanRelease, ReleaseAction, ReleasePlan};
 pub use storage::{
     DIGEST_LABEL, OWNER_ANNOTATION as RECORD_OWNER_ANNOTATION, REVISION_LABEL,

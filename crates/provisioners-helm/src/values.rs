@@ -1,5 +1,6 @@
-//! Values: merging name/value parameters and the canonical form for the
-//! digest (their redaction from helm's messages is [`crate::redact`]'s).
+//! Values: merging name/value parameters (their canonical form for digests
+//! is [`provisioners_kit::canonical`]; their redaction from helm's messages
+//! is [`crate::redact`]'s).
 
 use serde_json::{Map, Value};
 
@@ -60,39 +61,9 @@ pub(crate) fn set_path(values: &mut Value, name: &str, value: Value) -> Result<(
     Ok(())
 }
 
-/// Writes `value` as JSON with object keys sorted, whatever map type serde_json uses.
-pub(crate) fn canonical(value: &Value, out: &mut Vec<u8>) {
-    match value {
-        Value::Object(map) => {
-            let mut entries: Vec<_> = map.iter().collect();
-            entries.sort_by(|a, b| a.0.cmp(b.0));
-            out.push(b'{');
-            for (i, (key, value)) in entries.into_iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                out.extend_from_slice(Value::String(key.clone()).to_string().as_bytes());
-                out.push(b':');
-                canonical(value, out);
-            }
-            out.push(b'}');
-        }
-        Value::Array(items) => {
-            out.push(b'[');
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                canonical(item, out);
-            }
-            out.push(b']');
-        }
-        scalar => out.extend_from_slice(scalar.to_string().as_bytes()),
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use provisioners_kit::canonical::write;
     use serde_json::json;
 
     use super::*;
@@ -134,8 +105,8 @@ mod tests {
         let b: Value =
             serde_json::from_str(r#"{"a": {"x": null, "y": [1, "x"]}, "b": 1}"#).unwrap();
         let (mut ca, mut cb) = (Vec::new(), Vec::new());
-        canonical(&a, &mut ca);
-        canonical(&b, &mut cb);
+        write(&a, &mut ca);
+        write(&b, &mut cb);
         assert_eq!(ca, cb);
         assert_eq!(
             String::from_utf8(ca).unwrap(),
@@ -187,7 +158,7 @@ mod tests {
             }
             // The canonical form is JSON that reads back as the same value.
             let mut out = Vec::new();
-            canonical(&values, &mut out);
+            write(&values, &mut out);
             let back: Value = serde_json::from_slice(&out).expect("canonical JSON parses");
             proptest::prop_assert_eq!(back, values);
         }

@@ -11,12 +11,12 @@ use provisioners_core::{Cluster, Error, Result};
 use tokio::sync::OnceCell;
 use tokio_util::sync::CancellationToken;
 
+use crate::child::{self, Invocation, RunError};
 use crate::failure::{HelmFailure, trimmed};
-use crate::process::{self, Invocation, RunError};
 
 /// How long `helm version` may take.
 const VERSION_DEADLINE: Duration = Duration::from_secs(30);
-use crate::processes::HelmProcesses;
+use crate::process_limit::HelmProcesses;
 use crate::workdir::WorkDir;
 
 /// The major version of a helm binary, which decides the flags it gets.
@@ -79,7 +79,7 @@ async fn run_version(
         // No release, no secrets: its stderr is only bounded.
         redactor: Arc::default(),
     };
-    let output = match process::run(invocation, cancel, Duration::from_secs(5)).await {
+    let output = match child::run(invocation, cancel, Duration::from_secs(5)).await {
         Ok(output) => output,
         Err(RunError::Cancelled) => return Err(Error::cancelled()),
         Err(RunError::Spawn(e)) => {

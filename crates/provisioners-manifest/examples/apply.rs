@@ -59,7 +59,7 @@ async fn main() -> ExitCode {
     let cx = Context::new(cluster).with_background_deletion(background);
     let mut manifest = Manifest::from_path("apply", path);
     if let Some(wait) = wait {
-        manifest = manifest.wait(wait);
+        manifest = manifest.ready_timeout(wait);
     }
     if let Some(namespace) = namespace {
         manifest = manifest.namespace(namespace);

@@ -1,9 +1,9 @@
-//! [`Manifest`] and [`Resource`]: Kubernetes objects as provisioners, applied
+//! [`Manifest`] and [`SingleObject`]: Kubernetes objects as provisioners, applied
 //! with server-side apply.
 //!
 //! A `Manifest` takes multi-document YAML (a string, a file, or a directory
 //! read recursively in path order) or [`DynamicObject`](kube::api::DynamicObject)s;
-//! a `Resource` takes one typed object. Both:
+//! a `SingleObject` takes one typed object. Both:
 //!
 //! - resolve kinds through API discovery, cached per group-version in the
 //!   cluster's state ([`Cluster::state`](provisioners_core::Cluster::state):
@@ -23,7 +23,7 @@
 //!   [`OWNER_ANNOTATION`]), refuse to take over an object that exists
 //!   without that stamp (unless told to adopt it), and only ever delete a
 //!   live object that carries it, with a precondition on its UID;
-//! - optionally wait for readiness ([`Manifest::wait`]: a yield while not
+//! - optionally wait for readiness ([`Manifest::ready_timeout`]: a yield while not
 //!   ready, [`Timeout`](provisioners_core::ErrorKind::Timeout) past the
 //!   deadline) and prune objects that left the manifest;
 //! - deprovision in reverse order, yielding until everything is gone;
@@ -52,7 +52,7 @@
 //! [`plan_deprovision`](provisioners_core::Context::plan_deprovision)) asks
 //! a manifest what its provision (or deprovision) would do now, without
 //! doing it: a [`Plan`](provisioners_core::Plan) node of kind `manifest`
-//! (`resource` for a [`Resource`]) with one object per object, in the order
+//! (`resource` for a [`SingleObject`]) with one object per object, in the order
 //! provision would apply them (tier by tier, then what prune would delete).
 //! Planning only reads and sends server-side applies with `dryRun=All`: it
 //! writes no object, no inventory, no namespace.
@@ -141,7 +141,7 @@
 //! "#,
 //! )
 //! .prune(true)
-//! .wait(Duration::from_secs(120));
+//! .ready_timeout(Duration::from_secs(120));
 //! cx.provision(&app).await?;
 //! cx.deprovision(&app).await?; // a yield until the namespace is gone
 //! # Ok(())
@@ -151,14 +151,14 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod discovery;
-mod manifest;
+mod leaf;
 mod object;
 mod ownership;
-mod resource;
+mod single_object;
 mod source;
 mod unchanged;
 mod walk;
 
-pub use manifest::{Manifest, REPLACE_POLICY_ANNOTATION, ReplacePolicy};
+pub use leaf::{Manifest, REPLACE_POLICY_ANNOTATION, ReplacePolicy};
 pub use ownership::{DELETION_POLICY_ANNOTATION, INVENTORY_LABEL, OWNER_ANNOTATION, stamped_by};
-pub use resource::Resource;
+pub use single_object::SingleObject;

@@ -118,7 +118,7 @@ pub(crate) fn plan_status(plan: &Plan) -> Value {
 mod tests {
     use k8s_openapi::api::core::v1::ConfigMap;
     use provisioners_core::Operation;
-    use provisioners_core::plan::{Action, ObjectPlan};
+    use provisioners_core::plan::{Change, ObjectPlan};
 
     use super::*;
 
@@ -139,7 +139,7 @@ mod tests {
             "ConfigMap",
             Some("ns"),
             "c",
-            Action::Create,
+            Change::Create,
         ))
     }
 
@@ -194,7 +194,7 @@ mod tests {
             "ConfigMap",
             Some("ns"),
             "c",
-            Action::NoChange,
+            Change::NoChange,
         ));
         let object = annotated(&[(DEFAULT_PLAN_APPROVAL_ANNOTATION, PLAN_APPROVAL_REQUIRED)]);
         assert_eq!(

@@ -28,7 +28,7 @@ use provisioners_core::{CancellationToken, Error, Result};
 /// read, so two candidates never both win: the loser gets a conflict.
 /// A stepping-down holder cancels its work at the renew deadline; a standby
 /// may take over at the lease duration. The trees of the old holder get
-/// their [shutdown grace](provisioners_core::Context::with_shutdown_grace)
+/// their [shutdown timeout](provisioners_core::Context::with_shutdown_timeout)
 /// (20 s by default), which can outlast that margin (5 s with the defaults):
 /// a helm process still exiting then keeps its release's Lease
 /// (`provisioners-helm`), so the new leader's reconcile of that release

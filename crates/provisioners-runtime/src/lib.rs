@@ -43,7 +43,7 @@
 //! - on graceful shutdown (the context's cancellation token, which should also
 //!   drive `Controller::graceful_shutdown_on`) stops the tree and reports
 //!   `Cancelled`. A stopped tree gets the context's
-//!   [shutdown grace](provisioners_core::Context::with_shutdown_grace) (20 s
+//!   [shutdown timeout](provisioners_core::Context::with_shutdown_timeout) (20 s
 //!   by default) to stop on its own: no node starts any more, a helm leaf
 //!   sends helm SIGTERM and returns once helm has recorded the outcome and
 //!   exited. Whatever the tree returns then (a cancelled helm leaf beside

@@ -13,7 +13,7 @@
 //! | (always) | [`provisioners-kit`](provisioners_kit) | `kit::{readiness, drift, diff}` and `SingleFlight`, for leaves of your own |
 //! | `group` (default) | [`provisioners-group`] | `Serial`, `Concurrent` |
 //! | `conditional` (default) | [`provisioners-conditional`] | `Conditional` |
-//! | `manifest` | [`provisioners-manifest`] | `Manifest`, `Resource` (server-side apply) |
+//! | `manifest` | [`provisioners-manifest`] | `Manifest`, `SingleObject` (server-side apply) |
 //! | `helm` | [`provisioners-helm`] | `HelmRelease`, `Chart`, `Credentials`, `HelmProcesses` (the helm CLI, Helm 3 and 4) |
 //! | `remote` | [`provisioners-remote`] | `RemoteClusterProvisioner`, `SecretKubeconfig`, `StaticKubeconfig` |
 //! | `runtime` | [`provisioners-runtime`] | `Reconciler`, `LeaderElection` for kube-runtime controllers |
@@ -73,11 +73,11 @@ pub use provisioners_conditional::{self as conditional, Conditional};
 pub use provisioners_group::{self as group, Concurrent, Serial, concurrent, serial};
 #[cfg(feature = "helm")]
 pub use provisioners_helm::{
-    self as helm, Chart, Credentials, Drift, HelmFailure, HelmProcesses, HelmRelease, PlanRelease,
-    ReleaseAction, ReleasePlan,
+    self as helm, Chart, Credentials, DriftPolicy, HelmFailure, HelmProcesses, HelmRelease,
+    PlanRelease, ReleaseAction, ReleasePlan,
 };
 #[cfg(feature = "manifest")]
-pub use provisioners_manifest::{self as manifest, Manifest, ReplacePolicy, Resource};
+pub use provisioners_manifest::{self as manifest, Manifest, ReplacePolicy, SingleObject};
 #[cfg(feature = "remote")]
 pub use provisioners_remote::{
     self as remote, RemoteClusterProvisioner, RemoteTarget, SecretKubeconfig, StaticKubeconfig,

@@ -290,7 +290,8 @@ pub fn check_charts(charts: &Path) -> anyhow::Result<()> {
 
 /// The tree for `platform`; `client` reads the remote's kubeconfig Secret.
 pub fn tree(platform: &Platform, settings: &Settings, client: &kube::Client) -> Serial {
-    let base = Manifest::from_yaml("base", base_yaml(platform)).wait(settings.ready_timeout);
+    let base =
+        Manifest::from_yaml("base", base_yaml(platform)).ready_timeout(settings.ready_timeout);
     Serial::new(platform.name_any())
         .with(base)
         .with(components(platform, settings, client))
@@ -305,7 +306,7 @@ fn components(platform: &Platform, settings: &Settings, client: &kube::Client) -
         .namespace(&target)
         .helm(&settings.helm)
         .set("retention", "14d")
-        .wait(settings.helm_timeout);
+        .ready_timeout(settings.helm_timeout);
     let mut components = Concurrent::new("components")
         .with(manifest("config", config_yaml(platform)))
         .with(Conditional::when(spec.metrics, metrics))
@@ -319,7 +320,9 @@ fn components(platform: &Platform, settings: &Settings, client: &kube::Client) -
             .trust(settings.remote_trust.clone());
         let agent = RemoteClusterProvisioner::new(kubeconfig)
             .named("remote")
-            .provision_on(manifest("agent", agent_yaml(platform)).wait(settings.ready_timeout));
+            .provision_on(
+                manifest("agent", agent_yaml(platform)).ready_timeout(settings.ready_timeout),
+            );
         components.push(Conditional::when(remote.enabled, agent));
     }
     components

@@ -29,7 +29,7 @@ pub fn release(helm: &PathBuf, ns: &str, name: &str) -> HelmRelease {
     HelmRelease::new(name.to_owned(), chart("hello"))
         .namespace(ns)
         .helm(helm)
-        .drift(provisioners_helm::Drift::Ignore)
+        .drift(provisioners_helm::DriftPolicy::Ignore)
 }
 
 /// A client acting as ServiceAccount `tenant` of `ns`, which may read and

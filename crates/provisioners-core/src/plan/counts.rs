@@ -5,7 +5,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use super::{Action, Plan};
+use super::{Change, Plan};
 
 /// How many objects, details and nodes of a plan would do what.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -144,7 +144,7 @@ impl fmt::Display for Plan {
             }
             let mut unchanged = 0;
             for object in &node.objects {
-                if object.action() == Action::NoChange && !f.alternate() {
+                if object.action() == Change::NoChange && !f.alternate() {
                     unchanged += 1;
                     continue;
                 }

@@ -4,7 +4,7 @@
 //! its provision (or deprovision) would change, and returns a [`Plan`] that
 //! mirrors the tree: one node per provisioner, in the order they would run,
 //! each with the operation it would perform and, for leaves, one
-//! [`ObjectPlan`] per Kubernetes object with its [`Action`] and the fields
+//! [`ObjectPlan`] per Kubernetes object with its [`Change`] and the fields
 //! that would change, and, where a leaf has more to say than its objects
 //! (a Helm release: install, upgrade, drift), a [`Detail`] of the leaf's own
 //! making. Planning never writes: leaves plan from dry-runs and reads only.
@@ -14,14 +14,14 @@
 //! has a stable [`digest`](Plan::digest) that an approval can pin.
 //!
 //! ```
-//! use provisioners_core::plan::{Action, FieldChange, ObjectPlan, Plan};
+//! use provisioners_core::plan::{Change, FieldChange, ObjectPlan, Plan};
 //! use provisioners_core::Operation;
 //! use serde_json::json;
 //!
 //! let plan = Plan::new("platform", Operation::Provision, "manifest")
-//!     .with_object(ObjectPlan::new("v1", "ConfigMap", Some("apps"), "settings", Action::Create))
+//!     .with_object(ObjectPlan::new("v1", "ConfigMap", Some("apps"), "settings", Change::Create))
 //!     .with_object(
-//!         ObjectPlan::new("apps/v1", "Deployment", Some("apps"), "web", Action::Update)
+//!         ObjectPlan::new("apps/v1", "Deployment", Some("apps"), "web", Change::Update)
 //!             .with_changes(vec![FieldChange::new(
 //!                 "spec.replicas",
 //!                 Some(json!(1)),
@@ -48,7 +48,7 @@ mod tests;
 
 pub use counts::Counts;
 pub use detail::Detail;
-pub use object::{Action, FieldChange, MASKED, ObjectPlan};
+pub use object::{Change, FieldChange, MASKED, ObjectPlan};
 
 /// What one node of a tree would do: a node of the plan tree.
 ///
@@ -259,14 +259,14 @@ impl Plan {
             }
             for object in &node.objects {
                 match object.action() {
-                    Action::Create => counts.create += 1,
-                    Action::Update => counts.update += 1,
-                    Action::NoChange => counts.no_change += 1,
-                    Action::Delete => counts.delete += 1,
-                    Action::Replace => counts.replace += 1,
-                    Action::Adopt => counts.adopt += 1,
-                    Action::Refuse => counts.refuse += 1,
-                    Action::Unknown => counts.unknown += 1,
+                    Change::Create => counts.create += 1,
+                    Change::Update => counts.update += 1,
+                    Change::NoChange => counts.no_change += 1,
+                    Change::Delete => counts.delete += 1,
+                    Change::Replace => counts.replace += 1,
+                    Change::Adopt => counts.adopt += 1,
+                    Change::Refuse => counts.refuse += 1,
+                    Change::Unknown => counts.unknown += 1,
                 }
             }
         }

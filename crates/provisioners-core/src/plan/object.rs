@@ -1,4 +1,4 @@
-//! What would happen to one object: [`ObjectPlan`], its [`Action`] and the
+//! What would happen to one object: [`ObjectPlan`], its [`Change`] and the
 //! [`FieldChange`]s, with how they read.
 
 use std::fmt;
@@ -12,7 +12,7 @@ pub const MASKED: &str = "(sensitive value)";
 /// What would happen to one object.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub enum Action {
+pub enum Change {
     /// It does not exist and would be created.
     Create,
     /// It exists and would change: see [`ObjectPlan::changes`].
@@ -34,37 +34,37 @@ pub enum Action {
     Unknown,
 }
 
-impl Action {
+impl Change {
     /// The word for the action: `create`, `update`, `no change`, ...
     pub fn as_str(self) -> &'static str {
         match self {
-            Action::Create => "create",
-            Action::Update => "update",
-            Action::NoChange => "no change",
-            Action::Delete => "delete",
-            Action::Replace => "replace",
-            Action::Adopt => "adopt",
-            Action::Refuse => "refuse",
-            Action::Unknown => "unknown",
+            Change::Create => "create",
+            Change::Update => "update",
+            Change::NoChange => "no change",
+            Change::Delete => "delete",
+            Change::Replace => "replace",
+            Change::Adopt => "adopt",
+            Change::Refuse => "refuse",
+            Change::Unknown => "unknown",
         }
     }
 
     /// The diff marker: `+`, `~`, `=`, `-`, `-/+`, `>`, `!`, `?`.
     pub fn marker(self) -> &'static str {
         match self {
-            Action::Create => "+",
-            Action::Update => "~",
-            Action::NoChange => "=",
-            Action::Delete => "-",
-            Action::Replace => "-/+",
-            Action::Adopt => ">",
-            Action::Refuse => "!",
-            Action::Unknown => "?",
+            Change::Create => "+",
+            Change::Update => "~",
+            Change::NoChange => "=",
+            Change::Delete => "-",
+            Change::Replace => "-/+",
+            Change::Adopt => ">",
+            Change::Refuse => "!",
+            Change::Unknown => "?",
         }
     }
 }
 
-impl fmt::Display for Action {
+impl fmt::Display for Change {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
     }
@@ -83,7 +83,7 @@ pub struct ObjectPlan {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     namespace: Option<String>,
     name: String,
-    action: Action,
+    action: Change,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     changes: Vec<FieldChange>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -97,7 +97,7 @@ impl ObjectPlan {
         kind: impl Into<String>,
         namespace: Option<&str>,
         name: impl Into<String>,
-        action: Action,
+        action: Change,
     ) -> Self {
         ObjectPlan {
             api_version: api_version.into(),
@@ -150,12 +150,12 @@ impl ObjectPlan {
     }
 
     /// What would happen to it.
-    pub fn action(&self) -> Action {
+    pub fn action(&self) -> Change {
         self.action
     }
 
-    /// The fields that would change (for [`Action::Update`] and
-    /// [`Action::Replace`]).
+    /// The fields that would change (for [`Change::Update`] and
+    /// [`Change::Replace`]).
     pub fn changes(&self) -> &[FieldChange] {
         &self.changes
     }

@@ -13,7 +13,7 @@ fn sample() -> Plan {
                     "Namespace",
                     None,
                     "monitoring",
-                    Action::NoChange,
+                    Change::NoChange,
                 ))
                 .with_object(
                     ObjectPlan::new(
@@ -21,7 +21,7 @@ fn sample() -> Plan {
                         "Secret",
                         Some("monitoring"),
                         "creds",
-                        Action::Update,
+                        Change::Update,
                     )
                     .with_changes(vec![
                         FieldChange::new(
@@ -69,7 +69,7 @@ fn secret_data_is_masked_and_other_fields_are_not() {
         "{text}"
     );
     // A kind that only looks like a Secret is not masked.
-    let other = ObjectPlan::new("example.com/v1", "Secret", None, "x", Action::Update)
+    let other = ObjectPlan::new("example.com/v1", "Secret", None, "x", Change::Update)
         .with_changes(vec![FieldChange::new("data.k", None, Some(json!("v")))]);
     assert_eq!(other.changes()[0].after(), Some(&json!("v")));
     // Only `data`/`stringData` and what is below them.
@@ -90,13 +90,13 @@ fn the_digest_is_stable_and_changes_with_the_plan() {
     let changed = sample().with_child(Plan::new("more", Operation::Provision, "manifest"));
     assert_ne!(changed.digest(), digest);
     // Key order in values does not matter.
-    let a = ObjectPlan::new("v1", "ConfigMap", None, "x", Action::Update).with_changes(vec![
+    let a = ObjectPlan::new("v1", "ConfigMap", None, "x", Change::Update).with_changes(vec![
         FieldChange::new("data", None, Some(json!({"a": 1, "b": 2}))),
     ]);
     let mut map = serde_json::Map::new();
     map.insert("b".into(), json!(2));
     map.insert("a".into(), json!(1));
-    let b = ObjectPlan::new("v1", "ConfigMap", None, "x", Action::Update).with_changes(vec![
+    let b = ObjectPlan::new("v1", "ConfigMap", None, "x", Change::Update).with_changes(vec![
         FieldChange::new("data", None, Some(Value::Object(map))),
     ]);
     let node = |o| Plan::new("n", Operation::Provision, "manifest").with_object(o);
@@ -150,7 +150,7 @@ fn counts_and_lookups_cover_the_tree() {
         "ConfigMap",
         None,
         "c",
-        Action::NoChange,
+        Change::NoChange,
     ));
     assert!(!quiet.has_changes());
 }

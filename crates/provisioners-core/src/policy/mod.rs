@@ -15,7 +15,7 @@ use crate::health::{Breaker, BreakerSettings};
 mod attempt;
 
 /// How long one request may take, body included, unless
-/// [`ClientPolicy::timeout`] says otherwise.
+/// [`ClientPolicy::request_timeout`] says otherwise.
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// The largest response body accepted unless
@@ -81,7 +81,7 @@ const ABANDONED_AFTER: Duration = Duration::from_secs(4);
 ///   it is probed next. When the probe is due, one request (only one) sends
 ///   `GET /version` within [`ClientPolicy::probe_timeout`] first; any answer
 ///   closes the breaker, none keeps it open twice as long as before, up to
-///   [`ClientPolicy::max_probe_interval`]. So a pass against a dead cluster
+///   the longest [`ClientPolicy::probe_interval`]. So a pass against a dead cluster
 ///   costs at most a probe, and a tree with dead remotes is not slowed by
 ///   them. Each [`Cluster`](crate::Cluster) has its own breaker.
 ///
@@ -93,9 +93,9 @@ const ABANDONED_AFTER: Duration = Duration::from_secs(4);
 /// use provisioners_core::ClientPolicy;
 ///
 /// let patient = ClientPolicy::new()
-///     .timeout(Duration::from_secs(60))
+///     .request_timeout(Duration::from_secs(60))
 ///     .backoff([Duration::from_millis(100), Duration::from_secs(1)]);
-/// assert_eq!(patient.request_timeout(), Duration::from_secs(60));
+/// assert_eq!(patient.pages(), provisioners_core::DEFAULT_PAGE_LIMIT);
 /// ```
 #[derive(Clone, Debug)]
 #[must_use]
@@ -137,7 +137,7 @@ impl ClientPolicy {
 
     /// Bounds each attempt, body included, to `per_request` (for watches
     /// and followed logs: their answer only).
-    pub fn timeout(mut self, per_request: Duration) -> Self {
+    pub fn request_timeout(mut self, per_request: Duration) -> Self {
         self.timeout = per_request;
         self
     }
@@ -183,34 +183,9 @@ impl ClientPolicy {
         self
     }
 
-    /// How long one attempt may take, body included.
-    pub fn request_timeout(&self) -> Duration {
-        self.timeout
-    }
-
-    /// The waits between attempts.
-    pub fn delays(&self) -> &[Duration] {
-        &self.backoff
-    }
-
-    /// The largest response body accepted, in bytes.
-    pub fn response_bytes(&self) -> u64 {
-        self.response_limit
-    }
-
     /// How many pages a LIST may follow.
     pub fn pages(&self) -> usize {
         self.page_limit
-    }
-
-    /// How many failed attempts in a row open the breaker.
-    pub fn failures_to_open(&self) -> u32 {
-        self.threshold
-    }
-
-    /// The longest wait between probes of an unreachable cluster.
-    pub fn max_probe_interval(&self) -> Duration {
-        self.max_probe_interval
     }
 
     /// `client` with every request going through this policy, with a

@@ -232,7 +232,7 @@ async fn a_request_without_an_answer_probes_beside_it_and_a_silent_cluster_is_un
 {
     let calls = Arc::new(AtomicU32::new(0));
     let counted = Arc::clone(&calls);
-    let policy = ClientPolicy::new().timeout(Duration::from_secs(3));
+    let policy = ClientPolicy::new().request_timeout(Duration::from_secs(3));
     let edge = cluster(policy, move |_request: Request<Body>| {
         counted.fetch_add(1, Ordering::SeqCst);
         std::future::pending::<Result<Response<Body>, kube::Error>>()
@@ -262,7 +262,7 @@ async fn a_timeout_with_a_probe_in_flight_leaves_the_verdict_to_the_next_request
     // timeout makes the next request probe first.
     let calls = Arc::new(AtomicU32::new(0));
     let counted = Arc::clone(&calls);
-    let policy = ClientPolicy::new().timeout(Duration::from_secs(3));
+    let policy = ClientPolicy::new().request_timeout(Duration::from_secs(3));
     let edge = cluster(policy, move |_request: Request<Body>| {
         counted.fetch_add(1, Ordering::SeqCst);
         std::future::pending::<Result<Response<Body>, kube::Error>>()
@@ -278,7 +278,7 @@ async fn a_timeout_on_a_cluster_whose_probe_answers_keeps_it_reachable() {
     // An aggregated API that never answers, on a server that does.
     let calls = Arc::new(AtomicU32::new(0));
     let counted = Arc::clone(&calls);
-    let policy = ClientPolicy::new().timeout(Duration::from_secs(3));
+    let policy = ClientPolicy::new().request_timeout(Duration::from_secs(3));
     let edge = cluster(policy, move |request: Request<Body>| {
         counted.fetch_add(1, Ordering::SeqCst);
         let stuck = request

@@ -260,7 +260,7 @@ mod tests {
             .version("1.2.3")
             .values(&json!({"image": {"tag": "1"}, "password": "s3cr3t-value"}))
             .set("image.tag", "2")
-            .wait(Duration::from_secs(90))
+            .ready_timeout(Duration::from_secs(90))
     }
 
     fn strings(args: &[OsString]) -> Vec<String> {

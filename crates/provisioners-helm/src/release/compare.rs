@@ -7,7 +7,7 @@
 use std::collections::BTreeSet;
 
 use kube::api::DynamicObject;
-use provisioners_core::plan::{Action, ObjectPlan};
+use provisioners_core::plan::{Change, ObjectPlan};
 use provisioners_core::{Error, Result};
 use provisioners_kit::diff::diff_rendered;
 use provisioners_kit::drift::{as_stored, contains_rendered};
@@ -40,7 +40,7 @@ fn key(object: &ObjectRef, namespace: &str) -> Key {
     )
 }
 
-fn plan_of(object: &ObjectRef, action: Action) -> ObjectPlan {
+fn plan_of(object: &ObjectRef, action: Change) -> ObjectPlan {
     ObjectPlan::new(
         &object.api_version,
         &object.kind,
@@ -73,7 +73,7 @@ enum Read {
 }
 
 fn not_served(object: &ObjectRef) -> ObjectPlan {
-    plan_of(object, Action::Unknown).with_reason(format!(
+    plan_of(object, Change::Unknown).with_reason(format!(
         "the cluster does not serve {} {} yet: its CRD is not installed (an install creates \
          those in the chart's crds/ first)",
         object.api_version, object.kind
@@ -127,7 +127,7 @@ pub(super) async fn upgrade(
         let (resolved, live) = match read(resolver, object).await? {
             Read::NotServed if defines(desired, object) => {
                 plans.push(
-                    plan_of(object, Action::Create)
+                    plan_of(object, Change::Create)
                         .with_reason("its CRD is created by this release first"),
                 );
                 continue;
@@ -141,24 +141,24 @@ pub(super) async fn upgrade(
         let rendered = as_stored(&object.kind, document);
         let ours = before.contains(&key(object, namespace));
         let plan = match live {
-            None => plan_of(&resolved, Action::Create),
-            Some(_) if removed && ours => plan_of(&resolved, Action::Create)
+            None => plan_of(&resolved, Change::Create),
+            Some(_) if removed && ours => plan_of(&resolved, Change::Create)
                 .with_reason("removed with the unfinished release first, then created again"),
             Some(live) => {
                 let changes = diff_rendered(&live, &rendered);
                 if ours {
                     let action = if changes.is_empty() {
-                        Action::NoChange
+                        Change::NoChange
                     } else {
-                        Action::Update
+                        Change::Update
                     };
                     plan_of(&resolved, action).with_changes(changes)
                 } else {
                     match foreign(&live, release, namespace) {
-                        None => plan_of(&resolved, Action::Adopt)
+                        None => plan_of(&resolved, Change::Adopt)
                             .with_changes(changes)
                             .with_reason("it exists with this release's ownership metadata"),
-                        Some(why) => plan_of(&resolved, Action::Refuse)
+                        Some(why) => plan_of(&resolved, Change::Refuse)
                             .with_reason(format!("it exists and {why}: helm refuses it")),
                     }
                 }
@@ -178,13 +178,13 @@ pub(super) async fn upgrade(
             continue;
         };
         plans.push(if kept(&live) {
-            plan_of(&resolved, Action::NoChange).with_reason(
+            plan_of(&resolved, Change::NoChange).with_reason(
                 "no longer in the chart, but kept (helm.sh/resource-policy: keep): helm leaves it",
             )
         } else if removed {
-            plan_of(&resolved, Action::Delete).with_reason("removed with the unfinished release")
+            plan_of(&resolved, Change::Delete).with_reason("removed with the unfinished release")
         } else {
-            plan_of(&resolved, Action::Delete).with_reason("no longer in the chart")
+            plan_of(&resolved, Change::Delete).with_reason("no longer in the chart")
         });
     }
     Ok(plans)
@@ -212,13 +212,13 @@ pub(super) fn drift(objects: &[Live]) -> Vec<ObjectPlan> {
              }| match live {
                 None if !served => not_served(object)
                     .with_reason("its kind is no longer served (its CRD is gone): not repaired"),
-                None => plan_of(object, Action::Create).with_reason("deleted: created again"),
+                None => plan_of(object, Change::Create).with_reason("deleted: created again"),
                 Some(live) => {
                     let rendered = as_stored(&object.kind, desired);
                     if contains_rendered(live, &rendered) {
-                        plan_of(object, Action::NoChange)
+                        plan_of(object, Change::NoChange)
                     } else {
-                        plan_of(object, Action::Update).with_changes(diff_rendered(live, &rendered))
+                        plan_of(object, Change::Update).with_changes(diff_rendered(live, &rendered))
                     }
                 }
             },
@@ -228,7 +228,7 @@ pub(super) fn drift(objects: &[Live]) -> Vec<ObjectPlan> {
 
 /// `plan` unchanged after all (drift that is not repaired), saying why.
 pub(super) fn held(plan: ObjectPlan, why: &str) -> ObjectPlan {
-    if !matches!(plan.action(), Action::Update | Action::Create) {
+    if !matches!(plan.action(), Change::Update | Change::Create) {
         return plan;
     }
     let object = ObjectRef {
@@ -237,7 +237,7 @@ pub(super) fn held(plan: ObjectPlan, why: &str) -> ObjectPlan {
         name: plan.name().to_owned(),
         namespace: plan.namespace().map(str::to_owned),
     };
-    plan_of(&object, Action::NoChange)
+    plan_of(&object, Change::NoChange)
         .with_changes(plan.changes().to_vec())
         .with_reason(why)
 }
@@ -255,10 +255,10 @@ pub(super) async fn uninstall(
             continue;
         };
         plans.push(if kept(document) {
-            plan_of(&resolved, Action::NoChange)
+            plan_of(&resolved, Change::NoChange)
                 .with_reason("kept (helm.sh/resource-policy: keep): helm leaves it")
         } else {
-            plan_of(&resolved, Action::Delete)
+            plan_of(&resolved, Change::Delete)
         });
     }
     Ok(plans)
@@ -270,7 +270,7 @@ pub(super) async fn still_there(resolver: &mut Resolver, seen: &[Seen]) -> Resul
     Ok(remaining
         .into_iter()
         .map(|(object, deleting)| {
-            plan_of(&object, Action::Delete).with_reason(if deleting {
+            plan_of(&object, Change::Delete).with_reason(if deleting {
                 "being deleted"
             } else {
                 "uninstalled; waiting for it to be deleted"
@@ -368,14 +368,14 @@ mod tests {
             },
         ];
         let plans = drift(&objects);
-        let actions: Vec<Action> = plans.iter().map(ObjectPlan::action).collect();
+        let actions: Vec<Change> = plans.iter().map(ObjectPlan::action).collect();
         assert_eq!(
             actions,
             [
-                Action::NoChange,
-                Action::Update,
-                Action::Update,
-                Action::Create
+                Change::NoChange,
+                Change::Update,
+                Change::Update,
+                Change::Create
             ]
         );
         assert_eq!(
@@ -389,7 +389,7 @@ mod tests {
         );
         assert_eq!(plans[2].changes()[0].path(), "data.password");
         let held = held(plans[1].clone(), "not repaired");
-        assert_eq!(held.action(), Action::NoChange);
+        assert_eq!(held.action(), Change::NoChange);
         assert_eq!(held.reason(), Some("not repaired"));
         assert_eq!(held.changes().len(), 1);
     }

@@ -7,7 +7,6 @@ use serde_json::Value;
 use sha2::{Digest as _, Sha256};
 
 use super::live::Live;
-use crate::values;
 
 /// What a no-op [`provision`](provisioners_core::Provisioner::provision)
 /// does when the release's objects no longer hold what the release applied
@@ -15,7 +14,7 @@ use crate::values;
 /// [`HelmRelease::drift`](crate::HelmRelease::drift).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum Drift {
+pub enum DriftPolicy {
     /// Runs `helm upgrade` with the same chart and values, which restores
     /// deleted objects and changed fields (the default). Objects that are
     /// found exactly as they were after the previous repair (a value the
@@ -81,7 +80,7 @@ pub(super) fn check(objects: &[Live]) -> Drifted {
                         let mut map = map.clone();
                         map.remove("metadata");
                         map.remove("status");
-                        values::canonical(&Value::Object(map), &mut content);
+                        provisioners_kit::canonical::write(&Value::Object(map), &mut content);
                     }
                     hasher.update(&content);
                     hasher.update(b"\0");

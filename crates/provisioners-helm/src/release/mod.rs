@@ -32,7 +32,7 @@ mod render;
 mod run;
 mod running;
 
-pub use self::drift::Drift;
+pub use self::drift::DriftPolicy;
 
 use std::borrow::Cow;
 use std::fmt;
@@ -49,15 +49,15 @@ use crate::credentials::Credentials;
 use crate::values;
 
 /// How long helm gets to exit after SIGTERM before SIGKILL, unless
-/// [`HelmRelease::grace_period`] says otherwise.
-pub const DEFAULT_GRACE: Duration = Duration::from_secs(10);
+/// [`HelmRelease::stop_timeout`] says otherwise.
+pub const DEFAULT_STOP_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How long a pass waits for the helm run it started before it yields,
 /// unless [`HelmRelease::pass_timeout`] says otherwise.
 pub const DEFAULT_PASS_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// helm's own `--timeout` for hooks and uninstall when neither
-/// [`HelmRelease::hook_timeout`] nor [`HelmRelease::wait`] is set.
+/// [`HelmRelease::hook_timeout`] nor [`HelmRelease::ready_timeout`] is set.
 pub const DEFAULT_HOOK_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// A Helm release: installed or upgraded by `provision`, uninstalled by
@@ -81,7 +81,7 @@ pub const DEFAULT_HOOK_TIMEOUT: Duration = Duration::from_secs(300);
 ///   newest revision is `deployed` with the same digest is recognised with
 ///   one API call, without running helm.
 /// * **Never blocks a worker.** helm runs without `--wait`. With
-///   [`wait`](HelmRelease::wait), `provision` then checks the release's
+///   [`ready_timeout`](HelmRelease::ready_timeout), `provision` then checks the release's
 ///   objects with the shared [readiness rules](provisioners_kit::readiness)
 ///   and yields, naming what is not ready, until they are; past the deadline
 ///   (counted from when helm started the revision, as stored in its record,
@@ -106,14 +106,14 @@ pub const DEFAULT_HOOK_TIMEOUT: Duration = Duration::from_secs(300);
 ///   `create`, `update` and `delete` on `leases.coordination.k8s.io` in the
 ///   release namespaces.
 /// * **Drift repair** on a no-op: the stored manifest is compared with the
-///   live objects; see [`Drift`] and [`drift`](HelmRelease::drift).
+///   live objects; see [`DriftPolicy`] and [`drift`](HelmRelease::drift).
 /// * **Cancellation**: when the context's token fires or the future is
 ///   dropped, helm gets SIGTERM (so it can mark the release failed), then
-///   SIGKILL after the [grace period](HelmRelease::grace_period). helm runs
+///   SIGKILL after the [grace period](HelmRelease::stop_timeout). helm runs
 ///   in a task of its own that holds the release's lock until helm has
 ///   exited, whatever happens to the caller. `provision` returns
 ///   `Cancelled` once helm has exited, which the root's
-///   [shutdown grace](provisioners_core::Context::with_shutdown_grace)
+///   [shutdown timeout](provisioners_core::Context::with_shutdown_timeout)
 ///   (20 s by default) leaves time for.
 /// * **Plans** without writing: [`Context::plan`](provisioners_core::Context::plan)
 ///   says whether `provision` would install, upgrade, repair drift or do
@@ -137,7 +137,7 @@ pub const DEFAULT_HOOK_TIMEOUT: Duration = Duration::from_secs(300);
 ///     .version("6.5.4")
 ///     .values(&serde_json::json!({"replicaCount": 2}))
 ///     .set("ui.message", "hello")
-///     .wait(Duration::from_secs(120));
+///     .ready_timeout(Duration::from_secs(120));
 ///
 /// let cx = Context::new(Cluster::infer().await?);
 /// // Installs, then upgrades only on change; a yield while helm runs or the
@@ -165,7 +165,7 @@ pub struct HelmRelease {
     sensitive: Vec<Value>,
     wait: Option<Duration>,
     hook_timeout: Option<Duration>,
-    drift: Drift,
+    drift: DriftPolicy,
     lease_holder: Option<String>,
     adopt_unsigned: bool,
     credentials: Option<Credentials>,
@@ -194,13 +194,13 @@ impl HelmRelease {
             sensitive: Vec::new(),
             wait: None,
             hook_timeout: None,
-            drift: Drift::default(),
+            drift: DriftPolicy::default(),
             lease_holder: None,
             adopt_unsigned: false,
             credentials: None,
             plain_http: false,
             helm: PathBuf::from("helm"),
-            grace: DEFAULT_GRACE,
+            grace: DEFAULT_STOP_TIMEOUT,
             pass_timeout: DEFAULT_PASS_TIMEOUT,
             temp_dir: None,
         }
@@ -281,16 +281,16 @@ impl HelmRelease {
     /// returns a [`Timeout`](provisioners_core::ErrorKind::Timeout) once
     /// `timeout` has passed since helm started the revision. helm itself is
     /// never run with `--wait`.
-    pub fn wait(mut self, timeout: Duration) -> Self {
+    pub fn ready_timeout(mut self, timeout: Duration) -> Self {
         self.wait = Some(timeout);
         self
     }
 
     /// What a no-op provision does about drift of the release's objects
-    /// (default [`Drift::Repair`]). Looking costs one read of the release
-    /// record and one read per object; [`Drift::Ignore`] without a
-    /// [`wait`](HelmRelease::wait) keeps a no-op at a single API call.
-    pub fn drift(mut self, policy: Drift) -> Self {
+    /// (default [`DriftPolicy::Repair`]). Looking costs one read of the release
+    /// record and one read per object; [`DriftPolicy::Ignore`] without a
+    /// [`ready_timeout`](HelmRelease::ready_timeout) keeps a no-op at a single API call.
+    pub fn drift(mut self, policy: DriftPolicy) -> Self {
         self.drift = policy;
         self
     }
@@ -337,8 +337,8 @@ impl HelmRelease {
 
     /// helm's own `--timeout`, for what helm still waits for without
     /// `--wait`: hooks, and the uninstall. Defaults to the
-    /// [`wait`](HelmRelease::wait) timeout, else [`DEFAULT_HOOK_TIMEOUT`].
-    /// Readiness of the release's objects is [`wait`](HelmRelease::wait)'s.
+    /// [`ready_timeout`](HelmRelease::ready_timeout) timeout, else [`DEFAULT_HOOK_TIMEOUT`].
+    /// Readiness of the release's objects is [`ready_timeout`](HelmRelease::ready_timeout)'s.
     pub fn hook_timeout(mut self, timeout: Duration) -> Self {
         self.hook_timeout = Some(timeout);
         self
@@ -351,11 +351,11 @@ impl HelmRelease {
     }
 
     /// How long helm gets to exit after SIGTERM when cancelled (default
-    /// [`DEFAULT_GRACE`]). Keep it below the root context's
-    /// [shutdown grace](provisioners_core::Context::with_shutdown_grace), or
+    /// [`DEFAULT_STOP_TIMEOUT`]). Keep it below the root context's
+    /// [shutdown timeout](provisioners_core::Context::with_shutdown_timeout), or
     /// the tree returns before helm has exited (helm then goes on in the
     /// background; see [`HelmProcesses::idle`](crate::HelmProcesses::idle)).
-    pub fn grace_period(mut self, grace: Duration) -> Self {
+    pub fn stop_timeout(mut self, grace: Duration) -> Self {
         self.grace = grace;
         self
     }
@@ -451,7 +451,7 @@ impl HelmRelease {
             return Ok(None);
         }
         let mut input = Vec::new();
-        values::canonical(values, &mut input);
+        provisioners_kit::canonical::write(values, &mut input);
         let chart = self.chart.clone();
         let header = format!(
             "provisioners-helm/1\0{}\0{}\0",
@@ -530,7 +530,7 @@ mod tests {
             .version("1.2.3")
             .values(&json!({"image": {"tag": "1"}, "password": "s3cr3t-value"}))
             .set("image.tag", "2")
-            .wait(Duration::from_secs(90))
+            .ready_timeout(Duration::from_secs(90))
     }
 
     #[test]
@@ -588,7 +588,7 @@ mod tests {
         assert_eq!(digest.len(), 48);
         assert_eq!(
             base.clone()
-                .wait(Duration::from_secs(1))
+                .ready_timeout(Duration::from_secs(1))
                 .digest(&values)
                 .await
                 .unwrap(),

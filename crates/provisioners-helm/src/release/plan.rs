@@ -6,13 +6,13 @@
 //! uninstall with `helm.sh/resource-policy: keep`.
 
 use k8s_openapi::api::core::v1::Namespace;
-use provisioners_core::plan::{Action, ObjectPlan, Plan};
+use provisioners_core::plan::{Change, ObjectPlan, Plan};
 use provisioners_core::{Context, Operation, Result};
 use serde_json::Value;
 
 use super::args::Render;
 use super::compare::{self, Prior};
-use super::{Drift, HelmRelease, drift, lease};
+use super::{DriftPolicy, HelmRelease, drift, lease};
 use crate::objects::parse_manifest;
 use crate::release_plan::{ReleaseAction, ReleasePlan, WithRelease as _};
 use crate::storage::{self, Revision};
@@ -218,7 +218,7 @@ impl HelmRelease {
             .filter(|o| {
                 matches!(
                     o.action(),
-                    Action::Create | Action::Update | Action::Delete | Action::Adopt
+                    Change::Create | Change::Update | Change::Delete | Change::Adopt
                 )
             })
             .count();
@@ -227,7 +227,7 @@ impl HelmRelease {
         }
         let refused = objects
             .iter()
-            .filter(|o| o.action() == Action::Refuse)
+            .filter(|o| o.action() == Change::Refuse)
             .count();
         if refused > 0 {
             reasons.push(format!(
@@ -298,7 +298,7 @@ impl HelmRelease {
             }
             release
         };
-        if self.drift == Drift::Ignore {
+        if self.drift == DriftPolicy::Ignore {
             let (objects, payload) = self
                 .objects(cx, revision)
                 .await?
@@ -309,10 +309,10 @@ impl HelmRelease {
                     &object.kind,
                     object.namespace.as_deref(),
                     &object.name,
-                    Action::NoChange,
+                    Change::NoChange,
                 )
             });
-            let reason = "drift is not checked (Drift::Ignore)".to_owned();
+            let reason = "drift is not checked (DriftPolicy::Ignore)".to_owned();
             return Ok(node
                 .with_release(release(
                     ReleaseAction::NoChange,
@@ -336,7 +336,7 @@ impl HelmRelease {
         let n = drifted.deleted.len() + drifted.changed.len();
         let what = count(n, "object drifted", "objects drifted");
         let (action, reason, hold) = match self.drift {
-            Drift::Repair
+            DriftPolicy::Repair
                 if drifted.deleted.is_empty()
                     && revision.repaired.as_deref() == Some(&drifted.changed_digest) =>
             {
@@ -349,7 +349,7 @@ impl HelmRelease {
                     Some("drifted as after the last repair: not repaired again"),
                 )
             }
-            Drift::Repair => (ReleaseAction::Drift, what, None),
+            DriftPolicy::Repair => (ReleaseAction::Drift, what, None),
             _ => (
                 ReleaseAction::NoChange,
                 format!("{what}: the drift policy only warns"),

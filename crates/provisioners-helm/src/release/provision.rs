@@ -4,7 +4,7 @@
 
 use provisioners_core::{Context, Error, Operation, Plan, Provisioner, Result, async_trait};
 
-use super::Drift;
+use super::DriftPolicy;
 use super::background::Purpose;
 use super::lease;
 use super::lock::Serialised;
@@ -78,7 +78,7 @@ impl HelmRelease {
         ))
     }
 
-    /// With a [wait](HelmRelease::wait): `Ok` only once the objects are ready.
+    /// With a [`ready_timeout`](HelmRelease::ready_timeout): `Ok` only once the objects are ready.
     fn verdict(
         &self,
         revision: &Revision,
@@ -126,21 +126,21 @@ impl HelmRelease {
     /// A release deployed with these very inputs: checks drift and
     /// readiness. `Ok(Some(..))` when the drift is to be repaired by an upgrade.
     async fn unchanged(&self, cx: &Context, revision: &Revision) -> Result<Option<Repair>> {
-        if self.wait.is_none() && self.drift == Drift::Ignore {
+        if self.wait.is_none() && self.drift == DriftPolicy::Ignore {
             return Ok(None);
         }
         let (objects, payload) = self
             .live(cx, revision)
             .await?
             .ok_or_else(|| self.record_changed())?;
-        if self.drift != Drift::Ignore {
+        if self.drift != DriftPolicy::Ignore {
             let drifted = drift::check(&objects);
             if !drifted.is_empty() {
                 let shown = drifted.shown();
                 match self.drift {
                     // A field the server keeps rewriting must not cause an
                     // upgrade per reconcile; a deleted object is always real.
-                    Drift::Repair
+                    DriftPolicy::Repair
                         if drifted.deleted.is_empty()
                             && revision.repaired.as_deref() == Some(&drifted.changed_digest) =>
                     {
@@ -150,7 +150,7 @@ impl HelmRelease {
                             "drift persists after a repair; not repairing again until the chart or values change"
                         );
                     }
-                    Drift::Repair => {
+                    DriftPolicy::Repair => {
                         tracing::info!(release = %self.id(), drift = %shown, "repairing drift");
                         return Ok(Some(Repair {
                             digest: drifted.changed_digest,

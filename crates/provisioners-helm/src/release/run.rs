@@ -14,9 +14,9 @@ use super::background::Purpose;
 use super::classify::classify;
 use super::lock::Serialised;
 use crate::chart::Chart;
+use crate::child::{self, Invocation, Output, RunError};
 use crate::failure::{HelmFailure, trimmed};
-use crate::process::{self, Invocation, Output, RunError};
-use crate::processes::HelmProcesses;
+use crate::process_limit::HelmProcesses;
 use crate::redact::{Redactor, Secrets};
 use crate::workdir::WorkDir;
 
@@ -102,7 +102,7 @@ impl HelmRelease {
         // Dropped with this future (and harmless once helm is done).
         let _stop_when_dropped = stop.clone().drop_guard();
         let grace = self.grace;
-        let helm = tokio::spawn(async move { process::run(invocation, &stop, grace).await });
+        let helm = tokio::spawn(async move { child::run(invocation, &stop, grace).await });
         let output = match helm.await {
             Ok(Ok(output)) => output,
             Ok(Err(RunError::Cancelled)) => return Err(Error::cancelled()),

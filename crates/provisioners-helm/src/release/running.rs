@@ -16,7 +16,7 @@ use super::HelmRelease;
 use super::background::{Found, Purpose, Run, Runs};
 use super::lock::{ReleaseLocks, Serialised};
 use super::probe;
-use crate::processes::HelmProcesses;
+use crate::process_limit::HelmProcesses;
 use crate::storage;
 use crate::workdir::WorkDir;
 

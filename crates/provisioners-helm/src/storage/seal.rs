@@ -75,7 +75,7 @@ pub(super) fn content_of(record: &Value) -> String {
         }
     }
     let mut canonical = Vec::new();
-    crate::values::canonical(&record, &mut canonical);
+    provisioners_kit::canonical::write(&record, &mut canonical);
     hex(&Sha256::digest(&canonical))
 }
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use http::Method;
 use kube::runtime::controller::Action;
-use provisioners_core::plan::{Action as Change, ObjectPlan, Plan};
+use provisioners_core::plan::{Change, ObjectPlan, Plan};
 use provisioners_core::{Context, Managed, Operation, Provisioner, Result, async_trait};
 use provisioners_testing::mock::ApiMock;
 use serde_json::{Value, json};

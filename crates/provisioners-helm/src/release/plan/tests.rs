@@ -5,14 +5,14 @@ use std::io::Write as _;
 
 use base64::Engine as _;
 use http::Method;
-use provisioners_core::plan::Action;
+use provisioners_core::plan::Change;
 
 use crate::{PlanRelease, ReleaseAction};
 use provisioners_testing::mock::{self, ApiMock};
 use serde_json::{Value, json};
 
 use crate::chart::Chart;
-use crate::release::{Drift, HelmRelease};
+use crate::release::{DriftPolicy, HelmRelease};
 use crate::storage::{DIGEST_LABEL, REVISION_LABEL};
 
 const MANIFEST: &str = "---\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: web-settings\ndata:\n  greeting: hello\n---\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: web-kept\n  annotations:\n    helm.sh/resource-policy: keep\ndata:\n  kept: \"yes\"\n---\napiVersion: v1\nkind: Secret\nmetadata:\n  name: web-credentials\nstringData:\n  password: s3cr3t-in-the-chart\n";
@@ -141,8 +141,8 @@ async fn a_deployed_release_with_these_inputs_plans_its_drift_from_reads() {
         (release_plan.chart(), release_plan.revision()),
         (Some("app-1.0.0"), Some(2))
     );
-    let actions: Vec<Action> = plan.objects().iter().map(|o| o.action()).collect();
-    assert_eq!(actions, [Action::Update, Action::NoChange, Action::Update]);
+    let actions: Vec<Change> = plan.objects().iter().map(|o| o.action()).collect();
+    assert_eq!(actions, [Change::Update, Change::NoChange, Change::Update]);
     assert_eq!(
         plan.objects()[0].changes()[0].to_string(),
         "data.greeting: \"by hand\" -> \"hello\""
@@ -154,7 +154,7 @@ async fn a_deployed_release_with_these_inputs_plans_its_drift_from_reads() {
 
     // With the drift policy Warn: the same reads, and no change.
     let (cx, mut api) = mock::context();
-    let warn = release.drift(Drift::Warn);
+    let warn = release.drift(DriftPolicy::Warn);
     let plan = tokio::spawn(async move { cx.plan(&warn).await });
     api.expect(
         Method::GET,
@@ -246,7 +246,7 @@ async fn deprovision_plans_the_uninstall_with_kept_objects_and_absent_when_gone(
         ReleaseAction::Uninstall,
         "{plan}"
     );
-    let objects: Vec<(String, Action)> = plan
+    let objects: Vec<(String, Change)> = plan
         .objects()
         .iter()
         .map(|o| (o.name().to_owned(), o.action()))
@@ -255,8 +255,8 @@ async fn deprovision_plans_the_uninstall_with_kept_objects_and_absent_when_gone(
     assert_eq!(
         objects,
         [
-            ("web-kept".to_owned(), Action::NoChange),
-            ("web-settings".to_owned(), Action::Delete)
+            ("web-kept".to_owned(), Change::NoChange),
+            ("web-settings".to_owned(), Change::Delete)
         ]
     );
     assert!(plan.objects()[0].reason().unwrap().contains("keep"));

@@ -323,11 +323,11 @@ fn tree(platform: &Platform, shared: &Shared) -> Serial {
         "base",
         format!("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {target}\n"),
     )
-    .wait(Duration::from_secs(600));
+    .ready_timeout(Duration::from_secs(600));
     let app = HelmRelease::new("app", Chart::local(&shared.chart))
         .namespace(&target)
         .helm(&shared.helm)
-        .wait(Duration::from_secs(600));
+        .ready_timeout(Duration::from_secs(600));
     let config = format!(
         "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: settings\n  namespace: {target}\n\
          data:\n  platform: {name}\n---\napiVersion: v1\nkind: Secret\nmetadata:\n  name: token\n  \

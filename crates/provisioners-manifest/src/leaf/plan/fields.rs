@@ -3,7 +3,7 @@
 //! quote a Secret.
 
 use kube::api::DynamicObject;
-use provisioners_core::plan::{Action, FieldChange, ObjectPlan};
+use provisioners_core::plan::{Change, FieldChange, ObjectPlan};
 use provisioners_kit::diff;
 use serde_json::Value;
 
@@ -11,7 +11,7 @@ use crate::object::ObjectRef;
 use crate::ownership::{INVENTORY_LABEL, OWNER_ANNOTATION};
 use crate::unchanged::DIGEST_ANNOTATION;
 
-pub(super) fn object_plan(key: &ObjectRef, action: Action) -> ObjectPlan {
+pub(super) fn object_plan(key: &ObjectRef, action: Change) -> ObjectPlan {
     ObjectPlan::new(
         &key.api_version,
         &key.kind,
@@ -179,7 +179,7 @@ mod tests {
             "data": {"k": "bmV3"},
         }));
         let key = key("v1", "Secret");
-        let planned = object_plan(&key, Action::Update).with_changes(changes(&key, &live, &answer));
+        let planned = object_plan(&key, Change::Update).with_changes(changes(&key, &live, &answer));
         let text = serde_json::to_string(&planned).unwrap();
         assert_eq!(planned.changes().len(), 2);
         assert!(!text.contains("b2xk") && !text.contains("bmV3"), "{text}");

@@ -53,7 +53,7 @@ const LISTED: usize = 8;
 /// concurrently up to [`concurrency`](Manifest::concurrency). A custom
 /// resource whose CRD is not yet served makes the provision yield with the
 /// CRD's name; an unknown kind that stays unknown for
-/// [`unknown_kind_deadline`](Manifest::unknown_kind_deadline) is an
+/// [`unknown_kind_timeout`](Manifest::unknown_kind_timeout) is an
 /// [`Invalid`](provisioners_core::ErrorKind::Invalid) error. Deprovision deletes in reverse
 /// order (CRDs and Namespaces together, last) and yields until everything
 /// is gone; an object already being deleted is waited for, not deleted
@@ -95,7 +95,7 @@ const LISTED: usize = 8;
 /// let cx = Context::new(Cluster::infer().await?);
 /// let monitoring = Manifest::from_path("monitoring", "deploy/monitoring")
 ///     .namespace("monitoring")
-///     .wait(Duration::from_secs(300))
+///     .ready_timeout(Duration::from_secs(300))
 ///     .prune(true);
 /// // Yields (a retryable error) until the Deployments are available, and
 /// // times out if they are not within 5 minutes of this content's first apply.
@@ -118,7 +118,7 @@ pub struct Manifest {
     force: bool,
     replace: ReplacePolicy,
     concurrency: usize,
-    unknown_kind_deadline: Duration,
+    unknown_kind_timeout: Duration,
     targets: targets::Targets,
     limits: InputLimits,
 }
@@ -140,7 +140,7 @@ impl Manifest {
             concurrency: 32,
             targets: targets::Targets::default(),
             limits: InputLimits::default(),
-            unknown_kind_deadline: Duration::from_secs(300),
+            unknown_kind_timeout: Duration::from_secs(300),
         }
     }
 
@@ -202,7 +202,7 @@ impl Manifest {
     ///
     /// Without it (the default), provision does not look at readiness: it
     /// succeeds once everything is applied.
-    pub fn wait(mut self, timeout: Duration) -> Self {
+    pub fn ready_timeout(mut self, timeout: Duration) -> Self {
         self.wait = Some(timeout);
         self
     }
@@ -327,8 +327,8 @@ impl Manifest {
     /// How long a kind that no CRD of the manifest defines may stay unknown
     /// (yielding) before provision fails with an
     /// [`Invalid`](provisioners_core::ErrorKind::Invalid) error (default 5 minutes).
-    pub fn unknown_kind_deadline(mut self, deadline: Duration) -> Self {
-        self.unknown_kind_deadline = deadline;
+    pub fn unknown_kind_timeout(mut self, deadline: Duration) -> Self {
+        self.unknown_kind_timeout = deadline;
         self
     }
 

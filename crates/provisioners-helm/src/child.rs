@@ -27,7 +27,7 @@ use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::sync::CancellationToken;
 
 use crate::capture::{self, Capture, MAX_STDOUT};
-use crate::processes::HelmProcesses;
+use crate::process_limit::HelmProcesses;
 use crate::redact::Redactor;
 use crate::workdir::WorkDir;
 
@@ -526,7 +526,7 @@ mod tests {
     const TERM_HELPER: &str = "provisioners-helm-ignores-sigterm";
 
     /// Not a test: the stand-in for a helm that ignores SIGTERM, started by
-    /// `sigterm_is_escalated_to_sigkill_after_the_grace_period`. Does nothing
+    /// `sigterm_is_escalated_to_sigkill_after_the_stop_timeout`. Does nothing
     /// unless that test's marker argument is present.
     #[test]
     #[ignore = "a helper process, run by another test"]
@@ -551,14 +551,14 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn sigterm_is_escalated_to_sigkill_after_the_grace_period() {
+    async fn sigterm_is_escalated_to_sigkill_after_the_stop_timeout() {
         let root = tempfile::tempdir().unwrap();
         let exe = std::env::current_exe().unwrap();
         let invocation = Invocation {
             program: exe,
             args: [
                 "--exact",
-                "process::tests::ignores_sigterm_helper",
+                "child::tests::ignores_sigterm_helper",
                 "--ignored",
                 "--nocapture",
                 TERM_HELPER,

@@ -113,7 +113,7 @@ impl Manifest {
                 None => {
                     let kind = format!("{} {}", object.key.api_version, object.key.kind);
                     let first = discovery.unknown_since(scope, &kind);
-                    if first.elapsed() >= self.unknown_kind_deadline {
+                    if first.elapsed() >= self.unknown_kind_timeout {
                         errors.push(Error::invalid(format!(
                             "{}: {}: the cluster does not serve kind {} in apiVersion {} (waited \
                              {}s); check apiVersion and kind for typos, or install the CRD that \

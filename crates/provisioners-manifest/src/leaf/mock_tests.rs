@@ -164,7 +164,7 @@ async fn a_crd_is_established_through_a_watch() {
 async fn cancellation_ends_the_crd_wait() {
     let (cx, mut api) = mock::context();
     // Without the race, the tree would only stop when the grace runs out.
-    let cx = cx.with_shutdown_grace(Duration::from_secs(3600));
+    let cx = cx.with_shutdown_timeout(Duration::from_secs(3600));
     let provision = spawn(&cx, Manifest::from_yaml("crd", crd_yaml()));
     let _watch = apply_crd(&mut api).await;
     cx.cancellation().cancel();
@@ -213,7 +213,7 @@ fn spawn_plan(cx: &Context, manifest: Manifest) -> JoinHandle<Result<provisioner
 
 #[tokio::test]
 async fn a_plan_reads_and_dry_runs_only() {
-    use provisioners_core::plan::Action;
+    use provisioners_core::plan::Change;
 
     let (cx, mut api) = mock::context();
     let plan = spawn_plan(&cx, Manifest::from_yaml("plan", config_map("a")));
@@ -257,13 +257,13 @@ async fn a_plan_reads_and_dry_runs_only() {
     dry_run.answer(200, body);
     let plan = plan.await.unwrap().expect("plan");
     assert_eq!(plan.objects().len(), 1);
-    assert_eq!(plan.objects()[0].action(), Action::Create);
+    assert_eq!(plan.objects()[0].action(), Change::Create);
     assert_eq!(plan.summary(), "1 to create");
 }
 
 #[tokio::test]
 async fn nothing_is_read_or_dry_run_in_a_namespace_the_manifest_creates() {
-    use provisioners_core::plan::Action;
+    use provisioners_core::plan::Change;
 
     let (cx, mut api) = mock::context();
     let yaml = format!(
@@ -299,8 +299,8 @@ async fn nothing_is_read_or_dry_run_in_a_namespace_the_manifest_creates() {
     let body = dry_run.body.clone();
     dry_run.answer(200, body);
     let plan = plan.await.unwrap().expect("plan");
-    let actions: Vec<Action> = plan.objects().iter().map(|o| o.action()).collect();
-    assert_eq!(actions, [Action::Create, Action::Create]);
+    let actions: Vec<Change> = plan.objects().iter().map(|o| o.action()).collect();
+    assert_eq!(actions, [Change::Create, Change::Create]);
     assert_eq!(
         plan.objects()[1].reason(),
         Some("its namespace ns is created by this manifest first (not dry-run)")

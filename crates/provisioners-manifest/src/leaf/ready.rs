@@ -1,11 +1,11 @@
 //! Waiting for readiness: a yield while objects are not ready, `Timeout`
-//! once they have not been for the node's [`wait`](super::Manifest::wait).
+//! once they have not been for the node's [`ready_timeout`](super::Manifest::ready_timeout).
 //!
 //! A provision looks once and yields, so no worker waits for a rollout. The
 //! clock that makes the deadline hold across passes (and across trees
 //! rebuilt at every reconcile) lives in the cluster's state, keyed by node
 //! path and restarted whenever the content applied changes, as a new helm
-//! revision restarts the clock of `HelmRelease::wait` (provisioners-helm).
+//! revision restarts the clock of `HelmRelease::ready_timeout` (provisioners-helm).
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Mutex, PoisonError};

@@ -3,16 +3,14 @@
 
 use std::collections::BTreeSet;
 
-use provisioners_core::plan::{Action, ObjectPlan};
+use provisioners_core::plan::{Change, ObjectPlan};
 use provisioners_core::{Context, Error, Operation, Plan, Result};
 
 use super::KIND;
 use super::fields::object_plan;
 use crate::discovery::Discovery;
-use crate::manifest::delete::{
-    DELETION_STEPS, DeprovisionTargets, Removal, read_for_removal, removal,
-};
-use crate::manifest::{Manifest, bounded};
+use crate::leaf::delete::{DELETION_STEPS, DeprovisionTargets, Removal, read_for_removal, removal};
+use crate::leaf::{Manifest, bounded};
 use crate::object::{Identity, ObjectRef, Tier};
 use crate::ownership::Stamp;
 
@@ -49,16 +47,16 @@ impl Manifest {
             .collect();
         for ((key, _), live) in targets.iter().zip(bounded(reads, self.concurrency).await) {
             let planned = match removal(stamp, key, live?.as_ref()) {
-                Removal::Delete(_) => object_plan(key, Action::Delete)
+                Removal::Delete(_) => object_plan(key, Change::Delete)
                     .with_reason("pruned: no longer in the manifest"),
-                Removal::Terminating => object_plan(key, Action::Delete)
+                Removal::Terminating => object_plan(key, Change::Delete)
                     .with_reason("pruned: no longer in the manifest; already being deleted"),
-                Removal::Release(why, _) => object_plan(key, Action::Update).with_reason(format!(
+                Removal::Release(why, _) => object_plan(key, Change::Update).with_reason(format!(
                     "no longer in the manifest, but kept ({why}): released (our stamp removed), \
                      not deleted"
                 )),
                 Removal::Unverified(why) => {
-                    object_plan(key, Action::Refuse).with_reason(format!("not pruned: {why}"))
+                    object_plan(key, Change::Refuse).with_reason(format!("not pruned: {why}"))
                 }
                 // Prune leaves what is not ours (or gone) alone, silently.
                 Removal::Gone | Removal::OtherNode(_) | Removal::NotOurs(_) => continue,
@@ -68,7 +66,7 @@ impl Manifest {
         Ok(out)
     }
 
-    pub(in crate::manifest) async fn plan_deprovision(&self, cx: &Context) -> Result<Plan> {
+    pub(in crate::leaf) async fn plan_deprovision(&self, cx: &Context) -> Result<Plan> {
         let mut plan = Plan::new(self.metadata.name(), Operation::Deprovision, KIND);
         let stamp = self.stamp(cx);
         let DeprovisionTargets {
@@ -97,18 +95,18 @@ impl Manifest {
             for ((index, (key, _, _)), live) in step_targets.into_iter().zip(lives) {
                 let from_manifest = index < in_manifest;
                 let planned = match removal(&stamp, key, live?.as_ref()) {
-                    Removal::Delete(_) => object_plan(key, Action::Delete),
-                    Removal::Terminating => object_plan(key, Action::Delete)
+                    Removal::Delete(_) => object_plan(key, Change::Delete),
+                    Removal::Terminating => object_plan(key, Change::Delete)
                         .with_reason("already being deleted: deprovision waits for it to go"),
-                    Removal::Release(why, _) => object_plan(key, Action::Update).with_reason(
+                    Removal::Release(why, _) => object_plan(key, Change::Update).with_reason(
                         format!("kept ({why}): released (our stamp removed), not deleted"),
                     ),
                     Removal::Unverified(why) => {
-                        object_plan(key, Action::Refuse).with_reason(format!("not deleted: {why}"))
+                        object_plan(key, Change::Refuse).with_reason(format!("not deleted: {why}"))
                     }
-                    Removal::NotOurs(who) if from_manifest => object_plan(key, Action::Refuse)
+                    Removal::NotOurs(who) if from_manifest => object_plan(key, Change::Refuse)
                         .with_reason(format!("not deleted: it is not ours ({who})")),
-                    Removal::OtherNode(node) if from_manifest => object_plan(key, Action::Refuse)
+                    Removal::OtherNode(node) if from_manifest => object_plan(key, Change::Refuse)
                         .with_reason(format!(
                             "not deleted: node `{node}` of the same owner applied it last"
                         )),
@@ -124,7 +122,7 @@ impl Manifest {
 
 /// How a plan reports an inventory entry outside the manifest's targets.
 fn outside_plan(key: &ObjectRef, why: &str) -> ObjectPlan {
-    object_plan(key, Action::Refuse).with_reason(format!(
+    object_plan(key, Change::Refuse).with_reason(format!(
         "not deleted: the inventory lists it, but {why} (an entry someone else wrote?)"
     ))
 }

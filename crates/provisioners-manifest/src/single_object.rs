@@ -1,4 +1,4 @@
-//! [`Resource`]: one typed object, applied like a one-object manifest.
+//! [`SingleObject`]: one typed object, applied like a one-object manifest.
 
 use std::borrow::Cow;
 use std::time::Duration;
@@ -22,11 +22,11 @@ use crate::{Manifest, ReplacePolicy};
 /// use k8s_openapi::api::core::v1::ConfigMap;
 /// use kube::api::ObjectMeta;
 /// use provisioners_core::{Cluster, Context};
-/// use provisioners_manifest::Resource;
+/// use provisioners_manifest::SingleObject;
 ///
 /// # async fn example() -> provisioners_core::Result<()> {
 /// let cx = Context::new(Cluster::infer().await?);
-/// let settings = Resource::new("settings", &ConfigMap {
+/// let settings = SingleObject::new("settings", &ConfigMap {
 ///     metadata: ObjectMeta {
 ///         name: Some("settings".into()),
 ///         ..ObjectMeta::default()
@@ -41,12 +41,12 @@ use crate::{Manifest, ReplacePolicy};
 /// ```
 #[derive(Debug)]
 #[must_use]
-pub struct Resource {
+pub struct SingleObject {
     manifest: Result<Manifest, String>,
     metadata: Metadata,
 }
 
-impl Resource {
+impl SingleObject {
     /// The node `name` for `object`.
     pub fn new<K>(name: impl Into<Cow<'static, str>>, object: &K) -> Self
     where
@@ -60,7 +60,7 @@ impl Resource {
         let manifest = to_dynamic(object)
             .map(|dynamic| Manifest::from_objects(metadata.name().to_owned(), [dynamic]))
             .map_err(|e| format!("{kind} {object_name} cannot be serialized: {e}"));
-        Resource { manifest, metadata }
+        SingleObject { manifest, metadata }
     }
 
     fn map(mut self, f: impl FnOnce(Manifest) -> Manifest) -> Self {
@@ -75,9 +75,9 @@ impl Resource {
     }
 
     /// Waits until the object is ready, at most `timeout`; see
-    /// [`Manifest::wait`].
-    pub fn wait(self, timeout: Duration) -> Self {
-        self.map(|m| m.wait(timeout))
+    /// [`Manifest::ready_timeout`].
+    pub fn ready_timeout(self, timeout: Duration) -> Self {
+        self.map(|m| m.ready_timeout(timeout))
     }
 
     /// The node's id in the ownership stamp; see [`Manifest::node_id`].
@@ -127,7 +127,7 @@ where
 }
 
 #[async_trait]
-impl Provisioner for Resource {
+impl Provisioner for SingleObject {
     fn name(&self) -> &str {
         self.metadata.name()
     }
@@ -166,6 +166,9 @@ mod tests {
         let types = dynamic.types.unwrap();
         assert_eq!(types.api_version, "v1");
         assert_eq!(types.kind, "ConfigMap");
-        assert_eq!(Resource::new("settings", &config_map).name(), "settings");
+        assert_eq!(
+            SingleObject::new("settings", &config_map).name(),
+            "settings"
+        );
     }
 }

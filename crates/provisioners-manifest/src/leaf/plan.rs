@@ -14,7 +14,7 @@ use std::collections::{BTreeSet, HashMap};
 
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
-use provisioners_core::plan::{Action, ObjectPlan};
+use provisioners_core::plan::{Change, ObjectPlan};
 use provisioners_core::{Context, Error, Operation, Plan, Result};
 
 use self::fields::{changes, immutable_changes, object_plan};
@@ -238,13 +238,13 @@ impl Manifest {
             && let Some(namespace) = key.namespace.as_deref()
         {
             if created.contains(namespace) {
-                return Ok(object_plan(key, Action::Create).with_reason(format!(
+                return Ok(object_plan(key, Change::Create).with_reason(format!(
                     "its namespace {namespace} is created by this manifest first (not dry-run)"
                 )));
             }
             // An earlier node of the tree may create it; alone, provision
             // would fail with NotFound.
-            return Ok(object_plan(key, Action::Unknown).with_reason(format!(
+            return Ok(object_plan(key, Change::Unknown).with_reason(format!(
                 "its namespace {namespace} does not exist: provision fails unless something \
                  (an earlier node) creates it first"
             )));
@@ -253,25 +253,25 @@ impl Manifest {
             // The dry-run surfaces what the apply would hit (schema,
             // admission, a namespace that does not exist).
             return match self.dry_run(cx, object, self.force).await {
-                Ok(_) => Ok(object_plan(key, Action::Create)),
+                Ok(_) => Ok(object_plan(key, Change::Create)),
                 Err(e) => Err(apply_error(&object.origin, &object.key, e)),
             };
         };
         let mut force = self.force;
-        let mut action = Action::Update;
+        let mut action = Change::Update;
         let mut reason = None;
         match stamp.classify(key, &live) {
             Ownership::Ours => {
                 if !seen.partial && unchanged::is_applied(&live, &object.object, cx.field_manager())
                 {
-                    return Ok(object_plan(key, Action::NoChange));
+                    return Ok(object_plan(key, Change::NoChange));
                 }
             }
             Ownership::OurOwnerOtherNode(node) => {
                 reason = Some(format!("taken over from node `{node}` of the same owner"));
             }
             Ownership::Foreign(who) if self.adopt => {
-                action = Action::Adopt;
+                action = Change::Adopt;
                 force = true;
                 reason = Some(format!(
                     "exists without our stamp ({who}); adopt(true) takes it over"
@@ -285,7 +285,7 @@ impl Manifest {
                 ));
             }
             Ownership::Foreign(who) => {
-                return Ok(object_plan(key, Action::Refuse).with_reason(format!(
+                return Ok(object_plan(key, Change::Refuse).with_reason(format!(
                     "already exists and is not ours ({who}; we are `{}`): provision would fail \
                      and leave it unchanged; delete it or rename ours, or set adopt(true) to \
                      take it over",
@@ -299,7 +299,7 @@ impl Manifest {
                 // Deleted since the LIST.
                 None => {
                     return match self.dry_run(cx, object, self.force).await {
-                        Ok(_) => Ok(object_plan(key, Action::Create)),
+                        Ok(_) => Ok(object_plan(key, Change::Create)),
                         Err(e) => Err(apply_error(&object.origin, &object.key, e)),
                     };
                 }
@@ -315,8 +315,8 @@ impl Manifest {
             }
         };
         let changes = changes(key, &live, &answer);
-        if action == Action::Update && changes.is_empty() && reason.is_none() {
-            return Ok(object_plan(key, Action::NoChange));
+        if action == Change::Update && changes.is_empty() && reason.is_none() {
+            return Ok(object_plan(key, Change::NoChange));
         }
         let mut planned = object_plan(key, action).with_changes(changes);
         if let Some(reason) = reason {
@@ -355,7 +355,7 @@ impl Manifest {
         if policy == ReplacePolicy::Recreate
             && let Some(refusal) = replace_refused(stamp, key, live, self.adopt)
         {
-            return Ok(object_plan(key, Action::Refuse)
+            return Ok(object_plan(key, Change::Refuse)
                 .with_changes(changes)
                 .with_reason(format!(
                     "{listed} may not change (immutable), and {}: provision would fail and not \
@@ -374,7 +374,7 @@ impl Manifest {
                  recreate it, or delete it by hand"
             ),
         };
-        Ok(object_plan(key, Action::Replace)
+        Ok(object_plan(key, Change::Replace)
             .with_changes(changes)
             .with_reason(reason))
     }
@@ -382,15 +382,15 @@ impl Manifest {
     fn plan_unresolved(&self, object: &Unresolved) -> ObjectPlan {
         let key = &object.key;
         match &object.crd {
-            Some(crd) => object_plan(key, Action::Create).with_reason(format!(
+            Some(crd) => object_plan(key, Change::Create).with_reason(format!(
                 "kind defined by CustomResourceDefinition {crd} of this manifest"
             )),
-            None => object_plan(key, Action::Unknown).with_reason(format!(
+            None => object_plan(key, Change::Unknown).with_reason(format!(
                 "the cluster does not serve kind {} in apiVersion {}: provision would wait for \
-                 its CRD for up to {}s (unknown_kind_deadline), then fail",
+                 its CRD for up to {}s (unknown_kind_timeout), then fail",
                 key.kind,
                 key.api_version,
-                self.unknown_kind_deadline.as_secs()
+                self.unknown_kind_timeout.as_secs()
             )),
         }
     }

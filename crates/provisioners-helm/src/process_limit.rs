@@ -75,9 +75,9 @@ impl HelmProcesses {
     /// Waits until no helm process runs under this bound.
     ///
     /// A cancelled tree's root waits up to its
-    /// [shutdown grace](provisioners_core::Context::with_shutdown_grace) for
+    /// [shutdown timeout](provisioners_core::Context::with_shutdown_timeout) for
     /// helm to stop: helm gets SIGTERM and its own
-    /// [grace period](crate::HelmRelease::grace_period) to record the
+    /// [grace period](crate::HelmRelease::stop_timeout) to record the
     /// outcome, and the tree returns `Cancelled` once helm has exited. When
     /// the root's grace is the shorter one, or a tree's future is dropped by
     /// its caller, helm goes on in the background, still holding the
