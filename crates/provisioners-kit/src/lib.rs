@@ -17,7 +17,10 @@
 //! - [`canonical`]: one byte form of a JSON value for digests that must
 //!   agree between processes and builds;
 //! - [`SingleFlight`]: per-cluster state that callers learning the same
-//!   thing at once (API discovery) fill with one request.
+//!   thing at once (API discovery) fill with one request;
+//! - [`lease`]: a `coordination.k8s.io` Lease held by one identity at a
+//!   time ([`lease::LeaseLock`]), with one expiry rule that no clock skew
+//!   between processes can break ([`lease::Observations`]).
 //!
 //! Core stays the contract (the trait, the context, errors, plans); a leaf
 //! depends on core and on this crate, never on another leaf.
@@ -49,6 +52,7 @@ pub mod canonical;
 pub mod diff;
 pub mod drift;
 mod flight;
+pub mod lease;
 pub mod readiness;
 
 pub use flight::SingleFlight;

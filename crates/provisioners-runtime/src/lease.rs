@@ -1,21 +1,20 @@
 //! Leader election through a `coordination.k8s.io` Lease.
 //!
-//! Written on the coordination API rather than with `kube-lease-manager`
-//! (which is built on kube 5): its watch loop keeps reporting leadership
-//! while renewals fail, so a holder cut off from the API server would not
-//! step down while a standby takes over. Here the holder steps down when it
-//! has not renewed within the renew deadline, which is shorter than the
-//! lease duration after which a standby may take over.
+//! Built on `provisioners-kit`'s [`LeaseLock`], which holds the one expiry
+//! rule of the workspace (a standby takes over once it has seen the same
+//! record unchanged for the lease duration, by its own clock). Not on
+//! `kube-lease-manager`: its watch loop keeps reporting leadership while
+//! renewals fail, so a holder cut off from the API server would not step
+//! down while a standby takes over. Here the holder steps down when it has
+//! not renewed within the renew deadline, which is shorter than the lease
+//! duration after which a standby may take over.
 
 use std::future::Future;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
-use k8s_openapi::jiff::Timestamp;
-use kube::api::{ObjectMeta, PostParams};
-use kube::{Api, ResourceExt};
 use provisioners_core::{CancellationToken, Error, Result};
+use provisioners_kit::lease::{Hold, LeaseLock, Renewal, Take};
+use tokio::time::Instant;
 
 /// Runs work only while this replica holds a Lease; standbys take over
 /// within the lease duration when the holder goes away.
@@ -59,9 +58,7 @@ use provisioners_core::{CancellationToken, Error, Result};
 #[derive(Clone, Debug)]
 #[must_use]
 pub struct LeaderElection {
-    api: Api<Lease>,
-    name: String,
-    identity: String,
+    lock: LeaseLock,
     lease_duration: Duration,
     renew_deadline: Duration,
     retry_period: Duration,
@@ -77,11 +74,10 @@ impl LeaderElection {
         name: impl Into<String>,
         identity: impl Into<String>,
     ) -> Self {
+        let lease_duration = Duration::from_secs(15);
         LeaderElection {
-            api: Api::namespaced(client, namespace),
-            name: name.into(),
-            identity: identity.into(),
-            lease_duration: Duration::from_secs(15),
+            lock: LeaseLock::new(client, namespace, name, identity).duration(lease_duration),
+            lease_duration,
             renew_deadline: Duration::from_secs(10),
             retry_period: Duration::from_secs(2),
         }
@@ -92,6 +88,7 @@ impl LeaderElection {
     /// retry period a fifth of it (at least 100 ms).
     pub fn lease_duration(mut self, duration: Duration) -> Self {
         self.lease_duration = duration;
+        self.lock = self.lock.duration(duration);
         self.renew_deadline = duration * 2 / 3;
         self.retry_period = (duration / 5).max(Duration::from_millis(100));
         self
@@ -99,7 +96,7 @@ impl LeaderElection {
 
     /// The identity this replica writes into the lease.
     pub fn identity(&self) -> &str {
-        &self.identity
+        self.lock.identity()
     }
 
     /// Calls `lead` each time this replica becomes the leader, with a token
@@ -123,18 +120,21 @@ impl LeaderElection {
             return Err(Error::invalid(format!(
                 "leader election for Lease {}: retry period {:?} < renew deadline {:?} < lease \
                  duration {:?} must hold",
-                self.name, self.retry_period, self.renew_deadline, self.lease_duration
+                self.lock.name(),
+                self.retry_period,
+                self.renew_deadline,
+                self.lease_duration
             )));
         }
-        let mut observed: Option<Observed> = None;
+        let mut hold: Option<Hold> = None;
         while !shutdown.is_cancelled() {
-            if !self.try_acquire_or_renew(&mut observed).await {
+            if !self.try_acquire_or_renew(&mut hold).await {
                 tokio::select! {
                     () = shutdown.cancelled() => break,
                     () = tokio::time::sleep(self.retry_period) => continue,
                 }
             }
-            tracing::info!(lease = %self.name, identity = %self.identity, "became the leader");
+            tracing::info!(lease = %self.lock.name(), identity = %self.identity(), "became the leader");
             let term = shutdown.child_token();
             let work = lead(term.clone());
             let mut work = std::pin::pin!(work);
@@ -150,172 +150,70 @@ impl LeaderElection {
                 // A renewal that hangs must not keep a holder that can no
                 // longer renew: the round ends at the renew deadline.
                 let remaining = self.renew_deadline.saturating_sub(last_renewal.elapsed());
-                let renewed =
-                    tokio::time::timeout(remaining, self.try_acquire_or_renew(&mut observed))
-                        .await
-                        .unwrap_or(false);
+                let renewed = tokio::time::timeout(remaining, self.try_acquire_or_renew(&mut hold))
+                    .await
+                    .unwrap_or(false);
                 if renewed {
                     last_renewal = Instant::now();
-                } else if !self.holds(&observed) || last_renewal.elapsed() >= self.renew_deadline {
-                    tracing::warn!(lease = %self.name, identity = %self.identity, "lost the lease: stopping");
+                } else if hold.is_none() || last_renewal.elapsed() >= self.renew_deadline {
+                    tracing::warn!(lease = %self.lock.name(), identity = %self.identity(), "lost the lease: stopping");
                     term.cancel();
                 }
             }
             // The work returned: shutdown, lost lease, or it ended by itself.
             term.cancel();
             if shutdown.is_cancelled() {
-                self.release(&observed).await;
+                self.release(hold.take()).await;
                 break;
             }
-            if self.holds(&observed) {
-                // It ended by itself while we lead: let another replica try.
-                self.release(&observed).await;
-                observed = None;
-            }
+            // Ended by itself while we lead: let another replica try.
+            self.release(hold.take()).await;
         }
         Ok(())
     }
 
-    fn holds(&self, observed: &Option<Observed>) -> bool {
-        observed
-            .as_ref()
-            .is_some_and(|o| o.holder.as_deref() == Some(self.identity.as_str()))
-    }
-
-    /// One round: read the lease, then renew it if ours, take it if free or
-    /// expired. True if we hold it after this round.
-    async fn try_acquire_or_renew(&self, observed: &mut Option<Observed>) -> bool {
-        let lease = match self.api.get_opt(&self.name).await {
-            Ok(Some(lease)) => lease,
-            Ok(None) => return self.create().await.map(|o| *observed = Some(o)).is_ok(),
-            Err(error) => {
-                tracing::debug!(lease = %self.name, %error, "reading the lease");
-                return false;
+    /// One round: renew our hold, or take the lease if free, ours or
+    /// expired (by our own clock: see [`LeaseLock`]). True if we hold it
+    /// after this round; `hold` is `None` once another holds it.
+    async fn try_acquire_or_renew(&self, hold: &mut Option<Hold>) -> bool {
+        if let Some(held) = hold.as_ref() {
+            match self.lock.renew(held).await {
+                Ok(Renewal::Renewed) => return true,
+                // Taken by another, or deleted: compete like a standby.
+                Ok(Renewal::Lost | Renewal::Gone) => *hold = None,
+                Err(error) => {
+                    tracing::debug!(lease = %self.lock.name(), %error, "renewing the lease");
+                    return false;
+                }
             }
-        };
-        let seen = Observed::of(&lease);
-        // Expiry by our own clock: when did this record last change?
-        let changed = observed
-            .as_ref()
-            .is_none_or(|o| o.resource_version != seen.resource_version);
-        let observed_at = if changed {
-            Instant::now()
-        } else {
-            observed.as_ref().map_or_else(Instant::now, |o| o.at)
-        };
-        let seen = Observed {
-            at: observed_at,
-            ..seen
-        };
-        let ours = seen.holder.as_deref() == Some(self.identity.as_str());
-        let free = seen.holder.as_deref().is_none_or(str::is_empty);
-        let expired = observed_at.elapsed() >= seen.duration.unwrap_or(self.lease_duration);
-        *observed = Some(seen);
-        if !(ours || free || expired) {
-            return false;
         }
-        let now = MicroTime(Timestamp::now());
-        let mut lease = lease;
-        let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
-        if !ours {
-            spec.acquire_time = Some(now.clone());
-            spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
-        }
-        spec.holder_identity = Some(self.identity.clone());
-        spec.lease_duration_seconds = Some(seconds(self.lease_duration));
-        spec.renew_time = Some(now);
-        // `replace` sends the resourceVersion we read: a conflict if anyone wrote since.
-        match self
-            .api
-            .replace(&self.name, &PostParams::default(), &lease)
-            .await
-        {
-            Ok(written) => {
-                *observed = Some(Observed::of(&written));
+        match self.lock.take().await {
+            Ok(Take::Taken(held)) => {
+                *hold = Some(held);
                 true
             }
+            Ok(Take::Busy(_) | Take::Conflict) => false,
             Err(error) => {
-                tracing::debug!(lease = %self.name, %error, "writing the lease");
+                tracing::debug!(lease = %self.lock.name(), %error, "taking the lease");
                 false
             }
         }
     }
 
-    async fn create(&self) -> std::result::Result<Observed, kube::Error> {
-        let now = MicroTime(Timestamp::now());
-        let lease = Lease {
-            metadata: ObjectMeta {
-                name: Some(self.name.clone()),
-                ..ObjectMeta::default()
-            },
-            spec: Some(LeaseSpec {
-                holder_identity: Some(self.identity.clone()),
-                lease_duration_seconds: Some(seconds(self.lease_duration)),
-                acquire_time: Some(now.clone()),
-                renew_time: Some(now),
-                lease_transitions: Some(0),
-                ..LeaseSpec::default()
-            }),
-        };
-        let created = self.api.create(&PostParams::default(), &lease).await?;
-        Ok(Observed::of(&created))
-    }
-
-    /// Gives the lease up if we hold it: no holder, one-second duration, so
-    /// a standby takes it on its next round.
-    async fn release(&self, observed: &Option<Observed>) {
-        if !self.holds(observed) {
-            return;
-        }
-        let Ok(Some(mut lease)) = self.api.get_opt(&self.name).await else {
+    /// Gives the lease up if we hold it (no holder, one-second duration),
+    /// so a standby takes it on its next round.
+    async fn release(&self, hold: Option<Hold>) {
+        let Some(hold) = hold else {
             return;
         };
-        let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
-        if spec.holder_identity.as_deref() != Some(self.identity.as_str()) {
-            return;
-        }
-        spec.holder_identity = None;
-        spec.lease_duration_seconds = Some(1);
-        spec.renew_time = Some(MicroTime(Timestamp::now()));
-        match self
-            .api
-            .replace(&self.name, &PostParams::default(), &lease)
-            .await
-        {
-            Ok(_) => {
-                tracing::info!(lease = %self.name, identity = %self.identity, "released the lease")
+        match self.lock.release(&hold).await {
+            Ok(true) => {
+                tracing::info!(lease = %self.lock.name(), identity = %self.identity(), "released the lease")
             }
-            Err(error) => tracing::warn!(lease = %self.name, %error, "releasing the lease"),
+            Ok(false) => {}
+            Err(error) => tracing::warn!(lease = %self.lock.name(), %error, "releasing the lease"),
         }
     }
-}
-
-/// What we last saw of the lease, and when we first saw that version.
-#[derive(Clone, Debug)]
-struct Observed {
-    holder: Option<String>,
-    duration: Option<Duration>,
-    resource_version: Option<String>,
-    at: Instant,
-}
-
-impl Observed {
-    fn of(lease: &Lease) -> Self {
-        let spec = lease.spec.as_ref();
-        Observed {
-            holder: spec.and_then(|s| s.holder_identity.clone()),
-            duration: spec
-                .and_then(|s| s.lease_duration_seconds)
-                .and_then(|s| u64::try_from(s).ok())
-                .map(Duration::from_secs),
-            resource_version: lease.resource_version(),
-            at: Instant::now(),
-        }
-    }
-}
-
-fn seconds(duration: Duration) -> i32 {
-    i32::try_from(duration.as_secs().max(1)).unwrap_or(i32::MAX)
 }
 
 #[cfg(test)]
@@ -367,38 +265,34 @@ mod tests {
             answer(&mut handle, "GET", 200, lease(None, "5")).await;
             answer(&mut handle, "PUT", 200, lease(Some("me"), "6")).await
         });
-        let mut observed = None;
-        assert!(election.try_acquire_or_renew(&mut observed).await);
+        let mut hold = None;
+        assert!(election.try_acquire_or_renew(&mut hold).await);
         let written = server.await.unwrap();
         assert_eq!(written["metadata"]["resourceVersion"], "5", "fenced");
         assert_eq!(written["spec"]["holderIdentity"], "me");
         assert_eq!(written["spec"]["leaseTransitions"], 4);
-        assert!(election.holds(&observed));
+        assert!(hold.is_some());
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_lease_held_by_another_is_left_alone_until_it_expires_by_our_clock() {
         let (election, mut handle) = election();
         let server = tokio::spawn(async move {
             answer(&mut handle, "GET", 200, lease(Some("other"), "7")).await;
             handle
         });
-        let mut observed = None;
-        assert!(!election.try_acquire_or_renew(&mut observed).await);
+        let mut hold = None;
+        assert!(!election.try_acquire_or_renew(&mut hold).await);
         let mut handle = server.await.unwrap();
-        assert!(!election.holds(&observed));
+        assert!(hold.is_none());
 
         // The same record, seen unchanged for longer than its duration: expired.
-        if let Some(o) = observed.as_mut() {
-            o.at = Instant::now()
-                .checked_sub(Duration::from_secs(20))
-                .expect("a monotonic clock past 20 s");
-        }
+        tokio::time::advance(Duration::from_secs(20)).await;
         let server = tokio::spawn(async move {
             answer(&mut handle, "GET", 200, lease(Some("other"), "7")).await;
             answer(&mut handle, "PUT", 200, lease(Some("me"), "8")).await
         });
-        assert!(election.try_acquire_or_renew(&mut observed).await);
+        assert!(election.try_acquire_or_renew(&mut hold).await);
         assert_eq!(server.await.unwrap()["spec"]["holderIdentity"], "me");
     }
 
@@ -411,10 +305,10 @@ mod tests {
                 "reason": "Conflict", "code": 409, "message": "the object has been modified" });
             answer(&mut handle, "PUT", 409, conflict).await;
         });
-        let mut observed = None;
-        assert!(!election.try_acquire_or_renew(&mut observed).await);
+        let mut hold = None;
+        assert!(!election.try_acquire_or_renew(&mut hold).await);
         server.await.unwrap();
-        assert!(!election.holds(&observed));
+        assert!(hold.is_none());
     }
 
     #[tokio::test]

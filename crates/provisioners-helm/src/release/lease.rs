@@ -5,20 +5,26 @@
 //! still at work.
 //!
 //! The Lease `provisioners-helm.RELEASE` lives in the release's namespace.
-//! It is taken with an optimistic-concurrency update (a 409 means another
-//! process won), renewed every third of its duration while held, and given
-//! up when the last holder (the provision, or the task still running helm)
-//! is done. A holder that died stops renewing: after the duration the Lease
-//! is free again and its `pending-*` release is recovered.
+//! It is a `provisioners-kit` [`LeaseLock`]: taken with an
+//! optimistic-concurrency update (a 409 means another process won),
+//! renewed every third of its duration while held, and given up when the
+//! last holder (the provision, or the task still running helm) is done.
+//! A holder that died stops renewing: once this process has seen its record
+//! unchanged for the lease duration, by its own clock (never by comparing
+//! the renew time with this host's clock, which may be skewed), the Lease
+//! may be taken and its `pending-*` release is recovered. The sightings are
+//! remembered across passes ([`OBSERVED`]). Besides the hold, the Lease
+//! carries the release's seal authenticators and intent as annotations
+//! ([`annotate`]).
 
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
-use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
-use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use kube::api::{Api, DeleteParams, ObjectMeta, PostParams, Preconditions};
-use provisioners_core::{Error, Result};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, PostParams, Preconditions};
+use provisioners_core::{Error, Result, Waiting};
+use provisioners_kit::lease::{Hold, LeaseLock, Observations, Renewal, Sighting, Standing, Take};
 use tokio_util::sync::CancellationToken;
 
 /// How long a Lease holds without renewal.
@@ -42,6 +48,12 @@ pub(super) static PROCESS_HOLDER: LazyLock<String> = LazyLock::new(|| {
     format!("{host}/{}/{suffix}", std::process::id())
 });
 
+/// What this process has seen of release Leases held by others, and since
+/// when: the expiry rule's memory, kept across passes. A static like
+/// [`PROCESS_HOLDER`]: its entries are keyed by the Lease's UID too, so
+/// Leases of the same name on different clusters stay apart.
+static OBSERVED: LazyLock<Arc<Observations>> = LazyLock::new(Arc::default);
+
 fn getrandom(buffer: &mut [u8]) -> std::io::Result<()> {
     use std::io::Read as _;
     std::fs::File::open("/dev/urandom")?.read_exact(buffer)
@@ -50,6 +62,13 @@ fn getrandom(buffer: &mut [u8]) -> std::io::Result<()> {
 /// The Lease's name for `release`.
 pub(super) fn name(release: &str) -> String {
     format!("provisioners-helm.{release}")
+}
+
+/// The Lease of `release` in `namespace`, taken as `holder`.
+fn lock(client: &kube::Client, namespace: &str, release: &str, holder: &str) -> LeaseLock {
+    LeaseLock::new(client.clone(), namespace, name(release), holder)
+        .duration(DURATION)
+        .observations(Arc::clone(&OBSERVED))
 }
 
 /// A held Lease: renewed until dropped, then given up.
@@ -64,33 +83,33 @@ impl Drop for Held {
     }
 }
 
-/// Whether `lease` is held by someone other than `holder` right now.
-fn held_by_other<'a>(lease: &'a Lease, holder: &str, now: Timestamp) -> Option<&'a str> {
-    let spec = lease.spec.as_ref()?;
-    let other = spec.holder_identity.as_deref().filter(|h| !h.is_empty())?;
-    if other == holder {
-        return None;
-    }
-    let renewed = spec.renew_time.as_ref().or(spec.acquire_time.as_ref())?.0;
-    let duration = SignedDuration::from_secs(i64::from(spec.lease_duration_seconds.unwrap_or(0)));
-    (renewed + duration > now).then_some(other)
-}
-
-fn spec(holder: &str, now: Timestamp, transitions: i32) -> LeaseSpec {
-    LeaseSpec {
-        holder_identity: Some(holder.to_owned()),
-        lease_duration_seconds: Some(DURATION.as_secs() as i32),
-        acquire_time: Some(MicroTime(now)),
-        renew_time: Some(MicroTime(now)),
-        lease_transitions: Some(transitions),
-        ..LeaseSpec::default()
-    }
-}
-
-fn busy(release_id: &str, other: &str) -> Error {
+/// The yield while another process holds the Lease. No wake is promised:
+/// nothing in this process ends that wait, so the tree is polled.
+fn busy(release_id: &str, lock: &LeaseLock, other: &Sighting) -> Error {
     Error::yielding(format!(
-        "another process ({other}) is working on release `{release_id}`; its Lease is \
-         renewed while it runs helm"
+        "waiting for the Lease of release `{release_id}` held by another process ({}) \
+         (unchanged for {}s of {}s); it is renewed while that process runs helm, and taken \
+         once seen unchanged for its whole duration",
+        other.holder,
+        other.unchanged.as_secs(),
+        other.duration.as_secs()
+    ))
+    .waiting_on(
+        Waiting::new(format!("held by another process ({})", other.holder)).object(format!(
+            "Lease {}/{}",
+            lock.namespace(),
+            lock.name()
+        )),
+    )
+}
+
+/// The error for a Lease this process may not use.
+fn forbidden(release_id: &str, lock: &LeaseLock, why: &str, verbs: &str) -> Error {
+    let namespace = lock.namespace();
+    Error::invalid(format!(
+        "release `{release_id}`: may not use the Lease {namespace}/{} ({why}); grant {verbs} \
+         on leases.coordination.k8s.io in namespace {namespace}",
+        lock.name()
     ))
 }
 
@@ -105,105 +124,52 @@ pub(super) async fn acquire(
     holder: &str,
 ) -> Result<Option<Held>> {
     let release_id = format!("{namespace}/{release}");
-    let leases: Api<Lease> = Api::namespaced(client.clone(), namespace);
-    let name = name(release);
+    let lock = lock(client, namespace, release, holder);
     // Three tries: a 409 may come from this process's own previous hold
     // being given up at the same moment.
     let mut tries = 0;
-    let acquired = loop {
+    let hold = loop {
         tries += 1;
-        match try_acquire(&leases, &name, namespace, holder, &release_id).await {
-            Err(Taken::Conflict) if tries < 3 => continue,
-            Err(Taken::Conflict) => return Err(busy(&release_id, "another holder")),
-            Err(Taken::Error(e)) => return Err(e),
-            Err(Taken::NoNamespace) => return Ok(None),
-            Ok(acquired) => break acquired,
+        match lock.take().await {
+            Ok(Take::Taken(hold)) => break hold,
+            Ok(Take::Busy(other)) => return Err(busy(&release_id, &lock, &other)),
+            Ok(Take::Conflict) if tries < 3 => continue,
+            Ok(Take::Conflict) => {
+                return Err(Error::yielding(format!(
+                    "another holder took the Lease of release `{release_id}` while this \
+                     process tried to, three times"
+                )));
+            }
+            // No namespace yet, or one being deleted (with the release's
+            // records): nothing another process could recover either.
+            Err(kube::Error::Api(status))
+                if (status.is_not_found() && status.message.contains("namespace"))
+                    || (status.code == 403 && status.message.contains("being terminated")) =>
+            {
+                return Ok(None);
+            }
+            Err(kube::Error::Api(status)) if status.code == 403 => {
+                return Err(forbidden(
+                    &release_id,
+                    &lock,
+                    &status.message,
+                    "get, create and update",
+                ));
+            }
+            Err(e) => {
+                return Err(Error::kube(
+                    format_args!(
+                        "taking the Lease {namespace}/{} of release `{release_id}`",
+                        lock.name()
+                    ),
+                    e,
+                ));
+            }
         }
     };
     let stop = CancellationToken::new();
-    tokio::spawn(renew(
-        leases,
-        name,
-        holder.to_owned(),
-        acquired,
-        stop.clone(),
-    ));
+    tokio::spawn(renew(lock, hold, stop.clone()));
     Ok(Some(Held { stop }))
-}
-
-enum Taken {
-    Conflict,
-    NoNamespace,
-    Error(Error),
-}
-
-/// One attempt; returns the acquire time it wrote, which marks this hold.
-async fn try_acquire(
-    leases: &Api<Lease>,
-    name: &str,
-    namespace: &str,
-    holder: &str,
-    release_id: &str,
-) -> std::result::Result<Timestamp, Taken> {
-    let kube_error = |e: kube::Error| {
-        Taken::Error(Error::kube(
-            format_args!("taking the Lease {namespace}/{name} of release `{release_id}`"),
-            e,
-        ))
-    };
-    // The server keeps microseconds: compare what it will return.
-    let now = Timestamp::now();
-    let now = Timestamp::from_microsecond(now.as_microsecond()).unwrap_or(now);
-    match leases.get_opt(name).await {
-        Ok(None) => {
-            let lease = Lease {
-                metadata: ObjectMeta {
-                    name: Some(name.to_owned()),
-                    namespace: Some(namespace.to_owned()),
-                    ..ObjectMeta::default()
-                },
-                spec: Some(spec(holder, now, 0)),
-            };
-            match leases.create(&PostParams::default(), &lease).await {
-                Ok(_) => Ok(now),
-                Err(kube::Error::Api(status)) if status.code == 409 => Err(Taken::Conflict),
-                // No namespace yet, or one being deleted (with the release's
-                // records): nothing another process could recover either.
-                Err(kube::Error::Api(status))
-                    if (status.is_not_found() && status.message.contains("namespace"))
-                        || (status.code == 403 && status.message.contains("being terminated")) =>
-                {
-                    Err(Taken::NoNamespace)
-                }
-                Err(e) => Err(kube_error(e)),
-            }
-        }
-        Ok(Some(mut lease)) => {
-            if let Some(other) = held_by_other(&lease, holder, now) {
-                return Err(Taken::Error(busy(release_id, other)));
-            }
-            let transitions = lease
-                .spec
-                .as_ref()
-                .and_then(|s| s.lease_transitions)
-                .unwrap_or(0);
-            lease.spec = Some(spec(holder, now, transitions.saturating_add(1)));
-            // The resourceVersion it was read at: a 409 means someone else took it meanwhile.
-            match leases.replace(name, &PostParams::default(), &lease).await {
-                Ok(_) => Ok(now),
-                Err(kube::Error::Api(status)) if status.code == 409 => Err(Taken::Conflict),
-                Err(e) => Err(kube_error(e)),
-            }
-        }
-        Err(kube::Error::Api(status)) if status.code == 403 => {
-            Err(Taken::Error(Error::invalid(format!(
-                "release `{release_id}`: may not read the Lease {namespace}/{name} ({}); grant \
-                 get, create and update on leases.coordination.k8s.io in namespace {namespace}",
-                status.message
-            ))))
-        }
-        Err(e) => Err(kube_error(e)),
-    }
 }
 
 /// Merges `annotations` (a `null` removes one) into those of the Lease of
@@ -271,7 +237,8 @@ pub(super) async fn annotations(
 }
 
 /// Yields while another live holder has the Lease of `release`, as taking
-/// it would; reads only (a plan takes no Lease).
+/// it would; reads only (a plan takes no Lease), but the read counts
+/// towards the Lease's expiry as a take's would.
 pub(super) async fn check_free(
     client: &kube::Client,
     namespace: &str,
@@ -279,21 +246,18 @@ pub(super) async fn check_free(
     holder: &str,
 ) -> Result<()> {
     let release_id = format!("{namespace}/{release}");
-    let leases: Api<Lease> = Api::namespaced(client.clone(), namespace);
-    let name = name(release);
-    match leases.get_opt(&name).await {
-        Ok(Some(lease)) => match held_by_other(&lease, holder, Timestamp::now()) {
-            Some(other) => Err(busy(&release_id, other)),
-            None => Ok(()),
-        },
-        Ok(None) => Ok(()),
-        Err(kube::Error::Api(status)) if status.code == 403 => Err(Error::invalid(format!(
-            "release `{release_id}`: may not read the Lease {namespace}/{name} ({}); grant get \
-             on leases.coordination.k8s.io in namespace {namespace}",
-            status.message
-        ))),
+    let lock = lock(client, namespace, release, holder);
+    match lock.read().await {
+        Ok(Some((_, Standing::Held(other)))) => Err(busy(&release_id, &lock, &other)),
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 403 => {
+            Err(forbidden(&release_id, &lock, &status.message, "get"))
+        }
         Err(e) => Err(Error::kube(
-            format_args!("reading the Lease {namespace}/{name} of release `{release_id}`"),
+            format_args!(
+                "reading the Lease {namespace}/{} of release `{release_id}`",
+                lock.name()
+            ),
             e,
         )),
     }
@@ -302,7 +266,9 @@ pub(super) async fn check_free(
 /// Deletes the Lease of a release that is gone.
 pub(super) async fn remove(client: &kube::Client, namespace: &str, release: &str) -> Result<()> {
     let leases: Api<Lease> = Api::namespaced(client.clone(), namespace);
-    delete(&leases, namespace, release, None).await
+    delete(&leases, namespace, release, None).await?;
+    OBSERVED.forget(namespace, &name(release));
+    Ok(())
 }
 
 /// Deletes the release's Lease; already gone is done. With `preconditions`,
@@ -336,7 +302,9 @@ async fn delete(
 /// Deletes the Lease a deprovision left behind when it stopped between
 /// forgetting the release's records and deleting the Lease (a crash, a
 /// dropped call), unless another live holder has it: that process may be
-/// installing the release again and has not written its record yet. The
+/// installing the release again and has not written its record yet. A
+/// Lease of another holder counts as live until this process has seen it
+/// unchanged for its duration (a later deprovision removes it then). The
 /// delete is conditional on the resourceVersion read, so a lease taken
 /// meanwhile is left alone.
 pub(super) async fn remove_leftover(
@@ -345,20 +313,19 @@ pub(super) async fn remove_leftover(
     release: &str,
     holder: &str,
 ) -> Result<()> {
-    let leases: Api<Lease> = Api::namespaced(client.clone(), namespace);
-    let name = name(release);
+    let lock = lock(client, namespace, release, holder);
     let read = |e| {
         Error::kube(
             format_args!("reading the Lease of release `{namespace}/{release}`"),
             e,
         )
     };
-    let Some(lease) = leases.get_opt(&name).await.map_err(read)? else {
+    let Some((lease, standing)) = lock.read().await.map_err(read)? else {
         return Ok(());
     };
-    if let Some(other) = held_by_other(&lease, holder, Timestamp::now()) {
+    if let Standing::Held(other) = standing {
         tracing::debug!(
-            lease = %name, holder = %other,
+            lease = %lock.name(), holder = %other.holder,
             "the release is gone but another process holds its Lease; leaving it"
         );
         return Ok(());
@@ -367,85 +334,40 @@ pub(super) async fn remove_leftover(
         resource_version: lease.metadata.resource_version.clone(),
         uid: lease.metadata.uid.clone(),
     };
-    delete(&leases, namespace, release, Some(preconditions)).await
+    let leases: Api<Lease> = Api::namespaced(client.clone(), namespace);
+    delete(&leases, namespace, release, Some(preconditions)).await?;
+    OBSERVED.forget(namespace, lock.name());
+    Ok(())
 }
 
 /// Renews the Lease until `stop`, then gives it up (clears the holder, so
 /// the next process need not wait for it to expire).
-async fn renew(
-    leases: Api<Lease>,
-    name: String,
-    holder: String,
-    acquired: Timestamp,
-    stop: CancellationToken,
-) {
-    // This hold, not a later one of the same holder.
-    let ours = |spec: &LeaseSpec| {
-        spec.holder_identity.as_deref() == Some(holder.as_str())
-            && spec.acquire_time.as_ref().map(|t| t.0) == Some(acquired)
-    };
+async fn renew(lock: LeaseLock, hold: Hold, stop: CancellationToken) {
     loop {
         tokio::select! {
             () = stop.cancelled() => break,
             () = tokio::time::sleep(DURATION / 3) => {}
         }
-        let Ok(Some(mut lease)) = leases.get_opt(&name).await else {
-            continue;
-        };
-        let Some(spec) = lease.spec.as_mut() else {
-            continue;
-        };
-        if !ours(spec) {
-            tracing::warn!(lease = %name, "lost the Lease of a helm release to another process");
-            return;
-        }
-        spec.renew_time = Some(MicroTime(Timestamp::now()));
-        if let Err(e) = leases.replace(&name, &PostParams::default(), &lease).await {
-            tracing::warn!(lease = %name, error = %e, "could not renew the Lease of a helm release");
+        match lock.renew(&hold).await {
+            Ok(Renewal::Renewed | Renewal::Gone) => {}
+            Ok(Renewal::Lost) => {
+                tracing::warn!(lease = %lock.name(), "lost the Lease of a helm release to another process");
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(lease = %lock.name(), error = %e, "could not renew the Lease of a helm release");
+            }
         }
     }
-    if let Ok(Some(mut lease)) = leases.get_opt(&name).await
-        && let Some(spec) = lease.spec.as_mut()
-        && ours(spec)
-    {
-        spec.holder_identity = None;
-        spec.renew_time = None;
-        spec.acquire_time = None;
-        let _ = leases.replace(&name, &PostParams::default(), &lease).await;
-    }
+    let _ = lock.release(&hold).await;
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn lease(holder: Option<&str>, renewed: Timestamp, seconds: i32) -> Lease {
-        Lease {
-            metadata: ObjectMeta::default(),
-            spec: Some(LeaseSpec {
-                holder_identity: holder.map(str::to_owned),
-                lease_duration_seconds: Some(seconds),
-                renew_time: Some(MicroTime(renewed)),
-                ..LeaseSpec::default()
-            }),
-        }
-    }
-
     #[test]
-    fn a_lease_is_held_by_another_only_while_it_is_renewed() {
-        let now = Timestamp::now();
-        let ago = |s: i64| now - SignedDuration::from_secs(s);
-        assert_eq!(
-            held_by_other(&lease(Some("b"), ago(5), 30), "a", now),
-            Some("b")
-        );
-        assert_eq!(
-            held_by_other(&lease(Some("b"), ago(31), 30), "a", now),
-            None
-        );
-        assert_eq!(held_by_other(&lease(Some("a"), ago(5), 30), "a", now), None);
-        assert_eq!(held_by_other(&lease(None, ago(5), 30), "a", now), None);
-        assert_eq!(held_by_other(&lease(Some(""), ago(5), 30), "a", now), None);
+    fn the_holder_names_this_process_and_the_lease_its_release() {
         assert!(PROCESS_HOLDER.contains(&format!("/{}/", std::process::id())));
         assert_eq!(name("web"), "provisioners-helm.web");
     }
@@ -453,6 +375,10 @@ mod tests {
     /// Taking and removing a Lease against a mocked API.
     mod api {
         use http::Method;
+        use k8s_openapi::api::coordination::v1::LeaseSpec;
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+        use k8s_openapi::jiff::SignedDuration;
+        use kube::api::ObjectMeta;
         use provisioners_core::ErrorKind;
         use provisioners_testing::mock;
         use serde_json::{Value, json};
@@ -463,24 +389,29 @@ mod tests {
         const LEASE: &str =
             "/apis/coordination.k8s.io/v1/namespaces/apps/leases/provisioners-helm.web";
 
-        /// The Lease as the server returns it, held by `holder` and renewed
-        /// `ago` seconds ago.
-        fn stored(holder: &str, ago: i64) -> Value {
-            let mut lease = lease(
-                Some(holder),
-                Timestamp::now() - SignedDuration::from_secs(ago),
-                30,
-            );
-            lease.metadata = ObjectMeta {
-                name: Some(name("web")),
-                namespace: Some("apps".to_owned()),
-                resource_version: Some("42".to_owned()),
-                uid: Some("uid-1".to_owned()),
-                ..ObjectMeta::default()
+        /// The Lease as the server returns it, held by `holder`, renewed
+        /// `ago` seconds ago by this host's clock (negative: ahead of it),
+        /// at resourceVersion `version`. Each test has its own `uid`, as
+        /// the sightings are the process's.
+        fn stored(holder: &str, ago: i64, version: u32, uid: &str) -> Value {
+            let renewed = MicroTime(Timestamp::now() - SignedDuration::from_secs(ago));
+            let lease = Lease {
+                metadata: ObjectMeta {
+                    name: Some(name("web")),
+                    namespace: Some("apps".to_owned()),
+                    resource_version: Some(version.to_string()),
+                    uid: Some(uid.to_owned()),
+                    ..ObjectMeta::default()
+                },
+                spec: Some(LeaseSpec {
+                    holder_identity: Some(holder.to_owned()),
+                    lease_duration_seconds: Some(30),
+                    acquire_time: Some(renewed.clone()),
+                    renew_time: Some(renewed),
+                    lease_transitions: Some(2),
+                    ..LeaseSpec::default()
+                }),
             };
-            if let Some(spec) = lease.spec.as_mut() {
-                spec.lease_transitions = Some(2);
-            }
             let mut value = serde_json::to_value(&lease).unwrap();
             value["apiVersion"] = json!("coordination.k8s.io/v1");
             value["kind"] = json!("Lease");
@@ -526,24 +457,59 @@ mod tests {
             let (cx, mut api) = mock::context();
             let client = cx.client().clone();
             let taking = tokio::spawn(async move { acquire(&client, "apps", "web", "me").await });
-            api.expect(Method::GET, LEASE, 200, stored("operator-0", 5))
-                .await;
+            api.expect(
+                Method::GET,
+                LEASE,
+                200,
+                stored("operator-0", 5, 42, "uid-live"),
+            )
+            .await;
             let error = taking.await.unwrap().expect_err("another process holds it");
             assert!(error.is_yield(), "{error}");
             assert!(
-                error.message().contains("another process (operator-0)"),
+                error.message().contains(
+                    "waiting for the Lease of release `apps/web` held by another process \
+                     (operator-0) (unchanged for 0s of 30s)"
+                ),
                 "{error}"
             );
-            assert!(error.message().contains("`apps/web`"), "{error}");
+            let waiting = error.waiting().expect("what it waits for");
+            assert_eq!(
+                waiting.object_name(),
+                Some("Lease apps/provisioners-helm.web")
+            );
         }
 
-        #[tokio::test]
-        async fn an_expired_lease_is_replaced_at_the_version_read() {
+        /// After a restart: a Lease left by a dead holder, renewed long ago,
+        /// is taken only once seen unchanged for a whole duration.
+        #[tokio::test(start_paused = true)]
+        async fn a_dead_holders_lease_is_taken_after_a_full_duration_unchanged() {
             let (cx, mut api) = mock::context();
+            let dead = stored("operator-0", 600, 42, "uid-dead");
             let client = cx.client().clone();
             let taking = tokio::spawn(async move { acquire(&client, "apps", "web", "me").await });
-            api.expect(Method::GET, LEASE, 200, stored("operator-0", 60))
-                .await;
+            api.expect(Method::GET, LEASE, 200, dead.clone()).await;
+            let error = taking.await.unwrap().expect_err("not yet expired");
+            assert!(
+                error.message().contains("(unchanged for 0s of 30s)"),
+                "{error}"
+            );
+            // A plan's check counts the same sighting.
+            tokio::time::advance(Duration::from_secs(12)).await;
+            let client = cx.client().clone();
+            let checking =
+                tokio::spawn(async move { check_free(&client, "apps", "web", "me").await });
+            api.expect(Method::GET, LEASE, 200, dead.clone()).await;
+            let error = checking.await.unwrap().expect_err("not yet expired");
+            assert!(
+                error.message().contains("(unchanged for 12s of 30s)"),
+                "{error}"
+            );
+
+            tokio::time::advance(Duration::from_secs(19)).await;
+            let client = cx.client().clone();
+            let taking = tokio::spawn(async move { acquire(&client, "apps", "web", "me").await });
+            api.expect(Method::GET, LEASE, 200, dead).await;
             let replaced = api.next().await;
             assert_eq!(
                 (&replaced.method, replaced.uri.path()),
@@ -556,6 +522,23 @@ mod tests {
             let lease = replaced.body.clone();
             replaced.answer(200, lease);
             assert!(taking.await.unwrap().unwrap().is_some());
+        }
+
+        /// A holder whose clock is 10 minutes behind ours (its renew time
+        /// looks long gone) keeps its Lease while it keeps renewing.
+        #[tokio::test(start_paused = true)]
+        async fn a_renewing_holder_with_a_skewed_clock_keeps_its_lease() {
+            let (cx, mut api) = mock::context();
+            for version in 50..57 {
+                let client = cx.client().clone();
+                let taking =
+                    tokio::spawn(async move { acquire(&client, "apps", "web", "me").await });
+                let renewed = stored("operator-0", 600, version, "uid-skewed");
+                api.expect(Method::GET, LEASE, 200, renewed).await;
+                let error = taking.await.unwrap().expect_err("renewed: still held");
+                assert!(error.is_yield(), "{error}");
+                tokio::time::advance(Duration::from_secs(10)).await;
+            }
         }
 
         #[tokio::test]
@@ -606,31 +589,32 @@ mod tests {
             );
         }
 
-        #[tokio::test]
+        #[tokio::test(start_paused = true)]
         async fn a_leftover_lease_is_removed_unless_another_live_process_holds_it() {
             let (cx, mut api) = mock::context();
             let client = cx.client().clone();
-            // Another process's live Lease: read, and left alone (a DELETE
-            // would go unanswered and the call would not return).
+            // Another process's Lease, first seen: read, and left alone (a
+            // DELETE would go unanswered and the call would not return).
+            let leftover = stored("operator-0", 5, 42, "uid-1");
             let kept = {
                 let client = client.clone();
                 tokio::spawn(async move { remove_leftover(&client, "apps", "web", "me").await })
             };
-            api.expect(Method::GET, LEASE, 200, stored("operator-0", 5))
-                .await;
+            api.expect(Method::GET, LEASE, 200, leftover.clone()).await;
             tokio::time::timeout(Duration::from_secs(20), kept)
                 .await
                 .expect("returned without a delete")
                 .unwrap()
                 .unwrap();
 
-            // An expired one: deleted, at the version and UID read.
+            // The same record, seen unchanged for its duration: expired,
+            // deleted at the version and UID read.
+            tokio::time::advance(Duration::from_secs(31)).await;
             let removed = {
                 let client = client.clone();
                 tokio::spawn(async move { remove_leftover(&client, "apps", "web", "me").await })
             };
-            api.expect(Method::GET, LEASE, 200, stored("operator-0", 60))
-                .await;
+            api.expect(Method::GET, LEASE, 200, leftover).await;
             let delete = api.next().await;
             assert_eq!(
                 (&delete.method, delete.uri.path()),
