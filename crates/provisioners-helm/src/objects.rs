@@ -190,6 +190,18 @@ impl Kinds {
         (at.elapsed() < trusted).then(|| found.clone())
     }
 
+    /// Forgets every kind found unserved on `cx`'s cluster, so that the
+    /// next lookup asks the API server: called when this process may just
+    /// have created a CRD (a helm run ended).
+    pub(crate) fn forget_unserved(cx: &Context) {
+        let kinds = cx.cluster().state::<Kinds>();
+        kinds
+            .found
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|_, (_, found)| found.is_some());
+    }
+
     /// `key`'s kind, from the cache or one discovery shared by every
     /// concurrent caller.
     async fn resolve(self: &Arc<Self>, client: &kube::Client, key: KindKey) -> Result<Found> {

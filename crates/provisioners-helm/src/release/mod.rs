@@ -98,9 +98,11 @@ pub const DEFAULT_HOOK_TIMEOUT: Duration = Duration::from_secs(300);
 ///   [`Cluster`](provisioners_core::Cluster), and across processes (two operator
 ///   replicas during a rolling update) by a Lease
 ///   `provisioners-helm.RELEASE` in the release's namespace, held and renewed
-///   while helm runs: a pending record whose Lease has a live holder yields
-///   "another process is working on release …"; one without is an
-///   interrupted run. An interrupted install is removed and done again, an
+///   while helm runs: a pending record whose Lease another process holds yields
+///   "waiting for the Lease of release … held by …", until that Lease has
+///   been seen unchanged for its whole duration (by this process's own
+///   clock, so clock skew between replicas never frees a live Lease); one
+///   without a holder is an interrupted run. An interrupted install is removed and done again, an
 ///   interrupted upgrade or rollback is rolled back to the last deployed
 ///   revision. The no-op path takes no Lease. The operator needs `get`,
 ///   `create`, `update` and `delete` on `leases.coordination.k8s.io` in the

@@ -103,7 +103,12 @@ impl HelmRelease {
         let _stop_when_dropped = stop.clone().drop_guard();
         let grace = self.grace;
         let helm = tokio::spawn(async move { child::run(invocation, &stop, grace).await });
-        let output = match helm.await {
+        let ran = helm.await;
+        // helm may have created CRDs (a chart's crds/): a kind found
+        // unserved before it ran must be looked up again, not read from
+        // the cache as "not served" for up to a second.
+        crate::objects::Kinds::forget_unserved(cx);
+        let output = match ran {
             Ok(Ok(output)) => output,
             Ok(Err(RunError::Cancelled)) => return Err(Error::cancelled()),
             Ok(Err(RunError::Deadline(after))) => {
