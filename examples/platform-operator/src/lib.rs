@@ -290,10 +290,9 @@ pub fn check_charts(charts: &Path) -> anyhow::Result<()> {
 
 /// The tree for `platform`; `client` reads the remote's kubeconfig Secret.
 pub fn tree(platform: &Platform, settings: &Settings, client: &kube::Client) -> Serial {
-    let base =
-        Manifest::from_yaml("base", base_yaml(platform)).ready_timeout(settings.ready_timeout);
+    let base = Manifest::from_yaml("base", base_yaml(platform));
     Serial::new(platform.name_any())
-        .with(base)
+        .with(base.ready_timeout(settings.ready_timeout))
         .with(components(platform, settings, client))
 }
 
@@ -318,11 +317,10 @@ fn components(platform: &Platform, settings: &Settings, client: &kube::Client) -
         let namespace = platform.namespace().unwrap_or_else(|| "default".into());
         let kubeconfig = SecretKubeconfig::new(client.clone(), namespace, &remote.secret_name)
             .trust(settings.remote_trust.clone());
+        let objects = manifest("agent", agent_yaml(platform));
         let agent = RemoteClusterProvisioner::new(kubeconfig)
             .named("remote")
-            .provision_on(
-                manifest("agent", agent_yaml(platform)).ready_timeout(settings.ready_timeout),
-            );
+            .provision_on(objects.ready_timeout(settings.ready_timeout));
         components.push(Conditional::when(remote.enabled, agent));
     }
     components

@@ -13,7 +13,7 @@
 //! unchanged for the lease duration, by its own clock (never by comparing
 //! the renew time with this host's clock, which may be skewed), the Lease
 //! may be taken and its `pending-*` release is recovered. The sightings are
-//! remembered across passes ([`OBSERVED`]). Besides the hold, the Lease
+//! remembered across passes (in the cluster's state). Besides the hold, the Lease
 //! carries the release's seal authenticators and intent as annotations
 //! ([`annotate`]).
 
@@ -23,7 +23,7 @@ use std::time::Duration;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, PostParams, Preconditions};
-use provisioners_core::{Error, Result, Waiting};
+use provisioners_core::{Context, Error, Result, Waiting};
 use provisioners_kit::lease::{Hold, LeaseLock, Observations, Renewal, Sighting, Standing, Take};
 use tokio_util::sync::CancellationToken;
 
@@ -48,11 +48,15 @@ pub(super) static PROCESS_HOLDER: LazyLock<String> = LazyLock::new(|| {
     format!("{host}/{}/{suffix}", std::process::id())
 });
 
-/// What this process has seen of release Leases held by others, and since
-/// when: the expiry rule's memory, kept across passes. A static like
-/// [`PROCESS_HOLDER`]: its entries are keyed by the Lease's UID too, so
-/// Leases of the same name on different clusters stay apart.
-static OBSERVED: LazyLock<Arc<Observations>> = LazyLock::new(Arc::default);
+/// What this process has seen of a cluster's release Leases held by others,
+/// and since when: the expiry rule's memory, kept across passes in the
+/// cluster's state (per cluster, like every per-cluster fact of this crate).
+#[derive(Debug, Default)]
+struct Observed(Arc<Observations>);
+
+fn observed(cx: &Context) -> Arc<Observations> {
+    Arc::clone(&cx.cluster().state::<Observed>().0)
+}
 
 fn getrandom(buffer: &mut [u8]) -> std::io::Result<()> {
     use std::io::Read as _;
@@ -65,10 +69,10 @@ pub(super) fn name(release: &str) -> String {
 }
 
 /// The Lease of `release` in `namespace`, taken as `holder`.
-fn lock(client: &kube::Client, namespace: &str, release: &str, holder: &str) -> LeaseLock {
-    LeaseLock::new(client.clone(), namespace, name(release), holder)
+fn lock(cx: &Context, namespace: &str, release: &str, holder: &str) -> LeaseLock {
+    LeaseLock::new(cx.client().clone(), namespace, name(release), holder)
         .duration(DURATION)
-        .observations(Arc::clone(&OBSERVED))
+        .observations(observed(cx))
 }
 
 /// A held Lease: renewed until dropped, then given up.
@@ -118,13 +122,13 @@ fn forbidden(release_id: &str, lock: &LeaseLock, why: &str, verbs: &str) -> Erro
 /// yet (nothing of the release can exist either; helm's own pending record
 /// serialises two installs).
 pub(super) async fn acquire(
-    client: &kube::Client,
+    cx: &Context,
     namespace: &str,
     release: &str,
     holder: &str,
 ) -> Result<Option<Held>> {
     let release_id = format!("{namespace}/{release}");
-    let lock = lock(client, namespace, release, holder);
+    let lock = lock(cx, namespace, release, holder);
     // Three tries: a 409 may come from this process's own previous hold
     // being given up at the same moment.
     let mut tries = 0;
@@ -240,13 +244,13 @@ pub(super) async fn annotations(
 /// it would; reads only (a plan takes no Lease), but the read counts
 /// towards the Lease's expiry as a take's would.
 pub(super) async fn check_free(
-    client: &kube::Client,
+    cx: &Context,
     namespace: &str,
     release: &str,
     holder: &str,
 ) -> Result<()> {
     let release_id = format!("{namespace}/{release}");
-    let lock = lock(client, namespace, release, holder);
+    let lock = lock(cx, namespace, release, holder);
     match lock.read().await {
         Ok(Some((_, Standing::Held(other)))) => Err(busy(&release_id, &lock, &other)),
         Ok(_) => Ok(()),
@@ -264,10 +268,10 @@ pub(super) async fn check_free(
 }
 
 /// Deletes the Lease of a release that is gone.
-pub(super) async fn remove(client: &kube::Client, namespace: &str, release: &str) -> Result<()> {
-    let leases: Api<Lease> = Api::namespaced(client.clone(), namespace);
+pub(super) async fn remove(cx: &Context, namespace: &str, release: &str) -> Result<()> {
+    let leases: Api<Lease> = Api::namespaced(cx.client().clone(), namespace);
     delete(&leases, namespace, release, None).await?;
-    OBSERVED.forget(namespace, &name(release));
+    observed(cx).forget(namespace, &name(release));
     Ok(())
 }
 
@@ -308,12 +312,12 @@ async fn delete(
 /// delete is conditional on the resourceVersion read, so a lease taken
 /// meanwhile is left alone.
 pub(super) async fn remove_leftover(
-    client: &kube::Client,
+    cx: &Context,
     namespace: &str,
     release: &str,
     holder: &str,
 ) -> Result<()> {
-    let lock = lock(client, namespace, release, holder);
+    let lock = lock(cx, namespace, release, holder);
     let read = |e| {
         Error::kube(
             format_args!("reading the Lease of release `{namespace}/{release}`"),
@@ -334,9 +338,9 @@ pub(super) async fn remove_leftover(
         resource_version: lease.metadata.resource_version.clone(),
         uid: lease.metadata.uid.clone(),
     };
-    let leases: Api<Lease> = Api::namespaced(client.clone(), namespace);
+    let leases: Api<Lease> = Api::namespaced(cx.client().clone(), namespace);
     delete(&leases, namespace, release, Some(preconditions)).await?;
-    OBSERVED.forget(namespace, lock.name());
+    observed(cx).forget(namespace, lock.name());
     Ok(())
 }
 
@@ -421,8 +425,8 @@ mod tests {
         #[tokio::test]
         async fn a_free_lease_is_created_and_given_up_when_dropped() {
             let (cx, mut api) = mock::context();
-            let client = cx.client().clone();
-            let taking = tokio::spawn(async move { acquire(&client, "apps", "web", "me").await });
+            let task_cx = cx.clone();
+            let taking = tokio::spawn(async move { acquire(&task_cx, "apps", "web", "me").await });
             api.expect(Method::GET, LEASE, 404, json!({})).await;
             let created = api.next().await;
             assert_eq!(
@@ -455,8 +459,8 @@ mod tests {
         #[tokio::test]
         async fn a_live_holder_makes_it_a_yield_naming_the_other_process() {
             let (cx, mut api) = mock::context();
-            let client = cx.client().clone();
-            let taking = tokio::spawn(async move { acquire(&client, "apps", "web", "me").await });
+            let task_cx = cx.clone();
+            let taking = tokio::spawn(async move { acquire(&task_cx, "apps", "web", "me").await });
             api.expect(
                 Method::GET,
                 LEASE,
@@ -486,8 +490,8 @@ mod tests {
         async fn a_dead_holders_lease_is_taken_after_a_full_duration_unchanged() {
             let (cx, mut api) = mock::context();
             let dead = stored("operator-0", 600, 42, "uid-dead");
-            let client = cx.client().clone();
-            let taking = tokio::spawn(async move { acquire(&client, "apps", "web", "me").await });
+            let task_cx = cx.clone();
+            let taking = tokio::spawn(async move { acquire(&task_cx, "apps", "web", "me").await });
             api.expect(Method::GET, LEASE, 200, dead.clone()).await;
             let error = taking.await.unwrap().expect_err("not yet expired");
             assert!(
@@ -496,9 +500,9 @@ mod tests {
             );
             // A plan's check counts the same sighting.
             tokio::time::advance(Duration::from_secs(12)).await;
-            let client = cx.client().clone();
+            let task_cx = cx.clone();
             let checking =
-                tokio::spawn(async move { check_free(&client, "apps", "web", "me").await });
+                tokio::spawn(async move { check_free(&task_cx, "apps", "web", "me").await });
             api.expect(Method::GET, LEASE, 200, dead.clone()).await;
             let error = checking.await.unwrap().expect_err("not yet expired");
             assert!(
@@ -507,8 +511,8 @@ mod tests {
             );
 
             tokio::time::advance(Duration::from_secs(19)).await;
-            let client = cx.client().clone();
-            let taking = tokio::spawn(async move { acquire(&client, "apps", "web", "me").await });
+            let task_cx = cx.clone();
+            let taking = tokio::spawn(async move { acquire(&task_cx, "apps", "web", "me").await });
             api.expect(Method::GET, LEASE, 200, dead).await;
             let replaced = api.next().await;
             assert_eq!(
@@ -530,9 +534,9 @@ mod tests {
         async fn a_renewing_holder_with_a_skewed_clock_keeps_its_lease() {
             let (cx, mut api) = mock::context();
             for version in 50..57 {
-                let client = cx.client().clone();
+                let task_cx = cx.clone();
                 let taking =
-                    tokio::spawn(async move { acquire(&client, "apps", "web", "me").await });
+                    tokio::spawn(async move { acquire(&task_cx, "apps", "web", "me").await });
                 let renewed = stored("operator-0", 600, version, "uid-skewed");
                 api.expect(Method::GET, LEASE, 200, renewed).await;
                 let error = taking.await.unwrap().expect_err("renewed: still held");
@@ -544,8 +548,8 @@ mod tests {
         #[tokio::test]
         async fn a_lease_lost_in_a_race_three_times_is_a_yield() {
             let (cx, mut api) = mock::context();
-            let client = cx.client().clone();
-            let taking = tokio::spawn(async move { acquire(&client, "apps", "web", "me").await });
+            let task_cx = cx.clone();
+            let taking = tokio::spawn(async move { acquire(&task_cx, "apps", "web", "me").await });
             for _ in 0..3 {
                 api.expect(Method::GET, LEASE, 404, json!({})).await;
                 api.expect(Method::POST, LEASES, 409, json!({})).await;
@@ -558,13 +562,13 @@ mod tests {
         #[tokio::test]
         async fn no_namespace_yet_is_no_lease_and_a_forbidden_read_says_what_to_grant() {
             let (cx, mut api) = mock::context();
-            let client = cx.client().clone();
+            let task_cx = cx.clone();
             let taking = tokio::spawn(async move {
                 (
-                    acquire(&client, "apps", "web", "me")
+                    acquire(&task_cx, "apps", "web", "me")
                         .await
                         .map(|held| held.is_none()),
-                    acquire(&client, "apps", "web", "me")
+                    acquire(&task_cx, "apps", "web", "me")
                         .await
                         .map(|held| held.is_none()),
                 )
@@ -592,13 +596,12 @@ mod tests {
         #[tokio::test(start_paused = true)]
         async fn a_leftover_lease_is_removed_unless_another_live_process_holds_it() {
             let (cx, mut api) = mock::context();
-            let client = cx.client().clone();
             // Another process's Lease, first seen: read, and left alone (a
             // DELETE would go unanswered and the call would not return).
             let leftover = stored("operator-0", 5, 42, "uid-1");
             let kept = {
-                let client = client.clone();
-                tokio::spawn(async move { remove_leftover(&client, "apps", "web", "me").await })
+                let task_cx = cx.clone();
+                tokio::spawn(async move { remove_leftover(&task_cx, "apps", "web", "me").await })
             };
             api.expect(Method::GET, LEASE, 200, leftover.clone()).await;
             tokio::time::timeout(Duration::from_secs(20), kept)
@@ -611,8 +614,8 @@ mod tests {
             // deleted at the version and UID read.
             tokio::time::advance(Duration::from_secs(31)).await;
             let removed = {
-                let client = client.clone();
-                tokio::spawn(async move { remove_leftover(&client, "apps", "web", "me").await })
+                let task_cx = cx.clone();
+                tokio::spawn(async move { remove_leftover(&task_cx, "apps", "web", "me").await })
             };
             api.expect(Method::GET, LEASE, 200, leftover).await;
             let delete = api.next().await;
@@ -627,8 +630,7 @@ mod tests {
             removed.await.unwrap().unwrap();
 
             // None at all.
-            let none =
-                tokio::spawn(async move { remove_leftover(&client, "apps", "web", "me").await });
+            let none = tokio::spawn(async move { remove_leftover(&cx, "apps", "web", "me").await });
             api.expect(Method::GET, LEASE, 404, json!({})).await;
             none.await.unwrap().unwrap();
         }

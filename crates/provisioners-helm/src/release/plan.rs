@@ -144,7 +144,7 @@ impl HelmRelease {
             return self.plan_unchanged(cx, revision).await;
         }
         // Provision takes the release's Lease from here on.
-        lease::check_free(cx.client(), &self.namespace, &self.release, self.holder()).await?;
+        lease::check_free(cx, &self.namespace, &self.release, self.holder()).await?;
         let start = Start::of(&self.id(), latest.as_ref());
         let prior = match start.prior {
             Some((number, removed)) => {
@@ -374,7 +374,7 @@ impl HelmRelease {
             return Ok(node.with_release(self.release_plan(ReleaseAction::Absent)));
         };
         self.refuse_foreign(cx, &latest, "uninstall")?;
-        lease::check_free(cx.client(), &self.namespace, &self.release, self.holder()).await?;
+        lease::check_free(cx, &self.namespace, &self.release, self.holder()).await?;
         let payload = storage::payload(cx.client(), &self.namespace, &latest.secret)
             .await?
             .ok_or_else(|| self.record_changed())?;

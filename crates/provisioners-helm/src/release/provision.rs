@@ -46,9 +46,7 @@ impl HelmRelease {
             return Ok(());
         }
         let holder = self.holder();
-        if let Some(held) =
-            lease::acquire(cx.client(), &self.namespace, &self.release, holder).await?
-        {
+        if let Some(held) = lease::acquire(cx, &self.namespace, &self.release, holder).await? {
             serialised.hold(held);
         }
         Ok(())
@@ -388,13 +386,7 @@ impl Provisioner for HelmRelease {
         } else {
             // Gone; a Lease may still be left from a deprovision that
             // stopped right before deleting it.
-            return lease::remove_leftover(
-                cx.client(),
-                &self.namespace,
-                &self.release,
-                self.holder(),
-            )
-            .await;
+            return lease::remove_leftover(cx, &self.namespace, &self.release, self.holder()).await;
         }
         self.take_lease(cx, &serialised).await?;
         let Some(mut latest) = storage::latest(cx.client(), &self.namespace, &self.release).await?
@@ -414,6 +406,6 @@ impl Provisioner for HelmRelease {
             .await?;
         self.gone(cx, &seen, "").await?;
         storage::forget_all(cx.client(), &self.namespace, &self.release).await?;
-        lease::remove(cx.client(), &self.namespace, &self.release).await
+        lease::remove(cx, &self.namespace, &self.release).await
     }
 }
