@@ -90,7 +90,7 @@ impl Change {
                             .served_changed
                             .push((version.name.clone(), version.served));
                     }
-                    let schema = compare(&version.name, schema_of(&old), schema_of(version));
+                    let schema = compare(&version.name, &schema_of(&old), &schema_of(version));
                     if !schema.is_empty() {
                         change.schemas.push(schema);
                     }
@@ -214,9 +214,9 @@ pub(crate) fn schema_of(version: &CustomResourceDefinitionVersion) -> Value {
 }
 
 /// The schema change of `version` from `live` to `desired`.
-fn compare(version: &str, live: Value, desired: Value) -> SchemaChange {
-    let before = fields::flatten(&live);
-    let after = fields::flatten(&desired);
+fn compare(version: &str, live: &Value, desired: &Value) -> SchemaChange {
+    let before = fields::flatten(live);
+    let after = fields::flatten(desired);
     let mut change = SchemaChange {
         version: version.to_owned(),
         added: outermost(&after, &before),

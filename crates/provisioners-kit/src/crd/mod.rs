@@ -73,3 +73,6 @@ mod validator;
 pub use change::{Change, SchemaChange, Tightening};
 pub use safety::{Finding, Unsafe, check, findings, shape};
 pub use validator::{Checked, Failure, MAX_ERRORS_PER_OBJECT, SchemaError, Validator};
+
+#[cfg(test)]
+mod tests;

@@ -257,12 +257,34 @@ fn allow_resource_fields(object: &mut Map<String, Value>, root: bool) {
     }
 }
 
-/// `schema`, or `null`.
+/// `schema`, or `null`, without nesting `schema` deeper: `null` joins its
+/// `type` and `enum`; only value validations under `allOf`, `anyOf`,
+/// `oneOf` or `not` move one level down, under an `anyOf` with `null`.
 fn or_null(schema: Value) -> Value {
-    if schema == Value::Bool(true) {
+    let Value::Object(mut out) = schema else {
         return schema;
+    };
+    match out.get_mut("type") {
+        Some(Value::String(kind)) => {
+            let kind = std::mem::take(kind);
+            out.insert("type".to_owned(), json!([kind, "null"]));
+        }
+        Some(Value::Array(kinds)) => kinds.push(json!("null")),
+        _ => {}
     }
-    json!({"if": {"type": "null"}, "then": true, "else": schema})
+    if let Some(Value::Array(values)) = out.get_mut("enum") {
+        values.push(Value::Null);
+    }
+    let mut junctors = Map::new();
+    for key in ["allOf", "anyOf", "oneOf", "not"] {
+        if let Some(value) = out.remove(key) {
+            junctors.insert(key.to_owned(), value);
+        }
+    }
+    if !junctors.is_empty() {
+        out.insert("anyOf".to_owned(), json!([{"type": "null"}, junctors]));
+    }
+    Value::Object(out)
 }
 
 /// Whether an input schema node says `nullable: true`.

@@ -1,0 +1,41 @@
+//! Tests of the `crd` module: the change analysis and the safety findings
+//! ([`change`]), the validator ([`validate`]), hostile schemas
+//! ([`hostile`]) and the real CRDs of the shared fixtures ([`fixtures`]).
+
+mod change;
+mod fixtures;
+mod hostile;
+mod validate;
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use serde_json::{Value, json};
+
+/// A `widgets.example.com` CRD with `versions` and `status.storedVersions`.
+fn crd(versions: Value, stored: &[&str]) -> CustomResourceDefinition {
+    serde_json::from_value(json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": "widgets.example.com"},
+        "spec": {
+            "group": "example.com",
+            "scope": "Namespaced",
+            "names": {"plural": "widgets", "kind": "Widget"},
+            "versions": versions,
+        },
+        "status": {"storedVersions": stored},
+    }))
+    .expect("a CRD")
+}
+
+/// One version entry with `spec` as the schema of `.spec`.
+fn version(name: &str, served: bool, storage: bool, spec: Value) -> Value {
+    json!({
+        "name": name, "served": served, "storage": storage,
+        "schema": {"openAPIV3Schema": {"type": "object", "properties": {"spec": spec}}},
+    })
+}
+
+/// An object schema with `properties`.
+fn object(properties: Value) -> Value {
+    json!({"type": "object", "properties": properties})
+}
