@@ -77,8 +77,11 @@ struct State {
     truncated: bool,
 }
 
-/// Keywords copied as they are when their value has the JSON type given.
-const COPIED: &[(&str, fn(&Value) -> bool)] = &[
+/// Whether a keyword's value has the JSON type the keyword needs.
+type Check = fn(&Value) -> bool;
+
+/// Keywords copied as they are when their value passes its [`Check`].
+const COPIED: &[(&str, Check)] = &[
     ("enum", Value::is_array),
     ("multipleOf", positive),
     ("maxLength", count),
@@ -108,10 +111,10 @@ impl State {
         let mut out = Map::new();
         if flag("x-kubernetes-int-or-string") {
             out.insert("type".to_owned(), json!(["integer", "string"]));
-        } else if let Some(kind) = input.get("type").and_then(Value::as_str) {
-            if TYPES.contains(&kind) {
-                out.insert("type".to_owned(), json!(kind));
-            }
+        } else if let Some(kind) = input.get("type").and_then(Value::as_str)
+            && TYPES.contains(&kind)
+        {
+            out.insert("type".to_owned(), json!(kind));
         }
         for (key, valid) in COPIED {
             if let Some(value) = input.get(*key).filter(|v| valid(v)) {

@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 
 /// A `widgets.example.com` CRD with `versions` and `status.storedVersions`.
 fn crd(versions: Value, stored: &[&str]) -> CustomResourceDefinition {
-    serde_json::from_value(json!({
+    let mut crd = json!({
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
         "metadata": {"name": "widgets.example.com"},
@@ -20,22 +20,26 @@ fn crd(versions: Value, stored: &[&str]) -> CustomResourceDefinition {
             "group": "example.com",
             "scope": "Namespaced",
             "names": {"plural": "widgets", "kind": "Widget"},
-            "versions": versions,
         },
         "status": {"storedVersions": stored},
-    }))
-    .expect("a CRD")
+    });
+    crd["spec"]["versions"] = versions;
+    serde_json::from_value(crd).expect("a CRD")
 }
 
 /// One version entry with `spec` as the schema of `.spec`.
 fn version(name: &str, served: bool, storage: bool, spec: Value) -> Value {
-    json!({
+    let mut version = json!({
         "name": name, "served": served, "storage": storage,
-        "schema": {"openAPIV3Schema": {"type": "object", "properties": {"spec": spec}}},
-    })
+        "schema": {"openAPIV3Schema": {"type": "object"}},
+    });
+    version["schema"]["openAPIV3Schema"]["properties"]["spec"] = spec;
+    version
 }
 
 /// An object schema with `properties`.
 fn object(properties: Value) -> Value {
-    json!({"type": "object", "properties": properties})
+    let mut object = json!({"type": "object"});
+    object["properties"] = properties;
+    object
 }

@@ -13,11 +13,12 @@ fn validator(spec: Value) -> Validator {
 
 /// A namespaced Widget with `spec`.
 fn widget(name: &str, spec: Value) -> Value {
-    json!({
+    let mut widget = json!({
         "apiVersion": "example.com/v1", "kind": "Widget",
         "metadata": {"namespace": "default", "name": name, "labels": {"a": "b"}},
-        "spec": spec,
-    })
+    });
+    widget["spec"] = spec;
+    widget
 }
 
 #[test]
