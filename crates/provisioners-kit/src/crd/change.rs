@@ -24,6 +24,8 @@ pub struct Change {
     pub versions_removed: Vec<String>,
     /// Versions in both whose `served` flag flips, with the new flag.
     pub served_changed: Vec<(String, bool)>,
+    /// The versions the desired CRD serves.
+    pub served_after: Vec<String>,
     /// The live storage version (`None` when the live CRD has none).
     pub storage_before: Option<String>,
     /// The desired storage version (`None` when the desired CRD has none).
@@ -79,6 +81,11 @@ impl Change {
             name: desired.metadata.name.clone().unwrap_or_default(),
             storage_before: storage_version(live),
             storage_after: storage_version(desired),
+            served_after: after
+                .iter()
+                .filter(|v| v.served)
+                .map(|v| v.name.clone())
+                .collect(),
             ..Change::default()
         };
         for version in after {
@@ -115,7 +122,8 @@ impl Change {
     }
 
     /// The change as short lines for a plan: `versions: +v1, -v1alpha1`,
-    /// `served: v1beta1 off`, `storage v1alpha1 -> v1`, and per version
+    /// `served: v1beta1 off`, `still served: v1` (when a version is
+    /// removed or stops being served), `storage v1alpha1 -> v1`, and per version
     /// `v1: fields added spec.size; tightened spec.replicas (maximum 10 -> 5)`.
     pub fn lines(&self) -> Vec<String> {
         let mut lines = Vec::new();
@@ -135,6 +143,16 @@ impl Change {
                 .map(|(v, on)| format!("{v} {}", if *on { "on" } else { "off" }))
                 .collect();
             lines.push(format!("served: {}", flags.join(", ")));
+        }
+        let lost =
+            !self.versions_removed.is_empty() || self.served_changed.iter().any(|(_, on)| !on);
+        if lost {
+            let remaining = if self.served_after.is_empty() {
+                "none".to_owned()
+            } else {
+                self.served_after.join(", ")
+            };
+            lines.push(format!("still served: {remaining}"));
         }
         if self.storage_before != self.storage_after {
             let shown = |v: &Option<String>| v.clone().unwrap_or_else(|| "none".to_owned());

@@ -50,7 +50,7 @@
 //! );
 //!
 //! let change = Change::between(&live, &desired);
-//! assert_eq!(change.to_string(), "versions: +v1, -v1alpha1; storage v1alpha1 -> v1");
+//! assert_eq!(change.to_string(), "versions: +v1, -v1alpha1; still served: v1; storage v1alpha1 -> v1");
 //!
 //! let unsafe_ = crd::check(Some(&live), &desired).unwrap_err();
 //! assert!(unsafe_.to_string().starts_with(

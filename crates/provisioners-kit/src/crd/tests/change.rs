@@ -38,7 +38,7 @@ fn a_dropped_stored_version_is_unsafe() {
     let desired = crd(json!([version("v1", true, true, spec())]), &[]);
     let change = Change::between(&live(), &desired);
     assert_eq!(change.versions_removed, ["v1alpha1"]);
-    assert_eq!(change.to_string(), "versions: -v1alpha1");
+    assert_eq!(change.to_string(), "versions: -v1alpha1; still served: v1");
     let found = check(Some(&live()), &desired).expect_err("unsafe");
     assert_eq!(
         found.findings[0].to_string(),
@@ -60,7 +60,7 @@ fn a_stored_version_kept_unserved_is_safe() {
     assert_eq!(check(Some(&live()), &desired), Ok(()));
     let change = Change::between(&live(), &desired);
     assert_eq!(change.served_changed, [("v1alpha1".to_owned(), false)]);
-    assert_eq!(change.to_string(), "served: v1alpha1 off");
+    assert_eq!(change.to_string(), "served: v1alpha1 off; still served: v1");
 }
 
 #[test]

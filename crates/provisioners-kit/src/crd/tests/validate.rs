@@ -178,6 +178,13 @@ fn pages_are_tallied_with_the_first_failures_only() {
 }
 
 #[test]
+fn a_validator_is_shared_between_tasks() {
+    fn shared<T: Send + Sync + 'static>() {}
+    shared::<Validator>();
+    shared::<Checked>();
+}
+
+#[test]
 fn a_missing_version_or_schema_is_an_error_not_a_panic() {
     let crd = crd(
         json!([{"name": "v1", "served": true, "storage": true}]),
