@@ -18,6 +18,9 @@
 //!   agree between processes and builds;
 //! - [`SingleFlight`]: per-cluster state that callers learning the same
 //!   thing at once (API discovery) fill with one request;
+//! - [`crd`]: whether a CRD may replace the live one ([`crd::Change`],
+//!   [`crd::check`]) and whether existing objects pass its schema
+//!   ([`crd::Validator`]);
 //! - [`lease`]: a `coordination.k8s.io` Lease held by one identity at a
 //!   time ([`lease::LeaseLock`]), with one expiry rule that no clock skew
 //!   between processes can break ([`lease::Observations`]).
@@ -49,6 +52,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod canonical;
+pub mod crd;
 pub mod diff;
 pub mod drift;
 mod flight;
