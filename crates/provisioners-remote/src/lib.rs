@@ -93,6 +93,7 @@
 mod clusters;
 mod report;
 mod secret;
+mod static_kubeconfig;
 mod trust;
 mod unreachable;
 
@@ -115,6 +116,7 @@ use crate::clusters::RemoteClusters;
 use crate::secret::{Missing, Protection, Read};
 pub use report::ABANDONED_REASON;
 pub use secret::SecretKubeconfig;
+pub use static_kubeconfig::StaticKubeconfig;
 pub use trust::{DEFAULT_SERVICE_RANGE, TrustPolicy};
 pub use unreachable::{UNREACHABLE_SINCE_ANNOTATION, UnreachablePolicy};
 
@@ -560,44 +562,6 @@ impl fmt::Debug for RemoteClusterProvisioner {
             .field("background_deletion", &self.background_deletion)
             .field("child", &self.child.name())
             .finish()
-    }
-}
-
-/// A remote cluster whose kubeconfig is known when the tree is built.
-#[derive(Clone)]
-#[must_use]
-pub struct StaticKubeconfig {
-    id: String,
-    kubeconfig: Kubeconfig,
-}
-
-impl StaticKubeconfig {
-    /// A remote called `id` reached through `kubeconfig`.
-    pub fn new(id: impl Into<String>, kubeconfig: Kubeconfig) -> Self {
-        StaticKubeconfig {
-            id: id.into(),
-            kubeconfig,
-        }
-    }
-}
-
-#[async_trait]
-impl RemoteCluster for StaticKubeconfig {
-    fn id(&self) -> &str {
-        &self.id
-    }
-
-    async fn config(&self) -> Result<Kubeconfig> {
-        Ok(self.kubeconfig.clone())
-    }
-}
-
-impl fmt::Debug for StaticKubeconfig {
-    // The kubeconfig may hold credentials: never print it.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("StaticKubeconfig")
-            .field("id", &self.id)
-            .finish_non_exhaustive()
     }
 }
 

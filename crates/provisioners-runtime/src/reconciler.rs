@@ -24,6 +24,7 @@ use crate::{approval, kubeconfigs, status, summary, wakes};
 
 mod supersede;
 mod wake;
+mod writes;
 
 /// The annotation that pauses reconciliation when set to `"true"`.
 pub const DEFAULT_PAUSED_ANNOTATION: &str = "provisioners.dev/paused";
@@ -593,73 +594,5 @@ impl Reconciler {
             Some(patch) => report.target.patch_status(&patch).await,
             None => Ok(()),
         }
-    }
-
-    fn is_paused<K: Resource>(&self, object: &K) -> bool {
-        object
-            .annotations()
-            .get(&self.paused_annotation)
-            .is_some_and(|v| v == "true")
-    }
-
-    async fn publish(&self, report: &Report<'_>, why: Why, note: &str) {
-        if let Some(events) = &self.events {
-            events
-                .publish(
-                    &report.target.key,
-                    report.generation,
-                    &report.reference,
-                    why,
-                    note,
-                )
-                .await;
-        }
-    }
-
-    fn forget(&self, target: &Target) {
-        if let Some(events) = &self.events {
-            events.forget(&target.key);
-        }
-    }
-
-    /// Writes the `Available` condition (and the waiting nodes) for
-    /// `result` if they changed; true if it wrote.
-    async fn write_status(
-        &self,
-        report: &Report<'_>,
-        result: &Result<()>,
-        in_progress: Reason,
-    ) -> Result<bool> {
-        let Some(patch) = status::patch(
-            &report.current,
-            result,
-            in_progress,
-            report.generation,
-            self.waiting_field.as_deref(),
-        ) else {
-            return Ok(false);
-        };
-        report.target.patch_status(&patch).await?;
-        Ok(true)
-    }
-
-    async fn add_finalizer<K: Resource>(&self, target: &Target, object: &K) -> Result<()> {
-        let mut finalizers = object.finalizers().to_vec();
-        finalizers.push(self.finalizer.clone());
-        target
-            .patch_finalizers(object, finalizers, "adding the finalizer to")
-            .await
-    }
-
-    async fn remove_finalizer<K: Resource>(&self, target: &Target, object: &K) -> Result<()> {
-        let finalizers = object
-            .finalizers()
-            .iter()
-            .filter(|f| **f != self.finalizer)
-            .cloned()
-            .collect();
-        target
-            .patch_finalizers(object, finalizers, "removing the finalizer from")
-            .await
     }
 }
