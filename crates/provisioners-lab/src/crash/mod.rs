@@ -94,6 +94,7 @@
 //! # }
 //! ```
 
+mod checks;
 pub mod process;
 mod report;
 mod run;

@@ -20,8 +20,7 @@ mod api {
     use super::*;
 
     const LEASES: &str = "/apis/coordination.k8s.io/v1/namespaces/apps/leases";
-    const LEASE: &str =
-        "/apis/coordination.k8s.io/v1/namespaces/apps/leases/provisioners-helm.web";
+    const LEASE: &str = "/apis/coordination.k8s.io/v1/namespaces/apps/leases/provisioners-helm.web";
 
     /// The Lease as the server returns it, held by `holder`, renewed
     /// `ago` seconds ago by this host's clock (negative: ahead of it),
@@ -131,8 +130,7 @@ mod api {
         // A plan's check counts the same sighting.
         tokio::time::advance(Duration::from_secs(12)).await;
         let task_cx = cx.clone();
-        let checking =
-            tokio::spawn(async move { check_free(&task_cx, "apps", "web", "me").await });
+        let checking = tokio::spawn(async move { check_free(&task_cx, "apps", "web", "me").await });
         api.expect(Method::GET, LEASE, 200, dead.clone()).await;
         let error = checking.await.unwrap().expect_err("not yet expired");
         assert!(
@@ -165,8 +163,7 @@ mod api {
         let (cx, mut api) = mock::context();
         for version in 50..57 {
             let task_cx = cx.clone();
-            let taking =
-                tokio::spawn(async move { acquire(&task_cx, "apps", "web", "me").await });
+            let taking = tokio::spawn(async move { acquire(&task_cx, "apps", "web", "me").await });
             let renewed = stored("operator-0", 600, version, "uid-skewed");
             api.expect(Method::GET, LEASE, 200, renewed).await;
             let error = taking.await.unwrap().expect_err("renewed: still held");

@@ -64,8 +64,7 @@ fn matchers_narrow_by_resource_namespace_and_name() {
             .matches(&write("configmaps"))
     );
     assert!(Match::verb(Verb::Get).name("a").matches(&read()));
-    let deploy =
-        RequestInfo::parse(&Method::PATCH, "/apis/apps/v1/namespaces/ns/deployments/d");
+    let deploy = RequestInfo::parse(&Method::PATCH, "/apis/apps/v1/namespaces/ns/deployments/d");
     assert!(Match::any().resource("deployments.apps").matches(&deploy));
     assert!(Match::any().subresource("").matches(&deploy));
 }
