@@ -11,6 +11,7 @@
 mod answer;
 mod apply;
 mod crd;
+mod crd_change;
 mod delete;
 mod inventory;
 mod plan;

@@ -89,8 +89,8 @@ pub fn findings(
                 format!(
                     "version {stored} is still in status.storedVersions but the new CRD drops it"
                 ),
-                "keep it (served: false is fine) until the stored objects are migrated, or let \
-                 the migration step run first"
+                "keep it (served: false is fine) until every stored object has been rewritten \
+                 at the storage version and status.storedVersions no longer lists it"
                     .to_owned(),
             ));
         }

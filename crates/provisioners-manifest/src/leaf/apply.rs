@@ -131,6 +131,9 @@ impl Manifest {
                                 return Err(foreign_error(object, stamp, &who));
                             }
                         }
+                        if object.tier == Tier::CustomResourceDefinition {
+                            self.check_crd_change(cx, object, &live).await?;
+                        }
                     }
                     match self.apply_one(cx, object, force).await {
                         Ok(live) => Ok(live),

@@ -43,8 +43,8 @@ fn a_dropped_stored_version_is_unsafe() {
     assert_eq!(
         found.findings[0].to_string(),
         "CRD widgets.example.com: version v1alpha1 is still in status.storedVersions but the \
-         new CRD drops it; keep it (served: false is fine) until the stored objects are \
-         migrated, or let the migration step run first"
+         new CRD drops it; keep it (served: false is fine) until every stored object has been \
+         rewritten at the storage version and status.storedVersions no longer lists it"
     );
 }
 
