@@ -6,7 +6,8 @@
 use std::time::Duration;
 
 use kube::api::{Api, DynamicObject};
-use provisioners::{Context, ErrorKind};
+use provisioners::plan::Change;
+use provisioners::{Context, ErrorKind, Plan};
 use provisioners_lab::cluster::TestNamespace;
 use provisioners_manifest::Manifest;
 use serde_json::{Value, json};
@@ -75,6 +76,19 @@ async fn live_crd(cx: &Context, group: &str) -> DynamicObject {
         .expect("get the CRD")
 }
 
+/// The plan of the CRD in `plan`: its change and its reason.
+fn crd_plan(plan: &Plan) -> (Change, String) {
+    let object = plan
+        .objects()
+        .iter()
+        .find(|o| o.kind() == "CustomResourceDefinition")
+        .unwrap_or_else(|| panic!("no CRD in\n{plan:#}"));
+    (
+        object.action(),
+        object.reason().unwrap_or_default().to_owned(),
+    )
+}
+
 fn sized() -> Value {
     json!({"type": "object", "properties": {"size": {"type": "string"}}})
 }
@@ -104,6 +118,9 @@ async fn dropping_a_stored_version_is_refused_and_nothing_changes() {
             widget(&group, "v1", "w1", "large"),
         ],
     );
+    let (change, reason) = crd_plan(&cx.plan(&v1_only).await.expect("plan"));
+    assert_eq!(change, Change::Refuse, "{reason}");
+    assert!(reason.contains("status.storedVersions"), "{reason}");
     let error = cx.provision(&v1_only).await.expect_err("must be refused");
     assert_eq!(error.kind(), ErrorKind::Invalid, "{error}");
     let message = error.to_string();
@@ -161,6 +178,9 @@ async fn a_schema_stored_objects_would_fail_is_refused_naming_them_and_a_safe_ch
             objects[1].clone(),
         ],
     );
+    let (change, reason) = crd_plan(&cx.plan(&tightened).await.expect("plan"));
+    assert_eq!(change, Change::Refuse, "{reason}");
+    assert!(reason.contains(&format!("{}/big", ns.name())), "{reason}");
     let error = cx.provision(&tightened).await.expect_err("must be refused");
     assert_eq!(error.kind(), ErrorKind::Invalid, "{error}");
     let message = error.to_string();
@@ -195,6 +215,9 @@ async fn a_schema_stored_objects_would_fail_is_refused_naming_them_and_a_safe_ch
             objects[1].clone(),
         ],
     );
+    let (change, reason) = crd_plan(&cx.plan(&added).await.expect("plan"));
+    assert_eq!(change, Change::Update, "{reason}");
+    assert!(reason.contains("fields added spec.colour"), "{reason}");
     converge(&cx, &added, true, Duration::from_secs(60)).await;
     let live = live_crd(&cx, &group).await;
     let properties = &live.data["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]

@@ -30,19 +30,25 @@ impl Manifest {
         object: &Resolved,
         live: &DynamicObject,
     ) -> Result<()> {
+        match self.crd_change_refusal(cx, object, live).await? {
+            Some(why) => Err(refused(object, &why)),
+            None => Ok(()),
+        }
+    }
+
+    /// Why changing the live CRD `live` into `object` is unsafe, or `None`
+    /// when it may be applied. Errors are the reads' (and a document that
+    /// is not a CRD).
+    pub(super) async fn crd_change_refusal(
+        &self,
+        cx: &Context,
+        object: &Resolved,
+        live: &DynamicObject,
+    ) -> Result<Option<String>> {
         let name = &object.key.name;
-        let (live_crd, desired_crd) = match (typed(live), typed(&object.object)) {
-            (Ok(live), Ok(desired)) => (live, desired),
-            (Err(e), _) | (_, Err(e)) => {
-                return Err(Error::invalid(format!(
-                    "{}: CustomResourceDefinition {name} cannot be read as one ({e}); it was \
-                     not changed: fix the document",
-                    object.origin
-                )));
-            }
-        };
+        let (live_crd, desired_crd) = crds(object, live)?;
         if let Err(unsafe_change) = crd::check(Some(&live_crd), &desired_crd) {
-            return Err(refused(object, &unsafe_change.to_string()));
+            return Ok(Some(unsafe_change.to_string()));
         }
         let change = Change::between(&live_crd, &desired_crd);
         for schema in change.schemas.iter().filter(|s| needs_objects_checked(s)) {
@@ -65,22 +71,42 @@ impl Manifest {
                     .take(NAMED)
                     .map(|f| format!("{} ({})", f.object, f.errors.join(", ")))
                     .collect();
-                return Err(refused(
-                    object,
-                    &format!(
-                        "version {} of the new schema ({}) would reject {} of the {} stored \
-                         {}: {}; migrate those objects first, or loosen the schema",
-                        schema.version,
-                        schema_summary(schema),
-                        checked.failed,
-                        checked.checked,
-                        served.plural,
-                        named.join("; ")
-                    ),
-                ));
+                return Ok(Some(format!(
+                    "version {} of the new schema ({}) would reject {} of the {} stored {}: {}; \
+                     migrate those objects first, or loosen the schema",
+                    schema.version,
+                    schema_summary(schema),
+                    checked.failed,
+                    checked.checked,
+                    served.plural,
+                    named.join("; ")
+                )));
             }
         }
-        Ok(())
+        Ok(None)
+    }
+}
+
+/// What changing the live CRD `live` into `object` changes, in a plan's
+/// words (`versions: +v1; v1: fields added spec.colour`); `None` when the
+/// documents are not CRDs or nothing a CRD reader cares about changes.
+pub(super) fn crd_change_summary(object: &Resolved, live: &DynamicObject) -> Option<String> {
+    let (live, desired) = crds(object, live).ok()?;
+    let change = Change::between(&live, &desired);
+    (!change.is_empty()).then(|| change.lines().join("; "))
+}
+
+fn crds(
+    object: &Resolved,
+    live: &DynamicObject,
+) -> Result<(CustomResourceDefinition, CustomResourceDefinition)> {
+    match (typed(live), typed(&object.object)) {
+        (Ok(live), Ok(desired)) => Ok((live, desired)),
+        (Err(e), _) | (_, Err(e)) => Err(Error::invalid(format!(
+            "{}: CustomResourceDefinition {} cannot be read as one ({e}); it was not changed: \
+             fix the document",
+            object.origin, object.key.name
+        ))),
     }
 }
 

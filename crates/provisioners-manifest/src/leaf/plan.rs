@@ -19,6 +19,7 @@ use provisioners_core::{Context, Error, Operation, Plan, Result};
 
 use self::fields::{changes, immutable_changes, object_plan};
 use super::answer::{apply_error, immutable_fields};
+use super::crd_change::crd_change_summary;
 use super::replace::{ReplacePolicy, replace_refused};
 use super::resolve::{Resolution, Resolved, Unresolved};
 use super::{Manifest, apply, bounded, dynamic_api};
@@ -303,6 +304,20 @@ impl Manifest {
                         Err(e) => Err(apply_error(&object.origin, &object.key, e)),
                     };
                 }
+            }
+        }
+        if object.tier == Tier::CustomResourceDefinition {
+            if let Some(why) = self.crd_change_refusal(cx, object, &live).await? {
+                return Ok(object_plan(key, Change::Refuse).with_reason(format!(
+                    "the CRD change is unsafe: provision would refuse it and leave the CRD \
+                     unchanged: {why}"
+                )));
+            }
+            if let Some(summary) = crd_change_summary(object, &live) {
+                reason = Some(match reason {
+                    Some(reason) => format!("{reason}; {summary}"),
+                    None => summary,
+                });
             }
         }
         let answer = match self.dry_run(cx, object, force).await {
