@@ -66,11 +66,15 @@
 
 mod change;
 mod fields;
+mod migrate;
 mod safety;
 mod schema;
 mod validator;
 
 pub use change::{Change, SchemaChange, Tightening};
+pub use migrate::{
+    CONCURRENT_WRITES, Migration, OBJECTS_PER_PASS, migrate, migration, storage_version_hash,
+};
 pub use safety::{Finding, Unsafe, check, findings, shape};
 pub use validator::{Checked, Failure, MAX_ERRORS_PER_OBJECT, SchemaError, Validator};
 

@@ -1,0 +1,253 @@
+//! Storage-version migration on the real control plane (issue 24): a CRD
+//! whose storage version moves from `v1alpha1` to `v1` with 2,000 stored
+//! objects. `provisioners_kit::crd::migrate` rewrites them over several
+//! passes, a pass cut off half way and an operator restarted (a new
+//! process's state: a new client and context) lose nothing, and
+//! `status.storedVersions` ends as `[v1]`.
+//!
+//! The proof that every object is stored at `v1`: afterwards `v1alpha1` is
+//! removed from the CRD altogether, and every object still reads back (the
+//! API server cannot decode an object stored at a version its CRD no
+//! longer lists).
+
+use std::time::Duration;
+
+use futures::{StreamExt as _, stream};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use provisioners::kit::crd::{self, OBJECTS_PER_PASS};
+use provisioners::{Context, ErrorKind};
+use provisioners_lab::cluster::{HarnessCluster, TestNamespace};
+use serde_json::{Value, json};
+
+mod manifest_support;
+use manifest_support::resource;
+
+const OBJECTS: usize = 2_000;
+
+fn version(name: &str, storage: bool) -> Value {
+    json!({
+        "name": name, "served": true, "storage": storage,
+        "schema": {"openAPIV3Schema": {"type": "object", "properties": {
+            "spec": {"type": "object", "properties": {"size": {"type": "string"}}},
+        }}},
+    })
+}
+
+fn crd_document(group: &str, versions: &[Value]) -> Value {
+    json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": format!("widgets.{group}")},
+        "spec": {
+            "group": group,
+            "scope": "Namespaced",
+            "names": {"plural": "widgets", "singular": "widget", "kind": "Widget", "listKind": "WidgetList"},
+            "versions": versions,
+        },
+    })
+}
+
+async fn apply_crd(crds: &Api<CustomResourceDefinition>, document: &Value) {
+    let name = document["metadata"]["name"].as_str().unwrap_or_default();
+    crds.patch(
+        name,
+        &PatchParams::apply("crd-migration-test").force(),
+        &Patch::Apply(document),
+    )
+    .await
+    .expect("apply the CRD");
+}
+
+async fn established(crds: &Api<CustomResourceDefinition>, name: &str) {
+    for _ in 0..200 {
+        let crd = crds.get(name).await.expect("get the CRD");
+        let ready = crd
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|c| {
+                c.iter()
+                    .any(|c| c.type_ == "Established" && c.status == "True")
+            });
+        if ready {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("CRD {name} not Established in 20s");
+}
+
+fn widgets(cx: &Context, ns: &str, group: &str, version: &str) -> Api<DynamicObject> {
+    Api::namespaced_with(
+        cx.client().clone(),
+        ns,
+        &resource(group, version, "Widget", "widgets"),
+    )
+}
+
+async fn stored_versions(crds: &Api<CustomResourceDefinition>, name: &str) -> Vec<String> {
+    crds.get(name)
+        .await
+        .expect("get the CRD")
+        .status
+        .and_then(|s| s.stored_versions)
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+#[ignore = "needs the local control plane (cargo xtask test)"]
+async fn a_storage_version_change_migrates_every_object_across_passes_and_restarts() {
+    let ns = TestNamespace::create("crd-migrate")
+        .await
+        .expect("namespace");
+    let group = format!("{}.crd-migration.example.com", ns.name());
+    let name = format!("widgets.{group}");
+    let cx = Context::from_client(ns.client().clone());
+    let crds: Api<CustomResourceDefinition> = Api::all(cx.client().clone());
+
+    apply_crd(&crds, &crd_document(&group, &[version("v1alpha1", true)])).await;
+    established(&crds, &name).await;
+    let old = widgets(&cx, ns.name(), &group, "v1alpha1");
+    let creates = (0..OBJECTS).map(|i| {
+        let old = old.clone();
+        let group = group.clone();
+        async move {
+            let widget: DynamicObject = serde_json::from_value(json!({
+                "apiVersion": format!("{group}/v1alpha1"), "kind": "Widget",
+                "metadata": {"name": format!("w{i:04}")},
+                "spec": {"size": format!("size-{i}")},
+            }))
+            .expect("a widget");
+            old.create(&PostParams::default(), &widget).await
+        }
+    });
+    let created = stream::iter(creates)
+        .buffer_unordered(16)
+        .collect::<Vec<_>>()
+        .await;
+    assert!(
+        created.iter().all(Result::is_ok),
+        "creating the widgets failed"
+    );
+
+    // The storage version moves to v1; v1alpha1 stays served for now.
+    apply_crd(
+        &crds,
+        &crd_document(&group, &[version("v1alpha1", false), version("v1", true)]),
+    )
+    .await;
+    established(&crds, &name).await;
+    assert_eq!(stored_versions(&crds, &name).await, ["v1alpha1", "v1"]);
+    let live = crds.get(&name).await.expect("get the CRD");
+    assert!(crd::migration(&live).is_some());
+
+    // Pass 1: some progress, then a yield that says how far it is.
+    let mut first = None;
+    for _ in 0..50 {
+        let error = crd::migrate(&cx, &live)
+            .await
+            .expect_err("2,000 objects take several passes");
+        assert_eq!(error.kind(), ErrorKind::Yield, "{error}");
+        let message = error.to_string();
+        if message.contains("migrated") {
+            first = Some(message);
+            break;
+        }
+        // The API server has not switched its storage version yet.
+        assert!(
+            message.contains("waiting for the API server to store"),
+            "{message}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let first = first.expect("no progress after 50 passes");
+    eprintln!("pass 1: {first}");
+    // A pass stops after OBJECTS_PER_PASS objects, or sooner when slow.
+    let migrated: usize = first
+        .split("migrated ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .map(|n| n.replace(',', ""))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no count in: {first}"));
+    assert!(migrated > 0 && migrated <= OBJECTS_PER_PASS, "{first}");
+    assert!(
+        first.ends_with(&format!("of 2,000 stored {name} to v1")),
+        "{first}"
+    );
+
+    // The operator is killed and started again: a new client and context
+    // hold no progress, so the sweep starts over from the first object.
+    let restarted = Context::from_client(
+        HarnessCluster::Primary
+            .client()
+            .await
+            .expect("a new client"),
+    );
+    let again = crd::migrate(&restarted, &live)
+        .await
+        .expect_err("a restarted sweep starts over");
+    assert!(again.to_string().starts_with("migrated "), "{again}");
+
+    // A pass cut off half way (its future dropped, as when a worker's
+    // pass is cancelled): the next pass goes on; nothing is stuck.
+    let cut =
+        tokio::time::timeout(Duration::from_millis(30), crd::migrate(&restarted, &live)).await;
+    assert!(cut.is_err(), "a pass finished in 30 ms: {cut:?}");
+    let mut passes = 0;
+    loop {
+        passes += 1;
+        assert!(passes <= 20, "migration did not finish in 20 passes");
+        let live = crds.get(&name).await.expect("get the CRD");
+        match crd::migrate(&restarted, &live).await {
+            Ok(()) => break,
+            Err(error) => {
+                assert_eq!(error.kind(), ErrorKind::Yield, "{error}");
+                assert!(!error.to_string().contains("another pass"), "{error}");
+                eprintln!("after restart, pass {passes}: {error}");
+            }
+        }
+    }
+    assert_eq!(stored_versions(&crds, &name).await, ["v1"]);
+    let live = crds.get(&name).await.expect("get the CRD");
+    assert!(crd::migration(&live).is_none());
+    crd::migrate(&restarted, &live)
+        .await
+        .expect("nothing left to migrate is a no-op");
+
+    // v1alpha1 may go now; every object must still read back, at v1.
+    apply_crd(&crds, &crd_document(&group, &[version("v1", true)])).await;
+    established(&crds, &name).await;
+    let new = widgets(&cx, ns.name(), &group, "v1");
+    let mut seen = 0;
+    let mut params = ListParams::default().limit(500);
+    loop {
+        let page = new.list(&params).await.expect("every object reads at v1");
+        for item in &page.items {
+            let index: usize = item.metadata.name.as_deref().unwrap_or_default()[1..]
+                .parse()
+                .expect("a widget name");
+            assert_eq!(
+                item.data["spec"]["size"],
+                json!(format!("size-{index}")),
+                "a value lost"
+            );
+            assert_eq!(
+                item.types.as_ref().map(|t| t.api_version.clone()),
+                Some(format!("{group}/v1"))
+            );
+            seen += 1;
+        }
+        match page.metadata.continue_ {
+            Some(token) if !token.is_empty() => params = params.continue_token(&token),
+            _ => break,
+        }
+    }
+    assert_eq!(seen, OBJECTS);
+
+    crds.delete(&name, &Default::default())
+        .await
+        .expect("delete the CRD");
+    ns.cleanup().await.expect("cleanup");
+}
