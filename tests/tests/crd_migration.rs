@@ -95,23 +95,11 @@ async fn stored_versions(crds: &Api<CustomResourceDefinition>, name: &str) -> Ve
         .unwrap_or_default()
 }
 
-#[tokio::test]
-#[ignore = "needs the local control plane (cargo xtask test)"]
-async fn a_storage_version_change_migrates_every_object_across_passes_and_restarts() {
-    let ns = TestNamespace::create("crd-migrate")
-        .await
-        .expect("namespace");
-    let group = format!("{}.crd-migration.example.com", ns.name());
-    let name = format!("widgets.{group}");
-    let cx = Context::from_client(ns.client().clone());
-    let crds: Api<CustomResourceDefinition> = Api::all(cx.client().clone());
-
-    apply_crd(&crds, &crd_document(&group, &[version("v1alpha1", true)])).await;
-    established(&crds, &name).await;
-    let old = widgets(&cx, ns.name(), &group, "v1alpha1");
-    let creates = (0..OBJECTS).map(|i| {
+/// `count` Widgets `w0000`.. at v1alpha1 in `ns`, 16 creates at once.
+async fn create_widgets(cx: &Context, ns: &str, group: &str, count: usize) {
+    let old = widgets(cx, ns, group, "v1alpha1");
+    let creates = (0..count).map(|i| {
         let old = old.clone();
-        let group = group.clone();
         async move {
             let widget: DynamicObject = serde_json::from_value(json!({
                 "apiVersion": format!("{group}/v1alpha1"), "kind": "Widget",
@@ -130,6 +118,52 @@ async fn a_storage_version_change_migrates_every_object_across_passes_and_restar
         created.iter().all(Result::is_ok),
         "creating the widgets failed"
     );
+}
+
+/// Every Widget in `ns`, read at v1: `count` of them, values intact.
+async fn all_read_back_at_v1(cx: &Context, ns: &str, group: &str, count: usize) {
+    let new = widgets(cx, ns, group, "v1");
+    let mut seen = 0;
+    let mut params = ListParams::default().limit(500);
+    loop {
+        let page = new.list(&params).await.expect("every object reads at v1");
+        for item in &page.items {
+            let index: usize = item.metadata.name.as_deref().unwrap_or_default()[1..]
+                .parse()
+                .expect("a widget name");
+            assert_eq!(
+                item.data["spec"]["size"],
+                json!(format!("size-{index}")),
+                "a value lost"
+            );
+            assert_eq!(
+                item.types.as_ref().map(|t| t.api_version.clone()),
+                Some(format!("{group}/v1"))
+            );
+            seen += 1;
+        }
+        match page.metadata.continue_ {
+            Some(token) if !token.is_empty() => params = params.continue_token(&token),
+            _ => break,
+        }
+    }
+    assert_eq!(seen, count);
+}
+
+#[tokio::test]
+#[ignore = "needs the local control plane (cargo xtask test)"]
+async fn a_storage_version_change_migrates_every_object_across_passes_and_restarts() {
+    let ns = TestNamespace::create("crd-migrate")
+        .await
+        .expect("namespace");
+    let group = format!("{}.crd-migration.example.com", ns.name());
+    let name = format!("widgets.{group}");
+    let cx = Context::from_client(ns.client().clone());
+    let crds: Api<CustomResourceDefinition> = Api::all(cx.client().clone());
+
+    apply_crd(&crds, &crd_document(&group, &[version("v1alpha1", true)])).await;
+    established(&crds, &name).await;
+    create_widgets(&cx, ns.name(), &group, OBJECTS).await;
 
     // The storage version moves to v1; v1alpha1 stays served for now.
     apply_crd(
@@ -219,32 +253,7 @@ async fn a_storage_version_change_migrates_every_object_across_passes_and_restar
     // v1alpha1 may go now; every object must still read back, at v1.
     apply_crd(&crds, &crd_document(&group, &[version("v1", true)])).await;
     established(&crds, &name).await;
-    let new = widgets(&cx, ns.name(), &group, "v1");
-    let mut seen = 0;
-    let mut params = ListParams::default().limit(500);
-    loop {
-        let page = new.list(&params).await.expect("every object reads at v1");
-        for item in &page.items {
-            let index: usize = item.metadata.name.as_deref().unwrap_or_default()[1..]
-                .parse()
-                .expect("a widget name");
-            assert_eq!(
-                item.data["spec"]["size"],
-                json!(format!("size-{index}")),
-                "a value lost"
-            );
-            assert_eq!(
-                item.types.as_ref().map(|t| t.api_version.clone()),
-                Some(format!("{group}/v1"))
-            );
-            seen += 1;
-        }
-        match page.metadata.continue_ {
-            Some(token) if !token.is_empty() => params = params.continue_token(&token),
-            _ => break,
-        }
-    }
-    assert_eq!(seen, OBJECTS);
+    all_read_back_at_v1(&cx, ns.name(), &group, OBJECTS).await;
 
     crds.delete(&name, &Default::default())
         .await

@@ -7,6 +7,7 @@
 
 mod helm;
 mod manifest;
+mod migration;
 mod operator;
 mod plan;
 
@@ -22,6 +23,7 @@ pub(crate) const SUITES: &[Suite] = &[
     ("tree", tree),
     ("helm", helm::run),
     ("manifest", manifest::run),
+    ("migration", migration::run),
     ("operator", operator::run),
     ("plan", plan::run),
 ];
@@ -40,6 +42,7 @@ suites (all of them when none is named):
   helm      HelmRelease against a plain helm loop, Helm 3 and 4
   manifest  Manifest against kubectl apply --server-side and a bare kube-rs loop
             (kube-prometheus too when PROVISIONERS_FIXTURES is set)
+  migration storage-version migration against kubectl get | kubectl replace
   operator  the example operator reconciling N Platforms
             (PROVISIONERS_BENCH_OPERATOR_N=100,1000 picks N)
   plan      planning kube-prometheus against kubectl diff --server-side
