@@ -28,14 +28,12 @@
 
 #![allow(clippy::print_stdout)]
 
-use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use futures::StreamExt;
-use http::Method;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{DeleteParams, ListParams, ObjectMeta, PostParams};
 use kube::runtime::controller::{self, Action, Controller};
@@ -45,254 +43,19 @@ use platform_operator::{FIELD_MANAGER, FINALIZER, Platform, PlatformSpec, instal
 use provisioners::helm::Chart;
 use provisioners::runtime::{ReconcileObserver, ReconcileResult, significant_change};
 use provisioners::{
-    CancellationToken, Cluster, Concurrent, Context, Error, Event, HelmRelease, Managed, Manifest,
-    Observer, Operation, Outcome, Phase, Reconciler, Serial,
+    CancellationToken, Cluster, Concurrent, Context, Error, HelmRelease, Managed, Manifest,
+    Reconciler, Serial,
 };
 
+mod counts;
 mod measure;
+mod phases;
 
+use counts::{Requests, count_changes};
 use measure::{Cpu, helm_children, helm_rss_kib, load_average, report_cpu, rss_kib};
+use phases::Phases;
 
 const NAMESPACE: &str = "bench";
-
-/// API requests by kind, counted in a layer of the operator's client.
-#[derive(Default)]
-struct Requests {
-    reads: AtomicU64,
-    /// API discovery (`GET /api/v1`, `GET /apis/<group>/<version>`), also
-    /// counted in `reads`.
-    discoveries: AtomicU64,
-    watches: AtomicU64,
-    /// Server-side applies (`application/apply-patch+yaml`).
-    applies: AtomicU64,
-    /// Writes to a `status` subresource.
-    statuses: AtomicU64,
-    /// Every other write (finalizers, events, deletes, helm's own are not ours).
-    other_writes: AtomicU64,
-}
-
-/// A snapshot of [`Requests`].
-#[derive(Clone, Copy, Debug, Default)]
-struct Counts {
-    reads: u64,
-    discoveries: u64,
-    watches: u64,
-    applies: u64,
-    statuses: u64,
-    other_writes: u64,
-}
-
-impl Requests {
-    fn snapshot(&self) -> Counts {
-        Counts {
-            reads: self.reads.load(Ordering::Relaxed),
-            discoveries: self.discoveries.load(Ordering::Relaxed),
-            watches: self.watches.load(Ordering::Relaxed),
-            applies: self.applies.load(Ordering::Relaxed),
-            statuses: self.statuses.load(Ordering::Relaxed),
-            other_writes: self.other_writes.load(Ordering::Relaxed),
-        }
-    }
-
-    fn count(&self, request: &http::Request<kube::client::Body>) {
-        if request.method() == Method::GET && is_discovery(request.uri().path()) {
-            self.discoveries.fetch_add(1, Ordering::Relaxed);
-        }
-        let counter = if request
-            .uri()
-            .query()
-            .is_some_and(|q| q.contains("watch=true"))
-        {
-            &self.watches
-        } else if request.method() == Method::GET {
-            &self.reads
-        } else if request
-            .headers()
-            .get(http::header::CONTENT_TYPE)
-            .is_some_and(|v| v.as_bytes().starts_with(b"application/apply-patch"))
-        {
-            &self.applies
-        } else if request.uri().path().ends_with("/status") {
-            &self.statuses
-        } else {
-            &self.other_writes
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
-/// Whether `path` is one group-version's discovery: `/api/v1` or
-/// `/apis/<group>/<version>`, nothing below it.
-fn is_discovery(path: &str) -> bool {
-    let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
-    matches!(segments.as_slice(), ["api", _] | ["apis", _, _])
-}
-
-impl std::ops::Sub for Counts {
-    type Output = Counts;
-    fn sub(self, before: Counts) -> Counts {
-        Counts {
-            reads: self.reads - before.reads,
-            discoveries: self.discoveries - before.discoveries,
-            watches: self.watches - before.watches,
-            applies: self.applies - before.applies,
-            statuses: self.statuses - before.statuses,
-            other_writes: self.other_writes - before.other_writes,
-        }
-    }
-}
-
-/// Counts changes (watch events after the initial list) of `K` in the
-/// bench's namespaces: what actually changed on the server.
-fn count_changes<K>(client: &kube::Client, changes: &Arc<AtomicU64>, stop: &CancellationToken)
-where
-    K: kube::Resource<DynamicType = ()>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
-{
-    let api: Api<K> = Api::all(client.clone());
-    let (changes, stop) = (Arc::clone(changes), stop.clone());
-    tokio::spawn(async move {
-        let mut initial = true;
-        let events = watcher::watcher(api, watcher::Config::default())
-            .take_until(async move { stop.cancelled().await });
-        let mut events = std::pin::pin!(events);
-        while let Some(event) = events.next().await {
-            match event {
-                Ok(watcher::Event::InitDone) => initial = false,
-                Ok(watcher::Event::Apply(object) | watcher::Event::Delete(object)) if !initial => {
-                    let ns = object.meta().namespace.as_deref().unwrap_or_default();
-                    let name = object.meta().name.as_deref().unwrap_or_default();
-                    if ns.starts_with("bench") || name.starts_with("bench") {
-                        changes.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-                _ => {}
-            }
-        }
-    });
-}
-
-/// Wall time of one tree node, summed over every tree and pass.
-#[derive(Clone, Copy, Debug, Default)]
-struct NodeTime {
-    runs: u64,
-    done: u64,
-    yielded: u64,
-    failed: u64,
-    total: Duration,
-}
-
-/// Where the wall time goes: [`NodeTime`] per node path below the root
-/// (`base`, `components/app`, ...; `(tree)` for the whole tree), so the
-/// helm leaf's share stands beside the manifests'.
-#[derive(Default)]
-struct Phases(
-    Mutex<BTreeMap<String, NodeTime>>,
-    Mutex<BTreeMap<&'static str, u64>>,
-);
-
-/// What a yield of the helm leaf waits for, from its message: the helm run
-/// (running, queued for a slot, being stopped), the release's lock, or the
-/// readiness of its objects.
-fn helm_yield(message: &str) -> &'static str {
-    if message.contains("waits for a helm slot") {
-        "a helm slot (woken)"
-    } else if message.contains(" running for ") || message.starts_with("stopping helm") {
-        "the helm run (woken)"
-    } else if message.contains("working on release") {
-        "the release's lock (woken)"
-    } else if message.contains("is not ready yet") {
-        "readiness (polled)"
-    } else {
-        "other (polled)"
-    }
-}
-
-impl Observer for Phases {
-    fn on_event(&self, event: &Event<'_>) {
-        let Phase::Finished { elapsed, outcome } = &event.phase else {
-            return;
-        };
-        if event.operation != Operation::Provision {
-            return;
-        }
-        let node = event
-            .path
-            .split_once('/')
-            .map_or("(tree)", |(_, rest)| rest);
-        let mut phases = self
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let time = phases.entry(node.to_owned()).or_default();
-        time.runs += 1;
-        time.total += *elapsed;
-        match outcome {
-            Outcome::Done => time.done += 1,
-            Outcome::Yielded(error) => {
-                time.yielded += 1;
-                if node == "components/app" {
-                    drop(phases);
-                    *self
-                        .1
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner)
-                        .entry(helm_yield(error.message()))
-                        .or_default() += 1;
-                }
-            }
-            _ => time.failed += 1,
-        }
-    }
-}
-
-impl Phases {
-    /// Prints the passes per tree (of `n` trees) and the sums, and starts over.
-    fn report(&self, what: &str, n: usize) {
-        let mut phases = self
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(tree) = phases.get("(tree)") {
-            println!(
-                "  passes per tree ({what}): {:.2} ({} passes of {n} trees: {} provisioned, {} yielded, {} failed)",
-                tree.runs as f64 / n.max(1) as f64,
-                tree.runs,
-                tree.done,
-                tree.yielded,
-                tree.failed
-            );
-        }
-        let mut yields = self
-            .1
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if !yields.is_empty() {
-            let shown: Vec<String> = yields.iter().map(|(why, n)| format!("{why} {n}")).collect();
-            println!("  the helm leaf's yields waited for: {}", shown.join(", "));
-        }
-        yields.clear();
-        drop(yields);
-        println!("  wall time per node, summed over all trees ({what}):");
-        for (node, t) in phases.iter() {
-            println!(
-                "    {node:<18} {:>9.1} s in {:>5} runs ({:.3} s/run): {} done, {} yielded, {} failed",
-                t.total.as_secs_f64(),
-                t.runs,
-                t.total.as_secs_f64() / t.runs.max(1) as f64,
-                t.done,
-                t.yielded,
-                t.failed
-            );
-        }
-        phases.clear();
-    }
-}
 
 /// Counts reconciles that ended provisioned.
 #[derive(Default)]
@@ -680,78 +443,4 @@ async fn main() -> anyhow::Result<()> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::measure::{machine_cpu, process_cpu};
-    use super::*;
-
-    /// `/proc/<pid>/stat` of a process whose `comm` holds `) (` and spaces,
-    /// with utime 250, stime 50, cutime 1000, cstime 230 ticks.
-    const OWN: &str = "4242 (bench (x) y) S 1 4242 4242 0 -1 4194560 100 0 0 0 250 50 1000 230 \
-                       20 0 9 0 100 1000000 2000 18446744073709551615 0 0 0 0 0 0 0 0 0 0 0 0 17 1";
-
-    #[test]
-    fn process_cpu_reads_the_fields_after_comm_in_seconds() {
-        let (own, children) = process_cpu(OWN);
-        assert!((own - 3.0).abs() < 1e-9, "{own}");
-        assert!((children - 12.3).abs() < 1e-9, "{children}");
-        assert_eq!(process_cpu(""), (0.0, 0.0));
-        assert_eq!(process_cpu("1 (x) S"), (0.0, 0.0));
-    }
-
-    #[test]
-    fn machine_cpu_counts_guest_once_and_steal_as_not_busy() {
-        // user nice system idle iowait irq softirq steal guest guest_nice
-        let stat =
-            "cpu  1000 100 300 5000 200 10 40 350 400 0\ncpu0 500 50 150 2500 100 5 20 175 200 0\n";
-        let (busy, total) = machine_cpu(stat);
-        assert!((busy - 14.5).abs() < 1e-9, "{busy}"); // user+nice+system+irq+softirq
-        assert!((total - 70.0).abs() < 1e-9, "{total}"); // + idle + iowait + steal
-        assert_eq!(machine_cpu("intr 1 2 3"), (0.0, 0.0));
-    }
-
-    #[test]
-    fn a_phase_is_the_difference_and_must_fit_in_the_machine() {
-        let before = Cpu::parse(OWN, "cpu  1000 0 0 1000 0 0 0 0 0 0\n");
-        let after = Cpu::parse(
-            &OWN.replace(" 250 50 1000 230 ", " 450 50 2000 230 "),
-            "cpu  2500 0 0 1500 0 0 0 0 0 0\n",
-        );
-        let phase = after - before;
-        assert!((phase.operator - 2.0).abs() < 1e-9);
-        assert!((phase.helm - 10.0).abs() < 1e-9);
-        assert!((phase.machine_busy - 15.0).abs() < 1e-9);
-        assert!((phase.machine_total - 20.0).abs() < 1e-9);
-        let wall = Duration::from_secs(10);
-        assert_eq!(phase.inconsistency(wall, 2), None);
-
-        // 457 s of helm in a phase where the machine was busy 51 s: wrong.
-        let impossible = Cpu {
-            operator: 3.0,
-            helm: 457.4,
-            machine_busy: 51.2,
-            machine_total: 51.2,
-        };
-        let wall = Duration::from_secs_f64(25.6);
-        assert!(impossible.inconsistency(wall, 2).unwrap().contains("457.4"));
-
-        // Clocks that ran ahead of the wall clock (a paused VM charged the
-        // jump to helm, and to the machine's counters alike).
-        let jumped = Cpu {
-            operator: 3.0,
-            helm: 457.4,
-            machine_busy: 470.0,
-            machine_total: 480.0,
-        };
-        assert!(jumped.inconsistency(wall, 2).unwrap().contains("paused"));
-    }
-
-    #[test]
-    fn discovery_paths_are_told_from_reads() {
-        assert!(is_discovery("/api/v1"));
-        assert!(is_discovery("/apis/apps/v1"));
-        assert!(!is_discovery("/api/v1/namespaces/bench"));
-        assert!(!is_discovery("/apis/apps/v1/namespaces/x/deployments"));
-        assert!(!is_discovery("/apis"));
-        assert!(!is_discovery("/version"));
-    }
-}
+mod tests;
