@@ -38,7 +38,7 @@ use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{self, Action, Controller};
 use kube::runtime::events::Reporter;
 use kube::runtime::{PredicateConfig, WatchStreamExt, reflector, watcher};
-use kube::{Api, CustomResource, CustomResourceExt, ResourceExt};
+use kube::{Api, CustomResourceExt, ResourceExt};
 use provisioners::helm::Chart;
 use provisioners::remote::{SecretKubeconfig, TrustPolicy};
 use provisioners::runtime::{LeaderElection, significant_change};
@@ -47,165 +47,19 @@ use provisioners::{
     RemoteClusterProvisioner, Serial,
 };
 use provisioners_runtime::metrics::Metrics;
-use schemars::JsonSchema;
-use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
 pub mod logging;
+mod platform;
+
+pub use platform::{
+    PlanStatus, Platform, PlatformCondition, PlatformSpec, PlatformStatus, RemoteSpec, WaitingNode,
+};
 
 /// The finalizer the operator puts on every `Platform`.
 pub const FINALIZER: &str = "example.com/platform";
 
 /// The field manager of everything the operator applies.
 pub const FIELD_MANAGER: &str = "platform-operator";
-
-/// What a platform is made of. Every component is off unless turned on.
-#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, JsonSchema)]
-#[kube(group = "example.com", version = "v1", kind = "Platform", namespaced)]
-#[kube(status = "PlatformStatus", shortname = "plat")]
-#[kube(
-    printcolumn = r#"{"name":"Available","type":"string","jsonPath":".status.conditions[?(@.type==\"Available\")].status"}"#,
-    printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.conditions[?(@.type==\"Available\")].reason"}"#,
-    printcolumn = r#"{"name":"Plan","type":"string","jsonPath":".status.plan.summary"}"#
-)]
-#[serde(rename_all = "camelCase")]
-pub struct PlatformSpec {
-    /// Install the metrics Helm chart.
-    #[serde(default)]
-    pub metrics: bool,
-    /// Create the platform's dashboards (custom resources of its CRD).
-    #[serde(default)]
-    pub dashboards: bool,
-    /// Install the agent on a remote cluster.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub remote: Option<RemoteSpec>,
-}
-
-/// A remote cluster, reached through a kubeconfig in a Secret of the
-/// platform's namespace (key `kubeconfig`).
-#[derive(Serialize, Deserialize, Clone, Debug, Default, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct RemoteSpec {
-    /// The Secret holding the kubeconfig.
-    pub secret_name: String,
-    /// Turn off to remove the agent while keeping the reference (removing
-    /// `remote` altogether leaves whatever is on the remote cluster alone).
-    #[serde(default = "enabled")]
-    pub enabled: bool,
-}
-
-fn enabled() -> bool {
-    true
-}
-
-/// What the operator reports.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, JsonSchema)]
-pub struct PlatformStatus {
-    /// Standard conditions; the operator writes `Available`.
-    #[serde(default)]
-    pub conditions: Vec<PlatformCondition>,
-    /// The nodes that are not done yet and what each waits for.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub waiting: Vec<WaitingNode>,
-    /// The plan the last reconcile set out to apply (with
-    /// [`Options::plan_status`]); approve it by setting the annotation
-    /// `provisioners.dev/approved-plan` to its digest on a Platform annotated
-    /// `provisioners.dev/plan-approval: required`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub plan: Option<PlanStatus>,
-}
-
-/// What a reconcile would do, as `Reconciler::plan_field` writes it.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct PlanStatus {
-    /// The plan's digest, `sha256:` and 64 hex digits.
-    pub digest: String,
-    /// What it would do, e.g. `3 to create, 1 to update`.
-    pub summary: String,
-    /// How many nodes could not say what they would do.
-    #[serde(default)]
-    pub unknown_nodes: u64,
-}
-
-/// One node that is not done yet (as `provisioners_runtime` writes it).
-#[derive(Serialize, Deserialize, Clone, Debug, Default, JsonSchema)]
-pub struct WaitingNode {
-    /// The node's path, e.g. `p/components/metrics`.
-    pub node: String,
-    /// The id of the remote cluster the node runs on, when it is not this one.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cluster: Option<String>,
-    /// `Waiting` (not done yet) or `Failing` (an error, retried).
-    #[serde(default)]
-    pub state: String,
-    /// The object waited on, e.g. `Job monitoring/metrics-pre-install`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub object: Option<String>,
-    /// What it waits for, or why it fails.
-    pub reason: String,
-    /// Since when (RFC 3339), when the node knows.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub since: Option<String>,
-}
-
-/// One status condition (the shape of `metav1.Condition`).
-#[derive(Serialize, Deserialize, Clone, Debug, Default, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct PlatformCondition {
-    /// The condition type, e.g. `Available`.
-    #[serde(rename = "type")]
-    pub type_: String,
-    /// `True`, `False` or `Unknown`.
-    pub status: String,
-    /// A CamelCase reason, e.g. `Provisioned`.
-    pub reason: String,
-    /// What is going on, e.g. the node path that yielded and why.
-    #[schemars(length(max = 32768))]
-    pub message: String,
-    /// When the status last changed (RFC 3339).
-    pub last_transition_time: String,
-    /// The generation the condition describes.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub observed_generation: Option<i64>,
-}
-
-impl Platform {
-    /// The `Available` condition, if written.
-    pub fn available(&self) -> Option<&PlatformCondition> {
-        self.status
-            .as_ref()?
-            .conditions
-            .iter()
-            .find(|c| c.type_ == "Available")
-    }
-
-    /// The namespace the platform's components live in:
-    /// `<platform namespace>-<platform name>-<digest>`, cut to fit a DNS
-    /// label. The digest is of the pair itself, so that Platform `c` in
-    /// namespace `a-b` and Platform `b-c` in namespace `a` (both `a-b-c`
-    /// before it) never share a namespace.
-    pub fn target_namespace(&self) -> String {
-        let namespace = self.namespace().unwrap_or_else(|| "default".into());
-        let name = self.name_any();
-        let mut hasher = Sha256::new();
-        hasher.update(namespace.as_bytes());
-        // Neither part can hold a NUL: the pair is read back unambiguously.
-        hasher.update([0]);
-        hasher.update(name.as_bytes());
-        let digest = hex::encode(&hasher.finalize()[..4]);
-        // 63 characters at most, so the Dashboard group's first label fits too.
-        let head: String = format!("{namespace}-{name}").chars().take(54).collect();
-        let head = head.trim_end_matches('-');
-        format!("{head}-{digest}")
-    }
-
-    /// The API group of the platform's own Dashboard CRD. One group per
-    /// platform, so that deleting one platform never removes another's.
-    pub fn dashboard_group(&self) -> String {
-        format!("{}.platform.example.com", self.target_namespace())
-    }
-}
 
 /// What every tree needs besides the `Platform` itself.
 #[derive(Clone, Debug)]
