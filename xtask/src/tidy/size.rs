@@ -24,7 +24,6 @@ pub(super) const RATCHET: &[(&str, usize)] = &[
     ("tests/tests/helm_cluster.rs", 717),
     ("tests/tests/helm_lifecycle.rs", 643),
     ("tests/tests/helm_plan.rs", 737),
-    ("tests/tests/manifest_plan.rs", 970),
     ("tests/tests/operator_cluster.rs", 656),
 ];
 
