@@ -7,9 +7,9 @@
 //! [local manifest, remote subtree] finishes within the grace plus a few
 //! passes, the finalizer released and the local objects gone; a cluster
 //! that comes back before the grace ends loses nothing. Ten remotes with
-//! three dead cost about what the seven live ones cost. Without a control
-//! plane: a server that trickles its body is cut off at the deadline, and
-//! an oversized response is refused naming the cluster and the limit.
+//! three dead cost about what the seven live ones cost. Servers that answer
+//! badly (a trickled body, an oversized response) are in
+//! `hostile_servers.rs`.
 
 use std::time::{Duration, Instant};
 
@@ -27,7 +27,6 @@ use provisioners_remote::{
     ABANDONED_REASON, RemoteClusterProvisioner, SecretKubeconfig, UNREACHABLE_SINCE_ANNOTATION,
     UnreachablePolicy,
 };
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
 /// The per-request deadline in these tests: short, so the first pass
@@ -537,115 +536,6 @@ fn tree_dead(cx: &Context, ns: &TestNamespace) -> provisioners::Concurrent {
         );
     }
     group
-}
-
-/// A plain-HTTP server on loopback that answers every request with
-/// `head`, then writes `body` in `chunk`-sized chunked-encoding pieces,
-/// `pause` apart.
-async fn serve(head: &'static str, body: Vec<u8>, chunk: usize, pause: Duration) -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let port = listener.local_addr().expect("addr").port();
-    tokio::spawn(async move {
-        while let Ok((mut socket, _)) = listener.accept().await {
-            let body = body.clone();
-            tokio::spawn(async move {
-                let mut request = [0u8; 4096];
-                let _ = socket.read(&mut request).await;
-                if socket.write_all(head.as_bytes()).await.is_err() {
-                    return;
-                }
-                for piece in body.chunks(chunk.max(1)) {
-                    let frame =
-                        [format!("{:x}\r\n", piece.len()).as_bytes(), piece, b"\r\n"].concat();
-                    if socket.write_all(&frame).await.is_err() {
-                        return;
-                    }
-                    tokio::time::sleep(pause).await;
-                }
-                let _ = socket.write_all(b"0\r\n\r\n").await;
-            });
-        }
-    });
-    port
-}
-
-async fn plain_cluster(id: &str, port: u16, policy: ClientPolicy) -> Cluster {
-    let kubeconfig = Kubeconfig::from_yaml(&format!(
-        "apiVersion: v1
-kind: Config
-clusters:
-- name: c
-  cluster:
-    server: http://127.0.0.1:{port}
-users:
-- name: u
-  user: {{}}
-contexts:
-- name: c
-  context:
-    cluster: c
-    user: u
-current-context: c
-"
-    ))
-    .expect("kubeconfig");
-    Cluster::from_kubeconfig(id, kubeconfig)
-        .await
-        .expect("cluster")
-        .with_policy(policy)
-}
-
-const CHUNKED_OK: &str =
-    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n";
-
-#[tokio::test]
-async fn a_server_that_trickles_its_body_is_cut_off_at_the_deadline() {
-    // A valid ConfigMap, one byte every 200 ms: about 30 s to send.
-    let body = br#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"x","namespace":"default"},"data":{"a":"b"}}"#
-        .to_vec();
-    let port = serve(CHUNKED_OK, body, 1, Duration::from_millis(200)).await;
-    let cluster = plain_cluster(
-        "trickle",
-        port,
-        ClientPolicy::new().request_timeout(REQUEST_TIMEOUT),
-    )
-    .await;
-    let started = Instant::now();
-    let error = Api::<ConfigMap>::namespaced(cluster.client().clone(), "default")
-        .get("x")
-        .await
-        .expect_err("cut off");
-    let took = started.elapsed();
-    eprintln!("trickled body cut off after {took:?}: {error}");
-    assert!(
-        took >= REQUEST_TIMEOUT && took < REQUEST_TIMEOUT + Duration::from_secs(2),
-        "{took:?}"
-    );
-    assert!(error.to_string().contains("no answer within 2s"), "{error}");
-}
-
-#[tokio::test]
-async fn an_oversized_response_is_refused_naming_the_cluster_and_the_limit() {
-    let big = serde_json::to_vec(&serde_json::json!({
-        "apiVersion": "v1", "kind": "ConfigMap",
-        "metadata": {"name": "x", "namespace": "default"},
-        "data": {"a": "b".repeat(256 * 1024)},
-    }))
-    .expect("json");
-    let port = serve(CHUNKED_OK, big, 16 * 1024, Duration::ZERO).await;
-    let policy = ClientPolicy::new()
-        .request_timeout(REQUEST_TIMEOUT)
-        .response_limit(64 * 1024);
-    let cluster = plain_cluster("bulky", port, policy).await;
-    let error = Api::<ConfigMap>::namespaced(cluster.client().clone(), "default")
-        .get("x")
-        .await
-        .expect_err("refused");
-    let text = error.to_string();
-    eprintln!("{text}");
-    assert!(text.contains("cluster `bulky`"), "{text}");
-    assert!(text.contains("limit of 65536 bytes"), "{text}");
-    assert!(cluster.health().is_reachable(), "a big answer is an answer");
 }
 
 /// The clusters of these tests listen on this machine's loopback, which the
