@@ -7,7 +7,6 @@
 //! asks for plan approval waits for its plan's digest, and its deletion is
 //! not gated.
 
-use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -16,149 +15,20 @@ use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::Api;
 use kube::api::ListParams;
-use kube::api::{ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use platform_operator::{
-    Options, Platform, PlatformSpec, RemoteSpec, Settings, install_crd, run, run_with,
+    Options, Platform, PlatformSpec, RemoteSpec, Settings, install_crd, run_with,
 };
 use prometheus_client::registry::Registry;
 use provisioners::runtime::LeaderElection;
-use provisioners::{CancellationToken, Event, Observer, Operation, Phase};
+use provisioners::{CancellationToken, Operation};
 use provisioners_lab::cluster::{self, HarnessCluster, TestNamespace, helm4};
 use provisioners_runtime::metrics::{Health, Metrics, serve};
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::task::JoinHandle;
 
-const DEADLINE: Duration = Duration::from_secs(120);
-
-/// Every event the operator's nodes emit: `(path, operation, phase)`.
-#[derive(Clone, Default)]
-struct Events(Arc<Mutex<Vec<(String, Operation, String)>>>);
-
-impl Observer for Events {
-    fn on_event(&self, event: &Event<'_>) {
-        let phase = match &event.phase {
-            Phase::Started => "started".to_owned(),
-            Phase::Finished { outcome, .. } => outcome.as_str().to_owned(),
-            _ => return,
-        };
-        self.0
-            .lock()
-            .unwrap()
-            .push((event.path.to_owned(), event.operation, phase));
-    }
-}
-
-impl Events {
-    fn seen(&self, path: &str, operation: Operation, phase: &str) -> bool {
-        self.0
-            .lock()
-            .unwrap()
-            .iter()
-            .any(|(p, o, ph)| p == path && *o == operation && ph == phase)
-    }
-
-    /// The paths that started `operation`, in order, without repeats.
-    fn first_starts(&self, operation: Operation) -> Vec<String> {
-        let mut out: Vec<String> = Vec::new();
-        for (path, op, phase) in self.0.lock().unwrap().iter() {
-            if *op == operation && phase == "started" && !out.contains(path) {
-                out.push(path.clone());
-            }
-        }
-        out
-    }
-}
-
-struct Operator {
-    token: CancellationToken,
-    task: JoinHandle<()>,
-}
-
-/// Starts the operator for the Platforms of `ns`, reporting to `events`.
-async fn start_operator(ns: &TestNamespace, events: &Events) -> Operator {
-    let cx = HarnessCluster::Primary
-        .context()
-        .await
-        .expect("context")
-        .with_field_manager(platform_operator::FIELD_MANAGER)
-        .with_observer(Arc::new(events.clone()));
-    let token = cx.cancellation().clone();
-    let platforms: Api<Platform> = Api::namespaced(cx.client().clone(), ns.name());
-    let mut settings = Settings::new(helm4().expect("helm 4"));
-    settings.remote_trust = provisioners_remote::TrustPolicy::default()
-        .allow_range("127.0.0.0/8")
-        .expect("range");
-    settings.helm_timeout = Duration::from_secs(60);
-    let task = tokio::spawn(run(cx, platforms, settings, Duration::from_millis(500)));
-    Operator { token, task }
-}
-
-/// Starts the operator for the Platforms of `ns` with `options`.
-async fn start_operator_with(ns: &TestNamespace, events: &Events, options: Options) -> Operator {
-    let cx = HarnessCluster::Primary
-        .context()
-        .await
-        .expect("context")
-        .with_field_manager(platform_operator::FIELD_MANAGER)
-        .with_observer(Arc::new(events.clone()));
-    let token = cx.cancellation().clone();
-    let platforms: Api<Platform> = Api::namespaced(cx.client().clone(), ns.name());
-    let mut settings = Settings::new(helm4().expect("helm 4"));
-    settings.remote_trust = provisioners_remote::TrustPolicy::default()
-        .allow_range("127.0.0.0/8")
-        .expect("range");
-    settings.helm_timeout = Duration::from_secs(60);
-    let task = tokio::spawn(run_with(cx, platforms, settings, options));
-    Operator { token, task }
-}
-
-impl Operator {
-    async fn stop(self) {
-        self.token.cancel();
-        tokio::time::timeout(DEADLINE, self.task)
-            .await
-            .expect("graceful stop")
-            .expect("join");
-    }
-}
-
-/// Polls `check` until it returns true, or fails the test at the deadline.
-async fn eventually<F, Fut>(what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let poll = Duration::from_millis(200);
-    cluster::eventually(what, DEADLINE, poll, || {
-        let done = check();
-        async move { done.await.then_some(()) }
-    })
-    .await;
-}
-
-async fn is_available(platforms: &Api<Platform>, name: &str) -> bool {
-    let Some(p) = platforms.get_opt(name).await.unwrap() else {
-        return false;
-    };
-    p.available()
-        .is_some_and(|c| c.status == "True" && c.observed_generation == p.metadata.generation)
-}
-
-fn platform(name: &str, spec: PlatformSpec) -> Platform {
-    Platform::new(name, spec)
-}
-
-fn dashboards(client: &kube::Client, p: &Platform) -> Api<DynamicObject> {
-    let resource = ApiResource {
-        group: p.dashboard_group(),
-        version: "v1".into(),
-        api_version: format!("{}/v1", p.dashboard_group()),
-        kind: "Dashboard".into(),
-        plural: "dashboards".into(),
-    };
-    Api::namespaced_with(client.clone(), &p.target_namespace(), &resource)
-}
+mod operator_support;
+use operator_support::*;
 
 #[tokio::test]
 #[ignore = "needs the local control plane (cargo xtask test)"]
