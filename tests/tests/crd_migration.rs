@@ -9,6 +9,9 @@
 //! removed from the CRD altogether, and every object still reads back (the
 //! API server cannot decode an object stored at a version its CRD no
 //! longer lists).
+//!
+//! The crash-point driver then kills a migration at its writes (rewrites,
+//! the trim, the CRD update after it): a restarted operator converges.
 
 use std::time::Duration;
 
@@ -259,4 +262,154 @@ async fn a_storage_version_change_migrates_every_object_across_passes_and_restar
         .await
         .expect("delete the CRD");
     ns.cleanup().await.expect("cleanup");
+}
+
+/// How many Widgets each crash run migrates: enough for several pages'
+/// worth of writes, few enough for a sweep of many points.
+const CRASH_OBJECTS: usize = 30;
+
+/// A node that migrates the stored Widgets of its CRD (which setup moved
+/// to storage version v1), then drops v1alpha1 from the CRD and reads
+/// every Widget back at v1, failing if one cannot be read: a trim before
+/// every object was rewritten shows up as a failed read. Deprovision
+/// deletes the CRD and its objects.
+struct Migrate {
+    group: String,
+    namespace: String,
+}
+
+impl Migrate {
+    fn name(&self) -> String {
+        format!("widgets.{}", self.group)
+    }
+}
+
+#[provisioners::async_trait]
+impl provisioners::Provisioner for Migrate {
+    fn name(&self) -> &str {
+        "migrate"
+    }
+
+    async fn provision(&self, cx: &Context) -> provisioners::Result<()> {
+        use provisioners::Error;
+        let crds: Api<CustomResourceDefinition> = Api::all(cx.client().clone());
+        let name = self.name();
+        let live = crds
+            .get(&name)
+            .await
+            .map_err(|e| Error::kube("reading the CRD", e))?;
+        crd::migrate(cx, &live).await?;
+        if live.spec.versions.iter().any(|v| v.name == "v1alpha1") {
+            let document = crd_document(&self.group, &[version("v1", true)]);
+            crds.patch(
+                &name,
+                &PatchParams::apply(cx.field_manager()).force(),
+                &Patch::Apply(&document),
+            )
+            .await
+            .map_err(|e| Error::kube("dropping v1alpha1", e))?;
+        }
+        let list = widgets(cx, &self.namespace, &self.group, "v1")
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| Error::failed(format!("a Widget cannot be read at v1: {e}")))?;
+        if list.items.len() != CRASH_OBJECTS {
+            return Err(Error::failed(format!(
+                "{} Widgets read back, not {CRASH_OBJECTS}",
+                list.items.len()
+            )));
+        }
+        Ok(())
+    }
+
+    async fn deprovision(&self, cx: &Context) -> provisioners::Result<()> {
+        use provisioners::Error;
+        let crds: Api<CustomResourceDefinition> = Api::all(cx.client().clone());
+        match crds.get_opt(&self.name()).await {
+            Ok(None) => Ok(()),
+            Ok(Some(crd)) if crd.metadata.deletion_timestamp.is_some() => {
+                Err(Error::yielding("waiting for the CRD to go"))
+            }
+            Ok(Some(_)) => match crds.delete(&self.name(), &Default::default()).await {
+                Ok(_) => Err(Error::yielding("waiting for the CRD to go")),
+                Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+                Err(e) => Err(Error::kube("deleting the CRD", e)),
+            },
+            Err(e) => Err(Error::kube("reading the CRD", e)),
+        }
+    }
+}
+
+/// The migration crashed at writes spread over its run (the objects'
+/// rewrites, the trim of `storedVersions`, the CRD update after it): a
+/// restarted operator, which remembers nothing, converges, every object
+/// reads back at v1, and the pass after writes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the local control plane (cargo xtask test)"]
+async fn a_migration_converges_from_a_crash_at_its_writes() {
+    use provisioners_lab::crash::{CrashTest, Points, Scope};
+
+    let group = |scope: &Scope| format!("{}.crash-migration.example.com", scope.token());
+    let build = move |scope: &Scope| -> Box<dyn provisioners::Provisioner> {
+        Box::new(Migrate {
+            group: group(scope),
+            namespace: scope.namespace().to_owned(),
+        })
+    };
+    let setup = move |scope: Scope| -> std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<(), String>> + Send>,
+    > {
+        Box::pin(async move {
+            let cx = Context::from_client(
+                HarnessCluster::Primary
+                    .client()
+                    .await
+                    .map_err(|e| e.to_string())?,
+            );
+            let crds: Api<CustomResourceDefinition> = Api::all(cx.client().clone());
+            let group = group(&scope);
+            let name = format!("widgets.{group}");
+            // Setup runs before each phase of a run: only a fresh scope
+            // (the last run's deprovision deleted the CRD) starts over.
+            if crds
+                .get_opt(&name)
+                .await
+                .map_err(|e| e.to_string())?
+                .is_some()
+            {
+                return Ok(());
+            }
+            apply_crd(&crds, &crd_document(&group, &[version("v1alpha1", true)])).await;
+            established(&crds, &name).await;
+            create_widgets(&cx, scope.namespace(), &group, CRASH_OBJECTS).await;
+            apply_crd(
+                &crds,
+                &crd_document(&group, &[version("v1alpha1", false), version("v1", true)]),
+            )
+            .await;
+            established(&crds, &name).await;
+            Ok(())
+        })
+    };
+    let report = CrashTest::new("crd-migration", build)
+        .setup(setup)
+        // The first, a middle and the last rewrite, the trim of
+        // storedVersions, and the CRD update after it.
+        .points(Points::Only(vec![1, 16, 30, 31, 32]))
+        .provision_sweep()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    eprintln!("{report}");
+    assert_eq!(report.writes, CRASH_OBJECTS as u64 + 2, "{report}");
+    let trim = report
+        .points
+        .iter()
+        .find(|p| p.point == 31)
+        .expect("point 31");
+    let held = trim.held.as_deref().unwrap_or_default();
+    assert!(
+        held.starts_with("patch customresourcedefinitions"),
+        "{held}"
+    );
+    assert_eq!(report.crashed(), report.points.len(), "{report}");
 }
