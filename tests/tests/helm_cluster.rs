@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::Api;
 use provisioners::{Concurrent, ErrorKind, Manifest, Serial};
 use provisioners_helm::{Chart, HelmRelease};
@@ -29,10 +29,7 @@ both_helms!(
     template_that_fails_to_render_is_invalid,
     hooks_run_on_install_and_upgrade,
     inside_serial_and_concurrent_groups_with_other_provisioners,
-    secrets_stay_off_argv_and_env_and_files_are_private_and_removed,
     dropping_a_provision_during_wait_leaves_no_helm_process,
-    release_stuck_in_pending_install_is_recovered,
-    release_stuck_in_pending_upgrade_is_recovered,
     chart_from_a_repository_with_a_pinned_version,
     packaged_chart_into_a_namespace_it_creates,
 );
@@ -397,106 +394,6 @@ async fn inside_serial_and_concurrent_groups_with_other_provisioners(helm: PathB
     ns.cleanup().await.expect("cleanup");
 }
 
-async fn secrets_stay_off_argv_and_env_and_files_are_private_and_removed(helm: PathBuf) {
-    let ns = TestNamespace::create("helm-secrets")
-        .await
-        .expect("namespace");
-    let cx = context().await;
-    let root = temp_root();
-    let release = |node_selector: serde_json::Value| {
-        HelmRelease::new("vault", chart("helm-plain"))
-            .namespace(ns.name())
-            .helm(&helm)
-            .temp_dir(root.path())
-            .values(&json!({"password": SECRET, "nodeSelector": node_selector}))
-            .ready_timeout(WAIT)
-            .stop_timeout(Duration::from_secs(5))
-    };
-
-    // A run that cannot finish (a hook that never completes, which helm
-    // waits for even without --wait), watched from /proc, then cancelled.
-    let token = provisioners::CancellationToken::new();
-    // The same Cluster, so the same release locks: one process.
-    let cancelled_cx = cx.clone().with_cancellation(token.clone());
-    let stuck = release(json!({"no-such-node": "true"})).set("stuckHook", true);
-    // Passes, as a controller's requeues, until the token stops them.
-    let provision = until_not_yield(&cancelled_cx, &stuck, false);
-    let watch = async {
-        let seen = eventually("helm to run", || async {
-            let found = helm_processes(&helm, ns.name());
-            found
-                .into_iter()
-                .find(|p| p.flag("--values").is_some_and(|v| mode(v).is_some()))
-        })
-        .await;
-        let secret = SECRET.as_bytes();
-        assert!(
-            !seen.cmdline.windows(secret.len()).any(|w| w == secret),
-            "the secret is on helm's command line"
-        );
-        assert!(
-            !seen.environ.windows(secret.len()).any(|w| w == secret),
-            "the secret is in helm's environment"
-        );
-        assert!(
-            !seen.environ.is_empty(),
-            "could not read helm's environment"
-        );
-        let environ = String::from_utf8_lossy(&seen.environ);
-        assert!(environ.contains("HELM_CACHE_HOME="), "{environ}");
-        let values = seen.flag("--values").expect("values flag").to_owned();
-        let kubeconfig = seen
-            .flag("--kubeconfig")
-            .expect("kubeconfig flag")
-            .to_owned();
-        assert_eq!(mode(&values), Some(0o600), "values file {values}");
-        assert_eq!(
-            mode(&kubeconfig),
-            Some(0o600),
-            "kubeconfig file {kubeconfig}"
-        );
-        assert!(values.starts_with(root.path().to_str().expect("utf-8")));
-        let dir = Path::new(&values).parent().expect("parent").to_owned();
-        assert_eq!(mode(dir.to_str().expect("utf-8")), Some(0o700));
-        token.cancel();
-        seen.pid
-    };
-    let (result, pid) = tokio::join!(provision, watch);
-    assert_eq!(result.expect_err("cancelled").kind(), ErrorKind::Cancelled);
-    // At the root the tree's future is dropped: helm is stopped in the background.
-    eventually("helm to exit", || async {
-        helm_processes(&helm, ns.name()).is_empty().then_some(())
-    })
-    .await;
-    assert!(
-        !helm_processes(&helm, ns.name())
-            .iter()
-            .any(|p| p.pid == pid)
-    );
-    eventually("the work directory to be removed", || async {
-        entries(root.path()).is_empty().then_some(())
-    })
-    .await;
-
-    // Success, then failure: nothing left behind either time.
-    settle(&cx, &release(json!({})), "install").await;
-    assert!(entries(root.path()).is_empty(), "left behind after success");
-    let secret = ns
-        .api::<Secret>()
-        .get("vault-credentials")
-        .await
-        .expect("secret");
-    let stored = secret.data.expect("data")["password"].0.clone();
-    assert_eq!(stored, SECRET.as_bytes());
-    let failing = release(json!({})).set("replicas", "not a number");
-    let error = until_not_yield(&cx, &failing, false)
-        .await
-        .expect_err("bad replicas");
-    assert!(!error.to_string().contains(SECRET), "{error}");
-    assert!(entries(root.path()).is_empty(), "left behind after failure");
-    ns.cleanup().await.expect("cleanup");
-}
-
 async fn dropping_a_provision_during_wait_leaves_no_helm_process(helm: PathBuf) {
     let ns = TestNamespace::create("helm-drop").await.expect("namespace");
     let cx = context().await;
@@ -538,93 +435,6 @@ async fn dropping_a_provision_during_wait_leaves_no_helm_process(helm: PathBuf) 
     let (_, status, _) = release_record(&ns, "slow").await.expect("recorded");
     assert_eq!(status, "deployed");
     assert_eq!(available(&ns, "slow").await, Some(1));
-    ns.cleanup().await.expect("cleanup");
-}
-
-async fn release_stuck_in_pending_install_is_recovered(helm: PathBuf) {
-    let ns = TestNamespace::create("helm-pending")
-        .await
-        .expect("namespace");
-    let cx = context().await;
-    let release = |node_selector: serde_json::Value| {
-        HelmRelease::new("stuck", chart("helm-plain"))
-            .namespace(ns.name())
-            .helm(&helm)
-            .set("nodeSelector", node_selector)
-            .ready_timeout(WAIT)
-    };
-    let stuck = release(json!({"no-such-node": "true"})).set("stuckHook", true);
-    let token = provisioners::CancellationToken::new();
-    // The same Cluster, so the same release locks: one process.
-    let killing_cx = cx.clone().with_cancellation(token.clone());
-    let provision = until_not_yield(&killing_cx, &stuck, false);
-    let killer = async {
-        // Wait until helm recorded the release as pending-install, then kill
-        // it the hard way: it gets no chance to mark the release failed.
-        eventually("the release to be pending-install", || async {
-            release_record(&ns, "stuck")
-                .await
-                .filter(|r| r.1 == "pending-install")
-        })
-        .await;
-        for process in helm_processes(&helm, ns.name()) {
-            let pid = nix::unistd::Pid::from_raw(i32::try_from(process.pid).expect("pid"));
-            nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).expect("SIGKILL helm");
-        }
-    };
-    let (result, ()) = tokio::join!(provision, killer);
-    let error = result.expect_err("helm was killed");
-    // Killed before it finished: the next pass recovers the release.
-    assert_eq!(error.kind(), ErrorKind::Unavailable, "{error}");
-    assert!(error.to_string().contains("signal: 9"), "{error}");
-    assert_eq!(killed_by(&error), Some(9), "{error:?}");
-    let (_, status, _) = release_record(&ns, "stuck").await.expect("recorded");
-    assert_eq!(status, "pending-install", "helm left it pending");
-
-    settle(&cx, &release(json!({})), "recovered").await;
-    let (_, status, _) = release_record(&ns, "stuck").await.expect("recorded");
-    assert_eq!(status, "deployed");
-    assert_eq!(available(&ns, "stuck").await, Some(1));
-    ns.cleanup().await.expect("cleanup");
-}
-
-async fn release_stuck_in_pending_upgrade_is_recovered(helm: PathBuf) {
-    let ns = TestNamespace::create("helm-pending-up")
-        .await
-        .expect("namespace");
-    let cx = context().await;
-    let release = |greeting: &str, node_selector: serde_json::Value| {
-        HelmRelease::new("upgraded", chart("helm-plain"))
-            .namespace(ns.name())
-            .helm(&helm)
-            .set("greeting", greeting.to_owned())
-            .set("nodeSelector", node_selector)
-            .ready_timeout(WAIT)
-    };
-    settle(&cx, &release("one", json!({})), "install").await;
-
-    let stuck = release("two", json!({"no-such-node": "true"})).set("stuckHook", true);
-    let (result, ()) = tokio::join!(
-        until_not_yield(&cx, &stuck, false),
-        kill_helm_when(&helm, &ns, "upgraded", "pending-upgrade")
-    );
-    let error = result.expect_err("helm was killed");
-    assert_eq!(error.kind(), ErrorKind::Unavailable, "{error}");
-    assert_eq!(killed_by(&error), Some(9), "{error:?}");
-    let (revision, status, _) = release_record(&ns, "upgraded").await.expect("recorded");
-    assert_eq!((revision, status.as_str()), (2, "pending-upgrade"));
-
-    settle(&cx, &release("three", json!({})), "recovered").await;
-    // Rolled back to revision 1 (as revision 3), then upgraded (revision 4).
-    let (revision, status, _) = release_record(&ns, "upgraded").await.expect("recorded");
-    assert_eq!((revision, status.as_str()), (4, "deployed"));
-    let settings = ns
-        .api::<ConfigMap>()
-        .get("upgraded-settings")
-        .await
-        .expect("configmap");
-    assert_eq!(settings.data.expect("data")["greeting"], "three");
-    assert_eq!(available(&ns, "upgraded").await, Some(1));
     ns.cleanup().await.expect("cleanup");
 }
 

@@ -1,18 +1,19 @@
 //! `HelmRelease` lifecycle on the local control plane, each scenario with
 //! the real Helm 3 and Helm 4 binaries: readiness by yield and its deadline,
 //! the uninstall gate with kept objects, clean cancellation, drift repair,
-//! two processes on one release, private repositories.
+//! two processes on one release, releases stuck in pending-install and
+//! pending-upgrade recovered. Credentials are in `helm_credentials.rs`.
 //!
 //! Run like `helm_cluster.rs` (see docs/testing.md).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::Api;
 use provisioners::ErrorKind;
-use provisioners_helm::{Chart, Credentials, DriftPolicy, HelmRelease};
+use provisioners_helm::{DriftPolicy, HelmRelease};
 use provisioners_lab::cluster::{self, TestNamespace};
 use serde_json::json;
 
@@ -28,8 +29,8 @@ both_helms!(
     cancelled_root_leaves_no_release_pending,
     drift_is_repaired_by_a_no_op_provision,
     two_processes_racing_on_a_pending_release_do_not_both_act,
-    private_repository_credentials_stay_off_argv_env_and_errors,
-    oci_registry_with_and_without_credentials,
+    release_stuck_in_pending_install_is_recovered,
+    release_stuck_in_pending_upgrade_is_recovered,
 );
 
 async fn never_ready_release_yields_then_times_out(helm: PathBuf) {
@@ -423,221 +424,89 @@ async fn two_processes_racing_on_a_pending_release_do_not_both_act(helm: PathBuf
     ns.cleanup().await.expect("cleanup");
 }
 
-const REPO_PASSWORD: &str = "repo-pa55-9c1e-never-on-argv";
-/// `REPO_PASSWORD` and `robot:REPO_PASSWORD` in base64, as an HTTP client sends them.
-const REPO_PASSWORD_FORMS: [&str; 3] = [
-    REPO_PASSWORD,
-    "cmVwby1wYTU1LTljMWUtbmV2ZXItb24tYXJndg==",
-    "cm9ib3Q6cmVwby1wYTU1LTljMWUtbmV2ZXItb24tYXJndg==",
-];
-
-/// Every live process of `helm` (any arguments): what /proc shows of it.
-fn all_helm_processes(helm: &Path) -> Vec<(Vec<u8>, Vec<u8>)> {
-    let mut found = Vec::new();
-    let Ok(proc) = std::fs::read_dir("/proc") else {
-        return found;
-    };
-    for entry in proc.flatten() {
-        let dir = entry.path();
-        let Ok(cmdline) = std::fs::read(dir.join("cmdline")) else {
-            continue;
-        };
-        let program = cmdline.split(|b| *b == 0).next().unwrap_or_default();
-        if Path::new(&*String::from_utf8_lossy(program)) != helm {
-            continue;
-        }
-        let environ = std::fs::read(dir.join("environ")).unwrap_or_default();
-        found.push((cmdline, environ));
-    }
-    found
-}
-
-fn leaks(bytes: &[u8]) -> Option<&'static str> {
-    REPO_PASSWORD_FORMS
-        .into_iter()
-        .chain(OCI_PASSWORD_FORMS)
-        .find(|form| bytes.windows(form.len()).any(|w| w == form.as_bytes()))
-}
-
-async fn private_repository_credentials_stay_off_argv_env_and_errors(helm: PathBuf) {
-    let ns = TestNamespace::create("helm-private")
+async fn release_stuck_in_pending_install_is_recovered(helm: PathBuf) {
+    let ns = TestNamespace::create("helm-pending")
         .await
         .expect("namespace");
     let cx = context().await;
-    let repository = ChartRepository::start_with(
-        &helm,
-        Some("Basic cm9ib3Q6cmVwby1wYTU1LTljMWUtbmV2ZXItb24tYXJndg=="),
-    )
-    .await;
-    let release = |password: &str| {
-        HelmRelease::new("private", Chart::repository(&repository.url, "helm-plain"))
+    let release = |node_selector: serde_json::Value| {
+        HelmRelease::new("stuck", chart("helm-plain"))
             .namespace(ns.name())
             .helm(&helm)
-            .version("0.1.0")
-            .credentials(Credentials::basic("robot", password.to_owned()))
+            .set("nodeSelector", node_selector)
             .ready_timeout(WAIT)
     };
-
-    // Watch every helm process while the release is installed.
-    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let watcher = {
-        let (done, helm) = (std::sync::Arc::clone(&done), helm.clone());
-        tokio::task::spawn_blocking(move || {
-            let mut seen = 0;
-            while !done.load(std::sync::atomic::Ordering::SeqCst) {
-                for (cmdline, environ) in all_helm_processes(&helm) {
-                    seen += 1;
-                    assert_eq!(
-                        leaks(&cmdline),
-                        None,
-                        "the password is on helm's command line"
-                    );
-                    assert_eq!(
-                        leaks(&environ),
-                        None,
-                        "the password is in helm's environment"
-                    );
-                }
-                std::thread::sleep(Duration::from_millis(2));
-            }
-            seen
+    let stuck = release(json!({"no-such-node": "true"})).set("stuckHook", true);
+    let token = provisioners::CancellationToken::new();
+    // The same Cluster, so the same release locks: one process.
+    let killing_cx = cx.clone().with_cancellation(token.clone());
+    let provision = until_not_yield(&killing_cx, &stuck, false);
+    let killer = async {
+        // Wait until helm recorded the release as pending-install, then kill
+        // it the hard way: it gets no chance to mark the release failed.
+        eventually("the release to be pending-install", || async {
+            release_record(&ns, "stuck")
+                .await
+                .filter(|r| r.1 == "pending-install")
         })
+        .await;
+        for process in helm_processes(&helm, ns.name()) {
+            let pid = nix::unistd::Pid::from_raw(i32::try_from(process.pid).expect("pid"));
+            nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).expect("SIGKILL helm");
+        }
     };
-    settle(
-        &cx,
-        &release(REPO_PASSWORD),
-        "install from the private repository",
-    )
-    .await;
-    done.store(true, std::sync::atomic::Ordering::SeqCst);
-    let seen = watcher.await.expect("watcher");
-    eprintln!("{seen} helm process samples checked");
-    assert!(seen > 0, "no helm process was seen");
-    assert_eq!(available(&ns, "private").await, Some(1));
+    let (result, ()) = tokio::join!(provision, killer);
+    let error = result.expect_err("helm was killed");
+    // Killed before it finished: the next pass recovers the release.
+    assert_eq!(error.kind(), ErrorKind::Unavailable, "{error}");
+    assert!(error.to_string().contains("signal: 9"), "{error}");
+    assert_eq!(killed_by(&error), Some(9), "{error:?}");
+    let (_, status, _) = release_record(&ns, "stuck").await.expect("recorded");
+    assert_eq!(status, "pending-install", "helm left it pending");
 
-    // A wrong password: a clear error without the password in any form.
-    let wrong = HelmRelease::new(
-        "private-wrong",
-        Chart::repository(&repository.url, "helm-plain"),
-    )
-    .namespace(ns.name())
-    .helm(&helm)
-    .version("0.1.0")
-    .credentials(Credentials::basic("robot", "wrong-pa55-0d2f"));
-    let error = until_not_yield(&cx, &wrong, false).await.expect_err("401");
-    let text = format!("{error} {error:?}");
-    assert!(
-        text.contains("401") || text.contains("nauthorized"),
-        "{text}"
-    );
-    assert!(!text.contains("wrong-pa55-0d2f"), "{text}");
-    assert_eq!(leaks(text.as_bytes()), None, "{text}");
-    deprovision_until_gone(&cx, &release(REPO_PASSWORD)).await;
+    settle(&cx, &release(json!({})), "recovered").await;
+    let (_, status, _) = release_record(&ns, "stuck").await.expect("recorded");
+    assert_eq!(status, "deployed");
+    assert_eq!(available(&ns, "stuck").await, Some(1));
     ns.cleanup().await.expect("cleanup");
 }
 
-const OCI_PASSWORD: &str = "oci-pa55-5b7d-never-on-argv";
-const OCI_PASSWORD_FORMS: [&str; 3] = [
-    OCI_PASSWORD,
-    "b2NpLXBhNTUtNWI3ZC1uZXZlci1vbi1hcmd2",
-    "cm9ib3Q6b2NpLXBhNTUtNWI3ZC1uZXZlci1vbi1hcmd2",
-];
-/// `robot` with `OCI_PASSWORD`, bcrypt (cost 4), as the registry's htpasswd wants it.
-const OCI_HTPASSWD: &str = "robot:$2a$04$a5YZ2LqCvu3N9ktE/XlgIe6tvBaXy8NM.VSOvKIoC6Zwa2aAAKXle\n";
-
-/// Samples every helm process until `done`; panics on a leaked password.
-fn watch_helm(
-    helm: &Path,
-    done: &std::sync::Arc<std::sync::atomic::AtomicBool>,
-) -> tokio::task::JoinHandle<usize> {
-    let (done, helm) = (std::sync::Arc::clone(done), helm.to_owned());
-    tokio::task::spawn_blocking(move || {
-        let mut seen = 0;
-        while !done.load(std::sync::atomic::Ordering::SeqCst) {
-            for (cmdline, environ) in all_helm_processes(&helm) {
-                seen += 1;
-                assert_eq!(
-                    leaks(&cmdline),
-                    None,
-                    "a password is on helm's command line"
-                );
-                assert_eq!(leaks(&environ), None, "a password is in helm's environment");
-            }
-            std::thread::sleep(Duration::from_millis(2));
-        }
-        seen
-    })
-}
-
-async fn oci_registry_with_and_without_credentials(helm: PathBuf) {
-    let ns = TestNamespace::create("helm-oci").await.expect("namespace");
-    let cx = context().await;
-    let chart_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("charts/helm-plain");
-
-    // Without authentication.
-    let open = OciRegistry::start(None).await;
-    open.push(&helm, &chart_dir, None);
-    let release = HelmRelease::new(
-        "oci-open",
-        Chart::oci(format!("{}/charts/helm-plain", open.host)),
-    )
-    .namespace(ns.name())
-    .helm(&helm)
-    .version("0.1.0")
-    .plain_http(true)
-    .ready_timeout(WAIT);
-    settle(&cx, &release, "install from the open registry").await;
-    assert_eq!(available(&ns, "oci-open").await, Some(1));
-
-    // With authentication: the password only through stdin.
-    let private = OciRegistry::start(Some(OCI_HTPASSWD)).await;
-    private.push(&helm, &chart_dir, Some(("robot", OCI_PASSWORD)));
-    let release = |credentials: Option<Credentials>| {
-        let release = HelmRelease::new(
-            "oci-private",
-            Chart::oci(format!("{}/charts/helm-plain", private.host)),
-        )
-        .namespace(ns.name())
-        .helm(&helm)
-        .version("0.1.0")
-        .plain_http(true)
-        .ready_timeout(WAIT);
-        match credentials {
-            Some(credentials) => release.credentials(credentials),
-            None => release,
-        }
-    };
-    let error = until_not_yield(&cx, &release(None), false)
+async fn release_stuck_in_pending_upgrade_is_recovered(helm: PathBuf) {
+    let ns = TestNamespace::create("helm-pending-up")
         .await
-        .expect_err("needs credentials");
-    assert_eq!(
-        leaks(format!("{error} {error:?}").as_bytes()),
-        None,
-        "{error}"
-    );
-    let wrong = until_not_yield(
-        &cx,
-        &release(Some(Credentials::basic("robot", "wrong-oci-pa55-31aa"))),
-        false,
-    )
-    .await
-    .expect_err("wrong password");
-    let text = format!("{wrong} {wrong:?}");
-    assert!(!text.contains("wrong-oci-pa55-31aa"), "{text}");
+        .expect("namespace");
+    let cx = context().await;
+    let release = |greeting: &str, node_selector: serde_json::Value| {
+        HelmRelease::new("upgraded", chart("helm-plain"))
+            .namespace(ns.name())
+            .helm(&helm)
+            .set("greeting", greeting.to_owned())
+            .set("nodeSelector", node_selector)
+            .ready_timeout(WAIT)
+    };
+    settle(&cx, &release("one", json!({})), "install").await;
 
-    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let watcher = watch_helm(&helm, &done);
-    settle(
-        &cx,
-        &release(Some(Credentials::basic("robot", OCI_PASSWORD))),
-        "install from the private registry",
-    )
-    .await;
-    done.store(true, std::sync::atomic::Ordering::SeqCst);
-    assert!(
-        watcher.await.expect("watcher") > 0,
-        "no helm process was seen"
+    let stuck = release("two", json!({"no-such-node": "true"})).set("stuckHook", true);
+    let (result, ()) = tokio::join!(
+        until_not_yield(&cx, &stuck, false),
+        kill_helm_when(&helm, &ns, "upgraded", "pending-upgrade")
     );
-    assert_eq!(available(&ns, "oci-private").await, Some(1));
+    let error = result.expect_err("helm was killed");
+    assert_eq!(error.kind(), ErrorKind::Unavailable, "{error}");
+    assert_eq!(killed_by(&error), Some(9), "{error:?}");
+    let (revision, status, _) = release_record(&ns, "upgraded").await.expect("recorded");
+    assert_eq!((revision, status.as_str()), (2, "pending-upgrade"));
+
+    settle(&cx, &release("three", json!({})), "recovered").await;
+    // Rolled back to revision 1 (as revision 3), then upgraded (revision 4).
+    let (revision, status, _) = release_record(&ns, "upgraded").await.expect("recorded");
+    assert_eq!((revision, status.as_str()), (4, "deployed"));
+    let settings = ns
+        .api::<ConfigMap>()
+        .get("upgraded-settings")
+        .await
+        .expect("configmap");
+    assert_eq!(settings.data.expect("data")["greeting"], "three");
+    assert_eq!(available(&ns, "upgraded").await, Some(1));
     ns.cleanup().await.expect("cleanup");
 }
