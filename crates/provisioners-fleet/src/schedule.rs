@@ -209,9 +209,11 @@ pub(crate) fn provision(
             .map(|r| r.since)
             .max();
         if let Some(finished) = finished {
+            // Records keep seconds: a second more, so the soak is never short.
+            let soak = settings.soak + Duration::from_secs(1);
             let soaked = now.duration_since(finished).unwrap_or_default();
-            if soaked < settings.soak {
-                pass.soak_left = Some(settings.soak - soaked);
+            if soaked < soak {
+                pass.soak_left = Some(soak - soaked);
                 return pass;
             }
         }
@@ -257,21 +259,33 @@ pub(crate) fn after_provision(
             .filter(|r| r.state == state)
             .map_or(now, |r| r.since)
     };
+    // A failed member retried without success keeps its record (the error
+    // that made it fail; its cluster marked unreachable once seen so), so
+    // retries of a dead member write nothing.
+    if let Some(failed) = current.filter(|r| r.state == Phase::Failed)
+        && *outcome != Outcome::Finished
+    {
+        let mut record = failed.clone();
+        record.wave = wave;
+        record.unreachable |= matches!(
+            outcome,
+            Outcome::Waiting {
+                unreachable: true,
+                ..
+            }
+        );
+        return record;
+    }
     match outcome {
         Outcome::Finished => Record::new(revision, Phase::Done, now, wave),
         Outcome::Failed { message } => {
-            Record::new(revision, Phase::Failed, kept_since(Phase::Failed), wave)
-                .with_error(Some(message))
+            Record::new(revision, Phase::Failed, now, wave).with_error(Some(message))
         }
         Outcome::Waiting {
             message,
             unreachable,
         } => {
             let mut record = match current.map(|r| r.state) {
-                Some(Phase::Failed) => {
-                    Record::new(revision, Phase::Failed, kept_since(Phase::Failed), wave)
-                        .with_error(Some(message))
-                }
                 Some(Phase::InFlight) => {
                     let since = kept_since(Phase::InFlight);
                     if now.duration_since(since).unwrap_or_default() > settings.progress_timeout {

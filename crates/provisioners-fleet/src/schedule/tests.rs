@@ -289,10 +289,10 @@ fn a_complete_wave_soaks_before_the_next_starts() {
     ];
     let pass = provision(&waves, &records, REV, &s, now());
     assert!(pass.run.is_empty());
-    assert_eq!(pass.soak_left, Some(Duration::from_secs(20)));
+    assert_eq!(pass.soak_left, Some(Duration::from_secs(21)));
     assert!(
         pass.summary(&["a", "b", "c"])
-            .ends_with("; wave 1 soaks for 20s more before wave 2 starts")
+            .ends_with("; wave 1 soaks for 21s more before wave 2 starts")
     );
     let records = vec![
         record(Phase::Done, REV, 40),
