@@ -3,7 +3,7 @@
 //! remote subtree pass), write what changed, and say where the fleet stands.
 
 use std::collections::BTreeMap;
-use std::time::SystemTime;
+use std::time::{Duration, Instant, SystemTime};
 
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
@@ -14,6 +14,16 @@ use crate::member::Member;
 use crate::record::Record;
 use crate::schedule::{self, Outcome};
 use crate::state::Stored;
+
+/// No new round of member passes starts after a pass has run this long.
+const ROUNDS_FOR: Duration = Duration::from_secs(5);
+
+/// The most rounds a pass can make progress in: one per free slot's worth
+/// of members, plus one per wave.
+fn rounds(members: &[Member], waves: &[usize], in_flight: usize) -> usize {
+    let waves = waves.iter().max().map_or(0, |w| w + 1);
+    members.len().div_ceil(in_flight.max(1)) + waves + 1
+}
 
 /// Runs the members at `positions` (at most `limit` at once) and returns
 /// their outcomes by position.
@@ -74,11 +84,15 @@ pub(crate) async fn provision(fleet: &Fleet, cx: &Context) -> Result<()> {
     let mut stored = state.load(cx).await?;
     let mut changes = departed(&stored, &members);
     let mut ran = vec![false; members.len()];
-    // A member that finishes may complete a wave: the next starts in the
-    // same pass (bounded by the number of waves), so a rollout without a
-    // soak takes no extra requeue per wave.
-    let rounds = waves.iter().max().map_or(1, |w| w + 2);
-    for _ in 0..rounds {
+    // A member that finishes frees its slot (and may complete a wave): the
+    // next members start in the same pass, so a rollout without a soak
+    // takes no requeue per slot or per wave. Bounded by the rounds that
+    // can make progress and by ROUNDS_FOR, so a pass stays short.
+    let started = Instant::now();
+    for _ in 0..rounds(&members, &waves, settings.max_in_flight) {
+        if started.elapsed() > ROUNDS_FOR {
+            break;
+        }
         let records = records_of(&stored, &members);
         let now = SystemTime::now();
         let pass = schedule::provision(&waves, &records, &fleet.revision, &settings, now);
@@ -165,8 +179,11 @@ pub(crate) async fn deprovision(fleet: &Fleet, cx: &Context) -> Result<()> {
     let mut stored = state.load(cx).await?;
     let mut changes = departed(&stored, &members);
     let mut ran = vec![false; members.len()];
-    let rounds = waves.iter().max().map_or(1, |w| w + 2);
-    for _ in 0..rounds {
+    let started = Instant::now();
+    for _ in 0..rounds(&members, &waves, settings.max_in_flight) {
+        if started.elapsed() > ROUNDS_FOR {
+            break;
+        }
         let records = records_of(&stored, &members);
         let removal = schedule::deprovision(&waves, &records);
         let run: Vec<usize> = removal.run.iter().copied().filter(|&p| !ran[p]).collect();
