@@ -334,3 +334,6 @@ fn member_of(
     member.labels = labels;
     member
 }
+
+#[cfg(test)]
+mod tests;

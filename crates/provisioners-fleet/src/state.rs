@@ -211,3 +211,6 @@ impl StateMap {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;
