@@ -1,4 +1,3 @@
-use http::Method;
 use provisioners_testing::mock;
 use serde_json::json;
 

@@ -23,7 +23,7 @@ fn record(state: Phase) -> Record {
     Record::new("rev-1", state, since, 1)
 }
 
-fn config_map(version: &str, data: serde_json::Value) -> serde_json::Value {
+fn config_map(version: &str, data: &serde_json::Value) -> serde_json::Value {
     json!({
         "apiVersion": "v1",
         "kind": "ConfigMap",
@@ -43,7 +43,7 @@ async fn values_that_are_not_records_read_as_pending_never_a_panic() {
         200,
         config_map(
             "7",
-            json!({ "a": good, "b": "{not json", "c": "{\"state\":\"done\"}", "d": "x".repeat(10_000) }),
+            &json!({ "a": good, "b": "{not json", "c": "{\"state\":\"done\"}", "d": "x".repeat(10_000) }),
         ),
     )
     .await;
@@ -74,7 +74,7 @@ async fn a_write_patches_only_the_changed_keys_under_the_version_read() {
             .map(|()| stored)
     });
     let body = api
-        .expect(Method::PATCH, PATH, 200, config_map("8", json!({})))
+        .expect(Method::PATCH, PATH, 200, config_map("8", &json!({})))
         .await;
     assert_eq!(body["metadata"]["resourceVersion"], "7");
     assert_eq!(body["data"]["a"], record(Phase::Failed).to_json());
@@ -104,11 +104,11 @@ async fn a_write_that_lost_a_race_reads_again_and_reapplies_its_keys() {
         Method::GET,
         PATH,
         200,
-        config_map("9", json!({ "b": theirs })),
+        config_map("9", &json!({ "b": theirs })),
     )
     .await;
     let body = api
-        .expect(Method::PATCH, PATH, 200, config_map("10", json!({})))
+        .expect(Method::PATCH, PATH, 200, config_map("10", &json!({})))
         .await;
     assert_eq!(body["metadata"]["resourceVersion"], "9");
     assert!(body["data"].get("b").is_none(), "their key is left alone");
@@ -130,7 +130,7 @@ async fn the_first_write_creates_the_labelled_config_map_and_no_change_writes_no
             Method::POST,
             "/api/v1/namespaces/ops/configmaps",
             201,
-            config_map("1", json!({})),
+            config_map("1", &json!({})),
         )
         .await;
     assert_eq!(body["metadata"]["labels"][FLEET_LABEL], "addons");
