@@ -244,9 +244,43 @@ async fn a_new_revision_rolls_out_wave_by_wave_honouring_the_soak() {
     );
     assert_eq!(sim.state_version("soak").await, version);
 
+    // The plan: which members change, in which wave, each member's plan
+    // below; a dead member is unknown, not an error for the whole fleet.
+    let plan = cx
+        .plan(&build("rev-1", Duration::ZERO))
+        .await
+        .expect("plan");
+    assert_eq!(
+        plan.note(),
+        Some("revision rev-1: 2 of 20 members change (waves 2, 3), 18 unchanged")
+    );
     let soak = Duration::from_secs(2);
-    journal.clear();
     let fleet = build("rev-2", soak);
+    let plan = cx.plan(&fleet).await.expect("plan");
+    eprintln!("{plan}");
+    assert_eq!(
+        plan.note(),
+        Some("revision rev-2: 20 of 20 members change (waves 1, 2, 3, 4), 0 unchanged")
+    );
+    let children: Vec<(&str, Option<&str>)> = plan
+        .children()
+        .iter()
+        .map(|c| (c.name(), c.note()))
+        .collect();
+    assert_eq!(children.len(), 20);
+    assert_eq!(children[0], ("m00", Some("wave 1")));
+    assert_eq!(children[19], ("m19", Some("wave 4")));
+    let dead = &plan.children()[5];
+    assert!(dead.unknown_reason().is_some(), "{dead:?}");
+    let live = &plan.children()[2];
+    assert_eq!(live.counts().update, 1, "{live:?}");
+    assert_eq!(
+        sim.state_version("soak").await,
+        version,
+        "planning writes nothing"
+    );
+
+    journal.clear();
     let (result, count) = passes(&cx, &fleet, false, DEADLINE, |r| r.is_ok()).await;
     eprintln!("rev-2 rolled out in {count} passes: {result:?}");
     let entries = journal.entries();
