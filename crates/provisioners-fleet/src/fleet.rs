@@ -232,3 +232,6 @@ impl fmt::Debug for Fleet {
             .finish_non_exhaustive()
     }
 }
+
+#[cfg(test)]
+mod tests;
