@@ -175,6 +175,7 @@ fn fleet_name(cx: &Context) -> &str {
 pub(crate) async fn deprovision(fleet: &Fleet, cx: &Context) -> Result<()> {
     let state = fleet.state_map(cx)?;
     let (members, waves) = fleet.arranged(cx).await?;
+    let broken: Vec<bool> = members.iter().map(|m| m.problem().is_some()).collect();
     let settings = fleet.settings(members.len());
     let mut stored = state.load(cx).await?;
     let mut changes = departed(&stored, &members);
@@ -185,7 +186,7 @@ pub(crate) async fn deprovision(fleet: &Fleet, cx: &Context) -> Result<()> {
             break;
         }
         let records = records_of(&stored, &members);
-        let removal = schedule::deprovision(&waves, &records);
+        let removal = schedule::deprovision(&waves, &records, &broken);
         let run: Vec<usize> = removal.run.iter().copied().filter(|&p| !ran[p]).collect();
         if run.is_empty() {
             break;
@@ -219,7 +220,7 @@ pub(crate) async fn deprovision(fleet: &Fleet, cx: &Context) -> Result<()> {
     }
     state.store(cx, &mut stored, &changes).await?;
     let records = records_of(&stored, &members);
-    let removal = schedule::deprovision(&waves, &records);
+    let removal = schedule::deprovision(&waves, &records, &broken);
     if removal.complete() {
         return state.delete(cx, &stored).await;
     }

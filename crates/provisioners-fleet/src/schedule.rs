@@ -319,13 +319,15 @@ pub(crate) struct Removal {
     pub(crate) abandoned: usize,
     /// Positions of members whose cluster did not answer.
     pub(crate) unreachable: Vec<usize>,
+    /// Positions of members that cannot be run (a bad kubeconfig Secret).
+    pub(crate) broken: Vec<usize>,
     pub(crate) removing: usize,
 }
 
 impl Removal {
     /// Every member gone or abandoned.
     pub(crate) fn complete(&self) -> bool {
-        self.removing == 0 && self.unreachable.is_empty()
+        self.removing == 0 && self.unreachable.is_empty() && self.broken.is_empty()
     }
 
     /// The yield's message.
@@ -349,6 +351,17 @@ impl Removal {
                 )
             ));
         }
+        if !self.broken.is_empty() {
+            text.push_str(&format!(
+                ", {} cannot be reached ({}; fix their kubeconfig Secrets)",
+                self.broken.len(),
+                list(
+                    self.broken
+                        .iter()
+                        .map(|&p| names.get(p).copied().unwrap_or("?"))
+                )
+            ));
+        }
         text
     }
 }
@@ -356,15 +369,18 @@ impl Removal {
 /// The deprovision pass: the last wave first. A wave is removed once the
 /// waves after it are gone; a member whose cluster does not answer does not
 /// hold the waves before it (it is retried on every pass, and its remote's
-/// unreachable policy decides when it counts as abandoned).
-pub(crate) fn deprovision(waves: &[usize], records: &[Option<Record>]) -> Removal {
+/// unreachable policy decides when it counts as abandoned). A member that
+/// cannot be run at all (`broken`: a bad kubeconfig Secret) is not run and
+/// does not hold the others either; the fleet is not gone while it is there.
+pub(crate) fn deprovision(waves: &[usize], records: &[Option<Record>], broken: &[bool]) -> Removal {
     let finished = |r: &Option<Record>| {
         r.as_ref()
             .is_some_and(|r| matches!(r.state, Phase::Gone | Phase::Abandoned))
     };
     let unreachable = |r: &Option<Record>| r.as_ref().is_some_and(|r| r.unreachable);
     let count = waves.iter().map(|w| w + 1).max().unwrap_or(0);
-    let blocking = |p: usize| !finished(&records[p]) && !unreachable(&records[p]);
+    let is_broken = |p: usize| broken.get(p).copied().unwrap_or(false);
+    let blocking = |p: usize| !finished(&records[p]) && !unreachable(&records[p]) && !is_broken(p);
     let wave = (0..records.len())
         .filter(|&p| blocking(p))
         .map(|p| waves[p])
@@ -378,6 +394,7 @@ pub(crate) fn deprovision(waves: &[usize], records: &[Option<Record>]) -> Remova
         match record.as_ref().map(|r| r.state) {
             Some(Phase::Gone) => removal.gone += 1,
             Some(Phase::Abandoned) => removal.abandoned += 1,
+            _ if is_broken(p) => removal.broken.push(p),
             _ if unreachable(record) => {
                 removal.unreachable.push(p);
                 removal.run.push(p);

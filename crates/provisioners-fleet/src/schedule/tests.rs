@@ -342,7 +342,7 @@ fn deprovision_goes_last_wave_first_and_unreachable_members_do_not_hold_it() {
         record(Phase::Done, REV, 5),
         record(Phase::Done, REV, 5),
     ];
-    let removal = deprovision(&waves, &records);
+    let removal = deprovision(&waves, &records, &[]);
     assert_eq!(removal.wave, Some(1));
     assert_eq!(removal.run, [2, 3]);
 
@@ -356,7 +356,7 @@ fn deprovision_goes_last_wave_first_and_unreachable_members_do_not_hold_it() {
         record(Phase::Gone, REV, 5),
         dead,
     ];
-    let removal = deprovision(&waves, &records);
+    let removal = deprovision(&waves, &records, &[]);
     assert_eq!(removal.wave, Some(0));
     assert_eq!(removal.run, [0, 1, 3]);
     assert_eq!(removal.unreachable, [3]);
@@ -385,7 +385,23 @@ fn a_member_that_was_unreachable_and_then_finishes_was_abandoned() {
     );
     assert_eq!(gone.state, Phase::Gone);
     let records = vec![Some(abandoned), Some(gone)];
-    let removal = deprovision(&[0, 1], &records);
+    let removal = deprovision(&[0, 1], &records, &[]);
     assert!(removal.complete());
     assert!(removal.run.is_empty());
+}
+
+#[test]
+fn a_member_that_cannot_be_run_holds_no_wave_but_the_fleet_is_not_gone() {
+    let waves = [0, 1];
+    let records = vec![record(Phase::Done, REV, 5), record(Phase::Done, REV, 5)];
+    let removal = deprovision(&waves, &records, &[false, true]);
+    assert_eq!(removal.wave, Some(0));
+    assert_eq!(removal.run, [0]);
+    assert_eq!(removal.broken, [1]);
+    assert!(!removal.complete());
+    assert!(
+        removal
+            .summary(&["a", "b"])
+            .ends_with(", 1 cannot be reached (b; fix their kubeconfig Secrets)")
+    );
 }
