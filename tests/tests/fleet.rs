@@ -23,11 +23,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fleet_support::{Gate, Journal, Sim, context, passes, subtree};
-use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::api::events::v1::Event;
 use kube::Api;
 use kube::api::{ListParams, ObjectMeta, PostParams};
-use provisioners::{Owner, Provisioner};
+use provisioners::{KubeconfigClaims, Owner, Provisioner};
 use provisioners_fleet::{Budget, Fleet, Rollout, UnreachablePolicy};
 use provisioners_remote::ABANDONED_REASON;
 
@@ -171,6 +171,29 @@ async fn a_budget_of_one_halts_a_budget_of_two_completes_and_deprovision_abandon
                 .get("revision")
                 .map(String::as_str),
             Some("rev-1")
+        );
+    }
+
+    // A pass that runs no live member still claims every member's Secret
+    // with the finalizer its remote node put there, so the runtime's sweep
+    // of unclaimed finalizers leaves them alone.
+    let owner_id = cx.owner_identity();
+    let claims = cx.cluster().shared_state::<KubeconfigClaims>();
+    claims.begin(&owner_id);
+    cx.provision(&fleet).await.expect("a no-op pass");
+    let claimed = claims.take(&owner_id);
+    assert_eq!(claimed.len(), 20, "{claimed:?}");
+    for claim in &claimed {
+        let secret = sim
+            .state
+            .api::<Secret>()
+            .get(&claim.name)
+            .await
+            .expect("the kubeconfig Secret");
+        let finalizers = secret.metadata.finalizers.unwrap_or_default();
+        assert!(
+            finalizers.contains(&claim.finalizer),
+            "{claim:?}: {finalizers:?}"
         );
     }
 

@@ -34,6 +34,8 @@ pub struct Member {
     secret: Option<SecretKubeconfig>,
     /// Why this member cannot be run (a bad Secret), reported for it alone.
     problem: Option<String>,
+    /// The kubeconfig Secret (namespace, name), when the fleet listed it.
+    secret_ref: Option<(String, String)>,
 }
 
 impl Member {
@@ -49,6 +51,7 @@ impl Member {
             remote: Arc::new(remote),
             secret,
             problem: None,
+            secret_ref: None,
         }
     }
 
@@ -87,7 +90,16 @@ impl Member {
             remote: Arc::new(Broken),
             secret: None,
             problem: Some(problem),
+            secret_ref: None,
         }
+    }
+
+    /// The kubeconfig Secret (namespace, name) of a member listed from
+    /// Secrets.
+    pub(crate) fn secret_ref(&self) -> Option<(&str, &str)> {
+        self.secret_ref
+            .as_ref()
+            .map(|(ns, name)| (ns.as_str(), name.as_str()))
     }
 
     /// The remote node for this member.
@@ -324,6 +336,7 @@ fn member_of(
         );
         return Member::broken(name, problem);
     }
+    let secret_ref = (namespace.to_owned(), secret.clone());
     let mut remote = SecretKubeconfig::new(cx.client().clone(), namespace, secret)
         .key(KUBECONFIG_KEY)
         .cluster_id(format!("{namespace}.{cluster}"));
@@ -332,6 +345,7 @@ fn member_of(
     }
     let mut member = Member::new(name, remote);
     member.labels = labels;
+    member.secret_ref = Some(secret_ref);
     member
 }
 

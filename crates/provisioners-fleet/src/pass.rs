@@ -7,11 +7,14 @@ use std::time::{Duration, Instant, SystemTime};
 
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
-use provisioners_core::{Context, Error, Operation, Result, Waiting};
+use provisioners_core::{
+    ClaimedSecret, Context, Error, KubeconfigClaims, Operation, Result, Waiting,
+    kubeconfig_finalizer,
+};
 
 use crate::fleet::Fleet;
 use crate::member::Member;
-use crate::record::Record;
+use crate::record::{Phase, Record};
 use crate::schedule::{self, Outcome};
 use crate::state::Stored;
 
@@ -72,6 +75,31 @@ fn departed(stored: &Stored, members: &[Member]) -> BTreeMap<String, Option<Reco
         .collect()
 }
 
+/// Claims the kubeconfig Secret of every listed member whose subtree may
+/// still be on its cluster, as its remote node does when it runs: members
+/// a pass does not run (done ones, later waves) keep their finalizer
+/// through the owner's sweep of unclaimed ones (see `KubeconfigClaims`).
+fn claim_secrets(cx: &Context, members: &[Member], records: &[Option<Record>]) {
+    let owner = cx.owner_identity();
+    let claims = cx.cluster().shared_state::<KubeconfigClaims>();
+    for (member, record) in members.iter().zip(records) {
+        let gone = record
+            .as_ref()
+            .is_some_and(|r| matches!(r.state, Phase::Gone | Phase::Abandoned));
+        if let Some((namespace, name)) = member.secret_ref().filter(|_| !gone) {
+            let path = format!("{}/{}", cx.path(), member.name());
+            claims.claim(
+                &owner,
+                ClaimedSecret {
+                    namespace: namespace.to_owned(),
+                    name: name.to_owned(),
+                    finalizer: kubeconfig_finalizer(&owner, &path),
+                },
+            );
+        }
+    }
+}
+
 fn names(members: &[Member]) -> Vec<&str> {
     members.iter().map(Member::name).collect()
 }
@@ -82,6 +110,7 @@ pub(crate) async fn provision(fleet: &Fleet, cx: &Context) -> Result<()> {
     let (members, waves) = fleet.arranged(cx).await?;
     let settings = fleet.settings(members.len());
     let mut stored = state.load(cx).await?;
+    claim_secrets(cx, &members, &records_of(&stored, &members));
     let mut changes = departed(&stored, &members);
     let mut ran = vec![false; members.len()];
     // A member that finishes frees its slot (and may complete a wave): the
@@ -178,6 +207,7 @@ pub(crate) async fn deprovision(fleet: &Fleet, cx: &Context) -> Result<()> {
     let broken: Vec<bool> = members.iter().map(|m| m.problem().is_some()).collect();
     let settings = fleet.settings(members.len());
     let mut stored = state.load(cx).await?;
+    claim_secrets(cx, &members, &records_of(&stored, &members));
     let mut changes = departed(&stored, &members);
     let mut ran = vec![false; members.len()];
     let started = Instant::now();
