@@ -5,6 +5,7 @@
 //! reproduces them; nothing here asserts a timing. `tree` is here; the
 //! suites that need a cluster have a module each.
 
+mod fleet;
 mod helm;
 mod manifest;
 mod migration;
@@ -26,6 +27,7 @@ pub(crate) const SUITES: &[Suite] = &[
     ("migration", migration::run),
     ("operator", operator::run),
     ("plan", plan::run),
+    ("fleet", fleet::run),
 ];
 
 /// Options shared by the suites.
@@ -47,6 +49,8 @@ suites (all of them when none is named):
             (PROVISIONERS_BENCH_OPERATOR_N=100,1000 picks N)
   plan      planning kube-prometheus against kubectl diff --server-side
             (needs PROVISIONERS_FIXTURES)
+  fleet     a Fleet of N simulated members against a Concurrent of remote nodes
+            (PROVISIONERS_BENCH_FLEET_N=100 picks N)
 
   --quick   fewer rounds and sizes: a smoke run
 

@@ -1,0 +1,259 @@
+//! One provision or deprovision pass of a fleet: read the state, ask the
+//! schedule what to run, run those members (at most N at once, each one
+//! remote subtree pass), write what changed, and say where the fleet stands.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant, SystemTime};
+
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
+use provisioners_core::{
+    ClaimedSecret, Context, Error, KubeconfigClaims, Operation, Result, Waiting,
+    kubeconfig_finalizer,
+};
+
+use crate::fleet::Fleet;
+use crate::member::Member;
+use crate::record::{Phase, Record};
+use crate::schedule::{self, Outcome};
+use crate::state::Stored;
+
+/// No new round of member passes starts after a pass has run this long.
+const ROUNDS_FOR: Duration = Duration::from_secs(5);
+
+/// The most rounds a pass can make progress in: one per free slot's worth
+/// of members, plus one per wave.
+fn rounds(members: &[Member], waves: &[usize], in_flight: usize) -> usize {
+    let waves = waves.iter().max().map_or(0, |w| w + 1);
+    members.len().div_ceil(in_flight.max(1)) + waves + 1
+}
+
+/// Runs the members at `positions` (at most `limit` at once) and returns
+/// their outcomes by position.
+async fn run_members(
+    fleet: &Fleet,
+    cx: &Context,
+    members: &[Member],
+    positions: &[usize],
+    limit: usize,
+    operation: Operation,
+) -> Vec<(usize, Outcome)> {
+    let mut waiting = positions.iter().copied();
+    let mut running = FuturesUnordered::new();
+    let start = |p: usize| async move { (p, fleet.run(cx, &members[p], operation).await) };
+    for p in waiting.by_ref().take(limit.max(1)) {
+        running.push(start(p));
+    }
+    let mut outcomes = Vec::with_capacity(positions.len());
+    while let Some(done) = running.next().await {
+        outcomes.push(done);
+        if let Some(p) = waiting.next() {
+            running.push(start(p));
+        }
+    }
+    outcomes
+}
+
+/// Each member's record, in rollout order.
+fn records_of(stored: &Stored, members: &[Member]) -> Vec<Option<Record>> {
+    members
+        .iter()
+        .map(|m| stored.records.get(m.name()).cloned().flatten())
+        .collect()
+}
+
+/// Keys of members that left the fleet: dropped from the state.
+fn departed(stored: &Stored, members: &[Member]) -> BTreeMap<String, Option<Record>> {
+    stored
+        .records
+        .keys()
+        .filter(|key| !members.iter().any(|m| m.name() == key.as_str()))
+        .map(|key| {
+            tracing::info!(member = %key, "member left the fleet: its state is dropped");
+            (key.clone(), None)
+        })
+        .collect()
+}
+
+/// Claims the kubeconfig Secret of every listed member whose subtree may
+/// still be on its cluster, as its remote node does when it runs: members
+/// a pass does not run (done ones, later waves) keep their finalizer
+/// through the owner's sweep of unclaimed ones (see `KubeconfigClaims`).
+fn claim_secrets(cx: &Context, members: &[Member], records: &[Option<Record>]) {
+    let owner = cx.owner_identity();
+    let claims = cx.cluster().shared_state::<KubeconfigClaims>();
+    for (member, record) in members.iter().zip(records) {
+        let gone = record
+            .as_ref()
+            .is_some_and(|r| matches!(r.state, Phase::Gone | Phase::Abandoned));
+        if let Some((namespace, name)) = member.secret_ref().filter(|_| !gone) {
+            let path = format!("{}/{}", cx.path(), member.name());
+            claims.claim(
+                &owner,
+                ClaimedSecret {
+                    namespace: namespace.to_owned(),
+                    name: name.to_owned(),
+                    finalizer: kubeconfig_finalizer(&owner, &path),
+                },
+            );
+        }
+    }
+}
+
+fn names(members: &[Member]) -> Vec<&str> {
+    members.iter().map(Member::name).collect()
+}
+
+/// One provision pass.
+pub(crate) async fn provision(fleet: &Fleet, cx: &Context) -> Result<()> {
+    let state = fleet.state_map(cx)?;
+    let (members, waves) = fleet.arranged(cx).await?;
+    let settings = fleet.settings(members.len());
+    let mut stored = state.load(cx).await?;
+    claim_secrets(cx, &members, &records_of(&stored, &members));
+    let mut changes = departed(&stored, &members);
+    let mut ran = vec![false; members.len()];
+    // A member that finishes frees its slot (and may complete a wave): the
+    // next members start in the same pass, so a rollout without a soak
+    // takes no requeue per slot or per wave. Bounded by the rounds that
+    // can make progress and by ROUNDS_FOR, so a pass stays short.
+    let started = Instant::now();
+    for _ in 0..rounds(&members, &waves, settings.max_in_flight) {
+        if started.elapsed() > ROUNDS_FOR {
+            break;
+        }
+        let records = records_of(&stored, &members);
+        let now = SystemTime::now();
+        let pass = schedule::provision(&waves, &records, &fleet.revision, &settings, now);
+        let run: Vec<usize> = pass.run.iter().copied().filter(|&p| !ran[p]).collect();
+        if run.is_empty() {
+            break;
+        }
+        let outcomes = run_members(
+            fleet,
+            cx,
+            &members,
+            &run,
+            settings.max_in_flight,
+            Operation::Provision,
+        )
+        .await;
+        let now = SystemTime::now();
+        let mut finished = false;
+        for (p, outcome) in outcomes {
+            ran[p] = true;
+            finished |= outcome == Outcome::Finished;
+            let previous = records[p].as_ref();
+            let next = schedule::after_provision(
+                previous,
+                &outcome,
+                &fleet.revision,
+                waves[p],
+                &settings,
+                now,
+            );
+            if previous.is_none_or(|r| !r.same_as(&next)) {
+                changes.insert(members[p].name().to_owned(), Some(next));
+            }
+        }
+        state.store(cx, &mut stored, &changes).await?;
+        changes.clear();
+        if !finished {
+            break;
+        }
+    }
+    state.store(cx, &mut stored, &changes).await?;
+    let records = records_of(&stored, &members);
+    let pass = schedule::provision(
+        &waves,
+        &records,
+        &fleet.revision,
+        &settings,
+        SystemTime::now(),
+    );
+    if pass.complete() {
+        if !pass.failed.is_empty() {
+            tracing::warn!(
+                fleet = fleet_name(cx),
+                failed = %schedule::list(pass.failed.iter().map(|&p| members[p].name())),
+                "fleet rolled out with failed members within its budget; they are retried on \
+                 every pass"
+            );
+        }
+        return Ok(());
+    }
+    let summary = pass.summary(&names(&members));
+    if pass.halted {
+        tracing::warn!(fleet = fleet_name(cx), "{summary}");
+    }
+    let reason = if pass.halted { "halted" } else { "rollout" };
+    Err(
+        Error::yielding(summary).waiting_on(Waiting::new(reason).object(format!(
+            "fleet {} revision {}",
+            cx.path(),
+            fleet.revision
+        ))),
+    )
+}
+
+fn fleet_name(cx: &Context) -> &str {
+    cx.path()
+}
+
+/// One deprovision pass.
+pub(crate) async fn deprovision(fleet: &Fleet, cx: &Context) -> Result<()> {
+    let state = fleet.state_map(cx)?;
+    let (members, waves) = fleet.arranged(cx).await?;
+    let broken: Vec<bool> = members.iter().map(|m| m.problem().is_some()).collect();
+    let settings = fleet.settings(members.len());
+    let mut stored = state.load(cx).await?;
+    claim_secrets(cx, &members, &records_of(&stored, &members));
+    let mut changes = departed(&stored, &members);
+    let mut ran = vec![false; members.len()];
+    let started = Instant::now();
+    for _ in 0..rounds(&members, &waves, settings.max_in_flight) {
+        if started.elapsed() > ROUNDS_FOR {
+            break;
+        }
+        let records = records_of(&stored, &members);
+        let removal = schedule::deprovision(&waves, &records, &broken);
+        let run: Vec<usize> = removal.run.iter().copied().filter(|&p| !ran[p]).collect();
+        if run.is_empty() {
+            break;
+        }
+        let outcomes = run_members(
+            fleet,
+            cx,
+            &members,
+            &run,
+            settings.max_in_flight,
+            Operation::Deprovision,
+        )
+        .await;
+        let now = SystemTime::now();
+        let mut finished = false;
+        for (p, outcome) in outcomes {
+            ran[p] = true;
+            finished |= outcome == Outcome::Finished;
+            let previous = records[p].as_ref();
+            let next =
+                schedule::after_deprovision(previous, &outcome, &fleet.revision, waves[p], now);
+            if previous.is_none_or(|r| !r.same_as(&next)) {
+                changes.insert(members[p].name().to_owned(), Some(next));
+            }
+        }
+        state.store(cx, &mut stored, &changes).await?;
+        changes.clear();
+        if !finished {
+            break;
+        }
+    }
+    state.store(cx, &mut stored, &changes).await?;
+    let records = records_of(&stored, &members);
+    let removal = schedule::deprovision(&waves, &records, &broken);
+    if removal.complete() {
+        return state.delete(cx, &stored).await;
+    }
+    Err(Error::yielding(removal.summary(&names(&members)))
+        .waiting_on(Waiting::new("deprovision").object(format!("fleet {}", cx.path()))))
+}

@@ -1,0 +1,408 @@
+//! Fleets (issue 25) against the two local control planes.
+//!
+//! **A simulation** of 20 member clusters (see `fleet_support`): each
+//! member has a kubeconfig (and so a `Cluster`, client and breaker) of its
+//! own for one of the two control planes and a namespace of its own for
+//! its one object (ConfigMap `settings`, carrying the revision); two
+//! members are dead (a loopback listener that accepts and never answers).
+//! Shown: a budget of 1 halts after the second failure with every live
+//! member of the earlier waves done and no later wave started; a budget of
+//! 2 completes it; canaries go first; a new revision rolls out wave by wave,
+//! honouring the soak; an operator restarted in the middle of a wave
+//! resumes it without redoing finished members; deprovision finishes with
+//! the dead members abandoned per the unreachable policy (that test's
+//! members come from Cluster API kubeconfig Secrets).
+//!
+//! Waves in these tests: canaries `m00`, `m01`; then `m02`..`m07`,
+//! `m08`..`m13`, `m14`..`m19`. Dead: `m05` (wave 2) and `m10` (wave 3).
+
+mod fleet_support;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fleet_support::{Gate, Journal, Sim, context, passes, subtree};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::api::events::v1::Event;
+use kube::Api;
+use kube::api::{ListParams, ObjectMeta, PostParams};
+use provisioners::{KubeconfigClaims, Owner, Provisioner};
+use provisioners_fleet::{Budget, Fleet, Rollout, UnreachablePolicy};
+use provisioners_remote::ABANDONED_REASON;
+
+const DEAD: [usize; 2] = [5, 10];
+const PROGRESS: Duration = Duration::from_secs(3);
+const DEADLINE: Duration = Duration::from_secs(60);
+
+fn wave_of(member: &str) -> usize {
+    let i: usize = member[1..].parse().expect("mNN");
+    match i {
+        0 | 1 => 1,
+        2..=7 => 2,
+        8..=13 => 3,
+        _ => 4,
+    }
+}
+
+fn rollout(budget: usize) -> Rollout {
+    Rollout::new()
+        .canaries(["m00", "m01"])
+        .wave_size(6)
+        .max_in_flight(6)
+        .budget(Budget::Count(budget))
+        .progress_timeout(PROGRESS)
+}
+
+fn state(records: &BTreeMap<String, serde_json::Value>, member: &str) -> String {
+    records
+        .get(member)
+        .and_then(|r| r["state"].as_str())
+        .unwrap_or("absent")
+        .to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs the local control plane (cargo xtask test)"]
+async fn a_budget_of_one_halts_a_budget_of_two_completes_and_deprovision_abandons_the_dead() {
+    let sim = Sim::new("fleet-budget", 20, &DEAD).await;
+    let owner = sim
+        .state
+        .api::<ConfigMap>()
+        .create(
+            &PostParams::default(),
+            &ConfigMap {
+                metadata: ObjectMeta {
+                    name: Some("owner".into()),
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("the owner");
+    let journal = Arc::new(Journal::default());
+    let cx = context(journal.clone()).await.with_owner(Owner::of(&owner));
+    // Members from Cluster API kubeconfig Secrets: the Secret keeps when a
+    // dead cluster stopped answering, which the grace is measured from.
+    let members = sim.secret_members().await;
+    let build = |budget: usize| {
+        Fleet::new(
+            "budget",
+            members.clone(),
+            subtree(sim.namespaces(), "rev-1"),
+        )
+        .revision("rev-1")
+        .state_in(sim.state.name())
+        .unreachable(UnreachablePolicy::AbandonAfter(Duration::from_secs(2)))
+        .rollout(rollout(budget))
+    };
+
+    // Budget 1: halts after the second failure.
+    let fleet = build(1);
+    let (result, count) = passes(&cx, &fleet, false, DEADLINE, |r| {
+        r.as_ref()
+            .err()
+            .is_some_and(|e| e.message().starts_with("halted"))
+    })
+    .await;
+    let message = result.expect_err("halted").message().to_owned();
+    eprintln!("halted after {count} passes: {message}");
+    assert!(
+        message.starts_with(
+            "halted: 2 members failed (m05, m10), budget 1; fix them or raise the budget"
+        ),
+        "{message}"
+    );
+    let records = sim.records("budget").await;
+    for i in 0..20 {
+        let name = format!("m{i:02}");
+        let want = match (wave_of(&name), DEAD.contains(&i)) {
+            (_, true) => "failed",
+            (4, false) => "absent",
+            _ => "done",
+        };
+        assert_eq!(state(&records, &name), want, "{name}: {records:?}");
+        if !DEAD.contains(&i) {
+            assert_eq!(sim.object(&name).await.is_some(), want == "done", "{name}");
+        }
+    }
+    let started = journal.started();
+    assert!(
+        started.iter().all(|m| wave_of(m) < 4),
+        "no member of wave 4 started: {started:?}"
+    );
+
+    // Canaries first: both finished before any other member started.
+    let entries = journal.entries();
+    let canaries_done = entries
+        .iter()
+        .filter(|(_, m, what)| wave_of(m) == 1 && *what == "done")
+        .map(|(at, _, _)| *at)
+        .max()
+        .expect("canaries finished");
+    let others_start = entries
+        .iter()
+        .filter(|(_, m, what)| wave_of(m) > 1 && *what == "started")
+        .map(|(at, _, _)| *at)
+        .min()
+        .expect("others started");
+    assert!(canaries_done <= others_start);
+
+    // A halted pass that changes nothing writes nothing.
+    let version = sim.state_version("budget").await;
+    let again = cx.provision(&fleet).await;
+    assert!(again.is_err_and(|e| e.message().starts_with("halted")));
+    assert_eq!(sim.state_version("budget").await, version);
+
+    // Budget 2 (raised): the rollout resumes and completes.
+    let fleet = build(2);
+    let (result, count) = passes(&cx, &fleet, false, DEADLINE, |r| r.is_ok()).await;
+    eprintln!("completed after {count} more passes: {result:?}");
+    let records = sim.records("budget").await;
+    for i in 14..20 {
+        let name = format!("m{i:02}");
+        assert_eq!(state(&records, &name), "done", "{name}");
+        let object = sim.object(&name).await.expect("the member's object");
+        assert_eq!(
+            object
+                .data
+                .unwrap_or_default()
+                .get("revision")
+                .map(String::as_str),
+            Some("rev-1")
+        );
+    }
+
+    // A pass that runs no live member still claims every member's Secret
+    // with the finalizer its remote node put there, so the runtime's sweep
+    // of unclaimed finalizers leaves them alone.
+    let owner_id = cx.owner_identity();
+    let claims = cx.cluster().shared_state::<KubeconfigClaims>();
+    claims.begin(&owner_id);
+    cx.provision(&fleet).await.expect("a no-op pass");
+    let claimed = claims.take(&owner_id);
+    assert_eq!(claimed.len(), 20, "{claimed:?}");
+    for claim in &claimed {
+        let secret = sim
+            .state
+            .api::<Secret>()
+            .get(&claim.name)
+            .await
+            .expect("the kubeconfig Secret");
+        let finalizers = secret.metadata.finalizers.unwrap_or_default();
+        assert!(
+            finalizers.contains(&claim.finalizer),
+            "{claim:?}: {finalizers:?}"
+        );
+    }
+
+    // Deprovision: reverse waves, the dead abandoned after the grace.
+    let started = Instant::now();
+    let (result, count) = passes(&cx, &fleet, true, DEADLINE, |r| r.is_ok()).await;
+    eprintln!(
+        "deprovisioned in {:?}, {count} passes: {result:?}",
+        started.elapsed()
+    );
+    for i in (0..20).filter(|i| !DEAD.contains(i)) {
+        let name = format!("m{i:02}");
+        assert!(sim.object(&name).await.is_none(), "{name} is gone");
+    }
+    assert_eq!(
+        sim.state_version("budget").await,
+        None,
+        "the state is deleted"
+    );
+    let events: Api<Event> = sim.state.api();
+    let abandoned = events
+        .list(&ListParams::default().fields(&format!("reason={ABANDONED_REASON}")))
+        .await
+        .expect("list Events");
+    let mut notes: Vec<String> = abandoned
+        .items
+        .iter()
+        .filter_map(|e| e.note.clone())
+        .collect();
+    notes.sort();
+    eprintln!("{notes:?}");
+    assert_eq!(notes.len(), 2, "{notes:?}");
+    assert!(notes[0].contains(".m05` abandoned"), "{notes:?}");
+    assert!(notes[1].contains(".m10` abandoned"), "{notes:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs the local control plane (cargo xtask test)"]
+async fn a_new_revision_rolls_out_wave_by_wave_honouring_the_soak() {
+    let sim = Sim::new("fleet-soak", 20, &DEAD).await;
+    let journal = Arc::new(Journal::default());
+    let cx = context(journal.clone()).await;
+    let build = |revision: &str, soak: Duration| {
+        Fleet::new(
+            "soak",
+            sim.fleet_members("soak"),
+            subtree(sim.namespaces(), revision),
+        )
+        .revision(revision)
+        .state_in(sim.state.name())
+        .rollout(rollout(2).soak(soak))
+    };
+    let (result, _) = passes(&cx, &build("rev-1", Duration::ZERO), false, DEADLINE, |r| {
+        r.is_ok()
+    })
+    .await;
+    assert!(result.is_ok());
+
+    // Done at the revision: a no-op pass runs no member and writes nothing.
+    journal.clear();
+    let version = sim.state_version("soak").await;
+    let fleet = build("rev-1", Duration::ZERO);
+    let no_op = Instant::now();
+    cx.provision(&fleet).await.expect("a no-op");
+    eprintln!("no-op pass over 20 members: {:?}", no_op.elapsed());
+    let dead_retries: Vec<String> = journal.started();
+    assert_eq!(
+        dead_retries,
+        ["m05", "m10"],
+        "only the failed members are retried"
+    );
+    assert_eq!(sim.state_version("soak").await, version);
+
+    // The plan: which members change, in which wave, each member's plan
+    // below; a dead member is unknown, not an error for the whole fleet.
+    let plan = cx
+        .plan(&build("rev-1", Duration::ZERO))
+        .await
+        .expect("plan");
+    assert_eq!(
+        plan.note(),
+        Some("revision rev-1: 2 of 20 members change (waves 2, 3), 18 unchanged")
+    );
+    let soak = Duration::from_secs(2);
+    let fleet = build("rev-2", soak);
+    let plan = cx.plan(&fleet).await.expect("plan");
+    eprintln!("{plan}");
+    assert_eq!(
+        plan.note(),
+        Some("revision rev-2: 20 of 20 members change (waves 1, 2, 3, 4), 0 unchanged")
+    );
+    let children: Vec<(&str, Option<&str>)> = plan
+        .children()
+        .iter()
+        .map(|c| (c.name(), c.note()))
+        .collect();
+    assert_eq!(children.len(), 20);
+    assert_eq!(children[0], ("m00", Some("wave 1")));
+    assert_eq!(children[19], ("m19", Some("wave 4")));
+    let dead = &plan.children()[5];
+    assert!(dead.unknown_reason().is_some(), "{dead:?}");
+    let live = &plan.children()[2];
+    assert_eq!(live.counts().update, 1, "{live:?}");
+    assert_eq!(
+        sim.state_version("soak").await,
+        version,
+        "planning writes nothing"
+    );
+
+    journal.clear();
+    let (result, count) = passes(&cx, &fleet, false, DEADLINE, |r| r.is_ok()).await;
+    eprintln!("rev-2 rolled out in {count} passes: {result:?}");
+    let entries = journal.entries();
+    for wave in 2..=4 {
+        let before_done = entries
+            .iter()
+            .filter(|(_, m, what)| wave_of(m) == wave - 1 && *what == "done")
+            .map(|(at, _, _)| *at)
+            .max()
+            .expect("the wave before finished");
+        let first_start = entries
+            .iter()
+            .filter(|(_, m, what)| wave_of(m) == wave && *what == "started")
+            .map(|(at, _, _)| *at)
+            .min()
+            .expect("the wave started");
+        let gap = first_start.saturating_duration_since(before_done);
+        eprintln!(
+            "wave {wave} started {gap:?} after wave {} finished",
+            wave - 1
+        );
+        assert!(first_start >= before_done + soak, "wave {wave}: {gap:?}");
+    }
+    for i in (0..20).filter(|i| !DEAD.contains(i)) {
+        let name = format!("m{i:02}");
+        let object = sim.object(&name).await.expect("the member's object");
+        assert_eq!(
+            object
+                .data
+                .unwrap_or_default()
+                .get("revision")
+                .map(String::as_str),
+            Some("rev-2"),
+            "{name}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs the local control plane (cargo xtask test)"]
+async fn an_operator_restarted_mid_wave_resumes_without_redoing_finished_members() {
+    let sim = Sim::new("fleet-restart", 20, &[]).await;
+    let namespaces = sim.namespaces();
+    let build = |held: bool| {
+        let inner = subtree(namespaces.clone(), "rev-1");
+        Fleet::new("restart", sim.fleet_members("restart"), move |member| {
+            // The first operator is "killed" with m05..m09 in flight.
+            let index: usize = member.name()[1..].parse().unwrap_or(0);
+            let open = !held || index < 5;
+            Box::new(Gate::new(inner(member), open)) as Box<dyn Provisioner>
+        })
+        .revision("rev-1")
+        .state_in(sim.state.name())
+        .rollout(Rollout::new().wave_size(10).max_in_flight(10))
+    };
+
+    let first = context(Arc::new(Journal::default())).await;
+    let result = first.provision(&build(true)).await;
+    let message = result.expect_err("a yield").message().to_owned();
+    assert!(
+        message.starts_with("wave 1 of 2: 5 done, 5 in flight"),
+        "{message}"
+    );
+    drop(first);
+    let before = sim.records("restart").await;
+    let mut versions = BTreeMap::new();
+    for i in 0..5 {
+        let name = format!("m{i:02}");
+        assert_eq!(state(&before, &name), "done");
+        let object = sim.object(&name).await.expect("object");
+        versions.insert(name, object.metadata.resource_version);
+    }
+
+    // A fresh operator: a fresh Fleet value, a fresh Context and Cluster.
+    let journal = Arc::new(Journal::default());
+    let second = context(journal.clone()).await;
+    let (result, count) = passes(&second, &build(false), false, DEADLINE, |r| r.is_ok()).await;
+    eprintln!("resumed and completed in {count} passes: {result:?}");
+    let started = journal.started();
+    assert!(
+        started.iter().all(|m| m.as_str() >= "m05"),
+        "finished members were not run again: {started:?}"
+    );
+    let after = sim.records("restart").await;
+    for (name, version) in &versions {
+        assert_eq!(
+            after.get(name),
+            before.get(name),
+            "{name}'s record unchanged"
+        );
+        let object = sim.object(name).await.expect("object");
+        assert_eq!(
+            &object.metadata.resource_version, version,
+            "{name} untouched"
+        );
+    }
+    for i in 0..20 {
+        assert_eq!(state(&after, &format!("m{i:02}")), "done");
+    }
+    let (result, _) = passes(&second, &build(false), true, DEADLINE, |r| r.is_ok()).await;
+    assert!(result.is_ok());
+}
