@@ -268,6 +268,9 @@ impl Breaker {
         let mut state = self.lock();
         state.probing = false;
         state.failures = state.failures.saturating_add(1);
+        // Usually set by the timeout that made this probe; not when an
+        // answer to another request reset the state meanwhile.
+        state.since.get_or_insert_with(SystemTime::now);
         state.suspect = false;
         let wait = match state.open {
             // The probe after a timeout: unreachable from now on.
@@ -406,6 +409,28 @@ mod tests {
         assert_eq!(refused.next_probe_in, SETTINGS.first_probe);
         assert!(breaker.health().unreachable_since().is_some());
         assert!(breaker.admit().is_err());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_probe_after_a_reset_still_says_since_when() {
+        // A request times out, its probe goes out, another request's answer
+        // resets the state meanwhile, then the probe fails: the breaker is
+        // open and must know since when, or an abandon-after grace measured
+        // from it never ends.
+        let breaker = Breaker::new("edge".into());
+        breaker.record(Outcome::TimedOut, &SETTINGS);
+        let Ok(Admission::Probe(ticket)) = breaker.admit() else {
+            panic!("the request after a timeout probes first");
+        };
+        breaker.record(Outcome::Reached, &SETTINGS);
+        breaker.probed(ticket, false, &SETTINGS).unwrap_err();
+        let since = breaker.health().unreachable_since().expect("unreachable");
+        tokio::time::advance(Duration::from_secs(30)).await;
+        let Ok(Admission::Probe(ticket)) = breaker.admit() else {
+            panic!("due again");
+        };
+        breaker.probed(ticket, false, &SETTINGS).unwrap_err();
+        assert_eq!(breaker.health().unreachable_since(), Some(since));
     }
 
     #[tokio::test(start_paused = true)]
