@@ -16,6 +16,7 @@
 //! | `manifest` | [`provisioners-manifest`] | `Manifest`, `SingleObject` (server-side apply) |
 //! | `helm` | [`provisioners-helm`] | `HelmRelease`, `Chart`, `Credentials`, `HelmProcesses` (the helm CLI, Helm 3 and 4) |
 //! | `remote` | [`provisioners-remote`] | `RemoteClusterProvisioner`, `SecretKubeconfig`, `StaticKubeconfig` |
+//! | `fleet` | [`provisioners-fleet`] | `Fleet`, `Members`, `Rollout`, `Budget`: one subtree on many clusters, in waves |
 //! | `runtime` | [`provisioners-runtime`] | `Reconciler`, `LeaderElection` for kube-runtime controllers |
 //! | `metrics` | [`provisioners-runtime`] | Prometheus metrics of trees and reconciles (`runtime::metrics`) |
 //! | `testing` | [`provisioners-testing`] | scripted and no-op provisioners for tests |
@@ -28,6 +29,7 @@
 //! [`provisioners-manifest`]: https://docs.rs/provisioners-manifest
 //! [`provisioners-helm`]: https://docs.rs/provisioners-helm
 //! [`provisioners-remote`]: https://docs.rs/provisioners-remote
+//! [`provisioners-fleet`]: https://docs.rs/provisioners-fleet
 //! [`provisioners-runtime`]: https://docs.rs/provisioners-runtime
 //! [`provisioners-testing`]: https://docs.rs/provisioners-testing
 //!
@@ -82,6 +84,8 @@ pub use provisioners_manifest::{self as manifest, Manifest, ReplacePolicy, Singl
 pub use provisioners_remote::{
     self as remote, RemoteClusterProvisioner, RemoteTarget, SecretKubeconfig, StaticKubeconfig,
 };
+#[cfg(feature = "fleet")]
+pub use provisioners_fleet::{self as fleet, Budget, Fleet, Member, Members, Rollout};
 #[cfg(feature = "runtime")]
 pub use provisioners_runtime::{
     self as runtime, LeaderElection, Reason, ReconcileObserver, ReconcileResult, Reconciler,
