@@ -474,6 +474,7 @@ fn platform(scope: &Scope) -> Platform {
                 secret_name: REMOTE_SECRET.to_owned(),
                 enabled: true,
             }),
+            fleet: None,
         },
     );
     platform.metadata.namespace = Some(scope.namespace().to_owned());

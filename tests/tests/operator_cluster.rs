@@ -55,6 +55,7 @@ async fn a_platform_lives_and_dies_by_its_spec() {
             secret_name: "workload".into(),
             enabled: true,
         }),
+        fleet: None,
     };
     let created = platforms
         .create(&PostParams::default(), &platform("p", spec))
@@ -192,6 +193,7 @@ async fn an_operator_killed_mid_provision_converges_when_started_again() {
         metrics: true,
         dashboards: true,
         remote: None,
+        fleet: None,
     };
     let created = platforms
         .create(&PostParams::default(), &platform("k", spec))
@@ -299,6 +301,7 @@ async fn a_standby_converges_a_helm_install_its_killed_leader_left_and_serves_me
         metrics: true,
         dashboards: false,
         remote: None,
+        fleet: None,
     };
     let created = platforms
         .create(&PostParams::default(), &platform("ha", spec))

@@ -239,6 +239,7 @@ async fn runs_under_its_own_rbac(helm: PathBuf, prefix: &str) {
                 secret_name: "workload".into(),
                 enabled: true,
             }),
+            fleet: None,
         },
     );
     platform.metadata.labels = Some([("operator-rbac".to_owned(), ns.name().to_owned())].into());

@@ -84,8 +84,11 @@ impl Fleet {
         self
     }
 
-    /// Keeps the state ConfigMap (`fleet-<name>`) in `namespace` (default:
-    /// the owner's namespace, or `default`).
+    /// Keeps the state ConfigMap in `namespace` (default: the owner's
+    /// namespace, or `default`). It is named `fleet-<owner>-<name>` when
+    /// the context has an [owner](provisioners_core::Context::with_owner)
+    /// (so the fleets of two objects in one namespace never share it), else
+    /// `fleet-<name>`.
     pub fn state_in(mut self, namespace: impl Into<String>) -> Self {
         self.state_namespace = Some(namespace.into());
         self
@@ -112,15 +115,18 @@ impl Fleet {
 
     /// Where the state lives, for a pass in `cx`.
     pub(crate) fn state_map(&self, cx: &Context) -> Result<StateMap> {
-        let name = format!("fleet-{}", self.name());
+        let name = match cx.owner() {
+            Some(owner) => format!("fleet-{}-{}", owner.name, self.name()),
+            None => format!("fleet-{}", self.name()),
+        };
         let fine = name.len() <= 253
             && name
                 .chars()
                 .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '-' | '.'));
         if !fine {
             return Err(Error::invalid(format!(
-                "fleet name `{}` cannot name its state ConfigMap `fleet-<name>`: use lowercase \
-                 letters, digits, `-` and `.`",
+                "fleet `{}` cannot name its state ConfigMap `{name}`: use lowercase letters, \
+                 digits, `-` and `.` in the fleet's name (and the owner's)",
                 self.name()
             )));
         }

@@ -34,11 +34,12 @@
 //! [`Fleet::resync`]) to correct drift, within the in-flight bound.
 //!
 //! **State.** Each member's state survives restarts in one ConfigMap per
-//! fleet on the context's cluster, `fleet-<name>` in [`Fleet::state_in`]'s
+//! fleet on the context's cluster, `fleet-<owner>-<name>` (`fleet-<name>`
+//! without an owner) in [`Fleet::state_in`]'s
 //! namespace: one key per member, compact JSON (`digest`, `state` pending /
 //! in-flight / done / failed / abandoned / gone, `since` RFC 3339, the last
 //! `error` redacted and cut to 512 characters, `wave`), readable with
-//! `kubectl get configmap fleet-<name> -o yaml`. A pass that changes
+//! `kubectl get configmap fleet-<owner>-<name> -o yaml`. A pass that changes
 //! nothing writes nothing; writes are merge patches of the changed keys
 //! under a `resourceVersion` precondition, so two passes do not lose each
 //! other's updates. A value that is not a record makes that member pending.

@@ -71,6 +71,8 @@ pub use provisioners_kit as kit;
 
 #[cfg(feature = "conditional")]
 pub use provisioners_conditional::{self as conditional, Conditional};
+#[cfg(feature = "fleet")]
+pub use provisioners_fleet::{self as fleet, Budget, Fleet, Member, Members, Rollout};
 #[cfg(feature = "group")]
 pub use provisioners_group::{self as group, Concurrent, Serial, concurrent, serial};
 #[cfg(feature = "helm")]
@@ -84,8 +86,6 @@ pub use provisioners_manifest::{self as manifest, Manifest, ReplacePolicy, Singl
 pub use provisioners_remote::{
     self as remote, RemoteClusterProvisioner, RemoteTarget, SecretKubeconfig, StaticKubeconfig,
 };
-#[cfg(feature = "fleet")]
-pub use provisioners_fleet::{self as fleet, Budget, Fleet, Member, Members, Rollout};
 #[cfg(feature = "runtime")]
 pub use provisioners_runtime::{
     self as runtime, LeaderElection, Reason, ReconcileObserver, ReconcileResult, Reconciler,

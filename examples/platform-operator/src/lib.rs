@@ -43,16 +43,18 @@ use provisioners::helm::Chart;
 use provisioners::remote::{SecretKubeconfig, TrustPolicy};
 use provisioners::runtime::{LeaderElection, significant_change};
 use provisioners::{
-    Concurrent, Conditional, Context, Error, HelmRelease, Managed, Manifest, Reconciler,
-    RemoteClusterProvisioner, Serial,
+    Budget, Concurrent, Conditional, Context, Error, Fleet, HelmRelease, Managed, Manifest,
+    Members, Provisioner, Reconciler, RemoteClusterProvisioner, Rollout, Serial,
 };
 use provisioners_runtime::metrics::Metrics;
+use sha2::{Digest, Sha256};
 
 pub mod logging;
 mod platform;
 
 pub use platform::{
-    PlanStatus, Platform, PlatformCondition, PlatformSpec, PlatformStatus, RemoteSpec, WaitingNode,
+    FleetSpec, PlanStatus, Platform, PlatformCondition, PlatformSpec, PlatformStatus, RemoteSpec,
+    WaitingNode,
 };
 
 /// The finalizer the operator puts on every `Platform`.
@@ -177,7 +179,42 @@ fn components(platform: &Platform, settings: &Settings, client: &kube::Client) -
             .provision_on(objects.ready_timeout(settings.ready_timeout));
         components.push(Conditional::when(remote.enabled, agent));
     }
+    if let Some(spec) = &spec.fleet {
+        components.push(Conditional::when(
+            spec.enabled,
+            fleet(platform, spec, settings),
+        ));
+    }
     components
+}
+
+/// The agent on every workload cluster of `spec`, wave by wave: the
+/// revision is the agent manifest's digest, so a change to it rolls out
+/// again and an unchanged fleet costs one read per pass.
+fn fleet(platform: &Platform, spec: &FleetSpec, settings: &Settings) -> Fleet {
+    let namespace = platform.namespace().unwrap_or_else(|| "default".into());
+    let agent = agent_yaml(platform);
+    let revision = hex::encode(Sha256::digest(agent.as_bytes()));
+    let mut members = Members::from_secrets(&namespace).trust(settings.remote_trust.clone());
+    if !spec.selector.is_empty() {
+        members = members.selector(spec.selector.clone());
+    }
+    let ready_timeout = settings.ready_timeout;
+    let mut rollout = Rollout::new()
+        .wave_size(spec.wave_size.map_or(10, |n| n.max(1) as usize))
+        .max_in_flight(spec.max_in_flight.map_or(5, |n| n.max(1) as usize))
+        .budget(Budget::Count(spec.failure_budget.unwrap_or(1) as usize))
+        .soak(Duration::from_secs(spec.soak_seconds));
+    if spec.canaries_first {
+        rollout = rollout.canary_label("ring", "canary");
+    }
+    Fleet::new("workloads", members, move |_member| {
+        Box::new(Manifest::from_yaml("agent", agent.clone()).ready_timeout(ready_timeout))
+            as Box<dyn Provisioner>
+    })
+    .revision(revision)
+    .state_in(namespace)
+    .rollout(rollout)
 }
 
 fn base_yaml(platform: &Platform) -> String {

@@ -26,6 +26,9 @@ pub struct PlatformSpec {
     /// Install the agent on a remote cluster.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub remote: Option<RemoteSpec>,
+    /// Install the agent on a fleet of workload clusters too, wave by wave.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fleet: Option<FleetSpec>,
 }
 
 /// A remote cluster, reached through a kubeconfig in a Secret of the
@@ -37,6 +40,37 @@ pub struct RemoteSpec {
     pub secret_name: String,
     /// Turn off to remove the agent while keeping the reference (removing
     /// `remote` altogether leaves whatever is on the remote cluster alone).
+    #[serde(default = "enabled")]
+    pub enabled: bool,
+}
+
+/// The workload clusters that get the agent: the Cluster API kubeconfig
+/// Secrets (`<cluster>-kubeconfig`, key `value`, label
+/// `cluster.x-k8s.io/cluster-name`) in the platform's namespace that match
+/// `selector`, rolled out in waves.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FleetSpec {
+    /// A label selector on the kubeconfig Secrets, e.g. `env=prod`; empty
+    /// selects every Cluster API kubeconfig Secret of the namespace.
+    #[serde(default)]
+    pub selector: String,
+    /// Clusters whose Secret has the label `ring=canary` go first.
+    #[serde(default = "enabled")]
+    pub canaries_first: bool,
+    /// Clusters per wave (10 unless set).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wave_size: Option<u32>,
+    /// Clusters provisioned at once (5 unless set).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_in_flight: Option<u32>,
+    /// How many clusters may fail before the rollout halts (1 unless set).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_budget: Option<u32>,
+    /// How long a finished wave must stay healthy before the next starts.
+    #[serde(default)]
+    pub soak_seconds: u64,
+    /// Turn off to remove the agent from every cluster of the fleet.
     #[serde(default = "enabled")]
     pub enabled: bool,
 }

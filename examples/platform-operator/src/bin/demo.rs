@@ -102,6 +102,7 @@ async fn main() -> anyhow::Result<()> {
                 secret_name: SECRET.into(),
                 enabled: true,
             }),
+            fleet: None,
         },
     );
     platform.metadata.namespace = Some("default".into());
