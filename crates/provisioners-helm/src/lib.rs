@@ -192,7 +192,8 @@ pub use credentials::Credentials;
 pub use failure::HelmFailure;
 pub use process_limit::{DEFAULT_MAX_HELM_PROCESSES, HelmProcesses};
 pub use release::{
-    DEFAULT_HOOK_TIMEOUT, DEFAULT_PASS_TIMEOUT, DEFAULT_STOP_TIMEOUT, DriftPolicy, HelmRelease,
+    CrdPolicy, DEFAULT_HOOK_TIMEOUT, DEFAULT_PASS_TIMEOUT, DEFAULT_STOP_TIMEOUT, DriftPolicy,
+    HelmRelease,
 };
 pub use release_plan::{DETAIL_KIND, PlanRelease, ReleaseAction, ReleasePlan};
 pub use storage::{
