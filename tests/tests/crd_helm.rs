@@ -26,7 +26,12 @@ use helm_support::*;
 both_helms!(
     a_crd_field_added_by_the_chart_is_applied_before_helm,
     unsafe_crd_changes_in_a_chart_are_refused,
+    prometheus_operator_crds_upgrade_from_v0_85_to_v0_94,
 );
+
+/// Where `cargo xtask tools` keeps the prometheus-operator CRDs, one
+/// directory per version (`v0.85.0/`, `v0.94.0/`): see docs/crds.md.
+const PROMETHEUS_CRDS: &str = "PROVISIONERS_PROMETHEUS_OPERATOR_CRDS";
 
 /// A chart `crd-widgets` at `version` in `dir`: `crd` in `crds/` and one
 /// Widget (apiVersion `api_version`) whose spec is `spec` in `templates/`.
@@ -302,4 +307,148 @@ async fn unsafe_crd_changes_in_a_chart_are_refused(helm: PathBuf) {
     deprovision_until_gone(&cx, &release(&ns, &helm, &v1)).await;
     delete_crd(&cx, &group).await;
     ns.cleanup().await.expect("cleanup");
+}
+
+/// A chart of the real prometheus-operator CRDs of `version` (the ten
+/// `example/prometheus-operator-crd/*.yaml` of the Go module, up to 850 KB
+/// each) and one ServiceMonitor with `spec`. The group
+/// `monitoring.coreos.com` is renamed to `group` so that the test shares no
+/// CRD with anything else on the cluster, and descriptions are dropped (see
+/// below); types, enums, bounds and required fields are untouched.
+fn prometheus_chart(dir: &Path, version: &str, group: &str, spec: &Value) -> usize {
+    let source = PathBuf::from(std::env::var_os(PROMETHEUS_CRDS).expect(PROMETHEUS_CRDS))
+        .join(format!("v{version}"));
+    std::fs::create_dir_all(dir.join("crds")).expect("crds dir");
+    std::fs::create_dir_all(dir.join("templates")).expect("templates dir");
+    let mut count = 0;
+    for entry in std::fs::read_dir(&source).expect("the CRDs of one version") {
+        let path = entry.expect("entry").path();
+        if path.extension().is_some_and(|e| e == "yaml") {
+            let text = std::fs::read_to_string(&path).expect("CRD");
+            let mut crd: Value =
+                serde_saphyr::from_str(&text.replace("monitoring.coreos.com", group))
+                    .expect("a CRD");
+            // helm stores the whole chart, crds/ included, in its release
+            // record, a Secret of at most 1 MiB: v0.94.0's ten CRDs (4.6 MB)
+            // only fit without their descriptions.
+            strip_descriptions(&mut crd);
+            let name = path.file_name().expect("name");
+            // Helm 3's `show crds` joins files as they are: each starts a document.
+            std::fs::write(dir.join("crds").join(name), format!("---\n{crd}\n"))
+                .expect("write CRD");
+            count += 1;
+        }
+    }
+    std::fs::write(
+        dir.join("Chart.yaml"),
+        format!("apiVersion: v2\nname: prometheus-operator-crds\nversion: {version}\n"),
+    )
+    .expect("Chart.yaml");
+    let monitor = json!({
+        "apiVersion": format!("{group}/v1"), "kind": "ServiceMonitor",
+        "metadata": {"name": "web"}, "spec": spec,
+    });
+    std::fs::write(dir.join("templates/monitor.yaml"), monitor.to_string()).expect("monitor");
+    count
+}
+
+async fn prometheus_operator_crds_upgrade_from_v0_85_to_v0_94(helm: PathBuf) {
+    let ns = TestNamespace::create("crd-helm-prom")
+        .await
+        .expect("namespace");
+    let group = format!("{}.monitoring.test", ns.name());
+    let cx = context().await;
+    let root = tempfile::tempdir().expect("temp dir");
+    let (old, new) = (root.path().join("old"), root.path().join("new"));
+    let spec =
+        json!({"selector": {"matchLabels": {"app": "web"}}, "endpoints": [{"port": "http"}]});
+    let crds = prometheus_chart(&old, "0.85.0", &group, &spec);
+    assert!(crds >= 9, "{crds} CRDs in v0.85.0");
+    let mut newer = spec.clone();
+    // A field only v0.94.0's ServiceMonitor has.
+    newer["serviceDiscoveryRole"] = json!("EndpointSlice");
+    assert_eq!(prometheus_chart(&new, "0.94.0", &group, &newer), crds);
+
+    let release = |dir: &Path| {
+        HelmRelease::new("prometheus-crds", Chart::local(dir))
+            .namespace(ns.name())
+            .helm(&helm)
+    };
+    settle(&cx, &release(&old), "install v0.85.0").await;
+    let monitors = Api::<DynamicObject>::namespaced_with(
+        cx.client().clone(),
+        ns.name(),
+        &ApiResource {
+            group: group.clone(),
+            version: "v1".to_owned(),
+            api_version: format!("{group}/v1"),
+            kind: "ServiceMonitor".to_owned(),
+            plural: "servicemonitors".to_owned(),
+        },
+    );
+    let before = monitors.get("web").await.expect("ServiceMonitor");
+
+    settle(&cx, &release(&new), "upgrade to v0.94.0").await;
+    let api: Api<CustomResourceDefinition> = Api::all(cx.client().clone());
+    let ours: Vec<CustomResourceDefinition> = api
+        .list(&Default::default())
+        .await
+        .expect("list CRDs")
+        .items
+        .into_iter()
+        .filter(|c| c.spec.group == group)
+        .collect();
+    assert_eq!(ours.len(), crds);
+    for crd in &ours {
+        let annotations = crd.metadata.annotations.clone().unwrap_or_default();
+        assert_eq!(
+            annotations
+                .get("operator.prometheus.io/version")
+                .map(String::as_str),
+            Some("0.94.0"),
+            "{:?} was not updated",
+            crd.metadata.name
+        );
+    }
+    let monitor_crd = live_crd_named(&cx, &format!("servicemonitors.{group}")).await;
+    let schema = serde_json::to_value(&monitor_crd).expect("json");
+    assert!(
+        schema["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+            ["properties"]
+            .get("serviceDiscoveryRole")
+            .is_some(),
+        "the v0.94.0 field is in the live CRD"
+    );
+    let after = monitors.get("web").await.expect("ServiceMonitor kept");
+    assert_eq!(after.metadata.uid, before.metadata.uid, "not recreated");
+    assert_eq!(after.data["spec"]["serviceDiscoveryRole"], "EndpointSlice");
+    assert_eq!(after.data["spec"]["endpoints"][0]["port"], "http");
+
+    deprovision_until_gone(&cx, &release(&new)).await;
+    for crd in ours {
+        if let Some(name) = crd.metadata.name {
+            let _ = api.delete(&name, &DeleteParams::default()).await;
+        }
+    }
+    ns.cleanup().await.expect("cleanup");
+}
+
+fn strip_descriptions(value: &mut Value) {
+    match value {
+        Value::Object(map) => {
+            // A string: the documentation; a field named `description`
+            // is a schema (an object), and stays.
+            if map.get("description").is_some_and(Value::is_string) {
+                map.remove("description");
+            }
+            map.values_mut().for_each(strip_descriptions);
+        }
+        Value::Array(items) => items.iter_mut().for_each(strip_descriptions),
+        _ => {}
+    }
+}
+
+async fn live_crd_named(cx: &Context, name: &str) -> CustomResourceDefinition {
+    let api: Api<CustomResourceDefinition> = Api::all(cx.client().clone());
+    api.get(name).await.expect("live CRD")
 }
