@@ -16,7 +16,8 @@ use kube::api::{Api, ApiResource, DeleteParams, DynamicObject};
 use provisioners::plan::Change;
 use provisioners::{Context, ErrorKind};
 use provisioners_helm::{Chart, CrdPolicy, HelmRelease};
-use provisioners_lab::cluster::TestNamespace;
+use provisioners_lab::cluster::{HarnessCluster, TestNamespace};
+use provisioners_lab::faults::Proxy;
 use serde_json::{Value, json};
 
 #[macro_use]
@@ -27,6 +28,7 @@ both_helms!(
     a_crd_field_added_by_the_chart_is_applied_before_helm,
     unsafe_crd_changes_in_a_chart_are_refused,
     prometheus_operator_crds_upgrade_from_v0_85_to_v0_94,
+    no_op_pass_requests_by_crd_policy,
 );
 
 /// Where `cargo xtask tools` keeps the prometheus-operator CRDs, one
@@ -451,4 +453,65 @@ fn strip_descriptions(value: &mut Value) {
 async fn live_crd_named(cx: &Context, name: &str) -> CustomResourceDefinition {
     let api: Api<CustomResourceDefinition> = Api::all(cx.client().clone());
     api.get(name).await.expect("live CRD")
+}
+
+/// The CRD step's cost on a no-op pass (`cargo xtask bench crd` prints
+/// it): requests through a counting proxy, per policy, for a chart with one
+/// CRD in `crds/` and a custom resource, once settled. With
+/// `CrdPolicy::Upgrade` or `Create` the step adds no request within its
+/// recheck period (what it applied is remembered on the Cluster), never a
+/// write or a helm run.
+async fn no_op_pass_requests_by_crd_policy(helm: PathBuf) {
+    let ns = TestNamespace::create("crd-helm-cost")
+        .await
+        .expect("namespace");
+    let group = format!("{}.crd-tests.provisioners.dev", ns.name());
+    let root = tempfile::tempdir().expect("temp dir");
+    let dir = root.path().join("chart");
+    write_chart(
+        &dir,
+        "1.0.0",
+        &crd(&group, &[("v1", true, strings(&["size"]))]),
+        &format!("{group}/v1"),
+        &json!({"size": "small"}),
+    );
+    let proxy = Proxy::start(HarnessCluster::Primary).await.expect("proxy");
+    let mut requests = Vec::new();
+    for policy in [CrdPolicy::Skip, CrdPolicy::Create, CrdPolicy::Upgrade] {
+        let cx = proxy.context("crd-cost").await.expect("context");
+        let release = release(&ns, &helm, &dir).crds(policy);
+        settle(&cx, &release, "settle").await;
+        // The leaf's own housekeeping after a helm run (the Lease given
+        // back) may take one more pass; measured is the steady state.
+        cx.provision(&release).await.expect("settled");
+        let rounds = 5;
+        let mut total = 0;
+        let started = std::time::Instant::now();
+        for _ in 0..rounds {
+            proxy.reset_counts();
+            cx.provision(&release).await.expect("no-op pass");
+            let counts = proxy.counts();
+            assert_eq!(
+                counts.writes(),
+                0,
+                "{policy:?}: a no-op pass wrote: {counts}"
+            );
+            total += counts.requests();
+        }
+        let per_pass = total / rounds;
+        eprintln!(
+            "crd-bench {}: {policy:?}: {per_pass} requests per no-op pass, {:.1?} per pass",
+            helm.display(),
+            started.elapsed() / u32::try_from(rounds).expect("rounds")
+        );
+        requests.push(per_pass);
+    }
+    let (skip, create, upgrade) = (requests[0], requests[1], requests[2]);
+    // The target: no more requests than the leaf without the step.
+    assert_eq!(upgrade, skip, "Upgrade {upgrade} vs Skip {skip}");
+    assert_eq!(create, skip, "Create {create} vs Skip {skip}");
+
+    deprovision_until_gone(&context().await, &release(&ns, &helm, &dir)).await;
+    delete_crd(&context().await, &group).await;
+    ns.cleanup().await.expect("cleanup");
 }

@@ -5,6 +5,7 @@
 //! reproduces them; nothing here asserts a timing. `tree` is here; the
 //! suites that need a cluster have a module each.
 
+mod crd;
 mod helm;
 mod manifest;
 mod operator;
@@ -24,6 +25,7 @@ pub(crate) const SUITES: &[Suite] = &[
     ("manifest", manifest::run),
     ("operator", operator::run),
     ("plan", plan::run),
+    ("crd", crd::run),
 ];
 
 /// Options shared by the suites.
@@ -44,6 +46,8 @@ suites (all of them when none is named):
             (PROVISIONERS_BENCH_OPERATOR_N=100,1000 picks N)
   plan      planning kube-prometheus against kubectl diff --server-side
             (needs PROVISIONERS_FIXTURES)
+
+  crd       the CRD step's requests on a HelmRelease no-op pass, by CrdPolicy
 
   --quick   fewer rounds and sizes: a smoke run
 

@@ -75,7 +75,7 @@ mod validator;
 pub use change::{Change, SchemaChange, Tightening};
 pub use gate::{NAMED, Refusal, refusal};
 pub use safety::{Finding, Unsafe, check, findings, shape};
-pub use step::{Action, Applied, Planned, Step, is_established, storage_move};
+pub use step::{Action, Applied, DEFAULT_RECHECK, Planned, Step, is_established, storage_move};
 pub use validator::{Checked, Failure, MAX_ERRORS_PER_OBJECT, SchemaError, Validator};
 
 #[cfg(test)]

@@ -6,11 +6,15 @@
 //! # Requests
 //!
 //! What the step learnt is kept on the [`Cluster`](provisioners_core::Cluster)
-//! (the `resourceVersion` each CRD had once it held what we applied, and a
-//! digest of what that was). A pass that knows every CRD reads them with one
-//! metadata-only LIST, and reads, checks or writes only those whose
-//! `resourceVersion` or desired content changed: a no-op pass costs one
-//! request, and no write. A pass that knows nothing GETs each CRD.
+//! (the `resourceVersion` each CRD had once it held what we applied, a
+//! digest of what that was, and when it was seen so). A pass whose CRDs
+//! were all seen holding what it applies within [`DEFAULT_RECHECK`]
+//! ([`Step::recheck`]) makes no request at all; past that, it reads them
+//! with one metadata-only LIST, and reads, checks or writes only those
+//! whose `resourceVersion` or desired content changed. A pass that knows
+//! nothing GETs each CRD. So a no-op pass costs no request, and one LIST
+//! per recheck period (a CRD changed behind our back is repaired within
+//! that period); a changed desired CRD is always read and checked.
 //!
 //! # Force
 //!
@@ -22,6 +26,7 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use futures::future::join_all;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -36,12 +41,17 @@ use crate::{canonical, drift};
 /// CRDs per page of the metadata LIST that checks what the step knows.
 const PAGE: u32 = 500;
 
+/// How long CRDs seen holding what the step applies are trusted without a
+/// request (see [`Step::recheck`]).
+pub const DEFAULT_RECHECK: Duration = Duration::from_secs(60);
+
 /// Desired CRDs, applied safely: see the [module](self) docs.
 #[derive(Debug, Clone)]
 #[must_use]
 pub struct Step {
     crds: Vec<CustomResourceDefinition>,
     update: bool,
+    recheck: Duration,
 }
 
 /// What a [`Step::run`] did, by CRD name.
@@ -86,18 +96,24 @@ pub struct Planned {
 }
 
 /// Per cluster: by CRD name, the `resourceVersion` it had when it last held
-/// what we applied, and the digest of that.
+/// what we applied, the digest of that, and when it was seen so.
 #[derive(Debug, Default)]
-struct Known(Mutex<HashMap<String, (String, [u8; 32])>>);
+struct Known(Mutex<HashMap<String, Seen>>);
+
+/// A CRD's `resourceVersion`, the digest it held, and when it was seen so.
+type Seen = (String, [u8; 32], Instant);
 
 impl Known {
-    fn get(&self, name: &str) -> Option<(String, [u8; 32])> {
+    fn get(&self, name: &str) -> Option<Seen> {
         self.0.lock().ok()?.get(name).cloned()
     }
 
     fn set(&self, name: &str, version: Option<&str>, digest: [u8; 32]) {
         if let (Ok(mut known), Some(version)) = (self.0.lock(), version) {
-            known.insert(name.to_owned(), (version.to_owned(), digest));
+            known.insert(
+                name.to_owned(),
+                (version.to_owned(), digest, Instant::now()),
+            );
         }
     }
 }
@@ -129,13 +145,25 @@ enum Done {
 impl Step {
     /// The step for `crds`; CRDs with no name are reported when run.
     pub fn new(crds: Vec<CustomResourceDefinition>) -> Self {
-        Step { crds, update: true }
+        Step {
+            crds,
+            update: true,
+            recheck: DEFAULT_RECHECK,
+        }
     }
 
     /// Whether live CRDs are changed (default `true`); with `false`
     /// missing CRDs are created and existing ones never touched.
     pub fn update(mut self, update: bool) -> Self {
         self.update = update;
+        self
+    }
+
+    /// How long CRDs seen holding what this step applies are trusted
+    /// without reading them again (default [`DEFAULT_RECHECK`]); zero reads
+    /// them (one metadata LIST) on every pass.
+    pub fn recheck(mut self, period: Duration) -> Self {
+        self.recheck = period;
         self
     }
 
@@ -153,7 +181,7 @@ impl Step {
     pub async fn run(&self, cx: &Context) -> Result<Applied> {
         let desired = self.desired()?;
         let known = cx.cluster().state::<Known>();
-        let lives = self.read(cx, &known, &desired).await?;
+        let lives = self.read(cx, &known, &desired, true).await?;
         let runs = desired
             .iter()
             .zip(lives)
@@ -199,7 +227,7 @@ impl Step {
     pub async fn plan(&self, cx: &Context) -> Result<Vec<Planned>> {
         let desired = self.desired()?;
         let known = cx.cluster().state::<Known>();
-        let lives = self.read(cx, &known, &desired).await?;
+        let lives = self.read(cx, &known, &desired, false).await?;
         let mut planned = Vec::with_capacity(desired.len());
         for (d, live) in desired.iter().zip(lives) {
             let action = match live {
@@ -243,7 +271,12 @@ impl Step {
                         "CustomResourceDefinition {name} cannot be written as JSON: {e}"
                     ))
                 })?;
-                let digest = canonical::sha256(&value);
+                // Create-only remembers that the CRD exists, not its content.
+                let digest = if self.update {
+                    canonical::sha256(&value)
+                } else {
+                    canonical::sha256(&serde_json::json!({"exists": &name}))
+                };
                 Ok(Desired {
                     name,
                     typed,
@@ -254,13 +287,28 @@ impl Step {
             .collect()
     }
 
-    /// Each desired CRD's live state: one metadata LIST when every CRD is
-    /// known from an earlier pass (a GET for each one whose version moved),
-    /// else a GET each.
-    async fn read(&self, cx: &Context, known: &Known, desired: &[Desired]) -> Result<Vec<Live>> {
+    /// Each desired CRD's live state: nothing read when `trust` and every
+    /// CRD was seen holding what is desired within the recheck period; one
+    /// metadata LIST when every CRD is known from an earlier pass (a GET for
+    /// each one whose version moved); else a GET each.
+    async fn read(
+        &self,
+        cx: &Context,
+        known: &Known,
+        desired: &[Desired],
+        trust: bool,
+    ) -> Result<Vec<Live>> {
         let api: Api<CustomResourceDefinition> = Api::all(cx.client().clone());
-        let remembered: Vec<_> = desired.iter().map(|d| known.get(&d.name)).collect();
-        let listed = if remembered.iter().all(|r| r.as_ref().is_some()) && !desired.is_empty() {
+        let remembered: Vec<Option<Seen>> = desired.iter().map(|d| known.get(&d.name)).collect();
+        let fresh = |d: &Desired, r: &Option<Seen>| {
+            r.as_ref().is_some_and(|(_, digest, seen)| {
+                *digest == d.digest && seen.elapsed() < self.recheck
+            })
+        };
+        if trust && desired.iter().zip(&remembered).all(|(d, r)| fresh(d, r)) {
+            return Ok(desired.iter().map(|_| Live::Known).collect());
+        }
+        let listed = if remembered.iter().all(Option::is_some) && !desired.is_empty() {
             list_versions(cx, &api).await
         } else {
             None
@@ -272,9 +320,10 @@ impl Step {
                 if let Some(listed) = listed {
                     match (listed.get(&d.name), remembered) {
                         (None, _) => return Ok(Live::Absent),
-                        (Some(version), Some((seen, digest)))
+                        (Some(version), Some((seen, digest, _)))
                             if *version == seen && digest == d.digest =>
                         {
+                            known.set(&d.name, Some(version), d.digest);
                             return Ok(Live::Known);
                         }
                         _ => {}
@@ -296,7 +345,10 @@ impl Step {
     async fn run_one(&self, cx: &Context, known: &Known, d: &Desired, live: Live) -> Result<Done> {
         let moved = match live {
             Live::Known => return Ok(Done::Unchanged),
-            Live::Present(_) if !self.update => return Ok(Done::Unchanged),
+            Live::Present(live) if !self.update => {
+                known.set(&d.name, live.metadata.resource_version.as_deref(), d.digest);
+                return Ok(Done::Unchanged);
+            }
             Live::Present(live) => {
                 if holds(&live, d) {
                     known.set(&d.name, live.metadata.resource_version.as_deref(), d.digest);
