@@ -308,6 +308,8 @@ mod tests {
                 "--reset-values",
                 "--labels",
                 "provisioners.dev/helm-digest=abc,provisioners.dev/helm-revision=3,provisioners.dev/helm-repair=null",
+                // The chart's crds/ went through the CRD step (CrdPolicy::Upgrade).
+                "--skip-crds",
                 "--timeout",
                 "90000ms",
                 "--output",
@@ -376,6 +378,7 @@ mod tests {
                 "--values",
                 "v",
                 "--reset-values",
+                "--skip-crds",
                 "--dry-run=server",
                 "--output",
                 "json",

@@ -14,6 +14,7 @@ use provisioners_kit::crd::{Action, Planned, Step};
 use serde_json::Value;
 
 use super::HelmRelease;
+use crate::chart::Chart;
 
 /// What a [`HelmRelease`] does with the CRDs in its chart's `crds/`
 /// directory.
@@ -136,6 +137,13 @@ impl HelmRelease {
                 .get(key)
         {
             return Ok(Arc::clone(crds));
+        }
+        if let Chart::Local(path) = &self.chart
+            && path.is_dir()
+            && !path.join("crds").is_dir()
+        {
+            // A chart directory without crds/: nothing for helm to show.
+            return Ok(Arc::new(Vec::new()));
         }
         let kubeconfig = self.kubeconfig(cx)?;
         let work = self.work_dir()?;
