@@ -29,6 +29,7 @@ both_helms!(
     unsafe_crd_changes_in_a_chart_are_refused,
     prometheus_operator_crds_upgrade_from_v0_85_to_v0_94,
     no_op_pass_requests_by_crd_policy,
+    crds_are_deleted_on_uninstall_only_when_asked_and_unused,
 );
 
 /// Where `cargo xtask tools` keeps the prometheus-operator CRDs, one
@@ -513,5 +514,65 @@ async fn no_op_pass_requests_by_crd_policy(helm: PathBuf) {
 
     deprovision_until_gone(&context().await, &release(&ns, &helm, &dir)).await;
     delete_crd(&context().await, &group).await;
+    ns.cleanup().await.expect("cleanup");
+}
+
+async fn crds_are_deleted_on_uninstall_only_when_asked_and_unused(helm: PathBuf) {
+    let ns = TestNamespace::create("crd-helm-delete")
+        .await
+        .expect("namespace");
+    let group = format!("{}.crd-tests.provisioners.dev", ns.name());
+    let cx = context().await;
+    let root = tempfile::tempdir().expect("temp dir");
+    let dir = root.path().join("chart");
+    write_chart(
+        &dir,
+        "1.0.0",
+        &crd(&group, &[("v1", true, strings(&["size"]))]),
+        &format!("{group}/v1"),
+        &json!({"size": "small"}),
+    );
+    let release = || release(&ns, &helm, &dir).delete_crds_on_uninstall(true);
+    settle(&cx, &release(), "install").await;
+    // A widget that is not the release's: the CRD must outlive the release.
+    let widgets = widgets(&cx, &ns, &group, "v1");
+    let other: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": format!("{group}/v1"), "kind": "Widget",
+        "metadata": {"name": "other"}, "spec": {"size": "big"},
+    }))
+    .expect("widget");
+    widgets
+        .create(&Default::default(), &other)
+        .await
+        .expect("create other");
+
+    deprovision_until_gone(&cx, &release()).await;
+    assert!(widgets.get_opt("w").await.expect("get").is_none());
+    assert_eq!(
+        widgets.get("other").await.expect("kept").data["spec"]["size"],
+        "big"
+    );
+    live_crd(&cx, &group).await;
+
+    // Once no widget is left, the next uninstall deletes the CRD.
+    widgets
+        .delete("other", &DeleteParams::default())
+        .await
+        .expect("delete other");
+    settle(&cx, &release(), "install again").await;
+    deprovision_until_gone(&cx, &release()).await;
+    let api: Api<CustomResourceDefinition> = Api::all(cx.client().clone());
+    eventually("the CRD to be deleted", || {
+        let api = api.clone();
+        let name = format!("widgets.{group}");
+        async move {
+            api.get_opt(&name)
+                .await
+                .expect("get")
+                .is_none()
+                .then_some(())
+        }
+    })
+    .await;
     ns.cleanup().await.expect("cleanup");
 }

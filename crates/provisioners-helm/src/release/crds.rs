@@ -8,6 +8,7 @@ use std::ffi::OsString;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams};
 use provisioners_core::plan::{Change, ObjectPlan};
 use provisioners_core::{Context, Error, Result};
 use provisioners_kit::crd::{Action, Planned, Step};
@@ -85,6 +86,49 @@ impl HelmRelease {
             None => Vec::new(),
         };
         Ok(planned.into_iter().map(crd_plan).collect())
+    }
+
+    /// With [`delete_crds_on_uninstall`](HelmRelease::delete_crds_on_uninstall):
+    /// deletes each chart CRD of which no custom resource is left (one LIST
+    /// of at most one object, all namespaces), and keeps, with a warning,
+    /// those that still have some.
+    pub(super) async fn delete_unused_crds(&self, cx: &Context) -> Result<()> {
+        if !self.delete_crds {
+            return Ok(());
+        }
+        let values = self.merged_values()?;
+        let digest = self.digest(&values).await?;
+        let crds = self.chart_crds(cx, &values, digest.as_deref()).await?;
+        let api: Api<CustomResourceDefinition> = Api::all(cx.client().clone());
+        for crd in crds.iter() {
+            let name = crd.metadata.name.as_deref().unwrap_or_default();
+            let Some(live) = api.get_opt(name).await.map_err(|e| {
+                Error::kube(format_args!("reading CustomResourceDefinition {name}"), e)
+            })?
+            else {
+                continue;
+            };
+            if let Some(left) = any_left(cx, &live).await? {
+                tracing::warn!(
+                    release = %self.id(),
+                    crd = name,
+                    example = %left,
+                    "CRD kept on uninstall: custom resources of it are left; delete them, then the CRD"
+                );
+                continue;
+            }
+            match api.delete(name, &DeleteParams::default()).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(status)) if status.code == 404 => {}
+                Err(e) => {
+                    return Err(Error::kube(
+                        format_args!("deleting CustomResourceDefinition {name} on uninstall"),
+                        e,
+                    ));
+                }
+            }
+        }
+        Ok(())
     }
 
     async fn crd_step(
@@ -177,6 +221,40 @@ impl HelmRelease {
         args.push(kubeconfig.into());
         args
     }
+}
+
+/// A custom resource of `crd` that is left (`namespace/name`), by a LIST of
+/// at most one object through its storage version.
+async fn any_left(cx: &Context, crd: &CustomResourceDefinition) -> Result<Option<String>> {
+    let spec = &crd.spec;
+    let Some(version) = spec.versions.iter().find(|v| v.storage && v.served) else {
+        // Nothing can be read (nor left through the API): nothing to protect.
+        return Ok(None);
+    };
+    let resource = ApiResource {
+        group: spec.group.clone(),
+        version: version.name.clone(),
+        api_version: format!("{}/{}", spec.group, version.name),
+        kind: spec.names.kind.clone(),
+        plural: spec.names.plural.clone(),
+    };
+    let api: Api<DynamicObject> = Api::all_with(cx.client().clone(), &resource);
+    let page = api
+        .list_metadata(&ListParams::default().limit(1))
+        .await
+        .map_err(|e| {
+            Error::kube(
+                format_args!("listing {} left on uninstall", resource.plural),
+                e,
+            )
+        })?;
+    Ok(page.items.first().map(|item| {
+        format!(
+            "{}/{}",
+            item.metadata.namespace.as_deref().unwrap_or(""),
+            item.metadata.name.as_deref().unwrap_or("")
+        )
+    }))
 }
 
 /// One CRD's plan object.

@@ -171,6 +171,7 @@ pub struct HelmRelease {
     hook_timeout: Option<Duration>,
     drift: DriftPolicy,
     crds: CrdPolicy,
+    delete_crds: bool,
     lease_holder: Option<String>,
     adopt_unsigned: bool,
     credentials: Option<Credentials>,
@@ -201,6 +202,7 @@ impl HelmRelease {
             hook_timeout: None,
             drift: DriftPolicy::default(),
             crds: CrdPolicy::default(),
+            delete_crds: false,
             lease_holder: None,
             adopt_unsigned: false,
             credentials: None,
@@ -307,9 +309,20 @@ impl HelmRelease {
     /// [CRD guide](https://github.com/provisioners/provisioners/blob/main/docs/crds.md)).
     /// The chart's CRDs are read with `helm show crds` once per chart
     /// digest; a pass that changes nothing costs one metadata LIST of CRDs.
-    /// CRDs are never deleted on uninstall.
+    /// CRDs are never deleted on uninstall unless
+    /// [`delete_crds_on_uninstall`](HelmRelease::delete_crds_on_uninstall).
     pub fn crds(mut self, policy: CrdPolicy) -> Self {
         self.crds = policy;
+        self
+    }
+
+    /// Deletes the chart's CRDs once the release is uninstalled and its
+    /// objects are gone (default `false`: CRDs stay, as with helm), each
+    /// only when no custom resource of its kind is left anywhere. One that
+    /// still has custom resources (another release's, say) is kept, with a
+    /// warning, and the deprovision finishes: deleting it would delete them.
+    pub fn delete_crds_on_uninstall(mut self, delete: bool) -> Self {
+        self.delete_crds = delete;
         self
     }
 

@@ -411,6 +411,8 @@ impl Provisioner for HelmRelease {
             .uninstalled(cx, &serialised, &latest, Operation::Deprovision)
             .await?;
         self.gone(cx, &seen, "").await?;
+        // Before the records go: a failure here is retried from them.
+        self.delete_unused_crds(cx).await?;
         storage::forget_all(cx.client(), &self.namespace, &self.release).await?;
         lease::remove(cx, &self.namespace, &self.release).await
     }
