@@ -67,6 +67,19 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
             }
         }
     }
+    let cache = crate::tools::cache_dir()?;
+    match crate::tools::crds::cached(&cache) {
+        Some(dir) => tests = tests.env(crate::tools::crds::PROMETHEUS_OPERATOR_CRDS_ENV, dir),
+        None => {
+            eprintln!(
+                "skipped: tests/tests/crd_helm.rs::{} needs the prometheus-operator CRDs in {} \
+                 (`cargo xtask tools` fetches them from the Go module proxy; docs/crds.md)",
+                crate::tools::crds::PROMETHEUS_OPERATOR_CRDS_TEST,
+                crate::tools::crds::dir(&cache).display()
+            );
+            tests = tests.args(["--skip", crate::tools::crds::PROMETHEUS_OPERATOR_CRDS_TEST]);
+        }
+    }
     // The fault suite appends what each run covered here; printed at the end.
     let faults_report = workspace_root().join("target").join("faults-report.txt");
     let _ = std::fs::remove_file(&faults_report);

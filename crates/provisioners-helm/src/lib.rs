@@ -16,6 +16,12 @@
 //! a second process; cancellation stops helm with SIGTERM, then SIGKILL
 //! after a grace period (see [`HelmProcesses::idle`] for a shutdown).
 //!
+//! A chart's `crds/` are applied by us, not by helm
+//! ([`CrdPolicy::Upgrade`], the default; see [`HelmRelease::crds`]): each
+//! live CRD is changed only when that is safe (the shared gate of
+//! [`provisioners_kit::crd`]), a CRD not yet `Established` is a yield, and
+//! helm runs with `--skip-crds`.
+//!
 //! A pass never holds a worker while helm runs: it starts helm in the
 //! background, waits at most its [pass timeout](HelmRelease::pass_timeout),
 //! and otherwise yields, saying what helm waits for (a hook Job and its
@@ -192,7 +198,8 @@ pub use credentials::Credentials;
 pub use failure::HelmFailure;
 pub use process_limit::{DEFAULT_MAX_HELM_PROCESSES, HelmProcesses};
 pub use release::{
-    DEFAULT_HOOK_TIMEOUT, DEFAULT_PASS_TIMEOUT, DEFAULT_STOP_TIMEOUT, DriftPolicy, HelmRelease,
+    CrdPolicy, DEFAULT_HOOK_TIMEOUT, DEFAULT_PASS_TIMEOUT, DEFAULT_STOP_TIMEOUT, DriftPolicy,
+    HelmRelease,
 };
 pub use release_plan::{DETAIL_KIND, PlanRelease, ReleaseAction, ReleasePlan};
 pub use storage::{

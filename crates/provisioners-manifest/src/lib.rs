@@ -14,9 +14,9 @@
 //!   with a bound; a re-provision that would change nothing is one LIST
 //!   per kind and namespace (objects carry a digest annotation,
 //!   `provisioners.dev/applied-digest`), not one apply per object;
-//! - wait for the CRDs they apply to be established (a watch, through
-//!   kube's `await_condition`, for up to 10 s), yield, naming the CRD, while
-//!   a custom resource's CRD is not established, and fail with
+//! - read whether the CRDs they apply are established (the apply answer,
+//!   else one GET; never a wait in the pass), yield, naming the CRD, while
+//!   one is not, and fail with
 //!   [`Invalid`](provisioners_core::ErrorKind::Invalid) for a kind that
 //!   stays unknown past a deadline;
 //! - stamp everything they apply with the owner and node (see

@@ -5,6 +5,7 @@
 //! reproduces them; nothing here asserts a timing. `tree` is here; the
 //! suites that need a cluster have a module each.
 
+mod crd;
 mod fleet;
 mod helm;
 mod manifest;
@@ -28,6 +29,7 @@ pub(crate) const SUITES: &[Suite] = &[
     ("operator", operator::run),
     ("plan", plan::run),
     ("fleet", fleet::run),
+    ("crd", crd::run),
 ];
 
 /// Options shared by the suites.
@@ -51,6 +53,7 @@ suites (all of them when none is named):
             (needs PROVISIONERS_FIXTURES)
   fleet     a Fleet of N simulated members against a Concurrent of remote nodes
             (PROVISIONERS_BENCH_FLEET_N=100 picks N)
+  crd       the CRD step's requests on a HelmRelease no-op pass, by CrdPolicy
 
   --quick   fewer rounds and sizes: a smoke run
 

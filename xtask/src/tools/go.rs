@@ -107,12 +107,12 @@ fn go_install(work: &Path, out: &Path, package: &str, version: &str, ldflags: &s
 }
 
 /// The directory and `go.mod` of a module version, downloaded into the module cache.
-struct Downloaded {
-    dir: PathBuf,
+pub(super) struct Downloaded {
+    pub(super) dir: PathBuf,
     go_mod: PathBuf,
 }
 
-fn go_mod_download(work: &Path, module: &str, version: &str) -> Result<Downloaded> {
+pub(super) fn go_mod_download(work: &Path, module: &str, version: &str) -> Result<Downloaded> {
     // Without -json first: that form reports failures on stderr, which the error then shows.
     let sh = go_shell(work)?;
     let target = format!("{module}@{version}");

@@ -7,6 +7,7 @@
 //! `KUBEBUILDER_ASSETS`, when set, supplies any binary it holds (usually
 //! `kube-apiserver`, `etcd` and `kubectl`); the rest is built ([`go`]).
 
+pub(crate) mod crds;
 mod go;
 
 use std::fmt::Write as _;
@@ -244,6 +245,11 @@ pub(crate) fn ensure() -> Result<Tools> {
                 human(started.elapsed())
             );
         }
+    }
+
+    // Test data, not a tool: without it one test is skipped, not all.
+    if let Err(error) = crds::ensure(&cache) {
+        eprintln!("tools: the prometheus-operator CRDs could not be fetched: {error:#}");
     }
 
     let get = |package: Package, bin: &str| -> Result<PathBuf> {

@@ -89,6 +89,10 @@ impl HelmRelease {
             args.push("--server-side=true".into());
             args.push("--disable-openapi-validation".into());
         }
+        if self.skips_crds() {
+            // The chart's crds/ went through the CRD step before helm.
+            args.push("--skip-crds".into());
+        }
         // No `--wait`: readiness is checked afterwards and yields, so no
         // worker is held while the release's objects come up.
         args.push("--timeout".into());
@@ -133,6 +137,9 @@ impl HelmRelease {
         if !render.install {
             args.push("--reset-values".into());
         }
+        if self.skips_crds() {
+            args.push("--skip-crds".into());
+        }
         if major == Major::Four && render.fresh {
             // As the install would (the dry run stops before applying, so
             // the flags only keep the render the install's).
@@ -172,7 +179,7 @@ impl HelmRelease {
     }
 
     /// The release name and the chart reference.
-    fn chart_args(&self) -> Vec<OsString> {
+    pub(super) fn chart_args(&self) -> Vec<OsString> {
         let mut args: Vec<OsString> = vec![self.release.clone().into()];
         match &self.chart {
             Chart::Local(path) => args.push(path.clone().into()),
@@ -301,6 +308,8 @@ mod tests {
                 "--reset-values",
                 "--labels",
                 "provisioners.dev/helm-digest=abc,provisioners.dev/helm-revision=3,provisioners.dev/helm-repair=null",
+                // The chart's crds/ went through the CRD step (CrdPolicy::Upgrade).
+                "--skip-crds",
                 "--timeout",
                 "90000ms",
                 "--output",
@@ -369,6 +378,7 @@ mod tests {
                 "--values",
                 "v",
                 "--reset-values",
+                "--skip-crds",
                 "--dry-run=server",
                 "--output",
                 "json",

@@ -17,6 +17,7 @@ mod args;
 mod background;
 mod classify;
 mod compare;
+mod crds;
 mod drift;
 mod gate;
 mod lease;
@@ -32,6 +33,7 @@ mod render;
 mod run;
 mod running;
 
+pub use self::crds::CrdPolicy;
 pub use self::drift::DriftPolicy;
 
 use std::borrow::Cow;
@@ -168,6 +170,8 @@ pub struct HelmRelease {
     wait: Option<Duration>,
     hook_timeout: Option<Duration>,
     drift: DriftPolicy,
+    crds: CrdPolicy,
+    delete_crds: bool,
     lease_holder: Option<String>,
     adopt_unsigned: bool,
     credentials: Option<Credentials>,
@@ -197,6 +201,8 @@ impl HelmRelease {
             wait: None,
             hook_timeout: None,
             drift: DriftPolicy::default(),
+            crds: CrdPolicy::default(),
+            delete_crds: false,
             lease_holder: None,
             adopt_unsigned: false,
             credentials: None,
@@ -294,6 +300,29 @@ impl HelmRelease {
     /// [`ready_timeout`](HelmRelease::ready_timeout) keeps a no-op at a single API call.
     pub fn drift(mut self, policy: DriftPolicy) -> Self {
         self.drift = policy;
+        self
+    }
+
+    /// What happens to the CRDs in the chart's `crds/` directory (default
+    /// [`CrdPolicy::Upgrade`]: created, and updated when the change is
+    /// safe, by us before helm runs with `--skip-crds`; see the
+    /// [CRD guide](https://github.com/provisioners/provisioners/blob/main/docs/crds.md)).
+    /// The chart's CRDs are read with `helm show crds` once per chart
+    /// digest; a pass that changes nothing costs one metadata LIST of CRDs.
+    /// CRDs are never deleted on uninstall unless
+    /// [`delete_crds_on_uninstall`](HelmRelease::delete_crds_on_uninstall).
+    pub fn crds(mut self, policy: CrdPolicy) -> Self {
+        self.crds = policy;
+        self
+    }
+
+    /// Deletes the chart's CRDs once the release is uninstalled and its
+    /// objects are gone (default `false`: CRDs stay, as with helm), each
+    /// only when no custom resource of its kind is left anywhere. One that
+    /// still has custom resources (another release's, say) is kept, with a
+    /// warning, and the deprovision finishes: deleting it would delete them.
+    pub fn delete_crds_on_uninstall(mut self, delete: bool) -> Self {
+        self.delete_crds = delete;
         self
     }
 

@@ -247,6 +247,8 @@ impl Provisioner for HelmRelease {
             .collect(cx, Operation::Provision, inputs.as_deref())
             .await?;
         let serialised = self.try_lock(cx)?;
+        // The chart's CRDs first: what helm installs may use them.
+        self.apply_crds(cx, &values, digest.as_deref()).await?;
         if installed {
             // helm ran with these very inputs: what is left is readiness
             // (an unpinned chart would otherwise run helm on every pass).
@@ -371,7 +373,11 @@ impl Provisioner for HelmRelease {
     /// [`HelmRelease`]'s "Planning". Reads, and helm's server-side dry run.
     async fn plan(&self, cx: &Context, operation: Operation) -> Result<Plan> {
         match operation {
-            Operation::Provision => self.plan_provision(cx).await,
+            Operation::Provision => {
+                // The chart's CRDs, through provision's gate.
+                let crds = self.plan_crds(cx).await?;
+                Ok(self.plan_provision(cx).await?.with_objects(crds))
+            }
             Operation::Deprovision => self.plan_deprovision(cx).await,
         }
     }
@@ -405,6 +411,8 @@ impl Provisioner for HelmRelease {
             .uninstalled(cx, &serialised, &latest, Operation::Deprovision)
             .await?;
         self.gone(cx, &seen, "").await?;
+        // Before the records go: a failure here is retried from them.
+        self.delete_unused_crds(cx).await?;
         storage::forget_all(cx.client(), &self.namespace, &self.release).await?;
         lease::remove(cx, &self.namespace, &self.release).await
     }

@@ -1,7 +1,18 @@
 //! CRDs you can upgrade (issue 24): what changes when a desired
 //! CustomResourceDefinition replaces the live one, whether that is safe,
-//! and whether the objects already stored pass the new schema. Pure: no
-//! I/O; the caller reads the live CRD and pages its objects.
+//! and whether the objects already stored pass the new schema; and the
+//! one CRD step both leaves apply CRDs through.
+//!
+//! With I/O (see docs/crds.md):
+//!
+//! - [`refusal`]: the gate, [`check`]'s findings, then the stored custom
+//!   resources listed page by page and validated against a tightened
+//!   schema ([`Refusal`]);
+//! - [`Step`]: desired CRDs read, gated, server-side applied, and
+//!   `Established` reported as a yield, never waited for; [`Step::plan`]
+//!   through the same gate.
+//!
+//! Pure (no I/O):
 //!
 //! - [`Change::between`]: versions added and removed, `served` flags,
 //!   the storage version before and after, and per version the schema
@@ -66,16 +77,20 @@
 
 mod change;
 mod fields;
+mod gate;
 mod migrate;
 mod safety;
 mod schema;
+mod step;
 mod validator;
 
 pub use change::{Change, SchemaChange, Tightening};
+pub use gate::{NAMED, Refusal, refusal};
 pub use migrate::{
     CONCURRENT_WRITES, Migration, OBJECTS_PER_PASS, migrate, migration, storage_version_hash,
 };
 pub use safety::{Finding, Unsafe, check, findings, shape};
+pub use step::{Action, Applied, DEFAULT_RECHECK, Planned, Step, is_established, storage_move};
 pub use validator::{Checked, Failure, MAX_ERRORS_PER_OBJECT, SchemaError, Validator};
 
 #[cfg(test)]

@@ -1,31 +1,26 @@
-//! Waiting for CRDs: established CRDs, and kinds that are not served yet.
+//! CRDs and the kinds they serve: which applied CRDs are established (never
+//! waited for in a pass), and yields for kinds that are not served yet.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::Duration;
 
 use futures::future::join_all;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DynamicObject};
-use kube::runtime::wait::{Condition, await_condition, conditions::is_crd_established};
 use provisioners_core::{Context, Error, Result};
+use provisioners_kit::crd;
 use serde_json::Value;
 
-use super::resolve::Unresolved;
+use super::resolve::{Resolved, Unresolved};
 use super::{Manifest, list};
 use crate::discovery::Discovery;
-
-/// How long a custom resource's CRD may take to become `Established`
-/// within one provision before the provision yields.
-const CRD_ESTABLISH_WAIT: Duration = Duration::from_secs(10);
+use crate::object::Tier;
 
 impl Manifest {
-    /// Waits (briefly) for the applied CRDs to be established; returns the
-    /// names of those that are, and forgets their groups in discovery.
-    ///
-    /// Each pending CRD is watched (kube's `await_condition`, which needs
-    /// `list` and `watch` on CRDs), all at once, for at most
-    /// [`CRD_ESTABLISH_WAIT`]; one still pending then is not established
-    /// (the caller yields naming it).
+    /// The names of the applied CRDs that are established, read from the
+    /// apply answer, then by one GET each for the others (the API server
+    /// establishes most within milliseconds); never waiting in the pass: a
+    /// CRD still pending is not established, and the caller yields naming
+    /// it. Forgets the established CRDs' groups in discovery.
     pub(super) async fn establish(
         &self,
         cx: &Context,
@@ -41,27 +36,24 @@ impl Manifest {
                 pending.push(name);
             }
         }
-        if !pending.is_empty() {
-            let api: Api<CustomResourceDefinition> = Api::all(cx.client().clone());
-            let waits = pending.iter().map(|name| {
-                let api = api.clone();
-                async move {
-                    let wait = await_condition(api, name, is_crd_established());
-                    (name, tokio::time::timeout(CRD_ESTABLISH_WAIT, wait).await)
+        let api: Api<CustomResourceDefinition> = Api::all(cx.client().clone());
+        let reads = pending.iter().map(|name| {
+            let api = api.clone();
+            async move { (name, api.get_opt(name).await) }
+        });
+        for (name, read) in join_all(reads).await {
+            match read {
+                Ok(Some(live)) if crd::is_established(&live) => {
+                    established.insert(name.clone());
                 }
-            });
-            let results = tokio::select! {
-                results = join_all(waits) => results,
-                () = cx.cancellation().cancelled() => return Err(Error::cancelled()),
-            };
-            for (name, result) in results {
-                match result {
-                    Ok(Ok(_)) => {
-                        established.insert(name.clone());
-                    }
-                    Ok(Err(e)) => return Err(wait_error(name, e)),
-                    // Not established yet: the caller yields naming it.
-                    Err(_) => {}
+                Ok(_) => {}
+                Err(e) => {
+                    return Err(Error::kube(
+                        format_args!(
+                            "reading CustomResourceDefinition {name} to see whether it is established"
+                        ),
+                        e,
+                    ));
                 }
             }
         }
@@ -153,28 +145,32 @@ impl Manifest {
     }
 }
 
+/// A yield reason for each applied CRD that is not established yet and
+/// that no reason in `reasons` names already (a custom resource waiting
+/// for it does).
+pub(super) fn not_established(
+    applied: &[(Resolved, DynamicObject)],
+    established: &BTreeSet<String>,
+    reasons: &[String],
+) -> Vec<String> {
+    applied
+        .iter()
+        .filter(|(object, _)| object.tier == Tier::CustomResourceDefinition)
+        .map(|(object, _)| &object.key.name)
+        .filter(|name| !established.contains(*name))
+        .filter(|name| {
+            let named = format!("CustomResourceDefinition {name} ");
+            !reasons.iter().any(|r| r.contains(&named))
+        })
+        .map(|name| format!("waiting for CustomResourceDefinition {name} to be Established"))
+        .collect()
+}
+
 /// Whether the CRD, as the apply answered it, is established already.
 fn is_established(crd: &DynamicObject) -> bool {
     serde_json::to_value(crd)
         .and_then(serde_json::from_value::<CustomResourceDefinition>)
-        .is_ok_and(|typed| is_crd_established().matches_object(Some(&typed)))
-}
-
-/// A failed watch of CRD `name`: the API error when there is one, so it is
-/// classified like any other request.
-fn wait_error(name: &str, error: kube::runtime::wait::Error) -> Error {
-    use kube::runtime::watcher::Error as Watch;
-    let kube::runtime::wait::Error::ProbeFailed(watch) = error;
-    let action = format!("watching CustomResourceDefinition {name} until it is established");
-    match watch {
-        Watch::InitialListFailed(e) | Watch::WatchStartFailed(e) | Watch::WatchFailed(e) => {
-            Error::kube(action, e)
-        }
-        Watch::WatchError(status) => Error::kube(action, kube::Error::Api(status)),
-        other @ Watch::NoResourceVersion => {
-            Error::unavailable(format!("{action}: {other}")).with_source(other)
-        }
-    }
+        .is_ok_and(|typed| crd::is_established(&typed))
 }
 
 #[cfg(test)]

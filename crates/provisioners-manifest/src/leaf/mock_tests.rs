@@ -79,7 +79,8 @@ fn crd_yaml() -> &'static str {
 }
 
 /// Answers the apply of the CRD of [`crd_yaml`] (not established in the
-/// answer) up to the watch's LIST, which is returned unanswered.
+/// answer) up to the one GET that reads whether it is established now,
+/// which is returned unanswered.
 async fn apply_crd(api: &mut ApiMock) -> mock::Pending {
     api.expect(
         Method::GET,
@@ -109,70 +110,67 @@ async fn apply_crd(api: &mut ApiMock) -> mock::Pending {
     );
     let body = applied.body.clone();
     applied.answer(200, body);
-    let watch = api.next().await;
+    let read = api.next().await;
     assert_eq!(
-        (&watch.method, watch.uri.path()),
-        (&Method::GET, crds),
-        "{}",
-        watch.uri
+        (&read.method, read.uri.path()),
+        (&Method::GET, path.as_str()),
+        "one GET of this CRD, no watch: {}",
+        read.uri
     );
-    assert!(
-        watch
-            .uri
-            .query()
-            .is_some_and(|q| q.contains("metadata.name%3Dwidgets.example.com")),
-        "the watch is of this CRD only: {}",
-        watch.uri
-    );
-    watch
+    read
 }
 
-#[tokio::test]
-async fn a_crd_is_established_through_a_watch() {
-    let (cx, mut api) = mock::context();
-    let provision = spawn(&cx, Manifest::from_yaml("crd", crd_yaml()));
-    let watch = apply_crd(&mut api).await;
-    let mut established = json!({
+fn widgets_crd(established: &str) -> Value {
+    json!({
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": "widgets.example.com"},
+        "metadata": {"name": "widgets.example.com", "resourceVersion": "2"},
         "spec": {
             "group": "example.com",
             "names": {"kind": "Widget", "plural": "widgets"},
             "scope": "Namespaced",
             "versions": [{"name": "v1", "served": true, "storage": true}],
         },
-    });
-    established["metadata"]["resourceVersion"] = json!("2");
-    established["status"] = json!({"conditions": [{
-        "type": "Established", "status": "True", "reason": "InitialNamesAccepted",
-        "message": "the initial names have been accepted",
-        "lastTransitionTime": "2026-01-01T00:00:00Z",
-    }]});
-    watch.answer(
-        200,
-        json!({"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinitionList",
-               "metadata": {"resourceVersion": "2"}, "items": [established]}),
-    );
+        "status": {"conditions": [{
+            "type": "Established", "status": established, "reason": "InitialNamesAccepted",
+            "message": "the initial names have been accepted",
+            "lastTransitionTime": "2026-01-01T00:00:00Z",
+        }]},
+    })
+}
+
+#[tokio::test]
+async fn a_crd_is_established_through_one_get() {
+    let (cx, mut api) = mock::context();
+    let provision = spawn(&cx, Manifest::from_yaml("crd", crd_yaml()));
+    let read = apply_crd(&mut api).await;
+    read.answer(200, widgets_crd("True"));
     provision
         .await
         .unwrap()
         .expect("established: nothing else to wait for");
 }
 
-#[tokio::test]
-async fn cancellation_ends_the_crd_wait() {
+#[tokio::test(start_paused = true)]
+async fn a_crd_not_yet_established_yields_without_waiting() {
     let (cx, mut api) = mock::context();
-    // Without the race, the tree would only stop when the grace runs out.
-    let cx = cx.with_shutdown_timeout(Duration::from_secs(3600));
     let provision = spawn(&cx, Manifest::from_yaml("crd", crd_yaml()));
-    let _watch = apply_crd(&mut api).await;
-    cx.cancellation().cancel();
-    let outcome = tokio::time::timeout(Duration::from_secs(60), provision)
-        .await
-        .expect("the wait stops on cancellation")
-        .unwrap();
-    assert_eq!(outcome.unwrap_err().kind(), ErrorKind::Cancelled);
+    let read = apply_crd(&mut api).await;
+    let started = tokio::time::Instant::now();
+    read.answer(200, widgets_crd("False"));
+    let error = provision.await.unwrap().expect_err("not established yet");
+    assert_eq!(error.kind(), ErrorKind::Yield, "{error}");
+    assert!(
+        error
+            .to_string()
+            .contains("waiting for CustomResourceDefinition widgets.example.com"),
+        "{error}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "the pass did not wait: {:?}",
+        started.elapsed()
+    );
 }
 
 #[tokio::test(start_paused = true)]

@@ -8,7 +8,7 @@ use kube::api::DynamicObject;
 use provisioners_core::{Context, Error, Result};
 
 use super::resolve::{Resolution, Resolved};
-use super::{Manifest, apply, list, ready};
+use super::{Manifest, apply, crd, list, ready};
 use crate::discovery::Discovery;
 use crate::object::{Identity, ObjectRef, Tier};
 use crate::ownership::Stamp;
@@ -105,7 +105,8 @@ impl Manifest {
             // Everything else is applied; prune waits for a complete picture.
             return Err(Error::group(failed));
         }
-        let reasons = self.unresolved_outcome(cx, &scope, &unresolved, &established)?;
+        let mut reasons = self.unresolved_outcome(cx, &scope, &unresolved, &established)?;
+        reasons.extend(crd::not_established(&applied, &established, &reasons));
         if !reasons.is_empty() {
             return Err(Error::yielding(reasons.join("; ")));
         }

@@ -56,7 +56,7 @@ impl NotReadySince {
 fn check(applied: &[(Resolved, DynamicObject)], established: &BTreeSet<String>) -> NotReady {
     let mut not_ready = NotReady::default();
     for (object, live) in applied {
-        // Their apply answers predate the wait in `establish`.
+        // Their apply answers predate the read in `establish`.
         if object.tier == Tier::CustomResourceDefinition && established.contains(&object.key.name) {
             continue;
         }

@@ -5,6 +5,7 @@
 mod change;
 mod fixtures;
 mod hostile;
+mod step;
 mod validate;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;

@@ -1,0 +1,169 @@
+//! [`Step`] against a mocked API server: a first pass creates and reads
+//! Established from the answer, a no-op pass within the recheck period
+//! makes no request, a later one one metadata LIST, an unsafe change is
+//! refused without a write, and a CRD not yet established yields.
+
+use std::time::Duration;
+
+use http::{Request, Response};
+use kube::client::Body;
+use provisioners_core::{Cluster, Context, ErrorKind};
+use serde_json::{Value, json};
+use tower_test::mock;
+
+use crate::crd::Step;
+
+type Handle = mock::Handle<Request<Body>, Response<Body>>;
+
+const CRDS: &str = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions";
+const CRD: &str = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/widgets.example.com";
+
+fn context() -> (Context, Handle) {
+    let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
+    let client = kube::Client::new(service, "default");
+    (Context::new(Cluster::new("mock", client)), handle)
+}
+
+fn desired(versions: &[(&str, bool)]) -> Value {
+    let versions: Vec<Value> = versions
+        .iter()
+        .map(|(name, storage)| json!({"name": name, "served": true, "storage": storage}))
+        .collect();
+    json!({
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": "widgets.example.com"},
+        "spec": {"group": "example.com", "scope": "Namespaced",
+                 "names": {"plural": "widgets", "kind": "Widget"}, "versions": versions},
+    })
+}
+
+fn step(versions: &[(&str, bool)]) -> Step {
+    Step::new(vec![serde_json::from_value(desired(versions)).unwrap()])
+}
+
+/// `desired` as the server stores it: established or not, stored versions.
+fn stored(versions: &[(&str, bool)], established: bool, stored: &[&str], rv: &str) -> Value {
+    let mut crd = desired(versions);
+    crd["metadata"]["resourceVersion"] = json!(rv);
+    crd["status"] = json!({
+        "storedVersions": stored,
+        "conditions": [{"type": "Established", "status": if established { "True" } else { "False" },
+                        "reason": "R", "message": "m", "lastTransitionTime": "2026-01-01T00:00:00Z"}],
+    });
+    crd
+}
+
+async fn answer(handle: &mut Handle, method: &str, path: &str, status: u16, reply: &Value) {
+    let (request, respond) = handle.next_request().await.expect("a request");
+    assert_eq!(
+        (request.method().as_str(), request.uri().path()),
+        (method, path)
+    );
+    respond.send_response(
+        Response::builder()
+            .status(status)
+            .body(Body::from(serde_json::to_vec(reply).unwrap()))
+            .unwrap(),
+    );
+}
+
+fn not_found() -> Value {
+    json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound",
+           "code": 404, "message": "not found"})
+}
+
+#[tokio::test]
+async fn created_then_no_request_then_one_list() {
+    let (cx, mut handle) = context();
+    let v1 = [("v1", true)];
+    let step = step(&v1).recheck(Duration::from_millis(50));
+    let server = async {
+        answer(&mut handle, "GET", CRD, 404, &not_found()).await;
+        answer(
+            &mut handle,
+            "PATCH",
+            CRD,
+            200,
+            &stored(&v1, true, &["v1"], "5"),
+        )
+        .await;
+        handle
+    };
+    let (applied, mut handle) = tokio::join!(step.run(&cx), server);
+    assert_eq!(applied.unwrap().created, ["widgets.example.com"]);
+
+    // Within the recheck period: no request at all (one would never be
+    // answered, and the timeout fail the test).
+    let applied = tokio::time::timeout(Duration::from_secs(5), step.run(&cx))
+        .await
+        .expect("no request")
+        .unwrap();
+    assert_eq!(applied.unchanged, ["widgets.example.com"]);
+
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    let list = json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadataList",
+        "metadata": {}, "items": [{"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
+        "metadata": {"name": "widgets.example.com", "resourceVersion": "5"}}]});
+    let server = async { answer(&mut handle, "GET", CRDS, 200, &list).await };
+    let (applied, ()) = tokio::join!(step.run(&cx), server);
+    assert_eq!(applied.unwrap().unchanged, ["widgets.example.com"]);
+}
+
+#[tokio::test]
+async fn a_dropped_stored_version_is_refused_without_a_write() {
+    let (cx, mut handle) = context();
+    let live = stored(&[("v1alpha1", true)], true, &["v1alpha1"], "7");
+    let server = async { answer(&mut handle, "GET", CRD, 200, &live).await };
+    let step = step(&[("v1", true)]);
+    let (result, ()) = tokio::join!(step.run(&cx), server);
+    let error = result.unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::Invalid, "{error}");
+    let text = error.to_string();
+    assert!(
+        text.contains("CustomResourceDefinition widgets.example.com was not changed"),
+        "{text}"
+    );
+    assert!(text.contains("v1alpha1"), "{text}");
+    // No PATCH followed: the handle has nothing more.
+    drop(cx);
+    assert!(handle.next_request().await.is_none());
+}
+
+#[tokio::test]
+async fn not_established_after_the_apply_and_one_get_yields() {
+    let (cx, mut handle) = context();
+    let v1 = [("v1", true)];
+    let pending = stored(&v1, false, &["v1"], "3");
+    let server = async {
+        answer(&mut handle, "GET", CRD, 404, &not_found()).await;
+        answer(&mut handle, "PATCH", CRD, 200, &pending).await;
+        answer(&mut handle, "GET", CRD, 200, &pending).await;
+    };
+    let step = step(&v1);
+    let (result, ()) = tokio::join!(step.run(&cx), server);
+    let error = result.unwrap_err();
+    assert!(error.is_yield(), "{error}");
+    assert!(
+        error
+            .to_string()
+            .contains("waiting for CustomResourceDefinition widgets.example.com to be Established"),
+        "{error}"
+    );
+}
+
+#[test]
+fn a_storage_move_is_reported_for_migration() {
+    let live = serde_json::from_value(stored(
+        &[("v1alpha1", true), ("v1", false)],
+        true,
+        &["v1alpha1"],
+        "1",
+    ))
+    .unwrap();
+    let desired = serde_json::from_value(desired(&[("v1alpha1", false), ("v1", true)])).unwrap();
+    assert_eq!(
+        crate::crd::storage_move(&live, &desired),
+        Some(("v1alpha1".to_owned(), "v1".to_owned()))
+    );
+    assert_eq!(crate::crd::storage_move(&live, &live), None);
+}
