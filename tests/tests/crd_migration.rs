@@ -19,12 +19,12 @@ use futures::{StreamExt as _, stream};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use provisioners::kit::crd::{self, OBJECTS_PER_PASS};
-use provisioners::{Context, ErrorKind};
+use provisioners::{Context, ErrorKind, Manifest};
 use provisioners_lab::cluster::{HarnessCluster, TestNamespace};
 use serde_json::{Value, json};
 
 mod manifest_support;
-use manifest_support::resource;
+use manifest_support::{converge, resource};
 
 const OBJECTS: usize = 2_000;
 
@@ -412,4 +412,50 @@ async fn a_migration_converges_from_a_crash_at_its_writes() {
         "{held}"
     );
     assert_eq!(report.crashed(), report.points.len(), "{report}");
+}
+/// A `Manifest` ships the CRD; users created the custom resources. When
+/// the manifest moves the storage version, its passes yield with the
+/// migration's progress until every stored object is rewritten, then
+/// `storedVersions` is `[v1]`, and a later version of the manifest may
+/// drop v1alpha1 (the safety gate lets it through).
+#[tokio::test]
+#[ignore = "needs the local control plane (cargo xtask test)"]
+async fn a_manifest_that_moves_the_storage_version_migrates_the_stored_objects() {
+    const USERS_OBJECTS: usize = 1_200;
+    let ns = TestNamespace::create("crd-migrate-manifest")
+        .await
+        .expect("namespace");
+    let group = format!("{}.crd-migration.example.com", ns.name());
+    let name = format!("widgets.{group}");
+    let cx = Context::from_client(ns.client().clone());
+    let crds: Api<CustomResourceDefinition> = Api::all(cx.client().clone());
+    let manifest = |versions: &[Value]| {
+        Manifest::from_yaml("widgets-crd", crd_document(&group, versions).to_string())
+            .namespace(ns.name())
+    };
+
+    let v1alpha1 = manifest(&[version("v1alpha1", true)]);
+    converge(&cx, &v1alpha1, true, Duration::from_secs(60)).await;
+    create_widgets(&cx, ns.name(), &group, USERS_OBJECTS).await;
+
+    let both = manifest(&[version("v1alpha1", false), version("v1", true)]);
+    let (_, reasons) = converge(&cx, &both, true, Duration::from_secs(120)).await;
+    eprintln!("yields: {reasons:#?}");
+    assert!(
+        reasons
+            .iter()
+            .any(|r| r.contains(&format!("of 1,200 stored {name} to v1"))),
+        "no progress shown: {reasons:?}"
+    );
+    assert_eq!(stored_versions(&crds, &name).await, ["v1"]);
+    cx.provision(&both)
+        .await
+        .expect("a converged manifest is a no-op");
+
+    let v1_only = manifest(&[version("v1", true)]);
+    converge(&cx, &v1_only, true, Duration::from_secs(60)).await;
+    all_read_back_at_v1(&cx, ns.name(), &group, USERS_OBJECTS).await;
+
+    converge(&cx, &v1_only, false, Duration::from_secs(120)).await;
+    ns.cleanup().await.expect("cleanup");
 }

@@ -10,7 +10,11 @@
 //!   schema ([`Refusal`]);
 //! - [`Step`]: desired CRDs read, gated, server-side applied, and
 //!   `Established` reported as a yield, never waited for; [`Step::plan`]
-//!   through the same gate.
+//!   through the same gate;
+//! - [`migrate`]: after a storage-version change, the stored objects
+//!   rewritten at the new version over several passes, then
+//!   `status.storedVersions` trimmed; leaves [`note`] what they see and call
+//!   [`migrate_noted`] on every pass.
 //!
 //! Pure (no I/O):
 //!
@@ -87,7 +91,8 @@ mod validator;
 pub use change::{Change, SchemaChange, Tightening};
 pub use gate::{NAMED, Refusal, refusal};
 pub use migrate::{
-    CONCURRENT_WRITES, Migration, OBJECTS_PER_PASS, migrate, migration, storage_version_hash,
+    CONCURRENT_WRITES, Migration, OBJECTS_PER_PASS, migrate, migrate_noted, migration, note,
+    storage_version_hash,
 };
 pub use safety::{Finding, Unsafe, check, findings, shape};
 pub use step::{Action, Applied, DEFAULT_RECHECK, Planned, Step, is_established, storage_move};

@@ -220,6 +220,10 @@ impl Step {
                 pending.join(", ")
             )));
         }
+        // Stored objects of a CRD whose storage version moved (now or on an
+        // earlier pass) are moved to it, a page at a time: see `migrate`.
+        let names: Vec<String> = desired.iter().map(|d| d.name.clone()).collect();
+        super::migrate_noted(cx, &names).await?;
         Ok(applied)
     }
 
@@ -346,10 +350,12 @@ impl Step {
         let moved = match live {
             Live::Known => return Ok(Done::Unchanged),
             Live::Present(live) if !self.update => {
+                super::note(cx, &live);
                 known.set(&d.name, live.metadata.resource_version.as_deref(), d.digest);
                 return Ok(Done::Unchanged);
             }
             Live::Present(live) => {
+                super::note(cx, &live);
                 if holds(&live, d) {
                     known.set(&d.name, live.metadata.resource_version.as_deref(), d.digest);
                     return Ok(Done::Unchanged);
@@ -370,6 +376,7 @@ impl Step {
             Live::Absent => None,
         };
         let answer = self.apply(cx, d).await?;
+        super::note(cx, &answer);
         let established = is_established(&answer) || self.established_now(cx, d).await?;
         if established {
             known.set(

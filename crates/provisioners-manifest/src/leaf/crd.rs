@@ -173,6 +173,32 @@ fn is_established(crd: &DynamicObject) -> bool {
         .is_ok_and(|typed| crd::is_established(&typed))
 }
 
+/// Moves the stored objects of this manifest's CRDs whose storage version
+/// moved (`provisioners_kit::crd::migrate`), noting each applied CRD first;
+/// `Ok` when none has objects left at an old version, a yield with the
+/// progress otherwise. No request when nothing is to move.
+pub(super) async fn migrate_stored(
+    cx: &Context,
+    applied: &[(Resolved, DynamicObject)],
+) -> Result<()> {
+    let mut names = Vec::new();
+    for (object, live) in applied {
+        if object.tier != Tier::CustomResourceDefinition {
+            continue;
+        }
+        names.push(object.key.name.clone());
+        if let Ok(typed) =
+            serde_json::to_value(live).and_then(serde_json::from_value::<CustomResourceDefinition>)
+        {
+            crd::note(cx, &typed);
+        }
+    }
+    if names.is_empty() {
+        return Ok(());
+    }
+    crd::migrate_noted(cx, &names).await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -110,6 +110,9 @@ impl Manifest {
         if !reasons.is_empty() {
             return Err(Error::yielding(reasons.join("; ")));
         }
+        // A CRD whose storage version moved: its stored objects move too,
+        // a page at a time, before the manifest counts as done.
+        crd::migrate_stored(cx, &applied).await?;
 
         if let Some(before) = inventory_before {
             self.prune_stale(cx, &stamp, &applied, before).await?;

@@ -501,5 +501,9 @@ fn thousands(n: u64) -> String {
     out
 }
 
+mod noted;
+
+pub use noted::{migrate_noted, note};
+
 #[cfg(test)]
 mod tests;
