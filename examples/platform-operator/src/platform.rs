@@ -89,7 +89,7 @@ pub struct PlatformStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub waiting: Vec<WaitingNode>,
     /// The plan the last reconcile set out to apply (with
-    /// [`Options::plan_status`]); approve it by setting the annotation
+    /// [`Options::plan_status`](crate::Options::plan_status)); approve it by setting the annotation
     /// `provisioners.dev/approved-plan` to its digest on a Platform annotated
     /// `provisioners.dev/plan-approval: required`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
