@@ -439,6 +439,20 @@ async fn a_manifest_that_moves_the_storage_version_migrates_the_stored_objects()
     create_widgets(&cx, ns.name(), &group, USERS_OBJECTS).await;
 
     let both = manifest(&[version("v1alpha1", false), version("v1", true)]);
+    // The plan says how many stored objects the migration will rewrite.
+    let plan = cx.plan(&both).await.expect("plan");
+    let crd_plan = plan
+        .objects()
+        .iter()
+        .find(|o| o.kind() == "CustomResourceDefinition")
+        .unwrap_or_else(|| panic!("no CRD in\n{plan:#}"));
+    let reason = crd_plan.reason().unwrap_or_default();
+    assert!(
+        reason.contains(&format!(
+            "storage v1alpha1 -> v1 migrates 1,200 stored {name}"
+        )),
+        "{reason}"
+    );
     let (_, reasons) = converge(&cx, &both, true, Duration::from_secs(120)).await;
     eprintln!("yields: {reasons:#?}");
     assert!(

@@ -91,8 +91,8 @@ mod validator;
 pub use change::{Change, SchemaChange, Tightening};
 pub use gate::{NAMED, Refusal, refusal};
 pub use migrate::{
-    CONCURRENT_WRITES, Migration, OBJECTS_PER_PASS, migrate, migrate_noted, migration, note,
-    storage_version_hash,
+    CONCURRENT_WRITES, Migration, OBJECTS_PER_PASS, migrate, migrate_noted, migration,
+    migration_line, note, storage_version_hash,
 };
 pub use safety::{Finding, Unsafe, check, findings, shape};
 pub use step::{Action, Applied, DEFAULT_RECHECK, Planned, Step, is_established, storage_move};

@@ -244,7 +244,11 @@ impl Step {
                     } else if let Some(why) = refusal(cx, &live, &d.typed).await? {
                         Action::Refuse(why)
                     } else {
-                        Action::Update(Change::between(&live, &d.typed).lines())
+                        let mut lines = Change::between(&live, &d.typed).lines();
+                        if let Some(line) = super::migration_line(cx, &live, &d.typed).await? {
+                            lines.push(line);
+                        }
+                        Action::Update(lines)
                     }
                 }
             };

@@ -54,6 +54,19 @@ pub(super) fn crd_change_summary(object: &Resolved, live: &DynamicObject) -> Opt
     (!change.is_empty()).then(|| change.lines().join("; "))
 }
 
+/// The plan's line for a storage-version move of the live CRD `live` into
+/// `object`: how many stored objects the migration would rewrite.
+pub(super) async fn crd_migration_line(
+    cx: &Context,
+    object: &Resolved,
+    live: &DynamicObject,
+) -> Result<Option<String>> {
+    let Ok((live, desired)) = crds(object, live) else {
+        return Ok(None);
+    };
+    crd::migration_line(cx, &live, &desired).await
+}
+
 fn crds(
     object: &Resolved,
     live: &DynamicObject,

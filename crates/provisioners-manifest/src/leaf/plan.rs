@@ -19,7 +19,7 @@ use provisioners_core::{Context, Error, Operation, Plan, Result};
 
 use self::fields::{changes, immutable_changes, object_plan};
 use super::answer::{apply_error, immutable_fields};
-use super::crd_change::crd_change_summary;
+use super::crd_change::{crd_change_summary, crd_migration_line};
 use super::replace::{ReplacePolicy, replace_refused};
 use super::resolve::{Resolution, Resolved, Unresolved};
 use super::{Manifest, apply, bounded, dynamic_api};
@@ -317,6 +317,12 @@ impl Manifest {
                 reason = Some(match reason {
                     Some(reason) => format!("{reason}; {summary}"),
                     None => summary,
+                });
+            }
+            if let Some(line) = crd_migration_line(cx, object, &live).await? {
+                reason = Some(match reason {
+                    Some(reason) => format!("{reason}; {line}"),
+                    None => line,
                 });
             }
         }

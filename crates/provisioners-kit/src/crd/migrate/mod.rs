@@ -413,6 +413,67 @@ async fn wait_for_storage_switch(
     }
 }
 
+/// What a plan says when `desired` moves `live`'s storage version: `storage
+/// v1alpha1 -> v1 migrates 1,200 stored widgets.example.com` (one LIST of
+/// one object through a served version, whose `remainingItemCount` gives
+/// the count), or `None` when the storage version does not move.
+///
+/// # Errors
+///
+/// The LIST's.
+pub async fn migration_line(
+    cx: &Context,
+    live: &CustomResourceDefinition,
+    desired: &CustomResourceDefinition,
+) -> Result<Option<String>> {
+    let storage = |crd: &CustomResourceDefinition| {
+        crd.spec
+            .versions
+            .iter()
+            .find(|v| v.storage)
+            .map(|v| v.name.clone())
+    };
+    let (Some(from), Some(to)) = (storage(live), storage(desired)) else {
+        return Ok(None);
+    };
+    if from == to {
+        return Ok(None);
+    }
+    let name = live.metadata.name.clone().unwrap_or_default();
+    let Some(resource) = api_resource(live, &from) else {
+        return Ok(Some(format!(
+            "storage {from} -> {to}: nothing is served to count the stored {name}"
+        )));
+    };
+    let api: Api<DynamicObject> = Api::all_with(cx.client().clone(), &resource);
+    let page = api
+        .list_metadata(&ListParams::default().limit(1))
+        .await
+        .map_err(|e| {
+            Error::kube(
+                format_args!("counting the stored {name} a migration would rewrite"),
+                e,
+            )
+        })?;
+    let remaining = page
+        .metadata
+        .remaining_item_count
+        .and_then(|n| u64::try_from(n).ok());
+    let more = page
+        .metadata
+        .continue_
+        .as_deref()
+        .is_some_and(|t| !t.is_empty());
+    let count = match remaining {
+        Some(remaining) => thousands(page.items.len() as u64 + remaining),
+        None if more => format!("more than {}", page.items.len()),
+        None => thousands(page.items.len() as u64),
+    };
+    Ok(Some(format!(
+        "storage {from} -> {to} migrates {count} stored {name}"
+    )))
+}
+
 /// The API server's `storageVersionHash` of a kind stored at `version`:
 /// the first 8 bytes of SHA-256 over `group/version/kind`, base64.
 #[must_use]
