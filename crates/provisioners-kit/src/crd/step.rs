@@ -45,7 +45,8 @@ const PAGE: u32 = 500;
 /// request (see [`Step::recheck`]).
 pub const DEFAULT_RECHECK: Duration = Duration::from_secs(60);
 
-/// Desired CRDs, applied safely: see the [module](self) docs.
+/// Desired CRDs, applied safely: read, gated, server-side applied and
+/// reported `Established` (see [`crate::crd`] and docs/crds.md).
 #[derive(Debug, Clone)]
 #[must_use]
 pub struct Step {
