@@ -1,6 +1,9 @@
 //! The plan in the status and the approval gate: what a reconcile would do,
 //! and whether it may.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
 use kube::{Resource, ResourceExt};
 use provisioners_core::Plan;
 use serde_json::{Value, json};
@@ -26,11 +29,20 @@ const MAX_ANNOTATION: usize = 128;
 /// The longest plan summary written to the status or a message.
 const MAX_SUMMARY: usize = 1024;
 
-/// Which annotations ask for and give approval.
+/// Which annotations ask for and give approval, and the approved runs
+/// under way.
 #[derive(Clone, Debug)]
 pub(crate) struct Approval {
     pub(crate) required: String,
     pub(crate) approved: String,
+    /// By object (uid, else namespace/name): the generation whose approved
+    /// plan has started to run, and the approval it started with. A tree
+    /// that yields half way (a CRD not Established yet, a release still
+    /// installing) plans what is left on its next pass, a plan with another
+    /// digest that is part of the approved one: it goes on without a new
+    /// approval until the object's generation or the approval changes. In
+    /// memory: after a restart, what is left is planned and approved anew.
+    started: Arc<Mutex<HashMap<String, Started>>>,
 }
 
 impl Default for Approval {
@@ -38,8 +50,24 @@ impl Default for Approval {
         Approval {
             required: DEFAULT_PLAN_APPROVAL_ANNOTATION.to_owned(),
             approved: DEFAULT_APPROVED_PLAN_ANNOTATION.to_owned(),
+            started: Arc::default(),
         }
     }
+}
+
+/// An approved run under way: the object's generation and its approval.
+type Started = (Option<i64>, String);
+
+/// The key an object's approved run is remembered by.
+fn run_key<K: Resource>(object: &K) -> String {
+    let meta = object.meta();
+    meta.uid.clone().unwrap_or_else(|| {
+        format!(
+            "{}/{}",
+            meta.namespace.as_deref().unwrap_or_default(),
+            meta.name.as_deref().unwrap_or_default()
+        )
+    })
 }
 
 /// What the gate says about one plan.
@@ -72,10 +100,23 @@ impl Approval {
             .annotations()
             .get(&self.approved)
             .filter(|v| v.len() <= MAX_ANNOTATION);
+        let generation = object.meta().generation;
+        let mut started = self
+            .started
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         // Exact: no trimming, no prefix match.
-        if approved.is_some_and(|v| *v == digest) {
+        if let Some(approved) = approved.filter(|v| **v == digest) {
+            started.insert(run_key(object), (generation, approved.clone()));
             return Decision::Proceed;
         }
+        // The rest of an approved run of this generation.
+        if let Some(approved) = approved
+            && started.get(&run_key(object)) == Some(&(generation, approved.clone()))
+        {
+            return Decision::Proceed;
+        }
+        drop(started);
         let summary = truncate(&plan.summary(), MAX_SUMMARY);
         let stale = match object.annotations().get(&self.approved) {
             // Only a well-formed digest is echoed: the value is untrusted.
@@ -141,6 +182,49 @@ mod tests {
             "c",
             Change::Create,
         ))
+    }
+
+    #[test]
+    fn an_approved_run_goes_on_for_its_generation_and_approval_only() {
+        let gate = Approval::default();
+        let required = (DEFAULT_PLAN_APPROVAL_ANNOTATION, PLAN_APPROVAL_REQUIRED);
+        let first = creating();
+        let digest = first.digest();
+        let mut object = annotated(&[required, (DEFAULT_APPROVED_PLAN_ANNOTATION, &digest)]);
+        object.metadata.uid = Some("u1".into());
+        object.metadata.generation = Some(1);
+        // What is left after a pass that yielded half way: another digest.
+        let rest = Plan::new("p", Operation::Provision, "manifest").with_object(ObjectPlan::new(
+            "v1",
+            "ConfigMap",
+            Some("ns"),
+            "d",
+            Change::Create,
+        ));
+        assert_ne!(rest.digest(), digest);
+        assert!(
+            matches!(gate.decide(&object, &rest), Decision::Await { .. }),
+            "not started yet"
+        );
+        assert_eq!(gate.decide(&object, &first), Decision::Proceed);
+        assert_eq!(
+            gate.decide(&object, &rest),
+            Decision::Proceed,
+            "the rest of the run"
+        );
+        // A new generation (a new spec) needs its own approval.
+        object.metadata.generation = Some(2);
+        assert!(matches!(
+            gate.decide(&object, &rest),
+            Decision::Await { .. }
+        ));
+        // So does another object, and a changed approval.
+        object.metadata.generation = Some(1);
+        object.metadata.uid = Some("u2".into());
+        assert!(matches!(
+            gate.decide(&object, &rest),
+            Decision::Await { .. }
+        ));
     }
 
     #[test]
