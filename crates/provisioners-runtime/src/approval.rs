@@ -82,6 +82,15 @@ pub(crate) enum Decision {
 }
 
 impl Approval {
+    /// The approved run of `object` is done (its tree provisioned, or
+    /// nothing left to change): a changed plan needs a new approval again.
+    pub(crate) fn finished<K: Resource>(&self, object: &K) {
+        self.started
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(&run_key(object));
+    }
+
     /// Whether `object` asks for approval of its plans.
     pub(crate) fn is_required<K: Resource>(&self, object: &K) -> bool {
         object
@@ -93,6 +102,7 @@ impl Approval {
     /// Whether `plan` may be applied to `object`, which asks for approval.
     pub(crate) fn decide<K: Resource>(&self, object: &K, plan: &Plan) -> Decision {
         if !plan.has_changes() {
+            self.finished(object);
             return Decision::Proceed;
         }
         let digest = plan.digest();
@@ -212,6 +222,13 @@ mod tests {
             Decision::Proceed,
             "the rest of the run"
         );
+        // Once the run is done, a changed plan needs a new approval.
+        gate.finished(&object);
+        assert!(matches!(
+            gate.decide(&object, &rest),
+            Decision::Await { .. }
+        ));
+        assert_eq!(gate.decide(&object, &first), Decision::Proceed);
         // A new generation (a new spec) needs its own approval.
         object.metadata.generation = Some(2);
         assert!(matches!(

@@ -438,6 +438,9 @@ impl Reconciler {
         let owner = cx.owner_identity();
         claims.begin(&owner);
         let result = cx.provision(managed).await;
+        if result.is_ok() {
+            self.approval.finished(object);
+        }
         let claimed = claims.take(&owner);
         let stopped = run.stopped();
         drop(run);
