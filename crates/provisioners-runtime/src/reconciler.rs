@@ -367,10 +367,9 @@ impl Reconciler {
             let stopped = run.stopped();
             drop(run);
             if result.is_ok() {
-                // Protections no node released (a remote removed while
-                // the owner lived, say) must not outlive the owner; a
-                // failure here is reported, not a reason to keep the
-                // owner for ever.
+                // Protections no node released (a remote removed while the
+                // owner lived, say) must not outlive the owner; a failure
+                // here is reported, not a reason to keep the owner.
                 self.release_kubeconfigs(&cx, &target, None).await;
                 self.publish(&report, Why::Deprovisioned, "everything is gone")
                     .await;
