@@ -10,7 +10,7 @@ use std::time::Duration;
 use kube::Api;
 use kube::api::{ApiResource, DynamicObject};
 use platform_operator::{Options, Platform, PlatformSpec, Settings, run, run_with};
-use provisioners::{CancellationToken, Event, Observer, Operation, Phase};
+use provisioners::{CancellationToken, Context, Event, Observer, Operation, Phase};
 use provisioners_lab::cluster::{self, HarnessCluster, TestNamespace, helm4};
 use tokio::task::JoinHandle;
 
@@ -62,19 +62,8 @@ pub struct Operator {
 
 /// Starts the operator for the Platforms of `ns`, reporting to `events`.
 pub async fn start_operator(ns: &TestNamespace, events: &Events) -> Operator {
-    let cx = HarnessCluster::Primary
-        .context()
-        .await
-        .expect("context")
-        .with_field_manager(platform_operator::FIELD_MANAGER)
-        .with_observer(Arc::new(events.clone()));
+    let (cx, platforms, settings) = operator_parts(ns, events).await;
     let token = cx.cancellation().clone();
-    let platforms: Api<Platform> = Api::namespaced(cx.client().clone(), ns.name());
-    let mut settings = Settings::new(helm4().expect("helm 4"));
-    settings.remote_trust = provisioners_remote::TrustPolicy::default()
-        .allow_range("127.0.0.0/8")
-        .expect("range");
-    settings.helm_timeout = Duration::from_secs(60);
     let task = tokio::spawn(run(cx, platforms, settings, Duration::from_millis(500)));
     Operator { token, task }
 }
@@ -85,21 +74,28 @@ pub async fn start_operator_with(
     events: &Events,
     options: Options,
 ) -> Operator {
+    let (cx, platforms, settings) = operator_parts(ns, events).await;
+    let token = cx.cancellation().clone();
+    let task = tokio::spawn(run_with(cx, platforms, settings, options));
+    Operator { token, task }
+}
+
+/// What both ways of starting the operator share: its context (reporting
+/// to `events`), the Platforms of `ns`, and settings for the harness.
+async fn operator_parts(ns: &TestNamespace, events: &Events) -> (Context, Api<Platform>, Settings) {
     let cx = HarnessCluster::Primary
         .context()
         .await
         .expect("context")
         .with_field_manager(platform_operator::FIELD_MANAGER)
         .with_observer(Arc::new(events.clone()));
-    let token = cx.cancellation().clone();
     let platforms: Api<Platform> = Api::namespaced(cx.client().clone(), ns.name());
     let mut settings = Settings::new(helm4().expect("helm 4"));
     settings.remote_trust = provisioners_remote::TrustPolicy::default()
         .allow_range("127.0.0.0/8")
         .expect("range");
     settings.helm_timeout = Duration::from_secs(60);
-    let task = tokio::spawn(run_with(cx, platforms, settings, options));
-    Operator { token, task }
+    (cx, platforms, settings)
 }
 
 impl Operator {
