@@ -161,7 +161,7 @@ async fn a_storage_version_change_migrates_every_object_across_passes_and_restar
         .expect("namespace");
     let group = format!("{}.crd-migration.example.com", ns.name());
     let name = format!("widgets.{group}");
-    let cx = Context::from_client(ns.client().clone());
+    let cx = Context::new(provisioners::ClientPolicy::new().cluster("client", ns.client().clone()));
     let crds: Api<CustomResourceDefinition> = Api::all(cx.client().clone());
 
     apply_crd(&crds, &crd_document(&group, &[version("v1alpha1", true)])).await;
@@ -216,11 +216,14 @@ async fn a_storage_version_change_migrates_every_object_across_passes_and_restar
 
     // The operator is killed and started again: a new client and context
     // hold no progress, so the sweep starts over from the first object.
-    let restarted = Context::from_client(
-        HarnessCluster::Primary
-            .client()
-            .await
-            .expect("a new client"),
+    let restarted = Context::new(
+        provisioners::ClientPolicy::new().cluster(
+            "client",
+            HarnessCluster::Primary
+                .client()
+                .await
+                .expect("a new client"),
+        ),
     );
     let again = crd::migrate(&restarted, &live)
         .await
@@ -360,11 +363,14 @@ async fn a_migration_converges_from_a_crash_at_its_writes() {
         Box<dyn std::future::Future<Output = Result<(), String>> + Send>,
     > {
         Box::pin(async move {
-            let cx = Context::from_client(
-                HarnessCluster::Primary
-                    .client()
-                    .await
-                    .map_err(|e| e.to_string())?,
+            let cx = Context::new(
+                provisioners::ClientPolicy::new().cluster(
+                    "client",
+                    HarnessCluster::Primary
+                        .client()
+                        .await
+                        .map_err(|e| e.to_string())?,
+                ),
             );
             let crds: Api<CustomResourceDefinition> = Api::all(cx.client().clone());
             let group = group(&scope);
@@ -427,7 +433,7 @@ async fn a_manifest_that_moves_the_storage_version_migrates_the_stored_objects()
         .expect("namespace");
     let group = format!("{}.crd-migration.example.com", ns.name());
     let name = format!("widgets.{group}");
-    let cx = Context::from_client(ns.client().clone());
+    let cx = Context::new(provisioners::ClientPolicy::new().cluster("client", ns.client().clone()));
     let crds: Api<CustomResourceDefinition> = Api::all(cx.client().clone());
     let manifest = |versions: &[Value]| {
         Manifest::from_yaml("widgets-crd", crd_document(&group, versions).to_string())

@@ -99,7 +99,7 @@ async fn dropping_a_stored_version_is_refused_and_nothing_changes() {
     let ns = TestNamespace::create("crd-stored")
         .await
         .expect("namespace");
-    let cx = Context::from_client(ns.client().clone());
+    let cx = Context::new(provisioners::ClientPolicy::new().cluster("client", ns.client().clone()));
     let group = format!("{}.crd-safety.example.com", ns.name());
     let v1alpha1 = manifest(
         &ns,
@@ -149,7 +149,7 @@ async fn a_schema_stored_objects_would_fail_is_refused_naming_them_and_a_safe_ch
     let ns = TestNamespace::create("crd-schema")
         .await
         .expect("namespace");
-    let cx = Context::from_client(ns.client().clone());
+    let cx = Context::new(provisioners::ClientPolicy::new().cluster("client", ns.client().clone()));
     let group = format!("{}.crd-safety.example.com", ns.name());
     let objects = [
         widget(&group, "v1", "big", "huge-and-secret-looking"),

@@ -81,8 +81,11 @@ async fn an_object_being_deleted_gets_exactly_one_delete() {
     let ns = TestNamespace::create("del-count").await.expect("namespace");
     let plain = HarnessCluster::Primary.client().await.expect("client");
     let requests = Arc::new(Mutex::new(Vec::new()));
-    let cx = Context::from_client(recording(plain, Arc::clone(&requests)))
-        .with_owner(Owner::standalone("deletion-count"));
+    let cx = Context::new(
+        provisioners::ClientPolicy::new()
+            .cluster("client", recording(plain, Arc::clone(&requests))),
+    )
+    .with_owner(Owner::standalone("deletion-count"));
     let manifest = Manifest::from_yaml("app", app_yaml("held"))
         .namespace(ns.name())
         .prune(true);
@@ -158,8 +161,11 @@ spec:
 #[ignore = "needs the local control plane (cargo xtask test)"]
 async fn a_deployment_is_gone_with_its_pods_when_deprovision_returns_ok() {
     let ns = TestNamespace::create("del-pods").await.expect("namespace");
-    let cx = Context::from_client(HarnessCluster::Primary.client().await.expect("client"))
-        .with_owner(Owner::standalone("deletion-pods"));
+    let cx = Context::new(provisioners::ClientPolicy::new().cluster(
+        "client",
+        HarnessCluster::Primary.client().await.expect("client"),
+    ))
+    .with_owner(Owner::standalone("deletion-pods"));
     let app = format!("gated-{}", ns.name());
     let manifest = Manifest::from_yaml("web", deployment_yaml(&app)).namespace(ns.name());
     converge(&cx, &manifest, true, DEADLINE).await;

@@ -19,7 +19,7 @@ use k8s_openapi::api::events::v1::Event;
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, ObjectMeta, PostParams};
 use kube::config::Kubeconfig;
-use provisioners::{ClientPolicy, Cluster, Context, Owner, Provisioner, concurrent, serial};
+use provisioners::{ClientPolicy, Context, Owner, Provisioner, concurrent, serial};
 use provisioners_lab::cluster::{HarnessCluster, TestNamespace};
 use provisioners_lab::faults::{Hold, Match, Proxy, Rule};
 use provisioners_manifest::Manifest;
@@ -42,10 +42,11 @@ const DEADLINE: Duration = Duration::from_secs(60);
 /// remotes derived from it) get a short deadline.
 async fn context() -> Context {
     let kubeconfig = HarnessCluster::Primary.kubeconfig().expect("kubeconfig");
-    let cluster = Cluster::from_kubeconfig("primary", kubeconfig)
+    let cluster = ClientPolicy::new()
+        .request_timeout(REQUEST_TIMEOUT)
+        .connect("primary", kubeconfig)
         .await
-        .expect("cluster")
-        .with_policy(ClientPolicy::new().request_timeout(REQUEST_TIMEOUT));
+        .expect("cluster");
     Context::new(cluster)
 }
 

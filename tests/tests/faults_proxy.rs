@@ -30,12 +30,12 @@ fn config_map(name: &str) -> ConfigMap {
 /// A context over the proxy whose client does not retry: these tests check
 /// that each fault arrives as injected, which a retry would hide.
 async fn unretried(proxy: &Proxy, id: &str) -> provisioners::Context {
-    let cx = proxy.context(id).await.expect("context over the proxy");
-    let cluster = cx
-        .cluster()
-        .clone()
-        .with_policy(provisioners::ClientPolicy::new().backoff([]));
-    cx.with_cluster(cluster)
+    let cluster = provisioners::ClientPolicy::new()
+        .backoff([])
+        .connect(id.to_owned(), proxy.kubeconfig().clone())
+        .await
+        .expect("a cluster over the proxy");
+    provisioners::Context::new(cluster)
 }
 
 async fn proxied(proxy: &Proxy, ns: &TestNamespace) -> Api<ConfigMap> {
@@ -264,7 +264,7 @@ async fn resets_delays_and_an_unknown_token() {
             info.token = Some("not-the-token".to_owned().into());
         }
     }
-    let stranger = provisioners::Cluster::from_kubeconfig("stranger", kubeconfig)
+    let stranger = provisioners::client::connect("stranger", kubeconfig)
         .await
         .expect("cluster");
     let stranger: Api<ConfigMap> = Api::namespaced(stranger.client().clone(), ns.name());

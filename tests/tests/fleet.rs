@@ -27,7 +27,8 @@ use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::api::events::v1::Event;
 use kube::Api;
 use kube::api::{ListParams, ObjectMeta, PostParams};
-use provisioners::{KubeconfigClaims, Owner, Provisioner};
+use provisioners::kit::kubeconfig::KubeconfigClaims;
+use provisioners::{Owner, Provisioner};
 use provisioners_fleet::{Budget, Fleet, Rollout, UnreachablePolicy};
 use provisioners_remote::ABANDONED_REASON;
 

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use kube::api::{Api, Patch, PatchParams};
 use kube::config::Kubeconfig;
-use provisioners::{Cluster, Context, Error, Provisioner, Wake};
+use provisioners::{Context, Error, Provisioner, Wake};
 use provisioners_helm::{HelmProcesses, HelmRelease};
 use provisioners_lab::cluster::{HarnessCluster, TestNamespace};
 use serde_json::json;
@@ -247,7 +247,7 @@ async fn thirty_two_releases_share_eight_helm_slots_without_a_waiting_pass(helm:
         .kubeconfig_path()
         .expect("PROVISIONERS_KUBECONFIG");
     let kubeconfig = Kubeconfig::read_from(&path).expect("kubeconfig");
-    let cluster = Cluster::from_kubeconfig("helm-async".to_owned(), kubeconfig)
+    let cluster = provisioners::client::connect("helm-async".to_owned(), kubeconfig)
         .await
         .expect("cluster")
         .with_shared_state(HelmProcesses::new(8));

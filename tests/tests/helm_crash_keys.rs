@@ -107,7 +107,7 @@ async fn install_with_keys_converges_from_every_crash(helm: PathBuf) {
     )
     .configure(move |cx, _scope| {
         cx.with_owner(Owner::standalone("crash-keys-op"))
-            .with_owner_keys(keys.clone())
+            .with_extension(keys.clone())
     })
     .crash_on(crash_on)
     .points(points)

@@ -412,7 +412,7 @@ async fn a_record_rewritten_between_helms_write_and_the_seal_is_never_sealed(hel
         .await
         .expect("context")
         .with_owner(Owner::standalone("helm-race-op"))
-        .with_owner_keys(OwnerKeys::generate().expect("a key"));
+        .with_extension(OwnerKeys::generate().expect("a key"));
     let record = "sh.helm.release.v1.app.v1";
     let hold = Hold::new();
     proxy.add(

@@ -65,10 +65,7 @@ current-context: c
 "
     ))
     .expect("kubeconfig");
-    Cluster::from_kubeconfig(id, kubeconfig)
-        .await
-        .expect("cluster")
-        .with_policy(policy)
+    policy.connect(id, kubeconfig).await.expect("cluster")
 }
 
 const CHUNKED_OK: &str =
@@ -121,5 +118,8 @@ async fn an_oversized_response_is_refused_naming_the_cluster_and_the_limit() {
     eprintln!("{text}");
     assert!(text.contains("cluster `bulky`"), "{text}");
     assert!(text.contains("limit of 65536 bytes"), "{text}");
-    assert!(cluster.health().is_reachable(), "a big answer is an answer");
+    assert!(
+        provisioners::Health::of(&cluster).is_reachable(),
+        "a big answer is an answer"
+    );
 }

@@ -18,7 +18,7 @@ async fn prune_deletes_what_left_the_manifest_and_nothing_else() {
     let ns = TestNamespace::create("manifest-prune")
         .await
         .expect("namespace");
-    let cx = Context::from_client(ns.client().clone());
+    let cx = Context::new(provisioners::ClientPolicy::new().cluster("client", ns.client().clone()));
     let api = ns.api::<ConfigMap>();
     let inventory_id = format!("prune-{}", ns.name());
 
@@ -100,7 +100,7 @@ async fn bad_objects_are_invalid_and_named() {
     let ns = TestNamespace::create("manifest-bad")
         .await
         .expect("namespace");
-    let cx = Context::from_client(ns.client().clone());
+    let cx = Context::new(provisioners::ClientPolicy::new().cluster("client", ns.client().clone()));
 
     // A cluster-scoped object with a namespace.
     let yaml = "apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata:\n  \
@@ -181,7 +181,8 @@ async fn a_field_manager_conflict_without_force_is_invalid() {
     let ns = TestNamespace::create("manifest-conflict")
         .await
         .expect("namespace");
-    let cx = Context::from_client(ns.client().clone()).with_owner(Owner::standalone("conflict"));
+    let cx = Context::new(provisioners::ClientPolicy::new().cluster("client", ns.client().clone()))
+        .with_owner(Owner::standalone("conflict"));
     let first = Manifest::from_yaml(
         "first",
         "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: shared\ndata:\n  owner: first\n",
@@ -226,7 +227,7 @@ async fn an_unknown_kind_yields_then_fails_at_the_deadline() {
     let ns = TestNamespace::create("manifest-unknown")
         .await
         .expect("namespace");
-    let cx = Context::from_client(ns.client().clone());
+    let cx = Context::new(provisioners::ClientPolicy::new().cluster("client", ns.client().clone()));
     let yaml = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: fine\n---\napiVersion: \
                 gadgets.example.invalid/v1\nkind: Gadget\nmetadata:\n  name: g\n";
     // Rebuilt at every pass, as a controller rebuilds its tree at every
@@ -290,7 +291,7 @@ async fn wait_yields_while_not_ready_then_times_out_until_the_content_changes() 
     let ns = TestNamespace::create("manifest-wait")
         .await
         .expect("namespace");
-    let cx = Context::from_client(ns.client().clone());
+    let cx = Context::new(provisioners::ClientPolicy::new().cluster("client", ns.client().clone()));
     // No such storage class: the claim stays Pending.
     let claim = |revision: &str| {
         format!(
@@ -361,7 +362,7 @@ async fn a_typed_resource_applies_waits_and_deletes() {
     let ns = TestNamespace::create("manifest-resource")
         .await
         .expect("namespace");
-    let cx = Context::from_client(ns.client().clone());
+    let cx = Context::new(provisioners::ClientPolicy::new().cluster("client", ns.client().clone()));
     let config_map = ConfigMap {
         metadata: ObjectMeta {
             name: Some("typed".into()),
@@ -425,7 +426,7 @@ async fn a_custom_resource_yields_naming_its_crd_until_it_is_established() {
     let ns = TestNamespace::create("manifest-crd")
         .await
         .expect("namespace");
-    let cx = Context::from_client(ns.client().clone());
+    let cx = Context::new(provisioners::ClientPolicy::new().cluster("client", ns.client().clone()));
     let group = format!("{}.example.com", ns.name());
     // `gizmos` claims the list kind `gadgets` already has: its names are
     // never accepted, so it never becomes Established.

@@ -273,7 +273,7 @@ async fn an_aggregated_api_that_is_down_breaks_only_its_own_objects() {
     let ns = TestNamespace::create("manifest-aggregated")
         .await
         .expect("namespace");
-    let cx = Context::from_client(ns.client().clone());
+    let cx = Context::new(provisioners::ClientPolicy::new().cluster("client", ns.client().clone()));
     let group = format!("{}.example.com", ns.name());
     let api_service = Manifest::from_yaml(
         "api-service",

@@ -370,10 +370,11 @@ async fn a_replace_interrupted_between_delete_and_create_converges() {
         .expect("namespace");
     let (proxy, cx) = proxied("interrupted").await;
     // No retries: the failed create must reach the provision.
-    let cluster = cx
-        .cluster()
-        .clone()
-        .with_policy(provisioners::ClientPolicy::new().backoff([]));
+    let cluster = provisioners::ClientPolicy::new()
+        .backoff([])
+        .connect("interrupted", proxy.kubeconfig().clone())
+        .await
+        .expect("a cluster over the proxy");
     let cx = cx.with_cluster(cluster);
     let api = ns.api::<ConfigMap>();
     converge(

@@ -121,7 +121,7 @@ async fn an_apiserver_restart_mid_provision_is_transient_and_the_next_provision_
     let ns = TestNamespace::create("manifest-restart")
         .await
         .expect("namespace");
-    let cx = Context::from_client(ns.client().clone());
+    let cx = Context::new(provisioners::ClientPolicy::new().cluster("client", ns.client().clone()));
     let yaml: String = (0..OBJECTS)
         .map(|i| {
             format!(

@@ -22,7 +22,7 @@ use platform_operator::{
     FIELD_MANAGER, Options, Platform, PlatformSpec, RemoteSpec, Settings, install_crd, run_with,
 };
 use provisioners::runtime::LeaderElection;
-use provisioners::{Cluster, Context, Manifest};
+use provisioners::{Context, Manifest};
 use provisioners_lab::cluster::{HarnessCluster, TestNamespace, helm3, helm4};
 
 /// Where `deploy/operator.yaml` puts the operator.
@@ -189,7 +189,7 @@ async fn runs_under_its_own_rbac(helm: PathBuf, prefix: &str) {
         .expect("kubeconfig secret");
 
     let kubeconfig = service_account_kubeconfig(&admin).await;
-    let cluster = Cluster::from_kubeconfig("operator-sa", kubeconfig)
+    let cluster = provisioners::client::connect("operator-sa", kubeconfig)
         .await
         .expect("the ServiceAccount's cluster");
     let cx = Context::new(cluster).with_field_manager(FIELD_MANAGER);

@@ -454,12 +454,15 @@ async fn a_no_op_lists_only_our_objects() {
         .namespace(ns.name())
         .prune(true);
     let plain = HarnessCluster::Primary.client().await.expect("client");
-    let cx = Context::from_client(plain.clone()).with_owner(Owner::standalone("lister"));
+    let cx = Context::new(provisioners::ClientPolicy::new().cluster("client", plain.clone()))
+        .with_owner(Owner::standalone("lister"));
     converge(&cx, &manifest, true, DEADLINE).await;
 
     let traffic = Arc::new(Mutex::new(Traffic::default()));
-    let cx = Context::from_client(recording(plain, Arc::clone(&traffic)))
-        .with_owner(Owner::standalone("lister"));
+    let cx = Context::new(
+        provisioners::ClientPolicy::new().cluster("client", recording(plain, Arc::clone(&traffic))),
+    )
+    .with_owner(Owner::standalone("lister"));
     cx.provision(&manifest).await.expect("no-op provision");
     let traffic = std::mem::take(&mut *traffic.lock().unwrap());
     let writes: Vec<_> = traffic

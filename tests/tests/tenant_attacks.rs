@@ -24,7 +24,7 @@ const DEADLINE: Duration = Duration::from_secs(60);
 fn operator(cx: &Context, id: &str) -> Context {
     cx.clone()
         .with_owner(Owner::standalone(id))
-        .with_owner_keys(OwnerKeys::generate().expect("a key"))
+        .with_extension(OwnerKeys::generate().expect("a key"))
 }
 
 /// A client acting as ServiceAccount `tenant` of `ns`, which may read and
@@ -315,7 +315,7 @@ async fn a_key_configured_later_re_signs_what_stays_and_never_deletes_what_left_
     // The upgrade: the same owner, now with a key.
     let after = before
         .clone()
-        .with_owner_keys(OwnerKeys::generate().expect("a key"));
+        .with_extension(OwnerKeys::generate().expect("a key"));
     let plan = after.plan(&manifest(&["stays"])).await.expect("plan");
     let (action, reason) = planned(&plan, "leaves");
     assert_eq!(action, Change::Refuse, "{reason}");

@@ -16,7 +16,7 @@ use tracing::Instrument;
 
 use crate::observe::{Event, Observer, Outcome, Phase};
 use crate::path::{Lazy, NodePath};
-use crate::{Cluster, Error, Operation, Owner, OwnerKeys, Plan, Provisioner, Result, Wake};
+use crate::{Cluster, Error, Operation, Owner, Plan, Provisioner, Result, Wake};
 
 mod run;
 
@@ -41,14 +41,15 @@ pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(20);
 /// remote cluster makes one with another [`Cluster`]. Nothing is global.
 ///
 /// ```
-/// # async fn example() -> provisioners_core::Result<()> {
+/// # async fn example(client: kube::Client) {
 /// use provisioners_core::{Cluster, Context};
 ///
-/// let cx = Context::new(Cluster::infer().await?)
+/// // `provisioners_kit::client::infer()` builds a cluster with deadlines
+/// // and a breaker; here a client of your own.
+/// let cx = Context::new(Cluster::new("dev", client))
 ///     .with_field_manager("my-operator")
 ///     .with_background_deletion(true);
 /// assert_eq!(cx.field_manager(), "my-operator");
-/// # Ok(())
 /// # }
 /// ```
 #[derive(Clone)]
@@ -79,7 +80,8 @@ struct Shared {
     background_deletion: bool,
     field_manager: Cow<'static, str>,
     owner: Option<Arc<Owner>>,
-    owner_keys: Option<Arc<OwnerKeys>>,
+    /// What crates beside core give every node: one value per type.
+    extensions: http::Extensions,
     observer: Option<Arc<dyn Observer>>,
     shutdown_timeout: Duration,
     wake: Option<Wake>,
@@ -97,7 +99,7 @@ impl Context {
                 background_deletion: false,
                 field_manager: Cow::Borrowed(DEFAULT_FIELD_MANAGER),
                 owner: None,
-                owner_keys: None,
+                extensions: http::Extensions::new(),
                 observer: None,
                 shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
                 wake: None,
@@ -118,14 +120,6 @@ impl Context {
         &self.frame.shared
     }
 
-    /// A context over a bare client (no kubeconfig), wrapped in the default
-    /// [client policy](crate::ClientPolicy): see [`Cluster::new`].
-    /// Provisioners that drive a CLI need a kubeconfig and fail with a clear
-    /// error on such a context.
-    pub fn from_client(client: kube::Client) -> Self {
-        Context::new(Cluster::new("client", client))
-    }
-
     /// A context with no cluster behind it: every API request fails with a
     /// clear error. For unit tests and examples of trees whose nodes never
     /// touch the API. Must be called inside a Tokio runtime (the client's
@@ -134,11 +128,11 @@ impl Context {
         let service = tower::service_fn(|_request: http::Request<kube::client::Body>| async {
             Err::<http::Response<kube::client::Body>, _>(
                 "this context has no cluster (Context::offline); build one with \
-                 Cluster::infer or Cluster::from_kubeconfig",
+                 provisioners_kit::client::infer or connect",
             )
         });
         // No policy: retrying a request that can never succeed only slows tests.
-        Context::new(Cluster::unmanaged(
+        Context::new(Cluster::new(
             "offline",
             kube::Client::new(service, "default"),
         ))
@@ -216,11 +210,27 @@ impl Context {
         self
     }
 
-    /// The keys that authenticate ownership stamps (see [`OwnerKeys`]).
-    /// Without them stamps are plain data, as before keys existed: fine
-    /// for one owner per cluster, not where tenants can patch our objects.
-    pub fn with_owner_keys(mut self, keys: OwnerKeys) -> Self {
-        self.shared_mut().owner_keys = Some(Arc::new(keys));
+    /// Gives every node of the tree `value`, to read with
+    /// [`Context::extension`]: one value per type (a second replaces the
+    /// first), seen by children and remote contexts alike. For what a crate
+    /// beside core lets its users configure once per tree, e.g. the keys
+    /// that authenticate ownership stamps (`provisioners_kit::owner::OwnerKeys`).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// use provisioners_core::Context;
+    ///
+    /// #[derive(Clone, Debug, PartialEq)]
+    /// struct Region(&'static str);
+    ///
+    /// let cx = Context::offline().with_extension(Region("eu-west"));
+    /// assert_eq!(cx.extension::<Region>(), Some(&Region("eu-west")));
+    /// assert_eq!(cx.extension::<u32>(), None);
+    /// # }
+    /// ```
+    pub fn with_extension<T: Clone + Send + Sync + 'static>(mut self, value: T) -> Self {
+        self.shared_mut().extensions.insert(value);
         self
     }
 
@@ -299,9 +309,9 @@ impl Context {
         self.shared().owner.as_deref()
     }
 
-    /// The keys that authenticate ownership stamps, if configured.
-    pub fn owner_keys(&self) -> Option<&OwnerKeys> {
-        self.shared().owner_keys.as_deref()
+    /// The value of type `T` given with [`Context::with_extension`], if any.
+    pub fn extension<T: Send + Sync + 'static>(&self) -> Option<&T> {
+        self.shared().extensions.get::<T>()
     }
 
     /// The identity that provisioners stamp on what they create: the
@@ -549,7 +559,7 @@ impl fmt::Debug for Context {
             .field("field_manager", &self.shared().field_manager)
             .field("background_deletion", &self.shared().background_deletion)
             .field("owner", &self.shared().owner)
-            .field("owner_keys", &self.shared().owner_keys)
+            .field("extensions", &self.shared().extensions.len())
             .field("shutdown_timeout", &self.shared().shutdown_timeout)
             .field("wake", &self.shared().wake.is_some())
             .field("cancelled", &self.is_cancelled())

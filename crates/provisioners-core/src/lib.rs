@@ -14,11 +14,10 @@
 //!
 //! - [`Error`] kinds that say what the caller should do ([`ErrorKind`]);
 //!   the origin is the error's [source](std::error::Error::source);
-//! - [`Cluster`]: a client inside one [`ClientPolicy`] (a per-request
-//!   timeout and a short retry of transient failures, so leaves never write
-//!   their own), and per-cluster state ([`Cluster::state`],
-//!   [`Cluster::shared_state`]) where leaf crates keep what they learn about
-//!   a cluster;
+//! - [`Cluster`]: one cluster's id and client, and per-cluster state
+//!   ([`Cluster::state`], [`Cluster::shared_state`]) where leaf crates keep
+//!   what they learn about a cluster (clusters with deadlines, a retry and a
+//!   circuit breaker on every request are built by `provisioners_kit::client`);
 //! - [`Metadata`], the one way to name a node; [`Context::provision`]
 //!   rejects a name that is empty or holds `/` before the node runs;
 //! - [plans](plan): [`Context::plan`] asks a tree what it would do, without
@@ -91,7 +90,7 @@
 //!     Box::new(Leaf { name: "config", ready: true }),
 //!     Box::new(Leaf { name: "database", ready: false }),
 //! ]);
-//! // A real program targets a cluster: `Context::new(Cluster::infer().await?)`.
+//! // A real program targets a cluster: `Context::new(provisioners_kit::client::infer().await?)`.
 //! let cx = Context::offline();
 //!
 //! let error = cx.provision(&tree).await.unwrap_err();
@@ -108,12 +107,10 @@
 mod cluster;
 mod context;
 mod error;
-mod health;
 mod observe;
 mod owner;
 mod path;
 pub mod plan;
-mod policy;
 mod provisioner;
 mod remote;
 mod wake;
@@ -122,19 +119,11 @@ pub use async_trait::async_trait;
 pub use cluster::Cluster;
 pub use context::{Context, DEFAULT_FIELD_MANAGER, DEFAULT_SHUTDOWN_TIMEOUT};
 pub use error::{Error, ErrorKind, Result, Waiting};
-pub use health::{Health, Unreachable};
 pub use observe::{Event, Observer, Outcome, Phase};
-pub use owner::{OWNER_KEY_MIN_LEN, Owner, OwnerKeys};
+pub use owner::Owner;
 pub use plan::Plan;
-pub use policy::{
-    ClientPolicy, DEFAULT_BACKOFF, DEFAULT_PAGE_LIMIT, DEFAULT_REQUEST_TIMEOUT,
-    DEFAULT_RESPONSE_LIMIT, PolicyService,
-};
 pub use provisioner::{Managed, ManagerProvisioner, Metadata, Operation, Provisioner};
-pub use remote::{
-    ClaimedSecret, KubeconfigClaims, RemoteCluster, kubeconfig_finalizer,
-    kubeconfig_finalizer_prefix, kubeconfig_owner_label,
-};
+pub use remote::RemoteCluster;
 /// Re-exported so that users name the same token type as [`Context`].
 pub use tokio_util::sync::CancellationToken;
 pub use wake::Wake;

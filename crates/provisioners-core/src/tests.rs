@@ -350,25 +350,6 @@ async fn settings_carry_over_to_child_contexts() {
     assert_eq!(Operation::Provision.to_string(), "provision");
 }
 
-#[test]
-fn in_cluster_kubeconfig_names_the_token_file_not_the_token() {
-    let kubeconfig = crate::cluster::in_cluster_kubeconfig("10.0.0.1", "443", "ops");
-    let user = kubeconfig.auth_infos[0].auth_info.as_ref().unwrap();
-    assert_eq!(
-        user.token_file.as_deref(),
-        Some("/var/run/secrets/kubernetes.io/serviceaccount/token")
-    );
-    assert!(user.token.is_none());
-    let cluster = kubeconfig.clusters[0].cluster.as_ref().unwrap();
-    assert_eq!(cluster.server.as_deref(), Some("https://10.0.0.1:443"));
-    let context = kubeconfig.contexts[0].context.as_ref().unwrap();
-    assert_eq!(context.namespace.as_deref(), Some("ops"));
-
-    let v6 = crate::cluster::in_cluster_kubeconfig("fd00::1", "6443", "ops");
-    let server = v6.clusters[0].cluster.as_ref().unwrap().server.clone();
-    assert_eq!(server.as_deref(), Some("https://[fd00::1]:6443"));
-}
-
 #[tokio::test]
 async fn a_node_name_that_is_empty_or_holds_a_slash_is_invalid_and_nothing_runs() {
     let seen = Arc::new(Mutex::new(Vec::new()));
@@ -419,14 +400,7 @@ async fn cluster_state_is_one_value_per_type_shared_by_clones_and_derived_cluste
         &cx.cluster().state::<AtomicU32>()
     ));
 
-    let kubeconfig: kube::config::Kubeconfig = serde_json::from_value(serde_json::json!({
-        "apiVersion": "v1", "kind": "Config", "current-context": "r",
-        "clusters": [{"name": "r", "cluster": {"server": "https://127.0.0.1:1"}}],
-        "users": [{"name": "r", "user": {"token": "t"}}],
-        "contexts": [{"name": "r", "context": {"cluster": "r", "user": "r"}}],
-    }))
-    .unwrap();
-    let remote = cluster.derive("remote", kubeconfig).await.unwrap();
+    let remote = cluster.derive("remote", cx.client().clone());
     assert_eq!(remote.id(), "remote");
     // Its own state, the parent's shared state.
     assert_eq!(remote.state::<AtomicU32>().load(Ordering::SeqCst), 0);
@@ -435,8 +409,6 @@ async fn cluster_state_is_one_value_per_type_shared_by_clones_and_derived_cluste
         .0
         .fetch_add(5, Ordering::SeqCst);
     assert_eq!(remote.shared_state::<Shared>().0.load(Ordering::SeqCst), 5);
-    // Derived from an unmanaged cluster: no policy either.
-    assert!(remote.policy().is_none());
 
     let set = cluster.with_state(AtomicU32::new(7));
     assert_eq!(set.state::<AtomicU32>().load(Ordering::SeqCst), 7);
@@ -469,7 +441,7 @@ async fn a_context_changed_after_its_children_ran_gives_new_children_the_change(
         }
         async fn provision(&self, cx: &Context) -> Result<()> {
             cx.provision(&self.0).await?;
-            let other = crate::Cluster::unmanaged("other", cx.client().clone());
+            let other = crate::Cluster::new("other", cx.client().clone());
             let remote = cx.clone().with_cluster(other).with_field_manager("fm");
             remote.provision(&self.1).await?;
             // The original context is unchanged for later children.

@@ -7,10 +7,8 @@ use std::time::{Duration, Instant, SystemTime};
 
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
-use provisioners_core::{
-    ClaimedSecret, Context, Error, KubeconfigClaims, Operation, Result, Waiting,
-    kubeconfig_finalizer,
-};
+use provisioners_core::{Context, Error, Operation, Result, Waiting};
+use provisioners_kit::kubeconfig::{ClaimedSecret, KubeconfigClaims, kubeconfig_finalizer};
 
 use crate::fleet::Fleet;
 use crate::member::Member;

@@ -34,7 +34,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
 use kube::config::Kubeconfig;
-use provisioners_core::{Cluster, Context, Provisioner};
+use provisioners_core::{Context, Provisioner};
 use provisioners_group::Concurrent;
 use provisioners_helm::{Chart, DriftPolicy, HelmProcesses, HelmRelease};
 
@@ -387,7 +387,7 @@ async fn main() {
         helms.insert(0, ("helm 3", env_path("PROVISIONERS_HELM3")));
     }
     let kubeconfig = Kubeconfig::read_from(&kubeconfig_path).expect("read the kubeconfig");
-    let mut cluster = Cluster::from_kubeconfig("bench", kubeconfig)
+    let mut cluster = provisioners_kit::client::connect("bench", kubeconfig)
         .await
         .expect("cluster");
     if let Some(limit) = limit {

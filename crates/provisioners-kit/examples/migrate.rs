@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Api;
-use provisioners_core::{Cluster, Context};
+use provisioners_core::Context;
 use provisioners_kit::crd;
 
 /// More passes than this means something is wrong (2,000 objects take 2).
@@ -26,7 +26,7 @@ async fn main() -> ExitCode {
         eprintln!("usage: migrate CRD-NAME");
         return ExitCode::from(2);
     };
-    let cluster = match Cluster::infer().await {
+    let cluster = match provisioners_kit::client::infer().await {
         Ok(cluster) => cluster,
         Err(e) => {
             eprintln!("no cluster: {e}");

@@ -52,11 +52,14 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod canonical;
+pub mod client;
 pub mod crd;
 pub mod diff;
 pub mod drift;
 mod flight;
+pub mod kubeconfig;
 pub mod lease;
+pub mod owner;
 pub mod readiness;
 
 pub use flight::SingleFlight;

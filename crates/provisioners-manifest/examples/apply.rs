@@ -10,7 +10,7 @@
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use provisioners_core::{Cluster, Context};
+use provisioners_core::Context;
 use provisioners_manifest::Manifest;
 
 const DEADLINE: Duration = Duration::from_secs(600);
@@ -49,7 +49,7 @@ async fn main() -> ExitCode {
         eprintln!("usage: apply [--delete [--background]] [--namespace NS] [--wait SECONDS] PATH");
         return ExitCode::from(2);
     };
-    let cluster = match Cluster::infer().await {
+    let cluster = match provisioners_kit::client::infer().await {
         Ok(cluster) => cluster,
         Err(e) => {
             eprintln!("{e}");

@@ -14,7 +14,7 @@ use std::io::Write as _;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use provisioners_core::{Cluster, Context};
+use provisioners_core::Context;
 use provisioners_manifest::Manifest;
 
 const USAGE: &str = "usage: plan [--namespace NS] [--quiet] [--json] PATH";
@@ -42,7 +42,7 @@ async fn main() -> ExitCode {
         eprintln!("{USAGE}");
         return ExitCode::from(2);
     };
-    let cluster = match Cluster::infer().await {
+    let cluster = match provisioners_kit::client::infer().await {
         Ok(cluster) => cluster,
         Err(e) => {
             eprintln!("{e}");

@@ -15,7 +15,7 @@
 //! each field we add costs the API server on every apply (one more field
 //! in the managed-fields set), so owner and node share one annotation.
 //!
-//! With [owner keys](provisioners_core::OwnerKeys) on the context the stamp
+//! With [owner keys](provisioners_kit::owner::OwnerKeys) on the context the stamp
 //! also carries `mac`, an HMAC-SHA256 over owner, node and the object's
 //! group, kind, namespace and name: a tenant who can patch an object but
 //! cannot read the key cannot make it ours, nor copy a stamp from one of our
@@ -35,7 +35,8 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::DynamicObject;
-use provisioners_core::{Context, OwnerKeys};
+use provisioners_core::Context;
+use provisioners_kit::owner::OwnerKeys;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
@@ -174,7 +175,7 @@ impl Stamp {
             owner,
             node,
             inventory_id,
-            keys: cx.owner_keys().cloned(),
+            keys: OwnerKeys::of(cx).cloned(),
         }
     }
 
@@ -458,7 +459,7 @@ mod tests {
         let keys = OwnerKeys::new(vec![3; 32]).unwrap();
         let cx = Context::offline()
             .with_owner(Owner::standalone("me"))
-            .with_owner_keys(keys);
+            .with_extension(keys);
         let stamp = Stamp::new(&cx, "app", None);
         let mut ours = live(&json!({}));
         stamp.mark(&mut ours);
@@ -498,7 +499,7 @@ mod tests {
         // A rotation keeps our objects ours; without keys, nothing is checked.
         let rotated = Context::offline()
             .with_owner(Owner::standalone("me"))
-            .with_owner_keys(
+            .with_extension(
                 OwnerKeys::new(vec![4; 32])
                     .unwrap()
                     .with_previous(vec![3; 32]),

@@ -71,7 +71,7 @@ impl RemoteClusters {
             return Ok(cluster.clone());
         }
         // Built outside the lock: building a client may take a while.
-        let built = parent.derive(id, kubeconfig).await?;
+        let built = provisioners_kit::client::derive(parent, id, kubeconfig).await?;
         Ok(self.insert(key, built))
     }
 

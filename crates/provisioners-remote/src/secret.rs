@@ -212,7 +212,7 @@ impl SecretKubeconfig {
 }
 
 /// A node's finalizer on a kubeconfig Secret and the owner's record kept
-/// with it (see [`provisioners_core::KubeconfigClaims`]).
+/// with it (see [`provisioners_kit::kubeconfig::KubeconfigClaims`]).
 pub(crate) struct Protection<'a> {
     /// The node's finalizer.
     pub(crate) finalizer: &'a str,
@@ -297,8 +297,8 @@ impl SecretKubeconfig {
     }
 
     /// This Secret protected with `finalizer`, for the owner's claims.
-    pub(crate) fn claimed(&self, finalizer: &str) -> provisioners_core::ClaimedSecret {
-        provisioners_core::ClaimedSecret {
+    pub(crate) fn claimed(&self, finalizer: &str) -> provisioners_kit::kubeconfig::ClaimedSecret {
+        provisioners_kit::kubeconfig::ClaimedSecret {
             namespace: self.namespace.clone(),
             name: self.name.clone(),
             finalizer: finalizer.to_owned(),

@@ -5,7 +5,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
 
 use k8s_openapi::jiff::Timestamp;
-use provisioners_core::{Cluster, Unreachable};
+use provisioners_core::Cluster;
+use provisioners_kit::client::{Health, Unreachable};
 
 /// The annotation on a kubeconfig Secret that says since when the cluster
 /// it describes has not answered (RFC 3339, UTC), so that a grace outlives
@@ -14,7 +15,7 @@ pub const UNREACHABLE_SINCE_ANNOTATION: &str = "provisioners.dev/unreachable-sin
 
 /// What a [`RemoteClusterProvisioner`](crate::RemoteClusterProvisioner)
 /// does when its cluster does not answer (its
-/// [`Cluster::health`] is unreachable: the client policy's breaker is
+/// [`Health::of`] is unreachable: the client policy's breaker is
 /// open).
 ///
 /// Whatever the policy, a pass against an unreachable cluster returns at
@@ -103,8 +104,8 @@ pub(crate) fn elapsed(since: SystemTime) -> Duration {
 
 /// The cluster's breaker state, when it is open.
 pub(crate) fn unreachable(cluster: &Cluster) -> Option<Unreachable> {
-    match cluster.health() {
-        provisioners_core::Health::Unreachable(unreachable) => Some(unreachable),
+    match Health::of(cluster) {
+        Health::Unreachable(unreachable) => Some(unreachable),
         _ => None,
     }
 }

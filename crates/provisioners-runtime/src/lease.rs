@@ -44,7 +44,7 @@ use tokio::time::Instant;
 /// use provisioners_runtime::LeaderElection;
 ///
 /// # async fn example() -> provisioners_core::Result<()> {
-/// let cx = Context::new(Cluster::infer().await?);
+/// let cx = Context::new(provisioners_kit::client::infer().await?);
 /// let shutdown = cx.cancellation().clone();
 /// let identity = std::env::var("POD_NAME").unwrap_or_else(|_| "local".into());
 /// LeaderElection::new(cx.client().clone(), "operators", "platform-operator", identity)

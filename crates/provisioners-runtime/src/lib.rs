@@ -85,7 +85,7 @@
 //!
 //! Every API call here (finalizer and status patches, events, the Lease)
 //! goes through the context's client, so through the cluster's
-//! [client policy](provisioners_core::ClientPolicy): a bounded time per
+//! [client policy](provisioners_kit::client::ClientPolicy): a bounded time per
 //! request and a few quick retries of transient failures, none written here.
 //!
 //! # Example
@@ -103,7 +103,7 @@
 //! # use provisioners_testing::Noop;
 //!
 //! # async fn example() -> provisioners_core::Result<()> {
-//! let cx = Context::new(Cluster::infer().await?).with_field_manager("platform-operator");
+//! let cx = Context::new(provisioners_kit::client::infer().await?).with_field_manager("platform-operator");
 //! let reconciler = Arc::new(
 //!     Reconciler::new(cx.clone(), "example.com/platform").events("platform-operator"),
 //! );

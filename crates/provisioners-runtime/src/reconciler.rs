@@ -8,9 +8,8 @@ use std::time::{Duration, Instant};
 use kube::runtime::controller::Action;
 use kube::runtime::events::Reporter;
 use kube::{Resource, ResourceExt};
-use provisioners_core::{
-    ClaimedSecret, Context, ErrorKind, KubeconfigClaims, ManagerProvisioner, Owner, Result, Wake,
-};
+use provisioners_core::{Context, ErrorKind, ManagerProvisioner, Owner, Result, Wake};
+use provisioners_kit::kubeconfig::{ClaimedSecret, KubeconfigClaims};
 use serde::Serialize;
 use serde_json::Value;
 

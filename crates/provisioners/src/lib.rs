@@ -56,7 +56,7 @@
 //!     Conditional::when(monitoring, Step("prometheus")),
 //! );
 //!
-//! // In a real program: Context::new(Cluster::infer().await?).
+//! // In a real program: Context::new(provisioners::client::infer().await?).
 //! let cx = Context::offline();
 //! cx.provision(&tree).await?;
 //! cx.deprovision(&tree).await?;
@@ -68,6 +68,8 @@
 
 pub use provisioners_core::*;
 pub use provisioners_kit as kit;
+pub use provisioners_kit::client::{self, ClientPolicy, Health, Unreachable};
+pub use provisioners_kit::owner::OwnerKeys;
 
 #[cfg(feature = "conditional")]
 pub use provisioners_conditional::{self as conditional, Conditional};

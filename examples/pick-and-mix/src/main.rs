@@ -14,7 +14,7 @@ use std::future::Future;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use provisioners_core::{Cluster, Context, Error, Result};
+use provisioners_core::{Context, Error, Result};
 use provisioners_manifest::Manifest;
 
 /// Unique to this program, so it never meets another test's objects.
@@ -39,7 +39,8 @@ async fn main() -> ExitCode {
 
 async fn run() -> Result<String> {
     let started = Instant::now();
-    let cx = Context::new(Cluster::infer().await?).with_field_manager("pick-and-mix");
+    let cx =
+        Context::new(provisioners_kit::client::infer().await?).with_field_manager("pick-and-mix");
     let manifest = Manifest::from_yaml(
         "pick-and-mix",
         format!(

@@ -49,7 +49,7 @@ use platform_operator::{
 };
 use prometheus_client::registry::Registry;
 use provisioners::runtime::LeaderElection;
-use provisioners::{Cluster, Context, OwnerKeys};
+use provisioners::{Context, OwnerKeys};
 use provisioners_runtime::metrics::{Health, Metrics, serve};
 
 const USAGE: &str = "usage: platform-operator [--crd] [--helm PATH] [--charts DIR] \
@@ -132,7 +132,7 @@ async fn main() -> anyhow::Result<()> {
     });
     let mut registry = Registry::default();
     let metrics = Arc::new(Metrics::new(&mut registry));
-    let cx = Context::new(Cluster::infer().await?)
+    let cx = Context::new(provisioners::client::infer().await?)
         .with_field_manager(FIELD_MANAGER)
         .with_observer(metrics.clone());
     // Ownership stamps are signed with a key only the operator can read, so
@@ -142,7 +142,7 @@ async fn main() -> anyhow::Result<()> {
     let keys = OwnerKeys::load_or_create(cx.client(), &key_namespace, &owner_key_secret)
         .await
         .with_context(|| format!("the owner key Secret {key_namespace}/{owner_key_secret}"))?;
-    let cx = cx.with_owner_keys(keys);
+    let cx = cx.with_extension(keys);
     let shutdown = cx.cancellation().clone();
 
     let health = Health::default();

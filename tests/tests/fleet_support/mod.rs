@@ -15,7 +15,7 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::{ObjectMeta, PostParams};
 use kube::config::Kubeconfig;
-use provisioners::{ClientPolicy, Cluster, Context, Provisioner};
+use provisioners::{ClientPolicy, Context, Provisioner};
 use provisioners_core::{Event, Observer, Phase};
 use provisioners_fleet::{CLUSTER_NAME_LABEL, KUBECONFIG_KEY, Member, Members};
 use provisioners_lab::cluster::{HarnessCluster, TestNamespace};
@@ -291,10 +291,11 @@ impl Journal {
 /// cached from another "operator"), reporting to `journal`.
 pub(crate) async fn context(journal: Arc<Journal>) -> Context {
     let kubeconfig = HarnessCluster::Primary.kubeconfig().expect("kubeconfig");
-    let cluster = Cluster::from_kubeconfig("primary", kubeconfig)
+    let cluster = ClientPolicy::new()
+        .request_timeout(REQUEST_TIMEOUT)
+        .connect("primary", kubeconfig)
         .await
-        .expect("cluster")
-        .with_policy(ClientPolicy::new().request_timeout(REQUEST_TIMEOUT));
+        .expect("cluster");
     Context::new(cluster).with_observer(journal)
 }
 

@@ -22,7 +22,7 @@ pub async fn operator(id: &str) -> Context {
     context_as(id)
         .await
         .with_owner(Owner::standalone(id))
-        .with_owner_keys(OwnerKeys::generate().expect("a key"))
+        .with_extension(OwnerKeys::generate().expect("a key"))
 }
 
 pub fn release(helm: &PathBuf, ns: &str, name: &str) -> HelmRelease {

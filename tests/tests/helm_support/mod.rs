@@ -10,7 +10,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::ListParams;
 use kube::config::Kubeconfig;
-use provisioners::{Cluster, Context, Provisioner};
+use provisioners::{Context, Provisioner};
 use provisioners_helm::{Chart, DIGEST_LABEL, HelmFailure};
 use provisioners_lab::cluster::{self, HarnessCluster, TestNamespace};
 
@@ -68,7 +68,7 @@ pub async fn context_as(id: &str) -> Context {
         .expect("PROVISIONERS_KUBECONFIG");
     let kubeconfig = Kubeconfig::read_from(&path).expect("kubeconfig");
     Context::new(
-        Cluster::from_kubeconfig(id.to_owned(), kubeconfig)
+        provisioners::client::connect(id.to_owned(), kubeconfig)
             .await
             .expect("cluster"),
     )

@@ -15,7 +15,7 @@ pub async fn cx() -> Context {
         .client()
         .await
         .expect("cluster client");
-    Context::from_client(client)
+    Context::new(provisioners::ClientPolicy::new().cluster("client", client))
 }
 
 /// Runs `provision` (or `deprovision`) until it returns Ok, as a controller

@@ -8,7 +8,7 @@
 //!   objects. With or without owner keys. A tree without an `Owner` stamps
 //!   and checks no owner: a release stays keyed by its name and namespace
 //!   only, wherever it moves in the tree (the owner field signed is empty).
-//! * **Records that verify.** With [`OwnerKeys`](provisioners_core::OwnerKeys)
+//! * **Records that verify.** With [`OwnerKeys`](provisioners_kit::owner::OwnerKeys)
 //!   on the context, before helm acts on a release's records (recovery of a
 //!   pending record, upgrade, drift repair, uninstall) every record of the
 //!   release must verify. One that does not is reported (`Failed`, naming
@@ -31,7 +31,8 @@
 
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, PostParams};
-use provisioners_core::{Context, Error, OwnerKeys, Result};
+use provisioners_core::{Context, Error, Result};
+use provisioners_kit::owner::OwnerKeys;
 
 use super::HelmRelease;
 use super::lease;
@@ -56,7 +57,7 @@ impl HelmRelease {
     /// The sealing of runs started from `cx`.
     pub(super) fn sealing(&self, cx: &Context) -> Sealing {
         Sealing {
-            keys: cx.owner_keys().cloned(),
+            keys: OwnerKeys::of(cx).cloned(),
             owner: release_owner(cx),
         }
     }
@@ -218,7 +219,7 @@ impl HelmRelease {
     /// forgery with our labels copied), so its digest label is not trusted
     /// to skip the check of the records. Reads nothing.
     pub(super) fn unsealed_looking(cx: &Context, latest: &Revision) -> bool {
-        cx.owner_keys().is_some() && cx.owner().is_some() && latest.owner.is_none()
+        OwnerKeys::of(cx).is_some() && cx.owner().is_some() && latest.owner.is_none()
     }
 
     /// An `Invalid` error when another owner holds the release `latest` is
@@ -246,7 +247,7 @@ impl HelmRelease {
     /// otherwise a `Failed` error naming each record that does not verify.
     /// Without keys: `Ok(false)`, nothing read.
     pub(super) async fn trust_records(&self, cx: &Context) -> Result<bool> {
-        let Some(keys) = cx.owner_keys() else {
+        let Some(keys) = OwnerKeys::of(cx) else {
             return Ok(false);
         };
         let owner = release_owner(cx);
@@ -344,7 +345,8 @@ impl HelmRelease {
         record: &Record,
         intent: Option<&String>,
     ) -> bool {
-        let (Some(keys), Some(number), Some(mac)) = (cx.owner_keys(), record.number, intent) else {
+        let (Some(keys), Some(number), Some(mac)) = (OwnerKeys::of(cx), record.number, intent)
+        else {
             return false;
         };
         let revision = number.to_string();
@@ -361,7 +363,7 @@ impl HelmRelease {
     /// intent on the Lease (held by this pass) that recognises its record
     /// should the process die before sealing it.
     pub(super) async fn intend(&self, cx: &Context, revision: u32) -> Result<()> {
-        let Some(keys) = cx.owner_keys() else {
+        let Some(keys) = OwnerKeys::of(cx) else {
             return Ok(());
         };
         let owner = release_owner(cx);

@@ -32,7 +32,8 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, ListParams, Patch, PatchParams};
-use provisioners_core::{Error, OwnerKeys, Result};
+use provisioners_core::{Error, Result};
+use provisioners_kit::owner::OwnerKeys;
 use serde_json::Value;
 use sha2::{Digest as _, Sha256};
 

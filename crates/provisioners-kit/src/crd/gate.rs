@@ -128,13 +128,9 @@ fn served_version(crd: &CustomResourceDefinition, version: &str) -> Option<ApiRe
 }
 
 /// How many pages a LIST on `cx`'s cluster may follow: its client
-/// policy's [cap](provisioners_core::ClientPolicy::pages).
+/// policy's [cap](crate::client::page_limit).
 pub(super) fn page_limit(cx: &Context) -> usize {
-    cx.cluster()
-        .policy()
-        .map_or(provisioners_core::DEFAULT_PAGE_LIMIT, |policy| {
-            policy.pages()
-        })
+    crate::client::page_limit(cx.cluster())
 }
 
 /// Every stored object of `resource`, read page by page (at most the client

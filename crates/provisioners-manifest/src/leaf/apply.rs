@@ -329,13 +329,9 @@ impl Manifest {
 }
 
 /// How many pages a LIST of `cx`'s cluster may follow: its client
-/// policy's [cap](provisioners_core::ClientPolicy::pages).
+/// policy's [cap](provisioners_kit::client::page_limit).
 pub(super) fn page_limit(cx: &Context) -> usize {
-    cx.cluster()
-        .policy()
-        .map_or(provisioners_core::DEFAULT_PAGE_LIMIT, |policy| {
-            policy.pages()
-        })
+    provisioners_kit::client::page_limit(cx.cluster())
 }
 
 /// Why [`list_all`] returned no list.

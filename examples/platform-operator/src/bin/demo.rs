@@ -23,7 +23,7 @@ use kube::api::{ApiResource, DeleteParams, DynamicObject, ObjectMeta, Patch, Pat
 use kube::config::Kubeconfig;
 use kube::{Api, ResourceExt};
 use platform_operator::{FIELD_MANAGER, Platform, PlatformSpec, RemoteSpec, Settings, tree};
-use provisioners::{Cluster, Context, Event, Observer, Outcome, Phase, Provisioner};
+use provisioners::{Context, Event, Observer, Outcome, Phase, Provisioner};
 
 const DEADLINE: Duration = Duration::from_secs(300);
 const SECRET: &str = "demo-remote-kubeconfig";
@@ -63,7 +63,7 @@ async fn main() -> anyhow::Result<()> {
     let view = Arc::new(LiveView::new());
     let kubeconfig = Kubeconfig::read_from(&args.kubeconfig)
         .with_context(|| format!("reading {}", args.kubeconfig.display()))?;
-    let cluster = Cluster::from_kubeconfig("local", kubeconfig).await?;
+    let cluster = provisioners::client::connect("local", kubeconfig).await?;
     let cx = Context::new(cluster)
         .with_field_manager(FIELD_MANAGER)
         .with_observer(view.clone());
@@ -114,7 +114,7 @@ async fn main() -> anyhow::Result<()> {
     let remote_client = match &args.remote_kubeconfig {
         Some(path) => {
             let kubeconfig = Kubeconfig::read_from(path)?;
-            Cluster::from_kubeconfig("remote", kubeconfig)
+            provisioners::client::connect("remote", kubeconfig)
                 .await?
                 .client()
                 .clone()

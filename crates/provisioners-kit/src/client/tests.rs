@@ -3,9 +3,15 @@
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use super::attempt::is_streaming;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{Request, Response};
+use kube::client::Body;
+use provisioners_core::{Cluster, Error, ErrorKind};
+
+use super::policy::is_streaming;
 use super::*;
-use crate::{Error, ErrorKind};
 
 /// A client over a server that answers `statuses` in turn (the last one
 /// forever), or never answers when `statuses` is empty, and counts
@@ -154,13 +160,13 @@ async fn no_delays_means_no_retries() {
 }
 
 /// A cluster `edge` over `server`, whose requests go through `policy`.
-fn cluster<F, Fut>(policy: ClientPolicy, server: F) -> crate::Cluster
+fn cluster<F, Fut>(policy: &ClientPolicy, server: F) -> Cluster
 where
     F: FnMut(Request<Body>) -> Fut + Clone + Send + 'static,
     Fut: std::future::Future<Output = Result<Response<Body>, kube::Error>> + Send + 'static,
 {
     let client = kube::Client::new(tower::service_fn(server), "default");
-    crate::Cluster::new("edge", client).with_policy(policy)
+    policy.cluster("edge", client)
 }
 
 #[tokio::test(start_paused = true)]
@@ -168,7 +174,7 @@ async fn a_dead_cluster_fails_fast_after_three_failures_until_a_probe_answers() 
     let calls = Arc::new(AtomicU32::new(0));
     let up = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let (counted, alive) = (Arc::clone(&calls), Arc::clone(&up));
-    let edge = cluster(ClientPolicy::new(), move |request: Request<Body>| {
+    let edge = cluster(&ClientPolicy::new(), move |request: Request<Body>| {
         counted.fetch_add(1, Ordering::SeqCst);
         let alive = alive.load(Ordering::SeqCst);
         let path = request.uri().path().to_owned();
@@ -203,7 +209,7 @@ async fn a_dead_cluster_fails_fast_after_three_failures_until_a_probe_answers() 
             .contains("cluster `edge` is unreachable since"),
         "{error}"
     );
-    let crate::Health::Unreachable(unreachable) = edge.health() else {
+    let Health::Unreachable(unreachable) = Health::of(&edge) else {
         panic!("edge should be unreachable");
     };
     assert_eq!(unreachable.failures, 3);
@@ -224,7 +230,7 @@ async fn a_dead_cluster_fails_fast_after_three_failures_until_a_probe_answers() 
     tokio::time::advance(Duration::from_secs(2)).await;
     get(edge.client()).await.unwrap();
     assert_eq!(calls.load(Ordering::SeqCst), 6);
-    assert!(edge.health().is_reachable());
+    assert!(Health::of(&edge).is_reachable());
 }
 
 #[tokio::test(start_paused = true)]
@@ -233,7 +239,7 @@ async fn a_request_without_an_answer_probes_beside_it_and_a_silent_cluster_is_un
     let calls = Arc::new(AtomicU32::new(0));
     let counted = Arc::clone(&calls);
     let policy = ClientPolicy::new().request_timeout(Duration::from_secs(3));
-    let edge = cluster(policy, move |_request: Request<Body>| {
+    let edge = cluster(&policy, move |_request: Request<Body>| {
         counted.fetch_add(1, Ordering::SeqCst);
         std::future::pending::<Result<Response<Body>, kube::Error>>()
     });
@@ -244,7 +250,7 @@ async fn a_request_without_an_answer_probes_beside_it_and_a_silent_cluster_is_un
     // took no longer than its deadline, and its verdict is in.
     assert_eq!(started.elapsed(), Duration::from_secs(3));
     assert_eq!(calls.load(Ordering::SeqCst), 2, "the request and a probe");
-    assert!(!edge.health().is_reachable());
+    assert!(!Health::of(&edge).is_reachable());
     // The pass after it returns at once, without a call, naming the cluster.
     let started = tokio::time::Instant::now();
     let error = get(edge.client()).await.unwrap_err();
@@ -263,14 +269,14 @@ async fn a_timeout_with_a_probe_in_flight_leaves_the_verdict_to_the_next_request
     let calls = Arc::new(AtomicU32::new(0));
     let counted = Arc::clone(&calls);
     let policy = ClientPolicy::new().request_timeout(Duration::from_secs(3));
-    let edge = cluster(policy, move |_request: Request<Body>| {
+    let edge = cluster(&policy, move |_request: Request<Body>| {
         counted.fetch_add(1, Ordering::SeqCst);
         std::future::pending::<Result<Response<Body>, kube::Error>>()
     });
     let (a, b) = tokio::join!(get(edge.client()), get(edge.client()));
     assert!(a.is_err() && b.is_err());
     assert_eq!(calls.load(Ordering::SeqCst), 3, "two requests, one probe");
-    assert!(!edge.health().is_reachable());
+    assert!(!Health::of(&edge).is_reachable());
 }
 
 #[tokio::test(start_paused = true)]
@@ -279,7 +285,7 @@ async fn a_timeout_on_a_cluster_whose_probe_answers_keeps_it_reachable() {
     let calls = Arc::new(AtomicU32::new(0));
     let counted = Arc::clone(&calls);
     let policy = ClientPolicy::new().request_timeout(Duration::from_secs(3));
-    let edge = cluster(policy, move |request: Request<Body>| {
+    let edge = cluster(&policy, move |request: Request<Body>| {
         counted.fetch_add(1, Ordering::SeqCst);
         let stuck = request
             .uri()
@@ -312,7 +318,7 @@ async fn a_timeout_on_a_cluster_whose_probe_answers_keeps_it_reachable() {
     // The probe answers: the request goes, and so do the ones after it.
     get(edge.client()).await.unwrap();
     get(edge.client()).await.unwrap();
-    assert!(edge.health().is_reachable());
+    assert!(Health::of(&edge).is_reachable());
     assert_eq!(
         calls.load(Ordering::SeqCst),
         4,
@@ -322,13 +328,13 @@ async fn a_timeout_on_a_cluster_whose_probe_answers_keeps_it_reachable() {
 
 #[tokio::test(start_paused = true)]
 async fn a_caller_that_gives_up_after_a_while_counts_as_a_timeout() {
-    let edge = cluster(ClientPolicy::new(), move |_request: Request<Body>| {
+    let edge = cluster(&ClientPolicy::new(), move |_request: Request<Body>| {
         std::future::pending::<Result<Response<Body>, kube::Error>>()
     });
     let short = tokio::time::timeout(Duration::from_secs(1), get(edge.client())).await;
     assert!(short.is_err());
     assert!(
-        edge.health().is_reachable(),
+        Health::of(&edge).is_reachable(),
         "a quick cancellation says nothing"
     );
     let long = tokio::time::timeout(Duration::from_secs(5), get(edge.client())).await;
@@ -336,14 +342,14 @@ async fn a_caller_that_gives_up_after_a_while_counts_as_a_timeout() {
     // Counted as a timeout: the next request probes, finds no answer, and
     // the cluster is unreachable.
     assert!(get(edge.client()).await.is_err());
-    assert!(!edge.health().is_reachable());
+    assert!(!Health::of(&edge).is_reachable());
 }
 
 #[tokio::test(start_paused = true)]
 async fn an_oversized_response_is_refused_naming_the_cluster_and_the_limit() {
     for declared in [false, true] {
         let policy = ClientPolicy::new().response_limit(1024);
-        let edge = cluster(policy, move |_request: Request<Body>| async move {
+        let edge = cluster(&policy, move |_request: Request<Body>| async move {
             let mut response = Response::builder().status(200);
             if declared {
                 response = response.header("content-length", "4096");
@@ -355,14 +361,14 @@ async fn an_oversized_response_is_refused_naming_the_cluster_and_the_limit() {
         assert!(text.contains("cluster `edge`"), "{text}");
         assert!(text.contains("limit of 1024 bytes"), "{text}");
         // Not a sign of a dead cluster.
-        assert!(edge.health().is_reachable());
+        assert!(Health::of(&edge).is_reachable());
     }
 }
 
 #[tokio::test(start_paused = true)]
 async fn an_error_body_that_is_not_a_status_never_reaches_the_error() {
     let edge = cluster(
-        ClientPolicy::new().backoff([]),
+        &ClientPolicy::new().backoff([]),
         |_request: Request<Body>| async {
             Ok(Response::builder()
                 .status(502)
@@ -394,4 +400,23 @@ fn watches_and_followed_logs_are_streams() {
     )));
     assert!(!is_streaming(&request("/api/v1/pods?limit=500")));
     assert!(!is_streaming(&request("/api/v1/pods?watch=false")));
+}
+
+#[test]
+fn in_cluster_kubeconfig_names_the_token_file_not_the_token() {
+    let kubeconfig = super::connect::in_cluster_kubeconfig("10.0.0.1", "443", "ops");
+    let user = kubeconfig.auth_infos[0].auth_info.as_ref().unwrap();
+    assert_eq!(
+        user.token_file.as_deref(),
+        Some("/var/run/secrets/kubernetes.io/serviceaccount/token")
+    );
+    assert!(user.token.is_none());
+    let cluster = kubeconfig.clusters[0].cluster.as_ref().unwrap();
+    assert_eq!(cluster.server.as_deref(), Some("https://10.0.0.1:443"));
+    let context = kubeconfig.contexts[0].context.as_ref().unwrap();
+    assert_eq!(context.namespace.as_deref(), Some("ops"));
+
+    let v6 = super::connect::in_cluster_kubeconfig("fd00::1", "6443", "ops");
+    let server = v6.clusters[0].cluster.as_ref().unwrap().server.clone();
+    assert_eq!(server.as_deref(), Some("https://[fd00::1]:6443"));
 }

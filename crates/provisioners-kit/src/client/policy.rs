@@ -10,9 +10,12 @@ use http::{Request, Response};
 use kube::client::Body;
 use tower::{BoxError, Layer, Service};
 
-use crate::health::{Breaker, BreakerSettings};
+use super::health::{Breaker, BreakerSettings};
 
 mod attempt;
+
+#[cfg(test)]
+pub(super) use attempt::is_streaming;
 
 /// How long one request may take, body included, unless
 /// [`ClientPolicy::request_timeout`] says otherwise.
@@ -41,14 +44,14 @@ pub const DEFAULT_BACKOFF: [Duration; 4] = [
 /// A request its caller gives up on after waiting this long without an
 /// answer counts as timed out for the breaker: callers with a shorter
 /// deadline of their own (discovery's) must not hide a dead cluster.
-const ABANDONED_AFTER: Duration = Duration::from_secs(4);
+pub(super) const ABANDONED_AFTER: Duration = Duration::from_secs(4);
 
 /// The policy every request to a cluster goes through: a total deadline, a
 /// size cap, a short bounded retry of failures that may pass, and a circuit
 /// breaker per cluster.
 ///
-/// [`Cluster`](crate::Cluster) installs it on every client it builds or is
-/// given, so leaves call the API plainly and never write a retry loop.
+/// The [constructors](super) install it on every cluster they build, so
+/// leaves call the API plainly and never write a retry loop.
 ///
 /// - **Deadline**: an attempt that is not answered *and its body read*
 ///   within the timeout fails with a transient error, so a server that sends
@@ -76,38 +79,38 @@ const ABANDONED_AFTER: Duration = Duration::from_secs(4);
 ///   out and the probe sent beside it (a probe's timeout before its
 ///   deadline, so it costs the request no time) finds no answer either
 ///   (one slow request, or an aggregated API that does not answer, is not a
-///   dead cluster), the cluster is [unreachable](crate::Health): every request fails
+///   dead cluster), the cluster is [unreachable](super::Health): every request fails
 ///   at once with a transient error naming the cluster, since when, and when
 ///   it is probed next. When the probe is due, one request (only one) sends
 ///   `GET /version` within [`ClientPolicy::probe_timeout`] first; any answer
 ///   closes the breaker, none keeps it open twice as long as before, up to
 ///   the longest [`ClientPolicy::probe_interval`]. So a pass against a dead cluster
 ///   costs at most a probe, and a tree with dead remotes is not slowed by
-///   them. Each [`Cluster`](crate::Cluster) has its own breaker.
+///   them. Each cluster [built](ClientPolicy::cluster) with it has its own breaker.
 ///
 /// It is a [`tower::Layer`] too, for a client stack built by hand (each
 /// layered service with a breaker of its own).
 ///
 /// ```
 /// use std::time::Duration;
-/// use provisioners_core::ClientPolicy;
+/// use provisioners_kit::client::{ClientPolicy, DEFAULT_PAGE_LIMIT};
 ///
 /// let patient = ClientPolicy::new()
 ///     .request_timeout(Duration::from_secs(60))
 ///     .backoff([Duration::from_millis(100), Duration::from_secs(1)]);
-/// assert_eq!(patient.pages(), provisioners_core::DEFAULT_PAGE_LIMIT);
+/// assert_eq!(patient.pages(), DEFAULT_PAGE_LIMIT);
 /// ```
 #[derive(Clone, Debug)]
 #[must_use]
 pub struct ClientPolicy {
-    timeout: Duration,
-    backoff: Arc<[Duration]>,
-    response_limit: u64,
-    page_limit: usize,
-    threshold: u32,
-    probe_timeout: Duration,
-    first_probe: Duration,
-    max_probe_interval: Duration,
+    pub(super) timeout: Duration,
+    pub(super) backoff: Arc<[Duration]>,
+    pub(super) response_limit: u64,
+    pub(super) page_limit: usize,
+    pub(super) threshold: u32,
+    pub(super) probe_timeout: Duration,
+    pub(super) first_probe: Duration,
+    pub(super) max_probe_interval: Duration,
 }
 
 impl Default for ClientPolicy {
@@ -190,13 +193,13 @@ impl ClientPolicy {
 
     /// `client` with every request going through this policy, with a
     /// breaker of its own (errors call the cluster `client`; a
-    /// [`Cluster`](crate::Cluster) names it by its id).
+    /// cluster [built](ClientPolicy::cluster) with the policy is named by its id).
     pub fn wrap(&self, client: kube::Client) -> kube::Client {
         self.wrap_cluster(Breaker::new("client".into()), client)
     }
 
     /// `client` inside this policy, reporting to `breaker`.
-    pub(crate) fn wrap_cluster(&self, breaker: Arc<Breaker>, client: kube::Client) -> kube::Client {
+    pub(super) fn wrap_cluster(&self, breaker: Arc<Breaker>, client: kube::Client) -> kube::Client {
         let namespace = client.default_namespace().to_owned();
         let valid_until = *client.valid_until();
         let send = tower::service_fn(move |request: Request<Body>| {
@@ -211,7 +214,7 @@ impl ClientPolicy {
         kube::Client::new(service, namespace).with_valid_until(valid_until)
     }
 
-    fn breaker_settings(&self) -> BreakerSettings {
+    pub(super) fn breaker_settings(&self) -> BreakerSettings {
         BreakerSettings {
             threshold: self.threshold,
             first_probe: self.first_probe,
@@ -262,6 +265,3 @@ where
         Box::pin(attempt::attempts(inner, policy, breaker, request))
     }
 }
-
-#[cfg(test)]
-mod tests;

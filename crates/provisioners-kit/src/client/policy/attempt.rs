@@ -15,7 +15,7 @@ use tokio::time::Instant;
 use tower::{BoxError, Service, ServiceExt};
 
 use super::{ABANDONED_AFTER, ClientPolicy};
-use crate::health::{Admission, Breaker, BreakerSettings, Outcome, ProbeTicket};
+use crate::client::health::{Admission, Breaker, BreakerSettings, Outcome, ProbeTicket};
 
 /// The attempts of one request: the breaker's admission (or its probe), one
 /// attempt under the deadline, then a retry after the backoff if the answer
@@ -189,7 +189,7 @@ where
 
 /// Whether the answer is a stream that is read as it comes: a watch, a
 /// followed log, an upgraded connection.
-pub(super) fn is_streaming(request: &Request<Body>) -> bool {
+pub(crate) fn is_streaming(request: &Request<Body>) -> bool {
     let query = request.uri().query().unwrap_or_default();
     let flag = |name: &str| {
         query.split('&').any(|pair| {

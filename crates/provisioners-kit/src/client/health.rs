@@ -1,5 +1,5 @@
 //! [`Health`]: whether a cluster answers, kept by a circuit breaker per
-//! [`Cluster`](crate::Cluster).
+//! cluster built by this module.
 
 use std::error::Error as StdError;
 use std::fmt;
@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::time::Instant;
 
 /// A cluster's health as its circuit breaker sees it; see
-/// [`Cluster::health`](crate::Cluster::health).
+/// [`Health::of`].
 ///
 /// A cluster is *unreachable* once [`ClientPolicy::failure_threshold`]
 /// consecutive attempts failed to connect, or once a probe found no answer.
@@ -25,9 +25,9 @@ use tokio::time::Instant;
 /// the breaker, no answer opens it again for twice as long (up to
 /// [`ClientPolicy::probe_interval`]).
 ///
-/// [`ClientPolicy::failure_threshold`]: crate::ClientPolicy::failure_threshold
-/// [`ClientPolicy::probe_timeout`]: crate::ClientPolicy::probe_timeout
-/// [`ClientPolicy::probe_interval`]: crate::ClientPolicy::probe_interval
+/// [`ClientPolicy::failure_threshold`]: super::ClientPolicy::failure_threshold
+/// [`ClientPolicy::probe_timeout`]: super::ClientPolicy::probe_timeout
+/// [`ClientPolicy::probe_interval`]: super::ClientPolicy::probe_interval
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Health {
