@@ -14,7 +14,7 @@ use crate::fleet::Fleet;
 use crate::member::Member;
 use crate::record::{Phase, Record};
 use crate::schedule::{self, Outcome};
-use crate::state::Stored;
+use crate::state::{StateMap, Stored};
 
 /// No new round of member passes starts after a pass has run this long.
 const ROUNDS_FOR: Duration = Duration::from_secs(5);
@@ -102,6 +102,74 @@ fn names(members: &[Member]) -> Vec<&str> {
     members.iter().map(Member::name).collect()
 }
 
+/// The member passes of one fleet pass, round after round: a member that
+/// finishes frees its slot (and may complete a wave), so the next members
+/// start in the same pass and a rollout without a soak takes no requeue per
+/// slot or per wave. Bounded by the rounds that can make progress and by
+/// [`ROUNDS_FOR`], so a pass stays short. Provision and deprovision differ
+/// only in what the schedule picks and how an outcome updates a record.
+struct Rounds<'a> {
+    fleet: &'a Fleet,
+    cx: &'a Context,
+    members: &'a [Member],
+    waves: &'a [usize],
+    in_flight: usize,
+    operation: Operation,
+}
+
+impl Rounds<'_> {
+    /// Runs rounds of what `pick` chooses from the records (each member at
+    /// most once), records each outcome through `after`, and stores what
+    /// changed after every round (and `changes` left from before).
+    async fn run(
+        &self,
+        state: &StateMap,
+        stored: &mut Stored,
+        changes: &mut BTreeMap<String, Option<Record>>,
+        pick: impl Fn(&[Option<Record>]) -> Vec<usize>,
+        after: impl Fn(Option<&Record>, &Outcome, usize, SystemTime) -> Record,
+    ) -> Result<()> {
+        let mut ran = vec![false; self.members.len()];
+        let started = Instant::now();
+        for _ in 0..rounds(self.members, self.waves, self.in_flight) {
+            if started.elapsed() > ROUNDS_FOR {
+                break;
+            }
+            let records = records_of(stored, self.members);
+            let run: Vec<usize> = pick(&records).into_iter().filter(|&p| !ran[p]).collect();
+            if run.is_empty() {
+                break;
+            }
+            let outcomes = run_members(
+                self.fleet,
+                self.cx,
+                self.members,
+                &run,
+                self.in_flight,
+                self.operation,
+            )
+            .await;
+            let now = SystemTime::now();
+            let mut finished = false;
+            for (p, outcome) in outcomes {
+                ran[p] = true;
+                finished |= outcome == Outcome::Finished;
+                let previous = records[p].as_ref();
+                let next = after(previous, &outcome, self.waves[p], now);
+                if previous.is_none_or(|r| !r.same_as(&next)) {
+                    changes.insert(self.members[p].name().to_owned(), Some(next));
+                }
+            }
+            state.store(self.cx, stored, changes).await?;
+            changes.clear();
+            if !finished {
+                break;
+            }
+        }
+        state.store(self.cx, stored, changes).await
+    }
+}
+
 /// One provision pass.
 pub(crate) async fn provision(fleet: &Fleet, cx: &Context) -> Result<()> {
     let state = fleet.state_map(cx)?;
@@ -110,57 +178,28 @@ pub(crate) async fn provision(fleet: &Fleet, cx: &Context) -> Result<()> {
     let mut stored = state.load(cx).await?;
     claim_secrets(cx, &members, &records_of(&stored, &members));
     let mut changes = departed(&stored, &members);
-    let mut ran = vec![false; members.len()];
-    // A member that finishes frees its slot (and may complete a wave): the
-    // next members start in the same pass, so a rollout without a soak
-    // takes no requeue per slot or per wave. Bounded by the rounds that
-    // can make progress and by ROUNDS_FOR, so a pass stays short.
-    let started = Instant::now();
-    for _ in 0..rounds(&members, &waves, settings.max_in_flight) {
-        if started.elapsed() > ROUNDS_FOR {
-            break;
-        }
-        let records = records_of(&stored, &members);
-        let now = SystemTime::now();
-        let pass = schedule::provision(&waves, &records, &fleet.revision, &settings, now);
-        let run: Vec<usize> = pass.run.iter().copied().filter(|&p| !ran[p]).collect();
-        if run.is_empty() {
-            break;
-        }
-        let outcomes = run_members(
-            fleet,
-            cx,
-            &members,
-            &run,
-            settings.max_in_flight,
-            Operation::Provision,
+    let rounds = Rounds {
+        fleet,
+        cx,
+        members: &members,
+        waves: &waves,
+        in_flight: settings.max_in_flight,
+        operation: Operation::Provision,
+    };
+    rounds
+        .run(
+            &state,
+            &mut stored,
+            &mut changes,
+            |records| {
+                let now = SystemTime::now();
+                schedule::provision(&waves, records, &fleet.revision, &settings, now).run
+            },
+            |previous, outcome, wave, now| {
+                schedule::after_provision(previous, outcome, &fleet.revision, wave, &settings, now)
+            },
         )
-        .await;
-        let now = SystemTime::now();
-        let mut finished = false;
-        for (p, outcome) in outcomes {
-            ran[p] = true;
-            finished |= outcome == Outcome::Finished;
-            let previous = records[p].as_ref();
-            let next = schedule::after_provision(
-                previous,
-                &outcome,
-                &fleet.revision,
-                waves[p],
-                &settings,
-                now,
-            );
-            if previous.is_none_or(|r| !r.same_as(&next)) {
-                changes.insert(members[p].name().to_owned(), Some(next));
-            }
-        }
-        state.store(cx, &mut stored, &changes).await?;
-        changes.clear();
-        if !finished {
-            break;
-        }
-    }
-    state.store(cx, &mut stored, &changes).await?;
+        .await?;
     let records = records_of(&stored, &members);
     let pass = schedule::provision(
         &waves,
@@ -207,46 +246,25 @@ pub(crate) async fn deprovision(fleet: &Fleet, cx: &Context) -> Result<()> {
     let mut stored = state.load(cx).await?;
     claim_secrets(cx, &members, &records_of(&stored, &members));
     let mut changes = departed(&stored, &members);
-    let mut ran = vec![false; members.len()];
-    let started = Instant::now();
-    for _ in 0..rounds(&members, &waves, settings.max_in_flight) {
-        if started.elapsed() > ROUNDS_FOR {
-            break;
-        }
-        let records = records_of(&stored, &members);
-        let removal = schedule::deprovision(&waves, &records, &broken);
-        let run: Vec<usize> = removal.run.iter().copied().filter(|&p| !ran[p]).collect();
-        if run.is_empty() {
-            break;
-        }
-        let outcomes = run_members(
-            fleet,
-            cx,
-            &members,
-            &run,
-            settings.max_in_flight,
-            Operation::Deprovision,
+    let rounds = Rounds {
+        fleet,
+        cx,
+        members: &members,
+        waves: &waves,
+        in_flight: settings.max_in_flight,
+        operation: Operation::Deprovision,
+    };
+    rounds
+        .run(
+            &state,
+            &mut stored,
+            &mut changes,
+            |records| schedule::deprovision(&waves, records, &broken).run,
+            |previous, outcome, wave, now| {
+                schedule::after_deprovision(previous, outcome, &fleet.revision, wave, now)
+            },
         )
-        .await;
-        let now = SystemTime::now();
-        let mut finished = false;
-        for (p, outcome) in outcomes {
-            ran[p] = true;
-            finished |= outcome == Outcome::Finished;
-            let previous = records[p].as_ref();
-            let next =
-                schedule::after_deprovision(previous, &outcome, &fleet.revision, waves[p], now);
-            if previous.is_none_or(|r| !r.same_as(&next)) {
-                changes.insert(members[p].name().to_owned(), Some(next));
-            }
-        }
-        state.store(cx, &mut stored, &changes).await?;
-        changes.clear();
-        if !finished {
-            break;
-        }
-    }
-    state.store(cx, &mut stored, &changes).await?;
+        .await?;
     let records = records_of(&stored, &members);
     let removal = schedule::deprovision(&waves, &records, &broken);
     if removal.complete() {

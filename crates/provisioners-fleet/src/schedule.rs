@@ -81,6 +81,8 @@ pub(crate) struct Pass {
     pub(crate) budget: usize,
     /// More members failed than the budget allows: no member starts.
     pub(crate) halted: bool,
+    /// A member of the current wave has started (it is not all pending).
+    pub(crate) wave_started: bool,
     /// The next wave waits this long for the last one to soak.
     pub(crate) soak_left: Option<Duration>,
 }
@@ -94,8 +96,13 @@ impl Pass {
     /// The yield's message: where the rollout stands, or why it halted.
     pub(crate) fn summary(&self, names: &[&str]) -> String {
         let wave = (self.wave + 1).min(self.waves.max(1));
+        let not_started = if self.wave < self.waves && !self.wave_started {
+            " not started"
+        } else {
+            ""
+        };
         let mut text = format!(
-            "wave {wave} of {}: {} done, {} in flight, {} failed of budget {}",
+            "wave {wave} of {}{not_started}: {} done, {} in flight, {} failed of budget {}",
             self.waves.max(1),
             self.done,
             self.in_flight,
@@ -171,7 +178,14 @@ pub(crate) fn provision(
     let failed: Vec<usize> = (0..statuses.len())
         .filter(|&p| statuses[p].failed())
         .collect();
+    let started = |w: usize| {
+        waves
+            .iter()
+            .zip(&statuses)
+            .any(|(x, s)| *x == w && *s != Status::Pending)
+    };
     let mut pass = Pass {
+        wave_started: wave < count && started(wave),
         wave,
         waves: count,
         done: statuses.iter().filter(|s| s.done()).count(),
@@ -193,12 +207,6 @@ pub(crate) fn provision(
     if pass.halted {
         return pass;
     }
-    let started = |w: usize| {
-        waves
-            .iter()
-            .zip(&statuses)
-            .any(|(x, s)| *x == w && *s != Status::Pending)
-    };
     if wave > 0 && wave < count && !started(wave) && !settings.soak.is_zero() {
         let finished = waves
             .iter()

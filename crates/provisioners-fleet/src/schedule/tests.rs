@@ -116,7 +116,24 @@ fn the_first_pass_starts_the_first_wave_up_to_the_bound() {
     assert!(!pass.halted && !pass.complete());
     assert_eq!(
         pass.summary(&["a", "b", "c", "d", "e"]),
-        "wave 1 of 2: 0 done, 0 in flight, 0 failed of budget 1"
+        "wave 1 of 2 not started: 0 done, 0 in flight, 0 failed of budget 1"
+    );
+}
+
+#[test]
+fn a_wave_with_a_member_under_way_is_not_called_not_started() {
+    let waves = [0, 0, 1, 1];
+    let records = vec![
+        record(Phase::Done, REV, 5),
+        record(Phase::Done, REV, 5),
+        record(Phase::InFlight, REV, 5),
+        None,
+    ];
+    let pass = provision(&waves, &records, REV, &settings(), now());
+    assert_eq!(pass.wave, 1);
+    assert_eq!(
+        pass.summary(&["a", "b", "c", "d"]),
+        "wave 2 of 2: 2 done, 1 in flight, 0 failed of budget 1"
     );
 }
 
@@ -179,7 +196,7 @@ fn past_the_budget_the_rollout_halts_and_names_the_failed_members() {
     assert_eq!(
         pass.summary(&["m3", "m1", "m7", "m9"]),
         "halted: 2 members failed (m3, m7), budget 1; fix them or raise the budget (wave 2 of \
-         2: 1 done, 0 in flight, 2 failed of budget 1)"
+         2 not started: 1 done, 0 in flight, 2 failed of budget 1)"
     );
     // Raising the budget resumes it.
     let raised = Settings {
