@@ -26,9 +26,9 @@ use fleet_support::{Gate, Journal, Sim, context, passes, subtree};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::api::events::v1::Event;
 use kube::Api;
-use kube::api::{ListParams, ObjectMeta, PostParams};
+use kube::api::{ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use provisioners::kit::kubeconfig::KubeconfigClaims;
-use provisioners::{Owner, Provisioner};
+use provisioners::{Owner, OwnerKeys, Provisioner};
 use provisioners_fleet::{Budget, Fleet, Rollout, UnreachablePolicy};
 use provisioners_remote::ABANDONED_REASON;
 
@@ -406,4 +406,63 @@ async fn an_operator_restarted_mid_wave_resumes_without_redoing_finished_members
     }
     let (result, _) = passes(&second, &build(false), true, DEADLINE, |r| r.is_ok()).await;
     assert!(result.is_ok());
+}
+
+/// A tenant who can edit the fleet's state ConfigMap marks every member
+/// done at the next revision (each record copied with its MAC), so that the
+/// rollout would skip them: with owner keys the forged records do not
+/// verify, and every member runs again and gets the new revision.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs the local control plane (cargo xtask test)"]
+async fn with_owner_keys_records_a_tenant_forged_are_run_again() {
+    let sim = Sim::new("fleet-forged", 4, &[]).await;
+    let namespaces = sim.namespaces();
+    let build = |revision: &str| {
+        Fleet::new(
+            "forged",
+            sim.fleet_members("forged"),
+            subtree(namespaces.clone(), revision),
+        )
+        .revision(revision)
+        .state_in(sim.state.name())
+        .rollout(Rollout::new().wave_size(4).max_in_flight(4))
+    };
+    let keys = OwnerKeys::generate().expect("keys");
+    let cx = context(Arc::new(Journal::default()))
+        .await
+        .with_extension(keys);
+    let (result, _) = passes(&cx, &build("rev-1"), false, DEADLINE, |r| r.is_ok()).await;
+    assert!(result.is_ok(), "{result:?}");
+    let signed = sim.records("forged").await;
+    assert_eq!(signed.len(), 4);
+    assert!(signed.values().all(|r| r["mac"].is_string()), "{signed:?}");
+
+    let forged: serde_json::Map<String, serde_json::Value> = signed
+        .iter()
+        .map(|(member, record)| {
+            let mut record = record.clone();
+            record["digest"] = "rev-2".into();
+            (member.clone(), record.to_string().into())
+        })
+        .collect();
+    sim.state
+        .api::<ConfigMap>()
+        .patch(
+            "fleet-forged",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({ "data": forged })),
+        )
+        .await
+        .expect("the tenant's edit");
+
+    let (result, _) = passes(&cx, &build("rev-2"), false, DEADLINE, |r| r.is_ok()).await;
+    assert!(result.is_ok(), "{result:?}");
+    let after = sim.records("forged").await;
+    for (member, record) in &after {
+        let object = sim.object(member).await.expect("object");
+        let revision = object.data.and_then(|d| d.get("revision").cloned());
+        assert_eq!(revision.as_deref(), Some("rev-2"), "{member} ran again");
+        assert_eq!(record["digest"], "rev-2");
+        assert_ne!(record["mac"], signed[member]["mac"], "{member} re-signed");
+    }
 }

@@ -2,7 +2,12 @@
 //! one key per member holding its [`Record`] as compact JSON.
 //!
 //! The ConfigMap is untrusted input (anyone who can edit it): a value that
-//! is not a record makes that member pending, never a panic. Writes are
+//! is not a record makes that member pending, never a panic. With owner
+//! keys on the context (`provisioners_kit::owner::OwnerKeys`) each record
+//! carries an HMAC over itself, the member, the owner and the ConfigMap;
+//! one that does not verify (a tenant marking members done, or a record
+//! copied from another member) makes that member pending too, so it runs
+//! again. Writes are
 //! JSON merge patches of the changed keys only, with the `resourceVersion`
 //! read as a precondition, so two passes never lose each other's updates:
 //! the loser of a race reads again and re-applies its own keys.
@@ -14,6 +19,8 @@ use kube::Api;
 use kube::api::{ObjectMeta, Patch, PatchParams, PostParams, Preconditions};
 use provisioners_core::{Context, Error, Result};
 use serde_json::{Map, Value, json};
+
+use provisioners_kit::owner::OwnerKeys;
 
 use crate::record::Record;
 
@@ -43,6 +50,65 @@ impl StateMap {
         Api::namespaced(cx.client().clone(), &self.namespace)
     }
 
+    /// The value stored for `member`: its record as compact JSON, signed
+    /// with the tree's owner keys when it has them.
+    pub(crate) fn value(&self, cx: &Context, member: &str, record: &Record) -> String {
+        let mut record = record.clone();
+        record.mac = None;
+        if let Some(keys) = OwnerKeys::of(cx) {
+            let body = record.to_json();
+            let owner = cx.owner_identity();
+            record.mac = Some(keys.sign(&self.signed(&owner, member, &body)));
+        }
+        record.to_json()
+    }
+
+    /// `member`'s record from its stored `value`: `None` for a value that
+    /// is not a record or, with owner keys, one this operator did not sign
+    /// for this member of this ConfigMap (it counts as pending).
+    fn read(&self, cx: &Context, member: &str, value: &str) -> Option<Record> {
+        let Some(mut record) = Record::parse(value) else {
+            tracing::warn!(
+                configmap = %self.describe(),
+                member = %member,
+                "the stored state of this member is not a record: it counts as pending"
+            );
+            return None;
+        };
+        let mac = record.mac.take();
+        let Some(keys) = OwnerKeys::of(cx) else {
+            return Some(record);
+        };
+        let owner = cx.owner_identity();
+        let signed = mac
+            .is_some_and(|mac| keys.verify(&self.signed(&owner, member, &record.to_json()), &mac));
+        if !signed {
+            tracing::warn!(
+                configmap = %self.describe(),
+                member = %member,
+                "the stored state of this member is not signed with this operator's owner key \
+                 (edited by someone else, or written before the keys were configured): it counts \
+                 as pending and is run again"
+            );
+            return None;
+        }
+        Some(record)
+    }
+
+    /// What a record's MAC covers besides the record: the ConfigMap, the
+    /// owner and the member, so that a record is good only where it was
+    /// written.
+    fn signed<'a>(&'a self, owner: &'a str, member: &'a str, body: &'a str) -> [&'a str; 6] {
+        [
+            "provisioners.dev/fleet-record",
+            &self.namespace,
+            &self.name,
+            owner,
+            member,
+            body,
+        ]
+    }
+
     fn describe(&self) -> String {
         format!("fleet state ConfigMap {}/{}", self.namespace, self.name)
     }
@@ -62,14 +128,7 @@ impl StateMap {
             .unwrap_or_default()
             .into_iter()
             .map(|(key, value)| {
-                let record = Record::parse(&value);
-                if record.is_none() {
-                    tracing::warn!(
-                        configmap = %self.describe(),
-                        member = %key,
-                        "the stored state of this member is not a record: it counts as pending"
-                    );
-                }
+                let record = self.read(cx, &key, &value);
                 (key, record)
             })
             .collect();
@@ -94,8 +153,8 @@ impl StateMap {
         let mut version = stored.resource_version.clone();
         for _ in 0..ATTEMPTS {
             let result = match &version {
-                None => self.create(&api, changes).await,
-                Some(version) => self.patch(&api, version, changes).await,
+                None => self.create(cx, &api, changes).await,
+                Some(version) => self.patch(cx, &api, version, changes).await,
             };
             match result {
                 Ok(written) => {
@@ -129,12 +188,17 @@ impl StateMap {
 
     async fn create(
         &self,
+        cx: &Context,
         api: &Api<ConfigMap>,
         changes: &BTreeMap<String, Option<Record>>,
     ) -> kube::Result<Option<String>> {
         let data: BTreeMap<String, String> = changes
             .iter()
-            .filter_map(|(key, record)| record.as_ref().map(|r| (key.clone(), r.to_json())))
+            .filter_map(|(key, record)| {
+                record
+                    .as_ref()
+                    .map(|r| (key.clone(), self.value(cx, key, r)))
+            })
             .collect();
         let map = ConfigMap {
             metadata: ObjectMeta {
@@ -161,6 +225,7 @@ impl StateMap {
 
     async fn patch(
         &self,
+        cx: &Context,
         api: &Api<ConfigMap>,
         version: &str,
         changes: &BTreeMap<String, Option<Record>>,
@@ -170,7 +235,7 @@ impl StateMap {
             .map(|(key, record)| {
                 let value = record
                     .as_ref()
-                    .map_or(Value::Null, |r| Value::String(r.to_json()));
+                    .map_or(Value::Null, |r| Value::String(self.value(cx, key, r)));
                 (key.clone(), value)
             })
             .collect();
@@ -183,7 +248,9 @@ impl StateMap {
             .await
         {
             // Deleted since it was read: create it again.
-            Err(kube::Error::Api(status)) if status.code == 404 => self.create(api, changes).await,
+            Err(kube::Error::Api(status)) if status.code == 404 => {
+                self.create(cx, api, changes).await
+            }
             other => other.map(|map| map.metadata.resource_version),
         }
     }

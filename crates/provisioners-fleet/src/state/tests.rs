@@ -137,3 +137,62 @@ async fn the_first_write_creates_the_labelled_config_map_and_no_change_writes_no
     assert_eq!(body["data"]["a"], record(Phase::InFlight).to_json());
     write.await.unwrap().unwrap();
 }
+
+fn keys() -> provisioners_kit::owner::OwnerKeys {
+    provisioners_kit::owner::OwnerKeys::new(vec![7; 32]).expect("a 32-byte key")
+}
+
+/// A tenant who can write the state ConfigMap marks members done at the
+/// fleet's revision, so that the rollout skips them: with owner keys, a
+/// record the operator did not sign (none, a wrong one, or another
+/// member's) reads as pending, and the member is run again.
+#[tokio::test]
+async fn with_owner_keys_a_record_the_operator_did_not_sign_reads_as_pending() {
+    let (cx, mut api) = mock::context();
+    let cx = cx.with_extension(keys());
+    let genuine = map().value(&cx, "c", &record(Phase::Done));
+    let load = tokio::spawn(async move { map().load(&cx).await });
+    let forged = record(Phase::Done).to_json();
+    let mut wrong: serde_json::Value = serde_json::from_str(&genuine).unwrap();
+    wrong["mac"] = json!("00".repeat(32));
+    api.expect(
+        Method::GET,
+        PATH,
+        200,
+        config_map(
+            "7",
+            &json!({ "a": forged, "b": wrong.to_string(), "c": genuine, "d": genuine }),
+        ),
+    )
+    .await;
+    let stored = load.await.unwrap().unwrap();
+    assert_eq!(stored.records.get("c"), Some(&Some(record(Phase::Done))));
+    for key in ["a", "b", "d"] {
+        assert_eq!(stored.records.get(key), Some(&None), "{key}");
+    }
+}
+
+/// What a pass writes with owner keys carries the record's MAC.
+#[tokio::test]
+async fn with_owner_keys_a_write_signs_each_record() {
+    let (cx, mut api) = mock::context();
+    let cx = cx.with_extension(keys());
+    let stored = Stored {
+        records: BTreeMap::new(),
+        resource_version: Some("7".into()),
+    };
+    let changes: BTreeMap<String, Option<Record>> =
+        [("a".to_owned(), Some(record(Phase::Done)))].into();
+    let expected = map().value(&cx, "a", &record(Phase::Done));
+    let write = tokio::spawn(async move {
+        let mut stored = stored;
+        map().store(&cx, &mut stored, &changes).await
+    });
+    let body = api
+        .expect(Method::PATCH, PATH, 200, config_map("8", &json!({})))
+        .await;
+    write.await.unwrap().unwrap();
+    let written = body["data"]["a"].as_str().unwrap().to_owned();
+    assert_eq!(written, expected);
+    assert!(written.contains("\"mac\":"), "{written}");
+}
