@@ -1,10 +1,21 @@
-//! What the leaves of the provisioners workspace share about Kubernetes
-//! objects, apart from the contract in `provisioners-core`.
+//! What the crates of the provisioners workspace share beyond the contract
+//! in `provisioners-core`.
 //!
+//! Every crate that reaches a cluster builds it here, and
 //! `provisioners-manifest` and `provisioners-helm` both apply objects, wait
 //! for them, repair them and plan them; this crate is where that logic lives
 //! once, for them and for anyone writing a leaf of their own:
 //!
+//! - [`client`]: the [`ClientPolicy`](client::ClientPolicy) every request
+//!   goes through (a deadline, a size cap, a short retry, a circuit breaker
+//!   per cluster, read with [`Health::of`](client::Health::of)) and the
+//!   constructors that build a [`Cluster`](provisioners_core::Cluster)
+//!   behind it ([`client::infer`], [`client::connect`]);
+//! - [`owner`]: [`OwnerKeys`](owner::OwnerKeys), the key that
+//!   authenticates ownership stamps and records, given to a tree as a
+//!   context extension;
+//! - [`kubeconfig`]: the claims and finalizers of the kubeconfig Secrets
+//!   remote nodes protect;
 //! - [`readiness`]: whether an object is ready, kstatus-style (conditions,
 //!   `observedGeneration`, the built-in workload kinds);
 //! - [`drift`]: whether a live object still holds what was applied
@@ -25,8 +36,9 @@
 //!   time ([`lease::LeaseLock`]), with one expiry rule that no clock skew
 //!   between processes can break ([`lease::Observations`]).
 //!
-//! Core stays the contract (the trait, the context, errors, plans); a leaf
-//! depends on core and on this crate, never on another leaf.
+//! Core stays the contract (the trait, the context, the cluster handle,
+//! errors, plans); a leaf depends on core and on this crate, never on
+//! another leaf.
 //!
 //! # Example
 //!
