@@ -155,15 +155,8 @@ impl Plan {
         self
     }
 
-    /// Says what the node is (a wrapper that plans through its child may
-    /// name itself: a `Resource` is a `manifest` node of one object).
-    pub fn with_kind(mut self, kind: impl Into<String>) -> Self {
-        self.kind = kind.into();
-        self
-    }
-
     /// Renames the node (the context names every node after its provisioner).
-    pub fn with_name(mut self, name: impl Into<String>) -> Self {
+    pub(crate) fn with_name(mut self, name: impl Into<String>) -> Self {
         self.name = name.into();
         self
     }
