@@ -43,7 +43,7 @@ use platform_operator::{FIELD_MANAGER, FINALIZER, Platform, PlatformSpec, instal
 use provisioners::helm::Chart;
 use provisioners::runtime::{ReconcileObserver, ReconcileResult, significant_change};
 use provisioners::{
-    CancellationToken, Cluster, Concurrent, Context, Error, HelmRelease, Managed, Manifest,
+    CancellationToken, ClientPolicy, Concurrent, Context, Error, HelmRelease, Managed, Manifest,
     Reconciler, Serial,
 };
 
@@ -265,7 +265,9 @@ async fn main() -> anyhow::Result<()> {
         .build();
     // The counting layer is below the client policy: a retried request
     // counts as many times as it was sent.
-    let cluster = Cluster::new("bench", client.clone()).with_kubeconfig(kubeconfig);
+    let cluster = ClientPolicy::new()
+        .cluster("bench", client.clone())
+        .with_kubeconfig(kubeconfig);
     let phases = Arc::new(Phases::default());
     let cx = Context::new(cluster)
         .with_field_manager(FIELD_MANAGER)
