@@ -107,7 +107,7 @@ pub use fleet::{DEFAULT_RESYNC, DEFAULT_REVISION, Fleet};
 pub use member::{CLUSTER_NAME_LABEL, KUBECONFIG_KEY, MAX_MEMBERS, Member, Members};
 pub use plan::PLAN_DETAIL;
 pub use provisioners_remote::UnreachablePolicy;
-pub use record::Phase;
+pub use record::MemberState;
 pub use rollout::{
     Budget, DEFAULT_MAX_IN_FLIGHT, DEFAULT_PROGRESS_TIMEOUT, DEFAULT_WAVE_SIZE, Rollout,
 };

@@ -12,7 +12,7 @@ use provisioners_kit::kubeconfig::{ClaimedSecret, KubeconfigClaims, kubeconfig_f
 
 use crate::fleet::Fleet;
 use crate::member::Member;
-use crate::record::{Phase, Record};
+use crate::record::{MemberState, Record};
 use crate::schedule::{self, Outcome};
 use crate::state::{StateMap, Stored};
 
@@ -83,7 +83,7 @@ fn claim_secrets(cx: &Context, members: &[Member], records: &[Option<Record>]) {
     for (member, record) in members.iter().zip(records) {
         let gone = record
             .as_ref()
-            .is_some_and(|r| matches!(r.state, Phase::Gone | Phase::Abandoned));
+            .is_some_and(|r| matches!(r.state, MemberState::Gone | MemberState::Abandoned));
         if let Some((namespace, name)) = member.secret_ref().filter(|_| !gone) {
             let path = format!("{}/{}", cx.path(), member.name());
             claims.claim(

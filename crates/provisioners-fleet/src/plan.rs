@@ -8,7 +8,7 @@ use futures::stream::FuturesUnordered;
 use provisioners_core::{Context, Operation, Plan, Provisioner, Result};
 
 use crate::fleet::Fleet;
-use crate::record::{Phase, Record};
+use crate::record::{MemberState, Record};
 use crate::schedule::{self, Status};
 
 /// Members planned in detail; the others are counted in the fleet's note.
@@ -37,7 +37,7 @@ pub(crate) async fn plan(fleet: &Fleet, cx: &Context, operation: Operation) -> R
             .filter(|&p| {
                 !records[p]
                     .as_ref()
-                    .is_some_and(|r| matches!(r.state, Phase::Gone | Phase::Abandoned))
+                    .is_some_and(|r| matches!(r.state, MemberState::Gone | MemberState::Abandoned))
             })
             .collect(),
     };

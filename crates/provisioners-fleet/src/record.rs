@@ -12,7 +12,7 @@ pub(crate) const ERROR_LIMIT: usize = 512;
 /// Where a member is in the rollout.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum Phase {
+pub enum MemberState {
     /// Not started at the fleet's current revision.
     Pending,
     /// Started and not finished: its subtree yields.
@@ -29,16 +29,16 @@ pub enum Phase {
     Gone,
 }
 
-impl Phase {
+impl MemberState {
     /// The name in the state ConfigMap and in messages.
     pub fn as_str(self) -> &'static str {
         match self {
-            Phase::Pending => "pending",
-            Phase::InFlight => "in-flight",
-            Phase::Done => "done",
-            Phase::Failed => "failed",
-            Phase::Abandoned => "abandoned",
-            Phase::Gone => "gone",
+            MemberState::Pending => "pending",
+            MemberState::InFlight => "in-flight",
+            MemberState::Done => "done",
+            MemberState::Failed => "failed",
+            MemberState::Abandoned => "abandoned",
+            MemberState::Gone => "gone",
         }
     }
 }
@@ -48,7 +48,7 @@ impl Phase {
 pub(crate) struct Record {
     /// The fleet revision this state is about.
     pub(crate) digest: String,
-    pub(crate) state: Phase,
+    pub(crate) state: MemberState,
     /// When the member entered this state (RFC 3339, seconds).
     #[serde(with = "rfc3339")]
     pub(crate) since: SystemTime,
@@ -68,7 +68,7 @@ pub(crate) struct Record {
 
 impl Record {
     /// A record in `state` since `now`.
-    pub(crate) fn new(digest: &str, state: Phase, now: SystemTime, wave: usize) -> Self {
+    pub(crate) fn new(digest: &str, state: MemberState, now: SystemTime, wave: usize) -> Self {
         Record {
             digest: digest.to_owned(),
             state,
@@ -175,7 +175,8 @@ mod tests {
     #[test]
     fn a_record_round_trips_through_compact_json() {
         let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
-        let record = Record::new("sha256:ab", Phase::InFlight, now, 2).with_error(Some("waiting"));
+        let record =
+            Record::new("sha256:ab", MemberState::InFlight, now, 2).with_error(Some("waiting"));
         let json = record.to_json();
         assert_eq!(
             json,
@@ -208,13 +209,14 @@ mod tests {
     fn errors_are_bounded_and_compared_without_their_numbers() {
         let now = SystemTime::now();
         let long = "x".repeat(2000);
-        let record = Record::new("r", Phase::Failed, now, 1).with_error(Some(&long));
+        let record = Record::new("r", MemberState::Failed, now, 1).with_error(Some(&long));
         assert_eq!(
             record.error.as_ref().map(|e| e.chars().count()),
             Some(ERROR_LIMIT)
         );
 
-        let a = Record::new("r", Phase::Failed, now, 1).with_error(Some("unreachable for 10s"));
+        let a =
+            Record::new("r", MemberState::Failed, now, 1).with_error(Some("unreachable for 10s"));
         let b = a.clone().with_error(Some("unreachable for 12s"));
         let c = a.clone().with_error(Some("connection refused"));
         assert!(a.same_as(&b));

@@ -5,7 +5,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use crate::record::{Phase, Record};
+use crate::record::{MemberState, Record};
 
 /// The rollout's limits for one pass, resolved for the fleet's size.
 #[derive(Clone, Copy, Debug)]
@@ -56,12 +56,12 @@ pub(crate) fn status(
     };
     let age = now.duration_since(record.since).unwrap_or_default();
     match record.state {
-        Phase::Done if settings.resync.is_some_and(|resync| age >= resync) => Status::Due,
-        Phase::Done => Status::Done,
-        Phase::Failed => Status::Failed,
-        Phase::InFlight if age > settings.progress_timeout => Status::Expired,
-        Phase::InFlight => Status::InFlight,
-        Phase::Pending | Phase::Abandoned | Phase::Gone => Status::Pending,
+        MemberState::Done if settings.resync.is_some_and(|resync| age >= resync) => Status::Due,
+        MemberState::Done => Status::Done,
+        MemberState::Failed => Status::Failed,
+        MemberState::InFlight if age > settings.progress_timeout => Status::Expired,
+        MemberState::InFlight => Status::InFlight,
+        MemberState::Pending | MemberState::Abandoned | MemberState::Gone => Status::Pending,
     }
 }
 
@@ -213,7 +213,7 @@ pub(crate) fn provision(
             .zip(records)
             .filter(|(w, _)| **w == wave - 1)
             .filter_map(|(_, r)| r.as_ref())
-            .filter(|r| r.digest == revision && r.state == Phase::Done)
+            .filter(|r| r.digest == revision && r.state == MemberState::Done)
             .map(|r| r.since)
             .max();
         if let Some(finished) = finished {
@@ -262,7 +262,7 @@ pub(crate) fn after_provision(
 ) -> Record {
     let wave = wave + 1;
     let current = previous.filter(|r| r.digest == revision);
-    let kept_since = |state: Phase| {
+    let kept_since = |state: MemberState| {
         current
             .filter(|r| r.state == state)
             .map_or(now, |r| r.since)
@@ -270,7 +270,7 @@ pub(crate) fn after_provision(
     // A failed member retried without success keeps its record (the error
     // that made it fail; its cluster marked unreachable once seen so), so
     // retries of a dead member write nothing.
-    if let Some(failed) = current.filter(|r| r.state == Phase::Failed)
+    if let Some(failed) = current.filter(|r| r.state == MemberState::Failed)
         && *outcome != Outcome::Finished
     {
         let mut record = failed.clone();
@@ -285,29 +285,30 @@ pub(crate) fn after_provision(
         return record;
     }
     match outcome {
-        Outcome::Finished => Record::new(revision, Phase::Done, now, wave),
+        Outcome::Finished => Record::new(revision, MemberState::Done, now, wave),
         Outcome::Failed { message } => {
-            Record::new(revision, Phase::Failed, now, wave).with_error(Some(message))
+            Record::new(revision, MemberState::Failed, now, wave).with_error(Some(message))
         }
         Outcome::Waiting {
             message,
             unreachable,
         } => {
             let mut record = match current.map(|r| r.state) {
-                Some(Phase::InFlight) => {
-                    let since = kept_since(Phase::InFlight);
+                Some(MemberState::InFlight) => {
+                    let since = kept_since(MemberState::InFlight);
                     if now.duration_since(since).unwrap_or_default() > settings.progress_timeout {
                         let why = format!(
                             "no progress within the progress timeout ({}s): {message}",
                             settings.progress_timeout.as_secs()
                         );
-                        Record::new(revision, Phase::Failed, now, wave).with_error(Some(&why))
+                        Record::new(revision, MemberState::Failed, now, wave).with_error(Some(&why))
                     } else {
-                        Record::new(revision, Phase::InFlight, since, wave)
+                        Record::new(revision, MemberState::InFlight, since, wave)
                             .with_error(Some(message))
                     }
                 }
-                _ => Record::new(revision, Phase::InFlight, now, wave).with_error(Some(message)),
+                _ => Record::new(revision, MemberState::InFlight, now, wave)
+                    .with_error(Some(message)),
             };
             record.unreachable = *unreachable;
             record
@@ -383,7 +384,7 @@ impl Removal {
 pub(crate) fn deprovision(waves: &[usize], records: &[Option<Record>], broken: &[bool]) -> Removal {
     let finished = |r: &Option<Record>| {
         r.as_ref()
-            .is_some_and(|r| matches!(r.state, Phase::Gone | Phase::Abandoned))
+            .is_some_and(|r| matches!(r.state, MemberState::Gone | MemberState::Abandoned))
     };
     let unreachable = |r: &Option<Record>| r.as_ref().is_some_and(|r| r.unreachable);
     let count = waves.iter().map(|w| w + 1).max().unwrap_or(0);
@@ -400,8 +401,8 @@ pub(crate) fn deprovision(waves: &[usize], records: &[Option<Record>], broken: &
     };
     for (p, record) in records.iter().enumerate() {
         match record.as_ref().map(|r| r.state) {
-            Some(Phase::Gone) => removal.gone += 1,
-            Some(Phase::Abandoned) => removal.abandoned += 1,
+            Some(MemberState::Gone) => removal.gone += 1,
+            Some(MemberState::Abandoned) => removal.abandoned += 1,
             _ if is_broken(p) => removal.broken.push(p),
             _ if unreachable(record) => {
                 removal.unreachable.push(p);
@@ -432,11 +433,12 @@ pub(crate) fn after_deprovision(
     let digest = previous.map_or(revision, |r| r.digest.as_str());
     match outcome {
         Outcome::Finished if previous.is_some_and(|r| r.unreachable) => {
-            Record::new(digest, Phase::Abandoned, now, wave)
+            Record::new(digest, MemberState::Abandoned, now, wave)
         }
-        Outcome::Finished => Record::new(digest, Phase::Gone, now, wave),
+        Outcome::Finished => Record::new(digest, MemberState::Gone, now, wave),
         Outcome::Waiting { message, .. } | Outcome::Failed { message } => {
-            let (state, since) = previous.map_or((Phase::Pending, now), |r| (r.state, r.since));
+            let (state, since) =
+                previous.map_or((MemberState::Pending, now), |r| (r.state, r.since));
             let mut record = Record::new(digest, state, since, wave).with_error(Some(message));
             record.unreachable = matches!(
                 outcome,

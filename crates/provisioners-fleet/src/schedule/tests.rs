@@ -2,7 +2,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
 
 use super::*;
-use crate::record::{Phase, Record};
+use crate::record::{MemberState, Record};
 use crate::rollout::{Budget, Rollout};
 
 const REV: &str = "rev-2";
@@ -25,7 +25,7 @@ fn settings() -> Settings {
     }
 }
 
-fn record(state: Phase, digest: &str, secs_ago: u64) -> Option<Record> {
+fn record(state: MemberState, digest: &str, secs_ago: u64) -> Option<Record> {
     Some(Record::new(digest, state, ago(secs_ago), 1))
 }
 
@@ -124,9 +124,9 @@ fn the_first_pass_starts_the_first_wave_up_to_the_bound() {
 fn a_wave_with_a_member_under_way_is_not_called_not_started() {
     let waves = [0, 0, 1, 1];
     let records = vec![
-        record(Phase::Done, REV, 5),
-        record(Phase::Done, REV, 5),
-        record(Phase::InFlight, REV, 5),
+        record(MemberState::Done, REV, 5),
+        record(MemberState::Done, REV, 5),
+        record(MemberState::InFlight, REV, 5),
         None,
     ];
     let pass = provision(&waves, &records, REV, &settings(), now());
@@ -141,8 +141,8 @@ fn a_wave_with_a_member_under_way_is_not_called_not_started() {
 fn members_in_flight_continue_and_count_against_the_bound() {
     let waves = [0, 0, 0, 1];
     let records = vec![
-        record(Phase::InFlight, REV, 5),
-        record(Phase::Done, REV, 5),
+        record(MemberState::InFlight, REV, 5),
+        record(MemberState::Done, REV, 5),
         None,
         None,
     ];
@@ -155,10 +155,16 @@ fn members_in_flight_continue_and_count_against_the_bound() {
 #[test]
 fn a_done_member_at_the_revision_is_a_no_op_and_an_old_revision_is_pending() {
     let waves = [0, 0];
-    let records = vec![record(Phase::Done, REV, 5), record(Phase::Done, "rev-1", 5)];
+    let records = vec![
+        record(MemberState::Done, REV, 5),
+        record(MemberState::Done, "rev-1", 5),
+    ];
     let pass = provision(&waves, &records, REV, &settings(), now());
     assert_eq!(pass.run, [1]);
-    let records = vec![record(Phase::Done, REV, 5), record(Phase::Done, REV, 5)];
+    let records = vec![
+        record(MemberState::Done, REV, 5),
+        record(MemberState::Done, REV, 5),
+    ];
     let pass = provision(&waves, &records, REV, &settings(), now());
     assert!(pass.run.is_empty());
     assert!(pass.complete());
@@ -168,8 +174,8 @@ fn a_done_member_at_the_revision_is_a_no_op_and_an_old_revision_is_pending() {
 fn the_next_wave_starts_when_the_last_is_complete_failures_within_budget_included() {
     let waves = [0, 0, 1, 1];
     let records = vec![
-        record(Phase::Done, REV, 5),
-        record(Phase::Failed, REV, 5),
+        record(MemberState::Done, REV, 5),
+        record(MemberState::Failed, REV, 5),
         None,
         None,
     ];
@@ -184,9 +190,9 @@ fn the_next_wave_starts_when_the_last_is_complete_failures_within_budget_include
 fn past_the_budget_the_rollout_halts_and_names_the_failed_members() {
     let waves = [0, 0, 0, 1];
     let records = vec![
-        record(Phase::Failed, REV, 5),
-        record(Phase::Done, REV, 5),
-        record(Phase::Failed, REV, 5),
+        record(MemberState::Failed, REV, 5),
+        record(MemberState::Done, REV, 5),
+        record(MemberState::Failed, REV, 5),
         None,
     ];
     let pass = provision(&waves, &records, REV, &settings(), now());
@@ -211,7 +217,7 @@ fn past_the_budget_the_rollout_halts_and_names_the_failed_members() {
 #[test]
 fn a_failed_member_that_succeeds_lifts_the_halt() {
     let s = settings();
-    let previous = record(Phase::Failed, REV, 30);
+    let previous = record(MemberState::Failed, REV, 30);
     let failed_again = after_provision(
         previous.as_ref(),
         &Outcome::Waiting {
@@ -224,11 +230,11 @@ fn a_failed_member_that_succeeds_lifts_the_halt() {
         now(),
     );
     // A yield does not make a failed member in flight again: its time is kept.
-    assert_eq!(failed_again.state, Phase::Failed);
+    assert_eq!(failed_again.state, MemberState::Failed);
     assert_eq!(failed_again.since, ago(30));
     assert!(failed_again.unreachable);
     let fixed = after_provision(previous.as_ref(), &Outcome::Finished, REV, 0, &s, now());
-    assert_eq!(fixed.state, Phase::Done);
+    assert_eq!(fixed.state, MemberState::Done);
     assert_eq!(fixed.error, None);
 }
 
@@ -237,8 +243,8 @@ fn a_member_still_yielding_past_the_progress_timeout_fails() {
     let s = settings();
     let waves = [0, 0];
     let records = vec![
-        record(Phase::InFlight, REV, 61),
-        record(Phase::InFlight, REV, 59),
+        record(MemberState::InFlight, REV, 61),
+        record(MemberState::InFlight, REV, 59),
     ];
     let pass = provision(&waves, &records, REV, &s, now());
     assert_eq!(pass.failed, [0]);
@@ -248,7 +254,7 @@ fn a_member_still_yielding_past_the_progress_timeout_fails() {
         unreachable: false,
     };
     let late = after_provision(records[0].as_ref(), &waiting, REV, 0, &s, now());
-    assert_eq!(late.state, Phase::Failed);
+    assert_eq!(late.state, MemberState::Failed);
     assert!(
         late.error
             .as_deref()
@@ -256,7 +262,7 @@ fn a_member_still_yielding_past_the_progress_timeout_fails() {
         "{late:?}"
     );
     let on_time = after_provision(records[1].as_ref(), &waiting, REV, 0, &s, now());
-    assert_eq!(on_time.state, Phase::InFlight);
+    assert_eq!(on_time.state, MemberState::InFlight);
     assert_eq!(on_time.since, ago(59));
 }
 
@@ -270,14 +276,14 @@ fn a_first_yield_starts_the_clock_and_a_hard_error_fails_at_once() {
     let started = after_provision(None, &waiting, REV, 2, &s, now());
     assert_eq!(
         (started.state, started.since, started.wave),
-        (Phase::InFlight, now(), 3)
+        (MemberState::InFlight, now(), 3)
     );
     // An old revision's done record starts over too.
-    let old = record(Phase::Done, "rev-1", 500);
+    let old = record(MemberState::Done, "rev-1", 500);
     let started = after_provision(old.as_ref(), &waiting, REV, 0, &s, now());
     assert_eq!(
         (started.state, started.digest.as_str()),
-        (Phase::InFlight, REV)
+        (MemberState::InFlight, REV)
     );
     let failed = after_provision(
         None,
@@ -289,7 +295,7 @@ fn a_first_yield_starts_the_clock_and_a_hard_error_fails_at_once() {
         &s,
         now(),
     );
-    assert_eq!(failed.state, Phase::Failed);
+    assert_eq!(failed.state, MemberState::Failed);
 }
 
 #[test]
@@ -300,8 +306,8 @@ fn a_complete_wave_soaks_before_the_next_starts() {
     };
     let waves = [0, 0, 1];
     let records = vec![
-        record(Phase::Done, REV, 40),
-        record(Phase::Done, REV, 10),
+        record(MemberState::Done, REV, 40),
+        record(MemberState::Done, REV, 10),
         None,
     ];
     let pass = provision(&waves, &records, REV, &s, now());
@@ -312,8 +318,8 @@ fn a_complete_wave_soaks_before_the_next_starts() {
             .ends_with("; wave 1 soaks for 21s more before wave 2 starts")
     );
     let records = vec![
-        record(Phase::Done, REV, 40),
-        record(Phase::Done, REV, 31),
+        record(MemberState::Done, REV, 40),
+        record(MemberState::Done, REV, 31),
         None,
     ];
     let pass = provision(&waves, &records, REV, &s, now());
@@ -326,9 +332,9 @@ fn a_restart_resumes_from_the_records_without_redoing_finished_members() {
     // Records as the previous operator left them in the middle of wave 2.
     let waves = [0, 1, 1, 1, 2];
     let records = vec![
-        record(Phase::Done, REV, 100),
-        record(Phase::Done, REV, 20),
-        record(Phase::InFlight, REV, 10),
+        record(MemberState::Done, REV, 100),
+        record(MemberState::Done, REV, 20),
+        record(MemberState::InFlight, REV, 10),
         None,
         None,
     ];
@@ -344,7 +350,10 @@ fn a_done_member_is_provisioned_again_after_the_resync() {
         ..settings()
     };
     let waves = [0, 0];
-    let records = vec![record(Phase::Done, REV, 3601), record(Phase::Done, REV, 60)];
+    let records = vec![
+        record(MemberState::Done, REV, 3601),
+        record(MemberState::Done, REV, 60),
+    ];
     let pass = provision(&waves, &records, REV, &s, now());
     assert_eq!(pass.run, [0]);
     assert!(pass.complete());
@@ -354,23 +363,23 @@ fn a_done_member_is_provisioned_again_after_the_resync() {
 fn deprovision_goes_last_wave_first_and_unreachable_members_do_not_hold_it() {
     let waves = [0, 0, 1, 1];
     let records = vec![
-        record(Phase::Done, REV, 5),
-        record(Phase::Done, REV, 5),
-        record(Phase::Done, REV, 5),
-        record(Phase::Done, REV, 5),
+        record(MemberState::Done, REV, 5),
+        record(MemberState::Done, REV, 5),
+        record(MemberState::Done, REV, 5),
+        record(MemberState::Done, REV, 5),
     ];
     let removal = deprovision(&waves, &records, &[]);
     assert_eq!(removal.wave, Some(1));
     assert_eq!(removal.run, [2, 3]);
 
-    let mut dead = record(Phase::Failed, REV, 5);
+    let mut dead = record(MemberState::Failed, REV, 5);
     if let Some(r) = dead.as_mut() {
         r.unreachable = true;
     }
     let records = vec![
-        record(Phase::Done, REV, 5),
-        record(Phase::Done, REV, 5),
-        record(Phase::Gone, REV, 5),
+        record(MemberState::Done, REV, 5),
+        record(MemberState::Done, REV, 5),
+        record(MemberState::Gone, REV, 5),
         dead,
     ];
     let removal = deprovision(&waves, &records, &[]);
@@ -387,20 +396,20 @@ fn deprovision_goes_last_wave_first_and_unreachable_members_do_not_hold_it() {
 
 #[test]
 fn a_member_that_was_unreachable_and_then_finishes_was_abandoned() {
-    let mut dead = record(Phase::Failed, REV, 5);
+    let mut dead = record(MemberState::Failed, REV, 5);
     if let Some(r) = dead.as_mut() {
         r.unreachable = true;
     }
     let abandoned = after_deprovision(dead.as_ref(), &Outcome::Finished, REV, 0, now());
-    assert_eq!(abandoned.state, Phase::Abandoned);
+    assert_eq!(abandoned.state, MemberState::Abandoned);
     let gone = after_deprovision(
-        record(Phase::Done, REV, 5).as_ref(),
+        record(MemberState::Done, REV, 5).as_ref(),
         &Outcome::Finished,
         REV,
         0,
         now(),
     );
-    assert_eq!(gone.state, Phase::Gone);
+    assert_eq!(gone.state, MemberState::Gone);
     let records = vec![Some(abandoned), Some(gone)];
     let removal = deprovision(&[0, 1], &records, &[]);
     assert!(removal.complete());
@@ -410,7 +419,10 @@ fn a_member_that_was_unreachable_and_then_finishes_was_abandoned() {
 #[test]
 fn a_member_that_cannot_be_run_holds_no_wave_but_the_fleet_is_not_gone() {
     let waves = [0, 1];
-    let records = vec![record(Phase::Done, REV, 5), record(Phase::Done, REV, 5)];
+    let records = vec![
+        record(MemberState::Done, REV, 5),
+        record(MemberState::Done, REV, 5),
+    ];
     let removal = deprovision(&waves, &records, &[false, true]);
     assert_eq!(removal.wave, Some(0));
     assert_eq!(removal.run, [0]);

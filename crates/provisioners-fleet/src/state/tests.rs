@@ -6,7 +6,7 @@ use provisioners_testing::mock;
 use serde_json::json;
 
 use super::*;
-use crate::record::Phase;
+use crate::record::MemberState;
 
 const PATH: &str = "/api/v1/namespaces/ops/configmaps/fleet-addons";
 
@@ -18,7 +18,7 @@ fn map() -> StateMap {
     }
 }
 
-fn record(state: Phase) -> Record {
+fn record(state: MemberState) -> Record {
     let since = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
     Record::new("rev-1", state, since, 1)
 }
@@ -36,7 +36,7 @@ fn config_map(version: &str, data: &serde_json::Value) -> serde_json::Value {
 async fn values_that_are_not_records_read_as_pending_never_a_panic() {
     let (cx, mut api) = mock::context();
     let load = tokio::spawn(async move { map().load(&cx).await });
-    let good = record(Phase::Done).to_json();
+    let good = record(MemberState::Done).to_json();
     api.expect(
         Method::GET,
         PATH,
@@ -48,7 +48,10 @@ async fn values_that_are_not_records_read_as_pending_never_a_panic() {
     )
     .await;
     let stored = load.await.unwrap().unwrap();
-    assert_eq!(stored.records.get("a"), Some(&Some(record(Phase::Done))));
+    assert_eq!(
+        stored.records.get("a"),
+        Some(&Some(record(MemberState::Done)))
+    );
     for key in ["b", "c", "d"] {
         assert_eq!(stored.records.get(key), Some(&None), "{key}");
     }
@@ -62,7 +65,7 @@ async fn a_write_patches_only_the_changed_keys_under_the_version_read() {
         resource_version: Some("7".into()),
     };
     let changes: BTreeMap<String, Option<Record>> = [
-        ("a".to_owned(), Some(record(Phase::Failed))),
+        ("a".to_owned(), Some(record(MemberState::Failed))),
         ("gone".to_owned(), None),
     ]
     .into();
@@ -77,19 +80,22 @@ async fn a_write_patches_only_the_changed_keys_under_the_version_read() {
         .expect(Method::PATCH, PATH, 200, config_map("8", &json!({})))
         .await;
     assert_eq!(body["metadata"]["resourceVersion"], "7");
-    assert_eq!(body["data"]["a"], record(Phase::Failed).to_json());
+    assert_eq!(body["data"]["a"], record(MemberState::Failed).to_json());
     assert_eq!(body["data"]["gone"], serde_json::Value::Null);
     assert_eq!(body["data"].as_object().map(|d| d.len()), Some(2));
     let stored = write.await.unwrap().unwrap();
     assert_eq!(stored.resource_version.as_deref(), Some("8"));
-    assert_eq!(stored.records.get("a"), Some(&Some(record(Phase::Failed))));
+    assert_eq!(
+        stored.records.get("a"),
+        Some(&Some(record(MemberState::Failed)))
+    );
 }
 
 #[tokio::test]
 async fn a_write_that_lost_a_race_reads_again_and_reapplies_its_keys() {
     let (cx, mut api) = mock::context();
     let changes: BTreeMap<String, Option<Record>> =
-        [("a".to_owned(), Some(record(Phase::Done)))].into();
+        [("a".to_owned(), Some(record(MemberState::Done)))].into();
     let write = tokio::spawn(async move {
         let mut stored = Stored {
             records: BTreeMap::new(),
@@ -99,7 +105,7 @@ async fn a_write_that_lost_a_race_reads_again_and_reapplies_its_keys() {
     });
     api.expect(Method::PATCH, PATH, 409, json!({})).await;
     // Another pass wrote key `b` meanwhile.
-    let theirs = record(Phase::InFlight).to_json();
+    let theirs = record(MemberState::InFlight).to_json();
     api.expect(
         Method::GET,
         PATH,
@@ -119,7 +125,7 @@ async fn a_write_that_lost_a_race_reads_again_and_reapplies_its_keys() {
 async fn the_first_write_creates_the_labelled_config_map_and_no_change_writes_nothing() {
     let (cx, mut api) = mock::context();
     let changes: BTreeMap<String, Option<Record>> =
-        [("a".to_owned(), Some(record(Phase::InFlight)))].into();
+        [("a".to_owned(), Some(record(MemberState::InFlight)))].into();
     let write = tokio::spawn(async move {
         let mut stored = Stored::default();
         map().store(&cx, &mut stored, &BTreeMap::new()).await?;
@@ -134,7 +140,7 @@ async fn the_first_write_creates_the_labelled_config_map_and_no_change_writes_no
         )
         .await;
     assert_eq!(body["metadata"]["labels"][FLEET_LABEL], "addons");
-    assert_eq!(body["data"]["a"], record(Phase::InFlight).to_json());
+    assert_eq!(body["data"]["a"], record(MemberState::InFlight).to_json());
     write.await.unwrap().unwrap();
 }
 
@@ -150,9 +156,9 @@ fn keys() -> provisioners_kit::owner::OwnerKeys {
 async fn with_owner_keys_a_record_the_operator_did_not_sign_reads_as_pending() {
     let (cx, mut api) = mock::context();
     let cx = cx.with_extension(keys());
-    let genuine = map().value(&cx, "c", &record(Phase::Done));
+    let genuine = map().value(&cx, "c", &record(MemberState::Done));
     let load = tokio::spawn(async move { map().load(&cx).await });
-    let forged = record(Phase::Done).to_json();
+    let forged = record(MemberState::Done).to_json();
     let mut wrong: serde_json::Value = serde_json::from_str(&genuine).unwrap();
     wrong["mac"] = json!("00".repeat(32));
     api.expect(
@@ -166,7 +172,10 @@ async fn with_owner_keys_a_record_the_operator_did_not_sign_reads_as_pending() {
     )
     .await;
     let stored = load.await.unwrap().unwrap();
-    assert_eq!(stored.records.get("c"), Some(&Some(record(Phase::Done))));
+    assert_eq!(
+        stored.records.get("c"),
+        Some(&Some(record(MemberState::Done)))
+    );
     for key in ["a", "b", "d"] {
         assert_eq!(stored.records.get(key), Some(&None), "{key}");
     }
@@ -182,8 +191,8 @@ async fn with_owner_keys_a_write_signs_each_record() {
         resource_version: Some("7".into()),
     };
     let changes: BTreeMap<String, Option<Record>> =
-        [("a".to_owned(), Some(record(Phase::Done)))].into();
-    let expected = map().value(&cx, "a", &record(Phase::Done));
+        [("a".to_owned(), Some(record(MemberState::Done)))].into();
+    let expected = map().value(&cx, "a", &record(MemberState::Done));
     let write = tokio::spawn(async move {
         let mut stored = stored;
         map().store(&cx, &mut stored, &changes).await
