@@ -23,7 +23,7 @@ use prometheus_client::registry::Registry;
 use provisioners::runtime::LeaderElection;
 use provisioners::{CancellationToken, Operation};
 use provisioners_lab::cluster::{self, HarnessCluster, TestNamespace, helm4};
-use provisioners_runtime::metrics::{Health, Metrics, serve};
+use provisioners_runtime::metrics::{Metrics, Probes, serve};
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -352,7 +352,7 @@ async fn a_standby_converges_a_helm_install_its_killed_leader_left_and_serves_me
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let stop_serving = CancellationToken::new();
-    let health = Health::default();
+    let health = Probes::default();
     health.set_ready(true);
     tokio::spawn(serve(
         listener,

@@ -20,7 +20,7 @@
 //!   named by path and, below a remote, cluster id, then "and N more");
 //!   while the object is being deleted the reason is always
 //!   `Deprovisioning`, with what holds it up. Plus `status.waiting`: each
-//!   failing or waiting node ([`Waiting`]: path, cluster below a remote,
+//!   failing or waiting node ([`WaitingNode`]: path, cluster below a remote,
 //!   state, object, reason, since; [`Reconciler::waiting_field`] renames
 //!   it, [`Reconciler::no_waiting_field`] leaves it out). Only when
 //!   something changed: a no-op reconcile writes nothing;
@@ -159,5 +159,5 @@ pub use reconciler::{
     DEFAULT_PAUSED_ANNOTATION, DEFAULT_REQUEUE, DEFAULT_WAITING_FIELD, ReconcileObserver,
     ReconcileResult, Reconciler,
 };
-pub use summary::{MAX_MESSAGE, Waiting};
+pub use summary::{MAX_MESSAGE, WaitingNode};
 pub use wakes::DEFAULT_WAKE_BACKSTOP;

@@ -10,7 +10,7 @@
 //! use prometheus_client::registry::Registry;
 //! use provisioners_core::{Cluster, Context};
 //! use provisioners_runtime::Reconciler;
-//! use provisioners_runtime::metrics::{Health, Metrics, serve};
+//! use provisioners_runtime::metrics::{Metrics, Probes, serve};
 //!
 //! # async fn example() -> anyhow::Result<()> {
 //! let mut registry = Registry::default();
@@ -19,7 +19,7 @@
 //! let reconciler = Reconciler::new(cx.clone(), "example.com/platform")
 //!     .observe_reconciles(metrics);
 //!
-//! let health = Health::default();
+//! let health = Probes::default();
 //! let listener = tokio::net::TcpListener::bind("0.0.0.0:8080").await?;
 //! tokio::spawn(serve(listener, Arc::new(registry), health.clone(), cx.cancellation().clone()));
 //! health.set_ready(true); // once the controller runs
@@ -177,14 +177,14 @@ impl ReconcileObserver for Metrics {
 }
 
 /// Liveness and readiness as the endpoint reports them. Live as long as the
-/// process serves; ready once [`Health::set_ready`] said so (e.g. once the
+/// process serves; ready once [`Probes::set_ready`] said so (e.g. once the
 /// controller runs, or on the leader only).
 #[derive(Clone, Debug, Default)]
-pub struct Health {
+pub struct Probes {
     ready: Arc<AtomicBool>,
 }
 
-impl Health {
+impl Probes {
     /// Sets what `/readyz` answers.
     pub fn set_ready(&self, ready: bool) {
         self.ready.store(ready, Ordering::Relaxed);
@@ -209,7 +209,7 @@ const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(10);
 pub async fn serve(
     listener: TcpListener,
     registry: Arc<Registry>,
-    health: Health,
+    health: Probes,
     shutdown: CancellationToken,
 ) {
     loop {
@@ -253,7 +253,7 @@ pub async fn serve(
 fn answer(
     request: &Request<Incoming>,
     registry: &Registry,
-    health: &Health,
+    health: &Probes,
 ) -> Response<Full<Bytes>> {
     let text = "text/plain; charset=utf-8";
     let (status, content_type, body) = match (request.method(), request.uri().path()) {
@@ -366,7 +366,7 @@ mod tests {
 
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let health = Health::default();
+        let health = Probes::default();
         let shutdown = CancellationToken::new();
         let server = tokio::spawn(serve(
             listener,
@@ -414,7 +414,7 @@ mod tests {
         let server = tokio::spawn(serve(
             listener,
             Arc::new(Registry::default()),
-            Health::default(),
+            Probes::default(),
             shutdown.clone(),
         ));
         // Half a request head, then silence.

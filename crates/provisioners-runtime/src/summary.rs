@@ -31,7 +31,7 @@ const MAX_REASON: usize = 256;
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 #[non_exhaustive]
-pub struct Waiting {
+pub struct WaitingNode {
     /// The node's path, e.g. `platform/monitoring/prometheus`.
     pub node: String,
     /// The remote cluster the node runs on, below a remote.
@@ -51,14 +51,14 @@ pub struct Waiting {
     pub since: Option<String>,
 }
 
-impl Waiting {
+impl WaitingNode {
     /// A waiting node at `node` for `reason`.
     pub fn new(node: impl Into<String>, reason: impl Into<String>) -> Self {
-        Waiting {
+        WaitingNode {
             node: node.into(),
             state: "Waiting".to_owned(),
             reason: reason.into(),
-            ..Waiting::default()
+            ..WaitingNode::default()
         }
     }
 }
@@ -164,7 +164,7 @@ fn nodes(error: &Error) -> Vec<Node<'_>> {
 /// The nodes of `error` that failed or yielded (failures first), each
 /// once, with what they wait for: at most [`MAX_WAITING`] (failures at most
 /// half of them while nodes wait), each field bounded.
-pub(crate) fn waiting(error: &Error) -> Vec<Waiting> {
+pub(crate) fn waiting(error: &Error) -> Vec<WaitingNode> {
     let nodes = nodes(error);
     let failing = nodes.iter().filter(|n| !n.waiting).count();
     let waiting = nodes.len() - failing;
@@ -180,7 +180,7 @@ pub(crate) fn waiting(error: &Error) -> Vec<Waiting> {
     shown
         .map(|node| {
             let data = node.first.waiting();
-            Waiting {
+            WaitingNode {
                 node: truncate(node.path, MAX_REASON),
                 cluster: node.cluster.map(|c| truncate(c, MAX_REASON)),
                 state: if node.waiting { "Waiting" } else { "Failing" }.to_owned(),
@@ -261,7 +261,7 @@ mod tests {
         assert_eq!(w.len(), MAX_WAITING);
         assert_eq!(w[0].node, "p/chart");
         assert_eq!(w[0].state, "Failing");
-        assert_eq!(w[1], Waiting::new("p/w0", "pod 0 pending"));
+        assert_eq!(w[1], WaitingNode::new("p/w0", "pod 0 pending"));
     }
 
     #[test]

@@ -91,7 +91,7 @@ pub use provisioners_remote::{
 #[cfg(feature = "runtime")]
 pub use provisioners_runtime::{
     self as runtime, LeaderElection, Reason, ReconcileObserver, ReconcileResult, Reconciler,
-    Waiting,
+    WaitingNode,
 };
 #[cfg(feature = "testing")]
 pub use provisioners_testing as testing;

@@ -50,7 +50,7 @@ use platform_operator::{
 use prometheus_client::registry::Registry;
 use provisioners::runtime::LeaderElection;
 use provisioners::{Context, OwnerKeys};
-use provisioners_runtime::metrics::{Health, Metrics, serve};
+use provisioners_runtime::metrics::{Metrics, Probes, serve};
 
 const USAGE: &str = "usage: platform-operator [--crd] [--helm PATH] [--charts DIR] \
                      [--metrics-addr ADDR|off] [--leader-elect] [--shard SELECTOR] \
@@ -145,7 +145,7 @@ async fn main() -> anyhow::Result<()> {
     let cx = cx.with_extension(keys);
     let shutdown = cx.cancellation().clone();
 
-    let health = Health::default();
+    let health = Probes::default();
     if let Some(addr) = &metrics_addr {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
