@@ -128,3 +128,197 @@ impl Manifest {
 pub(super) fn is_shared(object: &Resolved) -> bool {
     object.tier == Tier::Namespace && PROTECTED_NAMESPACES.contains(&object.key.name.as_str())
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::api::ApiResource;
+    use provisioners_core::{Context, Owner};
+    use serde_json::json;
+
+    use super::*;
+    use crate::discovery::Kind;
+    use crate::object::ObjectRef;
+    use crate::source::Origin;
+
+    const MANAGER: &str = "decide-test";
+
+    fn stamp(owner: &str, node: &str) -> Stamp {
+        let cx = Context::offline().with_owner(Owner::standalone(owner));
+        Stamp::new(&cx, node, None)
+    }
+
+    /// A ConfigMap `x` of the manifest (stamped by `stamp`, with its digest).
+    fn desired(stamp: &Stamp) -> Resolved {
+        let mut object: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "x", "namespace": "n"},
+            "data": {"k": "v"},
+        }))
+        .unwrap();
+        stamp.mark(&mut object);
+        unchanged::stamp(&mut object);
+        Resolved {
+            origin: Origin::new(Arc::from("a.yaml"), 1, 1),
+            object,
+            kind: Kind {
+                resource: ApiResource::erase::<ConfigMap>(&()),
+                namespaced: true,
+            },
+            key: ObjectRef {
+                api_version: "v1".into(),
+                kind: "ConfigMap".into(),
+                namespace: Some("n".into()),
+                name: "x".into(),
+            },
+            tier: Tier::Builtin,
+        }
+    }
+
+    /// `object` as the server holds it after our apply (managed by us).
+    fn applied(object: &DynamicObject) -> DynamicObject {
+        let mut live = object.clone();
+        live.metadata.managed_fields = Some(vec![
+            serde_json::from_value(json!({"manager": MANAGER, "operation": "Apply"})).unwrap(),
+        ]);
+        live
+    }
+
+    /// A ConfigMap `x` made by hand.
+    fn by_hand() -> DynamicObject {
+        serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "x", "namespace": "n", "managedFields": [
+                {"manager": "kubectl-client-side-apply", "operation": "Update"}
+            ]},
+            "data": {"k": "old"},
+        }))
+        .unwrap()
+    }
+
+    fn seen(live: Option<DynamicObject>) -> Seen {
+        Seen {
+            live,
+            ..Seen::default()
+        }
+    }
+
+    fn update(step: Step) -> (bool, Option<Takeover>) {
+        match step {
+            Step::Update {
+                force, takeover, ..
+            } => (force, takeover),
+            other => panic!("expected an update, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn nothing_live_is_created_and_what_is_applied_is_left_alone() {
+        let ours = stamp("me", "app");
+        let object = desired(&ours);
+        let manifest = Manifest::from_objects("app", []);
+        assert!(matches!(
+            manifest.decide(MANAGER, &ours, &object, seen(None)),
+            Step::Create
+        ));
+        let live = applied(&object.object);
+        assert!(matches!(
+            manifest.decide(MANAGER, &ours, &object, seen(Some(live.clone()))),
+            Step::NoChange(_)
+        ));
+        // Applied by another field manager: the no-op check does not hold.
+        assert_eq!(
+            update(manifest.decide("someone-else", &ours, &object, seen(Some(live)))),
+            (false, None)
+        );
+    }
+
+    #[tokio::test]
+    async fn another_node_of_our_owner_is_taken_over() {
+        let ours = stamp("me", "app");
+        let object = desired(&ours);
+        let live = applied(&desired(&stamp("me", "old-name")).object);
+        let manifest = Manifest::from_objects("app", []).force(true);
+        assert_eq!(
+            update(manifest.decide(MANAGER, &ours, &object, seen(Some(live)))),
+            (true, Some(Takeover::OtherNode("old-name".into())))
+        );
+    }
+
+    #[tokio::test]
+    async fn what_is_not_ours_is_refused_unless_adopted_or_in_our_namespace() {
+        let ours = stamp("me", "app");
+        let object = desired(&ours);
+        let manifest = Manifest::from_objects("app", []);
+        match manifest.decide(MANAGER, &ours, &object, seen(Some(by_hand()))) {
+            Step::Refuse(who) => assert!(who.contains("kubectl-client-side-apply"), "{who}"),
+            other => panic!("{other:?}"),
+        }
+        // Another owner's stamp is no better than none.
+        let theirs = applied(&desired(&stamp("you", "app")).object);
+        assert!(matches!(
+            manifest.decide(MANAGER, &ours, &object, seen(Some(theirs))),
+            Step::Refuse(_)
+        ));
+        // Adopting takes it over, fields included.
+        let adopting = Manifest::from_objects("app", []).adopt(true);
+        let (force, takeover) =
+            update(adopting.decide(MANAGER, &ours, &object, seen(Some(by_hand()))));
+        assert!(force);
+        assert!(matches!(takeover, Some(Takeover::Adopt(_))), "{takeover:?}");
+        // In a namespace our owner created, unless our LIST found it (then
+        // it carries our label, and a stamp that is not ours is a forgery).
+        let in_ours = Seen {
+            live: Some(by_hand()),
+            namespace_ours: true,
+            ..Seen::default()
+        };
+        assert_eq!(
+            update(manifest.decide(MANAGER, &ours, &object, in_ours)),
+            (false, Some(Takeover::OurNamespace("n".into())))
+        );
+        let listed = Seen {
+            live: Some(by_hand()),
+            namespace_ours: true,
+            listed: true,
+            ..Seen::default()
+        };
+        assert!(matches!(
+            manifest.decide(MANAGER, &ours, &object, listed),
+            Step::Refuse(_)
+        ));
+    }
+
+    #[tokio::test]
+    async fn the_shared_system_namespaces_are_applied_to_without_adoption() {
+        let ours = stamp("me", "app");
+        let mut object = desired(&ours);
+        object.tier = Tier::Namespace;
+        object.key = ObjectRef {
+            api_version: "v1".into(),
+            kind: "Namespace".into(),
+            namespace: None,
+            name: "kube-system".into(),
+        };
+        let manifest = Manifest::from_objects("app", []);
+        assert_eq!(
+            update(manifest.decide(MANAGER, &ours, &object, seen(Some(by_hand())))),
+            (false, None)
+        );
+    }
+
+    #[test]
+    fn takeovers_read_as_the_plan_words_them() {
+        assert_eq!(
+            Takeover::OurNamespace("team".into()).reason(),
+            "taken over: it is in namespace team, which this owner created"
+        );
+        assert!(
+            Takeover::Adopt("who".into())
+                .reason()
+                .contains("adopt(true)")
+        );
+    }
+}
