@@ -121,12 +121,16 @@ impl Manifest {
             // end of the custom resources.
             planned.extend(unresolved.iter().map(|u| self.plan_unresolved(u)));
             if self.prune {
-                let current: Vec<&ObjectRef> = resolved
+                let inventory = self.read_inventory_checked(cx, &stamp).await?;
+                let current = resolved
                     .iter()
-                    .map(|r| &r.key)
-                    .chain(unresolved.iter().map(|u| &u.key))
+                    .map(|r| r.key.clone())
+                    .chain(unresolved.iter().map(|u| u.key.clone()))
                     .collect();
-                planned.extend(self.plan_prune(cx, &stamp, &current).await?);
+                planned.extend(
+                    self.prune_stale(cx, &stamp, inventory, current, mode)
+                        .await?,
+                );
             }
             return Ok(planned);
         }
@@ -144,7 +148,9 @@ impl Manifest {
         crd::migrate_stored(cx, &applied).await?;
 
         if let Some(before) = inventory_before {
-            self.prune_stale(cx, &stamp, &applied, before).await?;
+            let current = applied.iter().map(|(r, _)| r.key.clone()).collect();
+            self.prune_stale(cx, &stamp, (before, Vec::new()), current, mode)
+                .await?;
         }
 
         if let Some(wait) = self.wait {

@@ -4,13 +4,11 @@
 
 use std::collections::BTreeSet;
 
-use kube::api::DynamicObject;
 use provisioners_core::plan::ObjectPlan;
 use provisioners_core::{Context, Error, Result};
 
 use super::delete::served;
 use super::plan::removal::{outside_plan, prune_plan};
-use super::resolve::Resolved;
 use super::{Manifest, Mode, list};
 use crate::object::{Identity, ObjectRef};
 use crate::ownership::Stamp;
@@ -24,64 +22,51 @@ fn stale(inventory: Vec<ObjectRef>, current: &BTreeSet<Identity>) -> Vec<ObjectR
 }
 
 impl Manifest {
-    /// Deletes what left the manifest (stamped by us) and records what is
-    /// left; `before` is the inventory as the pass found it.
+    /// Prune in `mode`: removes what the inventory lists (`inside` the
+    /// manifest's targets) and `current` no longer holds, where the live
+    /// object is still ours. A real pass then records what is left and
+    /// yields while something is still going; a dry run returns its plan
+    /// lines, with the entries `outside` the targets (never removed).
     pub(super) async fn prune_stale(
         &self,
         cx: &Context,
         stamp: &Stamp,
-        applied: &[(Resolved, DynamicObject)],
-        before: Vec<ObjectRef>,
-    ) -> Result<()> {
-        let current: BTreeSet<ObjectRef> = applied.iter().map(|(p, _)| p.key.clone()).collect();
+        (inside, outside): (Vec<ObjectRef>, Vec<(ObjectRef, String)>),
+        current: BTreeSet<ObjectRef>,
+        mode: Mode,
+    ) -> Result<Vec<ObjectPlan>> {
         let identities: BTreeSet<Identity> = current.iter().map(ObjectRef::identity).collect();
-        let stale = stale(before, &identities);
-        let mut record = current;
-        let mut pruning = Vec::new();
-        if !stale.is_empty() {
-            let targets = served(cx, stale).await?;
-            let removed = self.remove_all(cx, stamp, &targets, Mode::Write).await?;
-            let pending: Vec<ObjectRef> = removed
-                .into_iter()
-                .filter(|r| !r.gone)
-                .map(|r| r.key)
-                .collect();
-            pruning = pending.iter().map(ObjectRef::to_string).collect();
-            record.extend(pending);
+        let mut planned: Vec<ObjectPlan> = outside
+            .iter()
+            .filter(|(key, _)| !identities.contains(&key.identity()))
+            .map(|(key, why)| outside_plan(key, why))
+            .collect();
+        let targets = served(cx, stale(inside, &identities)).await?;
+        let removed = self.remove_all(cx, stamp, &targets, mode).await?;
+        if mode == Mode::DryRun {
+            planned.extend(removed.iter().filter_map(prune_plan));
+            return Ok(planned);
         }
-        // Written unconditionally only when it changed since the union above.
+        let pending: Vec<ObjectRef> = removed
+            .into_iter()
+            .filter(|r| !r.gone)
+            .map(|r| r.key)
+            .collect();
+        let pruning: Vec<String> = pending.iter().map(ObjectRef::to_string).collect();
+        let mut record = current;
+        record.extend(pending);
+        // Written only when it changed since the union written before applying.
         let recorded = self.read_inventory(cx, stamp).await?;
         if recorded.len() != record.len() || recorded.iter().any(|r| !record.contains(r)) {
             self.write_inventory(cx, stamp, &record).await?;
         }
         if pruning.is_empty() {
-            Ok(())
+            Ok(planned)
         } else {
             Err(Error::yielding(format!(
                 "waiting for the deletion of pruned {}",
                 list(&pruning)
             )))
         }
-    }
-
-    /// What prune would do, given the objects the manifest holds
-    /// (`current`): the same candidates and decisions, nothing written.
-    pub(super) async fn plan_prune(
-        &self,
-        cx: &Context,
-        stamp: &Stamp,
-        current: &[&ObjectRef],
-    ) -> Result<Vec<ObjectPlan>> {
-        let current: BTreeSet<Identity> = current.iter().map(|key| key.identity()).collect();
-        let (inside, outside) = self.read_inventory_checked(cx, stamp).await?;
-        let mut out: Vec<ObjectPlan> = outside
-            .iter()
-            .filter(|(key, _)| !current.contains(&key.identity()))
-            .map(|(key, why)| outside_plan(key, why))
-            .collect();
-        let targets = served(cx, stale(inside, &current)).await?;
-        let removed = self.remove_all(cx, stamp, &targets, Mode::DryRun).await?;
-        out.extend(removed.iter().filter_map(prune_plan));
-        Ok(out)
     }
 }
