@@ -1,21 +1,31 @@
 //! [`Manifest`]: server-side apply of many objects, in order, with prune.
 //!
-//! The pipeline, one module each: [`provision`] (the steps of a provision,
-//! in order), [`resolve`] (documents to resolved objects), [`apply`]
-//! (ownership checks and server-side apply), [`replace`] (immutable fields),
+//! One pipeline for a provision and its plan, run in a [`Mode`]: for real
+//! ([`Mode::Write`]) or as a dry run ([`Mode::DryRun`], which writes
+//! nothing and says what the real run would do), so that a plan cannot
+//! drift from provision: both take every decision through the same code.
+//! One module per step: [`pipeline`] (the steps in order), [`resolve`]
+//! (documents to resolved objects), [`look`] (what is live), [`decide`]
+//! (what to do with one object: ownership, no-op check, adoption),
+//! [`apply`] (a tier applied, or dry-run), [`replace`] (immutable fields),
 //! [`crd`] (waiting for CRDs and unknown kinds), [`ready`] (waiting for
-//! readiness), [`inventory`] (what a pruning node applied), [`delete`]
-//! (checked deletes for prune and deprovision) and [`plan`] (what a
-//! provision or deprovision would do, from reads and dry-runs).
+//! readiness), [`inventory`] (what a pruning node applied), [`prune`]
+//! (what left the manifest), [`delete`] (checked removal of one object),
+//! [`deprovision`] (removal in order) and [`plan`] (how a dry run reads in
+//! a plan).
 
 mod answer;
 mod apply;
 mod crd;
 mod crd_change;
+mod decide;
 mod delete;
+mod deprovision;
 mod inventory;
+mod look;
+mod pipeline;
 mod plan;
-mod provision;
+mod prune;
 mod ready;
 mod replace;
 mod resolve;
@@ -370,21 +380,33 @@ impl Provisioner for Manifest {
     }
 
     async fn provision(&self, cx: &Context) -> Result<()> {
-        self.provision_inner(cx).await
+        self.run(cx, Mode::Write).await.map(drop)
     }
 
     async fn deprovision(&self, cx: &Context) -> Result<()> {
-        self.deprovision_inner(cx).await
+        self.remove_everything(cx, Mode::Write).await.map(drop)
     }
 
     /// What provision or deprovision would do now, per object in the order
     /// they would run; see [Planning](crate#planning).
     async fn plan(&self, cx: &Context, operation: Operation) -> Result<Plan> {
-        match operation {
-            Operation::Provision => self.plan_provision(cx).await,
-            Operation::Deprovision => self.plan_deprovision(cx).await,
-        }
+        let objects = match operation {
+            Operation::Provision => self.run(cx, Mode::DryRun).await?,
+            Operation::Deprovision => self.remove_everything(cx, Mode::DryRun).await?,
+        };
+        Ok(Plan::new(self.metadata.name(), operation, plan::KIND).with_objects(objects))
     }
+}
+
+/// How a pass runs: for real, or as a dry run that writes nothing (reads,
+/// and server-side applies with `dryRun=All`) and says what the real pass
+/// would do, object by object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    /// Apply, record, delete, wait.
+    Write,
+    /// Plan.
+    DryRun,
 }
 
 /// Runs `calls` at most `limit` at a time; the results in the order of `calls`.

@@ -14,20 +14,6 @@ use super::Manifest;
 use super::resolve::Resolved;
 
 impl Manifest {
-    /// Refuses to change the live CRD `live` into `object` when that is
-    /// unsafe (see the module docs); `Ok` when it may be applied.
-    pub(super) async fn check_crd_change(
-        &self,
-        cx: &Context,
-        object: &Resolved,
-        live: &DynamicObject,
-    ) -> Result<()> {
-        match self.crd_change_refusal(cx, object, live).await? {
-            Some(why) => Err(refused(object, &why)),
-            None => Ok(()),
-        }
-    }
-
     /// Why changing the live CRD `live` into `object` is unsafe, or `None`
     /// when it may be applied: `provisioners_kit::crd`'s [gate](crd::refusal),
     /// shared with `HelmRelease` and with plans. Errors are the reads' (and
@@ -81,7 +67,8 @@ fn crds(
     }
 }
 
-fn refused(object: &Resolved, why: &str) -> Error {
+/// The error of a CRD change the gate refuses, naming the CRD.
+pub(super) fn refused(object: &Resolved, why: &str) -> Error {
     Error::invalid(format!(
         "{}: CustomResourceDefinition {} was not changed, the change is unsafe: {why}",
         object.origin, object.key.name

@@ -1,20 +1,20 @@
-//! Checked deletes, for prune and deprovision.
+//! Checked removal of one object, for prune and deprovision, for real or
+//! as a dry run: read it, decide ([`removal`], the one place that says
+//! what may be deleted), then (for real) delete or release it.
 //!
 //! A candidate (from the documents or the inventory) is deleted only when
 //! its live object carries our stamp, with a precondition on the UID that
 //! stamp was read from, so a replaced object is never deleted. It is gone
 //! when no live object has that UID.
 
-use std::collections::BTreeSet;
-
 use kube::api::{
     DeleteParams, DynamicObject, Patch, PatchParams, Preconditions, PropagationPolicy,
 };
-use provisioners_core::{Context, Error, ErrorKind, Result};
+use provisioners_core::{Context, Error, Result};
 
-use super::{Manifest, bounded, dynamic_api, list, ready};
+use super::{Manifest, Mode, bounded, dynamic_api};
 use crate::discovery::{Discovery, Kind};
-use crate::object::{Identity, ObjectRef, Tier};
+use crate::object::ObjectRef;
 use crate::ownership::{Ownership, Stamp, kept};
 
 /// Propagation for deleting an object of `group`/`kind`: foreground for
@@ -39,43 +39,50 @@ pub(crate) fn propagation(cx: &Context, group: &str, kind: &str) -> PropagationP
     }
 }
 
-/// Deprovision's order: each step is deleted, and waited for until gone,
-/// before the next starts. The apply order reversed, except that CRDs and
-/// Namespaces go in one step: by then every object of ours in them is gone,
-/// and neither waits on the other, so waiting for the CRDs first would only
-/// delay the namespace controller (which starts 5 s after the request).
-pub(super) const DELETION_STEPS: [&[Tier]; 4] = [
-    &[Tier::Custom],
-    &[Tier::Builtin],
-    &[Tier::ClusterRbac],
-    &[Tier::CustomResourceDefinition, Tier::Namespace],
-];
-
-/// What a deprovision looks at.
-pub(super) struct DeprovisionTargets {
-    /// Objects with their kinds and tiers: the manifest's, then those only
-    /// the inventory lists.
-    pub(super) targets: Vec<(ObjectRef, Kind, Tier)>,
-    /// How many of `targets` come from the manifest.
-    pub(super) in_manifest: usize,
-    /// Objects whose kinds could not be looked up (transient).
-    pub(super) failed: Vec<Error>,
-    /// Inventory entries outside what the manifest may target, with why:
-    /// never deleted, reported.
-    pub(super) outside: Vec<(ObjectRef, String)>,
+/// What removing one object came to.
+#[derive(Debug)]
+pub(super) struct Removed {
+    pub(super) key: ObjectRef,
+    /// What was decided from its live state.
+    pub(super) decision: Removal,
+    /// Gone for us (a real removal), so nothing to wait for.
+    pub(super) gone: bool,
 }
 
 impl Manifest {
-    /// Deletes (or releases) one object if it is ours; whether it is gone.
+    /// Reads one object and decides its removal; for real, deletes (or
+    /// releases) it if it is ours.
     async fn remove(
         &self,
         cx: &Context,
         stamp: &Stamp,
         kind: &Kind,
         key: &ObjectRef,
-    ) -> Result<bool> {
+        mode: Mode,
+    ) -> Result<Removed> {
         let live = read_for_removal(cx, kind, key).await?;
-        let (uid, release) = match removal(stamp, key, live.as_ref()) {
+        let decision = removal(stamp, key, live.as_ref());
+        let gone = match mode {
+            Mode::DryRun => false,
+            Mode::Write => self.act(cx, stamp, kind, key, &decision).await?,
+        };
+        Ok(Removed {
+            key: key.clone(),
+            decision,
+            gone,
+        })
+    }
+
+    /// Carries out `decision` for the object at `key`; whether it is gone.
+    async fn act(
+        &self,
+        cx: &Context,
+        stamp: &Stamp,
+        kind: &Kind,
+        key: &ObjectRef,
+        decision: &Removal,
+    ) -> Result<bool> {
+        let (uid, release) = match decision {
             Removal::Gone => return Ok(true),
             Removal::OtherNode(node) => {
                 tracing::info!(object = %key, node = %node, "not deleting: another node of this owner applied it last");
@@ -90,8 +97,8 @@ impl Manifest {
                 return Ok(true);
             }
             Removal::Terminating => return Ok(false),
-            Removal::Release(why, uid) => (uid, Some(why)),
-            Removal::Delete(uid) => (uid, None),
+            Removal::Release(why, uid) => (uid.clone(), Some(why)),
+            Removal::Delete(uid) => (uid.clone(), None),
         };
         let api = dynamic_api(cx, &kind.resource, key.namespace.as_deref());
         if let Some(why) = release {
@@ -125,147 +132,46 @@ impl Manifest {
         }
     }
 
-    /// Removes `targets` concurrently; those not gone yet.
-    async fn remove_all(
+    /// Removes `targets` concurrently in `mode`; what became of each, in
+    /// order.
+    pub(super) async fn remove_all(
         &self,
         cx: &Context,
         stamp: &Stamp,
         targets: &[(ObjectRef, Kind)],
-    ) -> Result<Vec<ObjectRef>> {
+        mode: Mode,
+    ) -> Result<Vec<Removed>> {
         let calls = targets
             .iter()
-            .map(|(key, kind)| async move {
-                let gone = self.remove(cx, stamp, kind, key).await?;
-                Ok((!gone).then(|| key.clone()))
-            })
+            .map(|(key, kind)| self.remove(cx, stamp, kind, key, mode))
             .collect();
-        let results: Vec<Result<Option<ObjectRef>>> = bounded(calls, self.concurrency).await;
-        let mut pending = Vec::new();
+        let mut removed = Vec::with_capacity(targets.len());
         let mut errors = Vec::new();
-        for result in results {
+        for result in bounded(calls, self.concurrency).await {
             match result {
-                Ok(Some(key)) => pending.push(key),
-                Ok(None) => {}
+                Ok(r) => removed.push(r),
                 Err(e) => errors.push(e),
             }
         }
         if errors.is_empty() {
-            Ok(pending)
+            Ok(removed)
         } else {
             Err(Error::group(errors))
         }
     }
+}
 
-    /// Removes the objects of `stale` that are still ours; returns those
-    /// that are not gone yet.
-    pub(super) async fn prune_objects(
-        &self,
-        cx: &Context,
-        stamp: &Stamp,
-        stale: Vec<ObjectRef>,
-    ) -> Result<Vec<ObjectRef>> {
-        let discovery = Discovery::of(cx);
-        let mut targets = Vec::new();
-        for key in stale {
-            // A kind that is no longer served (its CRD went) took its objects with it.
-            if let Some(kind) = discovery.resolve(cx, &key.api_version, &key.kind).await? {
-                targets.push((key, kind));
-            }
+/// `keys` with their kinds, leaving out those whose kinds are no longer
+/// served (the CRD went, and took its objects with it).
+pub(super) async fn served(cx: &Context, keys: Vec<ObjectRef>) -> Result<Vec<(ObjectRef, Kind)>> {
+    let discovery = Discovery::of(cx);
+    let mut targets = Vec::new();
+    for key in keys {
+        if let Some(kind) = discovery.resolve(cx, &key.api_version, &key.kind).await? {
+            targets.push((key, kind));
         }
-        self.remove_all(cx, stamp, &targets).await
     }
-
-    /// What deprovision looks at, in the order it would: the manifest's
-    /// objects whose kinds are served, then (pruning) what only the
-    /// inventory lists; and the objects whose kinds could not be looked up.
-    pub(super) async fn deprovision_targets(
-        &self,
-        cx: &Context,
-        stamp: &Stamp,
-    ) -> Result<DeprovisionTargets> {
-        let documents = match self.load().await {
-            Ok(documents) => documents,
-            // The files are gone: the inventory still says what to delete.
-            Err(e) if e.kind() == ErrorKind::NotFound && self.prune => Vec::new(),
-            Err(e) => return Err(e),
-        };
-        let mut resolution = self.resolve(cx, stamp, documents).await?;
-        let failed = std::mem::take(&mut resolution.failed);
-        let mut targets: Vec<(ObjectRef, Kind, Tier)> = resolution
-            .resolved
-            .into_iter()
-            .map(|p| (p.key, p.kind, p.tier))
-            .collect();
-        let in_manifest = targets.len();
-        let mut outside = Vec::new();
-        if self.prune {
-            let discovery = Discovery::of(cx);
-            let mut seen: BTreeSet<Identity> =
-                targets.iter().map(|(k, _, _)| k.identity()).collect();
-            let (inside, ignored) = self.read_inventory_checked(cx, stamp).await?;
-            outside = ignored;
-            for key in inside {
-                if !seen.insert(key.identity()) {
-                    continue;
-                }
-                if let Some(kind) = discovery.resolve(cx, &key.api_version, &key.kind).await? {
-                    let tier = Tier::of(key.group(), &key.kind);
-                    targets.push((key, kind, tier));
-                }
-            }
-        }
-        Ok(DeprovisionTargets {
-            targets,
-            in_manifest,
-            failed,
-            outside,
-        })
-    }
-
-    pub(super) async fn deprovision_inner(&self, cx: &Context) -> Result<()> {
-        let stamp = self.stamp(cx);
-        let DeprovisionTargets {
-            targets,
-            failed,
-            outside,
-            ..
-        } = self.deprovision_targets(cx, &stamp).await?;
-        for (key, why) in &outside {
-            tracing::warn!(object = %key, reason = %why, "inventory entry ignored, not deleted: it lies outside what this manifest may target");
-        }
-        // Unresolved kinds are not served: their objects are gone already.
-        for step in DELETION_STEPS {
-            let objects: Vec<(ObjectRef, Kind)> = targets
-                .iter()
-                .filter(|(_, _, t)| step.contains(t))
-                .map(|(key, kind, _)| (key.clone(), kind.clone()))
-                .collect();
-            if objects.is_empty() {
-                continue;
-            }
-            let mut pending: Vec<String> = self
-                .remove_all(cx, &stamp, &objects)
-                .await?
-                .iter()
-                .map(ObjectRef::to_string)
-                .collect();
-            if !pending.is_empty() {
-                pending.sort();
-                return Err(Error::yielding(format!(
-                    "waiting for the deletion of {}",
-                    list(&pending)
-                )));
-            }
-        }
-        if !failed.is_empty() {
-            return Err(Error::group(failed));
-        }
-        if self.prune {
-            self.delete_inventory(cx, &stamp).await?;
-        }
-        ready::forget(cx, &self.scope(cx));
-        Ok(())
-    }
+    Ok(targets)
 }
 
 /// What removing one object comes to, from its live state.
@@ -329,23 +235,6 @@ pub(super) async fn read_for_removal(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn deletion_steps_cover_every_tier_once_in_reverse_apply_order() {
-        for tier in Tier::ALL {
-            let steps = DELETION_STEPS.iter().filter(|s| s.contains(&tier)).count();
-            assert_eq!(steps, 1, "{tier:?}");
-        }
-        // Every tier of a step was applied after every tier of the next.
-        for pair in DELETION_STEPS.windows(2) {
-            let (earlier, later) = (pair[0], pair[1]);
-            assert!(
-                earlier.iter().all(|e| later.iter().all(|l| e > l)),
-                "{earlier:?} before {later:?}"
-            );
-        }
-        assert_eq!(DELETION_STEPS[0], &[Tier::Custom]);
-    }
 
     #[tokio::test]
     async fn workloads_are_deleted_in_the_foreground_the_rest_in_the_background() {

@@ -312,7 +312,7 @@ async fn listing_our_objects_stops_at_the_policy_s_page_cap() {
     let objects: kube::Api<kube::api::DynamicObject> =
         kube::Api::namespaced_with(cx.client().clone(), "ns", &resource);
     let list = tokio::spawn(async move {
-        super::apply::list_all(&objects, "owner=x", 3, "ConfigMap", Some("ns")).await
+        super::look::list_all(&objects, "owner=x", 3, "ConfigMap", Some("ns")).await
     });
     // A namespace that always has another page (objects created as fast as
     // they are listed, or a server that never ends its list).
@@ -335,7 +335,7 @@ async fn listing_our_objects_stops_at_the_policy_s_page_cap() {
         );
     }
     let error = match list.await.unwrap() {
-        Err(super::apply::ListError::Pages(error)) => error,
+        Err(super::look::ListError::Pages(error)) => error,
         other => panic!("expected the page cap, got {other:?}"),
     };
     let text = error.to_string();

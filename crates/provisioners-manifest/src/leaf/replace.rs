@@ -7,7 +7,7 @@ use provisioners_core::{Context, Error, Result};
 use super::answer::apply_error;
 use super::delete::propagation;
 use super::resolve::Resolved;
-use super::{Manifest, dynamic_api};
+use super::{Manifest, Mode, dynamic_api};
 use crate::object::ObjectRef;
 use crate::ownership::{Ownership, Stamp, kept};
 
@@ -73,6 +73,26 @@ impl Manifest {
         })
     }
 
+    /// What the replace policy makes of an immutable change to `object`:
+    /// the policy alone without `live`, else whether the live object may
+    /// be deleted too. Provision and plans both ask it.
+    pub(super) fn replacement(
+        &self,
+        stamp: &Stamp,
+        object: &Resolved,
+        live: Option<&DynamicObject>,
+    ) -> Result<Replacement> {
+        if self.replace_policy_of(object)? == ReplacePolicy::Fail {
+            return Ok(Replacement::Fail);
+        }
+        Ok(
+            match live.and_then(|live| replace_refused(stamp, &object.key, live, self.adopt)) {
+                Some(refusal) => Replacement::Refused(refusal),
+                None => Replacement::Recreate,
+            },
+        )
+    }
+
     /// Provision's answer to an apply refused for the immutable `fields`:
     /// the policy's error, or the object deleted and created again.
     pub(super) async fn replace_immutable(
@@ -86,7 +106,7 @@ impl Manifest {
     ) -> Result<DynamicObject> {
         let key = &object.key;
         let fields_text = fields.join(", ");
-        if self.replace_policy_of(object)? == ReplacePolicy::Fail {
+        if let Replacement::Fail = self.replacement(stamp, object, None)? {
             return Err(Error::invalid(format!(
                 "{}: {key}: cannot be changed in place: {fields_text} may not change (immutable); \
                  it was not changed; set replace(ReplacePolicy::Recreate) on this node (or the \
@@ -107,7 +127,7 @@ impl Manifest {
             // Gone since the apply: create it.
             return self.apply_checked(cx, object, force).await;
         };
-        if let Some(refusal) = replace_refused(stamp, key, &live, self.adopt) {
+        if let Replacement::Refused(refusal) = self.replacement(stamp, object, Some(&live))? {
             return Err(Error::invalid(format!(
                 "{}: {key}: {fields_text} may not change (immutable), and {}, so it was not \
                  deleted: {}",
@@ -149,13 +169,26 @@ impl Manifest {
         object: &Resolved,
         force: bool,
     ) -> Result<DynamicObject> {
-        self.apply_one(cx, object, force)
+        self.send(cx, object, force, Mode::Write)
             .await
             .map_err(|e| apply_error(&object.origin, &object.key, e))
     }
 }
 
+/// What the replace policy makes of a change to a field that cannot change.
+#[derive(Debug)]
+pub(super) enum Replacement {
+    /// Leave the object and fail (policy `Fail`).
+    Fail,
+    /// Delete and recreate it (policy `Recreate`), but the live object may
+    /// not be deleted: fail, saying why.
+    Refused(Refusal),
+    /// Delete it and create it again.
+    Recreate,
+}
+
 /// Why a live object may not be deleted to replace it, and what to do.
+#[derive(Debug)]
 pub(super) struct Refusal {
     pub(super) why: String,
     pub(super) remedy: &'static str,
