@@ -27,15 +27,18 @@ impl HelmRelease {
         let Some(checked) = checked else {
             return self.settled(cx, revision).await;
         };
-        let shown = checked.drifted.shown();
         match checked.verdict {
             Verdict::Persists => tracing::warn!(
                 release = %self.id(),
-                drift = %shown,
+                drift = %checked.drifted.shown(),
                 "drift persists after a repair; not repairing again until the chart or values change"
             ),
             Verdict::Warned => {
-                tracing::warn!(release = %self.id(), drift = %shown, "drift (not repaired)")
+                tracing::warn!(
+                    release = %self.id(),
+                    drift = %checked.drifted.shown(),
+                    "drift (not repaired)"
+                )
             }
             Verdict::Clean | Verdict::Repair => {}
         }
