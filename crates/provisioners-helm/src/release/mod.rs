@@ -12,9 +12,10 @@
 //! gate), [`records`] (release owners, records that verify), [`args`]
 //! (helm's command lines), [`run`] (running helm), [`classify`] (what a
 //! failed run means), [`running`] (a helm run that outlives its pass:
-//! [`background`] keeps it, [`probe`] says what it waits for). [`plan`]
-//! describes the same decisions, from [`render`] (helm's server-side dry
-//! run) and [`compare`] (rendered, prior and live objects).
+//! [`background`] keeps it, [`probe`] says what it waits for), [`upgrade`]
+//! (`helm upgrade --install`, or in a plan helm's server-side dry run,
+//! [`render`], compared by [`compare`] with the prior and live objects).
+//! [`plan`] describes the same decisions.
 
 mod args;
 mod background;
@@ -36,6 +37,7 @@ mod recovery;
 mod render;
 mod run;
 mod running;
+mod upgrade;
 
 pub use self::crds::CrdPolicy;
 pub use self::drift::DriftPolicy;

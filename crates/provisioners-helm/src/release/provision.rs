@@ -11,7 +11,7 @@ use super::HelmRelease;
 use super::decide::{Decision, Mode};
 use super::drift::{Checked, Verdict};
 use super::lease;
-use super::run::Upgrade;
+use super::upgrade::Upgrade;
 use crate::storage::{self, Revision};
 
 impl HelmRelease {

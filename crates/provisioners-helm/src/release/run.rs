@@ -1,6 +1,6 @@
 //! Running helm for a release: its private directory, its deadline,
-//! logging in to a private repository or registry, `upgrade --install`,
-//! rollback and uninstall (in the background), and what a failed run means.
+//! logging in to a private repository or registry, rollback and uninstall
+//! (in the background), and what a failed run means.
 
 use std::ffi::OsString;
 use std::sync::Arc;
@@ -18,25 +18,7 @@ use crate::child::{self, Invocation, Output, RunError};
 use crate::failure::{HelmFailure, trimmed};
 use crate::process_limit::HelmProcesses;
 use crate::redact::{Redactor, Secrets};
-use crate::version;
 use crate::workdir::WorkDir;
-
-/// One `helm upgrade --install`, as `provision` decided it.
-pub(super) struct Upgrade {
-    /// The merged values.
-    pub(super) values: Value,
-    /// The inputs' digest, stored with the revision (`None`: not pinned).
-    pub(super) digest: Option<String>,
-    /// What tells these inputs from others ([`HelmRelease::run_inputs`]).
-    pub(super) inputs: Option<String>,
-    /// The revision helm is about to write.
-    pub(super) next: u32,
-    /// No release is left when helm runs (Helm 4 then applies server-side).
-    pub(super) fresh: bool,
-    /// With a drift repair: the drift digest stored with the revision, and
-    /// whether to take back fields changed by hand (`--force-conflicts`).
-    pub(super) repair: Option<(String, bool)>,
-}
 
 impl HelmRelease {
     pub(super) fn kubeconfig<'a>(&self, cx: &'a Context) -> Result<&'a kube::config::Kubeconfig> {
@@ -236,82 +218,6 @@ impl HelmRelease {
         })
         .await
         .map(drop)
-    }
-
-    /// `helm upgrade --install` in the background, then the seal of the
-    /// record it wrote, still under the Lease.
-    pub(super) async fn upgrade(
-        &self,
-        cx: &Context,
-        serialised: &Serialised,
-        upgrade: Upgrade,
-    ) -> Result<()> {
-        let Upgrade {
-            values,
-            digest,
-            inputs,
-            next,
-            fresh,
-            repair,
-        } = upgrade;
-        // A repair takes back fields changed by hand, which server-side
-        // apply reports as conflicts with their new manager.
-        let force_conflicts = repair.as_ref().is_some_and(|(_, server_side)| *server_side);
-        let repaired = repair.map(|(digest, _)| digest);
-        self.kubeconfig(cx)?;
-        let values_json = serde_json::to_vec(&values).map_err(|e| {
-            Error::invalid(format!(
-                "release `{}`: values could not be written: {e}",
-                self.id()
-            ))
-        })?;
-        if serialised.has_lease() {
-            self.intend(cx, next).await?;
-        }
-        let sealing = self.sealing(cx);
-        tracing::info!(release = %self.id(), chart = %self.chart, "helm upgrade --install");
-        let this = self.clone();
-        self.in_background(
-            cx,
-            serialised,
-            "upgrade --install",
-            Operation::Provision,
-            Purpose::Release { inputs },
-            move |cx, work| async move {
-                let kubeconfig = this.kubeconfig(&cx)?;
-                // In the background: `helm version` takes a helm slot too.
-                let major = version::detect(
-                    cx.cluster(),
-                    &this.helm,
-                    this.temp_dir.as_deref(),
-                    cx.cancellation(),
-                )
-                .await?;
-                this.log_in(&cx, &work).await?;
-                let stamp = digest.as_deref().map(|digest| args::Stamp {
-                    digest,
-                    revision: next,
-                    repair: repaired.as_deref(),
-                });
-                let ran = this
-                    .run_helm_in(&cx, "upgrade --install", &values, &work, None, |work| {
-                        let kubeconfig = work.write_kubeconfig(kubeconfig)?;
-                        let values = work.write_private("values.json", &values_json)?;
-                        let mut args = this.upgrade_args(major, &kubeconfig, &values, stamp, fresh);
-                        if force_conflicts && major == version::Major::Four {
-                            args.push("--force-conflicts".into());
-                        }
-                        Ok(args)
-                    })
-                    .await;
-                // Still under the Lease: the record helm wrote, whatever the
-                // outcome, if it is the release helm printed.
-                let stdout = ran.as_ref().ok().map(|output| output.stdout.as_slice());
-                let sealed = this.seal_printed(&cx, &sealing, next, stdout).await;
-                ran.map(drop).and(sealed)
-            },
-        )
-        .await
     }
 
     /// `helm rollback` to `revision`, in the background; `prior` are the
