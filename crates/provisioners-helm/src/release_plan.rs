@@ -201,3 +201,12 @@ impl WithRelease for Plan {
         self.with_detail(release.to_detail())
     }
 }
+
+/// `1 object drifted`, `2 objects drifted`: `n` with the word for one or many.
+pub(crate) fn count(n: usize, one: &str, many: &str) -> String {
+    if n == 1 {
+        format!("1 {one}")
+    } else {
+        format!("{n} {many}")
+    }
+}

@@ -15,6 +15,7 @@ use provisioners_kit::crd::{Action, Planned, Step};
 use serde_json::Value;
 
 use super::HelmRelease;
+use super::decide::Mode;
 use crate::chart::Chart;
 
 /// What a [`HelmRelease`] does with the CRDs in its chart's `crds/`
@@ -48,18 +49,27 @@ impl HelmRelease {
         self.crds != CrdPolicy::Skip
     }
 
-    /// The chart's CRDs applied by the shared step (nothing for
-    /// [`CrdPolicy::Skip`]). `digest` is the pinned chart's and values'
-    /// digest (`None`: not pinned, so `helm show crds` runs every pass).
+    /// The chart's CRDs through the shared step (nothing for
+    /// [`CrdPolicy::Skip`]): applied ([`Mode::Write`]: the gate, then
+    /// server-side apply; no objects returned), or what the same reads and
+    /// gate would do, as plan objects ([`Mode::DryRun`]: a refusal is
+    /// `Refuse`, with the reason and how many stored objects fail).
+    /// `digest` is the pinned chart's and values' digest (`None`: not
+    /// pinned, so `helm show crds` runs every pass).
     pub(super) async fn apply_crds(
         &self,
         cx: &Context,
         values: &Value,
         digest: Option<&str>,
-    ) -> Result<()> {
+        mode: Mode,
+    ) -> Result<Vec<ObjectPlan>> {
         let Some(step) = self.crd_step(cx, values, digest).await? else {
-            return Ok(());
+            return Ok(Vec::new());
         };
+        if mode == Mode::DryRun {
+            let planned = step.plan(cx).await.map_err(|e| self.in_release(e))?;
+            return Ok(planned.into_iter().map(crd_plan).collect());
+        }
         let applied = step.run(cx).await.map_err(|e| self.in_release(e))?;
         if !applied.created.is_empty() || !applied.updated.is_empty() {
             tracing::info!(
@@ -69,23 +79,7 @@ impl HelmRelease {
                 "chart CRDs applied"
             );
         }
-        Ok(())
-    }
-
-    /// What provision's CRD step would do to the chart's CRDs, as plan
-    /// objects: the same reads and gate (a refusal is `Refuse`, with
-    /// provision's reason and how many stored objects fail).
-    pub(super) async fn plan_crds(&self, cx: &Context) -> Result<Vec<ObjectPlan>> {
-        if self.crds == CrdPolicy::Skip {
-            return Ok(Vec::new());
-        }
-        let values = self.merged_values()?;
-        let digest = self.digest(&values).await?;
-        let planned = match self.crd_step(cx, &values, digest.as_deref()).await? {
-            Some(step) => step.plan(cx).await.map_err(|e| self.in_release(e))?,
-            None => Vec::new(),
-        };
-        Ok(planned.into_iter().map(crd_plan).collect())
+        Ok(Vec::new())
     }
 
     /// With [`delete_crds_on_uninstall`](HelmRelease::delete_crds_on_uninstall):

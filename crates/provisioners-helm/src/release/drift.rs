@@ -1,12 +1,16 @@
 //! Drift: whether a release's live objects still hold what helm applied,
 //! from helm's stored manifest (no helm process), compared as the manifest
-//! crate does ([`provisioners_kit::drift`]).
+//! crate does ([`provisioners_kit::drift`]), and what the [`DriftPolicy`]
+//! makes of it: the [`Verdict`] that `provision` acts on and its plan shows.
 
+use provisioners_core::{Context, Result};
 use provisioners_kit::drift::{as_stored, contains_rendered};
 use serde_json::Value;
 use sha2::{Digest as _, Sha256};
 
+use super::HelmRelease;
 use super::live::Live;
+use crate::storage::{Payload, Revision};
 
 /// What a no-op [`provision`](provisioners_core::Provisioner::provision)
 /// does when the release's objects no longer hold what the release applied
@@ -52,6 +56,95 @@ impl Drifted {
             .chain(self.changed.iter().map(|o| format!("{o} was changed")))
             .collect::<Vec<_>>()
             .join(", ")
+    }
+}
+
+/// The drift check of a release deployed with these very inputs.
+#[derive(Debug)]
+pub(super) struct Checked {
+    /// Its objects, as rendered and as they are now.
+    pub(super) objects: Vec<Live>,
+    /// The record's payload they were read from.
+    pub(super) payload: Payload,
+    /// What drifted.
+    pub(super) drifted: Drifted,
+    /// What the policy makes of it.
+    pub(super) verdict: Verdict,
+}
+
+/// What the [`DriftPolicy`] makes of what drifted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Verdict {
+    /// Nothing drifted.
+    Clean,
+    /// Repaired by `helm upgrade` with the same inputs.
+    Repair,
+    /// Drifted exactly as after the last repair (a field the server keeps
+    /// rewriting): not repaired again until the chart or values change.
+    Persists,
+    /// Drifted, and the policy only warns.
+    Warned,
+}
+
+impl Verdict {
+    /// Whether helm runs to repair the drift.
+    pub(super) fn repairs(self) -> bool {
+        self == Verdict::Repair
+    }
+
+    /// `policy`'s verdict on `drifted`, for `revision` (which knows the
+    /// drift it was written to repair, if any).
+    pub(super) fn of(policy: DriftPolicy, revision: &Revision, drifted: &Drifted) -> Verdict {
+        if drifted.is_empty() {
+            return Verdict::Clean;
+        }
+        match policy {
+            // A field the server keeps rewriting must not cause an upgrade
+            // per reconcile; a deleted object is always real.
+            DriftPolicy::Repair
+                if drifted.deleted.is_empty()
+                    && revision.repaired.as_deref() == Some(&drifted.changed_digest) =>
+            {
+                Verdict::Persists
+            }
+            DriftPolicy::Repair => Verdict::Repair,
+            _ => Verdict::Warned,
+        }
+    }
+}
+
+impl Checked {
+    /// Whether helm applies the release server-side (Helm 4): a repair
+    /// then takes back fields changed by hand with `--force-conflicts`.
+    pub(super) fn server_side(&self) -> bool {
+        self.payload.apply_method.as_deref() == Some("ssa")
+    }
+}
+
+impl HelmRelease {
+    /// The drift check of `revision`, deployed with these very inputs:
+    /// `None` with [`DriftPolicy::Ignore`] (nothing read), else one read of
+    /// the stored manifest and one per object.
+    pub(super) async fn check_drift(
+        &self,
+        cx: &Context,
+        revision: &Revision,
+    ) -> Result<Option<Checked>> {
+        if self.drift == DriftPolicy::Ignore {
+            return Ok(None);
+        }
+        let (objects, payload) = self
+            .live(cx, revision)
+            .await?
+            .ok_or_else(|| self.record_changed())?;
+        let drifted = check(&objects);
+        let verdict = Verdict::of(self.drift, revision, &drifted);
+        Ok(Some(Checked {
+            objects,
+            payload,
+            drifted,
+            verdict,
+        }))
     }
 }
 

@@ -1,5 +1,5 @@
-//! The deletion gate: which of a release's objects are still there after
-//! `helm uninstall`, judged by UID.
+//! The uninstall and its deletion gate: which of a release's objects are
+//! still there after `helm uninstall`, judged by UID.
 //!
 //! An object counts as gone when it no longer exists, when an object of the
 //! same name with another UID stands in its place (someone recreated it: not
@@ -8,9 +8,74 @@
 //! still there: the gate yields.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use provisioners_core::Result;
+use provisioners_core::{Context, Error, Operation, Result};
 
+use super::HelmRelease;
+use super::background::Purpose;
+use super::decide::Uninstall;
+use super::lock::Serialised;
 use crate::objects::{ObjectRef, Resolver, Seen};
+use crate::storage::{self, Revision};
+
+impl HelmRelease {
+    /// Uninstalls the release unless that is done ([`Uninstall::of`]
+    /// `latest`, as its plan reads it), and returns the objects to wait for
+    /// (those live before the uninstall, by UID). helm runs in the
+    /// background: a yield while it does.
+    pub(super) async fn uninstalled(
+        &self,
+        cx: &Context,
+        serialised: &Serialised,
+        latest: &Revision,
+        operation: Operation,
+    ) -> Result<Vec<Seen>> {
+        let step = Uninstall::of(latest);
+        if let Uninstall::Waiting(seen) = step {
+            return Ok(seen);
+        }
+        let objects = self
+            .objects(cx, latest)
+            .await?
+            .map(|(objects, _)| objects)
+            .unwrap_or_default();
+        let mut resolver = Resolver::new(cx, &self.namespace);
+        let seen = snapshot(&mut resolver, &objects).await?;
+        if let Uninstall::Run = step {
+            tracing::info!(release = %self.id(), "helm uninstall");
+            // Collecting the run remembers `seen` on the record.
+            let purpose = Purpose::Uninstall {
+                seen: seen.clone(),
+                record: latest.secret.clone(),
+            };
+            self.uninstall(
+                cx,
+                serialised,
+                false,
+                operation,
+                purpose,
+                Some(latest.number),
+            )
+            .await?;
+            return Ok(seen);
+        }
+        storage::remember_uninstalled(cx.client(), &self.namespace, &latest.secret, &seen).await?;
+        Ok(seen)
+    }
+
+    /// A yield naming what of `seen` is still there, else `Ok`.
+    pub(super) async fn gone(&self, cx: &Context, seen: &[Seen], what: &str) -> Result<()> {
+        let mut resolver = Resolver::new(cx, &self.namespace);
+        let remaining = remaining(&mut resolver, seen).await?;
+        if remaining.is_empty() {
+            return Ok(());
+        }
+        Err(Error::yielding(format!(
+            "release `{}` uninstalled; waiting for {} to be deleted{what}",
+            self.id(),
+            remaining.join(", ")
+        )))
+    }
+}
 
 /// The annotation with which a chart keeps an object on uninstall.
 const RESOURCE_POLICY: &str = "helm.sh/resource-policy";
@@ -35,9 +100,10 @@ pub(super) async fn snapshot(resolver: &mut Resolver, objects: &[ObjectRef]) -> 
         let Some((api, resolved)) = resolver.api(object).await? else {
             continue;
         };
-        let Some(meta) = api.get_metadata_opt(&object.name).await.map_err(|e| {
-            provisioners_core::Error::kube(format_args!("reading {}", resolved.shown()), e)
-        })?
+        let Some(meta) = api
+            .get_metadata_opt(&object.name)
+            .await
+            .map_err(|e| Error::kube(format_args!("reading {}", resolved.shown()), e))?
         else {
             continue;
         };
@@ -81,9 +147,10 @@ pub(super) async fn remaining_objects(
         let Some((api, resolved)) = resolver.api(object).await? else {
             continue;
         };
-        let Some(meta) = api.get_metadata_opt(&object.name).await.map_err(|e| {
-            provisioners_core::Error::kube(format_args!("reading {}", resolved.shown()), e)
-        })?
+        let Some(meta) = api
+            .get_metadata_opt(&object.name)
+            .await
+            .map_err(|e| Error::kube(format_args!("reading {}", resolved.shown()), e))?
         else {
             continue;
         };

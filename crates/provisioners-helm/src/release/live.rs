@@ -4,12 +4,59 @@
 
 use std::sync::Arc;
 
-use provisioners_core::{Error, Result};
+use provisioners_core::{Context, Error, Result};
 use serde_json::Value;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
-use crate::objects::{ObjectRef, Resolver};
+use super::HelmRelease;
+use crate::objects::{ObjectRef, Resolver, parse_manifest};
+use crate::storage::{self, Revision};
+
+impl HelmRelease {
+    /// The objects of `revision`'s stored manifest; `None` when the record is gone.
+    pub(super) async fn objects(
+        &self,
+        cx: &Context,
+        revision: &Revision,
+    ) -> Result<Option<(Vec<ObjectRef>, storage::Payload)>> {
+        let Some(payload) =
+            storage::payload(cx.client(), &self.namespace, &revision.secret).await?
+        else {
+            return Ok(None);
+        };
+        let objects = parse_manifest(&self.id(), &payload.manifest)?
+            .into_iter()
+            .map(|(object, _)| object)
+            .collect();
+        Ok(Some((objects, payload)))
+    }
+
+    /// The release's objects as rendered for `revision` and as they are now,
+    /// with `revision`'s payload; `None` when its record is gone.
+    pub(super) async fn live(
+        &self,
+        cx: &Context,
+        revision: &Revision,
+    ) -> Result<Option<(Vec<Live>, storage::Payload)>> {
+        let Some(payload) = storage::payload_of(cx.cluster(), &self.namespace, revision).await?
+        else {
+            return Ok(None);
+        };
+        let rendered = parse_manifest(&self.id(), &payload.manifest)?;
+        let mut resolver = Resolver::new(cx, &self.namespace);
+        let objects = read(&mut resolver, rendered).await?;
+        Ok(Some((objects, payload)))
+    }
+
+    /// The yield for a record that changed between two reads.
+    pub(super) fn record_changed(&self) -> Error {
+        Error::yielding(format!(
+            "the record of release `{}` changed meanwhile; looking again",
+            self.id()
+        ))
+    }
+}
 
 /// One object of the release's stored manifest.
 #[derive(Debug)]

@@ -1,23 +1,28 @@
 //! [`HelmRelease`]: one Helm release as a provisioner.
 //!
 //! This module holds the type, its builder, validation and the digest;
-//! [`provision`] runs the pipeline, one module per step: [`args`] (helm's
-//! command lines), [`classify`] (what a failed run means), [`lock`] (one run
-//! per release), [`lease`] (one process per release), [`recovery`] (pending
-//! records), [`live`] (the release's objects now), [`ready`] (readiness
-//! instead of `--wait`), [`drift`] (repair on a no-op), [`gate`] (the
-//! deletion gate), [`records`] (release owners, records that verify),
-//! [`run`] (running helm), [`running`] (a helm run that
-//! outlives its pass: [`background`] keeps it, [`probe`] says what it
-//! waits for). [`plan`] says what they would do,
-//! from [`render`] (helm's server-side dry run) and [`compare`] (rendered,
-//! prior and live objects).
+//! [`provision`] drives the pipeline, one module per step, each with the
+//! `impl HelmRelease` of its step: [`crds`] (the chart's CRDs, in a write
+//! or dry-run [`Mode`](decide::Mode)), [`decide`] (what to do with the
+//! release's newest record, shared by the real run and its plan), [`lock`]
+//! (one run per release, and its Lease), [`lease`] (one process per
+//! release), [`recovery`] (pending records), [`live`] (the release's
+//! objects now), [`ready`] (readiness instead of `--wait`), [`drift`] (the
+//! drift check and its verdict), [`gate`] (uninstall and the deletion
+//! gate), [`records`] (release owners, records that verify), [`args`]
+//! (helm's command lines), [`run`] (running helm), [`classify`] (what a
+//! failed run means), [`running`] (a helm run that outlives its pass:
+//! [`background`] keeps it, [`probe`] says what it waits for), [`upgrade`]
+//! (`helm upgrade --install`, or in a plan helm's server-side dry run,
+//! [`render`], compared by [`compare`] with the prior and live objects).
+//! [`plan`] describes the same decisions.
 
 mod args;
 mod background;
 mod classify;
 mod compare;
 mod crds;
+mod decide;
 mod drift;
 mod gate;
 mod lease;
@@ -32,6 +37,7 @@ mod recovery;
 mod render;
 mod run;
 mod running;
+mod upgrade;
 
 pub use self::crds::CrdPolicy;
 pub use self::drift::DriftPolicy;

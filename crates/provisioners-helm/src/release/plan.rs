@@ -1,290 +1,68 @@
 //! `plan` of a [`HelmRelease`]: what `provision` or `deprovision` would do
-//! now, following their code paths step by step with reads only (and
-//! helm's server-side dry run, [`super::render`]): the no-op fast path and
-//! its drift check, recovery of a record a dead helm left pending, the
-//! upgrade's creates, updates, adoptions, refusals and prunes, and the
-//! uninstall with `helm.sh/resource-policy: keep`.
+//! now. The steps they share run in [`Mode::DryRun`] (the chart's CRDs, the
+//! [upgrade](super::upgrade) from helm's server-side dry run) and the
+//! decisions are theirs ([`HelmRelease::decide`], [`Uninstall`]); this
+//! module describes them from reads: the no-op and its drift verdict, and
+//! the uninstall with `helm.sh/resource-policy: keep`.
 
-use k8s_openapi::api::core::v1::Namespace;
 use provisioners_core::plan::{Change, ObjectPlan, Plan};
 use provisioners_core::{Context, Operation, Result};
-use serde_json::Value;
 
-use super::args::Render;
-use super::compare::{self, Prior};
-use super::{DriftPolicy, HelmRelease, drift, lease};
+use super::compare;
+use super::decide::{Decision, Mode, Uninstall};
+use super::drift::{Checked, Verdict};
+use super::{HelmRelease, lease};
 use crate::objects::parse_manifest;
-use crate::release_plan::{ReleaseAction, ReleasePlan, WithRelease as _};
+use crate::release_plan::{ReleaseAction, ReleasePlan, WithRelease as _, count};
 use crate::storage::{self, Revision};
 
-/// Where provision would start from, after its recovery step.
-#[derive(Debug)]
-struct Start {
-    action: ReleaseAction,
-    /// What recovery would do first, for the reason.
-    recovery: Option<String>,
-    /// Render as `helm install`: `upgrade` refuses a pending record.
-    install: bool,
-    /// No release is left when helm runs (Helm 4 then applies server-side).
-    fresh: bool,
-    /// The revision whose objects the upgrade compares with (and prunes),
-    /// and whether recovery removes them first.
-    prior: Option<(u32, bool)>,
-    /// The revision shown as deployed.
-    deployed: Option<u32>,
-}
-
-impl Start {
-    fn of(release: &str, latest: Option<&Revision>) -> Start {
-        let Some(latest) = latest else {
-            return Start {
-                action: ReleaseAction::Install,
-                recovery: None,
-                install: false,
-                fresh: true,
-                prior: None,
-                deployed: None,
-            };
-        };
-        let n = latest.number;
-        let status = latest.status.as_str();
-        if status == "pending-install" {
-            Start {
-                action: ReleaseAction::Install,
-                recovery: Some(format!(
-                    "revision {n} was left pending-install by an interrupted helm: it is \
-                     uninstalled first, then installed again"
-                )),
-                install: true,
-                fresh: true,
-                prior: Some((n, true)),
-                deployed: None,
-            }
-        } else if latest.is_pending() {
-            match latest.deployed_before {
-                Some(deployed) => Start {
-                    action: ReleaseAction::Upgrade,
-                    recovery: Some(format!(
-                        "revision {n} was left {status} by an interrupted helm: it is rolled back \
-                         to revision {deployed} first, then upgraded"
-                    )),
-                    install: true,
-                    fresh: false,
-                    prior: Some((deployed, false)),
-                    deployed: Some(deployed),
-                },
-                None => Start {
-                    action: if n == 1 {
-                        ReleaseAction::Install
-                    } else {
-                        ReleaseAction::Upgrade
-                    },
-                    recovery: Some(format!(
-                        "revision {n} was left {status} by an interrupted helm and no revision \
-                         before it is deployed: its record is removed first"
-                    )),
-                    install: true,
-                    fresh: n == 1,
-                    prior: None,
-                    deployed: None,
-                },
-            }
-        } else if status == "uninstalling" || status == "uninstalled" {
-            Start {
-                action: ReleaseAction::Install,
-                recovery: Some(format!(
-                    "an uninstall of release `{release}` is not finished: it is finished first, \
-                     and the release installed again once its objects are gone"
-                )),
-                install: true,
-                fresh: true,
-                prior: Some((n, true)),
-                deployed: None,
-            }
-        } else {
-            // helm upgrades from the newest deployed revision, else from the newest.
-            let from = if status == "deployed" {
-                n
-            } else {
-                latest.deployed_before.unwrap_or(n)
-            };
-            Start {
-                action: ReleaseAction::Upgrade,
-                recovery: (status != "deployed")
-                    .then(|| format!("revision {n} is {status}: it is upgraded again")),
-                install: false,
-                fresh: false,
-                prior: Some((from, false)),
-                deployed: latest
-                    .deployed_before
-                    .or((status == "deployed").then_some(n)),
-            }
-        }
-    }
-}
-
 impl HelmRelease {
-    fn release_plan(&self, action: ReleaseAction) -> ReleasePlan {
+    /// The release plan of `action` on this release.
+    pub(super) fn release_plan(&self, action: ReleaseAction) -> ReleasePlan {
         ReleasePlan::new(&self.release, &self.namespace, action)
     }
 
-    /// What `provision` would do.
+    /// What `provision` would do: its steps in [`Mode::DryRun`] and its
+    /// [`Decision`], described.
     pub(super) async fn plan_provision(&self, cx: &Context) -> Result<Plan> {
         self.validate()?;
         let values = self.merged_values()?;
         let digest = self.digest(&values).await?;
+        // The chart's CRDs, through provision's gate.
+        let crds = self
+            .apply_crds(cx, &values, digest.as_deref(), Mode::DryRun)
+            .await?;
         let latest = storage::latest(cx.client(), &self.namespace, &self.release).await?;
         if let Some(revision) = &latest {
             // Provision would refuse another owner's release.
             self.refuse_foreign(cx, revision, "upgrade")?;
         }
-        if let Some(revision) = &latest
-            && revision.is_deployed_with(digest.as_deref())
+        let (revision, checked) = match self
+            .decide(cx, latest.as_ref(), digest.as_deref(), Mode::DryRun)
+            .await?
         {
-            return self.plan_unchanged(cx, revision).await;
-        }
-        // Provision takes the release's Lease from here on.
-        lease::check_free(cx, &self.namespace, &self.release, self.holder()).await?;
-        let start = Start::of(&self.id(), latest.as_ref());
-        let prior = match start.prior {
-            Some((number, removed)) => {
-                let secret = record_name(&self.release, number);
-                let payload = storage::payload(cx.client(), &self.namespace, &secret)
-                    .await?
-                    .ok_or_else(|| self.record_changed())?;
-                Some((number, removed, payload))
+            Decision::Unchanged { revision, checked } => (revision, checked),
+            Decision::Repair { revision, checked } => (revision, Some(checked)),
+            Decision::Change => {
+                let plan = self.plan_upgrade(cx, &values, digest.as_deref(), latest.as_ref());
+                return Ok(plan.await?.with_objects(crds));
             }
-            None => None,
         };
-        let rendered = self
-            .render(
-                cx,
-                &values,
-                Render {
-                    install: start.install,
-                    fresh: start.fresh,
-                    take_ownership: false,
-                },
-            )
-            .await?;
-        let desired = rendered.dry_run.objects(&self.id())?;
-        let prior_objects = match &prior {
-            Some((_, removed, payload)) => Some(Prior {
-                objects: parse_manifest(&self.id(), &payload.manifest)?,
-                removed: *removed,
-            }),
-            None => None,
-        };
-        let mut resolver = crate::objects::Resolver::new(cx, &self.namespace);
-        let objects = compare::upgrade(
-            &mut resolver,
-            &self.release,
-            &self.namespace,
-            &desired,
-            prior_objects.as_ref(),
-        )
-        .await?;
-
-        let mut reasons: Vec<String> = start.recovery.into_iter().collect();
-        // helm's dry run never creates the namespace, so it cannot tell.
-        if start.fresh && !self.namespace_exists(cx).await? {
-            reasons.push(if self.create_namespace {
-                format!("namespace `{}` is created first", self.namespace)
-            } else {
-                format!(
-                    "namespace `{}` does not exist (yet): helm fails unless an earlier step \
-                     creates it (or set create_namespace)",
-                    self.namespace
-                )
-            });
-        }
-        if let Some((_, false, payload)) = &prior {
-            // helm stores no values as `null` or leaves them out.
-            let empty = Value::Object(serde_json::Map::new());
-            let stored = match payload.config.as_ref().map(|config| &config.0) {
-                None | Some(Value::Null) => &empty,
-                Some(config) => config,
-            };
-            reasons.extend(what_changed(
-                payload.chart.shown().as_deref(),
-                rendered.dry_run.chart.shown().as_deref(),
-                same_values(stored, &values),
-                digest.is_some(),
-                latest.as_ref().is_some_and(|r| r.digest.is_some()),
-            ));
-        }
-        let changing = objects
-            .iter()
-            .filter(|o| {
-                matches!(
-                    o.action(),
-                    Change::Create | Change::Update | Change::Delete | Change::Adopt
-                )
-            })
-            .count();
-        if changing > 0 {
-            reasons.push(count(changing, "object changes", "objects change"));
-        }
-        let refused = objects
-            .iter()
-            .filter(|o| o.action() == Change::Refuse)
-            .count();
-        if refused > 0 {
-            reasons.push(format!(
-                "helm refuses {}: provision fails until they are removed or given this \
-                 release's ownership metadata",
-                count(
-                    refused,
-                    "existing object it does not own",
-                    "existing objects it does not own"
-                )
-            ));
-        }
-
-        let mut release = self.release_plan(start.action);
-        if let Some(chart) = rendered.dry_run.chart.shown() {
-            release = release.with_chart(chart);
-        }
-        if let Some(deployed) = start.deployed {
-            release = release.with_revision(u64::from(deployed));
-        }
-        if !reasons.is_empty() {
-            release = release.with_reason(reasons.join("; "));
-        }
-        let mut plan = Plan::new(self.metadata.name(), Operation::Provision, "helm")
-            .with_release(release)
-            .with_objects(objects);
-        let mut notes: Vec<String> = Vec::new();
-        if rendered.client_side {
-            notes.push(
-                "rendered client-side (helm template): a kind of the chart is not served yet"
-                    .to_owned(),
-            );
-        }
-        notes.extend(rendered.dry_run.hooks_shown());
-        if !notes.is_empty() {
-            plan = plan.with_note(notes.join("; "));
-        }
-        Ok(plan)
+        Ok(self
+            .plan_unchanged(cx, &revision, checked.map(|checked| *checked))
+            .await?
+            .with_objects(crds))
     }
 
-    /// Whether the release's namespace exists; `true` when this process may
-    /// not read namespaces (helm will say).
-    async fn namespace_exists(&self, cx: &Context) -> Result<bool> {
-        let namespaces: kube::Api<Namespace> = kube::Api::all(cx.client().clone());
-        match namespaces.get_metadata_opt(&self.namespace).await {
-            Ok(found) => Ok(found.is_some()),
-            Err(kube::Error::Api(status)) if status.code == 403 => Ok(true),
-            Err(e) => Err(provisioners_core::Error::kube(
-                format_args!("reading namespace {}", self.namespace),
-                e,
-            )),
-        }
-    }
-
-    /// The fast path: deployed with these very inputs. No helm runs; the
-    /// drift check decides, as in `provision`.
-    async fn plan_unchanged(&self, cx: &Context, revision: &Revision) -> Result<Plan> {
+    /// [`Decision::Unchanged`] or [`Decision::Repair`]: deployed with these
+    /// very inputs. No helm runs; the drift `checked` (`None`:
+    /// [`DriftPolicy::Ignore`](super::DriftPolicy::Ignore)) and its verdict decide, as in `provision`.
+    async fn plan_unchanged(
+        &self,
+        cx: &Context,
+        revision: &Revision,
+        checked: Option<Checked>,
+    ) -> Result<Plan> {
         let node = Plan::new(self.metadata.name(), Operation::Provision, "helm");
         let release = |action, chart: Option<String>, reason: Option<String>| {
             let mut release = self
@@ -298,7 +76,13 @@ impl HelmRelease {
             }
             release
         };
-        if self.drift == DriftPolicy::Ignore {
+        let Some(Checked {
+            objects,
+            payload,
+            drifted,
+            verdict,
+        }) = checked
+        else {
             let (objects, payload) = self
                 .objects(cx, revision)
                 .await?
@@ -320,37 +104,27 @@ impl HelmRelease {
                     Some(reason),
                 ))
                 .with_objects(objects));
-        }
-        let (objects, payload) = self
-            .live(cx, revision)
-            .await?
-            .ok_or_else(|| self.record_changed())?;
+        };
         let chart = payload.chart.shown();
-        let drifted = drift::check(&objects);
         let plans = compare::drift(&objects);
-        if drifted.is_empty() {
-            return Ok(node
-                .with_release(release(ReleaseAction::NoChange, chart, None))
-                .with_objects(plans));
-        }
         let n = drifted.deleted.len() + drifted.changed.len();
         let what = count(n, "object drifted", "objects drifted");
-        let (action, reason, hold) = match self.drift {
-            DriftPolicy::Repair
-                if drifted.deleted.is_empty()
-                    && revision.repaired.as_deref() == Some(&drifted.changed_digest) =>
-            {
-                (
-                    ReleaseAction::NoChange,
-                    format!(
-                        "{what} exactly as after the last repair (the server rewrites them): not \
-                         repaired again until the chart or values change"
-                    ),
-                    Some("drifted as after the last repair: not repaired again"),
-                )
+        let (action, reason, hold) = match verdict {
+            Verdict::Clean => {
+                return Ok(node
+                    .with_release(release(ReleaseAction::NoChange, chart, None))
+                    .with_objects(plans));
             }
-            DriftPolicy::Repair => (ReleaseAction::Drift, what, None),
-            _ => (
+            Verdict::Persists => (
+                ReleaseAction::NoChange,
+                format!(
+                    "{what} exactly as after the last repair (the server rewrites them): not \
+                     repaired again until the chart or values change"
+                ),
+                Some("drifted as after the last repair: not repaired again"),
+            ),
+            Verdict::Repair => (ReleaseAction::Drift, what, None),
+            Verdict::Warned => (
                 ReleaseAction::NoChange,
                 format!("{what}: the drift policy only warns"),
                 Some("drifted: the drift policy only warns"),
@@ -365,7 +139,7 @@ impl HelmRelease {
             .with_objects(plans))
     }
 
-    /// What `deprovision` would do.
+    /// What `deprovision` would do: the [`Uninstall`] step it takes, described.
     pub(super) async fn plan_deprovision(&self, cx: &Context) -> Result<Plan> {
         self.validate_names()?;
         let node = Plan::new(self.metadata.name(), Operation::Deprovision, "helm");
@@ -379,10 +153,8 @@ impl HelmRelease {
             .await?
             .ok_or_else(|| self.record_changed())?;
         let mut resolver = crate::objects::Resolver::new(cx, &self.namespace);
-        let (objects, reason) = if latest.status == "uninstalled"
-            && let Some(seen) = &latest.uninstalled
-        {
-            let objects = compare::still_there(&mut resolver, seen).await?;
+        let (objects, reason) = if let Uninstall::Waiting(seen) = Uninstall::of(&latest) {
+            let objects = compare::still_there(&mut resolver, &seen).await?;
             let reason = format!(
                 "uninstalled; {} to be deleted",
                 count(objects.len(), "object is left", "objects are left")
@@ -408,180 +180,5 @@ impl HelmRelease {
     }
 }
 
-/// Why an upgrade: the chart (`before` and `after` as `name-version`), the
-/// values, or, when neither changed, what did: an unpinned chart is
-/// upgraded on every provision, a revision without this crate's stamp was
-/// made by someone else, else the chart's content changed.
-fn what_changed(
-    before: Option<&str>,
-    after: Option<&str>,
-    same_values: bool,
-    pinned: bool,
-    stamped: bool,
-) -> Vec<String> {
-    let mut reasons = Vec::new();
-    let same_chart = before == after;
-    if let (false, Some(before), Some(after)) = (same_chart, before, after) {
-        reasons.push(format!("chart {before} -> {after}"));
-    }
-    if !same_values {
-        reasons.push("values changed".to_owned());
-    }
-    if same_chart && same_values {
-        reasons.push(
-            if !pinned {
-                "the chart is not pinned to an exact version: it is upgraded on every provision"
-            } else if !stamped {
-                "the deployed revision was not made by this provisioner"
-            } else {
-                "the chart's content changed"
-            }
-            .to_owned(),
-        );
-    }
-    reasons
-}
-
-/// helm's name for the record of `revision`.
-fn record_name(release: &str, revision: u32) -> String {
-    format!("sh.helm.release.v1.{release}.v{revision}")
-}
-
-fn count(n: usize, one: &str, many: &str) -> String {
-    if n == 1 {
-        format!("1 {one}")
-    } else {
-        format!("{n} {many}")
-    }
-}
-
-/// Whether the stored values are the ones given: helm stores numbers as it
-/// read them from the values file, so `1` and `1.0` are the same.
-fn same_values(stored: &Value, given: &Value) -> bool {
-    match (stored, given) {
-        (Value::Object(a), Value::Object(b)) => {
-            a.len() == b.len()
-                && a.iter()
-                    .all(|(key, a)| b.get(key).is_some_and(|b| same_values(a, b)))
-        }
-        (Value::Array(a), Value::Array(b)) => {
-            a.len() == b.len() && a.iter().zip(b).all(|(a, b)| same_values(a, b))
-        }
-        (Value::Number(a), Value::Number(b)) => a.as_f64() == b.as_f64(),
-        (a, b) => a == b,
-    }
-}
-
 #[cfg(test)]
 mod tests;
-
-#[cfg(test)]
-mod pure {
-    use serde_json::json;
-
-    use super::*;
-
-    fn revision(number: u32, status: &str, deployed_before: Option<u32>) -> Revision {
-        Revision {
-            number,
-            status: status.to_owned(),
-            digest: None,
-            repaired: None,
-            secret: record_name("web", number),
-            deployed_before,
-            uninstalled: None,
-            resource_version: None,
-            owner: None,
-        }
-    }
-
-    #[test]
-    fn the_start_follows_provision_s_recovery() {
-        let fresh = Start::of("ns/web", None);
-        assert_eq!(fresh.action, ReleaseAction::Install);
-        assert!(fresh.fresh && !fresh.install && fresh.prior.is_none());
-
-        let pending = Start::of("ns/web", Some(&revision(1, "pending-install", None)));
-        assert_eq!(pending.action, ReleaseAction::Install);
-        assert!(pending.install && pending.fresh);
-        assert_eq!(pending.prior, Some((1, true)));
-        assert!(pending.recovery.unwrap().contains("uninstalled first"));
-
-        let upgrade = Start::of("ns/web", Some(&revision(4, "pending-upgrade", Some(2))));
-        assert_eq!(upgrade.action, ReleaseAction::Upgrade);
-        assert_eq!(
-            (upgrade.prior, upgrade.deployed),
-            (Some((2, false)), Some(2))
-        );
-        assert!(
-            upgrade
-                .recovery
-                .unwrap()
-                .contains("rolled back to revision 2")
-        );
-
-        let failed = Start::of("ns/web", Some(&revision(3, "failed", Some(2))));
-        assert_eq!(failed.action, ReleaseAction::Upgrade);
-        assert!(!failed.install);
-        assert_eq!(failed.prior, Some((2, false)));
-        let first_failed = Start::of("ns/web", Some(&revision(1, "failed", None)));
-        assert_eq!(first_failed.prior, Some((1, false)));
-        assert_eq!(first_failed.deployed, None);
-
-        let deployed = Start::of("ns/web", Some(&revision(5, "deployed", None)));
-        assert_eq!(
-            (deployed.prior, deployed.deployed),
-            (Some((5, false)), Some(5))
-        );
-        assert!(deployed.recovery.is_none());
-
-        let uninstalled = Start::of("ns/web", Some(&revision(2, "uninstalled", None)));
-        assert_eq!(uninstalled.action, ReleaseAction::Install);
-        assert_eq!(uninstalled.prior, Some((2, true)));
-    }
-
-    #[test]
-    fn an_upgrade_says_what_changed() {
-        let chart = Some;
-        assert_eq!(
-            what_changed(chart("app-1.0.0"), chart("app-1.1.0"), false, true, true),
-            ["chart app-1.0.0 -> app-1.1.0", "values changed"]
-        );
-        assert_eq!(
-            what_changed(chart("app-1.0.0"), chart("app-1.0.0"), true, false, true),
-            ["the chart is not pinned to an exact version: it is upgraded on every provision"]
-        );
-        assert_eq!(
-            what_changed(chart("app-1.0.0"), chart("app-1.0.0"), true, true, false),
-            ["the deployed revision was not made by this provisioner"]
-        );
-        assert_eq!(
-            what_changed(chart("app-1.0.0"), chart("app-1.0.0"), true, true, true),
-            ["the chart's content changed"]
-        );
-        // Rendered client-side: no chart to compare with.
-        assert_eq!(
-            what_changed(chart("app-1.0.0"), None, false, true, true),
-            ["values changed"]
-        );
-    }
-
-    #[test]
-    fn values_compare_as_helm_stores_them() {
-        assert!(same_values(
-            &json!({"a": 1.0, "b": [1, "x"]}),
-            &json!({"b": [1, "x"], "a": 1})
-        ));
-        assert!(!same_values(&json!({"a": 1}), &json!({"a": 2})));
-        assert!(!same_values(&json!({"a": 1}), &json!({"a": 1, "b": null})));
-        assert_eq!(record_name("web", 3), "sh.helm.release.v1.web.v3");
-        assert_eq!(
-            count(1, "object drifted", "objects drifted"),
-            "1 object drifted"
-        );
-        assert_eq!(
-            count(2, "object drifted", "objects drifted"),
-            "2 objects drifted"
-        );
-    }
-}

@@ -5,10 +5,61 @@
 use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
-use provisioners_core::{Error, Result};
+use provisioners_core::{Context, Error, Result};
 use provisioners_kit::readiness::{self, NotReady, Verdict};
 
+use super::HelmRelease;
 use super::live::Live;
+use crate::storage::{self, Revision};
+
+impl HelmRelease {
+    /// With a [`ready_timeout`](HelmRelease::ready_timeout): `Ok` only once
+    /// `objects`, read for `revision`, are ready.
+    pub(super) fn verdict(
+        &self,
+        revision: &Revision,
+        objects: &[Live],
+        payload: &storage::Payload,
+    ) -> Result<()> {
+        let Some(wait) = self.wait else {
+            return Ok(());
+        };
+        verdict(
+            &self.id(),
+            revision.number,
+            &check(objects),
+            since(payload.info.last_deployed.as_deref()),
+            wait,
+        )
+    }
+
+    /// Readiness of `revision`, when there is a wait (then one read of the
+    /// stored manifest and one per object).
+    pub(super) async fn settled(&self, cx: &Context, revision: &Revision) -> Result<()> {
+        if self.wait.is_none() {
+            return Ok(());
+        }
+        let (objects, payload) = self
+            .live(cx, revision)
+            .await?
+            .ok_or_else(|| self.record_changed())?;
+        self.verdict(revision, &objects, &payload)
+    }
+
+    /// After `helm upgrade --install` of these inputs ended well: readiness.
+    pub(super) async fn installed(&self, cx: &Context) -> Result<()> {
+        if self.wait.is_none() {
+            return Ok(());
+        }
+        match storage::latest(cx.client(), &self.namespace, &self.release).await? {
+            Some(revision) => self.settled(cx, &revision).await,
+            None => Err(Error::failed(format!(
+                "helm upgrade --install of release `{}` left no release record",
+                self.id()
+            ))),
+        }
+    }
+}
 
 /// Judges each object as the server returned it.
 pub(super) fn check(objects: &[Live]) -> NotReady {

@@ -1,16 +1,19 @@
-//! Recovery of a release whose newest revision a dead helm left half-done.
+//! Recovery of a release whose newest revision a dead helm left half-done,
+//! as the shared [`Recovery`] decides it.
 
 use provisioners_core::{Context, Operation, Result};
 use serde_json::Value;
 
 use super::HelmRelease;
 use super::background::Purpose;
+use super::decide::Recovery;
 use super::lock::Serialised;
 use crate::storage::{self, Revision};
 
 impl HelmRelease {
     /// Brings a release whose newest revision was left half-done by a dead
-    /// helm back to a state `helm upgrade --install` accepts.
+    /// helm back to a state `helm upgrade --install` accepts, as
+    /// [`Recovery::of`] it decides (and its plan says).
     /// Returns whether it changed the release's records.
     pub(super) async fn recover(
         &self,
@@ -18,63 +21,72 @@ impl HelmRelease {
         serialised: &Serialised,
         revision: &Revision,
     ) -> Result<bool> {
-        if revision.status == "pending-install" {
-            // Nothing of an install that never finished is worth keeping, and
-            // objects it left would keep fields the chart no longer sets.
-            tracing::warn!(
-                release = %self.id(),
-                revision = revision.number,
-                "the release was left pending-install by an interrupted helm; removing it first"
-            );
-            // In the background: until it has ended this is a yield, and the
-            // next pass finds the record uninstalled and finishes it below.
-            self.uninstall(
-                cx,
-                serialised,
-                true,
-                Operation::Provision,
-                Purpose::Recovery,
-                None,
-            )
-            .await?;
-            storage::forget_all(cx.client(), &self.namespace, &self.release).await?;
-            Ok(true)
-        } else if revision.is_pending() {
-            tracing::warn!(
-                release = %self.id(),
-                revision = revision.number,
-                status = %revision.status,
-                "the release was left pending by an interrupted helm; rolling back"
-            );
-            match revision.deployed_before {
+        match Recovery::of(revision) {
+            Recovery::None => return Ok(false),
+            Recovery::Reinstall { pending } => {
+                // Nothing of an install that never finished is worth keeping, and
+                // objects it left would keep fields the chart no longer sets.
+                tracing::warn!(
+                    release = %self.id(),
+                    revision = pending,
+                    "the release was left pending-install by an interrupted helm; removing it first"
+                );
+                // In the background: until it has ended this is a yield, and the
+                // next pass finds the record uninstalled and finishes it below.
+                self.uninstall(
+                    cx,
+                    serialised,
+                    true,
+                    Operation::Provision,
+                    Purpose::Recovery,
+                    None,
+                )
+                .await?;
+                storage::forget_all(cx.client(), &self.namespace, &self.release).await?;
+            }
+            Recovery::RollBack {
+                pending,
+                status,
+                to,
+            } => {
+                tracing::warn!(
+                    release = %self.id(),
+                    revision = pending,
+                    status = %status,
+                    "the release was left pending by an interrupted helm; rolling back"
+                );
                 // Back to the last deployed revision, diffed against the
                 // interrupted one: fields it set that the chart does not are
                 // removed (an upgrade from the deployed revision would keep them).
-                Some(deployed) => {
-                    let (prior, sensitive) = self.prior_values(cx).await?;
-                    let mut rolling = self.clone();
-                    rolling.sensitive.extend(sensitive);
-                    rolling
-                        .rollback(cx, serialised, deployed, revision.number + 1, prior)
-                        .await?;
-                }
-                None => storage::forget(cx.client(), &self.namespace, revision).await?,
+                let (prior, sensitive) = self.prior_values(cx).await?;
+                let mut rolling = self.clone();
+                rolling.sensitive.extend(sensitive);
+                rolling
+                    .rollback(cx, serialised, to, pending + 1, prior)
+                    .await?;
             }
-            Ok(true)
-        } else if revision.status == "uninstalling" || revision.status == "uninstalled" {
-            // An uninstall that is not finished: finish it, and install anew
-            // only once its objects are gone (helm would refuse to adopt
-            // objects that are being deleted).
-            tracing::warn!(release = %self.id(), "finishing an earlier uninstall first");
-            let seen = self
-                .uninstalled(cx, serialised, revision, Operation::Provision)
-                .await?;
-            self.gone(cx, &seen, " before installing it again").await?;
-            storage::forget_all(cx.client(), &self.namespace, &self.release).await?;
-            Ok(true)
-        } else {
-            Ok(false)
+            Recovery::Forget { pending, status } => {
+                tracing::warn!(
+                    release = %self.id(),
+                    revision = pending,
+                    status = %status,
+                    "the release was left pending by an interrupted helm; rolling back"
+                );
+                storage::forget(cx.client(), &self.namespace, revision).await?;
+            }
+            Recovery::FinishUninstall { .. } => {
+                // An uninstall that is not finished: finish it, and install anew
+                // only once its objects are gone (helm would refuse to adopt
+                // objects that are being deleted).
+                tracing::warn!(release = %self.id(), "finishing an earlier uninstall first");
+                let seen = self
+                    .uninstalled(cx, serialised, revision, Operation::Provision)
+                    .await?;
+                self.gone(cx, &seen, " before installing it again").await?;
+                storage::forget_all(cx.client(), &self.namespace, &self.release).await?;
+            }
         }
+        Ok(true)
     }
 
     /// The values every record of the release was made with, and those
