@@ -35,7 +35,7 @@ use kube::config::Kubeconfig;
 /// use provisioners_core::Cluster;
 ///
 /// # let client = provisioners_core::Context::offline().client().clone();
-/// let cluster = Cluster::new("dev", client);
+/// let cluster = Cluster::unmanaged("dev", client);
 /// // Made on first use, then the same value for every clone of `cluster`.
 /// let passes = cluster.state::<AtomicU32>();
 /// passes.fetch_add(1, Ordering::Relaxed);
@@ -53,9 +53,12 @@ pub struct Cluster {
 }
 
 impl Cluster {
-    /// Cluster `id`, reached through `client` as it is (see the type's docs
-    /// for a client with deadlines and a breaker).
-    pub fn new(id: impl Into<Arc<str>>, client: kube::Client) -> Self {
+    /// Cluster `id`, reached through `client` as it is, without a client
+    /// policy: for mock clients in unit tests that count requests, fault
+    /// tests that must see every fault, and clients you layered yourself.
+    /// For deadlines, a retry and a breaker, build the cluster with
+    /// `provisioners_kit::client` (see the type's docs).
+    pub fn unmanaged(id: impl Into<Arc<str>>, client: kube::Client) -> Self {
         Cluster {
             id: id.into(),
             client,
@@ -79,7 +82,7 @@ impl Cluster {
     pub fn derive(&self, id: impl Into<Arc<str>>, client: kube::Client) -> Self {
         Cluster {
             shared: Arc::clone(&self.shared),
-            ..Cluster::new(id, client)
+            ..Cluster::unmanaged(id, client)
         }
     }
 

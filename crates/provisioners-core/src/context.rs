@@ -46,7 +46,7 @@ pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(20);
 ///
 /// // `provisioners_kit::client::infer()` builds a cluster with deadlines
 /// // and a breaker; here a client of your own.
-/// let cx = Context::new(Cluster::new("dev", client))
+/// let cx = Context::new(Cluster::unmanaged("dev", client))
 ///     .with_field_manager("my-operator")
 ///     .with_background_deletion(true);
 /// assert_eq!(cx.field_manager(), "my-operator");
@@ -132,7 +132,7 @@ impl Context {
             )
         });
         // No policy: retrying a request that can never succeed only slows tests.
-        Context::new(Cluster::new(
+        Context::new(Cluster::unmanaged(
             "offline",
             kube::Client::new(service, "default"),
         ))

@@ -441,7 +441,7 @@ async fn a_context_changed_after_its_children_ran_gives_new_children_the_change(
         }
         async fn provision(&self, cx: &Context) -> Result<()> {
             cx.provision(&self.0).await?;
-            let other = crate::Cluster::new("other", cx.client().clone());
+            let other = crate::Cluster::unmanaged("other", cx.client().clone());
             let remote = cx.clone().with_cluster(other).with_field_manager("fm");
             remote.provision(&self.1).await?;
             // The original context is unchanged for later children.

@@ -228,7 +228,7 @@ async fn measure(
     let started = Arc::new(Started::default());
     let management = provisioners_kit::client::connect("management", primary.clone()).await?;
     let client = counting(management.client().clone(), Arc::clone(&requests));
-    let cluster = Cluster::new("management", client).with_kubeconfig(primary.clone());
+    let cluster = Cluster::unmanaged("management", client).with_kubeconfig(primary.clone());
     let cx = Context::new(cluster).with_observer(started.clone());
     let wave = (members.len() / 5).max(1);
 

@@ -3,7 +3,7 @@
 //!
 //! Every request waits until the test answers it with [`ApiMock::expect`],
 //! so a test reads as the conversation it checks. The context's cluster is
-//! [built](provisioners_core::Cluster::new) without a client policy: no retries, so every
+//! [built](provisioners_core::Cluster::unmanaged) without a client policy: no retries, so every
 //! request the code makes is one the test sees. Cluster paths are tested on
 //! the real control plane (module `cluster`); this is for logic.
 //!
@@ -41,7 +41,7 @@ pub struct ApiMock {
 pub fn context() -> (Context, ApiMock) {
     let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let client = kube::Client::new(service, "default");
-    let cx = Context::new(Cluster::new("mock", client));
+    let cx = Context::new(Cluster::unmanaged("mock", client));
     (cx, ApiMock { handle })
 }
 

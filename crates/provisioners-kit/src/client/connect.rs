@@ -31,7 +31,7 @@ impl ClientPolicy {
     pub fn cluster(&self, id: impl Into<Arc<str>>, client: kube::Client) -> Cluster {
         let id: Arc<str> = id.into();
         let (client, guard) = self.guard(&id, client);
-        Cluster::new(id, client).with_state(guard)
+        Cluster::unmanaged(id, client).with_state(guard)
     }
 
     /// `client` inside this policy with a new breaker named `id`, and what
@@ -130,7 +130,7 @@ impl ClientPolicy {
     }
 
     /// The policy `cluster` was built with here; `None` for a cluster built
-    /// without one (`Cluster::new` on a bare client).
+    /// without one (`Cluster::unmanaged` on a bare client).
     pub fn of(cluster: &Cluster) -> Option<ClientPolicy> {
         cluster
             .state::<Guard>()

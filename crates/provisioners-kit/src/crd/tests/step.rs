@@ -21,7 +21,7 @@ const CRD: &str = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/widge
 fn context() -> (Context, Handle) {
     let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
     let client = kube::Client::new(service, "default");
-    (Context::new(Cluster::new("mock", client)), handle)
+    (Context::new(Cluster::unmanaged("mock", client)), handle)
 }
 
 fn desired(versions: &[(&str, bool)]) -> Value {
