@@ -227,20 +227,7 @@ impl Manifest {
         live: &mut [Option<DynamicObject>],
         check: &mut [bool],
     ) {
-        let mut groups: BTreeMap<(String, String, Option<String>), Vec<usize>> = BTreeMap::new();
-        for (i, object) in objects.iter().enumerate() {
-            if check[i] && live[i].is_none() {
-                let resource = &object.kind.resource;
-                groups
-                    .entry((
-                        resource.api_version.clone(),
-                        resource.plural.clone(),
-                        object.key.namespace.clone(),
-                    ))
-                    .or_default()
-                    .push(i);
-            }
-        }
+        let groups = by_kind_and_namespace(objects, |i| check[i] && live[i].is_none());
         for ((_, _, namespace), indices) in groups {
             if indices.len() < LIST_FROM {
                 continue;
@@ -298,18 +285,7 @@ impl Manifest {
         objects: &[&Resolved],
     ) -> Vec<Option<DynamicObject>> {
         let mut out: Vec<Option<DynamicObject>> = vec![None; objects.len()];
-        let mut groups: BTreeMap<(String, String, Option<String>), Vec<usize>> = BTreeMap::new();
-        for (i, object) in objects.iter().enumerate() {
-            let resource = &object.kind.resource;
-            groups
-                .entry((
-                    resource.api_version.clone(),
-                    resource.plural.clone(),
-                    object.key.namespace.clone(),
-                ))
-                .or_default()
-                .push(i);
-        }
+        let groups = by_kind_and_namespace(objects, |_| true);
         let selector = stamp.selector();
         for ((_, _, namespace), indices) in groups {
             let first = &objects[indices[0]];
@@ -365,6 +341,28 @@ async fn read_namespace(cx: &Context, stamp: &Stamp, namespace: &str) -> Result<
     } else {
         NamespaceState::Other
     })
+}
+
+/// The positions of the `objects` that `keep` picks, grouped by kind
+/// (API version and plural) and namespace, in a stable order: one LIST per
+/// group.
+fn by_kind_and_namespace(
+    objects: &[&Resolved],
+    keep: impl Fn(usize) -> bool,
+) -> BTreeMap<(String, String, Option<String>), Vec<usize>> {
+    let mut groups: BTreeMap<(String, String, Option<String>), Vec<usize>> = BTreeMap::new();
+    for (i, object) in objects.iter().enumerate().filter(|(i, _)| keep(*i)) {
+        let resource = &object.kind.resource;
+        groups
+            .entry((
+                resource.api_version.clone(),
+                resource.plural.clone(),
+                object.key.namespace.clone(),
+            ))
+            .or_default()
+            .push(i);
+    }
+    groups
 }
 
 /// How many pages a LIST of `cx`'s cluster may follow: its client
