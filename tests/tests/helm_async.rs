@@ -345,7 +345,7 @@ async fn a_yielded_release_wakes_its_tree_when_its_run_ends(helm: PathBuf) {
     let wake = Wake::new(move || {
         let _ = sender.send(Instant::now());
     });
-    let cx = context().await.with_wake(wake.clone());
+    let cx = context().await.with_extension(wake.clone());
     let mut passes = 0;
 
     // The first pass starts helm, which waits for the hook: a yield, and

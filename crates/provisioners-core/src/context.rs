@@ -10,13 +10,12 @@ use std::time::{Duration, Instant};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use futures::future::{Either, select};
-use kube::config::Kubeconfig;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::observe::{Event, Observer, Outcome, Phase};
 use crate::path::{Lazy, NodePath};
-use crate::{Cluster, Error, Operation, Owner, Plan, Provisioner, Result, Wake};
+use crate::{Cluster, Error, Operation, Owner, Plan, Provisioner, Result};
 
 mod run;
 
@@ -24,14 +23,12 @@ use run::{observed, until_cancelled};
 
 /// The field manager used for server-side apply unless
 /// [`Context::with_field_manager`] says otherwise.
-pub const DEFAULT_FIELD_MANAGER: &str = "provisioners";
+const DEFAULT_FIELD_MANAGER: &str = "provisioners";
 
 /// How long a cancelled tree's root waits for its nodes to stop on their own
 /// before dropping them, unless [`Context::with_shutdown_timeout`] says
-/// otherwise: long enough for a helm process to get its own 10 s
-/// [grace period](https://docs.rs/provisioners-helm) after SIGTERM, and
-/// shorter than Kubernetes' default `terminationGracePeriodSeconds` (30 s).
-pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(20);
+/// otherwise.
+const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// Where and how a tree runs: the target cluster, cancellation, deletion
 /// policy, field manager, owner and progress observer.
@@ -84,12 +81,12 @@ struct Shared {
     extensions: http::Extensions,
     observer: Option<Arc<dyn Observer>>,
     shutdown_timeout: Duration,
-    wake: Option<Wake>,
 }
 
 impl Context {
     /// A context targeting `cluster`, with a fresh cancellation token,
-    /// foreground deletion and the [default field manager](DEFAULT_FIELD_MANAGER).
+    /// foreground deletion, the field manager `provisioners` and a
+    /// shutdown timeout of 20 s.
     pub fn new(cluster: Cluster) -> Self {
         Context::in_frame(Arc::new(Frame {
             shared: Arc::new(Shared {
@@ -102,7 +99,6 @@ impl Context {
                 extensions: http::Extensions::new(),
                 observer: None,
                 shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
-                wake: None,
             }),
             parent: None,
         }))
@@ -173,7 +169,10 @@ impl Context {
     }
 
     /// How long the root waits, once the token fires, for the tree to stop
-    /// on its own before dropping it (default [`DEFAULT_SHUTDOWN_TIMEOUT`]).
+    /// on its own before dropping it: 20 s unless set, long enough for a
+    /// helm process to get its own 10 s grace period after SIGTERM, and
+    /// shorter than Kubernetes' default `terminationGracePeriodSeconds`
+    /// (30 s).
     ///
     /// Leaves that run something outside the process honour the token and
     /// finish cleanly within the grace: a helm leaf sends SIGTERM, waits for
@@ -214,7 +213,8 @@ impl Context {
     /// [`Context::extension`]: one value per type (a second replaces the
     /// first), seen by children and remote contexts alike. For what a crate
     /// beside core lets its users configure once per tree, e.g. the keys
-    /// that authenticate ownership stamps (`provisioners_kit::owner::OwnerKeys`).
+    /// that authenticate ownership stamps (`provisioners_kit::owner::OwnerKeys`)
+    /// or the wake a controller gives each reconcile (`provisioners_kit::wake::Wake`).
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -240,34 +240,6 @@ impl Context {
         self
     }
 
-    /// Runs the tree again when `wake` is called: what a controller sets
-    /// per reconcile so that leaves waiting on something in this process
-    /// (a background helm run) wake the tree when it ends instead of being
-    /// polled. See [`Wake`].
-    pub fn with_wake(mut self, wake: Wake) -> Self {
-        self.shared_mut().wake = Some(wake);
-        self
-    }
-
-    /// The tree's [`Wake`], if whoever runs it set one. Looking at it
-    /// promises nothing; a leaf that will call it takes it with
-    /// [`Context::promise_wake`].
-    pub fn wake(&self) -> Option<&Wake> {
-        self.shared().wake.as_ref()
-    }
-
-    /// The tree's [`Wake`] for a leaf that is about to yield on something
-    /// in this process that ends by itself, and promises to call it when
-    /// that ends (or has ended: call it at once then). The promise is
-    /// recorded with this node's path, so a controller can tell a tree
-    /// whose every yield will wake it from one it must poll. `None` when no
-    /// wake is set: the tree is polled.
-    pub fn promise_wake(&self) -> Option<Wake> {
-        let wake = self.shared().wake.as_ref()?;
-        wake.promise(self.path());
-        Some(wake.clone())
-    }
-
     /// The target cluster.
     pub fn cluster(&self) -> &Cluster {
         &self.shared().cluster
@@ -278,20 +250,10 @@ impl Context {
         self.shared().cluster.client()
     }
 
-    /// The target cluster's kubeconfig, if it has one.
-    pub fn kubeconfig(&self) -> Option<&Kubeconfig> {
-        self.shared().cluster.kubeconfig()
-    }
-
     /// The cancellation token: leaves that wait on something outside the
     /// process (a child process, a long watch) should honour it.
     pub fn cancellation(&self) -> &CancellationToken {
         &self.shared().cancel
-    }
-
-    /// Whether cancellation was requested.
-    pub fn is_cancelled(&self) -> bool {
-        self.shared().cancel.is_cancelled()
     }
 
     /// Whether deletions use background propagation.
@@ -468,7 +430,9 @@ impl Context {
         if name.is_empty() || name.contains('/') {
             return Err(self.bad_name(name));
         }
-        if self.shared().stopping.load(Ordering::Relaxed) || (root && self.is_cancelled()) {
+        if self.shared().stopping.load(Ordering::Relaxed)
+            || (root && self.shared().cancel.is_cancelled())
+        {
             return Err(Error::cancelled().at(&self.child_path(name)));
         }
         Ok(Context {
@@ -561,8 +525,7 @@ impl fmt::Debug for Context {
             .field("owner", &self.shared().owner)
             .field("extensions", &self.shared().extensions.len())
             .field("shutdown_timeout", &self.shared().shutdown_timeout)
-            .field("wake", &self.shared().wake.is_some())
-            .field("cancelled", &self.is_cancelled())
+            .field("cancelled", &self.shared().cancel.is_cancelled())
             .finish_non_exhaustive()
     }
 }

@@ -113,20 +113,18 @@ mod path;
 pub mod plan;
 mod provisioner;
 mod remote;
-mod wake;
 
 pub use async_trait::async_trait;
 pub use cluster::Cluster;
-pub use context::{Context, DEFAULT_FIELD_MANAGER, DEFAULT_SHUTDOWN_TIMEOUT};
+pub use context::Context;
 pub use error::{Error, ErrorKind, Result, Waiting};
 pub use observe::{Event, Observer, Outcome, Phase};
 pub use owner::Owner;
 pub use plan::Plan;
-pub use provisioner::{Managed, ManagerProvisioner, Metadata, Operation, Provisioner};
+pub use provisioner::{ManagerProvisioner, Metadata, Operation, Provisioner};
 pub use remote::RemoteCluster;
 /// Re-exported so that users name the same token type as [`Context`].
 pub use tokio_util::sync::CancellationToken;
-pub use wake::Wake;
 
 #[cfg(test)]
 mod tests;

@@ -308,7 +308,7 @@ async fn a_cancelled_root_gives_its_tree_the_shutdown_timeout() {
 async fn the_offline_context_fails_api_calls_clearly() {
     let cx = Context::offline();
     assert_eq!(cx.cluster().id(), "offline");
-    assert!(cx.kubeconfig().is_none());
+    assert!(cx.cluster().kubeconfig().is_none());
     let api: kube::Api<k8s_openapi::api::core::v1::Namespace> = kube::Api::all(cx.client().clone());
     let error = api.get("default").await.unwrap_err();
     let error = Error::kube("reading Namespace default", error);

@@ -34,7 +34,9 @@
 //!   ([`crd::Validator`]);
 //! - [`lease`]: a `coordination.k8s.io` Lease held by one identity at a
 //!   time ([`lease::LeaseLock`]), with one expiry rule that no clock skew
-//!   between processes can break ([`lease::Observations`]).
+//!   between processes can break ([`lease::Observations`]);
+//! - [`wake`]: the [`Wake`](wake::Wake) a controller gives a tree so that a
+//!   leaf yielding on work in this process runs again when it ends.
 //!
 //! Core stays the contract (the trait, the context, the cluster handle,
 //! errors, plans); a leaf depends on core and on this crate, never on
@@ -73,5 +75,6 @@ pub mod kubeconfig;
 pub mod lease;
 pub mod owner;
 pub mod readiness;
+pub mod wake;
 
 pub use flight::SingleFlight;

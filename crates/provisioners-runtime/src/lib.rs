@@ -64,7 +64,7 @@
 //!   [`Reconciler::woken`] for `Controller::for_stream`): a leaf that
 //!   yields on something in this process that ends by itself (a helm run
 //!   in the background, a release's lock) promises the reconcile's
-//!   [`Wake`](provisioners_core::Wake) and calls it when that ends; merged
+//!   [`Wake`](provisioners_kit::wake::Wake) and calls it when that ends; merged
 //!   into the controller's triggers, the tree runs again at once. A tree
 //!   whose every yield promised a wake requeues only at the
 //!   [backstop](Reconciler::wake_backstop) (30 s), for a wake lost to a
@@ -98,7 +98,8 @@
 //! use kube::runtime::watcher;
 //! use kube::core::PartialObjectMeta;
 //! use kube::Api;
-//! use provisioners_core::{Cluster, Context, Error, Managed};
+//! use provisioners_core::{Cluster, Context, Error};
+//! use provisioners_runtime::Managed;
 //! use provisioners_runtime::Reconciler;
 //! # use provisioners_testing::Noop;
 //!
@@ -136,6 +137,7 @@ mod events;
 mod in_flight;
 mod kubeconfigs;
 mod lease;
+mod managed;
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub mod metrics;
@@ -153,8 +155,8 @@ pub use approval::{
 };
 pub use condition::{AVAILABLE, Reason};
 pub use lease::LeaderElection;
+pub use managed::Managed;
 pub use predicate::significant_change;
-pub use provisioners_core::Managed;
 pub use reconciler::{
     DEFAULT_PAUSED_ANNOTATION, DEFAULT_REQUEUE, DEFAULT_WAITING_FIELD, ReconcileObserver,
     ReconcileResult, Reconciler,

@@ -8,8 +8,9 @@ use std::time::{Duration, Instant};
 use kube::runtime::controller::Action;
 use kube::runtime::events::Reporter;
 use kube::{Resource, ResourceExt};
-use provisioners_core::{Context, ErrorKind, ManagerProvisioner, Owner, Result, Wake};
+use provisioners_core::{Context, ErrorKind, ManagerProvisioner, Owner, Result};
 use provisioners_kit::kubeconfig::{ClaimedSecret, KubeconfigClaims};
+use provisioners_kit::wake::Wake;
 use serde::Serialize;
 use serde_json::Value;
 
@@ -350,7 +351,7 @@ impl Reconciler {
             .with_cancellation(run.token().clone());
         let wake = self.wakes.for_object(target.namespace(), target.name());
         if let Some(wake) = &wake {
-            cx = cx.with_wake(wake.clone());
+            cx = cx.with_extension(wake.clone());
         }
         let report = Report {
             target: &target,

@@ -10,7 +10,9 @@ use http::Method;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::ObjectMeta;
 use kube::runtime::controller::Action;
-use provisioners_core::{ErrorKind, Managed, Operation};
+use provisioners_core::{ErrorKind, Operation};
+
+use crate::Managed;
 use provisioners_group::Concurrent;
 use provisioners_testing::mock::{self, ApiMock};
 use provisioners_testing::{CallOutcome, Recorder, Scripted, Step};
@@ -303,7 +305,7 @@ async fn a_newer_generation_supersedes_the_running_tree_without_a_status_write()
     assert_eq!(action, Action::await_change());
     assert_eq!(reconciler.in_flight(), 0);
     assert!(
-        !reconciler.context().is_cancelled(),
+        !reconciler.context().cancellation().is_cancelled(),
         "only that tree stopped"
     );
 }
@@ -394,7 +396,7 @@ impl provisioners_core::Provisioner for Background {
     }
     async fn provision(&self, cx: &provisioners_core::Context) -> provisioners_core::Result<()> {
         let wake = if self.promise {
-            cx.promise_wake()
+            provisioners_kit::wake::Wake::promise(cx)
         } else {
             None
         };

@@ -9,7 +9,8 @@ use futures::Stream;
 use kube::Resource;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
-use provisioners_core::{Error, Wake};
+use provisioners_core::Error;
+use provisioners_kit::wake::Wake;
 use tokio::sync::mpsc;
 
 /// How long a tree whose every yield promised a wake waits at most before
@@ -183,7 +184,7 @@ mod tests {
             cx: &provisioners_core::Context,
         ) -> provisioners_core::Result<()> {
             if self.1 {
-                cx.promise_wake();
+                Wake::promise(cx);
             }
             Err(Error::yielding("waiting"))
         }
@@ -200,7 +201,7 @@ mod tests {
         use provisioners_group::Concurrent;
         let run = |tree: Concurrent| async move {
             let wake = Wake::new(|| {});
-            let cx = provisioners_core::Context::offline().with_wake(wake.clone());
+            let cx = provisioners_core::Context::offline().with_extension(wake.clone());
             let error = cx.provision(&tree).await.expect_err("yields");
             all_promised(&error, &wake)
         };

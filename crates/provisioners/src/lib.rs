@@ -70,6 +70,7 @@ pub use provisioners_core::*;
 pub use provisioners_kit as kit;
 pub use provisioners_kit::client::{self, ClientPolicy, Health, Unreachable};
 pub use provisioners_kit::owner::OwnerKeys;
+pub use provisioners_kit::wake::Wake;
 
 #[cfg(feature = "conditional")]
 pub use provisioners_conditional::{self as conditional, Conditional};
@@ -90,8 +91,8 @@ pub use provisioners_remote::{
 };
 #[cfg(feature = "runtime")]
 pub use provisioners_runtime::{
-    self as runtime, LeaderElection, Reason, ReconcileObserver, ReconcileResult, Reconciler,
-    WaitingNode,
+    self as runtime, LeaderElection, Managed, Reason, ReconcileObserver, ReconcileResult,
+    Reconciler, WaitingNode,
 };
 #[cfg(feature = "testing")]
 pub use provisioners_testing as testing;

@@ -22,7 +22,7 @@ use crate::workdir::WorkDir;
 
 impl HelmRelease {
     pub(super) fn kubeconfig<'a>(&self, cx: &'a Context) -> Result<&'a kube::config::Kubeconfig> {
-        cx.kubeconfig().ok_or_else(|| {
+        cx.cluster().kubeconfig().ok_or_else(|| {
             Error::invalid(format!(
                 "release `{}`: the context's cluster `{}` has no kubeconfig for the helm CLI; \
                  build it with provisioners_kit::client::connect, infer or in_cluster",

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use provisioners_core::{Context, Error, ErrorKind, Operation, Result, Waiting};
+use provisioners_kit::wake::Wake;
 use sha2::{Digest as _, Sha256};
 
 use super::HelmRelease;
@@ -65,10 +66,10 @@ impl HelmRelease {
     pub(super) fn try_lock(&self, cx: &Context) -> Result<Serialised> {
         let locks = cx.cluster().state::<ReleaseLocks>();
         locks
-            .try_lock_or_wake(&self.namespace, &self.release, cx.wake().cloned())
+            .try_lock_or_wake(&self.namespace, &self.release, Wake::of(cx).cloned())
             .ok_or_else(|| {
                 // Woken when the holder releases it.
-                cx.promise_wake();
+                Wake::promise(cx);
                 Error::yielding(format!(
                     "another pass of this process is working on release `{}`",
                     self.id()
@@ -230,7 +231,7 @@ impl HelmRelease {
 
     /// The yield for a live run: what it waits for (a helm slot; a hook Job
     /// and its pod's reason; an object being deleted), as text and data.
-    /// The tree is woken when the run ends (see [`Context::promise_wake`]).
+    /// The tree is woken when the run ends (see [`Wake::promise`]).
     async fn running(&self, cx: &Context, run: &Run) -> Error {
         wake_on_end(cx, run);
         let elapsed = run.elapsed().as_secs();
@@ -279,7 +280,7 @@ impl HelmRelease {
 /// Wakes the tree of `cx` when `run` ends, if it has a wake: the pass is
 /// about to yield on it.
 fn wake_on_end(cx: &Context, run: &Run) {
-    if let Some(wake) = cx.promise_wake() {
+    if let Some(wake) = Wake::promise(cx) {
         run.wake_on_end(wake);
     }
 }

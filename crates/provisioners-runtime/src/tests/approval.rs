@@ -8,7 +8,9 @@ use std::time::Duration;
 use http::Method;
 use kube::runtime::controller::Action;
 use provisioners_core::plan::{Change, ObjectPlan, Plan};
-use provisioners_core::{Context, Managed, Operation, Provisioner, Result, async_trait};
+use provisioners_core::{Context, Operation, Provisioner, Result, async_trait};
+
+use crate::Managed;
 use provisioners_testing::mock::ApiMock;
 use serde_json::{Value, json};
 

@@ -4,25 +4,28 @@
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 
-/// Runs the tree again: a handle a controller puts on the [`Context`](crate::Context)
-/// of each reconcile (see [`Context::with_wake`](crate::Context::with_wake)).
+use provisioners_core::Context;
+
+/// Runs the tree again: a handle a controller gives each reconcile's
+/// [`Context`] as an extension (`cx.with_extension(wake)`).
 ///
 /// A leaf whose yield waits on something in this process that ends by
 /// itself (a background helm run, a lock another pass holds) takes it with
-/// [`Context::promise_wake`](crate::Context::promise_wake) and calls
-/// [`Wake::wake`] when that ends; the controller then runs the tree at once
-/// rather than at its next requeue. Taking it is a promise: the controller
-/// may poll a tree whose every yielding leaf promised a wake less often
-/// (see [`Wake::promised`]). A wake may come late or twice (the tree runs
-/// once more, which is harmless) or be lost (the process restarts), so a
-/// controller keeps a slow requeue as a backstop.
+/// [`Wake::promise`] and calls [`Wake::wake`] when that ends; the
+/// controller then runs the tree at once rather than at its next requeue.
+/// Taking it is a promise: the controller may poll a tree whose every
+/// yielding leaf promised a wake less often (see [`Wake::promised`]). A
+/// wake may come late or twice (the tree runs once more, which is harmless)
+/// or be lost (the process restarts), so a controller keeps a slow requeue
+/// as a backstop.
 ///
 /// Cheap to clone (a reference count).
 ///
 /// ```
 /// use std::sync::Arc;
 /// use std::sync::atomic::{AtomicUsize, Ordering};
-/// use provisioners_core::{Context, Wake};
+/// use provisioners_core::Context;
+/// use provisioners_kit::wake::Wake;
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
@@ -31,9 +34,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 /// let wake = Wake::new(move || {
 ///     counter.fetch_add(1, Ordering::Relaxed);
 /// });
-/// let cx = Context::offline().with_wake(wake.clone());
+/// let cx = Context::offline().with_extension(wake.clone());
 /// // A leaf that yields on a background job:
-/// let promised = cx.promise_wake().expect("a controller set one");
+/// let promised = Wake::promise(&cx).expect("a controller set one");
 /// promised.wake(); // when the job ends
 /// assert_eq!(woken.load(Ordering::Relaxed), 1);
 /// assert_eq!(wake.promised(), [Arc::<str>::from("")]); // the promising node's path (the root here)
@@ -66,6 +69,22 @@ impl Wake {
         }
     }
 
+    /// The tree's wake, if whoever runs it set one. Looking at it promises
+    /// nothing: a leaf about to yield on it calls [`Wake::promise`].
+    pub fn of(cx: &Context) -> Option<&Wake> {
+        cx.extension::<Wake>()
+    }
+
+    /// The tree's wake for a leaf that is about to yield on something that
+    /// will end by itself, recording that the node at `cx`'s path will call
+    /// it: a controller tells a tree whose every yield will wake it from one
+    /// it must poll. `None` when no wake is set: the tree is polled.
+    pub fn promise(cx: &Context) -> Option<Wake> {
+        let wake = Wake::of(cx)?;
+        wake.record(cx.path());
+        Some(wake.clone())
+    }
+
     /// Asks for the tree to run again.
     pub fn wake(&self) {
         (self.inner.notify)();
@@ -87,7 +106,7 @@ impl Wake {
     }
 
     /// Records that the node at `path` will call this wake.
-    pub(crate) fn promise(&self, path: &str) {
+    fn record(&self, path: &str) {
         let mut promised = self
             .inner
             .promised
@@ -111,8 +130,9 @@ impl fmt::Debug for Wake {
 mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
+    use provisioners_core::{Error, Provisioner, Result, async_trait};
+
     use super::*;
-    use crate::Context;
 
     #[tokio::test]
     async fn a_promise_is_recorded_once_per_node_and_carried_to_children() {
@@ -122,12 +142,12 @@ mod tests {
             counter.fetch_add(1, Ordering::SeqCst);
         });
         let cx = Context::offline();
-        assert!(cx.wake().is_none());
-        assert!(cx.promise_wake().is_none());
-        let cx = cx.with_wake(wake.clone());
-        let taken = cx.promise_wake().expect("set");
+        assert!(Wake::of(&cx).is_none());
+        assert!(Wake::promise(&cx).is_none());
+        let cx = cx.with_extension(wake.clone());
+        let taken = Wake::promise(&cx).expect("set");
         assert!(taken.same(&wake));
-        cx.promise_wake().expect("set").wake();
+        Wake::promise(&cx).expect("set").wake();
         taken.wake();
         assert_eq!(calls.load(Ordering::SeqCst), 2);
         assert_eq!(wake.promised(), [Arc::<str>::from("")]);
@@ -135,29 +155,45 @@ mod tests {
         let remote = cx
             .clone()
             .with_cluster(Context::offline().cluster().clone());
-        assert!(remote.wake().expect("kept").same(&wake));
+        assert!(Wake::of(&remote).expect("kept").same(&wake));
         let other = Wake::new(|| {});
-        assert!(!cx.with_wake(other.clone()).wake().expect("set").same(&wake));
+        let replaced = cx.with_extension(other.clone());
+        assert!(!Wake::of(&replaced).expect("set").same(&wake));
         assert!(other.promised().is_empty(), "looking is no promise");
     }
 
     struct Waits;
 
-    #[crate::async_trait]
-    impl crate::Provisioner for Waits {
+    #[async_trait]
+    impl Provisioner for Waits {
         fn name(&self) -> &str {
             "helm"
         }
-        async fn provision(&self, cx: &Context) -> crate::Result<()> {
-            let wake = cx.promise_wake();
+        async fn provision(&self, cx: &Context) -> Result<()> {
+            let wake = Wake::promise(cx);
             tokio::spawn(async move {
                 if let Some(wake) = wake {
                     wake.wake();
                 }
             });
-            Err(crate::Error::yielding("running in the background"))
+            Err(Error::yielding("running in the background"))
         }
-        async fn deprovision(&self, _: &Context) -> crate::Result<()> {
+        async fn deprovision(&self, _: &Context) -> Result<()> {
+            Ok(())
+        }
+    }
+
+    struct Root;
+
+    #[async_trait]
+    impl Provisioner for Root {
+        fn name(&self) -> &str {
+            "platform"
+        }
+        async fn provision(&self, cx: &Context) -> Result<()> {
+            cx.provision(&Waits).await
+        }
+        async fn deprovision(&self, _: &Context) -> Result<()> {
             Ok(())
         }
     }
@@ -168,20 +204,7 @@ mod tests {
         let wake = Wake::new(move || {
             let _ = sender.send(());
         });
-        struct Root;
-        #[crate::async_trait]
-        impl crate::Provisioner for Root {
-            fn name(&self) -> &str {
-                "platform"
-            }
-            async fn provision(&self, cx: &Context) -> crate::Result<()> {
-                cx.provision(&Waits).await
-            }
-            async fn deprovision(&self, _: &Context) -> crate::Result<()> {
-                Ok(())
-            }
-        }
-        let cx = Context::offline().with_wake(wake.clone());
+        let cx = Context::offline().with_extension(wake.clone());
         let error = cx.provision(&Root).await.expect_err("yields");
         assert_eq!(error.path(), Some("platform/helm"));
         assert_eq!(wake.promised(), [Arc::<str>::from("platform/helm")]);
@@ -195,7 +218,7 @@ mod tests {
     fn promises_are_bounded() {
         let wake = Wake::new(|| {});
         for i in 0..MAX_PROMISES + 10 {
-            wake.promise(&format!("n{i}"));
+            wake.record(&format!("n{i}"));
         }
         assert_eq!(wake.promised().len(), MAX_PROMISES);
     }
