@@ -115,12 +115,16 @@ impl Manifest {
             }
         }
         let (live, force, takeover) = match live {
-            // A dry run shows the fields that change: it needs all of them.
-            Some(_) if partial && dry_run => match self.read(cx, object).await? {
-                Some(full) => (Some(full), force, takeover),
-                // Deleted since the LIST: created again.
-                None => (None, self.force, None),
-            },
+            // A dry run shows the fields that change, and the CRD gate
+            // compares schemas and stored versions: both need the whole
+            // object, not what a metadata-only LIST found.
+            Some(_) if partial && (dry_run || object.tier == Tier::CustomResourceDefinition) => {
+                match self.read(cx, object).await? {
+                    Some(full) => (Some(full), force, takeover),
+                    // Deleted since the LIST: created again.
+                    None => (None, self.force, None),
+                }
+            }
             live => (live, force, takeover),
         };
         let mut notes: Vec<String> = takeover.iter().map(Takeover::reason).collect();
