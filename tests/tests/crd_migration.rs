@@ -14,6 +14,7 @@
 //! the trim, the CRD update after it): a restarted operator converges.
 
 use std::time::Duration;
+use provisioners::plan::PlanObjects as _;
 
 use futures::{StreamExt as _, stream};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -449,7 +450,7 @@ async fn a_manifest_that_moves_the_storage_version_migrates_the_stored_objects()
     let plan = cx.plan(&both).await.expect("plan");
     let crd_plan = plan
         .objects()
-        .iter()
+        .into_iter()
         .find(|o| o.kind() == "CustomResourceDefinition")
         .unwrap_or_else(|| panic!("no CRD in\n{plan:#}"));
     let reason = crd_plan.reason().unwrap_or_default();

@@ -12,7 +12,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::{Api, CustomResource, CustomResourceExt};
-use provisioners::plan::{Change, FieldChange, ObjectPlan};
+use provisioners::plan::{Change, FieldChange, ObjectPlan, PlanObjects as _};
 use provisioners::{Context, Error, Managed, Operation, Plan, Provisioner, Result, async_trait};
 use provisioners_lab::cluster::{HarnessCluster, TestNamespace};
 use provisioners_lab::faults::{Proxy, Verb};

@@ -35,6 +35,7 @@ mod targets;
 mod mock_tests;
 
 use std::borrow::Cow;
+use provisioners_kit::plan::PlanObjects as _;
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;

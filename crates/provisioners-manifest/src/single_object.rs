@@ -1,6 +1,7 @@
 //! [`SingleObject`]: one typed object, applied like a one-object manifest.
 
 use std::borrow::Cow;
+use provisioners_kit::plan::PlanObjects as _;
 use std::time::Duration;
 
 use kube::api::DynamicObject;
@@ -143,7 +144,7 @@ impl Provisioner for SingleObject {
     /// The plan of a one-object manifest, as a node of kind `resource`.
     async fn plan(&self, cx: &Context, operation: Operation) -> Result<Plan> {
         let inner = self.manifest()?.plan(cx, operation).await?;
-        Ok(Plan::new(self.name(), operation, "resource").with_objects(inner.objects().to_vec()))
+        Ok(Plan::new(self.name(), operation, "resource").with_objects(inner.objects()))
     }
 }
 

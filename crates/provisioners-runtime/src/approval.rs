@@ -169,7 +169,7 @@ pub(crate) fn plan_status(plan: &Plan) -> Value {
 mod tests {
     use k8s_openapi::api::core::v1::ConfigMap;
     use provisioners_core::Operation;
-    use provisioners_core::plan::{Change, ObjectPlan};
+    use provisioners_kit::plan::{Change, ObjectPlan, PlanObjects as _};
 
     use super::*;
 

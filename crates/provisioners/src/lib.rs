@@ -70,6 +70,20 @@ pub use provisioners_core::*;
 pub use provisioners_kit as kit;
 pub use provisioners_kit::client::{self, ClientPolicy, Health, Unreachable};
 pub use provisioners_kit::owner::OwnerKeys;
+pub use provisioners_kit::plan::PlanObjects;
+
+/// What a tree would do, without doing it: core's
+/// [`Plan`](provisioners_core::plan::Plan) tree and its
+/// [`Detail`](provisioners_core::plan::Detail)s, with the object plans of
+/// `provisioners-kit` ([`ObjectPlan`](provisioners_kit::plan::ObjectPlan),
+/// [`PlanObjects`](provisioners_kit::plan::PlanObjects), ...) beside them,
+/// so `provisioners::plan::ObjectPlan` keeps naming the object plan.
+pub mod plan {
+    pub use provisioners_core::plan::*;
+    pub use provisioners_kit::plan::{
+        Change, FieldChange, MASKED, ObjectCounts, ObjectPlan, PlanObjects,
+    };
+}
 
 #[cfg(feature = "conditional")]
 pub use provisioners_conditional::{self as conditional, Conditional};

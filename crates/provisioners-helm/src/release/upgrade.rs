@@ -6,7 +6,8 @@
 //! the live objects by [`super::compare`]).
 
 use k8s_openapi::api::core::v1::Namespace;
-use provisioners_core::plan::{Change, Plan};
+use provisioners_core::plan::Plan;
+use provisioners_kit::plan::{Change, PlanObjects as _};
 use provisioners_core::{Context, Error, Operation, Result};
 use serde_json::Value;
 

@@ -6,7 +6,7 @@
 //! what they make of the answer (the live object, or a plan's line).
 
 use kube::api::{DynamicObject, Patch, PatchParams};
-use provisioners_core::plan::ObjectPlan;
+use provisioners_kit::plan::ObjectPlan;
 use provisioners_core::{Context, Error, Result};
 
 use super::answer::{apply_error, immutable_fields};

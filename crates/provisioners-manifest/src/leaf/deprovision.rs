@@ -6,7 +6,7 @@
 
 use std::collections::BTreeSet;
 
-use provisioners_core::plan::ObjectPlan;
+use provisioners_kit::plan::ObjectPlan;
 use provisioners_core::{Context, Error, ErrorKind, Result};
 
 use super::plan::removal::{deprovision_plan, outside_plan};

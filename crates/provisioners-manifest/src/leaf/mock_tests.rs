@@ -211,7 +211,7 @@ fn spawn_plan(cx: &Context, manifest: Manifest) -> JoinHandle<Result<provisioner
 
 #[tokio::test]
 async fn a_plan_reads_and_dry_runs_only() {
-    use provisioners_core::plan::Change;
+    use provisioners_kit::plan::{Change, PlanObjects as _};
 
     let (cx, mut api) = mock::context();
     let plan = spawn_plan(&cx, Manifest::from_yaml("plan", config_map("a")));
@@ -261,7 +261,7 @@ async fn a_plan_reads_and_dry_runs_only() {
 
 #[tokio::test]
 async fn nothing_is_read_or_dry_run_in_a_namespace_the_manifest_creates() {
-    use provisioners_core::plan::Change;
+    use provisioners_kit::plan::{Change, PlanObjects as _};
 
     let (cx, mut api) = mock::context();
     let yaml = format!(

@@ -11,7 +11,7 @@
 use std::collections::{BTreeSet, HashMap};
 
 use kube::api::DynamicObject;
-use provisioners_core::plan::ObjectPlan;
+use provisioners_kit::plan::ObjectPlan;
 use provisioners_core::{Context, Error, Result};
 
 use super::apply::Outcome;

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeSet;
 
-use provisioners_core::plan::ObjectPlan;
+use provisioners_kit::plan::ObjectPlan;
 use provisioners_core::{Context, Error, Result};
 
 use super::delete::served;

@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use http::Method;
 use kube::runtime::controller::Action;
-use provisioners_core::plan::{Change, ObjectPlan, Plan};
+use provisioners_core::plan::Plan;
+use provisioners_kit::plan::{Change, ObjectPlan, PlanObjects as _};
 use provisioners_core::{Context, Managed, Operation, Provisioner, Result, async_trait};
 use provisioners_testing::mock::ApiMock;
 use serde_json::{Value, json};
@@ -87,7 +88,7 @@ impl Provisioner for Planned {
             ));
         }
         let plan = self.plan.lock().unwrap().clone();
-        Ok(Plan::new("p", operation, "manifest").with_objects(plan.objects().to_vec()))
+        Ok(Plan::new("p", operation, "manifest").with_objects(plan.objects()))
     }
 }
 

@@ -3,7 +3,7 @@
 //! quote a Secret.
 
 use kube::api::DynamicObject;
-use provisioners_core::plan::{Change, FieldChange, ObjectPlan};
+use provisioners_kit::plan::{Change, FieldChange, ObjectPlan};
 use provisioners_kit::diff;
 use serde_json::Value;
 
