@@ -13,8 +13,8 @@
 //! The crash-point driver then kills a migration at its writes (rewrites,
 //! the trim, the CRD update after it): a restarted operator converges.
 
-use std::time::Duration;
 use provisioners::plan::PlanObjects as _;
+use std::time::Duration;
 
 use futures::{StreamExt as _, stream};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;

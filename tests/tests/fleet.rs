@@ -18,8 +18,8 @@
 
 mod fleet_support;
 
-use std::collections::BTreeMap;
 use provisioners::plan::PlanObjects as _;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

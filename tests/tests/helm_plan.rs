@@ -157,7 +157,10 @@ async fn a_release_plans_install_no_change_drift_upgrade_and_uninstall(helm: Pat
     assert_eq!(plan.release().unwrap().reason(), Some("1 object drifted"));
     let edited = object(&plan, "ConfigMap", "web-settings");
     assert_eq!(edited.action(), Change::Update, "{plan:#}");
-    assert_eq!(changes(&edited), ["data.greeting: \"by hand\" -> \"hello\""]);
+    assert_eq!(
+        changes(&edited),
+        ["data.greeting: \"by hand\" -> \"hello\""]
+    );
     assert_eq!(plan.object_counts().update, 1, "{plan:#}");
     assert_eq!(plan.object_counts().no_change, 4, "{plan:#}");
     assert_ne!(plan.digest(), installed_digest);

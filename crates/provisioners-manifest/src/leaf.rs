@@ -34,8 +34,8 @@ mod targets;
 #[cfg(test)]
 mod mock_tests;
 
-use std::borrow::Cow;
 use provisioners_kit::plan::PlanObjects as _;
+use std::borrow::Cow;
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -1,7 +1,7 @@
 //! [`SingleObject`]: one typed object, applied like a one-object manifest.
 
-use std::borrow::Cow;
 use provisioners_kit::plan::PlanObjects as _;
+use std::borrow::Cow;
 use std::time::Duration;
 
 use kube::api::DynamicObject;

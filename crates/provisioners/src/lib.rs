@@ -72,13 +72,12 @@ pub use provisioners_kit::client::{self, ClientPolicy, Health, Unreachable};
 pub use provisioners_kit::owner::OwnerKeys;
 pub use provisioners_kit::plan::PlanObjects;
 
-/// What a tree would do, without doing it: core's
-/// [`Plan`](provisioners_core::plan::Plan) tree and its
-/// [`Detail`](provisioners_core::plan::Detail)s, with the object plans of
-/// `provisioners-kit` ([`ObjectPlan`](provisioners_kit::plan::ObjectPlan),
-/// [`PlanObjects`](provisioners_kit::plan::PlanObjects), ...) beside them,
-/// so `provisioners::plan::ObjectPlan` keeps naming the object plan.
 pub mod plan {
+    //! What a tree would do, without doing it: core's [`Plan`] tree and its
+    //! [`Detail`]s, with the object plans of `provisioners-kit`
+    //! ([`ObjectPlan`], [`PlanObjects`], ...) beside them, so
+    //! `provisioners::plan::ObjectPlan` keeps naming the object plan.
+
     pub use provisioners_core::plan::*;
     pub use provisioners_kit::plan::{
         Change, FieldChange, MASKED, ObjectCounts, ObjectPlan, PlanObjects,

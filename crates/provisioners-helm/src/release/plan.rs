@@ -6,8 +6,8 @@
 //! the uninstall with `helm.sh/resource-policy: keep`.
 
 use provisioners_core::plan::Plan;
-use provisioners_kit::plan::{Change, ObjectPlan, PlanObjects as _};
 use provisioners_core::{Context, Operation, Result};
+use provisioners_kit::plan::{Change, ObjectPlan, PlanObjects as _};
 
 use super::compare;
 use super::decide::{Decision, Mode, Uninstall};

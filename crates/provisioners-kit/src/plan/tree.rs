@@ -25,11 +25,9 @@ use super::object::{Change, ObjectPlan};
 /// ```
 pub trait PlanObjects {
     /// Adds one object plan, after the details already there.
-    #[must_use]
     fn with_object(self, object: ObjectPlan) -> Plan;
 
     /// Adds object plans, in order.
-    #[must_use]
     fn with_objects(self, objects: impl IntoIterator<Item = ObjectPlan>) -> Plan;
 
     /// This node's object plans, in the order they were added (the order

@@ -256,7 +256,7 @@ async fn a_plan_reads_and_dry_runs_only() {
     let plan = plan.await.unwrap().expect("plan");
     assert_eq!(plan.objects().len(), 1);
     assert_eq!(plan.objects()[0].action(), Change::Create);
-    assert_eq!(plan.summary(), "1 to create");
+    assert_eq!(plan.summary(), "objects: 1 to create");
 }
 
 #[tokio::test]
