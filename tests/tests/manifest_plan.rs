@@ -167,7 +167,7 @@ async fn kube_prometheus_plans_create_then_no_change_then_exactly_the_two_edits(
         .collect();
     assert!(changed.is_empty(), "{changed:#?}");
     assert!(!unchanged.has_changes());
-    assert_eq!(unchanged.summary(), format!("{objects} unchanged"));
+    assert_eq!(unchanged.summary(), format!("objects: {objects} unchanged"));
     // No dry-run at all: the no-op check skips every object.
     let patches: u64 = counts
         .iter()

@@ -437,7 +437,7 @@ async fn a_resource_plans_as_a_node_of_kind_resource() {
     };
     let plan = plan_of(&proxy, &cx, &settings("debug")).await;
     assert_eq!((plan.name(), plan.kind()), ("settings", "resource"));
-    assert_eq!(plan.summary(), "1 to create");
+    assert_eq!(plan.summary(), "objects: 1 to create");
     converge(&cx, &settings("debug"), true, DEADLINE).await;
     let plan = plan_of(&proxy, &cx, &settings("info")).await;
     let planned = object(&plan, "ConfigMap", "settings");
@@ -448,7 +448,7 @@ async fn a_resource_plans_as_a_node_of_kind_resource() {
     );
     let plan = deprovision_plan_of(&proxy, &cx, &settings("info")).await;
     assert_eq!(plan.operation(), provisioners::Operation::Deprovision);
-    assert_eq!(plan.summary(), "1 to delete");
+    assert_eq!(plan.summary(), "objects: 1 to delete");
     converge(&cx, &settings("info"), false, DEADLINE).await;
     ns.cleanup().await.expect("cleanup");
 }

@@ -89,7 +89,7 @@ async fn a_tree_plans_in_run_order_and_a_false_conditional_plans_its_deletes() {
     converge(&cx, &root, true, DEADLINE).await;
     let plan = cx.plan(&root).await.expect("plan");
     assert!(!plan.has_changes(), "{plan:#}");
-    assert_eq!(plan.summary(), "3 unchanged");
+    assert_eq!(plan.summary(), "objects: 3 unchanged");
     assert_eq!(
         cx.plan(&root).await.expect("plan").digest(),
         plan.digest(),
