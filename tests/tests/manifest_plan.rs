@@ -200,7 +200,7 @@ async fn kube_prometheus_plans_create_then_no_change_then_exactly_the_two_edits(
     let updates: Vec<(String, Vec<&str>)> = planned
         .iter()
         .filter(|o| o.action() != Change::NoChange)
-        .map(|o| (format!("{} {}", o.action(), o.display_name()), paths(&o)))
+        .map(|o| (format!("{} {}", o.action(), o.display_name()), paths(o)))
         .collect();
     assert_eq!(
         updates,
