@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject};
-use provisioners::plan::Change;
+use provisioners::plan::{Change, PlanObjects as _};
 use provisioners::{Context, ErrorKind};
 use provisioners_helm::{Chart, CrdPolicy, HelmRelease};
 use provisioners_lab::cluster::{HarnessCluster, TestNamespace};
@@ -152,7 +152,7 @@ async fn a_crd_field_added_by_the_chart_is_applied_before_helm(helm: PathBuf) {
     let plan = cx.plan(&release(&ns, &helm, &v2)).await.expect("plan v2");
     let crd_plan = plan
         .objects()
-        .iter()
+        .into_iter()
         .find(|o| o.kind() == "CustomResourceDefinition")
         .expect("the CRD is in the plan");
     assert_eq!(crd_plan.action(), Change::Update, "{plan:?}");
@@ -273,7 +273,7 @@ async fn unsafe_crd_changes_in_a_chart_are_refused(helm: PathBuf) {
         .expect("plan");
     let crd_plan = plan
         .objects()
-        .iter()
+        .into_iter()
         .find(|o| o.kind() == "CustomResourceDefinition")
         .expect("the CRD is in the plan");
     assert_eq!(crd_plan.action(), Change::Refuse, "{plan:?}");

@@ -13,6 +13,7 @@
 //! The crash-point driver then kills a migration at its writes (rewrites,
 //! the trim, the CRD update after it): a restarted operator converges.
 
+use provisioners::plan::PlanObjects as _;
 use std::time::Duration;
 
 use futures::{StreamExt as _, stream};
@@ -449,7 +450,7 @@ async fn a_manifest_that_moves_the_storage_version_migrates_the_stored_objects()
     let plan = cx.plan(&both).await.expect("plan");
     let crd_plan = plan
         .objects()
-        .iter()
+        .into_iter()
         .find(|o| o.kind() == "CustomResourceDefinition")
         .unwrap_or_else(|| panic!("no CRD in\n{plan:#}"));
     let reason = crd_plan.reason().unwrap_or_default();

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use kube::api::{Api, DynamicObject};
-use provisioners::plan::Change;
+use provisioners::plan::{Change, PlanObjects as _};
 use provisioners::{Context, ErrorKind, Plan};
 use provisioners_lab::cluster::TestNamespace;
 use provisioners_manifest::Manifest;
@@ -80,7 +80,7 @@ async fn live_crd(cx: &Context, group: &str) -> DynamicObject {
 fn crd_plan(plan: &Plan) -> (Change, String) {
     let object = plan
         .objects()
-        .iter()
+        .into_iter()
         .find(|o| o.kind() == "CustomResourceDefinition")
         .unwrap_or_else(|| panic!("no CRD in\n{plan:#}"));
     (

@@ -18,6 +18,7 @@
 
 mod fleet_support;
 
+use provisioners::plan::PlanObjects as _;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -297,7 +298,7 @@ async fn a_new_revision_rolls_out_wave_by_wave_honouring_the_soak() {
     let dead = &plan.children()[5];
     assert!(dead.unknown_reason().is_some(), "{dead:?}");
     let live = &plan.children()[2];
-    assert_eq!(live.counts().update, 1, "{live:?}");
+    assert_eq!(live.object_counts().update, 1, "{live:?}");
     assert_eq!(
         sim.state_version("soak").await,
         version,

@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Patch, PatchParams, PostParams};
-use provisioners::plan::Change;
+use provisioners::plan::{Change, PlanObjects as _};
 use provisioners::{Conditional, PlanRelease, ReleaseAction, Serial};
 use provisioners_helm::HelmRelease;
 use provisioners_lab::cluster::{HarnessCluster, TestNamespace};
@@ -157,9 +157,12 @@ async fn a_release_plans_install_no_change_drift_upgrade_and_uninstall(helm: Pat
     assert_eq!(plan.release().unwrap().reason(), Some("1 object drifted"));
     let edited = object(&plan, "ConfigMap", "web-settings");
     assert_eq!(edited.action(), Change::Update, "{plan:#}");
-    assert_eq!(changes(edited), ["data.greeting: \"by hand\" -> \"hello\""]);
-    assert_eq!(plan.counts().update, 1, "{plan:#}");
-    assert_eq!(plan.counts().no_change, 4, "{plan:#}");
+    assert_eq!(
+        changes(&edited),
+        ["data.greeting: \"by hand\" -> \"hello\""]
+    );
+    assert_eq!(plan.object_counts().update, 1, "{plan:#}");
+    assert_eq!(plan.object_counts().no_change, 4, "{plan:#}");
     assert_ne!(plan.digest(), installed_digest);
 
     // Repaired by provision: no change again, with the same digest as before.
@@ -191,13 +194,13 @@ async fn a_release_plans_install_no_change_drift_upgrade_and_uninstall(helm: Pat
     let settings = object(&plan, "ConfigMap", "web-settings");
     assert_eq!(settings.action(), Change::Update, "{plan:#}");
     assert_eq!(
-        changes(settings),
+        changes(&settings),
         ["data.greeting: \"hello\" -> \"bonjour\""]
     );
     let credentials = object(&plan, "Secret", "web-credentials");
     assert_eq!(credentials.action(), Change::Update, "{plan:#}");
     assert_eq!(
-        changes(credentials),
+        changes(&credentials),
         ["data.password: (sensitive value) -> (sensitive value)"]
     );
     assert_eq!(
@@ -214,7 +217,7 @@ async fn a_release_plans_install_no_change_drift_upgrade_and_uninstall(helm: Pat
         object(&plan, "Deployment", "web").action(),
         Change::NoChange
     );
-    let counts = plan.counts();
+    let counts = plan.object_counts();
     assert_eq!(
         (
             counts.create,
@@ -376,7 +379,7 @@ async fn objects_of_another_owner_are_refused_and_owned_ones_adopted(helm: PathB
     );
     let adopted = object(&plan, "ConfigMap", "web-extra");
     assert_eq!(adopted.action(), Change::Adopt, "{plan:#}");
-    assert_eq!(changes(adopted), ["data.extra: (none) -> \"yes\""]);
+    assert_eq!(changes(&adopted), ["data.extra: (none) -> \"yes\""]);
     assert_eq!(object(&plan, "Deployment", "web").action(), Change::Create);
     assert!(
         plan.release()
@@ -480,7 +483,7 @@ async fn a_kind_whose_crd_is_in_crds_plans_unknown_then_updates(helm: PathBuf) {
     );
     let gizmo = object(&plan, "Gizmo", "gizmo");
     assert_eq!(gizmo.action(), Change::Update, "{plan:#}");
-    assert_eq!(changes(gizmo), ["spec.size: \"small\" -> \"large\""]);
+    assert_eq!(changes(&gizmo), ["spec.size: \"small\" -> \"large\""]);
 
     deprovision_until_gone(&cx, &release("small")).await;
     crds.delete(&crd_name, &Default::default())

@@ -9,7 +9,7 @@
 use std::path::PathBuf;
 
 use k8s_openapi::api::core::v1::ConfigMap;
-use provisioners::plan::Change;
+use provisioners::plan::{Change, PlanObjects as _};
 use provisioners::{PlanRelease, ReleaseAction};
 use provisioners_helm::HelmRelease;
 use provisioners_lab::cluster::{HarnessCluster, TestNamespace};
@@ -112,7 +112,7 @@ async fn a_pending_upgrade_plans_the_rollback_then_the_upgrade(helm: PathBuf) {
     );
     let settings = object(&plan, "ConfigMap", "stuck-settings");
     assert_eq!(settings.action(), Change::Update, "{plan:#}");
-    let greeting = changes(settings);
+    let greeting = changes(&settings);
     assert_eq!(greeting.len(), 1, "{plan:#}");
     assert!(greeting[0].ends_with("-> \"three\""), "{greeting:?}");
 

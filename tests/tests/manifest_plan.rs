@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Secret;
-use provisioners::plan::Change;
+use provisioners::plan::{Change, PlanObjects as _};
 use provisioners::{ErrorKind, Plan};
 use provisioners_lab::cluster::TestNamespace;
 use provisioners_lab::faults::Verb;
@@ -122,7 +122,7 @@ async fn kube_prometheus_plans_create_then_no_change_then_exactly_the_two_edits(
         .map(|o| format!("{} {:?}", o.display_name(), o.reason()))
         .collect();
     assert!(not_create.is_empty(), "{not_create:#?}");
-    assert_eq!(plan.counts().create, objects);
+    assert_eq!(plan.object_counts().create, objects);
     // Custom resources whose CRDs are not installed yet are still creates.
     let prometheus = object(&plan, "Prometheus", "k8s");
     assert_eq!(
@@ -167,7 +167,7 @@ async fn kube_prometheus_plans_create_then_no_change_then_exactly_the_two_edits(
         .collect();
     assert!(changed.is_empty(), "{changed:#?}");
     assert!(!unchanged.has_changes());
-    assert_eq!(unchanged.summary(), format!("{objects} unchanged"));
+    assert_eq!(unchanged.summary(), format!("objects: {objects} unchanged"));
     // No dry-run at all: the no-op check skips every object.
     let patches: u64 = counts
         .iter()
@@ -196,8 +196,8 @@ async fn kube_prometheus_plans_create_then_no_change_then_exactly_the_two_edits(
     let edited_manifest = Manifest::from_yaml("kube-prometheus", edited_yaml);
     let plan = plan_of(&proxy, &cx, &edited_manifest).await;
     eprintln!("{plan}");
-    let updates: Vec<(String, Vec<&str>)> = plan
-        .objects()
+    let planned = plan.objects();
+    let updates: Vec<(String, Vec<&str>)> = planned
         .iter()
         .filter(|o| o.action() != Change::NoChange)
         .map(|o| (format!("{} {}", o.action(), o.display_name()), paths(o)))
@@ -216,7 +216,7 @@ async fn kube_prometheus_plans_create_then_no_change_then_exactly_the_two_edits(
         ],
         "{plan}"
     );
-    assert_eq!(plan.counts().no_change, objects - 2);
+    assert_eq!(plan.object_counts().no_change, objects - 2);
     let grafana = object(&plan, "Deployment", "grafana");
     assert_eq!(
         grafana.changes()[0].to_string(),
@@ -235,9 +235,10 @@ async fn kube_prometheus_plans_create_then_no_change_then_exactly_the_two_edits(
 
     // Deprovision would delete every object, custom resources first.
     let plan = deprovision_plan_of(&proxy, &cx, &manifest).await;
-    assert_eq!(plan.counts().delete, objects, "{plan}");
+    assert_eq!(plan.object_counts().delete, objects, "{plan}");
     assert_eq!(plan.objects()[0].api_version(), "monitoring.coreos.com/v1");
-    let last = plan.objects().last().unwrap();
+    let planned = plan.objects();
+    let last = planned.last().unwrap();
     assert!(
         matches!(last.kind(), "Namespace" | "CustomResourceDefinition"),
         "{plan}"
@@ -301,7 +302,7 @@ async fn a_secrets_values_never_appear_in_a_plan() {
     let plan = plan_of(&proxy, &cx, &second).await;
     let creds = object(&plan, "Secret", "creds");
     assert_eq!(creds.action(), Change::Update, "{plan:#}");
-    assert_eq!(paths(creds), ["data.password", "data.token"], "{plan:#}");
+    assert_eq!(paths(&creds), ["data.password", "data.token"], "{plan:#}");
     for text in shown(&plan) {
         for value in &forbidden {
             assert!(!text.contains(value.as_str()), "{value} in {text}");

@@ -11,7 +11,7 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ObjectMeta, PostParams};
 use provisioners::ErrorKind;
-use provisioners::plan::Change;
+use provisioners::plan::{Change, PlanObjects as _};
 use provisioners_lab::cluster::TestNamespace;
 use provisioners_lab::faults::{Fault, Match, Rule, Verb};
 use provisioners_manifest::{Manifest, ReplacePolicy, SingleObject};
@@ -107,7 +107,7 @@ async fn prune_foreign_adopt_and_deprovision_plan_as_they_would_run() {
     let plan = plan_of(&proxy, &cx, &adopting).await;
     let hand = object(&plan, "ConfigMap", "hand");
     assert_eq!(hand.action(), Change::Adopt, "{plan:#}");
-    assert_eq!(paths(hand), ["data.name", "metadata.labels"], "{plan:#}");
+    assert_eq!(paths(&hand), ["data.name", "metadata.labels"], "{plan:#}");
     assert_eq!(
         hand.changes()[0].to_string(),
         "data.name: \"by hand\" -> \"hand\""
@@ -345,7 +345,7 @@ async fn recreate_replaces_a_job_whose_template_changes() {
     let plan = plan_of(&proxy, &cx, &next).await;
     let planned = object(&plan, "Job", "once");
     assert_eq!(planned.action(), Change::Replace, "{plan:#}");
-    assert_eq!(paths(planned), ["spec.template"]);
+    assert_eq!(paths(&planned), ["spec.template"]);
     let (_, reasons) = converge(&cx, &next, true, DEADLINE).await;
     assert!(
         reasons.iter().any(|r| r.contains("replacing Job")),
@@ -437,7 +437,7 @@ async fn a_resource_plans_as_a_node_of_kind_resource() {
     };
     let plan = plan_of(&proxy, &cx, &settings("debug")).await;
     assert_eq!((plan.name(), plan.kind()), ("settings", "resource"));
-    assert_eq!(plan.summary(), "1 to create");
+    assert_eq!(plan.summary(), "objects: 1 to create");
     converge(&cx, &settings("debug"), true, DEADLINE).await;
     let plan = plan_of(&proxy, &cx, &settings("info")).await;
     let planned = object(&plan, "ConfigMap", "settings");
@@ -448,7 +448,7 @@ async fn a_resource_plans_as_a_node_of_kind_resource() {
     );
     let plan = deprovision_plan_of(&proxy, &cx, &settings("info")).await;
     assert_eq!(plan.operation(), provisioners::Operation::Deprovision);
-    assert_eq!(plan.summary(), "1 to delete");
+    assert_eq!(plan.summary(), "objects: 1 to delete");
     converge(&cx, &settings("info"), false, DEADLINE).await;
     ns.cleanup().await.expect("cleanup");
 }
@@ -574,7 +574,7 @@ async fn zeros_the_server_omits_are_no_change_but_a_zero_removed_by_hand_is_repa
     let planned = object(&plan, "Deployment", "hardened");
     assert_eq!(planned.action(), Change::Update, "{plan:#}");
     assert_eq!(
-        paths(planned),
+        paths(&planned),
         ["spec.template.spec.containers[0].securityContext.allowPrivilegeEscalation"],
         "{plan:#}"
     );

@@ -11,7 +11,7 @@ use std::path::Path;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use provisioners::helm::{PlanRelease, ReleaseAction};
-use provisioners::plan::Change;
+use provisioners::plan::{Change, PlanObjects as _};
 use provisioners::{
     Chart, Conditional, Context, HelmRelease, Manifest, Operation, Owner, Plan, Serial,
 };
@@ -84,12 +84,12 @@ async fn a_tree_plans_in_run_order_and_a_false_conditional_plans_its_deletes() {
         ],
         "{plan:#}"
     );
-    assert_eq!(plan.counts().create, 3);
+    assert_eq!(plan.object_counts().create, 3);
 
     converge(&cx, &root, true, DEADLINE).await;
     let plan = cx.plan(&root).await.expect("plan");
     assert!(!plan.has_changes(), "{plan:#}");
-    assert_eq!(plan.summary(), "3 unchanged");
+    assert_eq!(plan.summary(), "objects: 3 unchanged");
     assert_eq!(
         cx.plan(&root).await.expect("plan").digest(),
         plan.digest(),
@@ -135,7 +135,7 @@ async fn a_tree_plans_in_run_order_and_a_false_conditional_plans_its_deletes() {
     let plan = cx.plan_deprovision(&root).await.expect("plan");
     let order: Vec<String> = plan.nodes().into_iter().map(|(path, _)| path).collect();
     assert_eq!(order, ["platform", "platform/extra", "platform/base"]);
-    assert_eq!(plan.counts().delete, 2, "{plan:#}");
+    assert_eq!(plan.object_counts().delete, 2, "{plan:#}");
 
     converge(&cx, &root, false, DEADLINE).await;
     ns.cleanup().await.expect("cleanup");
@@ -363,7 +363,7 @@ async fn a_mixed_tree_plans_manifests_a_release_and_a_remote_subtree_with_no_wri
     );
     assert!(plan.find("platform/edge/agent").is_none(), "{plan:#}");
     assert_eq!(plan.counts().unknown_nodes, 1, "{plan:#}");
-    assert_eq!(plan.counts().update, 1, "{plan:#}");
+    assert_eq!(plan.object_counts().update, 1, "{plan:#}");
 
     // The remote's Secret carries our finalizer while in use: deprovision
     // the whole tree, remote included.

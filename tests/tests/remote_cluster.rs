@@ -16,7 +16,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::config::Kubeconfig;
-use provisioners::plan::{Change, ObjectPlan};
+use provisioners::plan::{Change, ObjectPlan, PlanObjects as _};
 use provisioners::testing::{Recorder, Scripted};
 use provisioners::{Context, Operation, Provisioner, serial};
 use provisioners_lab::cluster::{HarnessCluster, TestNamespace};

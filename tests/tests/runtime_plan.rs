@@ -12,7 +12,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::{Api, CustomResource, CustomResourceExt};
-use provisioners::plan::{Change, FieldChange, ObjectPlan};
+use provisioners::plan::{Change, FieldChange, ObjectPlan, PlanObjects as _};
 use provisioners::{Context, Error, Managed, Operation, Plan, Provisioner, Result, async_trait};
 use provisioners_lab::cluster::{HarnessCluster, TestNamespace};
 use provisioners_lab::faults::{Proxy, Verb};
@@ -248,7 +248,7 @@ async fn a_gated_object_is_provisioned_only_with_its_plans_digest() {
         (condition.status.as_str(), condition.reason.as_str()),
         ("False", "AwaitingApproval")
     );
-    assert_eq!(plan.summary, "1 to create");
+    assert_eq!(plan.summary, "objects: 1 to create");
     assert_eq!(plan.unknown_nodes, 0);
     assert!(
         condition.message.ends_with(&format!(
@@ -294,7 +294,7 @@ async fn a_gated_object_is_provisioned_only_with_its_plans_digest() {
     let g = gadgets.get("g").await.unwrap();
     assert_eq!(
         g.status.as_ref().unwrap().plan.as_ref().unwrap().summary,
-        "1 unchanged"
+        "objects: 1 unchanged"
     );
     assert_eq!(available(&g).unwrap().reason, "Provisioned");
 
@@ -308,7 +308,7 @@ async fn a_gated_object_is_provisioned_only_with_its_plans_digest() {
     );
     let g = gadgets.get("g").await.unwrap();
     let update = g.status.as_ref().unwrap().plan.clone().unwrap();
-    assert_eq!(update.summary, "1 to update");
+    assert_eq!(update.summary, "objects: 1 to update");
     assert_ne!(update.digest, plan.digest);
     let condition = available(&g).unwrap();
     assert_eq!(condition.reason, "AwaitingApproval");

@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::Client;
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
-use provisioners::plan::Change;
+use provisioners::plan::{Change, PlanObjects as _};
 use provisioners::{Context, ErrorKind, Owner, OwnerKeys, Plan};
 use provisioners_lab::cluster::{HarnessCluster, TestNamespace};
 use provisioners_manifest::{INVENTORY_LABEL, Manifest, OWNER_ANNOTATION};

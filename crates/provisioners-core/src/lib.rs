@@ -21,14 +21,13 @@
 //! - [`Metadata`], the one way to name a node; [`Context::provision`]
 //!   rejects a name that is empty or holds `/` before the node runs;
 //! - [plans](plan): [`Context::plan`] asks a tree what it would do, without
-//!   doing it, and returns a [`Plan`] that mirrors the tree (per object:
-//!   create, update with the changed fields, no change, delete, replace,
-//!   adopt, refuse, unknown; Secret data masked; a leaf's own
-//!   [`Detail`](plan::Detail); a stable digest).
+//!   doing it, and returns a [`Plan`] that mirrors the tree: per node, the
+//!   leaf's own [`Detail`](plan::Detail)s (an object to create, a release to
+//!   upgrade), counted by kind, and a stable digest.
 //!
 //! What leaves share about objects beyond this contract (readiness, drift,
-//! the diffs a plan shows) is in `provisioners-kit`; no leaf's vocabulary is
-//! here.
+//! the diffs and object plans a plan shows) is in `provisioners-kit`; no
+//! leaf's vocabulary is here.
 //!
 //! TLS for the client is a feature: `rustls-tls` (default) or `openssl-tls`.
 //!

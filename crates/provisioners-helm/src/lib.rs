@@ -132,7 +132,7 @@
 //! `provision` would do, without doing it (and
 //! [`plan_deprovision`](provisioners_core::Context::plan_deprovision) what
 //! `deprovision` would): install, upgrade, no change, drift, uninstall or
-//! absent, with one [`ObjectPlan`](provisioners_core::plan::ObjectPlan) per
+//! absent, with one [`ObjectPlan`](provisioners_kit::plan::ObjectPlan) per
 //! object (create, update with its fields, no change, delete, adopt,
 //! refuse). A release deployed with the same inputs plans from its stored
 //! manifest and the live objects, as the drift repair does, with no helm

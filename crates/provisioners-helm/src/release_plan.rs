@@ -50,7 +50,8 @@ impl fmt::Display for ReleaseAction {
 
 /// What would happen to a Helm release: its name and namespace, the action,
 /// and the chart and revision involved. The objects it would change are the
-/// node's [`objects`](Plan::objects).
+/// node's object details, after the release's
+/// ([`PlanObjects::objects`](provisioners_kit::plan::PlanObjects::objects)).
 ///
 /// A Helm node carries it in its plan as a [`Detail`] of kind `"release"`;
 /// [`PlanRelease::release`] reads it back.
@@ -185,14 +186,15 @@ pub trait PlanRelease {
 
 impl PlanRelease for Plan {
     fn release(&self) -> Option<ReleasePlan> {
-        let detail = self.detail().filter(|d| d.kind() == DETAIL_KIND)?;
+        let detail = self.details().iter().find(|d| d.kind() == DETAIL_KIND)?;
         serde_json::from_value(detail.data().clone()).ok()
     }
 }
 
-/// Sets a Helm node's release plan, as its [`Detail`].
+/// Adds a Helm node's release plan, as a [`Detail`].
 pub(crate) trait WithRelease {
-    /// The plan with `release` as its detail.
+    /// The plan with `release`'s detail after the details already there
+    /// (a Helm node adds it first, so it reads above the objects).
     fn with_release(self, release: ReleasePlan) -> Plan;
 }
 

@@ -2,7 +2,7 @@
 //! ([`FieldChange`]s): [`diff`] for what the server would make of an object
 //! (a dry run), [`diff_rendered`] for what a renderer (a Helm chart) wrote.
 
-use provisioners_core::plan::FieldChange;
+use crate::plan::FieldChange;
 use serde_json::Value;
 
 /// The fields that differ between two objects, `before` (live) and `after`

@@ -22,7 +22,12 @@
 //!   ([`drift::contains`]) or what a renderer wrote
 //!   ([`drift::contains_rendered`]), and a desired object as the server
 //!   stores it ([`drift::as_stored`]);
-//! - [`diff`]: the [`FieldChange`](provisioners_core::plan::FieldChange)s a
+//! - [`plan`]: what a plan says about an object
+//!   ([`ObjectPlan`](plan::ObjectPlan), its [`Change`](plan::Change) and
+//!   [`FieldChange`](plan::FieldChange)s, a Secret's values masked), carried
+//!   in a core plan as a detail of kind `"object"` and read back through
+//!   [`PlanObjects`](plan::PlanObjects);
+//! - [`diff`]: the [`FieldChange`](plan::FieldChange)s a
 //!   plan shows, from a dry run ([`diff::diff`]) or a rendered manifest
 //!   ([`diff::diff_rendered`]);
 //! - [`canonical`]: one byte form of a JSON value for digests that must
@@ -74,6 +79,7 @@ mod flight;
 pub mod kubeconfig;
 pub mod lease;
 pub mod owner;
+pub mod plan;
 pub mod readiness;
 pub mod wake;
 

@@ -15,6 +15,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use provisioners_core::Context;
+use provisioners_kit::plan::PlanObjects as _;
 use provisioners_manifest::Manifest;
 
 const USAGE: &str = "usage: plan [--namespace NS] [--quiet] [--json] PATH";
@@ -79,7 +80,7 @@ async fn main() -> ExitCode {
     } else if !quiet {
         let _ = writeln!(out, "{plan}");
     }
-    let counts = plan.counts();
+    let counts = plan.object_counts();
     eprintln!(
         "planned in {:.3}s: {} objects; {} ({})",
         elapsed.as_secs_f64(),

@@ -34,6 +34,7 @@ mod targets;
 #[cfg(test)]
 mod mock_tests;
 
+use provisioners_kit::plan::PlanObjects as _;
 use std::borrow::Cow;
 use std::future::Future;
 use std::path::PathBuf;

@@ -1,5 +1,6 @@
 //! [`SingleObject`]: one typed object, applied like a one-object manifest.
 
+use provisioners_kit::plan::PlanObjects as _;
 use std::borrow::Cow;
 use std::time::Duration;
 
@@ -143,7 +144,7 @@ impl Provisioner for SingleObject {
     /// The plan of a one-object manifest, as a node of kind `resource`.
     async fn plan(&self, cx: &Context, operation: Operation) -> Result<Plan> {
         let inner = self.manifest()?.plan(cx, operation).await?;
-        Ok(Plan::new(self.name(), operation, "resource").with_objects(inner.objects().to_vec()))
+        Ok(Plan::new(self.name(), operation, "resource").with_objects(inner.objects()))
     }
 }
 

@@ -169,7 +169,7 @@ pub(crate) fn plan_status(plan: &Plan) -> Value {
 mod tests {
     use k8s_openapi::api::core::v1::ConfigMap;
     use provisioners_core::Operation;
-    use provisioners_core::plan::{Change, ObjectPlan};
+    use provisioners_kit::plan::{Change, ObjectPlan, PlanObjects as _};
 
     use super::*;
 
@@ -263,11 +263,14 @@ mod tests {
         assert_eq!(
             message,
             format!(
-                "plan {digest} awaits approval: 1 to create; to apply it, set the annotation \
+                "plan {digest} awaits approval: objects: 1 to create; to apply it, set the annotation \
                  provisioners.dev/approved-plan={digest}"
             )
         );
-        assert_eq!(note, format!("plan {digest} awaits approval: 1 to create"));
+        assert_eq!(
+            note,
+            format!("plan {digest} awaits approval: objects: 1 to create")
+        );
 
         // Not trimmed, not a prefix, not echoed unless it is a digest.
         let other = Plan::new("q", Operation::Provision, "manifest").digest();
@@ -315,7 +318,7 @@ mod tests {
         let plan = creating().with_child(Plan::unknown("x", Operation::Provision, "no plan"));
         let status = plan_status(&plan);
         assert_eq!(status["digest"], plan.digest());
-        assert_eq!(status["summary"], "1 to create, 1 node unknown");
+        assert_eq!(status["summary"], "objects: 1 to create, 1 node unknown");
         assert_eq!(status["unknownNodes"], 1);
         assert!(is_digest(&plan.digest()));
         assert!(!is_digest("sha256:XYZ"));

@@ -70,7 +70,20 @@ pub use provisioners_core::*;
 pub use provisioners_kit as kit;
 pub use provisioners_kit::client::{self, ClientPolicy, Health, Unreachable};
 pub use provisioners_kit::owner::OwnerKeys;
+pub use provisioners_kit::plan::PlanObjects;
 pub use provisioners_kit::wake::Wake;
+
+pub mod plan {
+    //! What a tree would do, without doing it: core's [`Plan`] tree and its
+    //! [`Detail`]s, with the object plans of `provisioners-kit`
+    //! ([`ObjectPlan`], [`PlanObjects`], ...) beside them, so
+    //! `provisioners::plan::ObjectPlan` keeps naming the object plan.
+
+    pub use provisioners_core::plan::*;
+    pub use provisioners_kit::plan::{
+        Change, FieldChange, MASKED, ObjectCounts, ObjectPlan, PlanObjects,
+    };
+}
 
 #[cfg(feature = "conditional")]
 pub use provisioners_conditional::{self as conditional, Conditional};

@@ -102,7 +102,7 @@ pub struct PlatformStatus {
 pub struct PlanStatus {
     /// The plan's digest, `sha256:` and 64 hex digits.
     pub digest: String,
-    /// What it would do, e.g. `3 to create, 1 to update`.
+    /// What it would do, e.g. `objects: 3 to create, 1 to update`.
     pub summary: String,
     /// How many nodes could not say what they would do.
     #[serde(default)]

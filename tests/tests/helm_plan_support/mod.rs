@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use k8s_openapi::api::coordination::v1::Lease;
-use provisioners::plan::{Change, ObjectPlan, Plan};
+use provisioners::plan::{Change, ObjectPlan, Plan, PlanObjects as _};
 use provisioners::{Context, Provisioner};
 use provisioners_helm::HelmRelease;
 use provisioners_lab::cluster::TestNamespace;
@@ -65,9 +65,9 @@ pub async fn lease_given_up(ns: &TestNamespace, release: &str) {
     .await;
 }
 
-pub fn object<'a>(plan: &'a Plan, kind: &str, name: &str) -> &'a ObjectPlan {
+pub fn object(plan: &Plan, kind: &str, name: &str) -> ObjectPlan {
     plan.objects()
-        .iter()
+        .into_iter()
         .find(|o| o.kind() == kind && o.name() == name)
         .unwrap_or_else(|| panic!("no {kind} {name} in\n{plan:#}"))
 }

@@ -3,7 +3,7 @@
 
 #![allow(dead_code, unreachable_pub)]
 
-use provisioners::plan::ObjectPlan;
+use provisioners::plan::{ObjectPlan, PlanObjects as _};
 use provisioners::{Context, Plan, Provisioner};
 use provisioners_lab::cluster::HarnessCluster;
 use provisioners_lab::faults::Proxy;
@@ -36,9 +36,9 @@ pub async fn deprovision_plan_of(proxy: &Proxy, cx: &Context, node: &dyn Provisi
     plan
 }
 
-pub fn object<'a>(plan: &'a Plan, kind: &str, name: &str) -> &'a ObjectPlan {
+pub fn object(plan: &Plan, kind: &str, name: &str) -> ObjectPlan {
     plan.objects()
-        .iter()
+        .into_iter()
         .find(|o| o.kind() == kind && o.name() == name)
         .unwrap_or_else(|| panic!("no {kind} {name} in the plan:\n{plan:#}"))
 }

@@ -5,58 +5,39 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use super::{Change, Plan};
+use super::{Detail, Plan};
 
-/// How many objects, details and nodes of a plan would do what.
+/// How many details and nodes of a plan would do what.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 #[non_exhaustive]
 pub struct Counts {
-    /// Objects to create.
-    pub create: usize,
-    /// Objects to update.
-    pub update: usize,
-    /// Objects that would not change.
-    pub no_change: usize,
-    /// Objects to delete.
-    pub delete: usize,
-    /// Objects to replace.
-    pub replace: usize,
-    /// Objects to adopt.
-    pub adopt: usize,
-    /// Objects provisioning would refuse to touch.
-    pub refuse: usize,
-    /// Objects whose fate is unknown.
-    pub unknown: usize,
     /// Nodes whose plan is unknown.
     pub unknown_nodes: usize,
-    /// How many nodes' [details](super::Detail) would do what, by the
-    /// detail's kind and then its [change](super::Detail::change): e.g.
+    /// How many [details](super::Detail) would do what, by the detail's
+    /// kind and then its [change](super::Detail::change): e.g.
     /// `{"release": {"to install": 2}}`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub details: BTreeMap<String, BTreeMap<String, usize>>,
+    /// How many details would change nothing (their change is `None`), by
+    /// the detail's kind: e.g. `{"object": 12}`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub unchanged: BTreeMap<String, usize>,
 }
 
 impl Counts {
-    /// Whether anything would (or might) change.
+    /// Whether anything would (or might) change: a detail with a change, or
+    /// an unknown node.
     pub fn has_changes(&self) -> bool {
-        self.create
-            + self.update
-            + self.delete
-            + self.replace
-            + self.adopt
-            + self.refuse
-            + self.unknown
-            + self.unknown_nodes
-            + self
+        self.unknown_nodes > 0
+            || self
                 .details
                 .values()
                 .flat_map(BTreeMap::values)
-                .sum::<usize>()
-            > 0
+                .any(|n| *n > 0)
     }
 
-    /// How many nodes' details of `kind` would `change`, e.g.
+    /// How many details of `kind` would `change`, e.g.
     /// `counts.detail("release", "to install")`.
     pub fn detail(&self, kind: &str, change: &str) -> usize {
         self.details
@@ -66,43 +47,55 @@ impl Counts {
             .unwrap_or(0)
     }
 
-    pub(super) fn add_detail(&mut self, kind: &str, change: &str) {
-        *self
-            .details
-            .entry(kind.to_owned())
-            .or_default()
-            .entry(change.to_owned())
-            .or_default() += 1;
+    /// How many details of `kind` would change nothing.
+    pub fn unchanged(&self, kind: &str) -> usize {
+        self.unchanged.get(kind).copied().unwrap_or(0)
+    }
+
+    /// Counts one detail, under its change or as unchanged.
+    pub(super) fn add(&mut self, detail: &Detail) {
+        match detail.change() {
+            Some(change) => {
+                *self
+                    .details
+                    .entry(detail.kind().to_owned())
+                    .or_default()
+                    .entry(change.to_owned())
+                    .or_default() += 1;
+            }
+            None => *self.unchanged.entry(detail.kind().to_owned()).or_default() += 1,
+        }
     }
 }
 
+/// `objects: 3 to create, 1 to update, 12 unchanged, releases: 1 to
+/// upgrade, 1 node unknown`: per kind of detail (alphabetical) its changes
+/// and then how many are unchanged; `nothing to do` when there is nothing.
 impl fmt::Display for Counts {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let parts = [
-            (self.create, "to create"),
-            (self.update, "to update"),
-            (self.replace, "to replace"),
-            (self.delete, "to delete"),
-            (self.adopt, "to adopt"),
-            (self.refuse, "refused"),
-            (self.unknown, "unknown"),
-            (self.no_change, "unchanged"),
-        ];
-        let mut words: Vec<String> = parts
-            .iter()
-            .filter(|(n, _)| *n > 0)
-            .map(|(n, what)| format!("{n} {what}"))
-            .collect();
+        let mut kinds: BTreeMap<&str, Vec<String>> = BTreeMap::new();
         for (kind, changes) in &self.details {
-            let changes: Vec<String> = changes
-                .iter()
-                .filter(|(_, n)| **n > 0)
-                .map(|(what, n)| format!("{n} {what}"))
-                .collect();
-            if !changes.is_empty() {
-                words.push(format!("{kind}s: {}", changes.join(", ")));
+            let words = kinds.entry(kind).or_default();
+            words.extend(
+                changes
+                    .iter()
+                    .filter(|(_, n)| **n > 0)
+                    .map(|(what, n)| format!("{n} {what}")),
+            );
+        }
+        for (kind, n) in &self.unchanged {
+            if *n > 0 {
+                kinds
+                    .entry(kind)
+                    .or_default()
+                    .push(format!("{n} unchanged"));
             }
         }
+        let mut words: Vec<String> = kinds
+            .into_iter()
+            .filter(|(_, words)| !words.is_empty())
+            .map(|(kind, words)| format!("{kind}s: {}", words.join(", ")))
+            .collect();
         if self.unknown_nodes > 0 {
             let s = if self.unknown_nodes == 1 { "" } else { "s" };
             words.push(format!("{} node{s} unknown", self.unknown_nodes));
@@ -115,9 +108,9 @@ impl fmt::Display for Counts {
 }
 
 /// Reads like `kubectl diff` or a terraform plan: one line per node with its
-/// operation, one per object that would change (with its fields below it),
-/// a count of the objects that would not, and a summary. The alternate form
-/// (`{:#}`) lists unchanged objects too.
+/// operation, one per detail that would change something (with its further
+/// lines below it), a count of the details that would not, and a summary.
+/// The alternate form (`{:#}`) lists unchanged details too.
 impl fmt::Display for Plan {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         for (path, node) in self.nodes() {
@@ -139,28 +132,15 @@ impl fmt::Display for Plan {
             if let Some(reason) = &node.unknown {
                 writeln!(f, "{indent}  ? unknown: {reason}")?;
             }
-            if let Some(detail) = &node.detail {
-                writeln!(f, "{indent}  {}", detail.line())?;
-            }
             let mut unchanged = 0;
-            for object in &node.objects {
-                if object.action() == Change::NoChange && !f.alternate() {
+            for detail in &node.details {
+                if detail.change().is_none() && !f.alternate() {
                     unchanged += 1;
                     continue;
                 }
-                write!(
-                    f,
-                    "{indent}  {} {} {}",
-                    object.action().marker(),
-                    object.api_version(),
-                    object.display_name()
-                )?;
-                match object.reason() {
-                    Some(reason) => writeln!(f, " ({}: {reason})", object.action())?,
-                    None => writeln!(f, " ({})", object.action())?,
-                }
-                for change in object.changes() {
-                    writeln!(f, "{indent}      {change}")?;
+                writeln!(f, "{indent}  {}", detail.line())?;
+                for line in detail.lines() {
+                    writeln!(f, "{indent}      {line}")?;
                 }
             }
             if unchanged > 0 {

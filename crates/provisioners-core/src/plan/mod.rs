@@ -3,34 +3,43 @@
 //! [`Context::plan`](crate::Context::plan) asks every node of a tree what
 //! its provision (or deprovision) would change, and returns a [`Plan`] that
 //! mirrors the tree: one node per provisioner, in the order they would run,
-//! each with the operation it would perform and, for leaves, one
-//! [`ObjectPlan`] per Kubernetes object with its [`Change`] and the fields
-//! that would change, and, where a leaf has more to say than its objects
-//! (a Helm release: install, upgrade, drift), a [`Detail`] of the leaf's own
-//! making. Planning never writes: leaves plan from dry-runs and reads only.
+//! each with the operation it would perform and, for leaves, the
+//! [`Detail`]s of the leaf's own making (a Kubernetes object to create, a
+//! Helm release to upgrade), in the order the leaf added them. Core knows
+//! no leaf's vocabulary: a detail is a kind, a line to show, the change it
+//! counts as and the leaf's data. Planning never writes: leaves plan from
+//! dry-runs and reads only.
 //!
 //! A plan reads like `kubectl diff` or a terraform plan through
 //! [`Display`](std::fmt::Display), serialises to JSON through `serde`, and
 //! has a stable [`digest`](Plan::digest) that an approval can pin.
 //!
 //! ```
-//! use provisioners_core::plan::{Change, FieldChange, ObjectPlan, Plan};
+//! use provisioners_core::plan::{Detail, Plan};
 //! use provisioners_core::Operation;
 //! use serde_json::json;
 //!
-//! let plan = Plan::new("platform", Operation::Provision, "manifest")
-//!     .with_object(ObjectPlan::new("v1", "ConfigMap", Some("apps"), "settings", Change::Create))
-//!     .with_object(
-//!         ObjectPlan::new("apps/v1", "Deployment", Some("apps"), "web", Change::Update)
-//!             .with_changes(vec![FieldChange::new(
-//!                 "spec.replicas",
-//!                 Some(json!(1)),
-//!                 Some(json!(3)),
-//!             )]),
-//!     );
-//! assert_eq!(plan.counts().create, 1);
-//! assert_eq!(plan.counts().update, 1);
-//! assert!(plan.to_string().contains("spec.replicas: 1 -> 3"));
+//! let plan = Plan::new("platform", Operation::Provision, "serial")
+//!     .with_child(
+//!         Plan::new("web", Operation::Provision, "helm")
+//!             .with_detail(Detail::new(
+//!                 "release",
+//!                 "release apps/web: upgrade, chart web-0.2.0",
+//!                 Some("to upgrade"),
+//!                 json!({"name": "web", "namespace": "apps"}),
+//!             ))
+//!             .with_detail(
+//!                 Detail::new("setting", "~ replicas", Some("to change"), json!(null))
+//!                     .with_lines(["replicas: 1 -> 3"]),
+//!             ),
+//!     )
+//!     .with_child(Plan::unknown("custom", Operation::Provision, "no plan"));
+//! assert_eq!(plan.counts().detail("release", "to upgrade"), 1);
+//! assert_eq!(
+//!     plan.summary(),
+//!     "releases: 1 to upgrade, settings: 1 to change, 1 node unknown"
+//! );
+//! assert!(plan.to_string().contains("\n        replicas: 1 -> 3\n"));
 //! assert!(plan.digest().starts_with("sha256:"));
 //! ```
 
@@ -42,19 +51,17 @@ use crate::Operation;
 
 mod counts;
 mod detail;
-mod object;
 #[cfg(test)]
 mod tests;
 
 pub use counts::Counts;
 pub use detail::Detail;
-pub use object::{Change, FieldChange, MASKED, ObjectPlan};
 
 /// What one node of a tree would do: a node of the plan tree.
 ///
-/// Leaves fill [`objects`](Plan::objects) (and, where they have more to say,
-/// [`detail`](Plan::detail)); groups fill [`children`](Plan::children) in
-/// the order the children would run. A node that cannot say what it would
+/// Leaves fill [`details`](Plan::details), in the order they add them;
+/// groups fill [`children`](Plan::children) in the order the children would
+/// run. A node that cannot say what it would
 /// do is [`unknown`](Plan::unknown_reason), with the reason; the rest of the
 /// tree is still planned.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -70,10 +77,8 @@ pub struct Plan {
     note: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     unknown: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    detail: Option<Detail>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    objects: Vec<ObjectPlan>,
+    details: Vec<Detail>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     children: Vec<Plan>,
 }
@@ -89,8 +94,7 @@ impl Plan {
             cluster: None,
             note: None,
             unknown: None,
-            detail: None,
-            objects: Vec::new(),
+            details: Vec::new(),
             children: Vec::new(),
         }
     }
@@ -104,7 +108,8 @@ impl Plan {
         Plan::new(name, operation, "unknown").with_unknown(reason)
     }
 
-    /// Marks this node unknown, with the reason.
+    /// Marks this node unknown, with the reason, keeping its kind (a remote
+    /// node whose kubeconfig is missing stays a `remote` node).
     pub fn with_unknown(mut self, reason: impl Into<String>) -> Self {
         self.unknown = Some(reason.into());
         self
@@ -124,22 +129,17 @@ impl Plan {
         self
     }
 
-    /// What the leaf has to say beyond its objects (a Helm release's
-    /// install, upgrade or drift), in a [`Detail`] of its own making.
+    /// Adds one thing the leaf would do (an object to create, a Helm
+    /// release to upgrade), in a [`Detail`] of its own making, after the
+    /// ones already there.
     pub fn with_detail(mut self, detail: Detail) -> Self {
-        self.detail = Some(detail);
+        self.details.push(detail);
         self
     }
 
-    /// Adds one object.
-    pub fn with_object(mut self, object: ObjectPlan) -> Self {
-        self.objects.push(object);
-        self
-    }
-
-    /// Adds objects.
-    pub fn with_objects(mut self, objects: impl IntoIterator<Item = ObjectPlan>) -> Self {
-        self.objects.extend(objects);
+    /// Adds details, in order.
+    pub fn with_details(mut self, details: impl IntoIterator<Item = Detail>) -> Self {
+        self.details.extend(details);
         self
     }
 
@@ -191,14 +191,9 @@ impl Plan {
         self.unknown.as_deref()
     }
 
-    /// The leaf's own detail, if it gave one.
-    pub fn detail(&self) -> Option<&Detail> {
-        self.detail.as_ref()
-    }
-
-    /// The node's own objects, in the order they would be applied.
-    pub fn objects(&self) -> &[ObjectPlan] {
-        &self.objects
+    /// The node's own details, in the order the leaf added them.
+    pub fn details(&self) -> &[Detail] {
+        &self.details
     }
 
     /// The node's children, in the order they would run.
@@ -232,48 +227,30 @@ impl Plan {
             .find_map(|(p, node)| (p == path).then_some(node))
     }
 
-    /// Every object of the tree, with the path of its node.
-    pub fn all_objects(&self) -> Vec<(String, &ObjectPlan)> {
-        self.nodes()
-            .into_iter()
-            .flat_map(|(path, node)| node.objects.iter().map(move |o| (path.clone(), o)))
-            .collect()
-    }
-
-    /// How many objects, details and nodes of the tree would do what.
+    /// How many details of the tree would do what, by kind, and how many
+    /// nodes are unknown.
     pub fn counts(&self) -> Counts {
         let mut counts = Counts::default();
         for (_, node) in self.nodes() {
             if node.unknown.is_some() {
                 counts.unknown_nodes += 1;
             }
-            if let Some(change) = node.detail.as_ref().and_then(Detail::change) {
-                counts.add_detail(node.detail.as_ref().map_or("", Detail::kind), change);
-            }
-            for object in &node.objects {
-                match object.action() {
-                    Change::Create => counts.create += 1,
-                    Change::Update => counts.update += 1,
-                    Change::NoChange => counts.no_change += 1,
-                    Change::Delete => counts.delete += 1,
-                    Change::Replace => counts.replace += 1,
-                    Change::Adopt => counts.adopt += 1,
-                    Change::Refuse => counts.refuse += 1,
-                    Change::Unknown => counts.unknown += 1,
-                }
+            for detail in &node.details {
+                counts.add(detail);
             }
         }
         counts
     }
 
     /// Whether applying the plan would change anything, or might (an unknown
-    /// node or object counts as a change: nobody can say it is not one).
+    /// node counts as a change: nobody can say it is not one; so does a
+    /// detail whose change is, say, `"unknown"`).
     pub fn has_changes(&self) -> bool {
         self.counts().has_changes()
     }
 
-    /// One line: what the plan would do, e.g. `3 to create, 1 to update, 12
-    /// unchanged`.
+    /// One line: what the plan would do, by kind of detail, e.g.
+    /// `objects: 3 to create, 1 to update, 12 unchanged`.
     pub fn summary(&self) -> String {
         self.counts().to_string()
     }
@@ -283,14 +260,18 @@ impl Plan {
     /// It covers everything the plan says, in a canonical form (object keys
     /// sorted), so the same plan has the same digest in every process and
     /// release of this crate with the same plan format, and any change to
-    /// what would be done changes it. A Secret's values are masked before
-    /// they reach a plan, so the digest covers *that* a Secret's field
-    /// changes, not to what: pinning a digest does not pin a Secret's new
-    /// value.
+    /// what would be done changes it. A leaf decides what its details hold:
+    /// the object details of `provisioners-kit` mask a Secret's values, so
+    /// the digest covers *that* a Secret's field changes, not to what:
+    /// pinning a digest does not pin a Secret's new value.
+    ///
+    /// The plan format is `v2` (details in one list, since plans held
+    /// objects and one detail apart in `v1`): an approval pinned to a `v1`
+    /// digest must be given again once.
     pub fn digest(&self) -> String {
         let value = serde_json::to_value(self).unwrap_or(Value::Null);
         let mut hasher = Sha256::new();
-        hasher.update(b"provisioners.dev/plan/v1\n");
+        hasher.update(b"provisioners.dev/plan/v2\n");
         canonical(&value, &mut hasher);
         format!("sha256:{}", hex::encode(hasher.finalize()))
     }

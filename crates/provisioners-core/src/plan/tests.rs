@@ -1,41 +1,32 @@
-//! Unit tests of plans: masking, digests, display, counts.
+//! Unit tests of plans: digests, display, counts.
 
-use super::object::is_secret_data;
 use super::*;
 use serde_json::json;
 
+/// A tree with details of two kinds (one unchanged), a note and an unknown
+/// node. Core knows no leaf, so the kinds are made up.
 fn sample() -> Plan {
     Plan::new("platform", Operation::Provision, "serial")
         .with_child(
-            Plan::new("metrics", Operation::Provision, "manifest")
-                .with_object(ObjectPlan::new(
-                    "v1",
-                    "Namespace",
+            Plan::new("metrics", Operation::Provision, "files")
+                .with_detail(Detail::new(
+                    "file",
+                    "= /etc/motd (no change)",
                     None,
-                    "monitoring",
-                    Change::NoChange,
+                    json!({"path": "/etc/motd"}),
                 ))
-                .with_object(
-                    ObjectPlan::new(
-                        "v1",
-                        "Secret",
-                        Some("monitoring"),
-                        "creds",
-                        Change::Update,
+                .with_detail(
+                    Detail::new(
+                        "file",
+                        "~ /etc/hosts (update)",
+                        Some("to update"),
+                        json!({"path": "/etc/hosts"}),
                     )
-                    .with_changes(vec![
-                        FieldChange::new(
-                            "data.password",
-                            Some(json!("b2xk")),
-                            Some(json!("bmV3")),
-                        ),
-                        FieldChange::new("stringData", None, Some(json!({"k": "v"}))),
-                        FieldChange::new("metadata.labels.tier", None, Some(json!("db"))),
-                    ]),
+                    .with_lines(["line 2: \"a\" -> \"b\"", "line 7: (none) -> \"c\""]),
                 ),
         )
         .with_child(
-            Plan::new("agent", Operation::Deprovision, "helm")
+            Plan::new("agent", Operation::Deprovision, "package")
                 .with_note("condition is false")
                 .with_detail(Detail::new(
                     "release",
@@ -48,36 +39,6 @@ fn sample() -> Plan {
 }
 
 #[test]
-fn secret_data_is_masked_and_other_fields_are_not() {
-    let plan = sample();
-    let text = format!("{plan:#}");
-    let json = serde_json::to_string(&plan).unwrap();
-    for shown in [&text, &json] {
-        assert!(
-            !shown.contains("b2xk") && !shown.contains("bmV3"),
-            "{shown}"
-        );
-        assert!(!shown.contains("\"v\""), "{shown}");
-        assert!(shown.contains("db"), "{shown}");
-    }
-    assert!(
-        text.contains("data.password: (sensitive value) -> (sensitive value)"),
-        "{text}"
-    );
-    assert!(
-        text.contains("stringData: (none) -> (sensitive value)"),
-        "{text}"
-    );
-    // A kind that only looks like a Secret is not masked.
-    let other = ObjectPlan::new("example.com/v1", "Secret", None, "x", Change::Update)
-        .with_changes(vec![FieldChange::new("data.k", None, Some(json!("v")))]);
-    assert_eq!(other.changes()[0].after(), Some(&json!("v")));
-    // Only `data`/`stringData` and what is below them.
-    assert!(is_secret_data("data") && is_secret_data("data.k") && is_secret_data("data[\"a.b\"]"));
-    assert!(!is_secret_data("dataset") && !is_secret_data("metadata.data"));
-}
-
-#[test]
 fn the_digest_is_stable_and_changes_with_the_plan() {
     let plan = sample();
     let digest = plan.digest();
@@ -87,20 +48,58 @@ fn the_digest_is_stable_and_changes_with_the_plan() {
     let back: Plan = serde_json::from_str(&serde_json::to_string(&plan).unwrap()).unwrap();
     assert_eq!(back, plan);
     assert_eq!(back.digest(), digest);
-    let changed = sample().with_child(Plan::new("more", Operation::Provision, "manifest"));
+    let changed = sample().with_child(Plan::new("more", Operation::Provision, "files"));
     assert_ne!(changed.digest(), digest);
+    // A detail's further lines are part of what is pinned.
+    let lines = |lines: &[&str]| {
+        Plan::new("n", Operation::Provision, "files")
+            .with_detail(
+                Detail::new("file", "~ f", Some("to update"), json!(null))
+                    .with_lines(lines.to_vec()),
+            )
+            .digest()
+    };
+    assert_ne!(lines(&["a"]), lines(&["b"]));
     // Key order in values does not matter.
-    let a = ObjectPlan::new("v1", "ConfigMap", None, "x", Change::Update).with_changes(vec![
-        FieldChange::new("data", None, Some(json!({"a": 1, "b": 2}))),
-    ]);
     let mut map = serde_json::Map::new();
     map.insert("b".into(), json!(2));
     map.insert("a".into(), json!(1));
-    let b = ObjectPlan::new("v1", "ConfigMap", None, "x", Change::Update).with_changes(vec![
-        FieldChange::new("data", None, Some(Value::Object(map))),
-    ]);
-    let node = |o| Plan::new("n", Operation::Provision, "manifest").with_object(o);
-    assert_eq!(node(a).digest(), node(b).digest());
+    let node = |data| {
+        Plan::new("n", Operation::Provision, "files").with_detail(Detail::new(
+            "file",
+            "+ f",
+            Some("to create"),
+            data,
+        ))
+    };
+    assert_eq!(
+        node(json!({"a": 1, "b": 2})).digest(),
+        node(Value::Object(map)).digest()
+    );
+}
+
+#[test]
+fn json_keeps_details_in_order_and_skips_what_is_empty() {
+    let plan = sample();
+    let json = serde_json::to_value(&plan).unwrap();
+    let metrics = &json["children"][0];
+    assert_eq!(metrics["details"][0]["line"], "= /etc/motd (no change)");
+    assert!(metrics["details"][0].get("lines").is_none());
+    assert!(metrics["details"][0].get("change").is_none());
+    assert_eq!(metrics["details"][1]["lines"][1], "line 7: (none) -> \"c\"");
+    assert!(json.get("details").is_none(), "{json}");
+    let line = |d: &Detail| d.line().to_owned();
+    let lines: Vec<String> = plan.children()[0].details().iter().map(line).collect();
+    assert_eq!(lines, ["= /etc/motd (no change)", "~ /etc/hosts (update)"]);
+    // `with_details` appends, as `with_detail` does.
+    let more = Plan::new("n", Operation::Provision, "files")
+        .with_detail(Detail::new("file", "a", None, json!(null)))
+        .with_details([
+            Detail::new("file", "b", None, json!(null)),
+            Detail::new("file", "c", None, json!(null)),
+        ]);
+    let lines: Vec<String> = more.details().iter().map(line).collect();
+    assert_eq!(lines, ["a", "b", "c"]);
 }
 
 #[test]
@@ -108,19 +107,23 @@ fn display_reads_like_a_diff() {
     let text = sample().to_string();
     let expected = "\
 platform: serial provision
-  platform/metrics: manifest provision
-    ~ v1 Secret monitoring/creds (update)
-        data.password: (sensitive value) -> (sensitive value)
-        stringData: (none) -> (sensitive value)
-        metadata.labels.tier: (none) -> \"db\"
+  platform/metrics: files provision
+    ~ /etc/hosts (update)
+        line 2: \"a\" -> \"b\"
+        line 7: (none) -> \"c\"
     = 1 unchanged
-  platform/agent: helm deprovision (condition is false)
+  platform/agent: package deprovision (condition is false)
     release ops/agent: uninstall, revision 3 deployed
   platform/custom: unknown provision
     ? unknown: no plan
-Plan: 1 to update, 1 unchanged, releases: 1 to uninstall, 1 node unknown";
+Plan: files: 1 to update, 1 unchanged, releases: 1 to uninstall, 1 node unknown";
     assert_eq!(text, expected);
-    assert!(format!("{:#}", sample()).contains("= v1 Namespace monitoring (no change)"));
+    let all = format!("{:#}", sample());
+    assert!(
+        all.contains("    = /etc/motd (no change)\n    ~ /etc/hosts (update)\n"),
+        "{all}"
+    );
+    assert!(!all.contains("1 unchanged\n"), "{all}");
     assert_eq!(
         Plan::new("x", Operation::Provision, "serial").summary(),
         "nothing to do"
@@ -133,67 +136,24 @@ fn counts_and_lookups_cover_the_tree() {
     let counts = plan.counts();
     assert_eq!(
         (
-            counts.update,
-            counts.no_change,
+            counts.detail("file", "to update"),
+            counts.unchanged("file"),
             counts.detail("release", "to uninstall"),
+            counts.unchanged("release"),
             counts.unknown_nodes
         ),
-        (1, 1, 1, 1)
+        (1, 1, 1, 0, 1)
     );
     assert!(plan.has_changes());
-    assert_eq!(plan.find("platform/agent").unwrap().kind(), "helm");
+    assert_eq!(plan.find("platform/agent").unwrap().kind(), "package");
     assert!(plan.find("platform/nope").is_none());
-    assert_eq!(plan.all_objects().len(), 2);
-    assert_eq!(plan.all_objects()[0].0, "platform/metrics");
-    let quiet = Plan::new("x", Operation::Provision, "manifest").with_object(ObjectPlan::new(
-        "v1",
-        "ConfigMap",
+    let quiet = Plan::new("x", Operation::Provision, "files").with_detail(Detail::new(
+        "file",
+        "= f",
         None,
-        "c",
-        Change::NoChange,
+        json!(null),
     ));
     assert!(!quiet.has_changes());
-}
-
-#[test]
-fn long_values_are_cut_but_their_change_stays_visible() {
-    let change = FieldChange::new("data.big", None, Some(json!("x".repeat(500))));
-    assert!(change.to_string().len() < 200);
-
-    // A config file: only the line that changed, with its number.
-    let before = "modules:\n  icmp:\n    prober: icmp\n    preferred_ip_protocol: ip4\n  tcp: {}\n";
-    let after = before.replace("ip4", "ip6");
-    let change = FieldChange::new(
-        "data[\"config.yml\"]",
-        Some(json!(before)),
-        Some(json!(after)),
-    );
-    assert_eq!(
-        change.to_string(),
-        "data[\"config.yml\"] line 4: \"    preferred_ip_protocol: ip4\" -> \"    preferred_ip_protocol: ip6\""
-    );
-    let added = format!("{before}extra: 1\nmore: 2\n");
-    let change = FieldChange::new("data.c", Some(json!(before)), Some(json!(added)));
-    assert_eq!(
-        change.to_string(),
-        "data.c lines 6-7: (none) -> \"extra: 1\" | \"more: 2\""
-    );
-
-    // A long line: the part around the first difference.
-    let long = format!("{}A{}", "x".repeat(300), "y".repeat(300));
-    let changed = long.replace('A', "B");
-    let text = FieldChange::new("spec.arg", Some(json!(long)), Some(json!(changed))).to_string();
-    assert!(text.starts_with("spec.arg at character 301: "), "{text}");
-    assert!(
-        text.contains("xA") && text.contains("xB") && text.len() < 200,
-        "{text}"
-    );
-
-    // Masked values stay masked whatever their shape.
-    let mut secret = FieldChange::new("data.key", Some(json!("a\nb")), Some(json!("a\nc")));
-    secret.mask();
-    assert_eq!(
-        secret.to_string(),
-        "data.key: (sensitive value) -> (sensitive value)"
-    );
+    assert_eq!(quiet.summary(), "files: 1 unchanged");
+    assert!(Plan::unknown("u", Operation::Provision, "why").has_changes());
 }

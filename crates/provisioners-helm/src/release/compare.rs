@@ -7,10 +7,10 @@
 use std::collections::BTreeSet;
 
 use kube::api::DynamicObject;
-use provisioners_core::plan::{Change, ObjectPlan};
 use provisioners_core::{Error, Result};
 use provisioners_kit::diff::diff_rendered;
 use provisioners_kit::drift::{as_stored, contains_rendered};
+use provisioners_kit::plan::{Change, ObjectPlan};
 use serde_json::Value;
 
 use super::gate;

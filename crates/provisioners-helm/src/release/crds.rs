@@ -9,9 +9,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams};
-use provisioners_core::plan::{Change, ObjectPlan};
 use provisioners_core::{Context, Error, Result};
 use provisioners_kit::crd::{Action, Planned, Step};
+use provisioners_kit::plan::{Change, ObjectPlan};
 use serde_json::Value;
 
 use super::HelmRelease;

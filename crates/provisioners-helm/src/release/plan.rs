@@ -5,8 +5,9 @@
 //! module describes them from reads: the no-op and its drift verdict, and
 //! the uninstall with `helm.sh/resource-policy: keep`.
 
-use provisioners_core::plan::{Change, ObjectPlan, Plan};
+use provisioners_core::plan::Plan;
 use provisioners_core::{Context, Operation, Result};
+use provisioners_kit::plan::{Change, ObjectPlan, PlanObjects as _};
 
 use super::compare;
 use super::decide::{Decision, Mode, Uninstall};

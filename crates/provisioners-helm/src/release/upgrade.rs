@@ -6,8 +6,9 @@
 //! the live objects by [`super::compare`]).
 
 use k8s_openapi::api::core::v1::Namespace;
-use provisioners_core::plan::{Change, Plan};
+use provisioners_core::plan::Plan;
 use provisioners_core::{Context, Error, Operation, Result};
+use provisioners_kit::plan::{Change, PlanObjects as _};
 use serde_json::Value;
 
 use super::HelmRelease;

@@ -6,8 +6,8 @@
 //! what they make of the answer (the live object, or a plan's line).
 
 use kube::api::{DynamicObject, Patch, PatchParams};
-use provisioners_core::plan::ObjectPlan;
 use provisioners_core::{Context, Error, Result};
+use provisioners_kit::plan::ObjectPlan;
 
 use super::answer::{apply_error, immutable_fields};
 use super::crd_change::{crd_change_summary, crd_migration_line, refused};

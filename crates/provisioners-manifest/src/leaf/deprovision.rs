@@ -6,8 +6,8 @@
 
 use std::collections::BTreeSet;
 
-use provisioners_core::plan::ObjectPlan;
 use provisioners_core::{Context, Error, ErrorKind, Result};
+use provisioners_kit::plan::ObjectPlan;
 
 use super::plan::removal::{deprovision_plan, outside_plan};
 use super::{Manifest, Mode, list, ready};

@@ -211,7 +211,7 @@ fn spawn_plan(cx: &Context, manifest: Manifest) -> JoinHandle<Result<provisioner
 
 #[tokio::test]
 async fn a_plan_reads_and_dry_runs_only() {
-    use provisioners_core::plan::Change;
+    use provisioners_kit::plan::{Change, PlanObjects as _};
 
     let (cx, mut api) = mock::context();
     let plan = spawn_plan(&cx, Manifest::from_yaml("plan", config_map("a")));
@@ -256,12 +256,12 @@ async fn a_plan_reads_and_dry_runs_only() {
     let plan = plan.await.unwrap().expect("plan");
     assert_eq!(plan.objects().len(), 1);
     assert_eq!(plan.objects()[0].action(), Change::Create);
-    assert_eq!(plan.summary(), "1 to create");
+    assert_eq!(plan.summary(), "objects: 1 to create");
 }
 
 #[tokio::test]
 async fn nothing_is_read_or_dry_run_in_a_namespace_the_manifest_creates() {
-    use provisioners_core::plan::Change;
+    use provisioners_kit::plan::{Change, PlanObjects as _};
 
     let (cx, mut api) = mock::context();
     let yaml = format!(

@@ -11,8 +11,8 @@
 use std::collections::{BTreeSet, HashMap};
 
 use kube::api::DynamicObject;
-use provisioners_core::plan::ObjectPlan;
 use provisioners_core::{Context, Error, Result};
+use provisioners_kit::plan::ObjectPlan;
 
 use super::apply::Outcome;
 use super::look::{NamespaceState, Namespaces, is_ours_ns};

@@ -10,7 +10,7 @@ pub(super) mod removal;
 
 use kube::api::DynamicObject;
 use provisioners_core::Result;
-use provisioners_core::plan::{Change, ObjectPlan};
+use provisioners_kit::plan::{Change, ObjectPlan};
 
 use self::fields::object_plan;
 use self::fields::{changes, immutable_changes};

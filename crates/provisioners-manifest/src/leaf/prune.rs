@@ -4,8 +4,8 @@
 
 use std::collections::BTreeSet;
 
-use provisioners_core::plan::ObjectPlan;
 use provisioners_core::{Context, Error, Result};
+use provisioners_kit::plan::ObjectPlan;
 
 use super::delete::served;
 use super::plan::removal::{outside_plan, prune_plan};

@@ -7,15 +7,14 @@ use std::time::Duration;
 
 use http::Method;
 use kube::runtime::controller::Action;
-use provisioners_core::plan::{Change, ObjectPlan, Plan};
+use provisioners_core::plan::Plan;
 use provisioners_core::{Context, Operation, Provisioner, Result, async_trait};
-
-use crate::Managed;
+use provisioners_kit::plan::{Change, ObjectPlan, PlanObjects as _};
 use provisioners_testing::mock::ApiMock;
 use serde_json::{Value, json};
 
 use super::{STATUS, WithStatus, deleting, mocked, reply, with_status};
-use crate::{DEFAULT_REQUEUE, ReconcileObserver, ReconcileResult, Reconciler};
+use crate::{DEFAULT_REQUEUE, Managed, ReconcileObserver, ReconcileResult, Reconciler};
 
 /// The result of every reconcile, in order.
 #[derive(Default)]
@@ -89,7 +88,7 @@ impl Provisioner for Planned {
             ));
         }
         let plan = self.plan.lock().unwrap().clone();
-        Ok(Plan::new("p", operation, "manifest").with_objects(plan.objects().to_vec()))
+        Ok(Plan::new("p", operation, "manifest").with_objects(plan.objects()))
     }
 }
 
@@ -179,13 +178,13 @@ async fn a_gated_object_awaits_approval_then_provisions_the_approved_plan() {
     assert_eq!(
         condition["message"],
         format!(
-            "plan {digest} awaits approval: 1 to create; to apply it, set the annotation \
+            "plan {digest} awaits approval: objects: 1 to create; to apply it, set the annotation \
              provisioners.dev/approved-plan={digest}"
         )
     );
     assert_eq!(
         status["plan"],
-        json!({ "digest": digest, "summary": "1 to create", "unknownNodes": 0 })
+        json!({ "digest": digest, "summary": "objects: 1 to create", "unknownNodes": 0 })
     );
 
     // The same plan again: the status says it already, nothing is written.
@@ -250,7 +249,7 @@ async fn a_plan_that_changes_after_its_approval_needs_a_new_one() {
     assert!(
         message.starts_with(&format!(
             "plan {new} awaits approval (the approved plan {old} is not the current one): \
-             1 to update"
+             objects: 1 to update"
         )),
         "{message}"
     );
@@ -325,7 +324,7 @@ async fn the_plan_field_alone_writes_the_plan_then_provisions() {
     assert_eq!(tree.counts(), (1, 1, 0));
     assert_eq!(
         bodies[0],
-        json!({ "status": { "plan": { "digest": digest, "summary": "1 to create", "unknownNodes": 0 } } }),
+        json!({ "status": { "plan": { "digest": digest, "summary": "objects: 1 to create", "unknownNodes": 0 } } }),
         "the plan first, alone"
     );
     assert_eq!(
@@ -347,7 +346,7 @@ async fn one_event_per_digest_not_per_reconcile() {
     assert_eq!(bodies[1]["reason"], "AwaitingApproval");
     assert_eq!(
         bodies[1]["note"],
-        format!("plan {first} awaits approval: 1 to create")
+        format!("plan {first} awaits approval: objects: 1 to create")
     );
     let written = bodies[0]["status"].clone();
 
@@ -373,7 +372,7 @@ async fn one_event_per_digest_not_per_reconcile() {
     assert_eq!(bodies[1]["reason"], "AwaitingApproval");
     assert_eq!(
         bodies[1]["note"],
-        format!("plan {second} awaits approval: 1 to create")
+        format!("plan {second} awaits approval: objects: 1 to create")
     );
     assert!(bodies[1].get("series").is_none(), "{}", bodies[1]);
     assert_eq!(tree.counts(), (3, 0, 0));

@@ -5,7 +5,7 @@ use std::io::Write as _;
 
 use base64::Engine as _;
 use http::Method;
-use provisioners_core::plan::Change;
+use provisioners_kit::plan::{Change, PlanObjects as _};
 
 use crate::{PlanRelease, ReleaseAction};
 use provisioners_testing::mock::{self, ApiMock};

@@ -3,8 +3,8 @@
 //! quote a Secret.
 
 use kube::api::DynamicObject;
-use provisioners_core::plan::{Change, FieldChange, ObjectPlan};
 use provisioners_kit::diff;
+use provisioners_kit::plan::{Change, FieldChange, ObjectPlan};
 use serde_json::Value;
 
 use crate::object::ObjectRef;

@@ -2,7 +2,7 @@
 //! each object ([`Removal`], taken by the same code as a real pass), in a
 //! plan's words.
 
-use provisioners_core::plan::{Change, ObjectPlan};
+use provisioners_kit::plan::{Change, ObjectPlan};
 
 use super::fields::object_plan;
 use crate::leaf::delete::{Removal, Removed};
