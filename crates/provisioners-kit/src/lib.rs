@@ -30,6 +30,8 @@
 //! - [`diff`]: the [`FieldChange`](plan::FieldChange)s a
 //!   plan shows, from a dry run ([`diff::diff`]) or a rendered manifest
 //!   ([`diff::diff_rendered`]);
+//! - [`keep`]: `helm.sh/resource-policy: keep` read as helm reads it, so
+//!   neither leaf deletes what a chart keeps;
 //! - [`canonical`]: one byte form of a JSON value for digests that must
 //!   agree between processes and builds;
 //! - [`SingleFlight`]: per-cluster state that callers learning the same
@@ -76,6 +78,7 @@ pub mod crd;
 pub mod diff;
 pub mod drift;
 mod flight;
+pub mod keep;
 pub mod kubeconfig;
 pub mod lease;
 pub mod owner;

@@ -36,6 +36,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::DynamicObject;
 use provisioners_core::Context;
+use provisioners_kit::keep::{self, HELM_RESOURCE_POLICY};
 use provisioners_kit::owner::OwnerKeys;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -122,9 +123,6 @@ pub(crate) const UNSIGNED: &str = "its provisioners.dev/owner stamp names this o
 /// instead of deleted.
 pub const DELETION_POLICY_ANNOTATION: &str = "provisioners.dev/deletion-policy";
 
-/// Helm's equivalent of [`DELETION_POLICY_ANNOTATION`] (`keep`), honoured for
-/// objects rendered from charts.
-const HELM_RESOURCE_POLICY: &str = "helm.sh/resource-policy";
 
 /// Namespaces the API server refuses to delete: they are released, not deleted.
 pub(crate) const PROTECTED_NAMESPACES: [&str; 4] =
@@ -306,10 +304,7 @@ pub(crate) fn kept(group: &str, kind: &str, live: &DynamicObject) -> Option<Stri
     {
         return Some(format!("annotated {DELETION_POLICY_ANNOTATION}: orphan"));
     }
-    if annotations
-        .get(HELM_RESOURCE_POLICY)
-        .is_some_and(|v| v == "keep")
-    {
+    if keep::helm_keeps(Some(annotations)) {
         return Some(format!("annotated {HELM_RESOURCE_POLICY}: keep"));
     }
     None
@@ -528,5 +523,17 @@ mod tests {
         let keep = live(&json!({ HELM_RESOURCE_POLICY: "keep" }));
         assert!(kept("", "ConfigMap", &keep).is_some());
         assert!(kept("", "ConfigMap", &live(&json!({}))).is_none());
+    }
+
+    #[test]
+    fn helm_keep_is_read_as_helm_reads_it() {
+        // Helm trims the value and ignores its case; a chart object that
+        // helm would keep must not be deleted by the manifest leaf either.
+        for value in ["Keep", " keep", "KEEP\n"] {
+            let keep = live(&json!({ HELM_RESOURCE_POLICY: value }));
+            assert!(kept("", "ConfigMap", &keep).is_some(), "{value:?}");
+        }
+        let other = live(&json!({ HELM_RESOURCE_POLICY: "keeper" }));
+        assert!(kept("", "ConfigMap", &other).is_none());
     }
 }

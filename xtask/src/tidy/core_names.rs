@@ -26,8 +26,25 @@ use super::{rust_files, shown};
 /// Where core's sources are.
 const CORE: &str = "crates/provisioners-core/src";
 
-/// Words of the leaves' vocabulary, matched in any case.
-pub(super) const WORDS: &[&str] = &["helm", "chart", "charts", "manifest", "manifests"];
+/// Words of the leaves' vocabulary and of the object toolkit they share
+/// (`provisioners-kit`), matched in any case.
+pub(super) const WORDS: &[&str] = &[
+    "helm",
+    "chart",
+    "charts",
+    "manifest",
+    "manifests",
+    "drift",
+    "readiness",
+    "canonical",
+    "lease",
+    "leases",
+    "stamp",
+    "stamps",
+    "inventory",
+    "crd",
+    "crds",
+];
 
 /// Words of a leaf's vocabulary only as a type's word (capitalised).
 pub(super) const TYPE_WORDS: &[&str] = &["Release", "Releases"];

@@ -272,14 +272,19 @@ impl Plan {
         let value = serde_json::to_value(self).unwrap_or(Value::Null);
         let mut hasher = Sha256::new();
         hasher.update(b"provisioners.dev/plan/v2\n");
-        canonical(&value, &mut hasher);
+        hash_sorted(&value, &mut hasher);
         format!("sha256:{}", hex::encode(hasher.finalize()))
     }
 }
 
 /// Feeds `value` to `hasher` with object keys in order, whatever order the
 /// map kept them in.
-fn canonical(value: &Value, hasher: &mut Sha256) {
+///
+/// `provisioners-kit` has the canonical JSON form the leaves share
+/// (`provisioners_kit::canonical`), but kit depends on core, so core cannot
+/// call it; and this byte form is part of the plan format (`v2`): changing
+/// it would change every digest an approval pins. Keep the two apart.
+fn hash_sorted(value: &Value, hasher: &mut Sha256) {
     match value {
         Value::Object(map) => {
             let mut keys: Vec<&String> = map.keys().collect();
@@ -288,7 +293,7 @@ fn canonical(value: &Value, hasher: &mut Sha256) {
             for key in keys {
                 hasher.update(serde_json::to_string(key).unwrap_or_default().as_bytes());
                 hasher.update(b":");
-                canonical(&map[key], hasher);
+                hash_sorted(&map[key], hasher);
                 hasher.update(b",");
             }
             hasher.update(b"}");
@@ -296,7 +301,7 @@ fn canonical(value: &Value, hasher: &mut Sha256) {
         Value::Array(items) => {
             hasher.update(b"[");
             for item in items {
-                canonical(item, hasher);
+                hash_sorted(item, hasher);
                 hasher.update(b",");
             }
             hasher.update(b"]");

@@ -10,6 +10,7 @@ use kube::api::DynamicObject;
 use provisioners_core::{Error, Result};
 use provisioners_kit::diff::diff_rendered;
 use provisioners_kit::drift::{as_stored, contains_rendered};
+use provisioners_kit::keep;
 use provisioners_kit::plan::{Change, ObjectPlan};
 use serde_json::Value;
 
@@ -195,7 +196,7 @@ pub(super) async fn upgrade(
 fn kept(live: &Value) -> bool {
     live["metadata"]["annotations"]["helm.sh/resource-policy"]
         .as_str()
-        .is_some_and(gate::is_keep)
+        .is_some_and(keep::is_keep)
 }
 
 /// The objects of a release deployed with these very inputs, as the drift

@@ -9,6 +9,7 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use provisioners_core::{Context, Error, Operation, Result};
+use provisioners_kit::keep;
 
 use super::HelmRelease;
 use super::background::Purpose;
@@ -77,20 +78,8 @@ impl HelmRelease {
     }
 }
 
-/// The annotation with which a chart keeps an object on uninstall.
-const RESOURCE_POLICY: &str = "helm.sh/resource-policy";
-
 fn kept(meta: &ObjectMeta) -> bool {
-    meta.annotations
-        .as_ref()
-        .and_then(|a| a.get(RESOURCE_POLICY))
-        .is_some_and(|policy| is_keep(policy))
-}
-
-/// Whether a `helm.sh/resource-policy` value keeps the object, as helm
-/// compares it.
-pub(super) fn is_keep(policy: &str) -> bool {
-    policy.trim().eq_ignore_ascii_case("keep")
+    keep::helm_keeps(meta.annotations.as_ref())
 }
 
 /// The objects among `objects` that exist and are not kept, with their UIDs.
@@ -174,7 +163,7 @@ mod tests {
         let with = |policy: &str| {
             kept(&ObjectMeta {
                 annotations: Some(BTreeMap::from([(
-                    RESOURCE_POLICY.to_owned(),
+                    keep::HELM_RESOURCE_POLICY.to_owned(),
                     policy.to_owned(),
                 )])),
                 ..ObjectMeta::default()
