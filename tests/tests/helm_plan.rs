@@ -13,7 +13,7 @@ use std::time::Instant;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Patch, PatchParams, PostParams};
 use provisioners::plan::{Change, PlanObjects as _};
-use provisioners::{Conditional, PlanRelease, ReleaseAction, Serial};
+use provisioners::{Conditional, PlanRelease, ReleaseChange, Serial};
 use provisioners_helm::HelmRelease;
 use provisioners_lab::cluster::{HarnessCluster, TestNamespace};
 use provisioners_lab::faults::Proxy;
@@ -42,7 +42,7 @@ async fn a_release_plans_install_no_change_drift_upgrade_and_uninstall(helm: Pat
     // Before install: every object created; the hook is named, not planned.
     let plan = plan_without_writes(&cx, &proxy, &web, false, "before install").await;
     let release_plan = plan.release().expect("a release plan");
-    assert_eq!(release_plan.action(), ReleaseAction::Install, "{plan}");
+    assert_eq!(release_plan.action(), ReleaseChange::Install, "{plan}");
     assert_eq!(release_plan.chart(), Some("helm-plan-0.1.0"));
     assert_eq!(plan.kind(), "helm");
     let mut created: Vec<String> = actions(&plan)
@@ -132,7 +132,7 @@ async fn a_release_plans_install_no_change_drift_upgrade_and_uninstall(helm: Pat
     // Installed: nothing to do, and no helm process either (the fast path).
     let plan = plan_without_writes(&cx, &proxy, &web, false, "after install").await;
     let release_plan = plan.release().expect("a release plan");
-    assert_eq!(release_plan.action(), ReleaseAction::NoChange, "{plan}");
+    assert_eq!(release_plan.action(), ReleaseChange::NoChange, "{plan}");
     assert_eq!(release_plan.revision(), Some(1));
     assert!(!plan.has_changes(), "{plan:#}");
     assert_eq!(plan.objects().len(), 5, "{plan:#}");
@@ -151,7 +151,7 @@ async fn a_release_plans_install_no_change_drift_upgrade_and_uninstall(helm: Pat
     let plan = plan_without_writes(&cx, &proxy, &web, false, "after an edit").await;
     assert_eq!(
         plan.release().unwrap().action(),
-        ReleaseAction::Drift,
+        ReleaseChange::Drift,
         "{plan}"
     );
     assert_eq!(plan.release().unwrap().reason(), Some("1 object drifted"));
@@ -171,7 +171,7 @@ async fn a_release_plans_install_no_change_drift_upgrade_and_uninstall(helm: Pat
     let plan = plan_without_writes(&cx, &proxy, &web, false, "after the repair").await;
     assert_eq!(
         plan.release().unwrap().action(),
-        ReleaseAction::NoChange,
+        ReleaseChange::NoChange,
         "{plan:#}"
     );
     assert!(!plan.has_changes(), "{plan:#}");
@@ -187,7 +187,7 @@ async fn a_release_plans_install_no_change_drift_upgrade_and_uninstall(helm: Pat
         .helm(&helm);
     let plan = plan_without_writes(&cx, &proxy, &changed, false, "after a values change").await;
     let release_plan = plan.release().expect("a release plan");
-    assert_eq!(release_plan.action(), ReleaseAction::Upgrade, "{plan}");
+    assert_eq!(release_plan.action(), ReleaseChange::Upgrade, "{plan}");
     let reason = release_plan.reason().unwrap_or_default();
     assert!(reason.contains("values changed"), "{reason}");
     assert!(!reason.contains("chart helm-plan"), "{reason}");
@@ -250,7 +250,7 @@ async fn a_release_plans_install_no_change_drift_upgrade_and_uninstall(helm: Pat
         .helm(&helm);
     let plan = plan_without_writes(&cx, &proxy, &bumped, false, "after a chart bump").await;
     let release_plan = plan.release().unwrap();
-    assert_eq!(release_plan.action(), ReleaseAction::Upgrade, "{plan}");
+    assert_eq!(release_plan.action(), ReleaseChange::Upgrade, "{plan}");
     assert_eq!(release_plan.chart(), Some("helm-plan-0.2.0"));
     assert!(
         release_plan
@@ -273,7 +273,7 @@ async fn a_release_plans_install_no_change_drift_upgrade_and_uninstall(helm: Pat
     assert_eq!(node.note(), Some("condition is false"), "{plan}");
     assert_eq!(
         node.release().unwrap().action(),
-        ReleaseAction::Uninstall,
+        ReleaseChange::Uninstall,
         "{plan}"
     );
     assert_eq!(plan.counts().detail("release", "to uninstall"), 1, "{plan}");
@@ -281,7 +281,7 @@ async fn a_release_plans_install_no_change_drift_upgrade_and_uninstall(helm: Pat
     // Deprovision: every object deleted but the kept one.
     let plan = plan_without_writes(&cx, &proxy, &web, true, "deprovision").await;
     let release_plan = plan.release().expect("a release plan");
-    assert_eq!(release_plan.action(), ReleaseAction::Uninstall, "{plan}");
+    assert_eq!(release_plan.action(), ReleaseChange::Uninstall, "{plan}");
     assert_eq!(release_plan.revision(), Some(2));
     let kept = object(&plan, "ConfigMap", "web-kept");
     assert_eq!(kept.action(), Change::NoChange, "{plan:#}");
@@ -317,7 +317,7 @@ async fn a_release_plans_install_no_change_drift_upgrade_and_uninstall(helm: Pat
     let plan = plan_without_writes(&cx, &proxy, &web, true, "deprovision when gone").await;
     assert_eq!(
         plan.release().unwrap().action(),
-        ReleaseAction::Absent,
+        ReleaseChange::Absent,
         "{plan}"
     );
     assert!(plan.objects().is_empty(), "{plan:#}");
@@ -366,7 +366,7 @@ async fn objects_of_another_owner_are_refused_and_owned_ones_adopted(helm: PathB
     let plan = plan_without_writes(&cx, &proxy, &web, false, "over existing objects").await;
     assert_eq!(
         plan.release().unwrap().action(),
-        ReleaseAction::Install,
+        ReleaseChange::Install,
         "{plan}"
     );
     let refused = object(&plan, "ConfigMap", "web-settings");
@@ -433,7 +433,7 @@ async fn a_kind_whose_crd_is_in_crds_plans_unknown_then_updates(helm: PathBuf) {
     let plan = plan_without_writes(&cx, &proxy, &release("small"), false, "before the CRD").await;
     assert_eq!(
         plan.release().unwrap().action(),
-        ReleaseAction::Install,
+        ReleaseChange::Install,
         "{plan}"
     );
     let gizmo = object(&plan, "Gizmo", "gizmo");
@@ -466,7 +466,7 @@ async fn a_kind_whose_crd_is_in_crds_plans_unknown_then_updates(helm: PathBuf) {
     let plan = plan_without_writes(&cx, &proxy, &release("small"), false, "installed").await;
     assert_eq!(
         plan.release().unwrap().action(),
-        ReleaseAction::NoChange,
+        ReleaseChange::NoChange,
         "{plan:#}"
     );
     assert!(!plan.has_changes(), "{plan:#}");
@@ -474,7 +474,7 @@ async fn a_kind_whose_crd_is_in_crds_plans_unknown_then_updates(helm: PathBuf) {
     let plan = plan_without_writes(&cx, &proxy, &release("large"), false, "a bigger gizmo").await;
     assert_eq!(
         plan.release().unwrap().action(),
-        ReleaseAction::Upgrade,
+        ReleaseChange::Upgrade,
         "{plan}"
     );
     assert!(

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use provisioners::plan::{Change, PlanObjects as _};
-use provisioners::{PlanRelease, ReleaseAction};
+use provisioners::{PlanRelease, ReleaseChange};
 use provisioners_helm::HelmRelease;
 use provisioners_lab::cluster::{HarnessCluster, TestNamespace};
 use provisioners_lab::faults::Proxy;
@@ -103,7 +103,7 @@ async fn a_pending_upgrade_plans_the_rollback_then_the_upgrade(helm: PathBuf) {
 
     let plan = plan_without_writes(&cx, &proxy, &release("three"), false, "pending upgrade").await;
     let release_plan = plan.release().expect("a release plan");
-    assert_eq!(release_plan.action(), ReleaseAction::Upgrade, "{plan}");
+    assert_eq!(release_plan.action(), ReleaseChange::Upgrade, "{plan}");
     assert_eq!(release_plan.revision(), Some(1));
     let reason = release_plan.reason().unwrap_or_default();
     assert!(
@@ -123,7 +123,7 @@ async fn a_pending_upgrade_plans_the_rollback_then_the_upgrade(helm: PathBuf) {
     let plan = plan_without_writes(&cx, &proxy, &release("three"), false, "recovered").await;
     assert_eq!(
         plan.release().unwrap().action(),
-        ReleaseAction::NoChange,
+        ReleaseChange::NoChange,
         "{plan:#}"
     );
     ns.cleanup().await.expect("cleanup");
@@ -150,7 +150,7 @@ async fn a_pending_install_plans_its_removal_then_the_install(helm: PathBuf) {
 
     let plan = plan_without_writes(&cx, &proxy, &release, false, "pending install").await;
     let release_plan = plan.release().expect("a release plan");
-    assert_eq!(release_plan.action(), ReleaseAction::Install, "{plan}");
+    assert_eq!(release_plan.action(), ReleaseChange::Install, "{plan}");
     assert_eq!(release_plan.revision(), None, "{plan}");
     assert!(
         release_plan
@@ -184,7 +184,7 @@ async fn a_pending_install_plans_its_removal_then_the_install(helm: PathBuf) {
     let plan = plan_without_writes(&cx, &proxy, &release, false, "recovered").await;
     assert_eq!(
         plan.release().unwrap().action(),
-        ReleaseAction::NoChange,
+        ReleaseChange::NoChange,
         "{plan:#}"
     );
     ns.cleanup().await.expect("cleanup");

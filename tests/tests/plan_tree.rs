@@ -10,7 +10,7 @@ use std::time::Duration;
 use std::path::Path;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-use provisioners::helm::{PlanRelease, ReleaseAction};
+use provisioners::helm::{PlanRelease, ReleaseChange};
 use provisioners::plan::{Change, PlanObjects as _};
 use provisioners::{
     Chart, Conditional, Context, HelmRelease, Manifest, Operation, Owner, Plan, Serial,
@@ -306,7 +306,7 @@ async fn a_mixed_tree_plans_manifests_a_release_and_a_remote_subtree_with_no_wri
     let web = plan.find("platform/web").expect("web");
     assert_eq!(
         web.release().map(|r| r.action()),
-        Some(ReleaseAction::Install),
+        Some(ReleaseChange::Install),
         "{plan:#}"
     );
     let edge = plan.find("platform/edge").expect("edge");
@@ -336,7 +336,7 @@ async fn a_mixed_tree_plans_manifests_a_release_and_a_remote_subtree_with_no_wri
     assert_eq!(web.operation(), Operation::Deprovision);
     assert_eq!(
         web.release().map(|r| r.action()),
-        Some(ReleaseAction::Uninstall),
+        Some(ReleaseChange::Uninstall),
         "{plan:#}"
     );
     assert!(

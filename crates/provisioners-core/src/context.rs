@@ -13,7 +13,7 @@ use futures::future::{Either, select};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::observe::{Event, Observer, Outcome, Phase};
+use crate::observe::{NodeEvent, Observer, Outcome, Phase};
 use crate::path::{Lazy, NodePath};
 use crate::{Cluster, Error, Operation, Owner, Plan, Provisioner, Result};
 

@@ -117,7 +117,7 @@ pub use async_trait::async_trait;
 pub use cluster::Cluster;
 pub use context::Context;
 pub use error::{Error, ErrorKind, Result, Waiting};
-pub use observe::{Event, Observer, Outcome, Phase};
+pub use observe::{NodeEvent, Observer, Outcome, Phase};
 pub use owner::Owner;
 pub use plan::Plan;
 pub use provisioner::{ManagerProvisioner, Metadata, Operation, Provisioner};

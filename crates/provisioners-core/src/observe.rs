@@ -12,13 +12,13 @@ use crate::{Error, Operation};
 ///
 /// ```
 /// use std::sync::atomic::{AtomicUsize, Ordering};
-/// use provisioners_core::{Event, Observer, Phase};
+/// use provisioners_core::{NodeEvent, Observer, Phase};
 ///
 /// #[derive(Default)]
 /// struct Failures(AtomicUsize);
 ///
 /// impl Observer for Failures {
-///     fn on_event(&self, event: &Event<'_>) {
+///     fn on_event(&self, event: &NodeEvent<'_>) {
 ///         if let Phase::Finished { outcome, .. } = &event.phase {
 ///             if outcome.is_failure() {
 ///                 self.0.fetch_add(1, Ordering::Relaxed);
@@ -29,12 +29,12 @@ use crate::{Error, Operation};
 /// ```
 pub trait Observer: Send + Sync {
     /// Called when a node starts and when it finishes.
-    fn on_event(&self, event: &Event<'_>);
+    fn on_event(&self, event: &NodeEvent<'_>);
 }
 
 /// A shared observer, e.g. one that also serves metrics elsewhere.
 impl<O: Observer + ?Sized> Observer for std::sync::Arc<O> {
-    fn on_event(&self, event: &Event<'_>) {
+    fn on_event(&self, event: &NodeEvent<'_>) {
         (**self).on_event(event);
     }
 }
@@ -42,7 +42,7 @@ impl<O: Observer + ?Sized> Observer for std::sync::Arc<O> {
 /// Two observers, both told every event in order: a context holds one
 /// observer, so this is how a progress view and metrics share a tree.
 impl<A: Observer, B: Observer> Observer for (A, B) {
-    fn on_event(&self, event: &Event<'_>) {
+    fn on_event(&self, event: &NodeEvent<'_>) {
         self.0.on_event(event);
         self.1.on_event(event);
     }
@@ -51,7 +51,7 @@ impl<A: Observer, B: Observer> Observer for (A, B) {
 /// One progress event of one node.
 #[derive(Debug)]
 #[non_exhaustive]
-pub struct Event<'a> {
+pub struct NodeEvent<'a> {
     /// The node's path, e.g. `platform/monitoring/prometheus`.
     pub path: &'a str,
     /// The operation the node runs.

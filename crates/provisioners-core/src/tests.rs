@@ -2,7 +2,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::{
-    Context, Error, ErrorKind, Event, Observer, Operation, Phase, Provisioner, Result, async_trait,
+    Context, Error, ErrorKind, NodeEvent, Observer, Operation, Phase, Provisioner, Result,
+    async_trait,
 };
 
 /// A parent that provisions its children in order, to build paths.
@@ -70,7 +71,7 @@ fn leaf(name: &'static str, outcome: fn() -> Result<()>, seen: &Arc<Mutex<Vec<St
 struct Recorder(Mutex<Vec<String>>);
 
 impl Observer for Recorder {
-    fn on_event(&self, event: &Event<'_>) {
+    fn on_event(&self, event: &NodeEvent<'_>) {
         let line = match &event.phase {
             Phase::Started => format!("start {} {}", event.operation, event.path),
             Phase::Finished { outcome, .. } => {

@@ -21,7 +21,7 @@ use k8s_openapi::api::core::v1::Namespace;
 use kube::Api;
 use kube::api::{DeleteParams, ObjectMeta, PostParams};
 use kube::config::Kubeconfig;
-use provisioners_core::{Cluster, Context, Event, Observer, Phase, Provisioner};
+use provisioners_core::{Cluster, Context, NodeEvent, Observer, Phase, Provisioner};
 use provisioners_fleet::{Fleet, Member, Members, Rollout};
 use provisioners_group::Concurrent;
 use provisioners_manifest::Manifest;
@@ -112,7 +112,7 @@ async fn namespaces(
 struct Started(AtomicUsize);
 
 impl Observer for Started {
-    fn on_event(&self, event: &Event<'_>) {
+    fn on_event(&self, event: &NodeEvent<'_>) {
         if matches!(event.phase, Phase::Started) && event.path.matches('/').count() == 1 {
             self.0.fetch_add(1, Ordering::Relaxed);
         }

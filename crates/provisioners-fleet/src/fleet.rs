@@ -79,7 +79,7 @@ impl Fleet {
 
     /// Provisions a done member again once it has been done this long, to
     /// correct drift (default [`DEFAULT_RESYNC`]; `None`: never).
-    pub fn resync(mut self, every: Option<Duration>) -> Self {
+    pub fn resync_after(mut self, every: Option<Duration>) -> Self {
         self.resync = every;
         self
     }
@@ -151,10 +151,10 @@ impl Fleet {
     /// The rollout's limits for `members` members.
     pub(crate) fn settings(&self, members: usize) -> Settings {
         Settings {
-            max_in_flight: self.rollout.max_in_flight_value(),
-            budget: self.rollout.budget_value().resolve(members),
-            progress_timeout: self.rollout.progress_timeout_value(),
-            soak: self.rollout.soak_value(),
+            max_in_flight: self.rollout.max_in_flight,
+            budget: self.rollout.budget.resolve(members),
+            progress_timeout: self.rollout.progress_timeout,
+            soak: self.rollout.soak,
             resync: self.resync,
         }
     }

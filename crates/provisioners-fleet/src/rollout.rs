@@ -70,7 +70,7 @@ enum Waves {
 ///     .budget(Budget::Percent(5))
 ///     .progress_timeout(Duration::from_secs(300))
 ///     .soak(Duration::from_secs(600));
-/// assert_eq!(rollout.max_in_flight_value(), 10);
+/// # let _ = rollout;
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[must_use]
@@ -79,10 +79,10 @@ pub struct Rollout {
     canary_names: Vec<String>,
     canary_label: Option<(String, String)>,
     waves: Waves,
-    max_in_flight: usize,
-    budget: Budget,
-    progress_timeout: Duration,
-    soak: Duration,
+    pub(crate) max_in_flight: usize,
+    pub(crate) budget: Budget,
+    pub(crate) progress_timeout: Duration,
+    pub(crate) soak: Duration,
 }
 
 impl Default for Rollout {
@@ -172,26 +172,6 @@ impl Rollout {
     pub fn soak(mut self, soak: Duration) -> Self {
         self.soak = soak;
         self
-    }
-
-    /// The bound on members in flight.
-    pub fn max_in_flight_value(&self) -> usize {
-        self.max_in_flight
-    }
-
-    /// The failure budget.
-    pub fn budget_value(&self) -> Budget {
-        self.budget
-    }
-
-    /// The progress timeout.
-    pub fn progress_timeout_value(&self) -> Duration {
-        self.progress_timeout
-    }
-
-    /// The soak time.
-    pub fn soak_value(&self) -> Duration {
-        self.soak
     }
 
     /// The members (name and labels) in rollout order, each with its wave

@@ -201,7 +201,7 @@ pub use release::{
     CrdPolicy, DEFAULT_HOOK_TIMEOUT, DEFAULT_PASS_TIMEOUT, DEFAULT_STOP_TIMEOUT, DriftPolicy,
     HelmRelease,
 };
-pub use release_plan::{DETAIL_KIND, PlanRelease, ReleaseAction, ReleasePlan};
+pub use release_plan::{DETAIL_KIND, PlanRelease, ReleaseChange, ReleasePlan};
 pub use storage::{
     DIGEST_LABEL, OWNER_ANNOTATION as RECORD_OWNER_ANNOTATION, REVISION_LABEL,
     SEAL_PREFIX as RECORD_SEAL_PREFIX,

@@ -10,7 +10,7 @@ use serde_json::Value;
 /// What would happen to a Helm release.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub enum ReleaseAction {
+pub enum ReleaseChange {
     /// The release does not exist and would be installed.
     Install,
     /// The release would be upgraded: its chart, values or rendered objects
@@ -28,21 +28,21 @@ pub enum ReleaseAction {
     Absent,
 }
 
-impl ReleaseAction {
+impl ReleaseChange {
     /// The word for the action: `install`, `upgrade`, `no change`, ...
     pub fn as_str(self) -> &'static str {
         match self {
-            ReleaseAction::Install => "install",
-            ReleaseAction::Upgrade => "upgrade",
-            ReleaseAction::NoChange => "no change",
-            ReleaseAction::Drift => "drift",
-            ReleaseAction::Uninstall => "uninstall",
-            ReleaseAction::Absent => "absent",
+            ReleaseChange::Install => "install",
+            ReleaseChange::Upgrade => "upgrade",
+            ReleaseChange::NoChange => "no change",
+            ReleaseChange::Drift => "drift",
+            ReleaseChange::Uninstall => "uninstall",
+            ReleaseChange::Absent => "absent",
         }
     }
 }
 
-impl fmt::Display for ReleaseAction {
+impl fmt::Display for ReleaseChange {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
     }
@@ -58,11 +58,11 @@ impl fmt::Display for ReleaseAction {
 ///
 /// ```
 /// use provisioners_core::{plan::Plan, Operation};
-/// use provisioners_helm::{PlanRelease, ReleaseAction, ReleasePlan};
+/// use provisioners_helm::{PlanRelease, ReleaseChange, ReleasePlan};
 ///
-/// let release = ReleasePlan::new("web", "apps", ReleaseAction::Upgrade).with_chart("web-0.2.0");
+/// let release = ReleasePlan::new("web", "apps", ReleaseChange::Upgrade).with_chart("web-0.2.0");
 /// let plan = Plan::new("web", Operation::Provision, "helm").with_detail(release.to_detail());
-/// assert_eq!(plan.release().unwrap().action(), ReleaseAction::Upgrade);
+/// assert_eq!(plan.release().unwrap().action(), ReleaseChange::Upgrade);
 /// assert_eq!(plan.counts().detail("release", "to upgrade"), 1);
 /// assert!(plan.to_string().contains("release apps/web: upgrade, chart web-0.2.0"));
 /// ```
@@ -71,7 +71,7 @@ impl fmt::Display for ReleaseAction {
 pub struct ReleasePlan {
     name: String,
     namespace: String,
-    action: ReleaseAction,
+    action: ReleaseChange,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     chart: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -85,7 +85,7 @@ impl ReleasePlan {
     pub fn new(
         name: impl Into<String>,
         namespace: impl Into<String>,
-        action: ReleaseAction,
+        action: ReleaseChange,
     ) -> Self {
         ReleasePlan {
             name: name.into(),
@@ -126,7 +126,7 @@ impl ReleasePlan {
     }
 
     /// What would happen to it.
-    pub fn action(&self) -> ReleaseAction {
+    pub fn action(&self) -> ReleaseChange {
         self.action
     }
 
@@ -160,11 +160,11 @@ impl ReleasePlan {
             let _ = write!(line, " ({reason})");
         }
         let change = match self.action {
-            ReleaseAction::Install => Some("to install"),
-            ReleaseAction::Upgrade => Some("to upgrade"),
-            ReleaseAction::Drift => Some("drifted"),
-            ReleaseAction::Uninstall => Some("to uninstall"),
-            ReleaseAction::NoChange | ReleaseAction::Absent => None,
+            ReleaseChange::Install => Some("to install"),
+            ReleaseChange::Upgrade => Some("to upgrade"),
+            ReleaseChange::Drift => Some("drifted"),
+            ReleaseChange::Uninstall => Some("to uninstall"),
+            ReleaseChange::NoChange | ReleaseChange::Absent => None,
         };
         Detail::new(
             DETAIL_KIND,

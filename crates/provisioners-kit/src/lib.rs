@@ -36,7 +36,7 @@
 //!   agree between processes and builds;
 //! - [`SingleFlight`]: per-cluster state that callers learning the same
 //!   thing at once (API discovery) fill with one request;
-//! - [`crd`]: whether a CRD may replace the live one ([`crd::Change`],
+//! - [`crd`]: whether a CRD may replace the live one ([`crd::Diff`],
 //!   [`crd::check`]) and whether existing objects pass its schema
 //!   ([`crd::Validator`]);
 //! - [`lease`]: a `coordination.k8s.io` Lease held by one identity at a

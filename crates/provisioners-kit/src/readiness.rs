@@ -183,10 +183,10 @@ impl NotReady {
     }
 
     /// What to do: anything [failed](NotReady::failed) fails at once (waiting
-    /// will not help); otherwise, objects still waiting after `wait` (since
+    /// will not help); otherwise, objects still waiting after `timeout` (since
     /// the content was first seen not ready; `None` when that is not known,
     /// which never times out) time out, and before that they wait.
-    pub fn verdict(&self, elapsed: Option<Duration>, wait: Duration) -> Verdict<'_> {
+    pub fn verdict(&self, elapsed: Option<Duration>, timeout: Duration) -> Verdict<'_> {
         if !self.failed.is_empty() {
             return Verdict::Failed(&self.failed);
         }
@@ -194,7 +194,7 @@ impl NotReady {
             return Verdict::Ready;
         }
         match elapsed {
-            Some(elapsed) if elapsed >= wait => Verdict::TimedOut(&self.waiting),
+            Some(elapsed) if elapsed >= timeout => Verdict::TimedOut(&self.waiting),
             _ => Verdict::Waiting(&self.waiting),
         }
     }

@@ -121,7 +121,7 @@ pub struct Manifest {
     metadata: Metadata,
     source: Source,
     namespace: Option<String>,
-    wait: Option<Duration>,
+    ready_timeout: Option<Duration>,
     prune: bool,
     allow_empty: bool,
     adopt: bool,
@@ -141,7 +141,7 @@ impl Manifest {
             metadata,
             source,
             namespace: None,
-            wait: None,
+            ready_timeout: None,
             prune: false,
             allow_empty: false,
             adopt: false,
@@ -215,7 +215,7 @@ impl Manifest {
     /// Without it (the default), provision does not look at readiness: it
     /// succeeds once everything is applied.
     pub fn ready_timeout(mut self, timeout: Duration) -> Self {
-        self.wait = Some(timeout);
+        self.ready_timeout = Some(timeout);
         self
     }
 
@@ -411,6 +411,11 @@ enum Mode {
 }
 
 /// Runs `calls` at most `limit` at a time; the results in the order of `calls`.
+///
+/// Not `StreamExt::buffered`: it counts finished results still waiting for
+/// a slower call before them against `limit`, so one slow request (a large
+/// LIST, a webhook) would hold back the calls behind it. Here every slot
+/// stays busy and the order is restored at the end.
 async fn bounded<T, F: Future<Output = T>>(calls: Vec<F>, limit: usize) -> Vec<T> {
     let mut results: Vec<(usize, T)> = stream::iter(calls.into_iter().enumerate())
         .map(|(i, call)| async move { (i, call.await) })

@@ -123,7 +123,6 @@ pub(crate) const UNSIGNED: &str = "its provisioners.dev/owner stamp names this o
 /// instead of deleted.
 pub const DELETION_POLICY_ANNOTATION: &str = "provisioners.dev/deletion-policy";
 
-
 /// Namespaces the API server refuses to delete: they are released, not deleted.
 pub(crate) const PROTECTED_NAMESPACES: [&str; 4] =
     ["default", "kube-system", "kube-public", "kube-node-lease"];

@@ -23,6 +23,12 @@ pub(crate) fn stamp(object: &mut DynamicObject) {
             object.metadata.annotations = None;
         }
     }
+    // Not `provisioners_kit::canonical`: this digest is only ever compared
+    // with one computed from the same manifest, so its bytes need not agree
+    // between builds. If they did differ (a dependency turning on
+    // serde_json's `preserve_order`), each object would be applied once
+    // more, and no wrong skip is possible. Changing the form now would
+    // re-apply every object once after an upgrade, for nothing.
     let bytes = serde_json::to_vec(&*object).unwrap_or_default();
     let digest = Sha256::digest(&bytes);
     let hex = hex::encode(&digest[..16]);

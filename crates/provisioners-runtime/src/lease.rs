@@ -76,7 +76,7 @@ impl LeaderElection {
     ) -> Self {
         let lease_duration = Duration::from_secs(15);
         LeaderElection {
-            lock: LeaseLock::new(client, namespace, name, identity).duration(lease_duration),
+            lock: LeaseLock::new(client, namespace, name, identity).lease_duration(lease_duration),
             lease_duration,
             renew_deadline: Duration::from_secs(10),
             retry_period: Duration::from_secs(2),
@@ -88,7 +88,7 @@ impl LeaderElection {
     /// retry period a fifth of it (at least 100 ms).
     pub fn lease_duration(mut self, duration: Duration) -> Self {
         self.lease_duration = duration;
-        self.lock = self.lock.duration(duration);
+        self.lock = self.lock.lease_duration(duration);
         self.renew_deadline = duration * 2 / 3;
         self.retry_period = (duration / 5).max(Duration::from_millis(100));
         self

@@ -51,7 +51,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
-use provisioners_core::{CancellationToken, Event, Observer, Phase};
+use provisioners_core::{CancellationToken, NodeEvent, Observer, Phase};
 use tokio::net::TcpListener;
 
 use crate::{ReconcileObserver, ReconcileResult};
@@ -144,7 +144,7 @@ fn node_label(path: &str) -> String {
 }
 
 impl Observer for Metrics {
-    fn on_event(&self, event: &Event<'_>) {
+    fn on_event(&self, event: &NodeEvent<'_>) {
         match &event.phase {
             Phase::Started => {
                 self.nodes_running.inc();

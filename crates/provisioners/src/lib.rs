@@ -88,19 +88,20 @@ pub mod plan {
 #[cfg(feature = "conditional")]
 pub use provisioners_conditional::{self as conditional, Conditional};
 #[cfg(feature = "fleet")]
-pub use provisioners_fleet::{self as fleet, Budget, Fleet, Member, Members, Rollout};
+pub use provisioners_fleet::{self as fleet, Budget, Fleet, Member, MemberState, Members, Rollout};
 #[cfg(feature = "group")]
 pub use provisioners_group::{self as group, Concurrent, Serial, concurrent, serial};
 #[cfg(feature = "helm")]
 pub use provisioners_helm::{
-    self as helm, Chart, Credentials, DriftPolicy, HelmFailure, HelmProcesses, HelmRelease,
-    PlanRelease, ReleaseAction, ReleasePlan,
+    self as helm, Chart, CrdPolicy, Credentials, DriftPolicy, HelmFailure, HelmProcesses,
+    HelmRelease, PlanRelease, ReleaseChange, ReleasePlan,
 };
 #[cfg(feature = "manifest")]
 pub use provisioners_manifest::{self as manifest, Manifest, ReplacePolicy, SingleObject};
 #[cfg(feature = "remote")]
 pub use provisioners_remote::{
     self as remote, RemoteClusterProvisioner, RemoteTarget, SecretKubeconfig, StaticKubeconfig,
+    TrustPolicy, UnreachablePolicy,
 };
 #[cfg(feature = "runtime")]
 pub use provisioners_runtime::{

@@ -16,7 +16,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::{ObjectMeta, PostParams};
 use kube::config::Kubeconfig;
 use provisioners::{ClientPolicy, Context, Provisioner};
-use provisioners_core::{Event, Observer, Phase};
+use provisioners_core::{NodeEvent, Observer, Phase};
 use provisioners_fleet::{CLUSTER_NAME_LABEL, KUBECONFIG_KEY, Member, Members};
 use provisioners_lab::cluster::{HarnessCluster, TestNamespace};
 use provisioners_manifest::Manifest;
@@ -243,7 +243,7 @@ pub(crate) struct Journal {
 }
 
 impl Observer for Journal {
-    fn on_event(&self, event: &Event<'_>) {
+    fn on_event(&self, event: &NodeEvent<'_>) {
         // Member nodes only: `<fleet>/<member>`.
         if event.path.matches('/').count() != 1 {
             return;

@@ -10,7 +10,7 @@ use std::time::Duration;
 use kube::Api;
 use kube::api::{ApiResource, DynamicObject};
 use platform_operator::{Options, Platform, PlatformSpec, Settings, run, run_with};
-use provisioners::{CancellationToken, Context, Event, Observer, Operation, Phase};
+use provisioners::{CancellationToken, Context, NodeEvent, Observer, Operation, Phase};
 use provisioners_lab::cluster::{self, HarnessCluster, TestNamespace, helm4};
 use tokio::task::JoinHandle;
 
@@ -21,7 +21,7 @@ pub const DEADLINE: Duration = Duration::from_secs(120);
 pub struct Events(pub Arc<Mutex<Vec<(String, Operation, String)>>>);
 
 impl Observer for Events {
-    fn on_event(&self, event: &Event<'_>) {
+    fn on_event(&self, event: &NodeEvent<'_>) {
         let phase = match &event.phase {
             Phase::Started => "started".to_owned(),
             Phase::Finished { outcome, .. } => outcome.as_str().to_owned(),

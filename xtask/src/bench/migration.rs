@@ -11,6 +11,11 @@
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
+// `std::process::Command` rather than xshell (`crate::process`) for the
+// timed kubectl side: its `get | replace` is two children joined by a pipe,
+// which xshell cannot build without a shell, and the timed commands must not
+// echo their command lines into the measurement. Every exit status is
+// checked.
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -180,6 +185,13 @@ impl Bench {
             .env("KUBECONFIG", &self.kubeconfig)
             .output()
             .context("running kubectl get crd")?;
+        if !out.status.success() {
+            bail!(
+                "kubectl get crd {CRD} failed ({}): {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
         serde_json::from_slice(&out.stdout).context("reading storedVersions")
     }
 

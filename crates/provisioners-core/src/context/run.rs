@@ -75,7 +75,7 @@ pub(super) async fn observed(
     impl Drop for Guard<'_> {
         fn drop(&mut self) {
             if !self.finished {
-                self.observer.on_event(&Event {
+                self.observer.on_event(&NodeEvent {
                     path: self.path,
                     operation: self.operation,
                     phase: Phase::Finished {
@@ -87,7 +87,7 @@ pub(super) async fn observed(
         }
     }
 
-    observer.on_event(&Event {
+    observer.on_event(&NodeEvent {
         path,
         operation,
         phase: Phase::Started,
@@ -101,7 +101,7 @@ pub(super) async fn observed(
     };
     let result = work.await;
     guard.finished = true;
-    observer.on_event(&Event {
+    observer.on_event(&NodeEvent {
         path,
         operation,
         phase: Phase::Finished {

@@ -38,7 +38,7 @@ pub(super) const PRIVATE_REPOSITORY: &str = "provisioners-private";
 impl HelmRelease {
     pub(super) fn helm_timeout(&self) -> Duration {
         self.hook_timeout
-            .or(self.wait)
+            .or(self.ready_timeout)
             .unwrap_or(DEFAULT_HOOK_TIMEOUT)
     }
 

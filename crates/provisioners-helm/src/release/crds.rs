@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams};
 use provisioners_core::{Context, Error, Result};
-use provisioners_kit::crd::{Action, Planned, Step};
+use provisioners_kit::crd::{Decision, Planned, Step};
 use provisioners_kit::plan::{Change, ObjectPlan};
 use serde_json::Value;
 
@@ -262,10 +262,10 @@ fn crd_plan(planned: Planned) -> ObjectPlan {
             action,
         )
     };
-    match planned.action {
-        Action::Create => object(Change::Create).with_reason("from the chart's crds/"),
-        Action::Update(lines) => object(Change::Update).with_reason(lines.join("; ")),
-        Action::Refuse(refusal) => object(Change::Refuse).with_reason(format!(
+    match planned.decision {
+        Decision::Create => object(Change::Create).with_reason("from the chart's crds/"),
+        Decision::Update(lines) => object(Change::Update).with_reason(lines.join("; ")),
+        Decision::Refuse(refusal) => object(Change::Refuse).with_reason(format!(
             "the CRD change is unsafe: provision would refuse it and leave the CRD unchanged, \
              and not run helm: {refusal}"
         )),

@@ -7,7 +7,7 @@
 use provisioners_core::{Context, Result};
 
 use super::HelmRelease;
-use super::drift::Checked;
+use super::drift::DriftCheck;
 use crate::objects::Seen;
 use crate::storage::Revision;
 
@@ -29,13 +29,13 @@ pub(super) enum Decision {
     /// whose verdict repairs nothing.
     Unchanged {
         revision: Revision,
-        checked: Option<Box<Checked>>,
+        checked: Option<Box<DriftCheck>>,
     },
     /// Deployed with these very inputs, but drifted: `helm upgrade` with
     /// the same inputs repairs it.
     Repair {
         revision: Revision,
-        checked: Box<Checked>,
+        checked: Box<DriftCheck>,
     },
     /// Installed or upgraded, after the [`Recovery`] of a half-done record.
     Change,

@@ -61,7 +61,7 @@ impl Drifted {
 
 /// The drift check of a release deployed with these very inputs.
 #[derive(Debug)]
-pub(super) struct Checked {
+pub(super) struct DriftCheck {
     /// Its objects, as rendered and as they are now.
     pub(super) objects: Vec<Live>,
     /// The record's payload they were read from.
@@ -113,7 +113,7 @@ impl Verdict {
     }
 }
 
-impl Checked {
+impl DriftCheck {
     /// Whether helm applies the release server-side (Helm 4): a repair
     /// then takes back fields changed by hand with `--force-conflicts`.
     pub(super) fn server_side(&self) -> bool {
@@ -129,7 +129,7 @@ impl HelmRelease {
         &self,
         cx: &Context,
         revision: &Revision,
-    ) -> Result<Option<Checked>> {
+    ) -> Result<Option<DriftCheck>> {
         if self.drift == DriftPolicy::Ignore {
             return Ok(None);
         }
@@ -139,7 +139,7 @@ impl HelmRelease {
             .ok_or_else(|| self.record_changed())?;
         let drifted = check(&objects);
         let verdict = Verdict::of(self.drift, revision, &drifted);
-        Ok(Some(Checked {
+        Ok(Some(DriftCheck {
             objects,
             payload,
             drifted,

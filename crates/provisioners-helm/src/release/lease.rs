@@ -71,17 +71,17 @@ pub(super) fn name(release: &str) -> String {
 /// The Lease of `release` in `namespace`, taken as `holder`.
 fn lock(cx: &Context, namespace: &str, release: &str, holder: &str) -> LeaseLock {
     LeaseLock::new(cx.client().clone(), namespace, name(release), holder)
-        .duration(DURATION)
+        .lease_duration(DURATION)
         .observations(observed(cx))
 }
 
 /// A held Lease: renewed until dropped, then given up.
 #[derive(Debug)]
-pub(super) struct Held {
+pub(super) struct HeldLease {
     stop: CancellationToken,
 }
 
-impl Drop for Held {
+impl Drop for HeldLease {
     fn drop(&mut self) {
         self.stop.cancel();
     }
@@ -126,7 +126,7 @@ pub(super) async fn acquire(
     namespace: &str,
     release: &str,
     holder: &str,
-) -> Result<Option<Held>> {
+) -> Result<Option<HeldLease>> {
     let release_id = format!("{namespace}/{release}");
     let lock = lock(cx, namespace, release, holder);
     // Three tries: a 409 may come from this process's own previous hold
@@ -173,7 +173,7 @@ pub(super) async fn acquire(
     };
     let stop = CancellationToken::new();
     tokio::spawn(renew(lock, hold, stop.clone()));
-    Ok(Some(Held { stop }))
+    Ok(Some(HeldLease { stop }))
 }
 
 /// Merges `annotations` (a `null` removes one) into those of the Lease of

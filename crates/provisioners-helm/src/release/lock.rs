@@ -92,7 +92,7 @@ pub(super) struct Serialised {
 struct Held {
     // Released after the Lease (see `Drop`): the Lease is given up before
     // another call of this process can take the lock.
-    lease: Mutex<Option<super::lease::Held>>,
+    lease: Mutex<Option<super::lease::HeldLease>>,
     guard: Option<OwnedMutexGuard<()>>,
     entry: Arc<Entry>,
 }
@@ -126,7 +126,7 @@ impl Serialised {
     }
 
     /// Keeps `lease` until the lock is released.
-    pub(super) fn hold(&self, lease: super::lease::Held) {
+    pub(super) fn hold(&self, lease: super::lease::HeldLease) {
         *self
             .held
             .lease

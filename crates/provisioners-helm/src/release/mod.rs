@@ -173,7 +173,7 @@ pub struct HelmRelease {
     parameters: Vec<(String, Value)>,
     /// Values given by [`set_sensitive`](HelmRelease::set_sensitive).
     sensitive: Vec<Value>,
-    wait: Option<Duration>,
+    ready_timeout: Option<Duration>,
     hook_timeout: Option<Duration>,
     drift: DriftPolicy,
     crds: CrdPolicy,
@@ -183,7 +183,7 @@ pub struct HelmRelease {
     credentials: Option<Credentials>,
     plain_http: bool,
     helm: PathBuf,
-    grace: Duration,
+    stop_timeout: Duration,
     pass_timeout: Duration,
     temp_dir: Option<PathBuf>,
 }
@@ -204,7 +204,7 @@ impl HelmRelease {
             values: Ok(Value::Object(serde_json::Map::new())),
             parameters: Vec::new(),
             sensitive: Vec::new(),
-            wait: None,
+            ready_timeout: None,
             hook_timeout: None,
             drift: DriftPolicy::default(),
             crds: CrdPolicy::default(),
@@ -214,7 +214,7 @@ impl HelmRelease {
             credentials: None,
             plain_http: false,
             helm: PathBuf::from("helm"),
-            grace: DEFAULT_STOP_TIMEOUT,
+            stop_timeout: DEFAULT_STOP_TIMEOUT,
             pass_timeout: DEFAULT_PASS_TIMEOUT,
             temp_dir: None,
         }
@@ -296,7 +296,7 @@ impl HelmRelease {
     /// `timeout` has passed since helm started the revision. helm itself is
     /// never run with `--wait`.
     pub fn ready_timeout(mut self, timeout: Duration) -> Self {
-        self.wait = Some(timeout);
+        self.ready_timeout = Some(timeout);
         self
     }
 
@@ -392,8 +392,8 @@ impl HelmRelease {
     /// [shutdown timeout](provisioners_core::Context::with_shutdown_timeout), or
     /// the tree returns before helm has exited (helm then goes on in the
     /// background; see [`HelmProcesses::idle`](crate::HelmProcesses::idle)).
-    pub fn stop_timeout(mut self, grace: Duration) -> Self {
-        self.grace = grace;
+    pub fn stop_timeout(mut self, timeout: Duration) -> Self {
+        self.stop_timeout = timeout;
         self
     }
 
@@ -524,7 +524,7 @@ impl fmt::Debug for HelmRelease {
             .field("namespace", &self.namespace)
             .field("chart", &self.chart)
             .field("version", &self.version)
-            .field("wait", &self.wait)
+            .field("ready_timeout", &self.ready_timeout)
             .field("helm", &self.helm)
             .finish_non_exhaustive()
     }

@@ -11,15 +11,15 @@ use provisioners_kit::plan::{Change, ObjectPlan, PlanObjects as _};
 
 use super::compare;
 use super::decide::{Decision, Mode, Uninstall};
-use super::drift::{Checked, Verdict};
+use super::drift::{DriftCheck, Verdict};
 use super::{HelmRelease, lease};
 use crate::objects::parse_manifest;
-use crate::release_plan::{ReleaseAction, ReleasePlan, WithRelease as _, count};
+use crate::release_plan::{ReleaseChange, ReleasePlan, WithRelease as _, count};
 use crate::storage::{self, Revision};
 
 impl HelmRelease {
     /// The release plan of `action` on this release.
-    pub(super) fn release_plan(&self, action: ReleaseAction) -> ReleasePlan {
+    pub(super) fn release_plan(&self, action: ReleaseChange) -> ReleasePlan {
         ReleasePlan::new(&self.release, &self.namespace, action)
     }
 
@@ -62,7 +62,7 @@ impl HelmRelease {
         &self,
         cx: &Context,
         revision: &Revision,
-        checked: Option<Checked>,
+        checked: Option<DriftCheck>,
     ) -> Result<Plan> {
         let node = Plan::new(self.metadata.name(), Operation::Provision, "helm");
         let release = |action, chart: Option<String>, reason: Option<String>| {
@@ -77,7 +77,7 @@ impl HelmRelease {
             }
             release
         };
-        let Some(Checked {
+        let Some(DriftCheck {
             objects,
             payload,
             drifted,
@@ -100,7 +100,7 @@ impl HelmRelease {
             let reason = "drift is not checked (DriftPolicy::Ignore)".to_owned();
             return Ok(node
                 .with_release(release(
-                    ReleaseAction::NoChange,
+                    ReleaseChange::NoChange,
                     payload.chart.shown(),
                     Some(reason),
                 ))
@@ -113,20 +113,20 @@ impl HelmRelease {
         let (action, reason, hold) = match verdict {
             Verdict::Clean => {
                 return Ok(node
-                    .with_release(release(ReleaseAction::NoChange, chart, None))
+                    .with_release(release(ReleaseChange::NoChange, chart, None))
                     .with_objects(plans));
             }
             Verdict::Persists => (
-                ReleaseAction::NoChange,
+                ReleaseChange::NoChange,
                 format!(
                     "{what} exactly as after the last repair (the server rewrites them): not \
                      repaired again until the chart or values change"
                 ),
                 Some("drifted as after the last repair: not repaired again"),
             ),
-            Verdict::Repair => (ReleaseAction::Drift, what, None),
+            Verdict::Repair => (ReleaseChange::Drift, what, None),
             Verdict::Warned => (
-                ReleaseAction::NoChange,
+                ReleaseChange::NoChange,
                 format!("{what}: the drift policy only warns"),
                 Some("drifted: the drift policy only warns"),
             ),
@@ -146,7 +146,7 @@ impl HelmRelease {
         let node = Plan::new(self.metadata.name(), Operation::Deprovision, "helm");
         let Some(latest) = storage::latest(cx.client(), &self.namespace, &self.release).await?
         else {
-            return Ok(node.with_release(self.release_plan(ReleaseAction::Absent)));
+            return Ok(node.with_release(self.release_plan(ReleaseChange::Absent)));
         };
         self.refuse_foreign(cx, &latest, "uninstall")?;
         lease::check_free(cx, &self.namespace, &self.release, self.holder()).await?;
@@ -169,7 +169,7 @@ impl HelmRelease {
             (objects, reason)
         };
         let mut release = self
-            .release_plan(ReleaseAction::Uninstall)
+            .release_plan(ReleaseChange::Uninstall)
             .with_revision(u64::from(latest.number));
         if let Some(chart) = payload.chart.shown() {
             release = release.with_chart(chart);

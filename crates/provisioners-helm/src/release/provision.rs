@@ -9,7 +9,7 @@ use provisioners_core::{Context, Operation, Plan, Provisioner, Result, async_tra
 
 use super::HelmRelease;
 use super::decide::{Decision, Mode};
-use super::drift::{Checked, Verdict};
+use super::drift::{DriftCheck, Verdict};
 use super::lease;
 use super::upgrade::Upgrade;
 use crate::storage::{self, Revision};
@@ -21,7 +21,7 @@ impl HelmRelease {
         &self,
         cx: &Context,
         revision: &Revision,
-        checked: Option<&Checked>,
+        checked: Option<&DriftCheck>,
     ) -> Result<()> {
         tracing::debug!(release = %self.id(), revision = revision.number, "no change");
         let Some(checked) = checked else {

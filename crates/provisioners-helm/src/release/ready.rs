@@ -21,7 +21,7 @@ impl HelmRelease {
         objects: &[Live],
         payload: &storage::Payload,
     ) -> Result<()> {
-        let Some(wait) = self.wait else {
+        let Some(wait) = self.ready_timeout else {
             return Ok(());
         };
         verdict(
@@ -36,7 +36,7 @@ impl HelmRelease {
     /// Readiness of `revision`, when there is a wait (then one read of the
     /// stored manifest and one per object).
     pub(super) async fn settled(&self, cx: &Context, revision: &Revision) -> Result<()> {
-        if self.wait.is_none() {
+        if self.ready_timeout.is_none() {
             return Ok(());
         }
         let (objects, payload) = self
@@ -48,7 +48,7 @@ impl HelmRelease {
 
     /// After `helm upgrade --install` of these inputs ended well: readiness.
     pub(super) async fn installed(&self, cx: &Context) -> Result<()> {
-        if self.wait.is_none() {
+        if self.ready_timeout.is_none() {
             return Ok(());
         }
         match storage::latest(cx.client(), &self.namespace, &self.release).await? {

@@ -101,7 +101,7 @@ impl HelmRelease {
         let stop = cx.cancellation().child_token();
         // Dropped with this future (and harmless once helm is done).
         let _stop_when_dropped = stop.clone().drop_guard();
-        let grace = self.grace;
+        let grace = self.stop_timeout;
         let helm = tokio::spawn(async move { child::run(invocation, &stop, grace).await });
         let ran = helm.await;
         // helm may have created CRDs (a chart's crds/): a kind found

@@ -19,7 +19,7 @@ use super::decide::Recovery;
 use super::lease;
 use super::lock::Serialised;
 use crate::objects::parse_manifest;
-use crate::release_plan::{ReleaseAction, WithRelease as _, count};
+use crate::release_plan::{ReleaseChange, WithRelease as _, count};
 use crate::storage::{self, Revision};
 use crate::version;
 
@@ -43,7 +43,7 @@ pub(super) struct Upgrade {
 /// Where provision would start from, after its recovery step.
 #[derive(Debug)]
 struct Start {
-    action: ReleaseAction,
+    action: ReleaseChange,
     /// What recovery would do first, for the reason.
     recovery: Option<String>,
     /// Render as `helm install`: `upgrade` refuses a pending record.
@@ -62,7 +62,7 @@ impl Start {
     fn of(release: &str, latest: Option<&Revision>) -> Start {
         let Some(latest) = latest else {
             return Start {
-                action: ReleaseAction::Install,
+                action: ReleaseChange::Install,
                 recovery: None,
                 install: false,
                 fresh: true,
@@ -72,7 +72,7 @@ impl Start {
         };
         match Recovery::of(latest) {
             Recovery::Reinstall { pending: n } => Start {
-                action: ReleaseAction::Install,
+                action: ReleaseChange::Install,
                 recovery: Some(format!(
                     "revision {n} was left pending-install by an interrupted helm: it is \
                      uninstalled first, then installed again"
@@ -87,7 +87,7 @@ impl Start {
                 status,
                 to: deployed,
             } => Start {
-                action: ReleaseAction::Upgrade,
+                action: ReleaseChange::Upgrade,
                 recovery: Some(format!(
                     "revision {n} was left {status} by an interrupted helm: it is rolled back \
                      to revision {deployed} first, then upgraded"
@@ -99,9 +99,9 @@ impl Start {
             },
             Recovery::Forget { pending: n, status } => Start {
                 action: if n == 1 {
-                    ReleaseAction::Install
+                    ReleaseChange::Install
                 } else {
-                    ReleaseAction::Upgrade
+                    ReleaseChange::Upgrade
                 },
                 recovery: Some(format!(
                     "revision {n} was left {status} by an interrupted helm and no revision \
@@ -113,7 +113,7 @@ impl Start {
                 deployed: None,
             },
             Recovery::FinishUninstall { revision: n } => Start {
-                action: ReleaseAction::Install,
+                action: ReleaseChange::Install,
                 recovery: Some(format!(
                     "an uninstall of release `{release}` is not finished: it is finished first, \
                      and the release installed again once its objects are gone"
@@ -133,7 +133,7 @@ impl Start {
                     latest.deployed_before.unwrap_or(n)
                 };
                 Start {
-                    action: ReleaseAction::Upgrade,
+                    action: ReleaseChange::Upgrade,
                     recovery: (status != "deployed")
                         .then(|| format!("revision {n} is {status}: it is upgraded again")),
                     install: false,

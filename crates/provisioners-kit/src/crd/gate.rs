@@ -12,7 +12,7 @@ use kube::api::{Api, DynamicObject, ListParams};
 use kube::core::ApiResource;
 use provisioners_core::{Context, Error, Result};
 
-use super::{Change, Checked, SchemaChange, Validator};
+use super::{Checked, Diff, SchemaDiff, Validator};
 
 /// Objects per page when existing custom resources are checked.
 const PAGE: u32 = 500;
@@ -57,7 +57,7 @@ pub async fn refusal(
         }));
     }
     let name = desired.metadata.name.as_deref().unwrap_or_default();
-    let change = Change::between(live, desired);
+    let change = Diff::between(live, desired);
     for schema in change.schemas.iter().filter(|s| needs_objects_checked(s)) {
         let Some(served) = served_version(live, &schema.version) else {
             // Nothing is read through a version the cluster does not serve
@@ -98,11 +98,11 @@ pub async fn refusal(
 
 /// Whether stored objects could stop validating: a field tightened, or one
 /// dropped from the schema (the API server would prune its values).
-fn needs_objects_checked(schema: &SchemaChange) -> bool {
+fn needs_objects_checked(schema: &SchemaDiff) -> bool {
     !schema.tightened.is_empty() || !schema.removed.is_empty()
 }
 
-fn schema_summary(schema: &SchemaChange) -> String {
+fn schema_summary(schema: &SchemaDiff) -> String {
     let mut parts: Vec<String> = schema
         .tightened
         .iter()

@@ -18,7 +18,7 @@
 //!
 //! Pure (no I/O):
 //!
-//! - [`Change::between`]: versions added and removed, `served` flags,
+//! - [`Diff::between`]: versions added and removed, `served` flags,
 //!   the storage version before and after, and per version the schema
 //!   fields added, removed and tightened, shown as short plan lines;
 //! - [`check`] / [`findings`]: what makes the change unsafe (a version in
@@ -39,7 +39,7 @@
 //!
 //! ```
 //! use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-//! use provisioners_kit::crd::{self, Change, Validator};
+//! use provisioners_kit::crd::{self, Diff, Validator};
 //! use serde_json::json;
 //!
 //! let crd = |versions: serde_json::Value, stored: serde_json::Value| -> CustomResourceDefinition {
@@ -64,7 +64,7 @@
 //!     json!([]),
 //! );
 //!
-//! let change = Change::between(&live, &desired);
+//! let change = Diff::between(&live, &desired);
 //! assert_eq!(change.to_string(), "versions: +v1, -v1alpha1; still served: v1; storage v1alpha1 -> v1");
 //!
 //! let unsafe_ = crd::check(Some(&live), &desired).unwrap_err();
@@ -79,7 +79,7 @@
 //! assert!(checked.failures[0].errors[0].starts_with("spec.replicas: "));
 //! ```
 
-mod change;
+mod diff;
 mod fields;
 mod gate;
 mod migrate;
@@ -88,14 +88,14 @@ mod schema;
 mod step;
 mod validator;
 
-pub use change::{Change, SchemaChange, Tightening};
+pub use diff::{Diff, SchemaDiff, Tightening};
 pub use gate::{NAMED, Refusal, refusal};
 pub use migrate::{
     CONCURRENT_WRITES, Migration, OBJECTS_PER_PASS, migrate, migrate_noted, migration,
     migration_line, note, storage_version_hash,
 };
 pub use safety::{Finding, Unsafe, check, findings, shape};
-pub use step::{Action, Applied, DEFAULT_RECHECK, Planned, Step, is_established, storage_move};
+pub use step::{Applied, DEFAULT_RECHECK, Decision, Planned, Step, is_established, storage_move};
 pub use validator::{Checked, Failure, MAX_ERRORS_PER_OBJECT, SchemaError, Validator};
 
 #[cfg(test)]

@@ -35,7 +35,7 @@ use provisioners_core::{Context, Error, Result};
 use serde_json::Value;
 
 use super::gate::page_limit;
-use super::{Change, Refusal, refusal};
+use super::{Diff, Refusal, refusal};
 use crate::{canonical, drift};
 
 /// CRDs per page of the metadata LIST that checks what the step knows.
@@ -74,11 +74,11 @@ pub struct Applied {
 /// What a plan says one CRD's [`Step::run`] would do.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum Action {
+pub enum Decision {
     /// The CRD does not exist: it would be created.
     Create,
     /// The live CRD would change, as these plan lines say
-    /// ([`Change::lines`]).
+    /// ([`Diff::lines`]).
     Update(Vec<String>),
     /// Nothing would change.
     Unchanged,
@@ -93,7 +93,7 @@ pub struct Planned {
     /// The CRD's name (`widgets.example.com`).
     pub name: String,
     /// What a provision would do.
-    pub action: Action,
+    pub decision: Decision,
 }
 
 /// Per cluster: by CRD name, the `resourceVersion` it had when it last held
@@ -235,27 +235,27 @@ impl Step {
         let lives = self.read(cx, &known, &desired, false).await?;
         let mut planned = Vec::with_capacity(desired.len());
         for (d, live) in desired.iter().zip(lives) {
-            let action = match live {
-                Live::Known => Action::Unchanged,
-                Live::Absent => Action::Create,
-                Live::Present(_) if !self.update => Action::Unchanged,
+            let decision = match live {
+                Live::Known => Decision::Unchanged,
+                Live::Absent => Decision::Create,
+                Live::Present(_) if !self.update => Decision::Unchanged,
                 Live::Present(live) => {
                     if holds(&live, d) {
-                        Action::Unchanged
+                        Decision::Unchanged
                     } else if let Some(why) = refusal(cx, &live, &d.typed).await? {
-                        Action::Refuse(why)
+                        Decision::Refuse(why)
                     } else {
-                        let mut lines = Change::between(&live, &d.typed).lines();
+                        let mut lines = Diff::between(&live, &d.typed).lines();
                         if let Some(line) = super::migration_line(cx, &live, &d.typed).await? {
                             lines.push(line);
                         }
-                        Action::Update(lines)
+                        Decision::Update(lines)
                     }
                 }
             };
             planned.push(Planned {
                 name: d.name.clone(),
-                action,
+                decision,
             });
         }
         Ok(planned)

@@ -15,7 +15,7 @@ use jsonschema::{Draft, PatternOptions};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use serde_json::Value;
 
-use super::change::schema_of;
+use super::diff::schema_of;
 use super::schema;
 
 /// The most errors [`Validator::validate`] reports for one object.

@@ -35,7 +35,7 @@
 //! // One memory for the process: a Lease seen in one pass counts in the next.
 //! let observations = Arc::new(Observations::default());
 //! let lock = LeaseLock::new(client, "apps", "my-job", "pod-a")
-//!     .duration(Duration::from_secs(30))
+//!     .lease_duration(Duration::from_secs(30))
 //!     .observations(observations);
 //! match lock.take().await? {
 //!     Take::Taken(hold) => {
@@ -137,7 +137,7 @@ impl LeaseLock {
 
     /// How long a hold lasts without renewal (written as whole seconds, at
     /// least one).
-    pub fn duration(mut self, duration: Duration) -> Self {
+    pub fn lease_duration(mut self, duration: Duration) -> Self {
         self.duration = duration;
         self
     }

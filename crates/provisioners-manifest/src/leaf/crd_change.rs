@@ -8,7 +8,7 @@
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::DynamicObject;
 use provisioners_core::{Context, Error, Result};
-use provisioners_kit::crd::{self, Change};
+use provisioners_kit::crd::{self, Diff};
 
 use super::Manifest;
 use super::resolve::Resolved;
@@ -36,7 +36,7 @@ impl Manifest {
 /// documents are not CRDs or nothing a CRD reader cares about changes.
 pub(super) fn crd_change_summary(object: &Resolved, live: &DynamicObject) -> Option<String> {
     let (live, desired) = crds(object, live).ok()?;
-    let change = Change::between(&live, &desired);
+    let change = Diff::between(&live, &desired);
     (!change.is_empty()).then(|| change.lines().join("; "))
 }
 

@@ -153,7 +153,7 @@ impl Manifest {
                 .await?;
         }
 
-        if let Some(wait) = self.wait {
+        if let Some(wait) = self.ready_timeout {
             ready::wait_ready(cx, &scope, &applied, &established, wait)?;
         }
         tracing::debug!(objects = applied.len(), "applied");

@@ -23,7 +23,7 @@ use kube::api::{ApiResource, DeleteParams, DynamicObject, ObjectMeta, Patch, Pat
 use kube::config::Kubeconfig;
 use kube::{Api, ResourceExt};
 use platform_operator::{FIELD_MANAGER, Platform, PlatformSpec, RemoteSpec, Settings, tree};
-use provisioners::{Context, Event, Observer, Outcome, Phase, Provisioner};
+use provisioners::{Context, NodeEvent, Observer, Outcome, Phase, Provisioner};
 
 const DEADLINE: Duration = Duration::from_secs(300);
 const SECRET: &str = "demo-remote-kubeconfig";
@@ -377,7 +377,7 @@ fn short(reason: &str) -> String {
 }
 
 impl Observer for LiveView {
-    fn on_event(&self, event: &Event<'_>) {
+    fn on_event(&self, event: &NodeEvent<'_>) {
         {
             let mut nodes = self.nodes.lock().unwrap_or_else(PoisonError::into_inner);
             let (order, states) = &mut *nodes;

@@ -7,7 +7,7 @@ use base64::Engine as _;
 use http::Method;
 use provisioners_kit::plan::{Change, PlanObjects as _};
 
-use crate::{PlanRelease, ReleaseAction};
+use crate::{PlanRelease, ReleaseChange};
 use provisioners_testing::mock::{self, ApiMock};
 use serde_json::{Value, json};
 
@@ -135,7 +135,7 @@ async fn a_deployed_release_with_these_inputs_plans_its_drift_from_reads() {
     .await;
     let plan = plan.await.unwrap().unwrap();
     let release_plan = plan.release().unwrap();
-    assert_eq!(release_plan.action(), ReleaseAction::Drift, "{plan}");
+    assert_eq!(release_plan.action(), ReleaseChange::Drift, "{plan}");
     assert_eq!(release_plan.reason(), Some("2 objects drifted"));
     assert_eq!(
         (release_plan.chart(), release_plan.revision()),
@@ -190,7 +190,7 @@ async fn a_deployed_release_with_these_inputs_plans_its_drift_from_reads() {
     let plan = plan.await.unwrap().unwrap();
     assert_eq!(
         plan.release().unwrap().action(),
-        ReleaseAction::NoChange,
+        ReleaseChange::NoChange,
         "{plan}"
     );
     assert!(!plan.has_changes(), "{plan:#}");
@@ -243,7 +243,7 @@ async fn deprovision_plans_the_uninstall_with_kept_objects_and_absent_when_gone(
     let plan = plan.await.unwrap().unwrap();
     assert_eq!(
         plan.release().unwrap().action(),
-        ReleaseAction::Uninstall,
+        ReleaseChange::Uninstall,
         "{plan}"
     );
     let objects: Vec<(String, Change)> = plan
@@ -268,6 +268,6 @@ async fn deprovision_plans_the_uninstall_with_kept_objects_and_absent_when_gone(
     api.expect(Method::GET, "/api/v1/namespaces/apps/secrets", 200, empty)
         .await;
     let plan = plan.await.unwrap().unwrap();
-    assert_eq!(plan.release().unwrap().action(), ReleaseAction::Absent);
+    assert_eq!(plan.release().unwrap().action(), ReleaseChange::Absent);
     assert!(!plan.has_changes());
 }

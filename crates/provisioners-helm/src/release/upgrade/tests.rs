@@ -21,17 +21,17 @@ fn revision(number: u32, status: &str, deployed_before: Option<u32>) -> Revision
 #[test]
 fn the_start_follows_provision_s_recovery() {
     let fresh = Start::of("ns/web", None);
-    assert_eq!(fresh.action, ReleaseAction::Install);
+    assert_eq!(fresh.action, ReleaseChange::Install);
     assert!(fresh.fresh && !fresh.install && fresh.prior.is_none());
 
     let pending = Start::of("ns/web", Some(&revision(1, "pending-install", None)));
-    assert_eq!(pending.action, ReleaseAction::Install);
+    assert_eq!(pending.action, ReleaseChange::Install);
     assert!(pending.install && pending.fresh);
     assert_eq!(pending.prior, Some((1, true)));
     assert!(pending.recovery.unwrap().contains("uninstalled first"));
 
     let upgrade = Start::of("ns/web", Some(&revision(4, "pending-upgrade", Some(2))));
-    assert_eq!(upgrade.action, ReleaseAction::Upgrade);
+    assert_eq!(upgrade.action, ReleaseChange::Upgrade);
     assert_eq!(
         (upgrade.prior, upgrade.deployed),
         (Some((2, false)), Some(2))
@@ -44,7 +44,7 @@ fn the_start_follows_provision_s_recovery() {
     );
 
     let failed = Start::of("ns/web", Some(&revision(3, "failed", Some(2))));
-    assert_eq!(failed.action, ReleaseAction::Upgrade);
+    assert_eq!(failed.action, ReleaseChange::Upgrade);
     assert!(!failed.install);
     assert_eq!(failed.prior, Some((2, false)));
     let first_failed = Start::of("ns/web", Some(&revision(1, "failed", None)));
@@ -59,7 +59,7 @@ fn the_start_follows_provision_s_recovery() {
     assert!(deployed.recovery.is_none());
 
     let uninstalled = Start::of("ns/web", Some(&revision(2, "uninstalled", None)));
-    assert_eq!(uninstalled.action, ReleaseAction::Install);
+    assert_eq!(uninstalled.action, ReleaseChange::Install);
     assert_eq!(uninstalled.prior, Some((2, true)));
 }
 

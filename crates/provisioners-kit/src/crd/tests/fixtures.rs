@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 
-use crate::crd::{Change, Validator, findings};
+use crate::crd::{Diff, Validator, findings};
 
 /// The CRD files of kube-prometheus's `manifests/setup`, or why not.
 fn crd_files() -> Result<Vec<PathBuf>, String> {
@@ -56,7 +56,7 @@ fn kube_prometheus_crds_validate_and_are_no_change_against_themselves() {
         let crd: CustomResourceDefinition = serde_saphyr::from_str_with_options(&text, options())
             .unwrap_or_else(|e| panic!("{}: {e}", file.display()));
         assert_eq!(findings(Some(&crd), &crd), [], "{}", file.display());
-        let change = Change::between(&crd, &crd);
+        let change = Diff::between(&crd, &crd);
         assert!(change.is_empty(), "{}: {change}", file.display());
         for version in &crd.spec.versions {
             let validator = Validator::new(&crd, &version.name)

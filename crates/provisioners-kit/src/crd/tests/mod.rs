@@ -2,7 +2,7 @@
 //! ([`change`]), the validator ([`validate`]), hostile schemas
 //! ([`hostile`]) and the real CRDs of the shared fixtures ([`fixtures`]).
 
-mod change;
+mod diff;
 mod fixtures;
 mod hostile;
 mod step;

@@ -1,7 +1,7 @@
 //! Where the wall time goes: an [`Observer`] summing each tree node's time
 //! and what the helm leaf's yields waited for.
 
-use provisioners::{Event, Phase};
+use provisioners::{NodeEvent, Phase};
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -45,7 +45,7 @@ pub(crate) fn helm_yield(message: &str) -> &'static str {
 }
 
 impl Observer for Phases {
-    fn on_event(&self, event: &Event<'_>) {
+    fn on_event(&self, event: &NodeEvent<'_>) {
         let Phase::Finished { elapsed, outcome } = &event.phase else {
             return;
         };

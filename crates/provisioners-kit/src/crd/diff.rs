@@ -13,9 +13,9 @@ use serde_json::Value;
 
 use super::fields::{self, Flat};
 
-/// The difference between a live CRD and a desired one ([`Change::between`]).
+/// The difference between a live CRD and a desired one ([`Diff::between`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Change {
+pub struct Diff {
     /// The CRD's name (`widgets.example.com`), from the desired CRD.
     pub name: String,
     /// Versions the desired CRD has and the live one lacks.
@@ -31,12 +31,12 @@ pub struct Change {
     /// The desired storage version (`None` when the desired CRD has none).
     pub storage_after: Option<String>,
     /// Per version in both CRDs whose schema changed, what changed.
-    pub schemas: Vec<SchemaChange>,
+    pub schemas: Vec<SchemaDiff>,
 }
 
 /// How one version's `openAPIV3Schema` changes.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct SchemaChange {
+pub struct SchemaDiff {
     /// The version (`v1`).
     pub version: String,
     /// Fields the desired schema declares and the live one does not, by
@@ -67,7 +67,7 @@ pub struct Tightening {
     pub detail: String,
 }
 
-impl Change {
+impl Diff {
     /// Compares `live` with `desired`, the CRD about to replace it.
     pub fn between(live: &CustomResourceDefinition, desired: &CustomResourceDefinition) -> Self {
         let before = &live.spec.versions;
@@ -77,7 +77,7 @@ impl Change {
                 .position(|v| v.name == name)
                 .map(|i| list[i].clone())
         };
-        let mut change = Change {
+        let mut change = Diff {
             name: desired.metadata.name.clone().unwrap_or_default(),
             storage_before: storage_version(live),
             storage_after: storage_version(desired),
@@ -86,7 +86,7 @@ impl Change {
                 .filter(|v| v.served)
                 .map(|v| v.name.clone())
                 .collect(),
-            ..Change::default()
+            ..Diff::default()
         };
         for version in after {
             match find(before, &version.name) {
@@ -162,13 +162,13 @@ impl Change {
                 shown(&self.storage_after)
             ));
         }
-        lines.extend(self.schemas.iter().map(SchemaChange::to_string));
+        lines.extend(self.schemas.iter().map(SchemaDiff::to_string));
         lines
     }
 }
 
-impl fmt::Display for Change {
-    /// The [`lines`](Change::lines) joined with `; `, or `no change`.
+impl fmt::Display for Diff {
+    /// The [`lines`](Diff::lines) joined with `; `, or `no change`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.is_empty() {
             return f.write_str("no change");
@@ -177,14 +177,14 @@ impl fmt::Display for Change {
     }
 }
 
-impl SchemaChange {
+impl SchemaDiff {
     /// Whether the schema did not change in any way this type tracks.
     pub fn is_empty(&self) -> bool {
         self.added.is_empty() && self.removed.is_empty() && self.tightened.is_empty()
     }
 }
 
-impl fmt::Display for SchemaChange {
+impl fmt::Display for SchemaDiff {
     /// `v1: fields added a, b; removed c; tightened d (maximum 10 -> 5)`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut parts = Vec::new();
@@ -232,15 +232,15 @@ pub(crate) fn schema_of(version: &CustomResourceDefinitionVersion) -> Value {
 }
 
 /// The schema change of `version` from `live` to `desired`.
-fn compare(version: &str, live: &Value, desired: &Value) -> SchemaChange {
+fn compare(version: &str, live: &Value, desired: &Value) -> SchemaDiff {
     let before = fields::flatten(live);
     let after = fields::flatten(desired);
-    let mut change = SchemaChange {
+    let mut change = SchemaDiff {
         version: version.to_owned(),
         added: outermost(&after, &before),
         removed: outermost(&before, &after),
         truncated: before.truncated || after.truncated,
-        ..SchemaChange::default()
+        ..SchemaDiff::default()
     };
     for (path, node) in &after.nodes {
         if let Some(old) = before.nodes.get(path) {

@@ -1,9 +1,9 @@
-//! [`Change::between`] and the safety findings, one test per finding.
+//! [`Diff::between`] and the safety findings, one test per finding.
 
 use serde_json::json;
 
 use super::{crd, object, version};
-use crate::crd::{Change, check, findings, shape};
+use crate::crd::{Diff, check, findings, shape};
 
 fn spec() -> serde_json::Value {
     object(json!({
@@ -27,7 +27,7 @@ fn live()
 
 #[test]
 fn a_crd_against_itself_is_no_change_and_safe() {
-    let change = Change::between(&live(), &live());
+    let change = Diff::between(&live(), &live());
     assert!(change.is_empty(), "{change:?}");
     assert_eq!(change.to_string(), "no change");
     assert_eq!(check(Some(&live()), &live()), Ok(()));
@@ -36,7 +36,7 @@ fn a_crd_against_itself_is_no_change_and_safe() {
 #[test]
 fn a_dropped_stored_version_is_unsafe() {
     let desired = crd(json!([version("v1", true, true, spec())]), &[]);
-    let change = Change::between(&live(), &desired);
+    let change = Diff::between(&live(), &desired);
     assert_eq!(change.versions_removed, ["v1alpha1"]);
     assert_eq!(change.to_string(), "versions: -v1alpha1; still served: v1");
     let found = check(Some(&live()), &desired).expect_err("unsafe");
@@ -58,7 +58,7 @@ fn a_stored_version_kept_unserved_is_safe() {
         &[],
     );
     assert_eq!(check(Some(&live()), &desired), Ok(()));
-    let change = Change::between(&live(), &desired);
+    let change = Diff::between(&live(), &desired);
     assert_eq!(change.served_changed, [("v1alpha1".to_owned(), false)]);
     assert_eq!(change.to_string(), "served: v1alpha1 off; still served: v1");
 }
@@ -93,7 +93,7 @@ fn the_storage_version_moving_is_shown() {
         ]),
         &[],
     );
-    let change = Change::between(&live(), &desired);
+    let change = Diff::between(&live(), &desired);
     assert_eq!(change.storage_before.as_deref(), Some("v1"));
     assert_eq!(change.storage_after.as_deref(), Some("v1alpha1"));
     assert_eq!(change.to_string(), "storage v1 -> v1alpha1");
@@ -140,7 +140,7 @@ fn tightened(desired: serde_json::Value) -> String {
         ]),
         &[],
     );
-    Change::between(&live(), &desired).to_string()
+    Diff::between(&live(), &desired).to_string()
 }
 
 #[test]
