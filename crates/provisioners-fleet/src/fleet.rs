@@ -16,7 +16,7 @@ use crate::state::StateMap;
 /// The revision of a fleet that was given none.
 pub const DEFAULT_REVISION: &str = "unversioned";
 /// How long a done member stays done before it is provisioned again to
-/// correct drift, unless [`Fleet::resync`] says otherwise.
+/// correct drift, unless [`Fleet::resync_after`] says otherwise.
 pub const DEFAULT_RESYNC: Duration = Duration::from_secs(3600);
 
 /// Builds a member's subtree.

@@ -31,7 +31,7 @@
 //! manifests) or a release tag. A member done at the current revision is a
 //! no-op: no request to its cluster. A new revision rolls out wave by wave.
 //! A done member is provisioned again after [`DEFAULT_RESYNC`] (an hour;
-//! [`Fleet::resync`]) to correct drift, within the in-flight bound.
+//! [`Fleet::resync_after`]) to correct drift, within the in-flight bound.
 //!
 //! **State.** Each member's state survives restarts in one ConfigMap per
 //! fleet on the context's cluster, `fleet-<owner>-<name>` (`fleet-<name>`

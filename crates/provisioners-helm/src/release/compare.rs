@@ -194,7 +194,7 @@ pub(super) async fn upgrade(
 /// `helm.sh/resource-policy: keep` on a live object, as helm reads it when
 /// it prunes on upgrade (and as the deletion gate reads it).
 fn kept(live: &Value) -> bool {
-    live["metadata"]["annotations"]["helm.sh/resource-policy"]
+    live["metadata"]["annotations"][keep::HELM_RESOURCE_POLICY]
         .as_str()
         .is_some_and(keep::is_keep)
 }
