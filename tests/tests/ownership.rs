@@ -320,6 +320,29 @@ async fn many_pre_existing_crds_are_adopted_through_the_crd_gate() {
             "widget{i}s adopted"
         );
     }
+    // Adopting stamps each CRD, and the API server rebuilds a CRD's storage
+    // on every update. A CRD deleted while its storage is rebuilding makes
+    // the API server's CRD finalizer fail ("storage is (re)initializing")
+    // and retry with a growing backoff, which on a loaded machine outlasts
+    // the deadline (the deletion still finishes, later). Deprovision once
+    // every kind serves again, as an operator would long after adopting.
+    for i in 0..5 {
+        let kind = format!("Widget{i}");
+        let plural = format!("widget{i}s");
+        let api = Api::<kube::api::DynamicObject>::namespaced_with(
+            cx.client().clone(),
+            ns.name(),
+            &manifest_support::resource(&group, "v1", &kind, &plural),
+        );
+        let started = std::time::Instant::now();
+        while let Err(error) = api.list(&Default::default()).await {
+            assert!(
+                started.elapsed() < DEADLINE,
+                "{plural} never served again: {error}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
     converge(&cx, &manifest(false), false, DEADLINE).await;
     for i in 0..5 {
         let name = format!("widget{i}s.{group}");
