@@ -41,8 +41,13 @@ const DEADLINE: Duration = Duration::from_secs(60);
 /// A context on the primary cluster whose requests (and those of the
 /// remotes derived from it) get a short deadline.
 async fn context() -> Context {
+    context_with(ClientPolicy::new()).await
+}
+
+/// [`context`] with `policy` (the request timeout set on it).
+async fn context_with(policy: ClientPolicy) -> Context {
     let kubeconfig = HarnessCluster::Primary.kubeconfig().expect("kubeconfig");
-    let cluster = ClientPolicy::new()
+    let cluster = policy
         .request_timeout(REQUEST_TIMEOUT)
         .connect("primary", kubeconfig)
         .await
@@ -470,15 +475,10 @@ async fn ten_remotes_with_three_dead_cost_about_what_the_seven_live_ones_cost() 
     // passes depended on how fast the machine ran them (it did on a loaded
     // 2-core run: 1.18 s against 0.22 s). Remotes take the parent's policy,
     // so probes wait past this test; probe costs are tested above.
-    let kubeconfig = HarnessCluster::Primary.kubeconfig().expect("kubeconfig");
-    let cx = Context::new(
-        ClientPolicy::new()
-            .request_timeout(REQUEST_TIMEOUT)
-            .probe_interval(Duration::from_secs(120), Duration::from_secs(120))
-            .connect("primary", kubeconfig)
-            .await
-            .expect("cluster"),
-    );
+    let cx = context_with(
+        ClientPolicy::new().probe_interval(Duration::from_secs(120), Duration::from_secs(120)),
+    )
+    .await;
     let tree = |count: usize| {
         let mut group = concurrent!("fleet");
         for i in 0..count {
