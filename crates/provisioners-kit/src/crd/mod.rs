@@ -85,6 +85,7 @@ mod gate;
 mod migrate;
 mod safety;
 mod schema;
+mod served;
 mod step;
 mod validator;
 

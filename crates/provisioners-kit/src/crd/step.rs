@@ -1,7 +1,8 @@
 //! The CRD step: desired CRDs applied with server-side apply under the
 //! context's field manager, each live one first read and passed through the
-//! [gate](super::refusal), and a CRD that is not `Established` yet reported
-//! as a yield, never waited for in the pass.
+//! [gate](super::refusal), and a CRD that is not `Established` yet, or
+//! not yet [served by API discovery](super::served), reported as a yield,
+//! never waited for in the pass.
 //!
 //! # Requests
 //!
@@ -35,7 +36,7 @@ use provisioners_core::{Context, Error, Result};
 use serde_json::Value;
 
 use super::gate::page_limit;
-use super::{Diff, Refusal, refusal};
+use super::{Diff, Refusal, refusal, served};
 use crate::{canonical, drift};
 
 /// CRDs per page of the metadata LIST that checks what the step knows.
@@ -178,7 +179,10 @@ impl Step {
 
     /// Applies the CRDs: reads, gates, applies. `Invalid` for a refused
     /// change (nothing written to that CRD), a yield naming the CRDs not
-    /// yet `Established`, the API's errors otherwise.
+    /// yet `Established` or, once they are, the ones it created or changed
+    /// that API discovery does not list yet (one GET of `/apis`, only on a
+    /// pass that wrote a CRD or still waits for one); the API's errors
+    /// otherwise.
     pub async fn run(&self, cx: &Context) -> Result<Applied> {
         let desired = self.desired()?;
         let known = cx.cluster().state::<Known>();
@@ -190,19 +194,32 @@ impl Step {
         let mut applied = Applied::default();
         let mut pending = Vec::new();
         let mut errors = Vec::new();
+        // Established CRDs this pass wrote, or an earlier one wrote and
+        // discovery did not serve yet: checked in discovery below.
+        let awaiting = cx.cluster().state::<served::Awaiting>();
+        let mut check = Vec::new();
         for (d, result) in desired.iter().zip(join_all(runs).await) {
             let name = d.name.clone();
             match result {
                 Err(e) => errors.push(e),
-                Ok(Done::Unchanged) => applied.unchanged.push(name),
+                Ok(Done::Unchanged) => {
+                    if awaiting.contains(&name) {
+                        check.push((d.name.as_str(), &d.typed));
+                    }
+                    applied.unchanged.push(name);
+                }
                 Ok(Done::Created(established)) => {
-                    if !established {
+                    if established {
+                        check.push((d.name.as_str(), &d.typed));
+                    } else {
                         pending.push(name.clone());
                     }
                     applied.created.push(name);
                 }
                 Ok(Done::Updated(established, moved)) => {
-                    if !established {
+                    if established {
+                        check.push((d.name.as_str(), &d.typed));
+                    } else {
                         pending.push(name.clone());
                     }
                     if let Some((from, to)) = moved {
@@ -216,9 +233,24 @@ impl Step {
             return Err(Error::group(errors));
         }
         if !pending.is_empty() {
+            for d in &desired {
+                if pending.contains(&d.name) {
+                    awaiting.set(&d.name, true);
+                }
+            }
             return Err(Error::yielding(format!(
                 "waiting for CustomResourceDefinition {} to be Established",
                 pending.join(", ")
+            )));
+        }
+        let unserved = served::unserved(cx, &check).await?;
+        for (name, _) in &check {
+            awaiting.set(name, unserved.iter().any(|u| u == name));
+        }
+        if !unserved.is_empty() {
+            return Err(Error::yielding(format!(
+                "waiting for API discovery to serve CustomResourceDefinition {}",
+                unserved.join(", ")
             )));
         }
         // Stored objects of a CRD whose storage version moved (now or on an

@@ -1,7 +1,8 @@
 //! [`Step`] against a mocked API server: a first pass creates and reads
 //! Established from the answer, a no-op pass within the recheck period
 //! makes no request, a later one one metadata LIST, an unsafe change is
-//! refused without a write, and a CRD not yet established yields.
+//! refused without a write, and a CRD not yet established, or not yet
+//! served by discovery, yields.
 
 use std::time::Duration;
 
@@ -67,6 +68,20 @@ async fn answer(handle: &mut Handle, method: &str, path: &str, status: u16, repl
     );
 }
 
+/// Aggregated discovery listing `widgets` in `example.com` at `versions`,
+/// beside another group.
+fn discovery(versions: &[&str]) -> Value {
+    let versions: Vec<Value> = versions
+        .iter()
+        .map(|v| json!({"version": v, "resources": [{"resource": "widgets", "scope": "Namespaced"}]}))
+        .collect();
+    json!({"apiVersion": "apidiscovery.k8s.io/v2", "kind": "APIGroupDiscoveryList",
+           "metadata": {}, "items": [
+        {"metadata": {"name": "apps"}, "versions": [{"version": "v1", "resources": [{"resource": "deployments"}]}]},
+        {"metadata": {"name": "example.com"}, "versions": versions},
+    ]})
+}
+
 fn not_found() -> Value {
     json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound",
            "code": 404, "message": "not found"})
@@ -87,6 +102,7 @@ async fn created_then_no_request_then_one_list() {
             &stored(&v1, true, &["v1"], "5"),
         )
         .await;
+        answer(&mut handle, "GET", "/apis", 200, &discovery(&["v1"])).await;
         handle
     };
     let (applied, mut handle) = tokio::join!(step.run(&cx), server);
@@ -166,4 +182,90 @@ fn a_storage_move_is_reported_for_migration() {
         Some(("v1alpha1".to_owned(), "v1".to_owned()))
     );
     assert_eq!(crate::crd::storage_move(&live, &live), None);
+}
+
+/// Established is not enough: until aggregated discovery lists every
+/// served version, clients such as helm cannot map the kind, so the pass
+/// yields; the next pass (no CRD request, it is known) checks discovery
+/// again, and once served, passes make no request at all.
+#[tokio::test]
+async fn established_but_not_yet_in_discovery_yields_until_served() {
+    let (cx, mut handle) = context();
+    let versions = [("v1", true), ("v2", false)];
+    let step = step(&versions);
+    let server = async {
+        answer(&mut handle, "GET", CRD, 404, &not_found()).await;
+        let established = stored(&versions, true, &["v1"], "5");
+        answer(&mut handle, "PATCH", CRD, 200, &established).await;
+        // v2 not listed yet.
+        answer(&mut handle, "GET", "/apis", 200, &discovery(&["v1"])).await;
+        handle
+    };
+    let (result, mut handle) = tokio::join!(step.run(&cx), server);
+    let error = result.unwrap_err();
+    assert!(error.is_yield(), "{error}");
+    assert!(
+        error.to_string().contains(
+            "waiting for API discovery to serve CustomResourceDefinition widgets.example.com"
+        ),
+        "{error}"
+    );
+
+    let server = async {
+        answer(&mut handle, "GET", "/apis", 200, &discovery(&["v1", "v2"])).await;
+        handle
+    };
+    let (applied, mut handle) = tokio::join!(step.run(&cx), server);
+    assert_eq!(applied.unwrap().unchanged, ["widgets.example.com"]);
+
+    let applied = tokio::time::timeout(Duration::from_secs(5), step.run(&cx))
+        .await
+        .expect("no request once served")
+        .unwrap();
+    assert_eq!(applied.unchanged, ["widgets.example.com"]);
+    drop(cx);
+    assert!(handle.next_request().await.is_none());
+}
+
+/// An API server without aggregated discovery answers `/apis` with the
+/// plain group list: each served version is then read on its own, and a
+/// version not found there is not served yet.
+#[tokio::test]
+async fn without_aggregated_discovery_each_version_is_read() {
+    let (cx, mut handle) = context();
+    let v1 = [("v1", true)];
+    let step = step(&v1);
+    let groups = json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": []});
+    let resources = json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": "example.com/v1",
+        "resources": [{"name": "widgets", "singularName": "widget", "namespaced": true,
+                       "kind": "Widget", "verbs": ["get"]}]});
+    let server = async {
+        answer(&mut handle, "GET", CRD, 404, &not_found()).await;
+        answer(
+            &mut handle,
+            "PATCH",
+            CRD,
+            200,
+            &stored(&v1, true, &["v1"], "5"),
+        )
+        .await;
+        answer(&mut handle, "GET", "/apis", 200, &groups).await;
+        answer(
+            &mut handle,
+            "GET",
+            "/apis/example.com/v1",
+            404,
+            &not_found(),
+        )
+        .await;
+        answer(&mut handle, "GET", "/apis", 200, &groups).await;
+        answer(&mut handle, "GET", "/apis/example.com/v1", 200, &resources).await;
+    };
+    let run_twice = async {
+        let first = step.run(&cx).await;
+        (first, step.run(&cx).await)
+    };
+    let ((first, second), ()) = tokio::join!(run_twice, server);
+    assert!(first.unwrap_err().is_yield());
+    assert_eq!(second.unwrap().unchanged, ["widgets.example.com"]);
 }
