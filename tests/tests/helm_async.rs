@@ -35,15 +35,19 @@ const NODE: &str = "kwok-node-0";
 /// The issue's figure is 2 s, and passes take 0.3-1.5 s on a quiet machine
 /// (docs/benchmarks.md), but one took 2.59 s at load 13 (the reads and
 /// Lease writes before helm starts, not a wait): the bound leaves room for
-/// a loaded CI, as [`CROWDED_PASS_BOUND`] does, and the times are printed.
+/// a loaded CI, and the times are printed.
 const PASS_BOUND: Duration = Duration::from_secs(5);
 
-/// The bound for a pass among 32 at once: what they cost is reads and
-/// writes on a 2-core machine that also runs the control plane, 8 helm
-/// processes and the rest of the suite (the load average was about 30 when
-/// this was measured at 1.4 s for a provision pass, 2.1 s for a deprovision
-/// pass). None of it is waiting: a pass that finds no free slot yields.
-const CROWDED_PASS_BOUND: Duration = Duration::from_secs(5);
+/// The most of an operation's whole time that one pass among 32 at once
+/// may take. A pass that waited for a helm slot would last as long as the
+/// runs queued ahead of it, most of the operation (32 runs on 8 slots are
+/// four waves of helm runs); a pass that does not costs its own reads and
+/// writes, a tenth to a quarter of it. Both grow with the machine's load,
+/// so the share holds on a loaded CI where a bound in seconds does not: on
+/// a 2-core machine running two full suites at once, one deprovision pass
+/// took 5.8 s (about ten requests in a row at 0.2-0.6 s each, traced; no
+/// wait) while the whole deprovision took about 25 s.
+const CROWDED_PASS_SHARE: f64 = 0.5;
 
 /// What the test passes wait for a run they started: short, so that the
 /// bound above holds with room to spare.
@@ -272,7 +276,8 @@ async fn thirty_two_releases_share_eight_helm_slots_without_a_waiting_pass(helm:
         let mut rounds = 0;
         let mut slot_yields = 0;
         let mut pending: Vec<&HelmRelease> = releases.iter().collect();
-        let deadline = Instant::now() + DEADLINE;
+        let started = Instant::now();
+        let deadline = started + DEADLINE;
         while !pending.is_empty() {
             rounds += 1;
             // Every pending release reconciled at once, as 32 workers would.
@@ -309,13 +314,15 @@ async fn thirty_two_releases_share_eight_helm_slots_without_a_waiting_pass(helm:
             );
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
+        let whole = started.elapsed();
         eprintln!(
-            "{what} of {RELEASES} releases over 8 helm slots: {rounds} rounds, longest pass \
-             {longest:?}, {slot_yields} yields for a slot"
+            "{what} of {RELEASES} releases over 8 helm slots: {rounds} rounds in {whole:?}, \
+             longest pass {longest:?}, {slot_yields} yields for a slot"
         );
         assert!(
-            longest < CROWDED_PASS_BOUND,
-            "{what}: the longest pass took {longest:?}"
+            longest.as_secs_f64() < whole.as_secs_f64() * CROWDED_PASS_SHARE,
+            "{what}: the longest pass took {longest:?} of the operation's {whole:?}: a pass \
+             waited"
         );
         if !deprovision {
             // 32 runs cannot all start on 8 slots: some passes found none free.
