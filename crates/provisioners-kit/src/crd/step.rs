@@ -229,15 +229,20 @@ impl Step {
                 }
             }
         }
+        // Until discovery is seen serving them: a pass that ends early (an
+        // error, a CRD not yet established) leaves them to the next one,
+        // which knows them and would otherwise not look.
+        for name in pending
+            .iter()
+            .map(String::as_str)
+            .chain(check.iter().map(|c| c.0))
+        {
+            awaiting.set(name, true);
+        }
         if !errors.is_empty() {
             return Err(Error::group(errors));
         }
         if !pending.is_empty() {
-            for d in &desired {
-                if pending.contains(&d.name) {
-                    awaiting.set(&d.name, true);
-                }
-            }
             return Err(Error::yielding(format!(
                 "waiting for CustomResourceDefinition {} to be Established",
                 pending.join(", ")

@@ -269,3 +269,102 @@ async fn without_aggregated_discovery_each_version_is_read() {
     assert!(first.unwrap_err().is_yield());
     assert_eq!(second.unwrap().unchanged, ["widgets.example.com"]);
 }
+
+/// Two CRDs created in one pass, one established at once and one not: the
+/// pass yields on the second, and the first, known from then on, must still
+/// be checked in discovery before the step says done.
+#[tokio::test]
+async fn a_crd_established_in_a_pass_that_yields_is_still_checked_in_discovery() {
+    let (cx, mut handle) = context();
+    let v1 = [("v1", true)];
+    let gadgets = move |established: bool| {
+        let mut crd = stored(&v1, established, &["v1"], "8");
+        crd["metadata"]["name"] = json!("gadgets.example.com");
+        crd["spec"]["names"] = json!({"plural": "gadgets", "kind": "Gadget"});
+        crd
+    };
+    let mut desired_gadgets = desired(&v1);
+    desired_gadgets["metadata"]["name"] = json!("gadgets.example.com");
+    desired_gadgets["spec"]["names"] = json!({"plural": "gadgets", "kind": "Gadget"});
+    let step = Step::new(vec![
+        serde_json::from_value(desired(&v1)).unwrap(),
+        serde_json::from_value(desired_gadgets).unwrap(),
+    ]);
+    const GADGET: &str =
+        "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/gadgets.example.com";
+    // Requests of the two CRDs interleave: answer each by its path.
+    let server = async {
+        let mut patched = 0;
+        let mut gadget_gets = 0;
+        while patched < 2 || gadget_gets < 2 {
+            let (request, respond) = handle.next_request().await.expect("a request");
+            let path = request.uri().path().to_owned();
+            let reply = match (request.method().as_str(), path.as_str()) {
+                ("GET", CRD) => (404, not_found()),
+                ("GET", GADGET) => {
+                    gadget_gets += 1;
+                    if gadget_gets == 1 {
+                        (404, not_found())
+                    } else {
+                        (200, gadgets(false))
+                    }
+                }
+                ("PATCH", CRD) => {
+                    patched += 1;
+                    (200, stored(&v1, true, &["v1"], "5"))
+                }
+                ("PATCH", GADGET) => {
+                    patched += 1;
+                    (200, gadgets(false))
+                }
+                other => panic!("unexpected request {other:?}"),
+            };
+            respond.send_response(
+                Response::builder()
+                    .status(reply.0)
+                    .body(Body::from(serde_json::to_vec(&reply.1).unwrap()))
+                    .unwrap(),
+            );
+        }
+        handle
+    };
+    let (result, mut handle) = tokio::join!(step.run(&cx), server);
+    let error = result.unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .contains("gadgets.example.com to be Established"),
+        "{error}"
+    );
+
+    // Next pass: both are read (gadgets was not known), gadgets now
+    // established; discovery lists gadgets but not widgets yet.
+    let mut listed = discovery(&["v1"]);
+    listed["items"][1]["versions"][0]["resources"] = json!([{"resource": "gadgets"}]);
+    let server = tokio::spawn(async move {
+        loop {
+            let (request, respond) = handle.next_request().await.expect("a request");
+            let reply = match (request.method().as_str(), request.uri().path()) {
+                ("GET", CRD) => stored(&v1, true, &["v1"], "5"),
+                ("GET", GADGET) => gadgets(true),
+                ("GET", "/apis") => listed.clone(),
+                other => panic!("unexpected request {other:?}"),
+            };
+            respond.send_response(
+                Response::builder()
+                    .body(Body::from(serde_json::to_vec(&reply).unwrap()))
+                    .unwrap(),
+            );
+        }
+    });
+    let result = step.run(&cx).await;
+    server.abort();
+    let error = result.expect_err("widgets is not served yet");
+    assert!(error.is_yield(), "{error}");
+    assert!(
+        error.to_string().contains(
+            "waiting for API discovery to serve CustomResourceDefinition widgets.example.com"
+        ),
+        "{error}"
+    );
+}
