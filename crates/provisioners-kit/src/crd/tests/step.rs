@@ -60,6 +60,10 @@ async fn answer(handle: &mut Handle, method: &str, path: &str, status: u16, repl
         (request.method().as_str(), request.uri().path()),
         (method, path)
     );
+    send(respond, status, reply);
+}
+
+fn send(respond: mock::SendResponse<Response<Body>>, status: u16, reply: &Value) {
     respond.send_response(
         Response::builder()
             .status(status)
@@ -277,18 +281,16 @@ async fn without_aggregated_discovery_each_version_is_read() {
 async fn a_crd_established_in_a_pass_that_yields_is_still_checked_in_discovery() {
     let (cx, mut handle) = context();
     let v1 = [("v1", true)];
-    let gadgets = move |established: bool| {
-        let mut crd = stored(&v1, established, &["v1"], "8");
+    // `crd` renamed to the gadgets CRD.
+    let as_gadgets = |mut crd: Value| {
         crd["metadata"]["name"] = json!("gadgets.example.com");
         crd["spec"]["names"] = json!({"plural": "gadgets", "kind": "Gadget"});
         crd
     };
-    let mut desired_gadgets = desired(&v1);
-    desired_gadgets["metadata"]["name"] = json!("gadgets.example.com");
-    desired_gadgets["spec"]["names"] = json!({"plural": "gadgets", "kind": "Gadget"});
+    let gadgets = move |established: bool| as_gadgets(stored(&v1, established, &["v1"], "8"));
     let step = Step::new(vec![
         serde_json::from_value(desired(&v1)).unwrap(),
-        serde_json::from_value(desired_gadgets).unwrap(),
+        serde_json::from_value(as_gadgets(desired(&v1))).unwrap(),
     ]);
     const GADGET: &str =
         "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/gadgets.example.com";
@@ -319,12 +321,7 @@ async fn a_crd_established_in_a_pass_that_yields_is_still_checked_in_discovery()
                 }
                 other => panic!("unexpected request {other:?}"),
             };
-            respond.send_response(
-                Response::builder()
-                    .status(reply.0)
-                    .body(Body::from(serde_json::to_vec(&reply.1).unwrap()))
-                    .unwrap(),
-            );
+            send(respond, reply.0, &reply.1);
         }
         handle
     };
@@ -350,11 +347,7 @@ async fn a_crd_established_in_a_pass_that_yields_is_still_checked_in_discovery()
                 ("GET", "/apis") => listed.clone(),
                 other => panic!("unexpected request {other:?}"),
             };
-            respond.send_response(
-                Response::builder()
-                    .body(Body::from(serde_json::to_vec(&reply).unwrap()))
-                    .unwrap(),
-            );
+            send(respond, 200, &reply);
         }
     });
     let result = step.run(&cx).await;
