@@ -3,8 +3,7 @@
 //! JSON) is decoded only when the release's objects must be looked at.
 
 use std::collections::HashMap;
-use std::io::Read as _;
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use base64::Engine as _;
 use k8s_openapi::api::core::v1::Secret;
@@ -14,6 +13,7 @@ use serde::Deserialize;
 
 use crate::objects::Seen;
 
+mod bounded;
 mod seal;
 
 pub(crate) use self::seal::{
@@ -221,6 +221,10 @@ pub(crate) struct Payload {
     /// rewrites itself (superseding, uninstalling). Not in the record.
     #[serde(skip)]
     pub(crate) content: String,
+    /// The estimated heap bytes the record took when parsed (see
+    /// [`bounded`]): what keeping it costs, at most.
+    #[serde(skip)]
+    pub(crate) weight: u64,
 }
 
 /// What a release record (or helm's dry run) says about its chart.
@@ -269,10 +273,6 @@ pub(crate) struct Info {
     pub(crate) status: String,
 }
 
-/// The most a record may decompress to: Kubernetes caps a Secret at 1 MiB,
-/// a chart compresses well, but a hostile record must not exhaust memory.
-const MAX_PAYLOAD: u64 = 64 << 20;
-
 /// Reads and decodes the payload of the record `secret`; `None` when it is gone.
 pub(crate) async fn payload(
     client: &kube::Client,
@@ -291,11 +291,23 @@ pub(crate) async fn payload(
 /// another resourceVersion and is read anew.
 #[derive(Debug, Default)]
 pub(crate) struct Payloads {
-    cached: Mutex<HashMap<(String, String), (String, Payload)>>,
+    cached: Mutex<Cached>,
+}
+
+#[derive(Debug, Default)]
+struct Cached {
+    by_record: HashMap<(String, String), (String, Arc<Payload>)>,
+    /// The sum of the cached payloads' [`Payload::weight`].
+    weight: u64,
 }
 
 /// Records kept decoded per cluster; past it the cache starts afresh.
 const CACHED_PAYLOADS: usize = 1024;
+
+/// The estimated bytes of decoded records kept per cluster: past it the
+/// cache starts afresh, so records at the edge of their budget cannot make
+/// it hold more than this.
+const CACHED_WEIGHT: u64 = 64 << 20;
 
 /// [`payload`] of `revision`, from the cluster's [`Payloads`] while its
 /// resourceVersion is the one listed.
@@ -303,15 +315,15 @@ pub(crate) async fn payload_of(
     cluster: &Cluster,
     namespace: &str,
     revision: &Revision,
-) -> Result<Option<Payload>> {
+) -> Result<Option<Arc<Payload>>> {
     let cache = cluster.state::<Payloads>();
     let key = (namespace.to_owned(), revision.secret.clone());
     if let Some(listed) = &revision.resource_version {
         let cached = cache.cached.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some((version, payload)) = cached.get(&key)
+        if let Some((version, payload)) = cached.by_record.get(&key)
             && version == listed
         {
-            return Ok(Some(payload.clone()));
+            return Ok(Some(Arc::clone(payload)));
         }
     }
     let Some((payload, version)) =
@@ -319,12 +331,24 @@ pub(crate) async fn payload_of(
     else {
         return Ok(None);
     };
+    let payload = Arc::new(payload);
     if let Some(version) = version {
         let mut cached = cache.cached.lock().unwrap_or_else(PoisonError::into_inner);
-        if cached.len() >= CACHED_PAYLOADS {
-            cached.clear();
+        if cached.by_record.len() >= CACHED_PAYLOADS
+            || cached.weight.saturating_add(payload.weight) > CACHED_WEIGHT
+        {
+            cached.by_record.clear();
+            cached.weight = 0;
         }
-        cached.insert(key, (version, payload.clone()));
+        if payload.weight <= CACHED_WEIGHT {
+            cached.weight = cached.weight.saturating_add(payload.weight);
+            if let Some((_, old)) = cached
+                .by_record
+                .insert(key, (version, Arc::clone(&payload)))
+            {
+                cached.weight = cached.weight.saturating_sub(old.weight);
+            }
+        }
     }
     Ok(Some(payload))
 }
@@ -345,44 +369,55 @@ async fn read_payload(
     else {
         return Ok(None);
     };
-    let data = record
-        .data
-        .as_ref()
-        .and_then(|data| data.get("release"))
-        .map(|bytes| bytes.0.as_slice())
-        .unwrap_or_default();
-    let payload = decode(data).map_err(|e| {
-        Error::failed(format!(
-            "the helm release record {namespace}/{secret} could not be decoded: {e}"
-        ))
-    })?;
-    Ok(Some((payload, record.metadata.resource_version)))
+    let resource_version = record.metadata.resource_version.clone();
+    let payload = decode_off_workers(release_data(record))
+        .await
+        .map_err(|e| {
+            Error::failed(format!(
+                "the helm release record {namespace}/{secret} could not be decoded: {e}"
+            ))
+        })?;
+    Ok(Some((payload, resource_version)))
 }
 
-/// helm's encoding: base64 of (usually gzipped) JSON.
+/// The payload bytes of a record Secret (empty when it has none), taken
+/// out of it rather than copied.
+pub(crate) fn release_data(record: Secret) -> Vec<u8> {
+    record
+        .data
+        .and_then(|mut data| data.remove("release"))
+        .map(|bytes| bytes.0)
+        .unwrap_or_default()
+}
+
+/// [`decode`] on the blocking pool, within the process's bound on records
+/// decoded at once (see [`bounded`]).
+pub(crate) async fn decode_off_workers(data: Vec<u8>) -> std::result::Result<Payload, String> {
+    bounded::off_workers(move || decode(&data)).await
+}
+
+/// helm's encoding: base64 of (usually gzipped) JSON, parsed within
+/// [`bounded::RECORD`]: a record is tenant-writable, so its size as a
+/// value tree is checked while it is built, and it is hashed without a copy.
 fn decode(data: &[u8]) -> std::result::Result<Payload, String> {
     let raw = base64::engine::general_purpose::STANDARD
         .decode(data)
         .map_err(|e| format!("not base64: {e}"))?;
-    let json = if raw.starts_with(&[0x1f, 0x8b]) {
-        let mut json = Vec::new();
-        flate2::read::GzDecoder::new(raw.as_slice())
-            .take(MAX_PAYLOAD + 1)
-            .read_to_end(&mut json)
-            .map_err(|e| format!("not gzip: {e}"))?;
-        if json.len() as u64 > MAX_PAYLOAD {
-            return Err(format!("larger than {MAX_PAYLOAD} bytes uncompressed"));
-        }
-        json
+    let value = if raw.starts_with(&[0x1f, 0x8b]) {
+        bounded::parse(
+            flate2::read::GzDecoder::new(raw.as_slice()),
+            bounded::RECORD,
+        )
     } else {
-        raw
-    };
-    let value: serde_json::Value =
-        serde_json::from_slice(&json).map_err(|e| format!("not a release: {e}"))?;
-    let content = seal::content_of(&value);
+        bounded::parse(raw.as_slice(), bounded::RECORD)
+    }
+    .map_err(|e| format!("not a release: {e}"))?;
+    drop(raw);
+    let content = seal::content_of(&value.tree);
     let mut payload: Payload =
-        serde_json::from_value(value).map_err(|e| format!("not a release: {e}"))?;
+        serde_json::from_value(value.tree).map_err(|e| format!("not a release: {e}"))?;
     payload.content = content;
+    payload.weight = value.weight;
     Ok(payload)
 }
 

@@ -65,7 +65,7 @@ pub(super) struct DriftCheck {
     /// Its objects, as rendered and as they are now.
     pub(super) objects: Vec<Live>,
     /// The record's payload they were read from.
-    pub(super) payload: Payload,
+    pub(super) payload: std::sync::Arc<Payload>,
     /// What drifted.
     pub(super) drifted: Drifted,
     /// What the policy makes of it.

@@ -38,7 +38,7 @@ impl HelmRelease {
         &self,
         cx: &Context,
         revision: &Revision,
-    ) -> Result<Option<(Vec<Live>, storage::Payload)>> {
+    ) -> Result<Option<(Vec<Live>, Arc<storage::Payload>)>> {
         let Some(payload) = storage::payload_of(cx.cluster(), &self.namespace, revision).await?
         else {
             return Ok(None);

@@ -129,7 +129,10 @@ impl Provisioner for HelmRelease {
             digest,
             inputs,
             // helm numbers the revision it is about to write one past the newest.
-            next: latest.as_ref().map_or(1, |r| r.number + 1),
+            next: match &latest {
+                Some(revision) => self.next_revision(revision)?,
+                None => 1,
+            },
             fresh: latest.is_none(),
             repair,
         };

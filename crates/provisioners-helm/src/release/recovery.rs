@@ -1,7 +1,7 @@
 //! Recovery of a release whose newest revision a dead helm left half-done,
 //! as the shared [`Recovery`] decides it.
 
-use provisioners_core::{Context, Operation, Result};
+use provisioners_core::{Context, Error, Operation, Result};
 use serde_json::Value;
 
 use super::HelmRelease;
@@ -58,12 +58,11 @@ impl HelmRelease {
                 // Back to the last deployed revision, diffed against the
                 // interrupted one: fields it set that the chart does not are
                 // removed (an upgrade from the deployed revision would keep them).
-                let (prior, sensitive) = self.prior_values(cx).await?;
+                let next = self.next_revision(revision)?;
+                let (prior, sensitive) = self.prior_values(cx, &[pending, to]).await?;
                 let mut rolling = self.clone();
                 rolling.sensitive.extend(sensitive);
-                rolling
-                    .rollback(cx, serialised, to, pending + 1, prior)
-                    .await?;
+                rolling.rollback(cx, serialised, to, next, prior).await?;
             }
             Recovery::Forget { pending, status } => {
                 tracing::warn!(
@@ -89,18 +88,39 @@ impl HelmRelease {
         Ok(true)
     }
 
-    /// The values every record of the release was made with, and those
+    /// The revision helm writes after `revision`: one past it. The number
+    /// is a label of a tenant-writable Secret, so its end is an error, not
+    /// an overflow.
+    pub(super) fn next_revision(&self, revision: &Revision) -> Result<u32> {
+        revision.number.checked_add(1).ok_or_else(|| {
+            Error::failed(format!(
+                "release `{}`: its newest record, Secret {}/{}, says it is revision {}, the \
+                 last a revision can be; helm cannot write another. Inspect the release's \
+                 records (`helm history`) and delete that Secret if it is not genuine",
+                self.id(),
+                self.namespace,
+                revision.secret,
+                revision.number
+            ))
+        })
+    }
+
+    /// The values the records of `revisions` were made with, and those
     /// among them at the paths this release sets sensitive (a rotated
     /// password was sensitive before too): a rollback prints the values of
     /// the revisions it moves between, which may be earlier (rotated) ones
-    /// than the release's current values.
-    async fn prior_values(&self, cx: &Context) -> Result<(Value, Vec<Value>)> {
-        let records = storage::records(cx.client(), &self.namespace, &self.release).await?;
-        let configs: Vec<Value> = records
-            .into_iter()
-            .filter_map(|record| record.payload.ok()?.config)
-            .map(|values| values.0)
-            .collect();
+    /// than the release's current values. Read one record at a time.
+    async fn prior_values(&self, cx: &Context, revisions: &[u32]) -> Result<(Value, Vec<Value>)> {
+        let mut configs = Vec::new();
+        for revision in revisions {
+            let secret = format!("sh.helm.release.v1.{}.v{revision}", self.release);
+            if let Some(config) = storage::payload(cx.client(), &self.namespace, &secret)
+                .await?
+                .and_then(|payload| payload.config)
+            {
+                configs.push(config.0);
+            }
+        }
         let sensitive = configs
             .iter()
             .flat_map(|config| {

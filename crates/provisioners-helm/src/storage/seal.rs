@@ -37,7 +37,7 @@ use provisioners_kit::owner::OwnerKeys;
 use serde_json::Value;
 use sha2::{Digest as _, Sha256};
 
-use super::{Payload, decode};
+use super::Payload;
 
 /// The annotation holding the identity of the owner whose tree wrote the
 /// record (see [`Context::owner_identity`](provisioners_core::Context::owner_identity)).
@@ -62,22 +62,97 @@ pub(crate) const INTENT_ANNOTATION: &str = "provisioners.dev/helm-intent";
 const RECORD_TAG: &str = "provisioners-helm/record/1";
 const INTENT_TAG: &str = "provisioners-helm/intent/1";
 
-/// The hash behind [`Payload::content`] of a decoded record.
+/// The hash behind [`Payload::content`] of a decoded record: SHA-256 of
+/// its canonical JSON ([`provisioners_kit::canonical`]) without `info` and
+/// the hooks' `last_run`, hashed as it is written: a record is never
+/// copied to be hashed.
 pub(super) fn content_of(record: &Value) -> String {
-    let mut record = record.clone();
-    if let Some(map) = record.as_object_mut() {
-        map.remove("info");
-        if let Some(Value::Array(hooks)) = map.get_mut("hooks") {
-            for hook in hooks {
-                if let Some(hook) = hook.as_object_mut() {
-                    hook.remove("last_run");
+    let mut hasher = Hashing(Sha256::new());
+    canonical(&mut hasher, record, Skip::Record);
+    hex(&hasher.0.finalize())
+}
+
+/// What [`content_of`] leaves out at a level of the record.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Skip {
+    /// The record itself: `info`, and `last_run` in each of `hooks`.
+    Record,
+    /// One of the record's hooks: `last_run`.
+    Hook,
+    Nothing,
+}
+
+/// Feeds what is written to the hash.
+struct Hashing(Sha256);
+
+impl std::io::Write for Hashing {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.update(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// [`provisioners_kit::canonical::write`]'s bytes, less what `skip` says.
+fn canonical(out: &mut Hashing, value: &Value, skip: Skip) {
+    use std::io::Write as _;
+    match value {
+        Value::Object(map) => {
+            let mut entries: Vec<_> = map
+                .iter()
+                .filter(|(key, _)| match skip {
+                    Skip::Record => key.as_str() != "info",
+                    Skip::Hook => key.as_str() != "last_run",
+                    Skip::Nothing => true,
+                })
+                .collect();
+            entries.sort_by(|a, b| a.0.cmp(b.0));
+            let _ = out.write_all(b"{");
+            for (i, (key, value)) in entries.into_iter().enumerate() {
+                if i > 0 {
+                    let _ = out.write_all(b",");
+                }
+                // Writing to a hash cannot fail.
+                let _ = serde_json::to_writer(&mut *out, key);
+                let _ = out.write_all(b":");
+                let inner = if skip == Skip::Record && key == "hooks" && value.is_array() {
+                    Skip::Hook
+                } else {
+                    Skip::Nothing
+                };
+                match (inner, value) {
+                    (Skip::Hook, Value::Array(hooks)) => {
+                        let _ = out.write_all(b"[");
+                        for (i, hook) in hooks.iter().enumerate() {
+                            if i > 0 {
+                                let _ = out.write_all(b",");
+                            }
+                            canonical(out, hook, Skip::Hook);
+                        }
+                        let _ = out.write_all(b"]");
+                    }
+                    _ => canonical(out, value, Skip::Nothing),
                 }
             }
+            let _ = out.write_all(b"}");
+        }
+        Value::Array(items) => {
+            let _ = out.write_all(b"[");
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    let _ = out.write_all(b",");
+                }
+                canonical(out, item, Skip::Nothing);
+            }
+            let _ = out.write_all(b"]");
+        }
+        scalar => {
+            let _ = serde_json::to_writer(&mut *out, scalar);
         }
     }
-    let mut canonical = Vec::new();
-    provisioners_kit::canonical::write(&record, &mut canonical);
-    hex(&Sha256::digest(&canonical))
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -167,7 +242,16 @@ pub(crate) struct Record {
     pub(crate) payload: std::result::Result<Payload, String>,
 }
 
-/// Every record of `release` in `namespace`, read whole (one LIST).
+/// The most records of one release that are read: helm keeps 10 by
+/// default, and seals are kept for [`SEALS_KEPT`]. Any Secret labelled as
+/// a record counts, so a tenant could otherwise make a pass read without end.
+pub(crate) const RECORDS_READ: usize = 64;
+
+/// Every record of `release` in `namespace`: one LIST of metadata, then
+/// each read and decoded in turn, of which only what verification needs is
+/// kept (the payloads' `manifest` and `config` are dropped), so a pass holds
+/// at most one record's budget at a time. More than [`RECORDS_READ`]
+/// records is `Failed`, naming how many.
 pub(crate) async fn records(
     client: &kube::Client,
     namespace: &str,
@@ -175,31 +259,55 @@ pub(crate) async fn records(
 ) -> Result<Vec<Record>> {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
     let params = ListParams::default().labels(&format!("owner=helm,name={release}"));
-    let list = secrets.list(&params).await.map_err(|e| {
+    let list = secrets.list_metadata(&params).await.map_err(|e| {
         Error::kube(
             format_args!("reading the records of helm release `{namespace}/{release}`"),
             e,
         )
     })?;
-    Ok(list.items.into_iter().map(record_of).collect())
+    if list.items.len() > RECORDS_READ {
+        return Err(Error::failed(format!(
+            "release `{namespace}/{release}` has {} record Secrets (labelled owner=helm, \
+             name={release}), more than the {RECORDS_READ} this crate reads; helm keeps 10: \
+             delete the ones that are not genuine",
+            list.items.len()
+        )));
+    }
+    let mut records = Vec::with_capacity(list.items.len());
+    for item in list.items {
+        let Some(name) = item.metadata.name else {
+            continue;
+        };
+        let Some(secret) = secrets.get_opt(&name).await.map_err(|e| {
+            Error::kube(
+                format_args!("reading the helm release record {namespace}/{name}"),
+                e,
+            )
+        })?
+        else {
+            continue;
+        };
+        let mut record = record_of(secret).await;
+        if let Ok(payload) = &mut record.payload {
+            payload.manifest = String::new();
+            payload.config = None;
+        }
+        records.push(record);
+    }
+    Ok(records)
 }
 
-fn record_of(secret: Secret) -> Record {
-    let labels = secret.metadata.labels.unwrap_or_default();
-    let annotations = secret.metadata.annotations.unwrap_or_default();
-    let data = secret
-        .data
-        .as_ref()
-        .and_then(|data| data.get("release"))
-        .map(|bytes| bytes.0.as_slice())
-        .unwrap_or_default();
+async fn record_of(mut secret: Secret) -> Record {
+    let labels = secret.metadata.labels.take().unwrap_or_default();
+    let annotations = secret.metadata.annotations.take().unwrap_or_default();
+    let name = secret.metadata.name.take().unwrap_or_default();
     Record {
-        secret: secret.metadata.name.unwrap_or_default(),
+        secret: name,
         number: labels.get("version").and_then(|v| v.parse().ok()),
         status: labels.get("status").cloned().unwrap_or_default(),
         owner: annotations.get(OWNER_ANNOTATION).cloned(),
         mac: None,
-        payload: decode(data),
+        payload: super::decode_off_workers(super::release_data(secret)).await,
     }
 }
 
@@ -289,7 +397,7 @@ pub(crate) async fn seal(
         return Ok(None);
     };
     let resource_version = secret.metadata.resource_version.clone();
-    let record = record_of(secret);
+    let record = record_of(secret).await;
     let labels_match = record.number == Some(revision);
     let annotations: BTreeMap<&str, Value> = owner
         .map(|owner| (OWNER_ANNOTATION, Value::from(owner)))
@@ -505,6 +613,64 @@ mod tests {
         );
         assert!(printed_content(b"Release \"web\" has been upgraded.").is_err());
         assert!(printed_content(b"{not json").is_err());
+    }
+
+    /// What [`content_of`] hashed before it hashed as it writes: a copy,
+    /// trimmed, written whole. Seals made by older builds must still verify.
+    fn content_by_copy(record: &Value) -> String {
+        let mut record = record.clone();
+        if let Some(map) = record.as_object_mut() {
+            map.remove("info");
+            if let Some(Value::Array(hooks)) = map.get_mut("hooks") {
+                for hook in hooks {
+                    if let Some(hook) = hook.as_object_mut() {
+                        hook.remove("last_run");
+                    }
+                }
+            }
+        }
+        hex(&Sha256::digest(provisioners_kit::canonical::to_vec(
+            &record,
+        )))
+    }
+
+    fn json() -> impl proptest::strategy::Strategy<Value = Value> {
+        use proptest::prelude::*;
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            any::<f64>()
+                .prop_filter("finite", |f| f.is_finite())
+                .prop_map(Value::from),
+            "[a-z\\\\\"\\u{e9}\\n ]{0,6}".prop_map(Value::from),
+        ];
+        leaf.prop_recursive(4, 48, 6, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+                proptest::collection::btree_map(
+                    prop_oneof![
+                        Just("info".to_owned()),
+                        Just("hooks".to_owned()),
+                        Just("last_run".to_owned()),
+                        "[a-z\\u{e9}\\\\]{0,4}"
+                    ],
+                    inner,
+                    0..6
+                )
+                .prop_map(|map| Value::Object(map.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn the_content_hash_is_the_one_older_builds_sealed(value in json(), hooks in json()) {
+            proptest::prop_assert_eq!(content_of(&value), content_by_copy(&value));
+            let mut record = json!({"info": {"status": "x"}, "name": "web", "hooks": [hooks.clone(), {"last_run": 1, "a": hooks}]});
+            record["other"] = value;
+            proptest::prop_assert_eq!(content_of(&record), content_by_copy(&record));
+        }
     }
 
     #[test]

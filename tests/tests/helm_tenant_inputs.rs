@@ -1,0 +1,179 @@
+//! A tenant's hostile *inputs* through helm's release records (issue 38):
+//! what one Secret in the release's namespace can cost the operator. A
+//! record is decoded before its seal can be checked, so decoding itself
+//! must be bounded: in memory (a gzip bomb), and in the numbers it reads.
+//!
+//! The memory tests read the test process's own peak RSS (`VmHWM`), reset
+//! before each (`/proc/self/clear_refs`); they take a lock so that no other
+//! test of this binary allocates meanwhile.
+//!
+//! Run like `helm_cluster.rs` (see docs/testing.md).
+
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, PostParams};
+use provisioners::{Context, ErrorKind};
+use provisioners_lab::cluster::{TestNamespace, helm3};
+use serde_json::json;
+use tokio::sync::Mutex;
+
+#[macro_use]
+mod helm_support;
+mod helm_async_support;
+use helm_async_support::until_not_yield;
+mod helm_attack_support;
+use helm_attack_support::*;
+
+/// One memory measurement at a time in this process.
+static MEASURING: Mutex<()> = Mutex::const_new(());
+
+/// The most the process's peak RSS may grow while a pass meets the bomb.
+const RSS_GROWTH_KIB: u64 = 100 << 10;
+
+/// `VmHWM` of this process, in KiB.
+fn peak_rss_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmHWM in /proc/self/status")
+}
+
+/// Resets `VmHWM` to the current RSS (Linux's `clear_refs`, value 5).
+fn reset_peak_rss() {
+    std::fs::write("/proc/self/clear_refs", "5").expect("reset the peak RSS");
+}
+
+/// A record of `release` at `version` whose payload is a gzip of
+/// `{"config":[0,0,…]}` with 33 million zeros: ~64 KB in the Secret, about
+/// a gigabyte as a JSON value tree.
+fn gzip_bomb_record(release: &str, version: u32) -> Secret {
+    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    encoder.write_all(b"{\"config\":[0").expect("gzip");
+    let chunk = ",0".repeat(4096);
+    for _ in 0..33_000_000 / 4096 {
+        encoder.write_all(chunk.as_bytes()).expect("gzip");
+    }
+    encoder.write_all(b"]}").expect("gzip");
+    let gzip = encoder.finish().expect("gzip");
+    assert!(
+        gzip.len() < 100_000,
+        "the bomb is small: {} bytes",
+        gzip.len()
+    );
+    let helm_base64 = base64_encode(&gzip);
+    serde_json::from_value(json!({
+        "metadata": {
+            "name": format!("sh.helm.release.v1.{release}.v{version}"),
+            "labels": {"owner": "helm", "name": release, "status": "deployed",
+                       "version": version.to_string()},
+        },
+        "type": "helm.sh/release.v1",
+        "data": {"release": base64_encode(helm_base64.as_bytes())},
+    }))
+    .expect("record")
+}
+
+/// Installs `app`, then has the tenant write the bomb as its next record;
+/// returns the outcome of the pass (`deprovision` or provision) that meets
+/// it, its duration, and how much the peak RSS grew meanwhile (KiB).
+async fn meet_the_bomb(
+    helm: &PathBuf,
+    cx: &Context,
+    ns: &TestNamespace,
+    deprovision: bool,
+) -> (provisioners::Error, std::time::Duration, u64) {
+    let app = release(helm, ns.name(), "app");
+    until_not_yield(cx, &app, false).await.expect("installs");
+    let secrets: Api<Secret> = Api::namespaced(tenant(ns).await, ns.name());
+    secrets
+        .create(&PostParams::default(), &gzip_bomb_record("app", 2))
+        .await
+        .expect("the tenant may write Secrets in its namespace");
+
+    let _alone = MEASURING.lock().await;
+    reset_peak_rss();
+    let before = peak_rss_kib();
+    let started = Instant::now();
+    let error = until_not_yield(cx, &app, deprovision)
+        .await
+        .expect_err("a record that cannot be decoded within its budget");
+    let took = started.elapsed();
+    let grew = peak_rss_kib().saturating_sub(before);
+    (error, took, grew)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the local control plane (cargo xtask test)"]
+async fn a_gzip_bomb_record_with_owner_keys_fails_the_pass_naming_it_in_bounded_memory() {
+    let helm = helm3().expect("PROVISIONERS_HELM3");
+    let ns = TestNamespace::create("helm-bomb-keys")
+        .await
+        .expect("namespace");
+    let cx = operator("helm-bomb-keys").await;
+    let (error, took, grew) = meet_the_bomb(&helm, &cx, &ns, false).await;
+    eprintln!("with keys: the pass failed after {took:?}, peak RSS grew {grew} KiB: {error}");
+    assert_eq!(error.kind(), ErrorKind::Failed, "{error}");
+    let message = error.message();
+    assert!(message.contains("sh.helm.release.v1.app.v2"), "{message}");
+    assert!(message.contains("when parsed"), "{message}");
+    assert!(
+        grew < RSS_GROWTH_KIB,
+        "the peak RSS grew {grew} KiB meeting a 64 KB record"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the local control plane (cargo xtask test)"]
+async fn a_gzip_bomb_record_without_owner_keys_fails_deprovision_naming_it_in_bounded_memory() {
+    let helm = helm3().expect("PROVISIONERS_HELM3");
+    let ns = TestNamespace::create("helm-bomb-plain")
+        .await
+        .expect("namespace");
+    let cx = helm_support::context_as("helm-bomb-plain").await;
+    let (error, took, grew) = meet_the_bomb(&helm, &cx, &ns, true).await;
+    eprintln!("without keys: the pass failed after {took:?}, peak RSS grew {grew} KiB: {error}");
+    assert_eq!(error.kind(), ErrorKind::Failed, "{error}");
+    let message = error.message();
+    assert!(message.contains("sh.helm.release.v1.app.v2"), "{message}");
+    assert!(message.contains("when parsed"), "{message}");
+    assert!(
+        grew < RSS_GROWTH_KIB,
+        "the peak RSS grew {grew} KiB meeting a 64 KB record"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the local control plane (cargo xtask test)"]
+async fn a_revision_label_at_the_end_of_u32_is_a_clear_error_not_a_panic() {
+    let helm = helm3().expect("PROVISIONERS_HELM3");
+    let ns = TestNamespace::create("helm-last-revision")
+        .await
+        .expect("namespace");
+    let cx = helm_support::context_as("helm-last-revision").await;
+    let app = release(&helm, ns.name(), "app");
+    until_not_yield(&cx, &app, false).await.expect("installs");
+    let mut forged = forged_record(ns.name(), "app", 2, "deployed", "");
+    forged.metadata.name = Some("sh.helm.release.v1.app.v4294967295".to_owned());
+    forged
+        .metadata
+        .labels
+        .as_mut()
+        .expect("labels")
+        .insert("version".to_owned(), u32::MAX.to_string());
+    let secrets: Api<Secret> = Api::namespaced(tenant(&ns).await, ns.name());
+    secrets
+        .create(&PostParams::default(), &forged)
+        .await
+        .expect("the tenant may write Secrets in its namespace");
+    let changed = app.clone().values(&json!({"changed": true}));
+    let error = until_not_yield(&cx, &changed, false)
+        .await
+        .expect_err("no revision after the last");
+    assert_eq!(error.kind(), ErrorKind::Failed, "{error}");
+    assert!(error.message().contains("4294967295"), "{error}");
+}
