@@ -18,7 +18,7 @@ mod seal;
 
 pub(crate) use self::seal::{
     Expect, INTENT_ANNOTATION, Record, SEALS_KEPT, annotate, intent_fields, is_rewritten,
-    printed_content, records, seal, verify,
+    printed_content, record, records, same_values, seal, verify,
 };
 pub use self::seal::{OWNER_ANNOTATION, SEAL_PREFIX};
 
@@ -221,6 +221,9 @@ pub(crate) struct Payload {
     /// rewrites itself (superseding, uninstalling). Not in the record.
     #[serde(skip)]
     pub(crate) content: String,
+    /// As `content`, without the revision number: what a rollback copies.
+    #[serde(skip)]
+    pub(crate) body: String,
     /// The estimated heap bytes the record took when parsed (see
     /// [`bounded`]): what keeping it costs, at most.
     #[serde(skip)]
@@ -414,9 +417,11 @@ fn decode(data: &[u8]) -> std::result::Result<Payload, String> {
     .map_err(|e| format!("not a release: {e}"))?;
     drop(raw);
     let content = seal::content_of(&value.tree);
+    let body = seal::body_of(&value.tree);
     let mut payload: Payload =
         serde_json::from_value(value.tree).map_err(|e| format!("not a release: {e}"))?;
     payload.content = content;
+    payload.body = body;
     payload.weight = value.weight;
     Ok(payload)
 }

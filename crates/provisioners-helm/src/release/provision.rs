@@ -5,7 +5,7 @@
 //! of a half-done record and `helm upgrade --install`; uninstall, then the
 //! deletion gate.
 
-use provisioners_core::{Context, Operation, Plan, Provisioner, Result, async_trait};
+use provisioners_core::{Context, Error, Operation, Plan, Provisioner, Result, async_trait};
 
 use super::HelmRelease;
 use super::decide::{Decision, Mode};
@@ -173,6 +173,21 @@ impl Provisioner for HelmRelease {
                 return Ok(());
             };
             latest = again;
+        }
+        if latest.status == "uninstalled"
+            && !self
+                .intends(cx, &super::records::uninstall_intent(latest.number))
+                .await?
+        {
+            return Err(Error::failed(format!(
+                "release `{}`: its newest record, Secret {}/{}, says it was uninstalled, but this \
+                 owner never uninstalled it (no intent of ours names it): a status changed by \
+                 someone else. The release was not uninstalled; set the record's status back \
+                 (`helm history`), or uninstall it by hand",
+                self.id(),
+                self.namespace,
+                latest.secret
+            )));
         }
         let seen = self
             .uninstalled(cx, &serialised, &latest, Operation::Deprovision)

@@ -39,6 +39,12 @@ use super::lease;
 use super::lock::Serialised;
 use crate::storage::{self, Expect, INTENT_ANNOTATION, Record, Revision};
 
+/// What the intent of an uninstall of `revision` signs (a revision number
+/// is what the intent of a run that writes one signs).
+pub(super) fn uninstall_intent(revision: u32) -> String {
+    format!("uninstall/{revision}")
+}
+
 /// Who seals the records of a run, taken from the pass's context before
 /// the run starts.
 pub(super) struct Sealing {
@@ -77,15 +83,17 @@ impl HelmRelease {
         self.seal_as(cx, sealing, revision, &expect).await
     }
 
-    /// Seals the record of `revision` that a successful `upgrade --install`
-    /// wrote, only if it is the release helm printed (`stdout`); a helm that
-    /// failed (`None`) printed none.
+    /// Seals the record of `revision` that `upgrade --install` wrote, only
+    /// if it is the release helm printed (`stdout`); a helm that failed
+    /// (`None`) printed none, and its (`failed`) record must hold `values`,
+    /// the values it ran with.
     pub(super) async fn seal_printed(
         &self,
         cx: &Context,
         sealing: &Sealing,
         revision: u32,
         stdout: Option<&[u8]>,
+        values: &serde_json::Value,
     ) -> Result<()> {
         let expect = match stdout.map(storage::printed_content) {
             Some(Ok(content)) => Expect::Printed(content),
@@ -96,12 +104,53 @@ impl HelmRelease {
                     self.id()
                 )));
             }
-            _ => Expect::Unknown,
+            Some(Err(_)) => Expect::Unknown,
+            None => Expect::Ran(values.clone()),
         };
         self.seal_as(cx, sealing, revision, &expect).await
     }
 
-    async fn seal_as(
+    /// What the record a `helm rollback` to `to` writes must be: with owner
+    /// keys, a copy of `to`'s record, which must verify now (its body is
+    /// what the copy must hash to). Without keys nothing is checked.
+    pub(super) async fn rollback_expectation(&self, cx: &Context, to: u32) -> Result<Expect> {
+        let Some(keys) = OwnerKeys::of(cx) else {
+            return Ok(Expect::Unknown);
+        };
+        let owner = release_owner(cx);
+        let lease = lease::annotations(cx.client(), &self.namespace, &self.release).await?;
+        let record = storage::record(cx.client(), &self.namespace, &self.release, to).await?;
+        let Some(mut record) = record else {
+            return Err(Error::failed(format!(
+                "release `{}`: revision {to}, to be rolled back to, has no record any more; \
+                 helm will not roll back to it",
+                self.id()
+            )));
+        };
+        record.mac = lease
+            .get(&format!("{}{to}", storage::SEAL_PREFIX))
+            .cloned();
+        let verified =
+            storage::verify(keys, owner.as_deref(), &self.namespace, &self.release, &record)
+                .and_then(|()| match &record.payload {
+                    Ok(payload) => Ok(payload.body.clone()),
+                    Err(why) => Err(why.clone()),
+                });
+        match verified {
+            Ok(body) => Ok(Expect::RolledBack(body)),
+            Err(why) => Err(Error::failed(format!(
+                "release `{}`: the record of revision {to} (Secret {}/{}), to be rolled back \
+                 to, does not verify ({why}); helm will not roll back to it. Inspect it \
+                 (`helm history`, `kubectl get secret`) and delete it if it is not genuine",
+                self.id(),
+                self.namespace,
+                record.secret
+            ))),
+        }
+    }
+
+    /// Seals the record of `revision` as `expect` says it must be.
+    pub(super) async fn seal_as(
         &self,
         cx: &Context,
         sealing: &Sealing,
@@ -150,6 +199,13 @@ impl HelmRelease {
                     format!("{}{old}", storage::SEAL_PREFIX),
                     serde_json::Value::Null,
                 );
+            }
+            // The run this revision was intended by is over, and its record
+            // ours: the intent goes in the same write as the seal, so that no
+            // moment has both (a status edited to `pending-*` afterwards
+            // finds no intent, and is not recovered from).
+            if expect.writes_a_revision() {
+                annotations.insert(INTENT_ANNOTATION.to_owned(), serde_json::Value::Null);
             }
             lease::annotate(
                 cx.client(),
@@ -317,7 +373,8 @@ impl HelmRelease {
                         "sealing a record written before owner keys were configured \
                          (adopt_unsigned_records)"
                     );
-                    self.seal(cx, &self.sealing(cx), number).await?;
+                    self.seal_as(cx, &self.sealing(cx), number, &Expect::Adopting)
+                        .await?;
                 }
                 return Ok(true);
             }
@@ -363,16 +420,49 @@ impl HelmRelease {
     /// intent on the Lease (held by this pass) that recognises its record
     /// should the process die before sealing it.
     pub(super) async fn intend(&self, cx: &Context, revision: u32) -> Result<()> {
+        self.intend_as(cx, &revision.to_string()).await
+    }
+
+    /// With owner keys, before `helm uninstall` of `revision`: the signed
+    /// intent that makes its record's `uninstalling` or `uninstalled`
+    /// status ours until the release's Lease is removed.
+    pub(super) async fn intend_uninstall(&self, cx: &Context, revision: u32) -> Result<()> {
+        self.intend_as(cx, &uninstall_intent(revision)).await
+    }
+
+    /// With owner keys: whether the Lease holds our signed intent `what`
+    /// (a revision number, or [`uninstall_intent`]). Without keys: `true`
+    /// (nothing is authenticated; the records' statuses are taken as they
+    /// are, as always). One read of the Lease.
+    pub(super) async fn intends(&self, cx: &Context, what: &str) -> Result<bool> {
+        let Some(keys) = OwnerKeys::of(cx) else {
+            return Ok(true);
+        };
+        let owner = release_owner(cx);
+        let lease = lease::annotations(cx.client(), &self.namespace, &self.release).await?;
+        let Some(mac) = lease.get(INTENT_ANNOTATION) else {
+            return Ok(false);
+        };
+        let fields = storage::intent_fields(
+            &self.namespace,
+            &self.release,
+            owner.as_deref().unwrap_or_default(),
+            what,
+        );
+        Ok(keys.verify(&fields, mac))
+    }
+
+    async fn intend_as(&self, cx: &Context, what: &str) -> Result<()> {
         let Some(keys) = OwnerKeys::of(cx) else {
             return Ok(());
         };
         let owner = release_owner(cx);
-        let number = revision.to_string();
+        let number = what;
         let mac = keys.sign(&storage::intent_fields(
             &self.namespace,
             &self.release,
             owner.as_deref().unwrap_or_default(),
-            &number,
+            number,
         ));
         lease::annotate(
             cx.client(),

@@ -21,7 +21,9 @@ impl HelmRelease {
         serialised: &Serialised,
         revision: &Revision,
     ) -> Result<bool> {
-        match Recovery::of(revision) {
+        let recovery = Recovery::of(revision);
+        self.ours_to_recover(cx, revision, &recovery).await?;
+        match recovery {
             Recovery::None => return Ok(false),
             Recovery::Reinstall { pending } => {
                 // Nothing of an install that never finished is worth keeping, and
@@ -86,6 +88,40 @@ impl HelmRelease {
             }
         }
         Ok(true)
+    }
+
+    /// With owner keys, that a half-done `revision` is ours to recover
+    /// from: our signed intent on the Lease names its run (the revision an
+    /// upgrade or rollback wrote, or the uninstall). A record's status is
+    /// tenant-writable (the seal leaves it out, as helm rewrites it), so a
+    /// status alone never makes us roll back or uninstall: without the
+    /// intent, this is `Failed`, naming the record, and nothing is done.
+    async fn ours_to_recover(
+        &self,
+        cx: &Context,
+        revision: &Revision,
+        recovery: &Recovery,
+    ) -> Result<()> {
+        let what = match recovery {
+            Recovery::None => return Ok(()),
+            Recovery::Reinstall { pending }
+            | Recovery::RollBack { pending, .. }
+            | Recovery::Forget { pending, .. } => pending.to_string(),
+            Recovery::FinishUninstall { revision } => super::records::uninstall_intent(*revision),
+        };
+        if self.intends(cx, &what).await? {
+            return Ok(());
+        }
+        Err(Error::failed(format!(
+            "release `{}`: its newest record, Secret {}/{}, says `{}`, but no run of this owner \
+             left it so (no intent of ours names it): a status changed by someone else. \
+             Nothing was rolled back or uninstalled. Inspect the records (`helm history`) and \
+             set the status back, or delete the record if it is not genuine",
+            self.id(),
+            self.namespace,
+            revision.secret,
+            revision.status
+        )))
     }
 
     /// The revision helm writes after `revision`: one past it. The number

@@ -231,6 +231,9 @@ impl HelmRelease {
         prior: Value,
     ) -> Result<()> {
         self.kubeconfig(cx)?;
+        // Checked before helm runs: the copy helm writes must be of the
+        // revision as sealed, whatever is done to its record meanwhile.
+        let expect = self.rollback_expectation(cx, revision).await?;
         if serialised.has_lease() {
             self.intend(cx, writes).await?;
         }
@@ -251,7 +254,7 @@ impl HelmRelease {
                     })
                     .await
                     .map(drop);
-                let sealed = this.seal(&cx, &sealing, writes).await;
+                let sealed = this.seal_as(&cx, &sealing, writes, &expect).await;
                 ran.and(sealed)
             },
         )
@@ -270,6 +273,11 @@ impl HelmRelease {
         seal: Option<u32>,
     ) -> Result<()> {
         self.kubeconfig(cx)?;
+        if let Some(revision) = seal
+            && serialised.has_lease()
+        {
+            self.intend_uninstall(cx, revision).await?;
+        }
         let background = background || cx.background_deletion();
         let sealing = self.sealing(cx);
         let this = self.clone();

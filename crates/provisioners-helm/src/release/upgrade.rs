@@ -20,7 +20,7 @@ use super::lease;
 use super::lock::Serialised;
 use crate::objects::parse_manifest;
 use crate::release_plan::{ReleaseChange, WithRelease as _, count};
-use crate::storage::{self, Revision};
+use crate::storage::{self, Revision, same_values};
 use crate::version;
 
 /// One `helm upgrade --install`, as `provision` decided it.
@@ -218,7 +218,7 @@ impl HelmRelease {
                 // Still under the Lease: the record helm wrote, whatever the
                 // outcome, if it is the release helm printed.
                 let stdout = ran.as_ref().ok().map(|output| output.stdout.as_slice());
-                let sealed = this.seal_printed(&cx, &sealing, next, stdout).await;
+                let sealed = this.seal_printed(&cx, &sealing, next, stdout, &values).await;
                 ran.map(drop).and(sealed)
             },
         )
@@ -412,23 +412,6 @@ fn what_changed(
 /// helm's name for the record of `revision`.
 fn record_name(release: &str, revision: u32) -> String {
     format!("sh.helm.release.v1.{release}.v{revision}")
-}
-
-/// Whether the stored values are the ones given: helm stores numbers as it
-/// read them from the values file, so `1` and `1.0` are the same.
-fn same_values(stored: &Value, given: &Value) -> bool {
-    match (stored, given) {
-        (Value::Object(a), Value::Object(b)) => {
-            a.len() == b.len()
-                && a.iter()
-                    .all(|(key, a)| b.get(key).is_some_and(|b| same_values(a, b)))
-        }
-        (Value::Array(a), Value::Array(b)) => {
-            a.len() == b.len() && a.iter().zip(b).all(|(a, b)| same_values(a, b))
-        }
-        (Value::Number(a), Value::Number(b)) => a.as_f64() == b.as_f64(),
-        (a, b) => a == b,
-    }
 }
 
 #[cfg(test)]

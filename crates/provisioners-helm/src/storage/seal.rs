@@ -72,11 +72,39 @@ pub(super) fn content_of(record: &Value) -> String {
     hex(&hasher.0.finalize())
 }
 
+/// The hash behind [`Payload::body`]: as [`content_of`], without the
+/// revision number either, so that a rollback's copy of a revision hashes
+/// as that revision does.
+pub(super) fn body_of(record: &Value) -> String {
+    let mut hasher = Hashing(Sha256::new());
+    canonical(&mut hasher, record, Skip::Body);
+    hex(&hasher.0.finalize())
+}
+
+/// Whether the stored values are the ones given: helm stores numbers as it
+/// read them from the values file, so `1` and `1.0` are the same.
+pub(crate) fn same_values(stored: &Value, given: &Value) -> bool {
+    match (stored, given) {
+        (Value::Object(a), Value::Object(b)) => {
+            a.len() == b.len()
+                && a.iter()
+                    .all(|(key, a)| b.get(key).is_some_and(|b| same_values(a, b)))
+        }
+        (Value::Array(a), Value::Array(b)) => {
+            a.len() == b.len() && a.iter().zip(b).all(|(a, b)| same_values(a, b))
+        }
+        (Value::Number(a), Value::Number(b)) => a.as_f64() == b.as_f64(),
+        (a, b) => a == b,
+    }
+}
+
 /// What [`content_of`] leaves out at a level of the record.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Skip {
     /// The record itself: `info`, and `last_run` in each of `hooks`.
     Record,
+    /// As `Record`, and `version`.
+    Body,
     /// One of the record's hooks: `last_run`.
     Hook,
     Nothing,
@@ -105,6 +133,7 @@ fn canonical(out: &mut Hashing, value: &Value, skip: Skip) {
                 .iter()
                 .filter(|(key, _)| match skip {
                     Skip::Record => key.as_str() != "info",
+                    Skip::Body => key.as_str() != "info" && key.as_str() != "version",
                     Skip::Hook => key.as_str() != "last_run",
                     Skip::Nothing => true,
                 })
@@ -118,7 +147,8 @@ fn canonical(out: &mut Hashing, value: &Value, skip: Skip) {
                 // Writing to a hash cannot fail.
                 let _ = serde_json::to_writer(&mut *out, key);
                 let _ = out.write_all(b":");
-                let inner = if skip == Skip::Record && key == "hooks" && value.is_array() {
+                let top = matches!(skip, Skip::Record | Skip::Body);
+                let inner = if top && key == "hooks" && value.is_array() {
                     Skip::Hook
                 } else {
                     Skip::Nothing
@@ -190,9 +220,26 @@ pub(crate) enum Expect {
     /// helm rewrote a record that is sealed already (uninstalling it): it
     /// must still verify against this authenticator.
     Sealed(String),
-    /// Nothing to compare with: helm failed before printing the release it
-    /// wrote, or its command prints none (rollback).
+    /// `helm rollback` wrote a copy of a sealed revision: its
+    /// [`Payload::body`] must be that revision's.
+    RolledBack(String),
+    /// helm failed after writing the record (a `failed` one): it must hold
+    /// the values we ran it with (helm prints no release when it fails).
+    Ran(Value),
+    /// A record written before owner keys, taken as it is because the
+    /// application said so ([`adopt_unsigned_records`](crate::HelmRelease::adopt_unsigned_records)).
+    Adopting,
+    /// Nothing to compare with: only without owner keys, where nothing is
+    /// authenticated.
     Unknown,
+}
+
+impl Expect {
+    /// Whether the record is one a helm run just wrote as a new revision
+    /// (an upgrade's, a rollback's), whose intent the seal ends.
+    pub(crate) fn writes_a_revision(&self) -> bool {
+        matches!(self, Expect::Printed(_) | Expect::RolledBack(_) | Expect::Ran(_))
+    }
 }
 
 /// The content hash of the release helm printed on stdout with `--output
@@ -295,6 +342,28 @@ pub(crate) async fn records(
         records.push(record);
     }
     Ok(records)
+}
+
+/// The record of revision `number` of `release`, read whole; `None` when
+/// there is none.
+pub(crate) async fn record(
+    client: &kube::Client,
+    namespace: &str,
+    release: &str,
+    number: u32,
+) -> Result<Option<Record>> {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    let name = format!("sh.helm.release.v1.{release}.v{number}");
+    let secret = secrets.get_opt(&name).await.map_err(|e| {
+        Error::kube(
+            format_args!("reading the helm release record {namespace}/{name}"),
+            e,
+        )
+    })?;
+    match secret {
+        Some(secret) => Ok(Some(record_of(secret).await)),
+        None => Ok(None),
+    }
 }
 
 async fn record_of(mut secret: Secret) -> Record {
@@ -423,6 +492,18 @@ pub(crate) async fn seal(
                  delete it"
             )));
         }
+        if record.status.starts_with("pending-") || record.status == "uninstalling" {
+            // helm stopped mid-run (killed, or past its deadline): a record
+            // in this state is never sealed, so that its status can never be
+            // taken as ours. The run's signed intent recognises it (see
+            // `trust_records`); nothing else will.
+            tracing::warn!(
+                record = %name, status = %record.status,
+                "helm left its record half-done; not sealing it (the next pass removes it and \
+                 runs helm again)"
+            );
+            return Ok(None);
+        }
         let number = revision.to_string();
         let fields = record_fields(namespace, release, &number, owner, &payload.content);
         let rewritten = match expect {
@@ -430,7 +511,19 @@ pub(crate) async fn seal(
                 .then_some("it is not the release helm printed it wrote"),
             Expect::Sealed(mac) => (!keys.verify(&fields, mac))
                 .then_some("its content is no longer the content sealed before helm rewrote it"),
-            Expect::Unknown => None,
+            Expect::RolledBack(body) => (*body != payload.body)
+                .then_some("it is not a copy of the sealed revision helm rolled back to"),
+            Expect::Ran(values) => {
+                let empty = Value::Object(serde_json::Map::new());
+                let stored = match payload.config.as_ref().map(|config| &config.0) {
+                    None | Some(Value::Null) => &empty,
+                    Some(config) => config,
+                };
+                (!same_values(stored, values))
+                    .then_some("it does not hold the values helm was run with")
+            }
+            Expect::Adopting => None,
+            Expect::Unknown => Some("nothing says what helm wrote"),
         };
         if let Some(why) = rewritten {
             return Err(rewritten_error(format!(
