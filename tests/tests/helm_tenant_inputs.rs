@@ -4,8 +4,8 @@
 //! must be bounded: in memory (a gzip bomb), and in the numbers it reads.
 //!
 //! The memory tests read the test process's own peak RSS (`VmHWM`), reset
-//! before each (`/proc/self/clear_refs`); they take a lock so that no other
-//! test of this binary allocates meanwhile.
+//! before each (`/proc/self/clear_refs`); every test of this binary takes
+//! one lock, so that no other test allocates meanwhile.
 //!
 //! Run like `helm_cluster.rs` (see docs/testing.md).
 
@@ -27,7 +27,9 @@ use helm_async_support::until_not_yield;
 mod helm_attack_support;
 use helm_attack_support::*;
 
-/// One memory measurement at a time in this process.
+/// One test at a time in this process: a measurement must not see another
+/// test's allocations (a failing assertion's backtrace alone takes hundreds
+/// of MiB to print).
 static MEASURING: Mutex<()> = Mutex::const_new(());
 
 /// The most the process's peak RSS may grow while a pass meets the bomb.
@@ -95,7 +97,6 @@ async fn meet_the_bomb(
         .await
         .expect("the tenant may write Secrets in its namespace");
 
-    let _alone = MEASURING.lock().await;
     reset_peak_rss();
     let before = peak_rss_kib();
     let started = Instant::now();
@@ -110,6 +111,7 @@ async fn meet_the_bomb(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the local control plane (cargo xtask test)"]
 async fn a_gzip_bomb_record_with_owner_keys_fails_the_pass_naming_it_in_bounded_memory() {
+    let _alone = MEASURING.lock().await;
     let helm = helm3().expect("PROVISIONERS_HELM3");
     let ns = TestNamespace::create("helm-bomb-keys")
         .await
@@ -130,6 +132,7 @@ async fn a_gzip_bomb_record_with_owner_keys_fails_the_pass_naming_it_in_bounded_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the local control plane (cargo xtask test)"]
 async fn a_gzip_bomb_record_without_owner_keys_fails_deprovision_naming_it_in_bounded_memory() {
+    let _alone = MEASURING.lock().await;
     let helm = helm3().expect("PROVISIONERS_HELM3");
     let ns = TestNamespace::create("helm-bomb-plain")
         .await
@@ -150,6 +153,7 @@ async fn a_gzip_bomb_record_without_owner_keys_fails_deprovision_naming_it_in_bo
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the local control plane (cargo xtask test)"]
 async fn a_revision_label_at_the_end_of_u32_is_a_clear_error_not_a_panic() {
+    let _alone = MEASURING.lock().await;
     let helm = helm3().expect("PROVISIONERS_HELM3");
     let ns = TestNamespace::create("helm-last-revision")
         .await

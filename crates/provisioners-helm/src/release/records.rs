@@ -127,15 +127,18 @@ impl HelmRelease {
                 self.id()
             )));
         };
-        record.mac = lease
-            .get(&format!("{}{to}", storage::SEAL_PREFIX))
-            .cloned();
-        let verified =
-            storage::verify(keys, owner.as_deref(), &self.namespace, &self.release, &record)
-                .and_then(|()| match &record.payload {
-                    Ok(payload) => Ok(payload.body.clone()),
-                    Err(why) => Err(why.clone()),
-                });
+        record.mac = lease.get(&format!("{}{to}", storage::SEAL_PREFIX)).cloned();
+        let verified = storage::verify(
+            keys,
+            owner.as_deref(),
+            &self.namespace,
+            &self.release,
+            &record,
+        )
+        .and_then(|()| match &record.payload {
+            Ok(payload) => Ok(payload.body.clone()),
+            Err(why) => Err(why.clone()),
+        });
         match verified {
             Ok(body) => Ok(Expect::RolledBack(body)),
             Err(why) => Err(Error::failed(format!(

@@ -218,7 +218,9 @@ impl HelmRelease {
                 // Still under the Lease: the record helm wrote, whatever the
                 // outcome, if it is the release helm printed.
                 let stdout = ran.as_ref().ok().map(|output| output.stdout.as_slice());
-                let sealed = this.seal_printed(&cx, &sealing, next, stdout, &values).await;
+                let sealed = this
+                    .seal_printed(&cx, &sealing, next, stdout, &values)
+                    .await;
                 ran.map(drop).and(sealed)
             },
         )

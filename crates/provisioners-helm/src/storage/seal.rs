@@ -238,7 +238,10 @@ impl Expect {
     /// Whether the record is one a helm run just wrote as a new revision
     /// (an upgrade's, a rollback's), whose intent the seal ends.
     pub(crate) fn writes_a_revision(&self) -> bool {
-        matches!(self, Expect::Printed(_) | Expect::RolledBack(_) | Expect::Ran(_))
+        matches!(
+            self,
+            Expect::Printed(_) | Expect::RolledBack(_) | Expect::Ran(_)
+        )
     }
 }
 
@@ -398,6 +401,10 @@ pub(crate) fn verify(
         return Err(format!("it belongs to owner `{other}`"));
     }
     let owner = owner.unwrap_or_default();
+    let payload = record
+        .payload
+        .as_ref()
+        .map_err(|e| format!("it does not decode ({e})"))?;
     let Some(mac) = &record.mac else {
         return Err(
             "it carries no authenticator (written before owner keys were configured, \
@@ -405,10 +412,6 @@ pub(crate) fn verify(
                 .to_owned(),
         );
     };
-    let payload = record
-        .payload
-        .as_ref()
-        .map_err(|e| format!("it does not decode ({e})"))?;
     let Some(number) = record.number else {
         return Err("its `version` label is not a number".to_owned());
     };
