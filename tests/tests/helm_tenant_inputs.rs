@@ -181,3 +181,127 @@ async fn a_revision_label_at_the_end_of_u32_is_a_clear_error_not_a_panic() {
     assert_eq!(error.kind(), ErrorKind::Failed, "{error}");
     assert!(error.message().contains("4294967295"), "{error}");
 }
+
+/// Sets the status of the record `secret` to `status`, in its label and in
+/// its payload's `info` (which the seal leaves out, as helm rewrites it):
+/// what a tenant that may write Secrets can do to a sealed record.
+async fn flip(secrets: &Api<Secret>, secret: &str, status: &str) {
+    use base64::Engine as _;
+    let mut record = secrets.get(secret).await.expect("the record");
+    let data = record.data.as_mut().expect("data");
+    let helm_base64 = &data.get("release").expect("release").0;
+    let raw = base64::engine::general_purpose::STANDARD
+        .decode(helm_base64)
+        .expect("helm's base64");
+    // helm gzips its records; one a tenant wrote may be plain JSON.
+    let json = if raw.starts_with(&[0x1f, 0x8b]) {
+        let mut json = Vec::new();
+        std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(raw.as_slice()), &mut json)
+            .expect("gzip");
+        json
+    } else {
+        raw
+    };
+    let mut payload: serde_json::Value = serde_json::from_slice(&json).expect("JSON");
+    payload["info"]["status"] = json!(status);
+    let encoded = base64_encode(payload.to_string().as_bytes());
+    data.insert(
+        "release".to_owned(),
+        k8s_openapi::ByteString(encoded.into_bytes()),
+    );
+    record
+        .metadata
+        .labels
+        .as_mut()
+        .expect("labels")
+        .insert("status".to_owned(), status.to_owned());
+    secrets
+        .replace(secret, &PostParams::default(), &record)
+        .await
+        .expect("the tenant may rewrite Secrets in its namespace");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the local control plane (cargo xtask test)"]
+async fn sealed_records_flipped_to_pending_make_no_rollback_only_a_report() {
+    let _alone = MEASURING.lock().await;
+    let helm = helm3().expect("PROVISIONERS_HELM3");
+    let ns = TestNamespace::create("helm-flip-pending")
+        .await
+        .expect("namespace");
+    let cx = operator("helm-flip-pending").await;
+    let app = release(&helm, ns.name(), "app");
+    until_not_yield(&cx, &app, false).await.expect("installs");
+    let second = app.clone().values(&json!({"second": true}));
+    until_not_yield(&cx, &second, false)
+        .await
+        .expect("upgrades");
+    // Both records sealed by us; the tenant makes the newest look like an
+    // upgrade a dead helm left pending over a deployed first revision: our
+    // recovery would roll back, whenever the tenant likes.
+    let secrets: Api<Secret> = Api::namespaced(tenant(&ns).await, ns.name());
+    flip(&secrets, "sh.helm.release.v1.app.v1", "deployed").await;
+    flip(&secrets, "sh.helm.release.v1.app.v2", "pending-upgrade").await;
+
+    let third = app.clone().values(&json!({"third": true}));
+    let error = until_not_yield(&cx, &third, false)
+        .await
+        .expect_err("a status no run of ours left");
+    assert_eq!(error.kind(), ErrorKind::Failed, "{error}");
+    let message = error.message();
+    assert!(message.contains("sh.helm.release.v1.app.v2"), "{message}");
+    assert!(
+        message.contains("no run of this owner left it so"),
+        "{message}"
+    );
+    let numbers: Vec<String> = records(&ns, "app")
+        .await
+        .iter()
+        .filter_map(|r| r.metadata.name.clone())
+        .collect();
+    assert_eq!(
+        numbers.len(),
+        2,
+        "helm wrote no rollback record: {numbers:?}"
+    );
+
+    // Set back, the release upgrades as usual.
+    flip(&secrets, "sh.helm.release.v1.app.v1", "superseded").await;
+    flip(&secrets, "sh.helm.release.v1.app.v2", "deployed").await;
+    until_not_yield(&cx, &third, false).await.expect("upgrades");
+    until_not_yield(&cx, &third, true)
+        .await
+        .expect("uninstalls");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the local control plane (cargo xtask test)"]
+async fn a_record_flipped_to_uninstalled_is_reported_by_deprovision_and_the_release_kept() {
+    let _alone = MEASURING.lock().await;
+    let helm = helm3().expect("PROVISIONERS_HELM3");
+    let ns = TestNamespace::create("helm-flip-uninstalled")
+        .await
+        .expect("namespace");
+    let cx = operator("helm-flip-uninstalled").await;
+    let app = release(&helm, ns.name(), "app");
+    until_not_yield(&cx, &app, false).await.expect("installs");
+    // `uninstalled` with no objects to wait for: deprovision would take
+    // the release as gone, and delete its Lease with the seals.
+    let secrets: Api<Secret> = Api::namespaced(tenant(&ns).await, ns.name());
+    flip(&secrets, "sh.helm.release.v1.app.v1", "uninstalled").await;
+    let error = until_not_yield(&cx, &app, true)
+        .await
+        .expect_err("a status no run of ours left");
+    assert_eq!(error.kind(), ErrorKind::Failed, "{error}");
+    assert!(error.message().contains("never uninstalled it"), "{error}");
+    assert!(
+        ns.api::<k8s_openapi::api::coordination::v1::Lease>()
+            .get_opt("provisioners-helm.app")
+            .await
+            .expect("read")
+            .is_some(),
+        "the Lease with the seals is kept"
+    );
+    flip(&secrets, "sh.helm.release.v1.app.v1", "deployed").await;
+    until_not_yield(&cx, &app, true).await.expect("uninstalls");
+}
