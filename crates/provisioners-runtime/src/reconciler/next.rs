@@ -4,12 +4,13 @@
 
 use std::time::Duration;
 
+use kube::Resource;
 use provisioners_core::{ErrorKind, Result};
 
 use super::{ReconcileResult, Reconciler};
 use crate::in_flight::Spec;
 use crate::requeue::{backoff, jittered};
-use crate::target::Report;
+use crate::target::{Report, key};
 use crate::wakes;
 use provisioners_kit::wake::Wake;
 
@@ -64,6 +65,13 @@ impl Reconciler {
     pub fn error_backoff(mut self, first: Duration, max: Duration) -> Self {
         self.error_backoff = (first, max.max(first));
         self
+    }
+
+    /// When a provisioned `object` comes back: the resync moved by the
+    /// object's jitter, `None` after [`Reconciler::no_resync`].
+    pub fn resync_of<K: Resource>(&self, object: &K) -> Option<Duration> {
+        let key = key(object);
+        self.resync.map(|resync| jittered(resync, &key))
     }
 
     /// When to reconcile again after a pass that ended in `outcome`
