@@ -184,9 +184,9 @@ impl Manifest {
 mod tests {
     use super::*;
 
-    /// kube-apiserver's (v1.36) answer to an apply of `.data.k` and
-    /// `.spec.replicas`-like fields held by others, shaped as captured.
-    fn conflict(causes: serde_json::Value) -> kube::Error {
+    /// A 409 to an apply with `causes`, in the shape of kube-apiserver's
+    /// answer (the cluster test `manifest_drift` reads real ones).
+    fn conflict(causes: &serde_json::Value) -> kube::Error {
         kube::Error::Api(Box::new(
             serde_json::from_value(serde_json::json!({
                 "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
@@ -201,7 +201,7 @@ mod tests {
 
     #[test]
     fn the_conflicting_managers_and_fields_are_read_from_the_causes() {
-        let error = conflict(serde_json::json!([
+        let error = conflict(&serde_json::json!([
             {"reason": "FieldManagerConflict", "message": "conflict with \"kubectl-patch\" using v1", "field": ".data.k"},
             {"reason": "FieldManagerConflict", "message": "conflict with \"kubectl-patch\" using v1", "field": ".data.j"},
             {"reason": "FieldManagerConflict", "message": "conflict with \"kubectl\" with subresource \"scale\" using apps/v1 at 2026-12-05T04:00:00Z", "field": ".spec.replicas"},
@@ -243,7 +243,7 @@ mod tests {
             .map(|i| serde_json::json!({"reason": "FieldManagerConflict",
                 "message": format!("conflict with \"{i}{long}\"\n"), "field": format!(".data.k{i}\n")}))
             .collect();
-        let taken = TakenBack::of(&conflict(many.into())).expect("a conflict");
+        let taken = TakenBack::of(&conflict(&many.into())).expect("a conflict");
         let text = taken.to_string();
         assert!(text.len() < 8 * (LONGEST + 20) + 40, "{}", text.len());
         assert!(text.ends_with("and 12 more managers"), "{text}");
