@@ -177,7 +177,7 @@ async fn bad_objects_are_invalid_and_named() {
 
 #[tokio::test]
 #[ignore = "needs the local control plane (cargo xtask test)"]
-async fn a_field_manager_conflict_without_force_is_invalid() {
+async fn a_field_manager_conflict_with_force_off_is_invalid_and_taken_back_by_default() {
     let ns = TestNamespace::create("manifest-conflict")
         .await
         .expect("namespace");
@@ -197,7 +197,9 @@ async fn a_field_manager_conflict_without_force_is_invalid() {
     let second_yaml =
         "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: shared\ndata:\n  owner: second\n";
     // One owner, two field managers: the object is ours, its fields are not.
-    let second = Manifest::from_yaml("second", second_yaml).namespace(ns.name());
+    let second = Manifest::from_yaml("second", second_yaml)
+        .namespace(ns.name())
+        .force(false);
     let second_cx = cx.clone().with_field_manager("second-manager");
     let error = invalid(&second_cx, &second).await;
     let message = error.to_string();
@@ -212,9 +214,8 @@ async fn a_field_manager_conflict_without_force_is_invalid() {
     assert!(message.contains("first-manager"), "{message}");
     assert!(message.contains("force(true)"), "{message}");
 
-    let forced = Manifest::from_yaml("second", second_yaml)
-        .namespace(ns.name())
-        .force(true);
+    // By default, the fields it declares are taken back.
+    let forced = Manifest::from_yaml("second", second_yaml).namespace(ns.name());
     second_cx.provision(&forced).await.expect("forced");
     let live = ns.api::<ConfigMap>().get("shared").await.expect("get");
     assert_eq!(live.data.unwrap_or_default()["owner"], "second");
@@ -389,7 +390,7 @@ async fn a_typed_resource_applies_waits_and_deletes() {
         version
     );
 
-    // A field another manager changed is taken back only with force.
+    // A field another manager changed is taken back, unless force(false).
     let patch = serde_json::json!({
         "apiVersion": "v1", "kind": "ConfigMap",
         "metadata": {"name": "typed"}, "data": {"k": "other"},
@@ -401,8 +402,19 @@ async fn a_typed_resource_applies_waits_and_deletes() {
     )
     .await
     .expect("other manager");
-    let error = cx.provision(&node).await.expect_err("conflict");
+    let kept = SingleObject::new("typed", &config_map)
+        .namespace(ns.name())
+        .force(false);
+    let error = cx.provision(&kept).await.expect_err("conflict");
     assert_eq!(error.kind(), ErrorKind::Invalid, "{error}");
+    cx.provision(&node).await.expect("taken back");
+    let data = api
+        .get("typed")
+        .await
+        .expect("get")
+        .data
+        .unwrap_or_default();
+    assert_eq!(data["k"], "v");
 
     converge(&cx, &node, false, Duration::from_secs(30)).await;
     assert!(api.get_opt("typed").await.expect("get").is_none());

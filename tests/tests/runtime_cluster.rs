@@ -1,5 +1,6 @@
 //! The reconcile glue against the local control plane: finalizer, condition,
-//! paused annotation, gated deletion, constant requeue, graceful shutdown.
+//! paused annotation, gated deletion, requeue, resync and backoff, graceful
+//! shutdown.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -156,12 +157,17 @@ async fn reconcile_adds_the_finalizer_reports_the_condition_and_gates_deletion()
         ("platform", "waiting for the database")
     );
 
-    // Second pass: provisioned, no requeue.
+    // Second pass: provisioned, back at the resync (5 minutes ±10 %).
     let action = reconciler
         .reconcile(&managed(w.clone(), &tree))
         .await
         .unwrap();
-    assert_eq!(action, Action::await_change());
+    let resync = reconciler.resync_of(&w).expect("a resync by default");
+    assert!(
+        (Duration::from_secs(270)..=Duration::from_secs(330)).contains(&resync),
+        "{resync:?}"
+    );
+    assert_eq!(action, Action::requeue(resync));
     let w = widgets.get("w").await.unwrap();
     let condition = available(&w).unwrap();
     assert_eq!(
@@ -231,7 +237,7 @@ async fn reconcile_adds_the_finalizer_reports_the_condition_and_gates_deletion()
 
 #[tokio::test]
 #[ignore = "needs the local control plane (cargo xtask test)"]
-async fn a_failing_tree_is_errored_with_its_path_and_requeued_at_the_same_pace() {
+async fn a_failing_tree_is_errored_with_its_path_and_retried_at_growing_intervals() {
     let ns = TestNamespace::create("runtime-err")
         .await
         .expect("namespace");
@@ -246,21 +252,32 @@ async fn a_failing_tree_is_errored_with_its_path_and_requeued_at_the_same_pace()
     );
     create_widget(&widgets, "broken").await;
 
-    for _ in 0..2 {
+    // The requeue durations the runtime returns, one per failed pass.
+    let mut waits = Vec::new();
+    for _ in 0..5 {
         let w = widgets.get("broken").await.unwrap();
         let action = reconciler
             .reconcile(&managed(w.clone(), &tree))
             .await
             .unwrap();
-        assert_eq!(
-            action,
-            reconciler.error_policy(),
-            "errors requeue like yields, no backoff"
-        );
+        waits.push(action);
     }
+    let secs = |s| Action::requeue(Duration::from_secs(s));
+    assert_eq!(waits, [secs(5), secs(10), secs(20), secs(40), secs(80)]);
+    assert_eq!(recorder.count("chart", Operation::Provision), 5);
     let condition = available(&widgets.get("broken").await.unwrap()).unwrap();
     assert_eq!(condition.reason, "Errored");
     assert_eq!(condition.message, "platform/chart: values.yaml: bad");
+
+    // A new spec starts the backoff again.
+    let bigger = json!({ "spec": { "size": 2 } });
+    widgets
+        .patch("broken", &PatchParams::default(), &Patch::Merge(&bigger))
+        .await
+        .unwrap();
+    let w = widgets.get("broken").await.unwrap();
+    let action = reconciler.reconcile(&managed(w, &tree)).await.unwrap();
+    assert_eq!(action, secs(5));
 
     // Deletion of an object whose tree is empty of errors on the way out.
     widgets
@@ -369,5 +386,92 @@ async fn a_controller_provisions_and_a_graceful_shutdown_reports_cancelled() {
             .await
             .unwrap();
     }
+    ns.cleanup().await.expect("cleanup");
+}
+
+/// The reconcile of [`a_hand_edit_is_repaired_at_the_resync_without_a_change_to_the_owner`]:
+/// a manifest of one ConfigMap in the widget's namespace.
+async fn reconcile_settings(
+    widget: Arc<Widget>,
+    reconciler: Arc<Reconciler>,
+) -> Result<Action, Error> {
+    let namespace = widget.namespace().unwrap_or_default();
+    let yaml =
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: settings\ndata:\n  mode: strict\n";
+    let tree = provisioners_manifest::Manifest::from_yaml("settings", yaml).namespace(namespace);
+    reconciler.reconcile(&Managed::new(widget, tree)).await
+}
+
+#[tokio::test]
+#[ignore = "needs the local control plane (cargo xtask test)"]
+async fn a_hand_edit_is_repaired_at_the_resync_without_a_change_to_the_owner() {
+    let ns = TestNamespace::create("runtime-resync")
+        .await
+        .expect("namespace");
+    install_crd(ns.client()).await;
+    let widgets: Api<Widget> = ns.api();
+    let cx = HarnessCluster::Primary.context().await.expect("context");
+    let shutdown = cx.cancellation().clone();
+    // Shortened from the default 5 minutes, so the test waits seconds.
+    let reconciler = Arc::new(Reconciler::new(cx, FINALIZER).resync_after(Duration::from_secs(3)));
+    let signal = shutdown.clone();
+    let controller = Controller::new(widgets.clone(), watcher::Config::default())
+        .graceful_shutdown_on(async move { signal.cancelled().await })
+        .run(
+            reconcile_settings,
+            |_, _, reconciler| reconciler.error_policy(),
+            Arc::clone(&reconciler),
+        )
+        .for_each(|_| async {});
+    let controller = tokio::spawn(controller);
+
+    create_widget(&widgets, "w").await;
+    wait_for_reason(&widgets, "w", "Provisioned").await;
+    let owner = widgets.get("w").await.unwrap();
+
+    // A hand edit of the value the tree declares, as `kubectl patch` makes it.
+    let config_maps = ns.api::<k8s_openapi::api::core::v1::ConfigMap>();
+    let by_hand = PatchParams {
+        field_manager: Some("kubectl-patch".to_owned()),
+        ..PatchParams::default()
+    };
+    let edit = json!({ "data": { "mode": "lax" } });
+    config_maps
+        .patch("settings", &by_hand, &Patch::Merge(&edit))
+        .await
+        .expect("kubectl patch");
+
+    // Nothing but the resync brings the tree back: the controller watches
+    // only widgets, and this one does not change.
+    let start = Instant::now();
+    loop {
+        let settings = config_maps.get("settings").await.unwrap();
+        if settings.data.unwrap_or_default()["mode"] == "strict" {
+            break;
+        }
+        assert!(
+            start.elapsed() < DEADLINE,
+            "the hand edit was never repaired"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let after = widgets.get("w").await.unwrap();
+    assert_eq!(
+        after.resource_version(),
+        owner.resource_version(),
+        "the owner is unchanged"
+    );
+    assert_eq!(available(&after).unwrap().reason, "Provisioned");
+
+    shutdown.cancel();
+    tokio::time::timeout(DEADLINE, controller)
+        .await
+        .expect("the controller stops promptly")
+        .expect("the controller task");
+    let clear = json!({ "metadata": { "finalizers": null } });
+    widgets
+        .patch("w", &PatchParams::default(), &Patch::Merge(&clear))
+        .await
+        .unwrap();
     ns.cleanup().await.expect("cleanup");
 }

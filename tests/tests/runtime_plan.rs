@@ -206,6 +206,10 @@ async fn a_gated_object_is_provisioned_only_with_its_plans_digest() {
     let cx = proxy.context("plan").await.expect("context");
     let reconciler = Reconciler::new(cx, FINALIZER).plan_field("plan");
     let requeue = reconciler.error_policy();
+    // A provisioned pass comes back at the resync of `g`.
+    let mut g = Gadget::new("g", GadgetSpec { size: 1 });
+    g.metadata.namespace = Some(ns.name().to_owned());
+    let resynced = Action::requeue(reconciler.resync_of(&g).expect("a resync by default"));
     let tree = |size| Settings {
         namespace: ns.name().to_owned(),
         size,
@@ -278,7 +282,7 @@ async fn a_gated_object_is_provisioned_only_with_its_plans_digest() {
         )
         .await
         .unwrap();
-    assert_eq!(reconcile(tree(1)).await, Action::await_change());
+    assert_eq!(reconcile(tree(1)).await, resynced);
     let cm = settings.get("settings").await.expect("provisioned");
     assert_eq!(cm.data.unwrap()["size"], "1");
     let g = gadgets.get("g").await.unwrap();
@@ -290,7 +294,7 @@ async fn a_gated_object_is_provisioned_only_with_its_plans_digest() {
     );
 
     // No changes: no approval needed, and the status says so.
-    assert_eq!(reconcile(tree(1)).await, Action::await_change());
+    assert_eq!(reconcile(tree(1)).await, resynced);
     let g = gadgets.get("g").await.unwrap();
     assert_eq!(
         g.status.as_ref().unwrap().plan.as_ref().unwrap().summary,

@@ -29,6 +29,7 @@ mod prune;
 mod ready;
 mod replace;
 mod resolve;
+mod take_back;
 mod targets;
 
 #[cfg(test)]
@@ -83,6 +84,14 @@ const LISTED: usize = 8;
 /// and deleting it deletes them anyway), and so are the namespaces the
 /// API server never deletes (`default`, `kube-system`, `kube-public`,
 /// `kube-node-lease`), which are never deleted, only released.
+///
+/// # Drift
+///
+/// A field the manifest declares that someone changed by hand is taken
+/// back on the next provision, with a warning naming the field manager it
+/// was taken from; [`force(false)`](Manifest::force) turns that off (the
+/// conflict is then an error). Fields the manifest does not declare are
+/// never touched.
 ///
 /// Prune and deprovision delete only a live object stamped by this owner
 /// and node, with a precondition on its UID. *Gone* means no live object
@@ -147,7 +156,7 @@ impl Manifest {
             adopt: false,
             inventory_namespace: None,
             node_id: None,
-            force: false,
+            force: true,
             replace: ReplacePolicy::Fail,
             concurrency: 32,
             targets: targets::Targets::default(),
@@ -314,8 +323,26 @@ impl Manifest {
         self
     }
 
-    /// Takes over fields another field manager owns instead of failing with
-    /// a conflict. Off by default.
+    /// Whether provision takes back the fields this manifest declares when
+    /// another field manager holds them (a `kubectl edit`, `kubectl patch`
+    /// or `kubectl scale` of one of our objects). On by default: drift
+    /// means repair.
+    ///
+    /// Server-side apply with `force` takes only the conflicting fields
+    /// the applied object declares; fields it does not declare stay with
+    /// their managers. The apply is first sent without `force`, so the
+    /// server names who held which field: a warning is logged with the
+    /// object, the managers and the fields, and the apply is sent again
+    /// with `force` (one more request, only when something drifted). A
+    /// [plan](provisioners_core::Context::plan) shows such a field as a
+    /// change, and names the manager.
+    ///
+    /// `force(false)` keeps the fields where they are: provision fails
+    /// with an [`Invalid`](provisioners_core::ErrorKind::Invalid) error
+    /// naming the conflict, and a plan refuses the object. For objects
+    /// whose declared fields another controller is meant to change (a
+    /// Deployment's `replicas` under an autoscaler), leave the field out
+    /// of the manifest instead.
     pub fn force(mut self, force: bool) -> Self {
         self.force = force;
         self

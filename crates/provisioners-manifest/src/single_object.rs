@@ -87,7 +87,8 @@ impl SingleObject {
         self.map(|m| m.node_id(id))
     }
 
-    /// Takes over fields of other field managers; see [`Manifest::force`].
+    /// Whether provision takes back the object's fields that another field
+    /// manager changed (default: yes); see [`Manifest::force`].
     pub fn force(self, force: bool) -> Self {
         self.map(|m| m.force(force))
     }

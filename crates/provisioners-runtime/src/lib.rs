@@ -38,8 +38,15 @@
 //!   per digest, and nothing is provisioned
 //!   ([`Reconciler::plan_approval_annotation`] has the rules). Deletion is
 //!   never gated;
-//! - maps a yield or an error to a *constant* requeue (no exponential backoff
-//!   for work that is merely in progress);
+//! - chooses when the object comes back: a yield or a transient error after
+//!   a *constant* requeue (no exponential backoff for work that is merely in
+//!   progress, or for a cluster that may be back in a moment); a tree that
+//!   fails for good with a [backoff](Reconciler::error_backoff) per object
+//!   (5 s doubling to 5 minutes, reset by a success or a new spec); and a
+//!   provisioned object after a [resync](Reconciler::resync_after) of 5
+//!   minutes ±10 %, fixed per object, so that drift (a hand edit of an
+//!   object the tree declares) is repaired without a change to the object
+//!   ([`Reconciler::no_resync`] turns it off);
 //! - on graceful shutdown (the context's cancellation token, which should also
 //!   drive `Controller::graceful_shutdown_on`) stops the tree and reports
 //!   `Cancelled`. A stopped tree gets the context's
@@ -143,6 +150,7 @@ mod managed;
 pub mod metrics;
 mod predicate;
 mod reconciler;
+mod requeue;
 mod status;
 mod summary;
 mod target;
@@ -161,5 +169,6 @@ pub use reconciler::{
     DEFAULT_PAUSED_ANNOTATION, DEFAULT_REQUEUE, DEFAULT_WAITING_FIELD, ReconcileObserver,
     ReconcileResult, Reconciler,
 };
+pub use requeue::{DEFAULT_ERROR_BACKOFF, DEFAULT_MAX_ERROR_BACKOFF, DEFAULT_RESYNC};
 pub use summary::{MAX_MESSAGE, WaitingNode};
 pub use wakes::DEFAULT_WAKE_BACKSTOP;

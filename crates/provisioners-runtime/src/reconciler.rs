@@ -18,10 +18,12 @@ use crate::approval::{Approval, Decision};
 use crate::condition::Reason;
 use crate::events::{Events, Why};
 use crate::in_flight::{InFlight, Spec, Stopped};
+use crate::requeue::{DEFAULT_ERROR_BACKOFF, DEFAULT_MAX_ERROR_BACKOFF, DEFAULT_RESYNC, Failures};
 use crate::target::{Report, Target};
 use crate::wakes::{DEFAULT_WAKE_BACKSTOP, Wakes};
-use crate::{approval, kubeconfigs, status, summary, wakes};
+use crate::{approval, kubeconfigs, status, summary};
 
+mod next;
 mod supersede;
 mod wake;
 mod writes;
@@ -29,8 +31,8 @@ mod writes;
 /// The annotation that pauses reconciliation when set to `"true"`.
 pub const DEFAULT_PAUSED_ANNOTATION: &str = "provisioners.dev/paused";
 
-/// The requeue after a yield or an error, unless [`Reconciler::requeue_after`]
-/// says otherwise.
+/// The requeue after a yield or a transient error, unless
+/// [`Reconciler::requeue_after`] says otherwise.
 pub const DEFAULT_REQUEUE: Duration = Duration::from_secs(5);
 
 /// The status field that lists waiting nodes unless
@@ -103,6 +105,8 @@ pub struct Reconciler {
     finalizer: String,
     requeue: Duration,
     resync: Option<Duration>,
+    error_backoff: (Duration, Duration),
+    failures: Failures,
     paused_annotation: String,
     waiting_field: Option<String>,
     plan_field: Option<String>,
@@ -120,6 +124,7 @@ impl fmt::Debug for Reconciler {
             .field("finalizer", &self.finalizer)
             .field("requeue", &self.requeue)
             .field("resync", &self.resync)
+            .field("error_backoff", &self.error_backoff)
             .field("paused_annotation", &self.paused_annotation)
             .field("waiting_field", &self.waiting_field)
             .field("plan_field", &self.plan_field)
@@ -142,7 +147,9 @@ impl Reconciler {
             context,
             finalizer: finalizer.into(),
             requeue: DEFAULT_REQUEUE,
-            resync: None,
+            resync: Some(DEFAULT_RESYNC),
+            error_backoff: (DEFAULT_ERROR_BACKOFF, DEFAULT_MAX_ERROR_BACKOFF),
+            failures: Failures::default(),
             paused_annotation: DEFAULT_PAUSED_ANNOTATION.to_owned(),
             waiting_field: Some(DEFAULT_WAITING_FIELD.to_owned()),
             plan_field: None,
@@ -153,19 +160,6 @@ impl Reconciler {
             wakes: Wakes::default(),
             wake_backstop: DEFAULT_WAKE_BACKSTOP,
         }
-    }
-
-    /// The constant requeue after a yield or an error (default 5 s).
-    pub fn requeue_after(mut self, requeue: Duration) -> Self {
-        self.requeue = requeue;
-        self
-    }
-
-    /// Reconciles a provisioned object again after `resync`, to repair drift
-    /// (default: only when the object or the controller's watches change).
-    pub fn resync_after(mut self, resync: Duration) -> Self {
-        self.resync = Some(resync);
-        self
     }
 
     /// Uses another annotation to pause reconciliation.
@@ -269,8 +263,11 @@ impl Reconciler {
         &self.context
     }
 
-    /// The action for a reconcile that returned an error: the same constant
-    /// requeue as a yield. Use it as the controller's error policy.
+    /// The action for a reconcile that returned an error (the reconciler
+    /// could not talk to the API): the same constant requeue as a yield.
+    /// Use it as the controller's error policy. A tree that fails is not
+    /// such an error: it is reported in the status and backed off (see
+    /// [`Reconciler::error_backoff`]).
     pub fn error_policy(&self) -> Action {
         Action::requeue(self.requeue)
     }
@@ -357,6 +354,7 @@ impl Reconciler {
             target: &target,
             current: serde_json::to_value(object).unwrap_or_default(),
             generation: spec.generation,
+            deleting,
             reference: object.object_ref(&()),
         };
 
@@ -527,6 +525,7 @@ impl Reconciler {
             in_progress
         };
         let written = self.write_status(report, result, in_progress).await?;
+        let requeue = self.next(report, result, outcome, wake);
         match result {
             Ok(()) if written => {
                 let note = match report.generation {
@@ -536,7 +535,7 @@ impl Reconciler {
                 self.publish(report, Why::Provisioned, &note).await;
             }
             Err(e) if outcome == ReconcileResult::Errored => {
-                tracing::warn!(object = %report.target, error = %summary::message(e), "reconcile failed");
+                tracing::warn!(object = %report.target, error = %summary::message(e), retry_in = ?requeue, "reconcile failed");
                 for line in summary::failing_lines(e, 3) {
                     self.publish(report, Why::NodeFailed, &line).await;
                 }
@@ -546,23 +545,7 @@ impl Reconciler {
             }
             Ok(()) => {}
         }
-        let action = match (outcome, self.resync) {
-            (ReconcileResult::Provisioned, Some(resync)) => Action::requeue(resync),
-            (ReconcileResult::Provisioned | ReconcileResult::Cancelled, _) => {
-                Action::await_change()
-            }
-            (ReconcileResult::Provisioning | ReconcileResult::Deprovisioning, _)
-                if result
-                    .as_ref()
-                    .err()
-                    .zip(wake)
-                    .is_some_and(|(error, wake)| wakes::all_promised(error, wake)) =>
-            {
-                tracing::debug!(object = %report.target, backstop = ?self.wake_backstop, "every yield will wake the tree");
-                Action::requeue(self.wake_backstop.max(self.requeue))
-            }
-            _ => Action::requeue(self.requeue),
-        };
+        let action = requeue.map_or_else(Action::await_change, Action::requeue);
         Ok((outcome, action))
     }
 

@@ -24,6 +24,8 @@ pub(crate) struct Report<'a> {
     /// The object as the reconcile got it, for comparisons.
     pub(crate) current: Value,
     pub(crate) generation: Option<i64>,
+    /// The object is being deleted (the tree deprovisions).
+    pub(crate) deleting: bool,
     pub(crate) reference: k8s_openapi::api::core::v1::ObjectReference,
 }
 

@@ -21,6 +21,7 @@ use serde_json::{Value, json};
 use crate::Reconciler;
 
 mod approval;
+mod requeue;
 
 const FINALIZER: &str = "example.com/platform";
 
@@ -65,6 +66,11 @@ const SECRETS: &str = "/api/v1/secrets";
 /// A LIST of Secrets that finds none.
 fn no_secrets() -> Value {
     serde_json::json!({"apiVersion": "v1", "kind": "List", "metadata": {}, "items": []})
+}
+
+/// The action after a provisioned pass of `ns/p`: the default resync.
+fn resync() -> Action {
+    Action::requeue(crate::requeue::jittered(crate::DEFAULT_RESYNC, "ns/p"))
 }
 
 fn reply() -> Value {
@@ -187,7 +193,7 @@ async fn an_unchanged_provisioned_object_writes_nothing_and_a_new_generation_wri
         .await
         .expect("a no-op reconcile made a request")
         .unwrap();
-    assert_eq!(action, Action::await_change());
+    assert_eq!(action, resync(), "back at the resync");
 
     // Generation 4: the condition follows, its transition time does not move.
     let managed = Managed::new(

@@ -74,7 +74,7 @@ fn secret_rejection(origin: &Origin, key: &ObjectRef, status: &kube::core::Statu
 /// A server-side apply conflict with another field manager, which only a
 /// change of ownership resolves; any other 409 ("the object has been
 /// modified", a racing create) is transient.
-fn is_field_manager_conflict(status: &kube::core::Status) -> bool {
+pub(super) fn is_field_manager_conflict(status: &kube::core::Status) -> bool {
     status.details.as_ref().is_some_and(|details| {
         details
             .causes

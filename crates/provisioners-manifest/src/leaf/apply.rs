@@ -1,6 +1,7 @@
 //! Applying one tier, for real or as a dry run: [`look`](super::look) at
 //! what is live, [`decide`](super::decide) per object, gate a CRD change,
-//! send the server-side apply (with `dryRun=All` in a dry run), and answer
+//! send the server-side apply (with `dryRun=All` in a dry run), taking
+//! back [fields another manager changed](super::take_back), and answer
 //! an immutable field with the [replace policy](super::replace). Both modes
 //! take every decision here; they differ only in what they send and in
 //! what they make of the answer (the live object, or a plan's line).
@@ -15,6 +16,7 @@ use super::decide::{Seen, Step, Takeover};
 use super::look::Namespaces;
 use super::plan;
 use super::resolve::Resolved;
+use super::take_back::TakenBack;
 use super::{Manifest, Mode, bounded, dynamic_api};
 use crate::object::Tier;
 use crate::ownership::Stamp;
@@ -142,9 +144,22 @@ impl Manifest {
                 notes.extend(crd_migration_line(cx, object, live).await?);
             }
         }
-        let answer = match self.send(cx, object, force, mode).await {
-            Ok(answer) => answer,
+        let answer = match self.send_taking_back(cx, object, force, mode).await {
+            Ok((answer, taken)) => {
+                if let Some(taken) = taken {
+                    notes.push(format!(
+                        "takes back fields from another field manager: {taken}"
+                    ));
+                }
+                answer
+            }
             Err(error) => {
+                if mode == Mode::DryRun
+                    && let Some(taken) = TakenBack::of(&error)
+                {
+                    // Only with force(false): provision would fail.
+                    return Ok(Outcome::Planned(plan::conflict(key, &taken)));
+                }
                 return match (immutable_fields(&error), mode, live) {
                     (Some(fields), Mode::Write, _) => self
                         .replace_immutable(cx, stamp, object, force, &fields, error)

@@ -228,9 +228,15 @@ mod tests {
             manifest.decide(MANAGER, &ours, &object, seen(Some(live.clone()))),
             Step::NoChange(_)
         ));
-        // Applied by another field manager: the no-op check does not hold.
+        // Applied by another field manager: the no-op check does not hold,
+        // and the fields we declare are taken back unless force(false).
         assert_eq!(
-            update(manifest.decide("someone-else", &ours, &object, seen(Some(live)))),
+            update(manifest.decide("someone-else", &ours, &object, seen(Some(live.clone())))),
+            (true, None)
+        );
+        let keep = Manifest::from_objects("app", []).force(false);
+        assert_eq!(
+            update(keep.decide("someone-else", &ours, &object, seen(Some(live)))),
             (false, None)
         );
     }
@@ -277,7 +283,7 @@ mod tests {
         };
         assert_eq!(
             update(manifest.decide(MANAGER, &ours, &object, in_ours)),
-            (false, Some(Takeover::OurNamespace("n".into())))
+            (true, Some(Takeover::OurNamespace("n".into())))
         );
         let listed = Seen {
             live: Some(by_hand()),
@@ -305,7 +311,7 @@ mod tests {
         let manifest = Manifest::from_objects("app", []);
         assert_eq!(
             update(manifest.decide(MANAGER, &ours, &object, seen(Some(by_hand())))),
-            (false, None)
+            (true, None)
         );
     }
 

@@ -351,3 +351,85 @@ async fn listing_our_objects_stops_at_the_policy_s_page_cap() {
     // It returned after the third answer: no fourth page was asked for.
     drop(api);
 }
+
+/// The API's answer to an apply of `.data.k` that `kubectl-patch` holds.
+fn field_conflict() -> Value {
+    json!({
+        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": "Apply failed with 1 conflict: conflict with \"kubectl-patch\" using v1: .data.k",
+        "reason": "Conflict",
+        "details": {"name": "a", "kind": "configmaps", "causes": [{
+            "reason": "FieldManagerConflict",
+            "message": "conflict with \"kubectl-patch\" using v1",
+            "field": ".data.k",
+        }]},
+        "code": 409,
+    })
+}
+
+/// Answers discovery and the reads of a first apply of ConfigMap `a`, then
+/// the apply with a field-manager conflict; returns the apply's query.
+async fn conflicting_apply(api: &mut ApiMock) -> String {
+    api.expect(
+        Method::GET,
+        "/api/v1",
+        200,
+        json!({"kind": "APIResourceList", "groupVersion": "v1", "resources": [
+            {"name": "configmaps", "singularName": "configmap", "namespaced": true,
+             "kind": "ConfigMap", "verbs": ["get", "list", "patch"]},
+        ]}),
+    )
+    .await;
+    api.expect(
+        Method::GET,
+        "/api/v1/namespaces/ns/configmaps",
+        200,
+        empty_list("ConfigMapList"),
+    )
+    .await;
+    api.expect(Method::GET, "/api/v1/namespaces/ns", 404, json!({}))
+        .await;
+    let path = "/api/v1/namespaces/ns/configmaps/a";
+    api.expect(Method::GET, path, 404, json!({})).await;
+    let applied = api.next().await;
+    assert_eq!(
+        (&applied.method, applied.uri.path()),
+        (&Method::PATCH, path)
+    );
+    let query = applied.uri.query().unwrap_or_default().to_owned();
+    applied.answer(409, field_conflict());
+    query
+}
+
+#[tokio::test]
+async fn a_field_manager_conflict_is_taken_back_with_force_after_one_plain_apply() {
+    let (cx, mut api) = mock::context();
+    let provision = spawn(&cx, Manifest::from_yaml("app", config_map("a")));
+    let first = conflicting_apply(&mut api).await;
+    assert!(
+        !first.contains("force=true"),
+        "tried without force first: {first}"
+    );
+    let forced = api.next().await;
+    assert_eq!(
+        (&forced.method, forced.uri.path()),
+        (&Method::PATCH, "/api/v1/namespaces/ns/configmaps/a")
+    );
+    let query = forced.uri.query().unwrap_or_default().to_owned();
+    let body = forced.body.clone();
+    forced.answer(200, body);
+    provision.await.unwrap().expect("taken back");
+    assert!(query.contains("force=true"), "{query}");
+}
+
+#[tokio::test]
+async fn with_force_off_a_field_manager_conflict_stays_an_error() {
+    let (cx, mut api) = mock::context();
+    let manifest = Manifest::from_yaml("app", config_map("a")).force(false);
+    let provision = spawn(&cx, manifest);
+    conflicting_apply(&mut api).await;
+    let error = provision.await.unwrap().expect_err("a conflict");
+    assert_eq!(error.kind(), ErrorKind::Invalid, "{error}");
+    assert!(error.to_string().contains("kubectl-patch"), "{error}");
+    assert!(error.to_string().contains("force(true)"), "{error}");
+}

@@ -17,6 +17,7 @@ use self::fields::{changes, immutable_changes};
 use super::Manifest;
 use super::replace::Replacement;
 use super::resolve::{Resolved, Unresolved};
+use super::take_back::TakenBack;
 use crate::object::ObjectRef;
 use crate::ownership::Stamp;
 
@@ -57,6 +58,15 @@ pub(super) fn foreign(key: &ObjectRef, stamp: &Stamp, who: &str) -> ObjectPlan {
         "already exists and is not ours ({who}; we are `{}`): provision would fail and leave \
          it unchanged; delete it or rename ours, or set adopt(true) to take it over",
         stamp.owner()
+    ))
+}
+
+/// Fields we declare that another field manager holds, and this node does
+/// not take them back (`force(false)`).
+pub(super) fn conflict(key: &ObjectRef, taken: &TakenBack) -> ObjectPlan {
+    object_plan(key, Change::Refuse).with_reason(format!(
+        "fields this manifest declares are held by another field manager ({taken}): provision \
+         would fail with a conflict and leave them; force(true), the default, takes them back"
     ))
 }
 

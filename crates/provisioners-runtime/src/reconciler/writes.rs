@@ -34,6 +34,7 @@ impl Reconciler {
     }
 
     pub(super) fn forget(&self, target: &Target) {
+        self.failures.reset(&target.key);
         if let Some(events) = &self.events {
             events.forget(&target.key);
         }

@@ -13,7 +13,7 @@ use provisioners_kit::plan::{Change, ObjectPlan, PlanObjects as _};
 use provisioners_testing::mock::ApiMock;
 use serde_json::{Value, json};
 
-use super::{STATUS, WithStatus, deleting, mocked, reply, with_status};
+use super::{STATUS, WithStatus, deleting, mocked, reply, resync, with_status};
 use crate::{DEFAULT_REQUEUE, Managed, ReconcileObserver, ReconcileResult, Reconciler};
 
 /// The result of every reconcile, in order.
@@ -200,10 +200,7 @@ async fn a_gated_object_awaits_approval_then_provisions_the_approved_plan() {
     let approved = [("provisioners.dev/approved-plan", digest.as_str())];
     let managed = Managed::new(gated(written, &approved), tree.clone());
     let server = answer(api, vec![(Method::PATCH, STATUS)]);
-    assert_eq!(
-        reconciler.reconcile(&managed).await.unwrap(),
-        Action::await_change()
-    );
+    assert_eq!(reconciler.reconcile(&managed).await.unwrap(), resync());
     let (_api, bodies) = server.await.unwrap();
     assert_eq!(tree.counts(), (3, 1, 0));
     assert_eq!(
@@ -265,10 +262,7 @@ async fn a_plan_without_changes_needs_no_approval() {
     let tree = Planned::new(plan_of(Change::NoChange, "c"));
     let managed = Managed::new(gated(json!({}), &[]), tree.clone());
     let server = answer(api, vec![(Method::PATCH, STATUS)]);
-    assert_eq!(
-        reconciler.reconcile(&managed).await.unwrap(),
-        Action::await_change()
-    );
+    assert_eq!(reconciler.reconcile(&managed).await.unwrap(), resync());
     let (_api, bodies) = server.await.unwrap();
     assert_eq!(tree.counts(), (1, 1, 0));
     assert_eq!(
@@ -316,10 +310,7 @@ async fn the_plan_field_alone_writes_the_plan_then_provisions() {
     // Not gated: the annotation asking for approval is absent.
     let managed = Managed::new(with_status(3, json!({})), tree.clone());
     let server = answer(api, vec![(Method::PATCH, STATUS), (Method::PATCH, STATUS)]);
-    assert_eq!(
-        reconciler.reconcile(&managed).await.unwrap(),
-        Action::await_change()
-    );
+    assert_eq!(reconciler.reconcile(&managed).await.unwrap(), resync());
     let (_api, bodies) = server.await.unwrap();
     assert_eq!(tree.counts(), (1, 1, 0));
     assert_eq!(
@@ -401,10 +392,7 @@ async fn a_plan_that_fails_stops_a_gated_object_but_not_an_ungated_one() {
     // Not gated: the plan is only for the status; provisioning goes ahead.
     let managed = Managed::new(with_status(3, json!({})), tree.clone());
     let server = answer(api, vec![(Method::PATCH, STATUS)]);
-    assert_eq!(
-        reconciler.reconcile(&managed).await.unwrap(),
-        Action::await_change()
-    );
+    assert_eq!(reconciler.reconcile(&managed).await.unwrap(), resync());
     let (_api, bodies) = server.await.unwrap();
     assert_eq!(tree.counts(), (2, 1, 0));
     assert_eq!(
