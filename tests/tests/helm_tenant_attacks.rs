@@ -297,13 +297,12 @@ async fn a_first_install_with_create_namespace_takes_the_lease_before_helm_runs(
 }
 
 /// Removes what sealing revision `revision` wrote (as if the process died
-/// between helm's write and the seal), and the run's intent with `intent`.
-async fn unseal(ns: &TestNamespace, release: &str, revision: u32, intent: bool) {
+/// between helm's write and the seal), with the run's signed intent
+/// `intent` left on the Lease (as the run leaves it until its seal), or none.
+async fn unseal(ns: &TestNamespace, release: &str, revision: u32, intent: Option<String>) {
     let mut lease_annotations = serde_json::Map::new();
     lease_annotations.insert(format!("{RECORD_SEAL_PREFIX}{revision}"), json!(null));
-    if intent {
-        lease_annotations.insert("provisioners.dev/helm-intent".to_owned(), json!(null));
-    }
+    lease_annotations.insert("provisioners.dev/helm-intent".to_owned(), json!(intent));
     ns.api::<Lease>()
         .patch(
             &format!("provisioners-helm.{release}"),
@@ -328,7 +327,20 @@ async fn a_record_our_own_run_left_unsealed_is_replaced_never_uninstalled(helm: 
     let ns = TestNamespace::create("helm-unsealed")
         .await
         .expect("namespace");
-    let cx = operator("helm-crash-op").await;
+    // The operator's key, kept to sign the intent its dead run would have
+    // left (the intent's fields as the helm crate signs them).
+    let keys = OwnerKeys::generate().expect("a key");
+    let cx = helm_support::context_as("helm-crash-op")
+        .await
+        .with_owner(Owner::standalone("helm-crash-op"))
+        .with_extension(keys.clone());
+    let intent = keys.sign(&[
+        "provisioners-helm/intent/1",
+        ns.name(),
+        "app",
+        "standalone:helm-crash-op",
+        "2",
+    ]);
     let with =
         |greeting: &str| release(&helm, ns.name(), "app").set("greeting", greeting.to_owned());
     until_not_yield(&cx, &with("one"), false)
@@ -347,7 +359,7 @@ async fn a_record_our_own_run_left_unsealed_is_replaced_never_uninstalled(helm: 
     // The process died after helm wrote revision 2, before sealing it: the
     // signed intent on the Lease says it was ours. It is replaced by a new
     // run, never uninstalled: the ConfigMap is the same object throughout.
-    unseal(&ns, "app", 2, false).await;
+    unseal(&ns, "app", 2, Some(intent)).await;
     until_not_yield(&cx, &with("three"), false)
         .await
         .expect("converges");
@@ -366,7 +378,7 @@ async fn a_record_our_own_run_left_unsealed_is_replaced_never_uninstalled(helm: 
         "revision 2 written again, and sealed"
     );
     // Without the intent (a record nobody can show is ours): reported.
-    unseal(&ns, "app", 2, true).await;
+    unseal(&ns, "app", 2, None).await;
     let error = until_not_yield(&cx, &with("four"), false)
         .await
         .expect_err("an unsealed record without our intent");

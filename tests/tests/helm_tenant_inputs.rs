@@ -305,3 +305,107 @@ async fn a_record_flipped_to_uninstalled_is_reported_by_deprovision_and_the_rele
     flip(&secrets, "sh.helm.release.v1.app.v1", "deployed").await;
     until_not_yield(&cx, &app, true).await.expect("uninstalls");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the local control plane (cargo xtask test)"]
+async fn a_forged_newest_record_with_our_labels_copied_reads_none_of_its_objects() {
+    use provisioners_helm::{DIGEST_LABEL, RECORD_OWNER_ANNOTATION, REVISION_LABEL};
+    use provisioners_lab::cluster::HarnessCluster;
+    use provisioners_lab::faults::{Proxy, Verb};
+
+    let _alone = MEASURING.lock().await;
+    let helm = helm3().expect("PROVISIONERS_HELM3");
+    let ns = TestNamespace::create("helm-forged-newest")
+        .await
+        .expect("namespace");
+    // The operator's traffic through a proxy that keeps a journal.
+    let proxy = Proxy::start(HarnessCluster::Primary).await.expect("proxy");
+    let cx = proxy
+        .context("helm-forged-newest")
+        .await
+        .expect("context")
+        .with_owner(provisioners::Owner::standalone("helm-forged-newest"))
+        .with_extension(provisioners::OwnerKeys::generate().expect("a key"));
+    // Drift checked and readiness on: the no-op path reads every object.
+    let app = release(&helm, ns.name(), "app")
+        .drift(provisioners_helm::DriftPolicy::Repair)
+        .ready_timeout(std::time::Duration::from_secs(120));
+    until_not_yield(&cx, &app, false).await.expect("installs");
+    until_not_yield(&cx, &app, false).await.expect("a no-op");
+
+    // The tenant writes revision 2 with our owner annotation and digest
+    // labels copied from revision 1: it looks like the release as deployed,
+    // and lists objects elsewhere whose existence it wants to learn.
+    let secrets: Api<Secret> = Api::namespaced(tenant(&ns).await, ns.name());
+    let ours = secrets
+        .get("sh.helm.release.v1.app.v1")
+        .await
+        .expect("our record");
+    let labels = ours.metadata.labels.clone().unwrap_or_default();
+    let probes = "---\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: probe-one\n  \
+                  namespace: kube-system\n---\napiVersion: v1\nkind: Secret\nmetadata:\n  \
+                  name: probe-two\n  namespace: default\n";
+    let mut forged = forged_record(ns.name(), "app", 2, "deployed", probes);
+    let forged_labels = forged.metadata.labels.as_mut().expect("labels");
+    forged_labels.insert(
+        DIGEST_LABEL.to_owned(),
+        labels.get(DIGEST_LABEL).expect("our digest").clone(),
+    );
+    forged_labels.insert(REVISION_LABEL.to_owned(), "2".to_owned());
+    forged.metadata.annotations = Some(
+        [(
+            RECORD_OWNER_ANNOTATION.to_owned(),
+            "standalone:helm-forged-newest".to_owned(),
+        )]
+        .into(),
+    );
+    secrets
+        .create(&PostParams::default(), &forged)
+        .await
+        .expect("the tenant may write Secrets in its namespace");
+
+    proxy.reset_counts();
+    let error = until_not_yield(&cx, &app, false)
+        .await
+        .expect_err("a newest record we cannot prove is ours");
+    assert_eq!(error.kind(), ErrorKind::Failed, "{error}");
+    let message = error.message();
+    assert!(message.contains("sh.helm.release.v1.app.v2"), "{message}");
+    assert!(
+        message.contains("none of the objects it lists were read"),
+        "{message}"
+    );
+    let journal = proxy.journal();
+    let probed: Vec<String> = journal
+        .iter()
+        .filter(|record| {
+            record
+                .request
+                .name
+                .as_deref()
+                .is_some_and(|name| name.starts_with("probe-"))
+        })
+        .map(|record| record.request.path.clone())
+        .collect();
+    assert!(
+        probed.is_empty(),
+        "objects the forged record lists were read: {probed:?}"
+    );
+    // A fixed, small number of requests: the records' list, the forged
+    // record, the Lease.
+    let reads = journal
+        .iter()
+        .filter(|record| record.request.verb != Verb::Create)
+        .count();
+    eprintln!("the pass that met the forged record made {reads} requests");
+    assert!(
+        reads <= 4,
+        "{reads} requests: {:?}",
+        journal.iter().map(|r| &r.request.path).collect::<Vec<_>>()
+    );
+    ns.api::<Secret>()
+        .delete("sh.helm.release.v1.app.v2", &Default::default())
+        .await
+        .expect("an admin removes the forgery");
+    until_not_yield(&cx, &app, true).await.expect("uninstalls");
+}

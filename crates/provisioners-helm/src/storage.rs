@@ -9,6 +9,7 @@ use base64::Engine as _;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use provisioners_core::{Cluster, Error, Result};
+use provisioners_kit::owner::OwnerKeys;
 use serde::Deserialize;
 
 use crate::objects::Seen;
@@ -299,9 +300,18 @@ pub(crate) struct Payloads {
 
 #[derive(Debug, Default)]
 struct Cached {
-    by_record: HashMap<(String, String), (String, Arc<Payload>)>,
+    by_record: HashMap<(String, String), Entry>,
     /// The sum of the cached payloads' [`Payload::weight`].
     weight: u64,
+}
+
+#[derive(Debug)]
+struct Entry {
+    /// The resourceVersion the record was read at.
+    version: String,
+    payload: Arc<Payload>,
+    /// The authenticator it was proven with ([`prove`]).
+    proven: Option<String>,
 }
 
 /// Records kept decoded per cluster; past it the cache starts afresh.
@@ -323,10 +333,10 @@ pub(crate) async fn payload_of(
     let key = (namespace.to_owned(), revision.secret.clone());
     if let Some(listed) = &revision.resource_version {
         let cached = cache.cached.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some((version, payload)) = cached.by_record.get(&key)
-            && version == listed
+        if let Some(entry) = cached.by_record.get(&key)
+            && entry.version == *listed
         {
-            return Ok(Some(Arc::clone(payload)));
+            return Ok(Some(Arc::clone(&entry.payload)));
         }
     }
     let Some((payload, version)) =
@@ -345,15 +355,88 @@ pub(crate) async fn payload_of(
         }
         if payload.weight <= CACHED_WEIGHT {
             cached.weight = cached.weight.saturating_add(payload.weight);
-            if let Some((_, old)) = cached
-                .by_record
-                .insert(key, (version, Arc::clone(&payload)))
-            {
-                cached.weight = cached.weight.saturating_sub(old.weight);
+            let entry = Entry {
+                version,
+                payload: Arc::clone(&payload),
+                proven: None,
+            };
+            if let Some(old) = cached.by_record.insert(key, entry) {
+                cached.weight = cached.weight.saturating_sub(old.payload.weight);
             }
         }
     }
     Ok(Some(payload))
+}
+
+/// With `keys`, that `payload` (of `revision`'s record) is one `owner`
+/// sealed, before anything it lists is read: `Err` says why not. The
+/// authenticator is read from the release's Lease (one GET) the first time
+/// the record is seen at its resourceVersion, and remembered with the
+/// cached payload: a record unchanged since it was proven is not proven
+/// again (its seal never changes).
+pub(crate) async fn prove(
+    cluster: &Cluster,
+    keys: &OwnerKeys,
+    owner: Option<&str>,
+    (namespace, release): (&str, &str),
+    revision: &Revision,
+    payload: &Payload,
+) -> Result<std::result::Result<(), String>> {
+    let sealed = |mac: Option<&'_ str>| -> std::result::Result<(), String> {
+        let sealed = seal::Sealed {
+            number: revision.number,
+            status: &revision.status,
+            mac,
+        };
+        seal::verify_payload(keys, owner, namespace, release, &sealed, payload)
+    };
+    let key = (namespace.to_owned(), revision.secret.clone());
+    let cache = cluster.state::<Payloads>();
+    let remembered = cache
+        .cached
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .by_record
+        .get(&key)
+        .filter(|entry| Some(&entry.version) == revision.resource_version.as_ref())
+        .and_then(|entry| entry.proven.clone());
+    if let Some(mac) = remembered
+        && sealed(Some(&mac)).is_ok()
+    {
+        return Ok(Ok(()));
+    }
+    let mac = lease_seal(cluster.client(), namespace, release, revision.number).await?;
+    let verdict = sealed(mac.as_deref());
+    if let (Ok(()), Some(mac)) = (&verdict, mac) {
+        let mut cached = cache.cached.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(entry) = cached.by_record.get_mut(&key)
+            && Some(&entry.version) == revision.resource_version.as_ref()
+        {
+            entry.proven = Some(mac);
+        }
+    }
+    Ok(verdict)
+}
+
+/// The authenticator of revision `number` of `release`, from its Lease.
+async fn lease_seal(
+    client: &kube::Client,
+    namespace: &str,
+    release: &str,
+    number: u32,
+) -> Result<Option<String>> {
+    use k8s_openapi::api::coordination::v1::Lease;
+    let leases: Api<Lease> = Api::namespaced(client.clone(), namespace);
+    let name = format!("provisioners-helm.{release}");
+    let lease = leases.get_opt(&name).await.map_err(|e| {
+        Error::kube(
+            format_args!("reading the Lease {namespace}/{name} of helm release `{release}`"),
+            e,
+        )
+    })?;
+    Ok(lease
+        .and_then(|lease| lease.metadata.annotations)
+        .and_then(|mut annotations| annotations.remove(&format!("{SEAL_PREFIX}{number}"))))
 }
 
 /// The decoded record `secret` and the resourceVersion it was read at.

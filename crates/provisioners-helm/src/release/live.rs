@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use provisioners_core::{Context, Error, Result};
+use provisioners_kit::owner::OwnerKeys;
 use serde_json::Value;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
@@ -39,14 +40,53 @@ impl HelmRelease {
         cx: &Context,
         revision: &Revision,
     ) -> Result<Option<(Vec<Live>, Arc<storage::Payload>)>> {
-        let Some(payload) = storage::payload_of(cx.cluster(), &self.namespace, revision).await?
-        else {
+        let Some(payload) = self.proven_payload(cx, revision).await? else {
             return Ok(None);
         };
         let rendered = parse_manifest(&self.id(), &payload.manifest)?;
         let mut resolver = Resolver::new(cx, &self.namespace);
         let objects = read(&mut resolver, rendered).await?;
         Ok(Some((objects, payload)))
+    }
+
+    /// The payload of `revision`'s record (`None` when it is gone), proven
+    /// ours with owner keys before anything it lists is read: a forged
+    /// newest record with our labels copied would otherwise have us read
+    /// (and report on) objects of its choice. Proven once per record and
+    /// resourceVersion (see [`storage::prove`]).
+    pub(super) async fn proven_payload(
+        &self,
+        cx: &Context,
+        revision: &Revision,
+    ) -> Result<Option<Arc<storage::Payload>>> {
+        let Some(payload) = storage::payload_of(cx.cluster(), &self.namespace, revision).await?
+        else {
+            return Ok(None);
+        };
+        let Some(keys) = OwnerKeys::of(cx) else {
+            return Ok(Some(payload));
+        };
+        let owner = super::records::release_owner(cx);
+        let proven = storage::prove(
+            cx.cluster(),
+            keys,
+            owner.as_deref(),
+            (&self.namespace, &self.release),
+            revision,
+            &payload,
+        )
+        .await?;
+        match proven {
+            Ok(()) => Ok(Some(payload)),
+            Err(why) => Err(Error::failed(format!(
+                "release `{}`: its newest record, Secret {}/{}, cannot be proven ours ({why}); \
+                 none of the objects it lists were read, and helm will not act on it. Inspect \
+                 it (`helm history`, `kubectl get secret`) and delete it if it is not genuine",
+                self.id(),
+                self.namespace,
+                revision.secret
+            ))),
+        }
     }
 
     /// The yield for a record that changed between two reads.

@@ -400,31 +400,61 @@ pub(crate) fn verify(
     {
         return Err(format!("it belongs to owner `{other}`"));
     }
-    let owner = owner.unwrap_or_default();
     let payload = record
         .payload
         .as_ref()
         .map_err(|e| format!("it does not decode ({e})"))?;
-    let Some(mac) = &record.mac else {
+    let Some(number) = record.number else {
+        return Err("its `version` label is not a number".to_owned());
+    };
+    let sealed = Sealed {
+        number,
+        status: &record.status,
+        mac: record.mac.as_deref(),
+    };
+    verify_payload(keys, owner, namespace, release, &sealed, payload)
+}
+
+/// What a record's metadata says of it, for [`verify_payload`].
+#[derive(Debug)]
+pub(crate) struct Sealed<'a> {
+    /// The `version` label.
+    pub(crate) number: u32,
+    /// The `status` label.
+    pub(crate) status: &'a str,
+    /// Its authenticator, from the Lease.
+    pub(crate) mac: Option<&'a str>,
+}
+
+/// [`verify`] of a record already decoded (`payload`), whose owner
+/// annotation has been checked.
+pub(crate) fn verify_payload(
+    keys: &OwnerKeys,
+    owner: Option<&str>,
+    namespace: &str,
+    release: &str,
+    sealed: &Sealed<'_>,
+    payload: &Payload,
+) -> std::result::Result<(), String> {
+    let owner = owner.unwrap_or_default();
+    let Some(mac) = sealed.mac else {
         return Err(
             "it carries no authenticator (written before owner keys were configured, \
                     or not by us)"
                 .to_owned(),
         );
     };
-    let Some(number) = record.number else {
-        return Err("its `version` label is not a number".to_owned());
-    };
+    let number = sealed.number;
     if payload.name != release || payload.namespace != namespace || payload.version != number {
         return Err(format!(
             "its content names release `{}/{}` revision {}, its labels revision {number}",
             payload.namespace, payload.name, payload.version
         ));
     }
-    if payload.info.status != record.status {
+    if payload.info.status != sealed.status {
         return Err(format!(
             "its `status` label `{}` is not its content's `{}`",
-            record.status, payload.info.status
+            sealed.status, payload.info.status
         ));
     }
     let revision = number.to_string();
