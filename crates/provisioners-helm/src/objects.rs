@@ -14,7 +14,7 @@ use serde_json::Value;
 
 /// One object of a release. `namespace` is the one the object lives in once
 /// [resolved](Resolver::api): `None` for a cluster-scoped object.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub(crate) struct ObjectRef {
     pub(crate) api_version: String,

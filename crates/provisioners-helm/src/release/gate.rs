@@ -124,12 +124,21 @@ async fn read_metadata(
 
 /// The objects among `objects` that exist and are not kept, with their UIDs.
 pub(super) async fn snapshot(resolver: &mut Resolver, objects: &[ObjectRef]) -> Result<Vec<Seen>> {
+    snapshot_with(resolver, objects, |_| true).await
+}
+
+/// [`snapshot`] of the objects whose metadata `take` accepts.
+pub(super) async fn snapshot_with(
+    resolver: &mut Resolver,
+    objects: &[ObjectRef],
+    take: impl Fn(&ObjectMeta) -> bool,
+) -> Result<Vec<Seen>> {
     let objects: Vec<&ObjectRef> = objects.iter().collect();
     Ok(live_metadata(resolver, &objects)
         .await?
         .into_iter()
         .flatten()
-        .filter(|(_, meta)| !kept(meta))
+        .filter(|(_, meta)| !kept(meta) && take(meta))
         .filter_map(|(object, meta)| meta.uid.map(|uid| Seen { object, uid }))
         .collect())
 }

@@ -26,6 +26,7 @@ mod decide;
 mod drift;
 mod gate;
 mod lease;
+mod ledger;
 mod live;
 mod lock;
 mod plan;

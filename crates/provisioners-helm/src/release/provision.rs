@@ -157,8 +157,18 @@ impl Provisioner for HelmRelease {
         if let Some(revision) = &first {
             self.refuse_foreign(cx, revision, "uninstall")?;
         } else {
-            // Gone; a Lease may still be left from a deprovision that
-            // stopped right before deleting it.
+            // No records: gone, or deleted by someone else, when our ledger
+            // still lists objects; a Lease may still be left from a
+            // deprovision that stopped right before deleting it.
+            if let Some(ledger) = self.ledger(cx).await?
+                && !ledger.objects.is_empty()
+            {
+                self.take_lease(cx, &serialised).await?;
+                self.uninstall_ledger(cx, &ledger, "its records are gone")
+                    .await?;
+                self.delete_unused_crds(cx).await?;
+                return lease::remove(cx, &self.namespace, &self.release).await;
+            }
             return lease::remove_leftover(cx, &self.namespace, &self.release, self.holder()).await;
         }
         self.take_lease(cx, &serialised).await?;
@@ -179,15 +189,28 @@ impl Provisioner for HelmRelease {
                 .intends(cx, &super::records::uninstall_intent(latest.number))
                 .await?
         {
-            return Err(Error::failed(format!(
-                "release `{}`: its newest record, Secret {}/{}, says it was uninstalled, but this \
-                 owner never uninstalled it (no intent of ours names it): a status changed by \
-                 someone else. The release was not uninstalled; set the record's status back \
-                 (`helm history`), or uninstall it by hand",
-                self.id(),
-                self.namespace,
-                latest.secret
-            )));
+            // Not our uninstall: helm would take the release as gone. What
+            // it installed is on our ledger.
+            let Some(ledger) = self.ledger(cx).await? else {
+                return Err(Error::failed(format!(
+                    "release `{}`: its newest record, Secret {}/{}, says it was uninstalled, \
+                     but this owner never uninstalled it (no intent of ours names it), and its \
+                     Lease keeps no ledger of what it installed (written by an older version). \
+                     Set the record's status back (`helm history`), or uninstall it by hand",
+                    self.id(),
+                    self.namespace,
+                    latest.secret
+                )));
+            };
+            self.uninstall_ledger(
+                cx,
+                &ledger,
+                "its newest record says uninstalled, but not by this owner",
+            )
+            .await?;
+            self.delete_unused_crds(cx).await?;
+            storage::forget_all(cx.client(), &self.namespace, &self.release).await?;
+            return lease::remove(cx, &self.namespace, &self.release).await;
         }
         let seen = self
             .uninstalled(cx, &serialised, &latest, Operation::Deprovision)

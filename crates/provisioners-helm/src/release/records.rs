@@ -36,6 +36,7 @@ use provisioners_kit::owner::OwnerKeys;
 
 use super::HelmRelease;
 use super::lease;
+use super::ledger::{LEDGER_ANNOTATION, Ledger};
 use super::lock::Serialised;
 use crate::storage::{self, Expect, INTENT_ANNOTATION, Record, Revision};
 
@@ -191,8 +192,8 @@ impl HelmRelease {
         // The authenticator first, then the owner on the record: a process
         // that dies in between leaves a record without our owner, which
         // the next pass checks (and annotates once it verifies).
+        let mut annotations = serde_json::Map::new();
         if let Some(mac) = &checked.mac {
-            let mut annotations = serde_json::Map::new();
             annotations.insert(
                 format!("{}{revision}", storage::SEAL_PREFIX),
                 mac.clone().into(),
@@ -210,6 +211,21 @@ impl HelmRelease {
             if expect.writes_a_revision() {
                 annotations.insert(INTENT_ANNOTATION.to_owned(), serde_json::Value::Null);
             }
+        }
+        // What the run installed, on the operator's side, in the same write.
+        if expect.writes_a_revision()
+            && let Some(objects) = &checked.objects
+        {
+            let id = (self.namespace.as_str(), self.release.as_str());
+            let mut ledger = Ledger::new(cx, id, revision, objects.clone());
+            if checked.status != "deployed"
+                && let Ok(Some(earlier)) = self.ledger(cx).await
+            {
+                ledger = ledger.with(cx, id, earlier);
+            }
+            annotations.insert(LEDGER_ANNOTATION.to_owned(), ledger.encoded().into());
+        }
+        if !annotations.is_empty() {
             lease::annotate(
                 cx.client(),
                 &self.namespace,

@@ -570,10 +570,19 @@ pub(crate) async fn seal(
     let patch = serde_json::json!({
         "metadata": {"resourceVersion": resource_version, "annotations": annotations}
     });
+    // What the record lists, for the release's ledger: a record that does
+    // not decode, or whose manifest does not parse, lists nothing.
+    let objects = record.payload.as_ref().ok().and_then(|payload| {
+        crate::objects::parse_manifest(release, &payload.manifest)
+            .ok()
+            .map(|objects| objects.into_iter().map(|(object, _)| object).collect())
+    });
     Ok(Some(Checked {
         name,
         patch,
         mac: sealed,
+        objects,
+        status: record.status,
     }))
 }
 
@@ -586,6 +595,10 @@ pub(crate) struct Checked {
     patch: Value,
     /// The authenticator, with keys.
     pub(crate) mac: Option<String>,
+    /// The objects its manifest lists, when it decodes.
+    pub(crate) objects: Option<Vec<crate::objects::ObjectRef>>,
+    /// Its `status` label.
+    pub(crate) status: String,
 }
 
 /// Puts the owner annotation on the record `checked`, if it was not

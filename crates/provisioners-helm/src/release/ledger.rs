@@ -1,0 +1,265 @@
+//! The release's ledger: what the release installed, kept by the operator
+//! on the release's Lease (beside the seals), so that deprovision can
+//! remove it whatever the records in the release namespace say.
+//!
+//! helm knows a release's objects only from its records, which a tenant
+//! may delete or flip to `uninstalled`: `helm uninstall` then does nothing,
+//! and the release's cluster-scoped objects (RBAC, webhooks) would stay for
+//! good. So each time a run's record is sealed, the objects of its manifest
+//! go on the Lease in the same write ([`LEDGER_ANNOTATION`]), signed with
+//! the owner key when there is one. Deprovision of a release whose records
+//! are gone, or flipped to `uninstalled` without our uninstall intent,
+//! deletes the ledger's objects itself: only those that helm's own
+//! annotations say belong to this release, each with its UID as a
+//! precondition; kept ones (`helm.sh/resource-policy: keep`) are left.
+//! The Lease goes last, after the objects are gone.
+
+use std::io::{Read as _, Write as _};
+
+use base64::Engine as _;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{DeleteParams, Preconditions, PropagationPolicy};
+use provisioners_core::{Context, Error, Result};
+use provisioners_kit::owner::OwnerKeys;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest as _, Sha256};
+
+use super::HelmRelease;
+use super::gate;
+use super::lease;
+use super::records::release_owner;
+use crate::objects::{ObjectRef, Resolver, Seen};
+
+/// The annotation on the release's Lease holding the ledger: base64 of
+/// gzipped JSON `{"revision": N, "objects": [...], "mac": "..."}`.
+pub(crate) const LEDGER_ANNOTATION: &str = "provisioners.dev/helm-ledger";
+
+/// Domain separation of the ledger's authenticator.
+const LEDGER_TAG: &str = "provisioners-helm/ledger/1";
+
+/// The most objects a ledger lists: an annotation is capped by the API
+/// server (256 KiB for all of an object's annotations).
+const MAX_OBJECTS: usize = 4096;
+
+/// helm's annotations on every object it manages.
+const HELM_RELEASE_NAME: &str = "meta.helm.sh/release-name";
+const HELM_RELEASE_NAMESPACE: &str = "meta.helm.sh/release-namespace";
+
+/// What a release installed, as of one sealed revision.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub(crate) struct Ledger {
+    /// The revision whose seal wrote it.
+    pub(crate) revision: u32,
+    /// Its objects (and, after a failed revision, the ones before it).
+    pub(crate) objects: Vec<ObjectRef>,
+    /// With owner keys: the authenticator over the rest.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    mac: Option<String>,
+}
+
+impl Ledger {
+    /// The ledger of `revision` listing `objects`, signed with `keys`.
+    pub(crate) fn new(
+        cx: &Context,
+        (namespace, release): (&str, &str),
+        revision: u32,
+        mut objects: Vec<ObjectRef>,
+    ) -> Ledger {
+        objects.sort();
+        objects.dedup();
+        objects.truncate(MAX_OBJECTS);
+        let mut ledger = Ledger {
+            revision,
+            objects,
+            mac: None,
+        };
+        if let Some(keys) = OwnerKeys::of(cx) {
+            let owner = release_owner(cx).unwrap_or_default();
+            let fields = ledger.fields(namespace, release, &owner);
+            let fields: Vec<&str> = fields.iter().map(String::as_str).collect();
+            ledger.mac = Some(keys.sign(&fields));
+        }
+        ledger
+    }
+
+    /// Adds `earlier`'s objects (a failed revision leaves the objects of
+    /// the one before it in place).
+    pub(crate) fn with(mut self, cx: &Context, id: (&str, &str), earlier: Ledger) -> Ledger {
+        self.objects.extend(earlier.objects);
+        Ledger::new(cx, id, self.revision, self.objects)
+    }
+
+    fn fields(&self, namespace: &str, release: &str, owner: &str) -> [String; 6] {
+        let listed = serde_json::to_vec(&self.objects).unwrap_or_default();
+        [
+            LEDGER_TAG.to_owned(),
+            namespace.to_owned(),
+            release.to_owned(),
+            owner.to_owned(),
+            self.revision.to_string(),
+            hex::encode(Sha256::digest(&listed)),
+        ]
+    }
+
+    /// The annotation value: base64 of gzipped JSON.
+    pub(crate) fn encoded(&self) -> String {
+        let json = serde_json::to_vec(self).unwrap_or_default();
+        let mut gzip = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        // Writing to memory cannot fail.
+        let _ = gzip.write_all(&json);
+        let bytes = gzip.finish().unwrap_or_default();
+        base64::engine::general_purpose::STANDARD.encode(bytes)
+    }
+
+    /// The ledger in `annotation`, if it decodes (within a budget: the Lease
+    /// is in the release namespace) and, with owner keys, verifies.
+    pub(crate) fn decode(
+        cx: &Context,
+        (namespace, release): (&str, &str),
+        annotation: &str,
+    ) -> std::result::Result<Ledger, String> {
+        let gzip = base64::engine::general_purpose::STANDARD
+            .decode(annotation)
+            .map_err(|e| format!("not base64: {e}"))?;
+        let mut json = Vec::new();
+        flate2::read::GzDecoder::new(gzip.as_slice())
+            .take(8 << 20)
+            .read_to_end(&mut json)
+            .map_err(|e| format!("not gzip: {e}"))?;
+        let ledger: Ledger =
+            serde_json::from_slice(&json).map_err(|e| format!("not a ledger: {e}"))?;
+        if ledger.objects.len() > MAX_OBJECTS {
+            return Err(format!("more than {MAX_OBJECTS} objects"));
+        }
+        if let Some(keys) = OwnerKeys::of(cx) {
+            let owner = release_owner(cx).unwrap_or_default();
+            let fields = ledger.fields(namespace, release, &owner);
+            let fields: Vec<&str> = fields.iter().map(String::as_str).collect();
+            match &ledger.mac {
+                Some(mac) if keys.verify(&fields, mac) => {}
+                _ => return Err("its authenticator does not verify".to_owned()),
+            }
+        }
+        Ok(ledger)
+    }
+}
+
+impl HelmRelease {
+    /// The release's ledger, from its Lease: `Ok(None)` when there is none.
+    pub(super) async fn ledger(&self, cx: &Context) -> Result<Option<Ledger>> {
+        let annotations = lease::annotations(cx.client(), &self.namespace, &self.release).await?;
+        let Some(annotation) = annotations.get(LEDGER_ANNOTATION) else {
+            return Ok(None);
+        };
+        Ledger::decode(cx, (&self.namespace, &self.release), annotation)
+            .map(Some)
+            .map_err(|why| {
+                Error::failed(format!(
+                    "release `{}`: the ledger on its Lease {}/{} cannot be used ({why}); \
+                     nothing was deleted from it. Remove what the release made by hand, then \
+                     the Lease",
+                    self.id(),
+                    self.namespace,
+                    lease::name(&self.release)
+                ))
+            })
+    }
+
+    /// Deletes what `ledger` lists that helm's annotations say is this
+    /// release's (UID preconditions, kept objects left), and yields until it
+    /// is gone: deprovision when the records cannot say what to uninstall.
+    /// `why` says why, for the log and the yield.
+    pub(super) async fn uninstall_ledger(
+        &self,
+        cx: &Context,
+        ledger: &Ledger,
+        why: &str,
+    ) -> Result<()> {
+        let mut resolver = Resolver::new(cx, &self.namespace);
+        let seen = gate::snapshot_with(&mut resolver, &ledger.objects, |meta| self.helm_owns(meta))
+            .await?;
+        if seen.is_empty() {
+            return Ok(());
+        }
+        tracing::warn!(
+            release = %self.id(), objects = seen.len(), "{why}: deleting the release's objects \
+            from its ledger"
+        );
+        for Seen { object, uid } in &seen {
+            let Some((api, resolved)) = resolver.api(object).await? else {
+                continue;
+            };
+            let params = DeleteParams {
+                preconditions: Some(Preconditions {
+                    uid: Some(uid.clone()),
+                    resource_version: None,
+                }),
+                propagation_policy: Some(PropagationPolicy::Foreground),
+                ..DeleteParams::default()
+            };
+            match api.delete(&resolved.name, &params).await {
+                Ok(_) => {}
+                // Gone, or another object by now (its UID is not ours).
+                Err(kube::Error::Api(status)) if status.is_not_found() || status.code == 409 => {}
+                Err(e) => {
+                    return Err(Error::kube(
+                        format_args!("deleting {} of release `{}`", resolved.shown(), self.id()),
+                        e,
+                    ));
+                }
+            }
+        }
+        self.gone(cx, &seen, &format!(" ({why})")).await
+    }
+
+    /// Whether helm's annotations on `meta` name this release.
+    fn helm_owns(&self, meta: &ObjectMeta) -> bool {
+        let annotations = meta.annotations.as_ref();
+        let get = |key: &str| annotations.and_then(|a| a.get(key)).map(String::as_str);
+        get(HELM_RELEASE_NAME) == Some(self.release.as_str())
+            && get(HELM_RELEASE_NAMESPACE) == Some(self.namespace.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use provisioners_testing::mock;
+
+    fn object(kind: &str, name: &str) -> ObjectRef {
+        ObjectRef {
+            api_version: "v1".to_owned(),
+            kind: kind.to_owned(),
+            name: name.to_owned(),
+            namespace: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_ledger_round_trips_and_verifies_only_unchanged_under_its_key() {
+        let (cx, _server) = mock::context();
+        let cx = cx.with_extension(OwnerKeys::new(vec![7; 32]).unwrap());
+        let id = ("apps", "web");
+        let ledger = Ledger::new(
+            &cx,
+            id,
+            3,
+            vec![object("ClusterRole", "r"), object("ConfigMap", "c")],
+        );
+        let decoded = Ledger::decode(&cx, id, &ledger.encoded()).unwrap();
+        assert_eq!(decoded, ledger);
+        // Another release, another key, an object added: refused.
+        assert!(Ledger::decode(&cx, ("apps", "other"), &ledger.encoded()).is_err());
+        let (other, _server) = mock::context();
+        let other = other.with_extension(OwnerKeys::new(vec![8; 32]).unwrap());
+        assert!(Ledger::decode(&other, id, &ledger.encoded()).is_err());
+        let mut forged = ledger.clone();
+        forged.objects.push(object("ClusterRoleBinding", "admin"));
+        assert!(Ledger::decode(&cx, id, &forged.encoded()).is_err());
+        assert!(
+            Ledger::decode(&cx, id, "!!")
+                .unwrap_err()
+                .contains("base64")
+        );
+    }
+}
