@@ -150,7 +150,7 @@ async fn a_cluster_api_namespace_rolls_out_to_the_good_clusters_and_names_the_br
 
 /// A minimal `clusters.cluster.x-k8s.io` (v1beta1, no status subresource,
 /// so a test sets the phase on create), served before this returns.
-async fn cluster_crd(cx: &provisioners::Context) {
+async fn cluster_crd(ns: &TestNamespace) {
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
     let crd: CustomResourceDefinition = serde_json::from_value(serde_json::json!({
         "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
@@ -163,7 +163,7 @@ async fn cluster_crd(cx: &provisioners::Context) {
                                    "x-kubernetes-preserve-unknown-fields": true}}}]},
     }))
     .expect("the CRD");
-    let crds: kube::Api<CustomResourceDefinition> = kube::Api::all(cx.client().clone());
+    let crds: kube::Api<CustomResourceDefinition> = kube::Api::all(ns.client().clone());
     let params = kube::api::PatchParams::apply("fleet-cluster-api-test").force();
     crds.patch(
         "clusters.cluster.x-k8s.io",
@@ -174,7 +174,9 @@ async fn cluster_crd(cx: &provisioners::Context) {
     .expect("apply the Cluster CRD");
 }
 
-fn clusters(cx: &provisioners::Context, ns: &TestNamespace) -> kube::Api<DynamicObject> {
+/// The Clusters of `ns`, through the harness's client (no short deadline:
+/// a new CRD's first writes can be slow).
+fn clusters(ns: &TestNamespace) -> kube::Api<DynamicObject> {
     let resource = ApiResource {
         group: "cluster.x-k8s.io".into(),
         version: "v1beta1".into(),
@@ -182,7 +184,7 @@ fn clusters(cx: &provisioners::Context, ns: &TestNamespace) -> kube::Api<Dynamic
         kind: "Cluster".into(),
         plural: "clusters".into(),
     };
-    kube::Api::namespaced_with(cx.client().clone(), ns.name(), &resource)
+    kube::Api::namespaced_with(ns.client().clone(), ns.name(), &resource)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -195,8 +197,8 @@ async fn a_cluster_being_deleted_is_gone_not_unreachable() {
         .await
         .expect("c1 ns");
     let cx = context(Arc::new(Journal::default())).await;
-    cluster_crd(&cx).await;
-    let api = clusters(&cx, &capi);
+    cluster_crd(&capi).await;
+    let api = clusters(&capi);
     // Served once a LIST answers (polled: the CRD is new).
     provisioners_lab::cluster::eventually(
         "the Cluster CRD to be served",
