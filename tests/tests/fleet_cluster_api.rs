@@ -101,7 +101,11 @@ async fn a_cluster_api_namespace_rolls_out_to_the_good_clusters_and_names_the_br
             .await
             .expect("the member's object");
         assert_eq!(
-            settings.data.unwrap_or_default().get("revision").map(String::as_str),
+            settings
+                .data
+                .unwrap_or_default()
+                .get("revision")
+                .map(String::as_str),
             Some("rev-1")
         );
     }
@@ -121,7 +125,10 @@ async fn a_cluster_api_namespace_rolls_out_to_the_good_clusters_and_names_the_br
     assert_eq!(record("c1")["state"], "done");
     assert_eq!(record("c2")["state"], "done");
     assert_eq!(record("c3")["state"], "failed", "{state:?}");
-    let error = record("c3")["error"].as_str().unwrap_or_default().to_owned();
+    let error = record("c3")["error"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
     assert!(error.contains("c3"), "{error}");
     assert!(
         error.contains(&format!("{}/c3-kubeconfig", capi.name())),

@@ -59,7 +59,7 @@ fn cluster(name: &str, phase: &str, deleted: bool) -> serde_json::Value {
     })
 }
 
-fn clusters(items: Vec<serde_json::Value>) -> serde_json::Value {
+fn clusters(items: &[serde_json::Value]) -> serde_json::Value {
     json!({
         "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "ClusterList",
         "metadata": {}, "items": items,
@@ -143,7 +143,7 @@ async fn a_cluster_api_namespace_gives_one_member_per_kubeconfig_secret() {
         &[("c1-notes", "c1"), ("hand-kubeconfig", "hand")],
     )
     .await;
-    api.expect(http::Method::GET, CLUSTERS, 200, clusters(vec![]))
+    api.expect(http::Method::GET, CLUSTERS, 200, clusters(&[]))
         .await;
     let members = resolve.await.unwrap().unwrap();
     assert_eq!(names(&members), ["c1", "c2", "c3", "hand"]);
@@ -170,7 +170,7 @@ async fn a_cluster_being_deleted_is_no_member() {
         http::Method::GET,
         CLUSTERS,
         200,
-        clusters(vec![
+        clusters(&[
             cluster("c1", "Provisioned", false),
             cluster("c2", "Deleting", false),
             cluster("c3", "Provisioned", true),
@@ -219,7 +219,7 @@ async fn a_failed_read_of_clusters_is_asked_again_on_the_next_pass() {
         http::Method::GET,
         CLUSTERS,
         200,
-        clusters(vec![cluster("c1", "Deleting", false)]),
+        clusters(&[cluster("c1", "Deleting", false)]),
     )
     .await;
     assert!(resolve.await.unwrap().unwrap().is_empty());
