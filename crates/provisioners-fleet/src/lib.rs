@@ -104,7 +104,9 @@ mod schedule;
 mod state;
 
 pub use fleet::{DEFAULT_RESYNC, DEFAULT_REVISION, Fleet};
-pub use member::{CLUSTER_NAME_LABEL, KUBECONFIG_KEY, MAX_MEMBERS, Member, Members};
+pub use member::{
+    CLUSTER_API_SECRET_TYPE, CLUSTER_NAME_LABEL, KUBECONFIG_KEY, MAX_MEMBERS, Member, Members,
+};
 pub use plan::PLAN_DETAIL;
 pub use provisioners_remote::UnreachablePolicy;
 pub use record::MemberState;

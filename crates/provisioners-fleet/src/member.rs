@@ -5,22 +5,20 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::Secret;
-use kube::Api;
-use kube::api::ListParams;
 use kube::config::Kubeconfig;
 use provisioners_core::{Context, Error, RemoteCluster, Result, async_trait};
 use provisioners_remote::{RemoteClusterProvisioner, RemoteTarget, SecretKubeconfig, TrustPolicy};
 
-/// The label Cluster API puts on a cluster's kubeconfig Secret.
+/// The label Cluster API puts on a cluster's Secrets (its kubeconfig, and
+/// its `-ca`, `-etcd`, `-sa` and `-proxy` Secrets).
 pub const CLUSTER_NAME_LABEL: &str = "cluster.x-k8s.io/cluster-name";
+/// The type of the Secrets Cluster API writes for a cluster.
+pub const CLUSTER_API_SECRET_TYPE: &str = "cluster.x-k8s.io/secret";
 /// The key of the kubeconfig in a Cluster API kubeconfig Secret.
 pub const KUBECONFIG_KEY: &str = "value";
 /// The most members a fleet holds: its state ConfigMap (1 MiB) keeps a
 /// record of at most about 700 bytes per member.
 pub const MAX_MEMBERS: usize = 1000;
-/// Secrets listed per page.
-const PAGE: u32 = 100;
 
 /// One cluster of a fleet: its name (a key of the fleet's state, a segment
 /// of paths), its labels (for ordering and canaries) and how to reach it.
@@ -200,15 +198,31 @@ impl Members {
         }
     }
 
-    /// One member per kubeconfig Secret in `namespace` that Cluster API
-    /// wrote: labelled [`CLUSTER_NAME_LABEL`]`=<cluster>`, named
-    /// `<cluster>-kubeconfig`, the kubeconfig under key [`KUBECONFIG_KEY`].
-    /// The member is the cluster, with the Secret's labels; each is read
-    /// with [`SecretKubeconfig`] (its trust rules, its finalizer). A Secret
-    /// whose name does not match its label is a member that fails, alone.
+    /// One member per cluster whose kubeconfig Secret is in `namespace`,
+    /// as Cluster API writes them: labelled
+    /// [`CLUSTER_NAME_LABEL`]`=<cluster>`, named `<cluster>-kubeconfig`,
+    /// the kubeconfig under key [`KUBECONFIG_KEY`]. The member is the
+    /// cluster, with the Secret's labels; each is read with
+    /// [`SecretKubeconfig`] (its trust rules, its finalizer).
     ///
-    /// Listed on each pass through the context's client, in pages of 100,
-    /// at most [`MAX_MEMBERS`].
+    /// Cluster API's other Secrets of a cluster (type
+    /// [`CLUSTER_API_SECRET_TYPE`]: `-ca`, `-etcd`, `-sa`, `-proxy`) are
+    /// ignored. A labelled Secret of another type (one written by hand for
+    /// the fleet) is a member too when it is named `<cluster>-kubeconfig`;
+    /// named otherwise, it is a member that fails alone, saying why, unless
+    /// its cluster has its kubeconfig Secret. A kubeconfig that cannot be
+    /// read fails its member alone, never the fleet.
+    ///
+    /// Where the Cluster API `Cluster` objects are served (`cluster.x-k8s.io`
+    /// v1beta2 or v1beta1, same namespace, named by the label), a cluster
+    /// being deleted (phase `Deleting`) is no member: its subtree goes with
+    /// it, its state is dropped, and its Secret is no longer claimed. Without
+    /// the CRD, or the right to list `clusters`, the fleet carries on
+    /// without them (logged once).
+    ///
+    /// Listed on each pass through the context's client, metadata only, in
+    /// pages of 100 (Cluster API's Secrets, then the others: two LISTs, and
+    /// one of Clusters), at most [`MAX_MEMBERS`].
     pub fn from_secrets(namespace: impl Into<String>) -> Self {
         Members {
             source: Source::Secrets {
@@ -249,7 +263,7 @@ impl Members {
                 namespace,
                 selector,
                 trust,
-            } => list_secrets(cx, namespace, selector.as_deref(), trust.as_ref()).await?,
+            } => listing::members(cx, namespace, selector.as_deref(), trust.as_ref()).await?,
         };
         if members.len() > MAX_MEMBERS {
             return Err(Error::invalid(format!(
@@ -276,78 +290,8 @@ impl Members {
     }
 }
 
-async fn list_secrets(
-    cx: &Context,
-    namespace: &str,
-    selector: Option<&str>,
-    trust: Option<&TrustPolicy>,
-) -> Result<Vec<Member>> {
-    let api: Api<Secret> = Api::namespaced(cx.client().clone(), namespace);
-    let labels = match selector {
-        Some(selector) => format!("{CLUSTER_NAME_LABEL},{selector}"),
-        None => CLUSTER_NAME_LABEL.to_owned(),
-    };
-    let mut params = ListParams::default().labels(&labels).limit(PAGE);
-    let mut members = Vec::new();
-    let pages = (MAX_MEMBERS as u32).div_ceil(PAGE) + 1;
-    for _ in 0..pages {
-        let page = api.list_metadata(&params).await.map_err(|error| {
-            Error::kube(
-                format!("list the kubeconfig Secrets of fleet members in namespace `{namespace}`"),
-                error,
-            )
-        })?;
-        for secret in page.items {
-            members.push(member_of(cx, namespace, &secret.metadata, trust));
-        }
-        match page.metadata.continue_.filter(|c| !c.is_empty()) {
-            Some(token) => params = params.continue_token(&token),
-            None => return Ok(members),
-        }
-        if members.len() > MAX_MEMBERS {
-            break;
-        }
-    }
-    Err(Error::invalid(format!(
-        "more than {MAX_MEMBERS} kubeconfig Secrets in namespace `{namespace}` match `{labels}`: \
-         one fleet holds at most {MAX_MEMBERS} members; narrow the selector"
-    )))
-}
-
-fn member_of(
-    cx: &Context,
-    namespace: &str,
-    metadata: &kube::api::ObjectMeta,
-    trust: Option<&TrustPolicy>,
-) -> Member {
-    let secret = metadata.name.clone().unwrap_or_default();
-    let labels: BTreeMap<String, String> = metadata.labels.clone().unwrap_or_default();
-    let cluster = labels.get(CLUSTER_NAME_LABEL).cloned().unwrap_or_default();
-    let name = if Member::check_name(&cluster).is_none() {
-        cluster.clone()
-    } else {
-        secret.clone()
-    };
-    if cluster.is_empty() || secret != format!("{cluster}-kubeconfig") {
-        let problem = format!(
-            "Secret {namespace}/{secret} is labelled {CLUSTER_NAME_LABEL}=`{}` but is not named \
-             `<cluster>-kubeconfig` as Cluster API names it: rename it or fix its label",
-            cluster.chars().take(64).collect::<String>()
-        );
-        return Member::broken(name, problem);
-    }
-    let secret_ref = (namespace.to_owned(), secret.clone());
-    let mut remote = SecretKubeconfig::new(cx.client().clone(), namespace, secret)
-        .key(KUBECONFIG_KEY)
-        .cluster_id(format!("{namespace}.{cluster}"));
-    if let Some(trust) = trust {
-        remote = remote.trust(trust.clone());
-    }
-    let mut member = Member::new(name, remote);
-    member.labels = labels;
-    member.secret_ref = Some(secret_ref);
-    member
-}
+mod cluster_api;
+mod listing;
 
 #[cfg(test)]
 mod tests;

@@ -7,6 +7,8 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest as _, Sha256};
 
+pub(crate) mod crd_files;
+
 /// The chart of a [`HelmRelease`](crate::HelmRelease).
 ///
 /// ```

@@ -71,6 +71,13 @@ impl WorkDir {
         Ok(path)
     }
 
+    /// Creates a new directory `name` only this user can enter (0700).
+    pub(crate) fn private_dir(&self, name: &str) -> io::Result<PathBuf> {
+        let path = self.dir.path().join(name);
+        fs::DirBuilder::new().mode(0o700).create(&path)?;
+        Ok(path)
+    }
+
     /// Writes the kubeconfig for helm, reduced to its current context.
     pub(crate) fn write_kubeconfig(&self, kubeconfig: &Kubeconfig) -> io::Result<PathBuf> {
         let reduced = current_context_only(kubeconfig);

@@ -7,6 +7,9 @@
 //! own; a dead member's kubeconfig points at a loopback listener that
 //! accepts connections and never answers.
 
+// Each test binary uses a part of it.
+#![allow(dead_code)]
+
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

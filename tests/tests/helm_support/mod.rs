@@ -267,6 +267,12 @@ impl ChartRepository {
     /// With `authorization`, a request without exactly that header value
     /// (`Basic base64(user:password)`) gets a 401.
     pub async fn start_with(helm: &Path, authorization: Option<&'static str>) -> Self {
+        let chart = Path::new(env!("CARGO_MANIFEST_DIR")).join("charts/helm-plain");
+        Self::serving(helm, &chart, authorization).await
+    }
+
+    /// A repository of the chart directory `chart`, packaged.
+    pub async fn serving(helm: &Path, chart: &Path, authorization: Option<&'static str>) -> Self {
         use std::sync::Arc;
         use std::sync::atomic::{AtomicUsize, Ordering};
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -278,7 +284,7 @@ impl ChartRepository {
         let url = format!("http://{}", listener.local_addr().expect("address"));
         let package = std::process::Command::new(helm)
             .arg("package")
-            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("charts/helm-plain"))
+            .arg(chart)
             .arg("--destination")
             .arg(dir.path())
             .output()

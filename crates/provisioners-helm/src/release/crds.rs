@@ -1,5 +1,6 @@
 //! A chart's CRDs (its `crds/` directory), handled by us rather than by
-//! helm: read with `helm show crds`, cached per chart digest, put through
+//! helm: read from the chart's files (each its own YAML stream, as helm
+//! reads them), cached per chart digest, put through
 //! `provisioners_kit::crd::Step` (the gate, server-side apply, Established
 //! as a yield) before helm runs with `--skip-crds`.
 
@@ -17,6 +18,7 @@ use serde_json::Value;
 use super::HelmRelease;
 use super::decide::Mode;
 use crate::chart::Chart;
+use crate::chart::crd_files::{self, CrdFile};
 
 /// What a [`HelmRelease`] does with the CRDs in its chart's `crds/`
 /// directory.
@@ -39,7 +41,7 @@ pub enum CrdPolicy {
 }
 
 /// Per cluster: a chart's CRDs by the release's chart digest, so that a
-/// pass that changes nothing runs no `helm show crds`.
+/// pass that changes nothing reads no chart.
 #[derive(Debug, Default)]
 struct Shown(Mutex<HashMap<String, Arc<Vec<CustomResourceDefinition>>>>);
 
@@ -55,7 +57,7 @@ impl HelmRelease {
     /// gate would do, as plan objects ([`Mode::DryRun`]: a refusal is
     /// `Refuse`, with the reason and how many stored objects fail).
     /// `digest` is the pinned chart's and values' digest (`None`: not
-    /// pinned, so `helm show crds` runs every pass).
+    /// pinned, so the chart's crds/ are read every pass).
     pub(super) async fn apply_crds(
         &self,
         cx: &Context,
@@ -158,7 +160,10 @@ impl HelmRelease {
     }
 
     /// The chart's CRDs: from the cache for a pinned chart seen before,
-    /// else by `helm show crds` (credentials as for every helm run).
+    /// else read from the files of its `crds/` (and its subcharts'), each
+    /// file its own YAML stream as helm reads them: from a local chart
+    /// directory or archive, or from the archive `helm pull` fetches for a
+    /// repository or OCI chart (credentials as for every helm run).
     async fn chart_crds(
         &self,
         cx: &Context,
@@ -176,23 +181,29 @@ impl HelmRelease {
         {
             return Ok(Arc::clone(crds));
         }
-        if let Chart::Local(path) = &self.chart
-            && path.is_dir()
-            && !path.join("crds").is_dir()
-        {
-            // A chart directory without crds/: nothing for helm to show.
-            return Ok(Arc::new(Vec::new()));
-        }
-        let kubeconfig = self.kubeconfig(cx)?;
-        let work = self.work_dir()?;
-        self.log_in(cx, &work).await?;
-        let output = self
-            .run_helm_in(cx, "show crds", values, &work, None, |work| {
-                let kubeconfig = work.write_kubeconfig(kubeconfig)?;
-                Ok(self.show_crds_args(&kubeconfig))
-            })
-            .await?;
-        let crds = Arc::new(parse_crds(&self.id(), &output.stdout)?);
+        let files = match &self.chart {
+            Chart::Local(path) => self.read_crd_files(path.clone(), false).await?,
+            Chart::Repository { .. } | Chart::Oci(_) => {
+                let work = self.work_dir()?;
+                self.log_in(cx, &work).await?;
+                let mut into = None;
+                self.run_helm_in(cx, "pull", values, &work, None, |work| {
+                    let dir = work.private_dir("chart")?;
+                    let args = self.pull_args(&dir);
+                    into = Some(dir);
+                    Ok(args)
+                })
+                .await?;
+                let dir = into.ok_or_else(|| {
+                    Error::failed(format!("release `{}`: helm pull ran nowhere", self.id()))
+                })?;
+                // Read before `work` (and the archive in it) is removed.
+                let files = self.read_crd_files(dir, true).await?;
+                drop(work);
+                files
+            }
+        };
+        let crds = Arc::new(parse_crd_files(&self.id(), &self.chart_shown(), &files)?);
         if let Some(key) = key {
             shown
                 .0
@@ -203,17 +214,64 @@ impl HelmRelease {
         Ok(crds)
     }
 
-    fn show_crds_args(&self, kubeconfig: &std::path::Path) -> Vec<OsString> {
-        let mut args: Vec<OsString> = vec!["show".into(), "crds".into()];
+    /// The CRD files of the chart at `path` (a directory or archive; for a
+    /// pulled chart, the directory `helm pull` wrote its one archive to),
+    /// read on a blocking thread.
+    async fn read_crd_files(&self, path: std::path::PathBuf, pulled: bool) -> Result<Vec<CrdFile>> {
+        let read = tokio::task::spawn_blocking(move || {
+            let chart = if pulled { pulled_archive(&path)? } else { path };
+            crd_files::read(&chart)
+        })
+        .await
+        .map_err(|e| {
+            Error::failed(format!(
+                "release `{}`: reading the chart's crds/ failed: {e}",
+                self.id()
+            ))
+        })?;
+        read.map_err(|e| {
+            Error::invalid(format!(
+                "release `{}`: {}: crds/ could not be read: {e}",
+                self.id(),
+                self.chart_shown()
+            ))
+        })
+    }
+
+    /// `helm pull` of the chart into `dir`, as `helm upgrade` would fetch it.
+    fn pull_args(&self, dir: &std::path::Path) -> Vec<OsString> {
+        let mut args: Vec<OsString> = vec!["pull".into()];
         // The chart reference without the release name.
         args.extend(self.chart_args().into_iter().skip(1));
         if let Some(version) = &self.version {
             args.push("--version".into());
             args.push(version.into());
         }
-        args.push("--kubeconfig".into());
-        args.push(kubeconfig.into());
+        args.push("--destination".into());
+        args.push(dir.into());
         args
+    }
+}
+
+/// The one archive `helm pull` wrote to `dir`.
+fn pulled_archive(dir: &std::path::Path) -> std::result::Result<std::path::PathBuf, String> {
+    let listing =
+        std::fs::read_dir(dir).map_err(|e| format!("cannot read what helm pulled: {e}"))?;
+    let mut archives = Vec::new();
+    for entry in listing.take(16) {
+        let path = entry
+            .map_err(|e| format!("cannot read what helm pulled: {e}"))?
+            .path();
+        if path.extension().is_some_and(|e| e == "tgz") {
+            archives.push(path);
+        }
+    }
+    match <[_; 1]>::try_from(archives) {
+        Ok([archive]) => Ok(archive),
+        Err(found) => Err(format!(
+            "helm pull left {} chart archives, not one",
+            found.len()
+        )),
     }
 }
 
@@ -273,37 +331,48 @@ fn crd_plan(planned: Planned) -> ObjectPlan {
     }
 }
 
-/// The CRDs in `helm show crds`'s output (documents of other kinds are
-/// refused: helm would create them as they are, we would not).
-pub(super) fn parse_crds(release: &str, stdout: &[u8]) -> Result<Vec<CustomResourceDefinition>> {
-    let text = String::from_utf8_lossy(stdout);
-    let documents: Vec<Value> = serde_saphyr::from_multiple(&text).map_err(|e| {
-        Error::invalid(format!(
-            "release `{release}`: the chart's crds/ could not be read as YAML: {}",
-            e.without_snippet()
-        ))
-    })?;
+/// The CRDs in the chart's CRD files, each file its own YAML stream
+/// (documents of other kinds are refused: helm would create them as they
+/// are, we would not). Errors name the release, the chart and the file.
+pub(super) fn parse_crd_files(
+    release: &str,
+    chart: &str,
+    files: &[CrdFile],
+) -> Result<Vec<CustomResourceDefinition>> {
     let mut crds = Vec::new();
-    for (i, document) in documents.into_iter().enumerate() {
-        if document.is_null() {
-            continue;
-        }
-        let kind = document.get("kind").and_then(Value::as_str).unwrap_or("");
-        if kind != "CustomResourceDefinition" {
-            return Err(Error::invalid(format!(
-                "release `{release}`: document {} of the chart's crds/ is a {kind:?}, not a \
-                 CustomResourceDefinition: move it to templates/, or use CrdPolicy::Skip",
-                i + 1
-            )));
-        }
-        let crd = serde_json::from_value(document).map_err(|e| {
+    for file in files {
+        let at = |what: String| {
             Error::invalid(format!(
-                "release `{release}`: document {} of the chart's crds/ is not a valid \
-                 CustomResourceDefinition: {e}",
-                i + 1
+                "release `{release}`: {chart}: `{}` {what}",
+                file.path
+            ))
+        };
+        let documents: Vec<Value> = serde_saphyr::from_multiple(&file.text).map_err(|e| {
+            at(format!(
+                "could not be read as YAML: {}",
+                e.without_snippet()
             ))
         })?;
-        crds.push(crd);
+        for (i, document) in documents.into_iter().enumerate() {
+            if document.is_null() {
+                continue;
+            }
+            let kind = document.get("kind").and_then(Value::as_str).unwrap_or("");
+            if kind != "CustomResourceDefinition" {
+                return Err(at(format!(
+                    "document {}: a {kind:?}, not a CustomResourceDefinition: move it to \
+                     templates/, or use CrdPolicy::Skip",
+                    i + 1
+                )));
+            }
+            let crd = serde_json::from_value(document).map_err(|e| {
+                at(format!(
+                    "document {}: not a valid CustomResourceDefinition: {e}",
+                    i + 1
+                ))
+            })?;
+            crds.push(crd);
+        }
     }
     Ok(crds)
 }
@@ -312,30 +381,112 @@ pub(super) fn parse_crds(release: &str, stdout: &[u8]) -> Result<Vec<CustomResou
 mod tests {
     use super::*;
 
-    #[test]
-    fn crds_are_read_from_helm_show_crds() {
-        let out = b"---\n# Source: c/crds/w.yaml\napiVersion: apiextensions.k8s.io/v1\nkind: \
-CustomResourceDefinition\nmetadata:\n  name: widgets.example.com\nspec:\n  group: example.com\n  \
-names: {kind: Widget, plural: widgets}\n  scope: Namespaced\n  versions:\n  - {name: v1, served: \
-true, storage: true}\n---\n";
-        let crds = parse_crds("ns/r", out).unwrap();
-        assert_eq!(crds.len(), 1);
-        assert_eq!(
-            crds[0].metadata.name.as_deref(),
-            Some("widgets.example.com")
-        );
-        assert!(parse_crds("ns/r", b"").unwrap().is_empty());
+    /// A CRD file as most charts write one: no `---`, `apiVersion:` first.
+    pub(crate) fn crd_file(plural: &str) -> String {
+        format!(
+            "apiVersion: apiextensions.k8s.io/v1\nkind: CustomResourceDefinition\nmetadata:\n  \
+             name: {plural}.example.com\nspec:\n  group: example.com\n  names: {{kind: K{plural}, \
+             plural: {plural}}}\n  scope: Namespaced\n  versions:\n  - {{name: v1, served: true, \
+             storage: true}}\n"
+        )
+    }
+
+    /// A chart directory with two CRD files in `crds/`, each starting with
+    /// `apiVersion:` (helm 3's `helm show crds` joins them into one document).
+    pub(crate) fn chart_with_two_crd_files(dir: &std::path::Path) {
+        std::fs::create_dir_all(dir.join("crds")).unwrap();
+        std::fs::write(
+            dir.join("Chart.yaml"),
+            "apiVersion: v2\nname: two-crds\nversion: 1.0.0\n",
+        )
+        .unwrap();
+        std::fs::write(dir.join("crds/gadgets.yaml"), crd_file("gadgets")).unwrap();
+        std::fs::write(dir.join("crds/widgets.yaml"), crd_file("widgets")).unwrap();
+    }
+
+    #[tokio::test]
+    async fn each_crd_file_of_a_local_chart_is_its_own_yaml_stream() {
+        let dir = tempfile::tempdir().unwrap();
+        chart_with_two_crd_files(dir.path());
+        let (cx, _api) = provisioners_testing::mock::context();
+        // No helm is needed (nor run) to read a local chart's crds/.
+        let release = HelmRelease::new("r", Chart::local(dir.path()))
+            .namespace("ns")
+            .helm("/nonexistent/helm");
+        let crds = release.chart_crds(&cx, &Value::Null, None).await.unwrap();
+        let names: Vec<_> = crds
+            .iter()
+            .map(|c| c.metadata.name.clone().unwrap_or_default())
+            .collect();
+        assert_eq!(names, ["gadgets.example.com", "widgets.example.com"]);
+    }
+
+    fn file(path: &str, text: &str) -> CrdFile {
+        CrdFile {
+            path: path.to_owned(),
+            text: text.to_owned(),
+        }
     }
 
     #[test]
-    fn a_document_that_is_not_a_crd_is_refused() {
-        let error = parse_crds(
+    fn crds_are_read_file_by_file() {
+        let files = [
+            file("crds/gadgets.yaml", &crd_file("gadgets")),
+            file(
+                "crds/widgets.yaml",
+                &format!("---\n# a comment\n{}---\n", crd_file("widgets")),
+            ),
+            file("crds/empty.yaml", ""),
+        ];
+        let crds = parse_crd_files("ns/r", "chart `c`", &files).unwrap();
+        let names: Vec<_> = crds
+            .iter()
+            .map(|c| c.metadata.name.clone().unwrap_or_default())
+            .collect();
+        assert_eq!(names, ["gadgets.example.com", "widgets.example.com"]);
+    }
+
+    #[test]
+    fn files_joined_without_a_separator_are_one_broken_document() {
+        // What helm 3's `helm show crds` prints for the same two files.
+        let joined = format!("{}{}", crd_file("gadgets"), crd_file("widgets"));
+        let error =
+            parse_crd_files("ns/r", "chart `c`", &[file("crds/all.yaml", &joined)]).unwrap_err();
+        assert!(error.to_string().contains("duplicate"), "{error}");
+    }
+
+    #[test]
+    fn errors_name_the_release_the_chart_and_the_file() {
+        let error = parse_crd_files(
             "ns/r",
-            b"apiVersion: v1\nkind: ConfigMap\nmetadata: {name: a}\n",
+            "chart `c`",
+            &[
+                file("crds/a.yaml", &crd_file("gadgets")),
+                file(
+                    "crds/b.yaml",
+                    "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: a}\n",
+                ),
+            ],
         )
         .unwrap_err();
         assert_eq!(error.kind(), provisioners_core::ErrorKind::Invalid);
-        assert!(error.to_string().contains("document 1"), "{error}");
-        assert!(parse_crds("ns/r", b"a: [").is_err());
+        let shown = error.to_string();
+        for part in [
+            "release `ns/r`",
+            "chart `c`",
+            "`crds/b.yaml`",
+            "document 1",
+            "ConfigMap",
+        ] {
+            assert!(shown.contains(part), "{part}: {shown}");
+        }
+        let error =
+            parse_crd_files("ns/r", "chart `c`", &[file("crds/x.yml", "a: [")]).unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .contains("`crds/x.yml` could not be read as YAML"),
+            "{error}"
+        );
     }
 }

@@ -314,8 +314,11 @@ impl HelmRelease {
     /// [`CrdPolicy::Upgrade`]: created, and updated when the change is
     /// safe, by us before helm runs with `--skip-crds`; see the
     /// [CRD guide](https://github.com/provisioners/provisioners/blob/main/docs/crds.md)).
-    /// The chart's CRDs are read with `helm show crds` once per chart
-    /// digest; a pass that changes nothing costs one metadata LIST of CRDs.
+    /// The chart's CRDs are read from the files of its `crds/` (and its
+    /// subcharts'), each file its own YAML stream as helm reads them, once
+    /// per chart digest (a repository or OCI chart is fetched with
+    /// `helm pull`); a pass that changes nothing costs one metadata LIST of
+    /// CRDs.
     /// CRDs are never deleted on uninstall unless
     /// [`delete_crds_on_uninstall`](HelmRelease::delete_crds_on_uninstall).
     pub fn crds(mut self, policy: CrdPolicy) -> Self {
