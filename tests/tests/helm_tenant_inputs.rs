@@ -274,36 +274,79 @@ async fn sealed_records_flipped_to_pending_make_no_rollback_only_a_report() {
         .expect("uninstalls");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs the local control plane (cargo xtask test)"]
-async fn a_record_flipped_to_uninstalled_is_reported_by_deprovision_and_the_release_kept() {
-    let _alone = MEASURING.lock().await;
+/// Installs `app` with its ClusterRole, has `skip` make helm's records
+/// say nothing is left to uninstall, then deprovisions: the release's
+/// objects, the cluster-scoped one included, are deleted from our ledger,
+/// and the Lease goes last.
+async fn uninstalled_from_the_ledger(test: &str, skip: impl AsyncFnOnce(&TestNamespace)) {
+    use k8s_openapi::api::coordination::v1::Lease;
+    use k8s_openapi::api::rbac::v1::ClusterRole;
+
     let helm = helm3().expect("PROVISIONERS_HELM3");
-    let ns = TestNamespace::create("helm-flip-uninstalled")
-        .await
-        .expect("namespace");
-    let cx = operator("helm-flip-uninstalled").await;
-    let app = release(&helm, ns.name(), "app");
+    let ns = TestNamespace::create(test).await.expect("namespace");
+    let cx = operator(test).await;
+    let app = release(&helm, ns.name(), "app").set("clusterRole", "true".to_owned());
     until_not_yield(&cx, &app, false).await.expect("installs");
-    // `uninstalled` with no objects to wait for: deprovision would take
-    // the release as gone, and delete its Lease with the seals.
-    let secrets: Api<Secret> = Api::namespaced(tenant(&ns).await, ns.name());
-    flip(&secrets, "sh.helm.release.v1.app.v1", "uninstalled").await;
-    let error = until_not_yield(&cx, &app, true)
+    let roles: Api<ClusterRole> = Api::all(helm_support::context().await.client().clone());
+    let role = format!("{}-app-reader", ns.name());
+    assert!(roles.get_opt(&role).await.expect("read").is_some());
+
+    skip(&ns).await;
+
+    until_not_yield(&cx, &app, true)
         .await
-        .expect_err("a status no run of ours left");
-    assert_eq!(error.kind(), ErrorKind::Failed, "{error}");
-    assert!(error.message().contains("never uninstalled it"), "{error}");
+        .expect("uninstalled from the ledger");
     assert!(
-        ns.api::<k8s_openapi::api::coordination::v1::Lease>()
+        roles.get_opt(&role).await.expect("read").is_none(),
+        "the release's ClusterRole is gone"
+    );
+    assert!(
+        ns.api::<k8s_openapi::api::core::v1::ConfigMap>()
+            .get_opt("app-settings")
+            .await
+            .expect("read")
+            .is_none(),
+        "the release's ConfigMap is gone"
+    );
+    assert!(
+        ns.api::<Lease>()
             .get_opt("provisioners-helm.app")
             .await
             .expect("read")
-            .is_some(),
-        "the Lease with the seals is kept"
+            .is_none(),
+        "the Lease goes last"
     );
-    flip(&secrets, "sh.helm.release.v1.app.v1", "deployed").await;
-    until_not_yield(&cx, &app, true).await.expect("uninstalls");
+    assert!(records(&ns, "app").await.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the local control plane (cargo xtask test)"]
+async fn a_record_flipped_to_uninstalled_is_still_uninstalled_from_our_ledger() {
+    let _alone = MEASURING.lock().await;
+    // `uninstalled` (label and content), no objects remembered: helm takes
+    // the release as gone, and deprovision took it so.
+    uninstalled_from_the_ledger("helm-flip-uninstalled", async |ns: &TestNamespace| {
+        let secrets: Api<Secret> = Api::namespaced(tenant(ns).await, ns.name());
+        flip(&secrets, "sh.helm.release.v1.app.v1", "uninstalled").await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the local control plane (cargo xtask test)"]
+async fn records_deleted_by_someone_else_are_still_uninstalled_from_our_ledger() {
+    let _alone = MEASURING.lock().await;
+    // A tenant that may delete Secrets in its namespace deletes them all.
+    uninstalled_from_the_ledger("helm-records-deleted", async |ns: &TestNamespace| {
+        ns.api::<Secret>()
+            .delete_collection(
+                &Default::default(),
+                &kube::api::ListParams::default().labels("owner=helm,name=app"),
+            )
+            .await
+            .expect("delete the records");
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
