@@ -14,6 +14,7 @@ use super::health::{Breaker, BreakerSettings};
 
 mod attempt;
 
+pub use attempt::is_response_too_large;
 #[cfg(test)]
 pub(super) use attempt::is_streaming;
 

@@ -8,10 +8,11 @@
 use std::fmt;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, DynamicObject, ListParams};
+use kube::api::{Api, DynamicObject};
 use kube::core::ApiResource;
 use provisioners_core::{Context, Error, Result};
 
+use super::page::{PageError, Pager};
 use super::{Checked, Diff, SchemaDiff, Validator};
 
 /// Objects per page when existing custom resources are checked.
@@ -134,40 +135,57 @@ pub(super) fn page_limit(cx: &Context) -> usize {
 }
 
 /// Every stored object of `resource`, read page by page (at most the client
-/// policy's page cap), checked with `validator`.
+/// policy's page cap; a page halves while an answer is over its response
+/// cap, see [`Pager`]), checked with `validator`. An object too large to
+/// read at all is named in a yield: it cannot be checked, and nothing else
+/// is held up by it.
 async fn stored_objects_checked(
     cx: &Context,
     resource: &ApiResource,
     validator: &Validator,
 ) -> Result<Checked> {
     let api: Api<DynamicObject> = Api::all_with(cx.client().clone(), resource);
-    let mut params = ListParams::default().limit(PAGE);
+    let mut pager = Pager::new(PAGE);
+    let mut token: Option<String> = None;
     let mut checked = Checked::new(NAMED);
     let pages = page_limit(cx);
     for _ in 0..pages.max(1) {
-        let page = api.list(&params).await.map_err(|e| {
-            Error::kube(
-                format_args!(
-                    "listing the stored {} to check them against a new schema",
-                    resource.plural
-                ),
-                e,
-            )
-        })?;
-        for item in &page.items {
+        let page = match pager.page(&api, token.as_deref()).await {
+            Ok(page) => page,
+            Err(PageError::List(e)) => {
+                return Err(Error::kube(
+                    format_args!(
+                        "listing the stored {} to check them against a new schema",
+                        resource.plural
+                    ),
+                    e,
+                ));
+            }
+            Err(PageError::TooLarge(name)) => {
+                return Err(Error::yielding(format!(
+                    "the stored {} {} is larger than the client policy's response limit, so it \
+                     cannot be checked against the new schema; the CRD is not changed until it \
+                     is smaller or removed (or ClientPolicy::response_limit is raised)",
+                    resource.kind,
+                    name.as_deref().unwrap_or("after those checked so far")
+                )));
+            }
+        };
+        for item in page.items {
             let value = serde_json::to_value(item).map_err(|e| {
                 Error::failed(format!("a stored {} could not be read: {e}", resource.kind))
             })?;
             checked.record(validator, &value);
         }
         match page.metadata.continue_ {
-            Some(token) if !token.is_empty() => params = params.continue_token(&token),
+            Some(next) if !next.is_empty() => token = Some(next),
             _ => return Ok(checked),
         }
     }
     Err(Error::unavailable(format!(
         "checking the stored {} against a new schema passed the client policy's limit of \
-         {pages} pages of {PAGE}; raise it with ClientPolicy::page_limit",
-        resource.plural
+         {pages} pages of {}; raise it with ClientPolicy::page_limit",
+        resource.plural,
+        pager.limit()
     )))
 }

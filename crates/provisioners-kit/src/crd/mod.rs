@@ -83,6 +83,7 @@ mod diff;
 mod fields;
 mod gate;
 mod migrate;
+mod page;
 mod safety;
 mod schema;
 mod served;

@@ -385,6 +385,20 @@ impl fmt::Display for RequestTimeout {
 
 impl StdError for RequestTimeout {}
 
+/// Whether `error` (or what caused it) is a response refused for being
+/// over the client policy's [`response_limit`](super::ClientPolicy::response_limit):
+/// a caller that reads in pages can ask for a smaller one.
+pub fn is_response_too_large(error: &(dyn StdError + 'static)) -> bool {
+    let mut next = Some(error);
+    while let Some(error) = next {
+        if error.is::<ResponseTooLarge>() {
+            return true;
+        }
+        next = error.source();
+    }
+    false
+}
+
 /// A response body over the policy's limit.
 #[derive(Debug)]
 struct ResponseTooLarge {

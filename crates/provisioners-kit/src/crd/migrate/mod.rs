@@ -47,6 +47,8 @@ use kube::core::ApiResource;
 use provisioners_core::{Context, Error, Result, Waiting};
 use sha2::{Digest as _, Sha256};
 
+use super::page::{PageError, Pager};
+
 /// At most this many objects are rewritten by one call of [`migrate`];
 /// then it yields with its progress.
 pub const OBJECTS_PER_PASS: usize = 1_000;
@@ -214,6 +216,7 @@ async fn step(
             wait_for_storage_switch(cx, live, name, &pending.to, &resource.plural).await?;
         }
         let api: Api<DynamicObject> = Api::all_with(cx.client().clone(), &resource);
+        let mut pager = Pager::new(PAGE);
         let started = Instant::now();
         let mut this_pass = 0;
         let done = loop {
@@ -221,13 +224,23 @@ async fn step(
                 save(sweeps, name, token.as_ref(), migrated, total, false);
                 return Err(Error::cancelled());
             }
-            let mut params = ListParams::default().limit(PAGE);
-            if let Some(token) = &token {
-                params = params.continue_token(token);
-            }
-            let page = match api.list(&params).await {
+            let page = match pager.page(&api, token.as_deref()).await {
                 Ok(page) => page,
-                Err(kube::Error::Api(status)) if status.code == 410 => {
+                Err(PageError::TooLarge(object)) => {
+                    // From the start next time: a continue token reads the
+                    // snapshot it was made in, where the object stays as it
+                    // was even once it is made smaller or removed.
+                    save(sweeps, name, None, 0, None, false);
+                    return Err(Error::yielding(format!(
+                        "migration of the stored {name} to {} waits: the object {} is larger \
+                         than the client policy's response limit, so it cannot be read to be \
+                         moved; make it smaller or remove it (or raise \
+                         ClientPolicy::response_limit)",
+                        pending.to,
+                        object.as_deref().unwrap_or("after those migrated so far")
+                    )));
+                }
+                Err(PageError::List(kube::Error::Api(status))) if status.code == 410 => {
                     // The continue token expired between passes: start over.
                     save(sweeps, name, None, 0, None, false);
                     return Err(Error::yielding(format!(
@@ -236,7 +249,7 @@ async fn step(
                         pending.to
                     )));
                 }
-                Err(e) => {
+                Err(PageError::List(e)) => {
                     save(sweeps, name, token.as_ref(), migrated, total, false);
                     return Err(Error::kube(
                         format_args!("listing the stored {name} to move them to {}", pending.to),
