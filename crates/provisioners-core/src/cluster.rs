@@ -119,6 +119,15 @@ impl Cluster {
         self.shared.get_or_default()
     }
 
+    /// How many handles to this cluster exist (this one and its clones, in
+    /// contexts and in tasks that outlive a pass, such as a running helm
+    /// process's): a cache of clusters keeps one that is still in use
+    /// elsewhere (more than its own handle), so its state is not dropped
+    /// under work in flight.
+    pub fn handles(&self) -> usize {
+        Arc::strong_count(&self.state)
+    }
+
     /// Sets this cluster's [state](Cluster::state) of type `T` to `value`
     /// (for every clone), e.g. a non-default setting before the first run.
     pub fn with_state<T: Send + Sync + 'static>(self, value: T) -> Self {

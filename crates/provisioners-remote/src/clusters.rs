@@ -9,12 +9,17 @@ use lru::LruCache;
 use provisioners_core::{Cluster, Error, Result};
 use provisioners_kit::canonical;
 
-/// How many remote clusters one cluster keeps. Remotes come and go with the
-/// objects that name them (a rotated kubeconfig replaces its remote's
-/// entry, a deleted object's remote is never asked for again): without a
-/// bound, every remote ever reached would keep a client, its connections
-/// and its state for the life of the process. 256 is well above the
-/// remotes one operator drives at once.
+/// How many *idle* remote clusters one cluster keeps. Remotes come and go
+/// with the objects that name them (a rotated kubeconfig replaces its
+/// remote's entry, a deleted object's remote is never asked for again):
+/// without a bound, every remote ever reached would keep a client, its
+/// connections and its state for the life of the process. A remote still in
+/// use elsewhere (a pass, or a helm run that outlives its pass, holds a
+/// handle) is never evicted: its state holds helm's release locks and its
+/// record of running helm processes, and dropping them would let a later
+/// pass start a second helm run on the same release. So the cache holds
+/// every remote in use, however many a fleet names, plus up to this many
+/// idle ones.
 pub(crate) const CAPACITY: usize = 256;
 
 /// The remote clusters built from one cluster, in that cluster's
@@ -22,10 +27,13 @@ pub(crate) const CAPACITY: usize = 256;
 /// kubeconfig: the same kubeconfig gives the same [`Cluster`] on every pass
 /// (so what provisioners keep in its state, a discovery cache or helm's
 /// release locks, lasts), and a changed one gives a new `Cluster` that
-/// replaces the remote's old one. The least recently used remote goes
-/// first when the cache is full (`lru`'s cache).
+/// replaces the remote's old one. When the cache is full, the least
+/// recently used remote *not in use elsewhere* goes first (see [`CAPACITY`]);
+/// when all are in use, the cache grows.
 pub(crate) struct RemoteClusters {
     entries: Mutex<LruCache<Key, Cluster>>,
+    /// How many idle remotes are kept.
+    capacity: usize,
 }
 
 #[derive(Clone, PartialEq, Eq, Hash)]
@@ -43,9 +51,12 @@ impl Default for RemoteClusters {
 impl RemoteClusters {
     pub(crate) fn with_capacity(capacity: usize) -> Self {
         RemoteClusters {
-            entries: Mutex::new(LruCache::new(
-                NonZeroUsize::new(capacity).unwrap_or(NonZeroUsize::MIN),
-            )),
+            // Unbounded as a map: `evict` keeps the bound, skipping remotes
+            // in use.
+            entries: Mutex::new(LruCache::unbounded()),
+            capacity: NonZeroUsize::new(capacity)
+                .unwrap_or(NonZeroUsize::MIN)
+                .get(),
         }
     }
 
@@ -93,6 +104,7 @@ impl RemoteClusters {
             entries.pop(&old);
         }
         entries.put(key, built.clone());
+        evict(&mut entries, self.capacity);
         built
     }
 
@@ -103,6 +115,25 @@ impl RemoteClusters {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, LruCache<Key, Cluster>> {
         self.entries.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Drops least recently used remotes that nothing else holds until at most
+/// `capacity` remain, or only remotes in use are left.
+fn evict(entries: &mut LruCache<Key, Cluster>, capacity: usize) {
+    if entries.len() <= capacity {
+        return;
+    }
+    // Oldest first; a remote whose only handle is the cache's is idle.
+    let idle: Vec<Key> = entries
+        .iter()
+        .rev()
+        .filter(|(_, cluster)| cluster.handles() <= 1)
+        .map(|(key, _)| key.clone())
+        .collect();
+    let excess = entries.len() - capacity;
+    for key in idle.into_iter().take(excess) {
+        entries.pop(&key);
     }
 }
 
@@ -194,14 +225,50 @@ mod tests {
         let a = get("a").await;
         let b = get("b").await;
         assert!(same(&a, &get("a").await), "a is used again");
-        let _c = get("c").await;
+        // Nothing else holds b now: it is idle.
+        let b_state = b.state::<AtomicU8>();
+        drop(b);
+        let c = get("c").await;
+        drop(c);
         assert_eq!(clusters.len(), 2);
         assert!(same(&a, &get("a").await), "a was kept");
+        let b_again = get("b").await;
         assert!(
-            !same(&b, &get("b").await),
+            !Arc::ptr_eq(&b_state, &b_again.state::<AtomicU8>()),
             "b, the least recently used, was evicted and is built anew"
         );
         assert_eq!(clusters.len(), 2);
+    }
+
+    #[tokio::test]
+    async fn a_remote_in_use_elsewhere_is_never_evicted_and_the_cache_grows_instead() {
+        let parent = Context::offline().cluster().clone();
+        let clusters = RemoteClusters::with_capacity(2);
+        let get = |id: String| {
+            let (clusters, parent) = (&clusters, &parent);
+            async move {
+                clusters
+                    .get(parent, &id, kubeconfig("https://127.0.0.1:1"))
+                    .await
+                    .unwrap()
+            }
+        };
+        // A helm run holds the first remote, least recently used of all.
+        let running = get("running".to_owned()).await;
+        let mut held = Vec::new();
+        for i in 0..5 {
+            held.push(get(format!("busy-{i}")).await);
+        }
+        assert_eq!(clusters.len(), 6, "all in use: none evicted");
+        assert!(same(&running, &get("running".to_owned()).await));
+        // Once they are idle, the next insert brings it back to the bound.
+        drop(held);
+        let _late = get("late".to_owned()).await;
+        assert_eq!(clusters.len(), 2, "idle ones evicted down to the bound");
+        assert!(
+            same(&running, &get("running".to_owned()).await),
+            "the one in use is still the same cluster, its state intact"
+        );
     }
 
     #[test]
