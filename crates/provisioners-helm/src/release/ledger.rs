@@ -27,7 +27,6 @@ use sha2::{Digest as _, Sha256};
 use super::HelmRelease;
 use super::gate;
 use super::lease;
-use super::records::release_owner;
 use crate::objects::{ObjectRef, Resolver, Seen};
 
 /// The annotation on the release's Lease holding the ledger: base64 of
@@ -74,7 +73,10 @@ impl Ledger {
             mac: None,
         };
         if let Some(keys) = OwnerKeys::of(cx) {
-            let owner = release_owner(cx).unwrap_or_default();
+            let owner = cx
+                .owner()
+                .map(provisioners_core::Owner::identity)
+                .unwrap_or_default();
             let fields = ledger.fields(namespace, release, &owner);
             let fields: Vec<&str> = fields.iter().map(String::as_str).collect();
             ledger.mac = Some(keys.sign(&fields));
@@ -132,7 +134,10 @@ impl Ledger {
             return Err(format!("more than {MAX_OBJECTS} objects"));
         }
         if let Some(keys) = OwnerKeys::of(cx) {
-            let owner = release_owner(cx).unwrap_or_default();
+            let owner = cx
+                .owner()
+                .map(provisioners_core::Owner::identity)
+                .unwrap_or_default();
             let fields = ledger.fields(namespace, release, &owner);
             let fields: Vec<&str> = fields.iter().map(String::as_str).collect();
             match &ledger.mac {
@@ -253,7 +258,7 @@ mod tests {
         let (other, _server) = mock::context();
         let other = other.with_extension(OwnerKeys::new(vec![8; 32]).unwrap());
         assert!(Ledger::decode(&other, id, &ledger.encoded()).is_err());
-        let mut forged = ledger.clone();
+        let mut forged = ledger;
         forged.objects.push(object("ClusterRoleBinding", "admin"));
         assert!(Ledger::decode(&cx, id, &forged.encoded()).is_err());
         assert!(

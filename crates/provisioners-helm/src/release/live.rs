@@ -66,7 +66,7 @@ impl HelmRelease {
         let Some(keys) = OwnerKeys::of(cx) else {
             return Ok(Some(payload));
         };
-        let owner = super::records::release_owner(cx);
+        let owner = cx.owner().map(provisioners_core::Owner::identity);
         let proven = storage::prove(
             cx.cluster(),
             keys,
