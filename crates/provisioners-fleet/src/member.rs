@@ -338,6 +338,7 @@ fn member_of(
     }
     let secret_ref = (namespace.to_owned(), secret.clone());
     let mut remote = SecretKubeconfig::new(cx.client().clone(), namespace, secret)
+        .service_range_of(cx.cluster())
         .key(KUBECONFIG_KEY)
         .cluster_id(format!("{namespace}.{cluster}"));
     if let Some(trust) = trust {
