@@ -323,8 +323,10 @@ where
                 let _ = breaker.probed(ticket, true, &settings);
                 answered = true;
                 every = every.saturating_mul(2);
-                let next = Instant::now() + every;
-                probe_at = (next + policy.probe_timeout <= deadline).then_some(next);
+                probe_at = Instant::now().checked_add(every).filter(|next| {
+                    next.checked_add(policy.probe_timeout)
+                        .is_some_and(|end| end <= deadline)
+                });
             }
         }
     }
