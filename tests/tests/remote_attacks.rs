@@ -8,7 +8,8 @@ use std::time::Duration;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{ObjectMeta, PostParams};
-use provisioners_lab::cluster::TestNamespace;
+use provisioners::ErrorKind;
+use provisioners_lab::cluster::{HarnessCluster, TestNamespace};
 use provisioners_manifest::Manifest;
 use provisioners_remote::{RemoteClusterProvisioner, SecretKubeconfig, TrustPolicy};
 
@@ -129,5 +130,55 @@ async fn an_internal_service_answering_a_tenants_kubeconfig_never_has_its_body_r
         // What it does say: the status code.
         assert!(error.to_string().contains("500"), "{name}: {error}");
     }
+    ns.cleanup().await.expect("cleanup");
+}
+
+/// The remote control plane serves `10.112.0.0/16` (xtask), outside
+/// kubeadm's default `10.96.0.0/12`: only a range learned from the cluster
+/// refuses an address in it (issue 39).
+#[tokio::test]
+#[ignore = "needs the local control plane (cargo xtask test)"]
+async fn a_kubeconfig_into_the_clusters_own_service_range_is_refused_naming_the_range_and_its_source()
+ {
+    let ns = TestNamespace::create_on(HarnessCluster::Remote, "attack-range")
+        .await
+        .expect("namespace");
+    // The operator's cluster here is the remote control plane.
+    let cx = HarnessCluster::Remote.context().await.expect("context");
+    let secret = Secret {
+        metadata: ObjectMeta {
+            name: Some("inside".to_owned()),
+            ..ObjectMeta::default()
+        },
+        data: Some(
+            [(
+                "kubeconfig".to_owned(),
+                // The cluster's own `kubernetes` Service address.
+                ByteString(kubeconfig("https://10.112.0.1:443").into_bytes()),
+            )]
+            .into(),
+        ),
+        ..Secret::default()
+    };
+    ns.api::<Secret>()
+        .create(&PostParams::default(), &secret)
+        .await
+        .expect("secret");
+    let tree = RemoteClusterProvisioner::new(SecretKubeconfig::new(
+        cx.client().clone(),
+        ns.name(),
+        "inside",
+    ))
+    .named("tenant")
+    .provision_on(Manifest::from_yaml("agent", config_maps(&["agent"])).namespace("default"));
+    let error = tokio::time::timeout(DEADLINE, cx.provision(&tree))
+        .await
+        .expect("a pass returns")
+        .expect_err("an address in the cluster's service range");
+    assert_eq!(error.kind(), ErrorKind::Invalid, "{error}");
+    let text = error.to_string();
+    assert!(text.contains("denied range 10.112.0.0/16"), "{text}");
+    assert!(text.contains("ServiceCIDR objects (kubernetes)"), "{text}");
+    assert!(!text.contains("s3cr3t"), "{text}");
     ns.cleanup().await.expect("cleanup");
 }

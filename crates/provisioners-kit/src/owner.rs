@@ -17,7 +17,15 @@
 //! # }
 //! ```
 
+use std::time::{Duration, SystemTime};
+
 use provisioners_core::{Context, Error, Result};
+
+/// How long after the owner key Secret was created data written before it
+/// without an authenticator is adopted (see [`OwnerKeys::adopts_unsigned`]):
+/// the first passes after keys are turned on sign what the operator wrote
+/// before, and after this nothing unsigned is adopted any more.
+pub const ADOPTION_WINDOW: Duration = Duration::from_secs(24 * 60 * 60);
 
 /// The secret that authenticates what the operator writes for its owners:
 /// ownership stamps carry an HMAC-SHA256 over owner, node and the object's
@@ -46,6 +54,7 @@ use provisioners_core::{Context, Error, Result};
 pub struct OwnerKeys {
     current: Vec<u8>,
     previous: Option<Vec<u8>>,
+    created: Option<SystemTime>,
 }
 
 /// The shortest key accepted: HMAC-SHA256's block of security.
@@ -82,6 +91,7 @@ impl OwnerKeys {
         Ok(OwnerKeys {
             current,
             previous: None,
+            created: None,
         })
     }
 
@@ -90,6 +100,7 @@ impl OwnerKeys {
         Ok(OwnerKeys {
             current: random_key()?,
             previous: None,
+            created: None,
         })
     }
 
@@ -99,6 +110,62 @@ impl OwnerKeys {
         let previous = previous.into();
         self.previous = (!previous.is_empty()).then_some(previous);
         self
+    }
+
+    /// Says when the keys were first made (the `creationTimestamp` the API
+    /// server gave their Secret; [`OwnerKeys::load_or_create`] sets it).
+    /// Data written before then carries no authenticator, and is adopted
+    /// during the [`ADOPTION_WINDOW`] after it (see
+    /// [`OwnerKeys::adopts_unsigned`]).
+    #[must_use]
+    pub fn with_created(mut self, created: SystemTime) -> Self {
+        self.created = Some(created);
+        self
+    }
+
+    /// When the keys were first made, if known (see [`OwnerKeys::with_created`]).
+    pub fn created(&self) -> Option<SystemTime> {
+        self.created
+    }
+
+    /// Whether data that carries no authenticator, and that the API server
+    /// says was created at `written` (a `creationTimestamp`, which no
+    /// client can set), is adopted as ours: it was created before the keys
+    /// existed, and the keys are at most [`ADOPTION_WINDOW`] old. Anything
+    /// unsigned created after the keys (a forgery) or met after the window
+    /// is refused, as always. Keys without a [creation time](OwnerKeys::with_created)
+    /// adopt nothing.
+    ///
+    /// ```
+    /// use std::time::{Duration, SystemTime};
+    /// use provisioners_kit::owner::OwnerKeys;
+    ///
+    /// let now = SystemTime::now();
+    /// let keys = OwnerKeys::new(vec![7; 32]).unwrap().with_created(now);
+    /// assert!(keys.adopts_unsigned(now - Duration::from_secs(60)));
+    /// assert!(!keys.adopts_unsigned(now + Duration::from_secs(1)));
+    /// assert!(!OwnerKeys::new(vec![7; 32]).unwrap().adopts_unsigned(now));
+    /// ```
+    pub fn adopts_unsigned(&self, written: SystemTime) -> bool {
+        self.adopts_unsigned_at(written, SystemTime::now())
+    }
+
+    /// Whether the keys are still within the [`ADOPTION_WINDOW`] after they
+    /// were [created](OwnerKeys::with_created), when data older than them
+    /// that carries no authenticator is adopted.
+    pub fn adopting(&self) -> bool {
+        self.adopting_at(SystemTime::now())
+    }
+
+    fn adopting_at(&self, now: SystemTime) -> bool {
+        self.created.is_some_and(|created| {
+            now.duration_since(created)
+                .map_or(true, |age| age <= ADOPTION_WINDOW)
+        })
+    }
+
+    fn adopts_unsigned_at(&self, written: SystemTime, now: SystemTime) -> bool {
+        self.adopting_at(now) && self.created.is_some_and(|created| written < created)
     }
 
     /// The authenticator of `fields` with the current key, hex-encoded.
@@ -122,7 +189,8 @@ impl OwnerKeys {
     /// The keys stored in the Secret `namespace/name`, creating it with a
     /// fresh random key when it does not exist (a concurrent creator wins
     /// and its key is read back). The Secret should live in the operator's
-    /// own namespace, where no tenant can read it.
+    /// own namespace, where no tenant can read it. The keys carry the
+    /// Secret's `creationTimestamp` (see [`OwnerKeys::adopts_unsigned`]).
     pub async fn load_or_create(
         client: &kube::Client,
         namespace: &str,
@@ -143,7 +211,14 @@ impl OwnerKeys {
             .create(&kube::api::PostParams::default(), &keys.to_secret(name)?)
             .await
         {
-            Ok(_) => Ok(keys),
+            Ok(secret) => {
+                let created = secret
+                    .metadata
+                    .creation_timestamp
+                    .map_or_else(SystemTime::now, |t| SystemTime::from(t.0));
+                tracing::info!(secret = %format_args!("{namespace}/{name}"), "created the owner key Secret");
+                Ok(keys.with_created(created))
+            }
             Err(kube::Error::Api(status)) if status.code == 409 => {
                 let secret = api.get(name).await.map_err(read)?;
                 keys_of(&secret, namespace, name)
@@ -169,7 +244,8 @@ impl OwnerKeys {
             )
         })?;
         let old = keys_of(&secret, namespace, name)?;
-        let keys = OwnerKeys::generate()?.with_previous(old.current);
+        let mut keys = OwnerKeys::generate()?.with_previous(old.current);
+        keys.created = old.created;
         let mut next = keys.to_secret(name)?;
         // Replaced only if nobody rotated meanwhile.
         next.metadata.resource_version = secret.metadata.resource_version.clone();
@@ -207,6 +283,7 @@ impl std::fmt::Debug for OwnerKeys {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("OwnerKeys")
             .field("previous", &self.previous.is_some())
+            .field("created", &self.created)
             .finish_non_exhaustive()
     }
 }
@@ -288,8 +365,12 @@ fn keys_of(secret: &kube::api::DynamicObject, namespace: &str, name: &str) -> Re
              {OWNER_KEY_MIN_LEN} bytes; delete the Secret to have a new key made"
         ))
     })?;
-    Ok(match field(PREVIOUS)? {
+    let keys = match field(PREVIOUS)? {
         Some(previous) => keys.with_previous(previous),
+        None => keys,
+    };
+    Ok(match &secret.metadata.creation_timestamp {
+        Some(created) => keys.with_created(SystemTime::from(created.0)),
         None => keys,
     })
 }
@@ -310,6 +391,26 @@ mod tests {
         assert_ne!(
             generated.sign(&["x"]),
             OwnerKeys::generate().unwrap().sign(&["x"])
+        );
+    }
+
+    #[test]
+    fn only_unsigned_data_older_than_young_keys_is_adopted() {
+        let created = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let keys = OwnerKeys::new(vec![1; 32]).unwrap().with_created(created);
+        let before = created - Duration::from_secs(1);
+        let after = created + Duration::from_secs(1);
+        assert!(keys.adopts_unsigned_at(before, created + Duration::from_secs(60)));
+        assert!(!keys.adopts_unsigned_at(after, created + Duration::from_secs(60)));
+        assert!(!keys.adopts_unsigned_at(created, created));
+        let late = created + ADOPTION_WINDOW + Duration::from_secs(1);
+        assert!(!keys.adopts_unsigned_at(before, late));
+        // A clock behind the Secret's creation is still within the window.
+        assert!(keys.adopts_unsigned_at(before, before));
+        assert!(
+            !OwnerKeys::new(vec![1; 32])
+                .unwrap()
+                .adopts_unsigned_at(before, created)
         );
     }
 

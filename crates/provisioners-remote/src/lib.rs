@@ -93,6 +93,7 @@
 mod clusters;
 mod report;
 mod secret;
+mod service_range;
 mod static_kubeconfig;
 mod trust;
 mod unreachable;
@@ -336,12 +337,21 @@ impl RemoteClusterProvisioner {
         Ok(())
     }
 
+    /// The remote's kubeconfig; a Secret's checked against a service range
+    /// learned from `cx`'s cluster (see [`TrustPolicy::service_range`]).
+    async fn config(&self, cx: &Context) -> Result<Kubeconfig> {
+        match &self.secret {
+            Some(secret) => secret.config_on(Some(cx.cluster())).await,
+            None => self.remote.config().await,
+        }
+    }
+
     /// The remote's kubeconfig as planning sees it: read as provision reads
     /// it (the same Secret read and trust rules), with what is missing
     /// told apart from what fails.
-    async fn read_config(&self) -> Result<Read> {
+    async fn read_config(&self, cx: &Context) -> Result<Read> {
         if let Some(secret) = &self.secret {
-            return secret.read().await;
+            return secret.read_on(Some(cx.cluster())).await;
         }
         match self.remote.config().await {
             Ok(kubeconfig) => Ok(Read::Kubeconfig(Box::new(kubeconfig))),
@@ -407,7 +417,7 @@ impl Provisioner for RemoteClusterProvisioner {
     }
 
     async fn provision(&self, cx: &Context) -> Result<()> {
-        let kubeconfig = self.remote.config().await?;
+        let kubeconfig = self.config(cx).await?;
         if let Some(secret) = &self.secret {
             let names = Names::of(cx);
             secret.protect_for(&names.protection()).await?;
@@ -433,7 +443,7 @@ impl Provisioner for RemoteClusterProvisioner {
     }
 
     async fn deprovision(&self, cx: &Context) -> Result<()> {
-        let kubeconfig = match self.remote.config().await {
+        let kubeconfig = match self.config(cx).await {
             Ok(kubeconfig) => kubeconfig,
             Err(error) if error.kind() == ErrorKind::NotFound => {
                 // The cluster went away with its kubeconfig; its contents went with it.
@@ -479,7 +489,7 @@ impl Provisioner for RemoteClusterProvisioner {
     /// transient error, retried by the caller): an unknown there would make
     /// the plan, and its digest, change with every network blip.
     async fn plan(&self, cx: &Context, operation: Operation) -> Result<Plan> {
-        let kubeconfig = match self.read_config().await? {
+        let kubeconfig = match self.read_config(cx).await? {
             Read::Kubeconfig(kubeconfig) => kubeconfig,
             Read::Missing(Missing { gone: true, .. }) if operation == Operation::Deprovision => {
                 return Ok(self

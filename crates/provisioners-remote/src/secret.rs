@@ -53,6 +53,8 @@ pub struct SecretKubeconfig {
     key: String,
     trust_local_references: bool,
     trust: TrustPolicy,
+    /// The cluster whose service range the trust policy learns.
+    ranges_of: Option<provisioners_core::Cluster>,
 }
 
 impl SecretKubeconfig {
@@ -76,6 +78,7 @@ impl SecretKubeconfig {
             key: DEFAULT_KEY.to_owned(),
             trust_local_references: false,
             trust: TrustPolicy::default(),
+            ranges_of: None,
         }
     }
 
@@ -91,6 +94,17 @@ impl SecretKubeconfig {
     /// loopback, link-local or service-range server).
     pub fn trust(mut self, policy: TrustPolicy) -> Self {
         self.trust = policy;
+        self
+    }
+
+    /// Learns the service range the [trust policy](TrustPolicy::service_range)
+    /// denies from `cluster` (the cluster the Secret is read on, usually
+    /// `cx.cluster()`), once per cluster. A
+    /// [`RemoteClusterProvisioner`](crate::RemoteClusterProvisioner) uses its
+    /// context's cluster when this is not set; without either, kubeadm's
+    /// default range is denied.
+    pub fn service_range_of(mut self, cluster: &provisioners_core::Cluster) -> Self {
+        self.ranges_of = Some(cluster.clone());
         self
     }
 
@@ -338,7 +352,14 @@ impl SecretKubeconfig {
     ///
     /// The Secret cannot be read (the API failed or refused), or its
     /// kubeconfig breaks the trust rules.
-    pub(crate) async fn read(&self) -> Result<Read> {
+    ///
+    /// The service range the trust policy denies is learned from the
+    /// cluster set with [`service_range_of`](Self::service_range_of), else
+    /// from `cluster`.
+    pub(crate) async fn read_on(
+        &self,
+        cluster: Option<&provisioners_core::Cluster>,
+    ) -> Result<Read> {
         let secrets: Api<Secret> = Api::namespaced(self.client.clone(), &self.namespace);
         let missing = |gone, reason| Ok(Read::Missing(Missing { gone, reason }));
         let Some(secret) = secrets
@@ -392,7 +413,18 @@ impl SecretKubeconfig {
                 self.describe()
             )));
         }
-        self.trust.check(&kubeconfig, &self.describe()).await?;
+        let learned = match self.ranges_of.as_ref().or(cluster) {
+            Some(cluster) if self.trust.learns_service_range() => {
+                Some(crate::service_range::of(cluster).await)
+            }
+            _ => None,
+        };
+        let learned = learned
+            .as_ref()
+            .map(|l| (l.ranges.as_slice(), l.source.as_str()));
+        self.trust
+            .check(&kubeconfig, &self.describe(), learned)
+            .await?;
         Ok(Read::Kubeconfig(Box::new(kubeconfig)))
     }
 }
@@ -404,7 +436,18 @@ impl RemoteCluster for SecretKubeconfig {
     }
 
     async fn config(&self) -> Result<Kubeconfig> {
-        match self.read().await? {
+        self.config_on(None).await
+    }
+}
+
+impl SecretKubeconfig {
+    /// [`RemoteCluster::config`], learning the service range as
+    /// [`read_on`](Self::read_on) does.
+    pub(crate) async fn config_on(
+        &self,
+        cluster: Option<&provisioners_core::Cluster>,
+    ) -> Result<Kubeconfig> {
+        match self.read_on(cluster).await? {
             Read::Kubeconfig(kubeconfig) => Ok(*kubeconfig),
             Read::Missing(Missing { gone: true, reason }) => Err(Error::not_found(reason)),
             Read::Missing(Missing {

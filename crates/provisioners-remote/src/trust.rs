@@ -7,7 +7,8 @@
 //! turn off what authenticates the server. So by default: `https` only, no
 //! `proxy-url`, no `insecure-skip-tls-verify`, no `tls-server-name`, and no
 //! server whose address (literal, or each address its name resolves to) is
-//! loopback, link-local, unspecified or in the cluster's service range.
+//! loopback, link-local, unspecified or in the cluster's service range
+//! (learned from the cluster, see [`TrustPolicy::service_range`]).
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -15,8 +16,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use kube::config::Kubeconfig;
 use provisioners_core::{Error, Result};
 
-/// The service range denied by default: kubeadm's default
-/// `--service-cluster-ip-range`. Set yours with [`TrustPolicy::service_range`].
+/// kubeadm's default `--service-cluster-ip-range`: denied when the
+/// cluster's own range is not known (see [`TrustPolicy::service_range`]).
 pub const DEFAULT_SERVICE_RANGE: &str = "10.96.0.0/12";
 
 /// What a kubeconfig read from a Secret may ask of this process.
@@ -53,7 +54,8 @@ pub struct TrustPolicy {
     denied_hosts: Vec<String>,
     allowed_ranges: Vec<IpRange>,
     denied_ranges: Vec<IpRange>,
-    service_range: IpRange,
+    /// `None`: the cluster's own, learned from it.
+    service_range: Option<IpRange>,
     resolve: bool,
 }
 
@@ -76,8 +78,7 @@ impl Default for TrustPolicy {
             denied_hosts: vec!["localhost".into(), "*.localhost".into()],
             allowed_ranges: Vec::new(),
             denied_ranges: denied.iter().filter_map(|r| IpRange::parse(r)).collect(),
-            service_range: IpRange::parse(DEFAULT_SERVICE_RANGE)
-                .unwrap_or(IpRange::single(IpAddr::V4(Ipv4Addr::UNSPECIFIED))),
+            service_range: None,
             resolve: true,
         }
     }
@@ -96,7 +97,7 @@ impl TrustPolicy {
             denied_hosts: Vec::new(),
             allowed_ranges: Vec::new(),
             denied_ranges: Vec::new(),
-            service_range: IpRange::single(IpAddr::V6(Ipv6Addr::UNSPECIFIED)),
+            service_range: Some(IpRange::single(IpAddr::V6(Ipv6Addr::UNSPECIFIED))),
             resolve: false,
         }
     }
@@ -146,12 +147,30 @@ impl TrustPolicy {
         self
     }
 
-    /// The cluster's service range (`--service-cluster-ip-range`), denied;
-    /// default [`DEFAULT_SERVICE_RANGE`]. An `Invalid` error when `cidr` is
-    /// not `address/prefix`.
+    /// The cluster's service range (`--service-cluster-ip-range`), denied,
+    /// instead of the one learned from the cluster. An `Invalid` error when
+    /// `cidr` is not `address/prefix`.
+    ///
+    /// By default the range is the cluster's own, read once per cluster
+    /// (kept on the [`Cluster`](provisioners_core::Cluster)'s state) from
+    /// the cluster the Secret is read on: its `ServiceCIDR` objects
+    /// (`networking.k8s.io/v1`, Kubernetes 1.33+; RBAC `list` on
+    /// `servicecidrs`), else the /16 (IPv6: /108) around the `kubernetes`
+    /// Service's address in `default` (RBAC `get` on that Service), else
+    /// [kubeadm's default](DEFAULT_SERVICE_RANGE). A refusal names the range
+    /// and where it came from. A [`SecretKubeconfig`](crate::SecretKubeconfig)
+    /// read outside a [`RemoteClusterProvisioner`](crate::RemoteClusterProvisioner)
+    /// without [`SecretKubeconfig::service_range_of`](crate::SecretKubeconfig::service_range_of)
+    /// knows no cluster, and denies kubeadm's default.
     pub fn service_range(mut self, cidr: &str) -> Result<Self> {
-        self.service_range = IpRange::parse_named(cidr)?;
+        self.service_range = Some(IpRange::parse_named(cidr)?);
         Ok(self)
+    }
+
+    /// Whether the service range is learned from the cluster (no explicit
+    /// [`service_range`](TrustPolicy::service_range)).
+    pub(crate) fn learns_service_range(&self) -> bool {
+        self.service_range.is_none()
     }
 
     /// Refuses servers with an address in `cidr`, besides the defaults.
@@ -179,8 +198,15 @@ impl TrustPolicy {
     /// Checks `kubeconfig`, read from `from` (the Secret, for messages):
     /// every cluster entry, since any context may be selected. Errors are
     /// `Invalid`, naming `from`, the entry and the field, never a
-    /// credential (a server's user-info is never quoted).
-    pub(crate) async fn check(&self, kubeconfig: &Kubeconfig, from: &str) -> Result<()> {
+    /// credential (a server's user-info is never quoted). `learned`: the
+    /// cluster's service ranges and where they come from, where the policy
+    /// learns them.
+    pub(crate) async fn check(
+        &self,
+        kubeconfig: &Kubeconfig,
+        from: &str,
+        learned: Option<(&[IpRange], &str)>,
+    ) -> Result<()> {
         for named in &kubeconfig.clusters {
             let Some(cluster) = &named.cluster else {
                 continue;
@@ -240,7 +266,7 @@ impl TrustPolicy {
                 .trim_start_matches('[')
                 .trim_end_matches(']')
                 .to_ascii_lowercase();
-            self.check_host(&host, uri.port_u16().unwrap_or(443))
+            self.check_host(&host, uri.port_u16().unwrap_or(443), learned)
                 .await
                 .map_err(|why| {
                     Error::invalid(format!(
@@ -253,7 +279,12 @@ impl TrustPolicy {
     }
 
     /// Why `host` is refused, if it is.
-    async fn check_host(&self, host: &str, port: u16) -> std::result::Result<(), String> {
+    async fn check_host(
+        &self,
+        host: &str,
+        port: u16,
+        learned: Option<(&[IpRange], &str)>,
+    ) -> std::result::Result<(), String> {
         if self.denied_hosts.iter().any(|p| matches_host(p, host)) {
             return Err(format!(
                 "names host {host}, which is denied; use another server, or change \
@@ -278,20 +309,34 @@ impl TrustPolicy {
                 Err(e) => return Err(format!("names host {host}, which does not resolve ({e})")),
             },
         };
+        let service: (Vec<IpRange>, &str) = match (&self.service_range, learned) {
+            (Some(explicit), _) => (vec![*explicit], "TrustPolicy::service_range"),
+            (None, Some((ranges, source))) => (ranges.to_vec(), source),
+            (None, None) => (
+                IpRange::parse(DEFAULT_SERVICE_RANGE).into_iter().collect(),
+                "kubeadm's default service range (no cluster to learn it from)",
+            ),
+        };
         for address in addresses {
-            if let Some(range) = self.denied(address) {
+            if let Some(range) = self.denied(address, &service.0) {
+                let from = if service.0.contains(&range) {
+                    format!("the cluster's service range, from {}", service.1)
+                } else {
+                    "loopback, link-local or unspecified".to_owned()
+                };
                 return Err(format!(
-                    "leads to address {address} (host {host}), in the denied range {range}; \
-                     use a server outside loopback, link-local and the cluster's service \
-                     range, or opt in with TrustPolicy::allow_range"
+                    "leads to address {address} (host {host}), in the denied range {range} \
+                     ({from}); use a server outside loopback, link-local and the cluster's \
+                     service range, or opt in with TrustPolicy::allow_range"
                 ));
             }
         }
         Ok(())
     }
 
-    /// The denied range holding `address`, unless an allowed one holds it.
-    fn denied(&self, address: IpAddr) -> Option<IpRange> {
+    /// The denied range (of the defaults and `service`) holding `address`,
+    /// unless an allowed one holds it.
+    fn denied(&self, address: IpAddr, service: &[IpRange]) -> Option<IpRange> {
         let address = match address {
             IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(address, IpAddr::V4),
             v4 => v4,
@@ -301,7 +346,7 @@ impl TrustPolicy {
         }
         self.denied_ranges
             .iter()
-            .chain(std::iter::once(&self.service_range))
+            .chain(service)
             .find(|r| r.contains(address))
             .copied()
     }
@@ -318,7 +363,7 @@ fn matches_host(pattern: &str, host: &str) -> bool {
 
 /// An address range, `address/prefix`.
 #[derive(Clone, Copy, PartialEq, Eq)]
-struct IpRange {
+pub(crate) struct IpRange {
     address: IpAddr,
     prefix: u8,
 }
@@ -329,7 +374,28 @@ impl IpRange {
         IpRange { address, prefix }
     }
 
-    fn parse(text: &str) -> Option<Self> {
+    /// The `/prefix` range that holds `address` (its host bits cleared).
+    pub(crate) fn around(address: IpAddr, prefix: u8) -> Self {
+        let address = match address {
+            IpAddr::V4(a) => {
+                let prefix = u32::from(prefix.min(32));
+                let mask = u32::MAX.checked_shl(32 - prefix).unwrap_or(0);
+                IpAddr::V4(Ipv4Addr::from(u32::from(a) & mask))
+            }
+            IpAddr::V6(a) => {
+                let prefix = u32::from(prefix.min(128));
+                let mask = u128::MAX.checked_shl(128 - prefix).unwrap_or(0);
+                IpAddr::V6(Ipv6Addr::from(u128::from(a) & mask))
+            }
+        };
+        let max = if address.is_ipv4() { 32 } else { 128 };
+        IpRange {
+            address,
+            prefix: prefix.min(max),
+        }
+    }
+
+    pub(crate) fn parse(text: &str) -> Option<Self> {
         let (address, prefix) = text.split_once('/')?;
         let address: IpAddr = address.parse().ok()?;
         let prefix: u8 = prefix.parse().ok()?;
@@ -396,7 +462,7 @@ mod tests {
             .enable_all()
             .build()
             .unwrap();
-        match runtime.block_on(policy.check(&kubeconfig(cluster), FROM)) {
+        match runtime.block_on(policy.check(&kubeconfig(cluster), FROM, None)) {
             Ok(()) => String::new(),
             Err(e) => {
                 assert_eq!(e.kind(), provisioners_core::ErrorKind::Invalid, "{e}");
@@ -480,7 +546,7 @@ mod tests {
             let yaml = format!("apiVersion: v1\nclusters:\n- name: c\n  cluster:\n    server: \"{server}\"\n{extra}\nusers:\n- name: u\n  user:\n    token: s3cr3t-token\n");
             if let Ok(kubeconfig) = Kubeconfig::from_yaml(&yaml) {
                 let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-                if let Err(e) = runtime.block_on(policy.check(&kubeconfig, FROM)) {
+                if let Err(e) = runtime.block_on(policy.check(&kubeconfig, FROM, None)) {
                     let text = e.to_string();
                     prop_assert!(text.contains(FROM));
                     prop_assert!(!text.contains("s3cr3t"));

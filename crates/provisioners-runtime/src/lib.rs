@@ -166,8 +166,8 @@ pub use lease::LeaderElection;
 pub use managed::Managed;
 pub use predicate::significant_change;
 pub use reconciler::{
-    DEFAULT_PAUSED_ANNOTATION, DEFAULT_REQUEUE, DEFAULT_WAITING_FIELD, ReconcileObserver,
-    ReconcileResult, Reconciler,
+    DEFAULT_OWNER_KEY_SECRET, DEFAULT_PAUSED_ANNOTATION, DEFAULT_REQUEUE, DEFAULT_WAITING_FIELD,
+    ReconcileObserver, ReconcileResult, Reconciler,
 };
 pub use requeue::{DEFAULT_ERROR_BACKOFF, DEFAULT_MAX_ERROR_BACKOFF, DEFAULT_RESYNC};
 pub use summary::{MAX_MESSAGE, WaitingNode};

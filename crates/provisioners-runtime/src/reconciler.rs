@@ -23,6 +23,7 @@ use crate::target::{Report, Target};
 use crate::wakes::{DEFAULT_WAKE_BACKSTOP, Wakes};
 use crate::{approval, kubeconfigs, status, summary};
 
+mod keys;
 mod next;
 mod supersede;
 mod wake;
@@ -116,7 +117,10 @@ pub struct Reconciler {
     in_flight: InFlight,
     wakes: Wakes,
     wake_backstop: Duration,
+    owner_keys: keys::KeySource,
 }
+
+pub use keys::DEFAULT_OWNER_KEY_SECRET;
 
 impl fmt::Debug for Reconciler {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -134,6 +138,7 @@ impl fmt::Debug for Reconciler {
             .field("in_flight", &self.in_flight.len())
             .field("wakes", &self.wakes.listened())
             .field("wake_backstop", &self.wake_backstop)
+            .field("owner_keys", &self.owner_keys)
             .finish_non_exhaustive()
     }
 }
@@ -159,6 +164,7 @@ impl Reconciler {
             in_flight: InFlight::default(),
             wakes: Wakes::default(),
             wake_backstop: DEFAULT_WAKE_BACKSTOP,
+            owner_keys: keys::KeySource::default(),
         }
     }
 
@@ -342,8 +348,8 @@ impl Reconciler {
             .in_flight
             .start(target.key.clone(), spec, self.context.cancellation());
         let mut cx = self
-            .context
-            .clone()
+            .tree_context()
+            .await?
             .with_owner(Owner::of(object))
             .with_cancellation(run.token().clone());
         let wake = self.wakes.for_object(target.namespace(), target.name());

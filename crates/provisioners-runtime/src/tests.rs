@@ -21,16 +21,18 @@ use serde_json::{Value, json};
 use crate::Reconciler;
 
 mod approval;
+mod keys;
 mod requeue;
 
 const FINALIZER: &str = "example.com/platform";
 
 /// A reconciler whose every request is answered by the returned mock. Its
 /// cluster is unmanaged (no client policy): every request the flow makes is
-/// one the test answers.
+/// one the test answers. Without owner keys (`keys.rs` tests them), so the
+/// flow's requests are the reconcile's own.
 fn mocked() -> (Reconciler, ApiMock) {
     let (cx, api) = mock::context();
-    (Reconciler::new(cx, FINALIZER), api)
+    (Reconciler::new(cx, FINALIZER).no_owner_keys(), api)
 }
 
 /// An object as a controller would hand it over.

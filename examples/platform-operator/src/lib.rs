@@ -41,7 +41,7 @@ use kube::runtime::{PredicateConfig, WatchStreamExt, reflector, watcher};
 use kube::{Api, CustomResourceExt, ResourceExt};
 use provisioners::helm::Chart;
 use provisioners::remote::{SecretKubeconfig, TrustPolicy};
-use provisioners::runtime::{LeaderElection, significant_change};
+use provisioners::runtime::{DEFAULT_OWNER_KEY_SECRET, LeaderElection, significant_change};
 use provisioners::{
     Budget, Concurrent, Conditional, Context, Error, Fleet, HelmRelease, Managed, Manifest,
     Members, Provisioner, Reconciler, RemoteClusterProvisioner, Rollout, Serial,
@@ -369,6 +369,10 @@ pub struct Options {
     /// every reconcile). The approval gate works without it, but then only
     /// the condition message names the digest.
     pub plan_status: bool,
+    /// The Secret holding the owner keys, as `(namespace, name)`: the
+    /// reconciler loads or creates it before the first tree runs (`None`
+    /// namespace: the client's; default name `provisioners-owner-key`).
+    pub owner_key_secret: (Option<String>, String),
 }
 
 /// Reconciles at once unless [`Options::concurrency`] says otherwise: four
@@ -390,6 +394,7 @@ impl Options {
             leader_election: None,
             concurrency: DEFAULT_CONCURRENCY,
             plan_status: false,
+            owner_key_secret: (None, DEFAULT_OWNER_KEY_SECRET.to_owned()),
         }
     }
 
@@ -443,7 +448,12 @@ async fn run_controller(
     // tree declares; a no-op pass of this tree is about 9 reads and no
     // write, docs/benchmarks.md), and a tree that fails for good is retried
     // after 5 s doubling to 5 minutes, not at every requeue.
-    let mut reconciler = Reconciler::new(cx, FINALIZER).requeue_after(options.requeue);
+    // Owner keys are on by default: loaded or created before the first
+    // tree runs; what was written before them is adopted once.
+    let (key_namespace, key_secret) = &options.owner_key_secret;
+    let mut reconciler = Reconciler::new(cx, FINALIZER)
+        .requeue_after(options.requeue)
+        .owner_key_secret(key_namespace.as_deref(), key_secret.clone());
     if let Some(instance) = &options.events {
         reconciler = reconciler.events(Reporter {
             controller: FIELD_MANAGER.to_owned(),

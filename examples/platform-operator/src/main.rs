@@ -1,7 +1,7 @@
 //! The Platform operator:
 //! `platform-operator [--crd] [--helm PATH] [--charts DIR] [--metrics-addr ADDR] [--leader-elect]
 //! [--shard SELECTOR] [--concurrency N] [--plan-status] [--log-format text|json]
-//! [--allow-remote-range CIDR]... [--owner-key-secret NAME]`.
+//! [--allow-remote-range CIDR]... [--service-range CIDR] [--owner-key-secret NAME]`.
 //!
 //! With `--crd`, prints the `Platform` CRD (JSON, as `kubectl apply -f -`
 //! takes it). Otherwise installs the CRD, then reconciles `Platform`s on the
@@ -28,6 +28,9 @@
 //!   lead to an address range the trust policy denies by default (loopback,
 //!   link-local, the service range): `127.0.0.0/8` for clusters on this
 //!   machine, as in local development;
+//! - `--service-range` (default: learned from the cluster, its
+//!   `ServiceCIDR` objects or the `kubernetes` Service's address) is the
+//!   cluster's service range, which a remote kubeconfig may not lead into;
 //! - `--owner-key-secret` (default `provisioners-owner-key`) names the
 //!   Secret in `POD_NAMESPACE` (default: the client's namespace) holding
 //!   the key that signs ownership stamps; it is created when missing.
@@ -48,14 +51,15 @@ use platform_operator::{
     FIELD_MANAGER, Options, Platform, Settings, check_charts, install_crd, run_with,
 };
 use prometheus_client::registry::Registry;
+use provisioners::Context;
 use provisioners::runtime::LeaderElection;
-use provisioners::{Context, OwnerKeys};
 use provisioners_runtime::metrics::{Metrics, Probes, serve};
 
 const USAGE: &str = "usage: platform-operator [--crd] [--helm PATH] [--charts DIR] \
                      [--metrics-addr ADDR|off] [--leader-elect] [--shard SELECTOR] \
                      [--concurrency N] [--plan-status] [--log-format text|json] \
-                     [--allow-remote-range CIDR]... [--owner-key-secret NAME]";
+                     [--allow-remote-range CIDR]... [--service-range CIDR] \
+                     [--owner-key-secret NAME]";
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -73,7 +77,8 @@ async fn main() -> anyhow::Result<()> {
     let mut concurrency = platform_operator::DEFAULT_CONCURRENCY;
     let mut plan_status = false;
     let mut remote_ranges = Vec::new();
-    let mut owner_key_secret = String::from("provisioners-owner-key");
+    let mut service_range = None;
+    let mut owner_key_secret = provisioners::runtime::DEFAULT_OWNER_KEY_SECRET.to_owned();
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
@@ -106,6 +111,10 @@ async fn main() -> anyhow::Result<()> {
             "--allow-remote-range" => {
                 remote_ranges.push(args.next().context("--allow-remote-range needs a CIDR")?);
             }
+            "--service-range" => {
+                let range = args.next().context("--service-range needs a CIDR")?;
+                service_range = Some(range);
+            }
             "--owner-key-secret" => {
                 owner_key_secret = args.next().context("--owner-key-secret needs a name")?;
             }
@@ -119,6 +128,12 @@ async fn main() -> anyhow::Result<()> {
         settings.charts = charts.into();
     }
     check_charts(&settings.charts)?;
+    if let Some(range) = &service_range {
+        settings.remote_trust = settings
+            .remote_trust
+            .service_range(range)
+            .map_err(|e| anyhow::anyhow!("--service-range {range}: {e}"))?;
+    }
     for range in &remote_ranges {
         settings.remote_trust = settings
             .remote_trust
@@ -135,14 +150,6 @@ async fn main() -> anyhow::Result<()> {
     let cx = Context::new(provisioners::client::infer().await?)
         .with_field_manager(FIELD_MANAGER)
         .with_observer(metrics.clone());
-    // Ownership stamps are signed with a key only the operator can read, so
-    // a tenant who can patch an object cannot make our prune delete it.
-    let key_namespace = std::env::var("POD_NAMESPACE")
-        .unwrap_or_else(|_| cx.client().default_namespace().to_owned());
-    let keys = OwnerKeys::load_or_create(cx.client(), &key_namespace, &owner_key_secret)
-        .await
-        .with_context(|| format!("the owner key Secret {key_namespace}/{owner_key_secret}"))?;
-    let cx = cx.with_extension(keys);
     let shutdown = cx.cancellation().clone();
 
     let health = Probes::default();
@@ -200,6 +207,10 @@ async fn main() -> anyhow::Result<()> {
     options.shard = shard;
     options.concurrency = concurrency;
     options.plan_status = plan_status;
+    // Ownership stamps are signed with a key only the operator can read, so
+    // a tenant who can patch an object cannot make our prune delete it; the
+    // reconciler loads or creates it (see `Reconciler::owner_key_secret`).
+    options.owner_key_secret = (std::env::var("POD_NAMESPACE").ok(), owner_key_secret);
     // Standbys are ready too: readiness says the process works, not that it leads.
     health.set_ready(true);
     tracing::info!(cluster = cx.cluster().id(), "reconciling Platforms");

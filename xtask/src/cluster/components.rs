@@ -189,6 +189,17 @@ fn etcd(layout: &Layout) -> Vec<String> {
     ]
 }
 
+/// The service range of cluster `name`: the `remote` cluster's lies
+/// outside kubeadm's default (`10.96.0.0/12`), so a test can tell a range
+/// learned from the cluster from that default.
+pub(super) fn service_range(name: &str) -> &'static str {
+    if name == "remote" {
+        "10.112.0.0/16"
+    } else {
+        "10.96.0.0/16"
+    }
+}
+
 fn kube_apiserver(layout: &Layout) -> Vec<String> {
     vec![
         format!("--etcd-servers={}", layout.etcd_url()),
@@ -205,7 +216,7 @@ fn kube_apiserver(layout: &Layout) -> Vec<String> {
             "--service-account-signing-key-file={}",
             layout.pki("sa.key")
         ),
-        "--service-cluster-ip-range=10.96.0.0/16".to_owned(),
+        format!("--service-cluster-ip-range={}", service_range(&layout.name)),
         "--authorization-mode=Node,RBAC".to_owned(),
         "--allow-privileged=true".to_owned(),
         // Endpoints may not hold loopback addresses; nothing in-cluster dials the apiserver.

@@ -192,6 +192,7 @@ fn member(
     trust: Option<&TrustPolicy>,
 ) -> Member {
     let mut remote = SecretKubeconfig::new(cx.client().clone(), namespace, secret.name.clone())
+        .service_range_of(cx.cluster())
         .key(KUBECONFIG_KEY)
         .cluster_id(format!("{namespace}.{name}"));
     if let Some(trust) = trust {

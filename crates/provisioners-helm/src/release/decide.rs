@@ -61,7 +61,9 @@ impl HelmRelease {
         let Some(revision) = latest.filter(|revision| revision.is_deployed_with(digest)) else {
             return Ok(Decision::Change);
         };
-        if mode == Mode::Write && Self::unsealed_looking(cx, revision) {
+        if mode == Mode::Write
+            && (Self::unsealed_looking(cx, revision) || self.awaits_adoption(cx, revision).await?)
+        {
             return Ok(Decision::Change);
         }
         // A record says "nothing to do" only once it is proven ours (with

@@ -17,6 +17,7 @@
 //! [`render`], compared by [`compare`] with the prior and live objects).
 //! [`plan`] describes the same decisions.
 
+mod adopt;
 mod args;
 mod background;
 mod classify;

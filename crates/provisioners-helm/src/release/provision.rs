@@ -104,13 +104,26 @@ impl Provisioner for HelmRelease {
             if let Some(revision) = &latest {
                 self.refuse_foreign(cx, revision, "upgrade")?;
                 let settled = revision.is_deployed_with(digest.as_deref());
-                if settled && !Self::unsealed_looking(cx, revision) {
+                let number = revision.number;
+                if settled
+                    && !Self::unsealed_looking(cx, revision)
+                    && !self.awaits_adoption(cx, revision).await?
+                {
                     return self.settled(cx, revision).await;
                 }
                 // With owner keys, helm acts on no record we cannot prove
                 // we wrote (one our own interrupted run left unsealed is removed).
                 if self.trust_records(cx).await? {
                     latest = storage::latest(cx.client(), &self.namespace, &self.release).await?;
+                    // Records written before the keys, adopted: nothing to run.
+                    if let Some(now) = &latest
+                        && settled
+                        && now.number == number
+                        && now.is_deployed_with(digest.as_deref())
+                        && !self.awaits_adoption(cx, now).await?
+                    {
+                        return self.settled(cx, now).await;
+                    }
                 } else if settled {
                     // Only our owner was missing on a record that verifies:
                     // the process died between the seal and the annotation.

@@ -374,12 +374,22 @@ impl HelmRelease {
             storage::forget(cx.client(), &self.namespace, &revision).await?;
             return Ok(true);
         }
-        if self.adopt_unsigned {
+        // Written before owner keys existed: adopted while the keys are new.
+        let before_keys = if self.adopt_unsigned {
+            None
+        } else {
+            let listed: Vec<&Record> = unverified.iter().map(|(record, _)| *record).collect();
+            Some(self.written_before_keys(cx, &records, &listed).await?)
+        };
+        if self.adopt_unsigned || before_keys.as_ref().is_some_and(|old| !old.is_empty()) {
             let (unsigned, rest): (Vec<_>, Vec<_>) =
                 unverified.into_iter().partition(|(record, _)| {
                     record.mac.is_none()
                         && (record.owner.is_none() || record.owner.as_deref() == owner)
                         && record.payload.is_ok()
+                        && before_keys
+                            .as_ref()
+                            .is_none_or(|old| old.contains(&record.secret))
                 });
             unverified = rest;
             if unverified.is_empty() {
@@ -389,11 +399,13 @@ impl HelmRelease {
                     };
                     tracing::warn!(
                         release = %self.id(), record = %record.secret,
-                        "sealing a record written before owner keys were configured \
-                         (adopt_unsigned_records)"
+                        "sealing a record written before owner keys were configured"
                     );
-                    self.seal_as(cx, &self.sealing(cx), number, &Expect::Adopting)
-                        .await?;
+                    let expect = match before_keys {
+                        Some(_) => Expect::AdoptingWrittenBefore,
+                        None => Expect::Adopting,
+                    };
+                    self.seal_as(cx, &self.sealing(cx), number, &expect).await?;
                 }
                 return Ok(true);
             }

@@ -105,6 +105,11 @@ pub(crate) enum Expect {
     /// A record written before owner keys, taken as it is because the
     /// application said so ([`adopt_unsigned_records`](crate::HelmRelease::adopt_unsigned_records)).
     Adopting,
+    /// A record written before owner keys, adopted because the API server
+    /// created its Secret before the keys, while they are new
+    /// ([`OwnerKeys::adopts_unsigned`]), checked again on the Secret read
+    /// for the seal (a record replaced meanwhile is newer).
+    AdoptingWrittenBefore,
     /// Nothing to compare with: only without owner keys, where nothing is
     /// authenticated.
     Unknown,
@@ -375,6 +380,8 @@ pub(crate) async fn seal(
         return Ok(None);
     };
     let resource_version = secret.metadata.resource_version.clone();
+    let created =
+        (secret.metadata.creation_timestamp.as_ref()).map(|t| std::time::SystemTime::from(t.0));
     let record = record_of(secret).await;
     let labels_match = record.number == Some(revision);
     let annotations: BTreeMap<&str, Value> = owner
@@ -432,6 +439,8 @@ pub(crate) async fn seal(
                     .then_some("it does not hold the values helm was run with")
             }
             Expect::Adopting => None,
+            Expect::AdoptingWrittenBefore => (!created.is_some_and(|c| keys.adopts_unsigned(c)))
+                .then_some("it was created after the owner keys"),
             Expect::Unknown => Some("nothing says what helm wrote"),
         };
         if let Some(why) = rewritten {

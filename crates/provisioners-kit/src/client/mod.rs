@@ -40,6 +40,6 @@ mod tests;
 pub use connect::{connect, derive, in_cluster, infer, page_limit};
 pub use health::{Health, Unreachable};
 pub use policy::{
-    ClientPolicy, DEFAULT_BACKOFF, DEFAULT_PAGE_LIMIT, DEFAULT_REQUEST_TIMEOUT,
-    DEFAULT_RESPONSE_LIMIT, PolicyService, is_response_too_large,
+    ClientPolicy, DEFAULT_BACKOFF, DEFAULT_PAGE_LIMIT, DEFAULT_PROBE_AFTER,
+    DEFAULT_REQUEST_TIMEOUT, DEFAULT_RESPONSE_LIMIT, PolicyService, is_response_too_large,
 };

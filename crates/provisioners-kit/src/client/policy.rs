@@ -42,6 +42,12 @@ pub const DEFAULT_BACKOFF: [Duration; 4] = [
     Duration::from_millis(900),
 ];
 
+/// How long a request waits for its answer before a probe beside it asks
+/// whether the cluster answers at all, unless [`ClientPolicy::probe_after`]
+/// says otherwise: with the probe's 1 s timeout, a cluster that stopped
+/// answering costs a request about 2 s instead of its whole deadline.
+pub const DEFAULT_PROBE_AFTER: Duration = Duration::from_secs(1);
+
 /// A request its caller gives up on after waiting this long without an
 /// answer counts as timed out for the breaker: callers with a shorter
 /// deadline of their own (discovery's) must not hide a dead cluster.
@@ -76,11 +82,12 @@ pub(super) const ABANDONED_AFTER: Duration = Duration::from_secs(4);
 ///   invalid objects (400, 422) and missing objects (404) are never retried:
 ///   they need a decision, not patience.
 /// - **Circuit breaker**: after [`ClientPolicy::failure_threshold`]
-///   consecutive attempts that could not connect, or when a request times
-///   out and the probe sent beside it (a probe's timeout before its
-///   deadline, so it costs the request no time) finds no answer either
-///   (one slow request, or an aggregated API that does not answer, is not a
-///   dead cluster), the cluster is [unreachable](super::Health): every request fails
+///   consecutive attempts that could not connect, or when a request still
+///   without an answer after [`ClientPolicy::probe_after`] (1 s) sends a
+///   probe beside it (one per cluster at a time) and the probe finds no
+///   answer either, the request is given up at once and the cluster is
+///   [unreachable](super::Health) (a slow request on a cluster whose probe
+///   answers, a large LIST say, goes on to its deadline): every request fails
 ///   at once with a transient error naming the cluster, since when, and when
 ///   it is probed next. When the probe is due, one request (only one) sends
 ///   `GET /version` within [`ClientPolicy::probe_timeout`] first; any answer
@@ -110,6 +117,7 @@ pub struct ClientPolicy {
     pub(super) page_limit: usize,
     pub(super) threshold: u32,
     pub(super) probe_timeout: Duration,
+    pub(super) probe_after: Duration,
     pub(super) first_probe: Duration,
     pub(super) max_probe_interval: Duration,
 }
@@ -134,6 +142,7 @@ impl ClientPolicy {
             page_limit: DEFAULT_PAGE_LIMIT,
             threshold: 3,
             probe_timeout: Duration::from_secs(1),
+            probe_after: DEFAULT_PROBE_AFTER,
             first_probe: Duration::from_secs(1),
             max_probe_interval: Duration::from_secs(10),
         }
@@ -178,6 +187,15 @@ impl ClientPolicy {
     pub fn probe_interval(mut self, first: Duration, max: Duration) -> Self {
         self.first_probe = first;
         self.max_probe_interval = max.max(first);
+        self
+    }
+
+    /// Sends a probe beside a request still without an answer after
+    /// `slow` (default [`DEFAULT_PROBE_AFTER`]): a probe without an answer
+    /// gives the request up and opens the breaker; one that is answered
+    /// lets it go on to its deadline (probed again at doubling intervals).
+    pub fn probe_after(mut self, slow: Duration) -> Self {
+        self.probe_after = slow;
         self
     }
 

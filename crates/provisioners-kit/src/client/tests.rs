@@ -87,18 +87,48 @@ async fn transient_answers_are_retried_four_times_then_returned() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn an_attempt_without_an_answer_times_out_and_is_not_retried() {
+async fn an_attempt_without_an_answer_is_given_up_when_the_probe_beside_it_finds_none() {
     let (client, calls) = server(&[], &ClientPolicy::new());
+    let started = tokio::time::Instant::now();
     let error = get(&client).await.unwrap_err();
     assert_eq!(error.kind(), ErrorKind::Unavailable);
     assert!(error.is_transient());
     assert!(
-        error.to_string().contains("no answer within 20s"),
+        error
+            .to_string()
+            .contains("cluster `client` is unreachable"),
         "{error}"
     );
-    // The request and the probe sent beside it near its deadline; no
-    // second attempt.
+    // The probe went after 1 s and waited 1 s: not the 20 s deadline.
+    assert_eq!(started.elapsed(), Duration::from_secs(2));
+    // The request and the probe beside it; no second attempt.
     assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_slow_answer_on_a_cluster_whose_probes_answer_is_waited_for() {
+    // A large LIST that takes 15 s, on a server that answers probes.
+    let calls = Arc::new(AtomicU32::new(0));
+    let counted = Arc::clone(&calls);
+    let edge = cluster(&ClientPolicy::new(), move |request: Request<Body>| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        let probe = request.uri().path() == "/version";
+        async move {
+            if !probe {
+                tokio::time::sleep(Duration::from_secs(15)).await;
+            }
+            Ok::<_, kube::Error>(Response::new(Body::from(
+                br#"{"kind":"Namespace","apiVersion":"v1","metadata":{"name":"x"}}"#.to_vec(),
+            )))
+        }
+    });
+    let started = tokio::time::Instant::now();
+    get(edge.client()).await.unwrap();
+    assert_eq!(started.elapsed(), Duration::from_secs(15));
+    // Probes after 1, 3 and 7 s (doubling), each answered; then none fits
+    // before the 20 s deadline... the answer came first.
+    assert_eq!(calls.load(Ordering::SeqCst), 1 + 3);
+    assert!(Health::of(&edge).is_reachable());
 }
 
 #[tokio::test(start_paused = true)]
@@ -245,10 +275,13 @@ async fn a_request_without_an_answer_probes_beside_it_and_a_silent_cluster_is_un
     });
     let started = tokio::time::Instant::now();
     let error = get(edge.client()).await.unwrap_err();
-    assert!(error.to_string().contains("no answer within 3s"), "{error}");
-    // The probe went a probe's timeout before the deadline: the request
-    // took no longer than its deadline, and its verdict is in.
-    assert_eq!(started.elapsed(), Duration::from_secs(3));
+    assert!(
+        error.to_string().contains("cluster `edge` is unreachable"),
+        "{error}"
+    );
+    // The probe went after 1 s and found no answer within its 1 s: the
+    // request was given up then, not at its deadline.
+    assert_eq!(started.elapsed(), Duration::from_secs(2));
     assert_eq!(calls.load(Ordering::SeqCst), 2, "the request and a probe");
     assert!(!Health::of(&edge).is_reachable());
     // The pass after it returns at once, without a call, naming the cluster.
@@ -263,9 +296,9 @@ async fn a_request_without_an_answer_probes_beside_it_and_a_silent_cluster_is_un
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_timeout_with_a_probe_in_flight_leaves_the_verdict_to_the_next_request() {
-    // Two requests hang at once: only one probes beside it; the other's
-    // timeout makes the next request probe first.
+async fn of_two_silent_requests_one_probes_and_both_give_up_on_its_verdict() {
+    // Two requests hang at once: only one probes beside it; the other gives
+    // up as soon as that probe opened the breaker.
     let calls = Arc::new(AtomicU32::new(0));
     let counted = Arc::clone(&calls);
     let policy = ClientPolicy::new().request_timeout(Duration::from_secs(3));
@@ -273,8 +306,14 @@ async fn a_timeout_with_a_probe_in_flight_leaves_the_verdict_to_the_next_request
         counted.fetch_add(1, Ordering::SeqCst);
         std::future::pending::<Result<Response<Body>, kube::Error>>()
     });
+    let started = tokio::time::Instant::now();
     let (a, b) = tokio::join!(get(edge.client()), get(edge.client()));
     assert!(a.is_err() && b.is_err());
+    assert!(
+        started.elapsed() <= Duration::from_millis(2100),
+        "{:?}",
+        started.elapsed()
+    );
     assert_eq!(calls.load(Ordering::SeqCst), 3, "two requests, one probe");
     assert!(!Health::of(&edge).is_reachable());
 }
@@ -328,7 +367,9 @@ async fn a_timeout_on_a_cluster_whose_probe_answers_keeps_it_reachable() {
 
 #[tokio::test(start_paused = true)]
 async fn a_caller_that_gives_up_after_a_while_counts_as_a_timeout() {
-    let edge = cluster(&ClientPolicy::new(), move |_request: Request<Body>| {
+    // Probes late, so the caller gives up before any probe decides.
+    let policy = ClientPolicy::new().probe_after(Duration::from_secs(10));
+    let edge = cluster(&policy, move |_request: Request<Body>| {
         std::future::pending::<Result<Response<Body>, kube::Error>>()
     });
     let short = tokio::time::timeout(Duration::from_secs(1), get(edge.client())).await;

@@ -9,7 +9,7 @@ use kube::api::DynamicObject;
 use super::Manifest;
 use super::resolve::Resolved;
 use crate::object::Tier;
-use crate::ownership::{Ownership, PROTECTED_NAMESPACES, Stamp};
+use crate::ownership::{Ownership, PROTECTED_NAMESPACES, Stamp, UNSIGNED};
 use crate::unchanged;
 
 /// What was seen of one object before deciding (see [`look`](super::look)).
@@ -93,6 +93,10 @@ impl Manifest {
         let mut force = self.force;
         let takeover = match stamp.classify(&object.key, &live) {
             Ownership::Ours => {
+                if stamp.unverified(&object.key, &live) == Some(UNSIGNED) {
+                    // Written before owner keys: the apply signs it, once.
+                    tracing::info!(object = %object.key, "adopting an object stamped before owner keys were configured: its stamp is signed by this apply");
+                }
                 // On a metadata-only read this holds only for objects that
                 // are all metadata; anything else is applied.
                 if unchanged::is_applied(&live, &object.object, field_manager) {

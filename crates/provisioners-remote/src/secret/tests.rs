@@ -404,6 +404,7 @@ async fn plan_with(
     operation: provisioners_core::Operation,
     status: u16,
     reply: Value,
+    learns: bool,
 ) -> Result<provisioners_core::Plan> {
     let (cx, mut api) = mock::context();
     let remote = SecretKubeconfig::new(cx.client().clone(), "clusters", "tenant-a").trust(
@@ -414,19 +415,96 @@ async fn plan_with(
     let tree = crate::RemoteClusterProvisioner::new(remote).provision_on(crate::tests::PlanProbe);
     let plan = tokio::spawn(async move { cx.plan_operation(&tree, operation).await });
     api.expect(Method::GET, SECRET, status, reply).await;
+    if learns {
+        // A kubeconfig read is checked against the cluster's service
+        // range, learned once.
+        api.expect(Method::GET, CIDRS, 200, cidrs(&["10.0.0.0/24"]))
+            .await;
+    }
     tokio::time::timeout(std::time::Duration::from_secs(10), plan)
         .await
         .expect("planning made a request after reading the Secret (a finalizer?)")
         .unwrap()
 }
 
+const CIDRS: &str = "/apis/networking.k8s.io/v1/servicecidrs";
+
+fn cidrs(ranges: &[&str]) -> Value {
+    json!({"apiVersion": "networking.k8s.io/v1", "kind": "ServiceCIDRList", "metadata": {},
+           "items": [{"metadata": {"name": "kubernetes"}, "spec": {"cidrs": ranges}}]})
+}
+
+/// Reads Secret `clusters/tenant-a` holding a kubeconfig that leads to
+/// `server`, learning the service range on a cluster whose ServiceCIDR
+/// LIST gets `listed` and, when that is refused, whose `kubernetes` Service
+/// has `cluster_ip`. Returns the error's text.
+async fn refusal_on_learned_range(server: &str, listed: (u16, Value), cluster_ip: &str) -> String {
+    let (cx, mut api) = mock::context();
+    let remote = SecretKubeconfig::new(cx.client().clone(), "clusters", "tenant-a")
+        .service_range_of(cx.cluster());
+    let kubeconfig = INLINE.replace("https://127.0.0.1:6443", server);
+    let read = tokio::spawn(async move { remote.config().await });
+    api.expect(
+        Method::GET,
+        SECRET,
+        200,
+        secret(&[("kubeconfig", kubeconfig.as_bytes())]),
+    )
+    .await;
+    let refused = listed.0 != 200;
+    api.expect(Method::GET, CIDRS, listed.0, listed.1).await;
+    if refused {
+        let service = json!({"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": "kubernetes", "namespace": "default"},
+            "spec": {"clusterIP": cluster_ip}});
+        api.expect(
+            Method::GET,
+            "/api/v1/namespaces/default/services/kubernetes",
+            200,
+            service,
+        )
+        .await;
+    }
+    match read.await.unwrap() {
+        Ok(_) => String::new(),
+        Err(e) => {
+            assert_eq!(e.kind(), ErrorKind::Invalid, "{e}");
+            e.to_string()
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_service_range_denied_is_the_clusters_own_and_the_refusal_says_where_it_came_from() {
+    let text =
+        refusal_on_learned_range("https://10.0.0.7:6443", (200, cidrs(&["10.0.0.0/24"])), "").await;
+    assert!(text.contains("denied range 10.0.0.0/24"), "{text}");
+    assert!(text.contains("ServiceCIDR objects (kubernetes)"), "{text}");
+    // kubeadm's default range is not the cluster's: allowed.
+    let text =
+        refusal_on_learned_range("https://10.96.0.1", (200, cidrs(&["10.0.0.0/24"])), "").await;
+    assert_eq!(text, "");
+    // No ServiceCIDR API (or no right to list it): the kubernetes Service.
+    let text = refusal_on_learned_range("https://172.20.9.9", (404, json!({})), "172.20.0.1").await;
+    assert!(text.contains("denied range 172.20.0.0/16"), "{text}");
+    assert!(
+        text.contains("`kubernetes` Service's address 172.20.0.1"),
+        "{text}"
+    );
+}
+
 #[tokio::test]
 async fn planning_reads_the_secret_adds_no_finalizer_and_plans_on_the_remote() {
     use provisioners_core::Operation;
     for operation in [Operation::Provision, Operation::Deprovision] {
-        let plan = plan_with(operation, 200, secret(&[("kubeconfig", INLINE.as_bytes())]))
-            .await
-            .unwrap();
+        let plan = plan_with(
+            operation,
+            200,
+            secret(&[("kubeconfig", INLINE.as_bytes())]),
+            true,
+        )
+        .await
+        .unwrap();
         assert_eq!(plan.cluster(), Some("clusters.tenant-a"));
         assert_eq!(plan.note(), Some("clusters.tenant-a probe"));
         assert_eq!(plan.operation(), operation);
@@ -459,7 +537,7 @@ async fn a_missing_secret_or_key_plans_as_unknown_naming_them_without_their_cont
         ),
     ];
     for (status, reply, says) in cases {
-        let plan = plan_with(Operation::Provision, status, reply.clone())
+        let plan = plan_with(Operation::Provision, status, reply.clone(), false)
             .await
             .expect("unknown, not an error");
         let reason = plan.unknown_reason().expect("unknown");
@@ -475,7 +553,7 @@ async fn a_missing_secret_or_key_plans_as_unknown_naming_them_without_their_cont
         // To deprovision: a Secret that is gone is nothing to do (deprovision
         // counts the subtree as gone); a broken one is unknown (deprovision
         // would fail).
-        let plan = plan_with(Operation::Deprovision, status, reply)
+        let plan = plan_with(Operation::Deprovision, status, reply, false)
             .await
             .unwrap();
         assert_eq!(plan.has_changes(), status != 404, "{plan}");
@@ -492,6 +570,7 @@ async fn a_kubeconfig_the_trust_rules_refuse_fails_the_plan() {
         provisioners_core::Operation::Provision,
         200,
         secret(&[("kubeconfig", exec.as_bytes())]),
+        false,
     )
     .await
     .unwrap_err();
@@ -505,9 +584,14 @@ async fn a_kubeconfig_the_trust_rules_refuse_fails_the_plan() {
 
 #[tokio::test]
 async fn a_failed_read_fails_the_plan_with_the_kind_of_the_api_failure() {
-    let error = plan_with(provisioners_core::Operation::Provision, 503, json!({}))
-        .await
-        .unwrap_err();
+    let error = plan_with(
+        provisioners_core::Operation::Provision,
+        503,
+        json!({}),
+        false,
+    )
+    .await
+    .unwrap_err();
     assert_eq!(error.kind(), ErrorKind::Unavailable, "{error}");
     assert!(error.is_transient());
 }

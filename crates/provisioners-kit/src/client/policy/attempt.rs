@@ -15,7 +15,9 @@ use tokio::time::Instant;
 use tower::{BoxError, Service, ServiceExt};
 
 use super::{ABANDONED_AFTER, ClientPolicy};
-use crate::client::health::{Admission, Breaker, BreakerSettings, Outcome, ProbeTicket};
+use crate::client::health::{
+    Admission, Breaker, BreakerSettings, Health, Outcome, ProbeTicket, Unreachable,
+};
 
 /// The attempts of one request: the breaker's admission (or its probe), one
 /// attempt under the deadline, then a retry after the backoff if the answer
@@ -71,7 +73,15 @@ where
         watch.disarm();
         let result = match answer {
             Hedged::Answered(result) => result,
-            Hedged::TimedOut(probe) => {
+            // A probe beside it found no answer: given up, the breaker open.
+            Hedged::GaveUp(unreachable) => return Err(Box::new(unreachable)),
+            // A probe beside it answered: only this request is slow.
+            Hedged::TimedOut(None, true) => {
+                return Err(Box::new(RequestTimeout {
+                    after: policy.timeout,
+                }));
+            }
+            Hedged::TimedOut(probe, _) => {
                 match probe {
                     // The cluster itself answers: only this request is slow
                     // (an aggregated API that hangs, say).
@@ -229,17 +239,28 @@ fn foreign_body_status(code: StatusCode, cluster: &str) -> Vec<u8> {
 enum Hedged {
     /// An answer (or an error) within the deadline.
     Answered(Result<Response<Body>, BoxError>),
-    /// No answer within the deadline; with the outcome of the probe sent
-    /// beside it, if this attempt was the one to probe.
-    TimedOut(Option<(ProbeTicket, bool)>),
+    /// Given up before the deadline: a probe beside it (this attempt's or
+    /// another's) found the cluster silent, and the breaker is open.
+    GaveUp(Unreachable),
+    /// No answer within the deadline; with the outcome of the probe in
+    /// flight beside it at the deadline, if this attempt sent it, and
+    /// whether an earlier probe of this attempt was answered.
+    TimedOut(Option<(ProbeTicket, bool)>, bool),
 }
 
+/// How often an attempt that waits while another request's probe is in
+/// flight looks whether that probe opened the breaker.
+const PROBE_WATCH: Duration = Duration::from_millis(100);
+
 /// Runs `attempt` within the policy's deadline. An attempt still without an
-/// answer a probe's timeout before its deadline sends a probe beside it, so
-/// that when the deadline passes the breaker already knows whether the
-/// cluster answers at all: a dead cluster is marked unreachable by the
-/// request that found it silent (the next pass fails fast), a cluster that
-/// answers the probe stays reachable, and neither costs a request more time.
+/// answer after [`ClientPolicy::probe_after`] sends a probe beside it (one
+/// per cluster at a time): a probe without an answer opens the breaker and
+/// the attempt is given up at once, so a cluster that died costs its first
+/// pass about `probe_after` and a probe's timeout, not the deadline; the
+/// other attempts waiting on that cluster give up as soon as it opens. A
+/// probe that is answered says the cluster lives (a large LIST, an
+/// aggregated API that is slow): the attempt goes on, probed again at
+/// doubling intervals while a probe still fits before its deadline.
 async fn hedged<F, S>(
     attempt: F,
     prober: S,
@@ -248,29 +269,41 @@ async fn hedged<F, S>(
 ) -> Hedged
 where
     F: Future<Output = Result<Response<Body>, BoxError>>,
-    S: Service<Request<Body>, Response = Response<Body>>,
+    S: Service<Request<Body>, Response = Response<Body>> + Clone,
     S::Error: Into<BoxError>,
 {
+    let settings = policy.breaker_settings();
     let start = Instant::now();
     let deadline = start + policy.timeout;
-    let probe_at = start
-        + policy
-            .timeout
-            .saturating_sub(policy.probe_timeout)
-            .max(policy.timeout / 2);
+    // At the latest a probe's timeout before the deadline (and not before
+    // half of it), so a short deadline still gets its verdict.
+    let latest = policy
+        .timeout
+        .saturating_sub(policy.probe_timeout)
+        .max(policy.timeout / 2);
+    let mut every = policy.probe_after.min(latest).max(PROBE_WATCH);
+    let mut probe_at = Some(start + every);
     let mut attempt = std::pin::pin!(attempt);
-    let mut prober = Some(prober);
     let mut probing = None;
-    let mut probed = None;
+    let mut answered = false;
     loop {
         tokio::select! {
             result = &mut attempt => return Hedged::Answered(result),
             () = tokio::time::sleep_until(deadline) => break,
-            () = tokio::time::sleep_until(probe_at), if prober.is_some() => {
-                if let (Some(ticket), Some(service)) = (breaker.hedge(), prober.take()) {
-                    probing = Some((ticket, Box::pin(probe(service, policy.probe_timeout))));
+            () = sleep_until_some(probe_at), if probe_at.is_some() => {
+                probe_at = None;
+                // Another request's probe found the cluster silent.
+                if let Health::Unreachable(unreachable) = breaker.health() {
+                    return Hedged::GaveUp(unreachable);
                 }
-                prober = None;
+                match breaker.hedge() {
+                    Some(ticket) => {
+                        let service = prober.clone();
+                        probing = Some((ticket, Box::pin(probe(service, policy.probe_timeout))));
+                    }
+                    // Another probe is in flight: watch for its verdict.
+                    None => probe_at = Some(Instant::now() + PROBE_WATCH),
+                }
             }
             reached = async {
                 match probing.as_mut() {
@@ -278,18 +311,39 @@ where
                     None => std::future::pending().await,
                 }
             }, if probing.is_some() => {
-                if let Some((ticket, _)) = probing.take() {
-                    probed = Some((ticket, reached));
+                let Some((ticket, _)) = probing.take() else {
+                    continue;
+                };
+                if !reached {
+                    if let Err(unreachable) = breaker.probed(ticket, false, &settings) {
+                        return Hedged::GaveUp(unreachable);
+                    }
+                    continue;
                 }
+                let _ = breaker.probed(ticket, true, &settings);
+                answered = true;
+                every = every.saturating_mul(2);
+                probe_at = Instant::now().checked_add(every).filter(|next| {
+                    next.checked_add(policy.probe_timeout)
+                        .is_some_and(|end| end <= deadline)
+                });
             }
         }
     }
-    // The probe started a probe's timeout before the deadline: it is over
-    // or about to be.
-    if let Some((ticket, probe)) = probing.take() {
-        probed = Some((ticket, probe.await));
+    // A probe in flight at the deadline is over or about to be.
+    let probed = match probing.take() {
+        Some((ticket, probe)) => Some((ticket, probe.await)),
+        None => None,
+    };
+    Hedged::TimedOut(probed, answered)
+}
+
+/// Sleeps until `at` (never, for `None`).
+async fn sleep_until_some(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
-    Hedged::TimedOut(probed)
 }
 
 /// Whether a `GET /version` is answered within `timeout`.
