@@ -475,4 +475,6 @@ fn apply(
 }
 
 #[cfg(test)]
+mod fuzz_tests;
+#[cfg(test)]
 mod tests;

@@ -451,4 +451,6 @@ pub(crate) async fn remember_uninstalled(
 }
 
 #[cfg(test)]
+mod fuzz_tests;
+#[cfg(test)]
 mod tests;
