@@ -7,6 +7,7 @@
 mod bench;
 mod cluster;
 mod demo;
+mod fuzz;
 mod process;
 mod test;
 #[cfg(test)]
@@ -25,6 +26,7 @@ tasks:
   test      fmt, clippy, unit, doc and cluster tests: what CI runs
             [--faults-full]: every crash point of the fault-injection suite
   bench     benchmarks, printed side by side; see docs/benchmarks.md
+  fuzz      the decoders of tenant input under many property cases [--cases N]; see docs/testing.md
   tools     build the pinned control-plane and Helm binaries into the cache (--print: paths)
   cluster   up|down|env|status [--name NAME]: a local control plane; see docs/testing.md
   help      this text
@@ -38,6 +40,7 @@ fn main() -> Result<()> {
         "demo" => demo::run(&rest),
         "test" => test::run(&rest),
         "bench" => bench::run(&rest),
+        "fuzz" => fuzz::run(&rest),
         "tools" => tools::run(&rest),
         "cluster" => cluster::run(&rest),
         "help" | "-h" | "--help" => {

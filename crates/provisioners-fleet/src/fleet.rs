@@ -156,6 +156,7 @@ impl Fleet {
             progress_timeout: self.rollout.progress_timeout,
             soak: self.rollout.soak,
             resync: self.resync,
+            held: 0,
         }
     }
 

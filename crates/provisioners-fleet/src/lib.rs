@@ -43,13 +43,19 @@
 //! nothing writes nothing; writes are merge patches of the changed keys
 //! under a `resourceVersion` precondition, so two passes do not lose each
 //! other's updates. A value that is not a record makes that member pending.
+//! With owner keys each record is signed, and bound to the current epoch of
+//! the fleet's ledger (a Lease of the same name that only the operator
+//! writes, advanced on every write, every record re-signed in it): a
+//! record someone else wrote, or a member's own earlier record put back,
+//! makes that member pending too. A member that leaves the fleet while
+//! failed still counts against the failure budget (docs/fleet.md).
 //! A fleet holds at most [`MAX_MEMBERS`] members (the ConfigMap's 1 MiB).
 //!
 //! **Deprovision** goes in reverse waves, the last first, and is `Ok` only
 //! once every member's subtree is gone (or abandoned); a member whose
 //! cluster does not answer follows [`Fleet::unreachable`] (its remote's
 //! [`UnreachablePolicy`]) and does not hold the others. Then the state
-//! ConfigMap is deleted.
+//! ConfigMap is deleted, and its ledger.
 //!
 //! **Plan**: which members would change, in which wave, with the first
 //! [`PLAN_DETAIL`] members' plans below the fleet node.

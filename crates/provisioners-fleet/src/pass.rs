@@ -2,7 +2,7 @@
 //! schedule what to run, run those members (at most N at once, each one
 //! remote subtree pass), write what changed, and say where the fleet stands.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant, SystemTime};
 
 use futures::StreamExt;
@@ -14,7 +14,7 @@ use crate::fleet::Fleet;
 use crate::member::Member;
 use crate::record::{MemberState, Record};
 use crate::schedule::{self, Outcome};
-use crate::state::{StateMap, Stored};
+use crate::state::{Held, StateMap, Stored};
 
 /// No new round of member passes starts after a pass has run this long.
 const ROUNDS_FOR: Duration = Duration::from_secs(5);
@@ -60,17 +60,53 @@ fn records_of(stored: &Stored, members: &[Member]) -> Vec<Option<Record>> {
         .collect()
 }
 
-/// Keys of members that left the fleet: dropped from the state.
-fn departed(stored: &Stored, members: &[Member]) -> BTreeMap<String, Option<Record>> {
-    stored
-        .records
-        .keys()
-        .filter(|key| !members.iter().any(|m| m.name() == key.as_str()))
-        .map(|key| {
-            tracing::info!(member = %key, "member left the fleet: its state is dropped");
-            (key.clone(), None)
+/// Keys of members that left the fleet: dropped from the state, except
+/// (on a provision pass, at `revision`) those of members that left while
+/// failed: their records are kept and they are held against the failure
+/// budget, also in the ledger, so that relabelling a failed member's
+/// Secret out of the selector (or deleting its key) does not free its
+/// budget. Sets `stored.held` to the members held.
+fn departed(
+    stored: &mut Stored,
+    members: &[Member],
+    revision: Option<&str>,
+) -> BTreeMap<String, Option<Record>> {
+    let listed = |key: &str| members.iter().any(|m| m.name() == key);
+    let failed_at = |record: &Option<Record>| {
+        record.as_ref().is_some_and(|r| {
+            r.state == MemberState::Failed && revision.is_some_and(|rev| r.digest == rev)
         })
-        .collect()
+    };
+    let mut held: BTreeSet<String> = revision
+        .map(|rev| stored.held.at(rev))
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|name| !listed(name))
+        .collect();
+    let mut dropped = BTreeMap::new();
+    for (key, record) in &stored.records {
+        if listed(key) {
+            continue;
+        }
+        if failed_at(record) {
+            held.insert(key.clone());
+            continue;
+        }
+        tracing::info!(member = %key, "member left the fleet: its state is dropped");
+        dropped.insert(key.clone(), None);
+    }
+    if !held.is_empty() {
+        tracing::warn!(
+            held = %schedule::list(held.iter().map(String::as_str)),
+            "members left the fleet while failed: they count against the failure budget until \
+             a new revision, or until a person clears them (docs/fleet.md)"
+        );
+    }
+    stored.held = Held {
+        revision: revision.unwrap_or_default().to_owned(),
+        members: held,
+    };
+    dropped
 }
 
 /// Claims the kubeconfig Secret of every listed member whose subtree may
@@ -174,10 +210,12 @@ impl Rounds<'_> {
 pub(crate) async fn provision(fleet: &Fleet, cx: &Context) -> Result<()> {
     let state = fleet.state_map(cx)?;
     let (members, waves) = fleet.arranged(cx).await?;
-    let settings = fleet.settings(members.len());
+    let mut settings = fleet.settings(members.len());
     let mut stored = state.load(cx).await?;
     claim_secrets(cx, &members, &records_of(&stored, &members));
-    let mut changes = departed(&stored, &members);
+    let mut changes = departed(&mut stored, &members, Some(&fleet.revision));
+    let held: Vec<String> = stored.held.members.iter().cloned().collect();
+    settings.held = held.len();
     let rounds = Rounds {
         fleet,
         cx,
@@ -201,13 +239,14 @@ pub(crate) async fn provision(fleet: &Fleet, cx: &Context) -> Result<()> {
         )
         .await?;
     let records = records_of(&stored, &members);
-    let pass = schedule::provision(
+    let mut pass = schedule::provision(
         &waves,
         &records,
         &fleet.revision,
         &settings,
         SystemTime::now(),
     );
+    pass.held = held;
     if pass.complete() {
         if !pass.failed.is_empty() {
             tracing::warn!(
@@ -245,7 +284,7 @@ pub(crate) async fn deprovision(fleet: &Fleet, cx: &Context) -> Result<()> {
     let settings = fleet.settings(members.len());
     let mut stored = state.load(cx).await?;
     claim_secrets(cx, &members, &records_of(&stored, &members));
-    let mut changes = departed(&stored, &members);
+    let mut changes = departed(&mut stored, &members, None);
     let rounds = Rounds {
         fleet,
         cx,

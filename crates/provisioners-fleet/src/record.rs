@@ -60,6 +60,10 @@ pub(crate) struct Record {
     /// The member's cluster did not answer on its last pass.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub(crate) unreachable: bool,
+    /// With owner keys: the fleet epoch the record was signed in (see
+    /// `state::ledger`); a record of an earlier epoch does not verify.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) epoch: Option<u64>,
     /// With owner keys: the HMAC of the rest of the record, the member and
     /// the ConfigMap (see `StateMap::value`). Never kept in memory.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -76,6 +80,7 @@ impl Record {
             error: None,
             wave,
             unreachable: false,
+            epoch: None,
             mac: None,
         }
     }

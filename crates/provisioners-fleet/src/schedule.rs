@@ -15,6 +15,9 @@ pub(crate) struct Settings {
     pub(crate) progress_timeout: Duration,
     pub(crate) soak: Duration,
     pub(crate) resync: Option<Duration>,
+    /// Members that left the fleet while failed at this revision: they
+    /// still count against the budget.
+    pub(crate) held: usize,
 }
 
 /// A member as the schedule sees it at the fleet's revision.
@@ -78,6 +81,9 @@ pub(crate) struct Pass {
     pub(crate) pending: usize,
     /// Positions of failed members (expired ones included).
     pub(crate) failed: Vec<usize>,
+    /// Members that left the fleet while failed (by name; the caller
+    /// fills it in): counted with `failed`.
+    pub(crate) held: Vec<String>,
     pub(crate) budget: usize,
     /// More members failed than the budget allows: no member starts.
     pub(crate) halted: bool,
@@ -106,7 +112,7 @@ impl Pass {
             self.waves.max(1),
             self.done,
             self.in_flight,
-            self.failed.len(),
+            self.failed.len() + self.held.len(),
             self.budget,
         );
         if let Some(left) = self.soak_left {
@@ -120,9 +126,19 @@ impl Pass {
         if !self.halted {
             return text;
         }
+        let held = if self.held.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "; {} left the fleet failed: {}",
+                self.held.len(),
+                list(self.held.iter().map(String::as_str))
+            )
+        };
         format!(
-            "halted: {} members failed ({}), budget {}; fix them or raise the budget ({text})",
-            self.failed.len(),
+            "halted: {} members failed ({}{held}), budget {}; fix them or raise the budget \
+             ({text})",
+            self.failed.len() + self.held.len(),
             list(
                 self.failed
                     .iter()
@@ -191,7 +207,7 @@ pub(crate) fn provision(
         done: statuses.iter().filter(|s| s.done()).count(),
         in_flight: statuses.iter().filter(|s| **s == Status::InFlight).count(),
         pending: statuses.iter().filter(|s| **s == Status::Pending).count(),
-        halted: failed.len() > settings.budget,
+        halted: failed.len().saturating_add(settings.held) > settings.budget,
         budget: settings.budget,
         failed,
         ..Pass::default()

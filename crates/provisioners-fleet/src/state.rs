@@ -5,15 +5,20 @@
 //! is not a record makes that member pending, never a panic. With owner
 //! keys on the context (`provisioners_kit::owner::OwnerKeys`) each record
 //! carries an HMAC over itself, the member, the owner and the ConfigMap;
-//! one that does not verify (a tenant marking members done, or a record
-//! copied from another member) makes that member pending too, so it runs
-//! again. Writes are
-//! JSON merge patches of the changed keys only, with the `resourceVersion`
-//! read as a precondition, so two passes never lose each other's updates:
-//! the loser of a race reads again and re-applies its own keys.
+//! one that does not verify (a tenant marking members done, a record
+//! copied from another member, or a member's own record of an earlier
+//! epoch put back) makes that member pending too, so it runs again. The
+//! epoch lives in the fleet's [ledger](ledger), a Lease beside the
+//! ConfigMap that only the operator writes; with keys every write advances
+//! it first and then re-signs every record in the new epoch. Writes are
+//! JSON merge patches (of the changed keys only, without keys), with the
+//! `resourceVersion` read as a precondition, so two passes never lose each
+//! other's updates: the loser of a race reads again and re-applies its own
+//! keys.
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Api;
 use kube::api::{ObjectMeta, Patch, PatchParams, PostParams, Preconditions};
@@ -23,6 +28,11 @@ use serde_json::{Map, Value, json};
 use provisioners_kit::owner::OwnerKeys;
 
 use crate::record::Record;
+
+mod ledger;
+
+pub(crate) use ledger::Held;
+use ledger::Ledger;
 
 /// The label naming the fleet on its state ConfigMap.
 pub const FLEET_LABEL: &str = "fleet.provisioners.dev/name";
@@ -38,35 +48,62 @@ pub(crate) struct StateMap {
 }
 
 /// The state as read: each member's record (`None` for a value that is not
-/// one) and the version it was read at.
+/// one, or does not verify) and the version it was read at.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Stored {
     pub(crate) records: BTreeMap<String, Option<Record>>,
     resource_version: Option<String>,
+    /// With owner keys: the ledger as read (`None`: there is none yet).
+    ledger: Option<Ledger>,
+    /// The members held against the failure budget: as the ledger says
+    /// when read; a pass sets what the next write keeps.
+    pub(crate) held: Held,
 }
+
+/// The data of a write: each key's stored value, or null to drop it.
+type Data = Map<String, Value>;
 
 impl StateMap {
     fn api(&self, cx: &Context) -> Api<ConfigMap> {
         Api::namespaced(cx.client().clone(), &self.namespace)
     }
 
+    fn leases(&self, cx: &Context) -> Api<Lease> {
+        Api::namespaced(cx.client().clone(), &self.namespace)
+    }
+
     /// The value stored for `member`: its record as compact JSON, signed
-    /// with the tree's owner keys when it has them.
-    pub(crate) fn value(&self, cx: &Context, member: &str, record: &Record) -> String {
+    /// with the tree's owner keys when it has them, in `ledger`'s epoch.
+    pub(crate) fn value(
+        &self,
+        cx: &Context,
+        member: &str,
+        record: &Record,
+        ledger: Option<&Ledger>,
+    ) -> String {
         let mut record = record.clone();
         record.mac = None;
+        record.epoch = None;
         if let Some(keys) = OwnerKeys::of(cx) {
+            record.epoch = ledger.map(|l| l.epoch);
             let body = record.to_json();
             let owner = cx.owner_identity();
-            record.mac = Some(keys.sign(&self.signed(&owner, member, &body)));
+            record.mac = Some(keys.sign(&self.signed(&owner, member, &body, ledger)));
         }
         record.to_json()
     }
 
     /// `member`'s record from its stored `value`: `None` for a value that
     /// is not a record or, with owner keys, one this operator did not sign
-    /// for this member of this ConfigMap (it counts as pending).
-    fn read(&self, cx: &Context, member: &str, value: &str) -> Option<Record> {
+    /// for this member of this ConfigMap in the ledger's current epoch (it
+    /// counts as pending).
+    fn read(
+        &self,
+        cx: &Context,
+        member: &str,
+        value: &str,
+        ledger: Option<&Ledger>,
+    ) -> Option<Record> {
         let Some(mut record) = Record::parse(value) else {
             tracing::warn!(
                 configmap = %self.describe(),
@@ -80,32 +117,54 @@ impl StateMap {
             return Some(record);
         };
         let owner = cx.owner_identity();
-        let signed = mac
-            .is_some_and(|mac| keys.verify(&self.signed(&owner, member, &record.to_json()), &mac));
+        let current = ledger.is_some_and(|l| record.epoch == Some(l.epoch));
+        let signed = current
+            && mac.is_some_and(|mac| {
+                keys.verify(
+                    &self.signed(&owner, member, &record.to_json(), ledger),
+                    &mac,
+                )
+            });
         if !signed {
+            let why = if current {
+                "is not signed with this operator's owner key (edited by someone else, or written \
+                 before the keys were configured)"
+            } else {
+                "is not of the fleet's current epoch (an earlier record put back, or written \
+                 before epochs)"
+            };
             tracing::warn!(
                 configmap = %self.describe(),
                 member = %member,
-                "the stored state of this member is not signed with this operator's owner key \
-                 (edited by someone else, or written before the keys were configured): it counts \
-                 as pending and is run again"
+                "the stored state of this member {why}: it counts as pending and is run again"
             );
             return None;
         }
+        record.epoch = None;
         Some(record)
     }
 
     /// What a record's MAC covers besides the record: the ConfigMap, the
-    /// owner and the member, so that a record is good only where it was
-    /// written.
-    fn signed<'a>(&'a self, owner: &'a str, member: &'a str, body: &'a str) -> [&'a str; 6] {
+    /// owner, the member and the ledger's epoch (its UID and version), so
+    /// that a record is good only where it was written, and only until the
+    /// next write.
+    fn signed<'a>(
+        &'a self,
+        owner: &'a str,
+        member: &'a str,
+        body: &'a str,
+        ledger: Option<&'a Ledger>,
+    ) -> [&'a str; 8] {
+        let [uid, version] = ledger.map_or(["", ""], Ledger::binding);
         [
-            "provisioners.dev/fleet-record",
+            "provisioners.dev/fleet-record/v2",
             &self.namespace,
             &self.name,
             owner,
             member,
             body,
+            uid,
+            version,
         ]
     }
 
@@ -113,62 +172,73 @@ impl StateMap {
         format!("fleet state ConfigMap {}/{}", self.namespace, self.name)
     }
 
-    /// Reads the state (empty when the ConfigMap does not exist).
+    /// Reads the state (empty when the ConfigMap does not exist); with
+    /// owner keys, the ledger first.
     pub(crate) async fn load(&self, cx: &Context) -> Result<Stored> {
+        let ledger = match OwnerKeys::of(cx) {
+            Some(_) => self
+                .leases(cx)
+                .get_opt(&self.name)
+                .await
+                .map_err(|error| {
+                    Error::kube(format!("read the ledger of {}", self.describe()), error)
+                })?
+                .as_ref()
+                .and_then(Ledger::of),
+            None => None,
+        };
         let map = self
             .api(cx)
             .get_opt(&self.name)
             .await
             .map_err(|error| Error::kube(format!("read {}", self.describe()), error))?;
+        let held = ledger.as_ref().map(|l| l.held.clone()).unwrap_or_default();
         let Some(map) = map else {
-            return Ok(Stored::default());
+            return Ok(Stored {
+                ledger,
+                held,
+                ..Stored::default()
+            });
         };
         let records = map
             .data
             .unwrap_or_default()
             .into_iter()
             .map(|(key, value)| {
-                let record = self.read(cx, &key, &value);
+                let record = self.read(cx, &key, &value, ledger.as_ref());
                 (key, record)
             })
             .collect();
         Ok(Stored {
             records,
             resource_version: map.metadata.resource_version,
+            ledger,
+            held,
         })
     }
 
     /// Writes `changes` (a record, or `None` to drop the key) over `stored`,
-    /// and updates `stored` to what was written.
+    /// and updates `stored` to what was written. With owner keys, also when
+    /// the held members changed.
     pub(crate) async fn store(
         &self,
         cx: &Context,
         stored: &mut Stored,
         changes: &BTreeMap<String, Option<Record>>,
     ) -> Result<()> {
+        if OwnerKeys::of(cx).is_some() {
+            return self.store_signed(cx, stored, changes).await;
+        }
         if changes.is_empty() {
             return Ok(());
         }
-        let api = self.api(cx);
         let mut version = stored.resource_version.clone();
         for _ in 0..ATTEMPTS {
-            let result = match &version {
-                None => self.create(cx, &api, changes).await,
-                Some(version) => self.patch(cx, &api, version, changes).await,
-            };
-            match result {
+            let data = self.data(cx, changes.iter(), None);
+            match self.write(cx, version.as_deref(), &data).await {
                 Ok(written) => {
                     stored.resource_version = written;
-                    for (key, record) in changes {
-                        match record {
-                            Some(record) => {
-                                stored.records.insert(key.clone(), Some(record.clone()));
-                            }
-                            None => {
-                                stored.records.remove(key);
-                            }
-                        }
-                    }
+                    apply(&mut stored.records, changes);
                     return Ok(());
                 }
                 Err(kube::Error::Api(status)) if status.code == 409 => {
@@ -180,25 +250,142 @@ impl StateMap {
                 }
             }
         }
-        Err(Error::yielding(format!(
-            "{} changed under this pass {ATTEMPTS} times; its updates are written on the next pass",
-            self.describe()
-        )))
+        Err(self.raced())
     }
 
-    async fn create(
+    /// With owner keys: advances the ledger's epoch, then writes every
+    /// record `stored` holds (with `changes` over them) signed in it, so
+    /// that no record of an earlier epoch verifies any more.
+    async fn store_signed(
         &self,
         cx: &Context,
-        api: &Api<ConfigMap>,
+        stored: &mut Stored,
         changes: &BTreeMap<String, Option<Record>>,
-    ) -> kube::Result<Option<String>> {
-        let data: BTreeMap<String, String> = changes
-            .iter()
-            .filter_map(|(key, record)| {
-                record
-                    .as_ref()
-                    .map(|r| (key.clone(), self.value(cx, key, r)))
+    ) -> Result<()> {
+        let nobody = Held::default();
+        let held_as_read = stored.ledger.as_ref().map_or(&nobody, |l| &l.held);
+        if changes.is_empty() && held_as_read.same_as(&stored.held) {
+            return Ok(());
+        }
+        let held = stored.held.clone();
+        let mut version = stored.resource_version.clone();
+        let mut advanced = None;
+        for _ in 0..ATTEMPTS {
+            let ledger = match advanced.clone() {
+                Some(ledger) => ledger,
+                None => {
+                    let leases = self.leases(cx);
+                    let advance = ledger::advance(
+                        &leases,
+                        &self.name,
+                        &self.fleet,
+                        stored.ledger.as_ref(),
+                        &held,
+                    );
+                    match advance.await {
+                        Ok(Some(ledger)) => ledger,
+                        Ok(None) => return Err(self.raced()),
+                        Err(kube::Error::Api(status)) if matches!(status.code, 404 | 409) => {
+                            // Another writer advanced it (or it was deleted):
+                            // read everything again, ours over it.
+                            *stored = self.load(cx).await?;
+                            stored.held = held.clone();
+                            version = stored.resource_version.clone();
+                            continue;
+                        }
+                        Err(error) => {
+                            let what = format!("advance the ledger of {}", self.describe());
+                            return Err(Error::kube(what, error));
+                        }
+                    }
+                }
+            };
+            advanced = Some(ledger.clone());
+            let mut records = stored.records.clone();
+            apply(&mut records, changes);
+            let every = records
+                .iter()
+                .filter(|(_, record)| record.is_some())
+                .chain(changes.iter().filter(|(_, record)| record.is_none()));
+            let data = self.data(cx, every, Some(&ledger));
+            match self.write(cx, version.as_deref(), &data).await {
+                Ok(written) => {
+                    stored.resource_version = written;
+                    stored.records = records;
+                    stored.ledger = Some(ledger);
+                    return Ok(());
+                }
+                Err(kube::Error::Api(status)) if status.code == 409 => {
+                    // Written by someone who did not advance the ledger:
+                    // our records, signed in the new epoch, go over theirs.
+                    version = self
+                        .api(cx)
+                        .get_opt(&self.name)
+                        .await
+                        .map_err(|error| Error::kube(format!("read {}", self.describe()), error))?
+                        .and_then(|map| map.metadata.resource_version);
+                }
+                Err(error) => {
+                    return Err(Error::kube(format!("write {}", self.describe()), error));
+                }
+            }
+        }
+        Err(self.raced())
+    }
+
+    fn raced(&self) -> Error {
+        Error::yielding(format!(
+            "{} changed under this pass {ATTEMPTS} times; its updates are written on the next pass",
+            self.describe()
+        ))
+    }
+
+    /// The stored values of `records` (null for `None`), signed in `ledger`.
+    fn data<'a>(
+        &self,
+        cx: &Context,
+        records: impl Iterator<Item = (&'a String, &'a Option<Record>)>,
+        ledger: Option<&Ledger>,
+    ) -> Data {
+        records
+            .map(|(key, record)| {
+                let value = record.as_ref().map_or(Value::Null, |r| {
+                    Value::String(self.value(cx, key, r, ledger))
+                });
+                (key.clone(), value)
             })
+            .collect()
+    }
+
+    /// Writes `data` under `version` (creating the ConfigMap when there is
+    /// none, or when it was deleted since it was read).
+    async fn write(
+        &self,
+        cx: &Context,
+        version: Option<&str>,
+        data: &Data,
+    ) -> kube::Result<Option<String>> {
+        let api = self.api(cx);
+        let Some(version) = version else {
+            return self.create(&api, data).await;
+        };
+        let patch = json!({
+            "metadata": { "resourceVersion": version },
+            "data": data,
+        });
+        match api
+            .patch(&self.name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Err(kube::Error::Api(status)) if status.code == 404 => self.create(&api, data).await,
+            other => other.map(|map| map.metadata.resource_version),
+        }
+    }
+
+    async fn create(&self, api: &Api<ConfigMap>, data: &Data) -> kube::Result<Option<String>> {
+        let data: BTreeMap<String, String> = data
+            .iter()
+            .filter_map(|(key, value)| value.as_str().map(|v| (key.clone(), v.to_owned())))
             .collect();
         let map = ConfigMap {
             metadata: ObjectMeta {
@@ -223,61 +410,71 @@ impl StateMap {
             .map(|map| map.metadata.resource_version)
     }
 
-    async fn patch(
-        &self,
-        cx: &Context,
-        api: &Api<ConfigMap>,
-        version: &str,
-        changes: &BTreeMap<String, Option<Record>>,
-    ) -> kube::Result<Option<String>> {
-        let data: Map<String, Value> = changes
-            .iter()
-            .map(|(key, record)| {
-                let value = record
-                    .as_ref()
-                    .map_or(Value::Null, |r| Value::String(self.value(cx, key, r)));
-                (key.clone(), value)
-            })
-            .collect();
-        let patch = json!({
-            "metadata": { "resourceVersion": version },
-            "data": data,
-        });
-        match api
-            .patch(&self.name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
-            // Deleted since it was read: create it again.
-            Err(kube::Error::Api(status)) if status.code == 404 => {
-                self.create(cx, api, changes).await
-            }
-            other => other.map(|map| map.metadata.resource_version),
-        }
-    }
-
-    /// Deletes the state once the fleet is gone, if nobody wrote since.
+    /// Deletes the state once the fleet is gone, if nobody wrote since,
+    /// and then its ledger.
     pub(crate) async fn delete(&self, cx: &Context, stored: &Stored) -> Result<()> {
-        let Some(version) = &stored.resource_version else {
+        if let Some(version) = &stored.resource_version {
+            let params = kube::api::DeleteParams {
+                preconditions: Some(Preconditions {
+                    resource_version: Some(version.clone()),
+                    uid: None,
+                }),
+                ..kube::api::DeleteParams::default()
+            };
+            match self.api(cx).delete(&self.name, &params).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(status)) if status.code == 404 => {}
+                Err(kube::Error::Api(status)) if status.code == 409 => {
+                    return Err(Error::yielding(format!(
+                        "{} changed while the fleet was being removed; deleting it on the next \
+                         pass",
+                        self.describe()
+                    )));
+                }
+                Err(error) => {
+                    return Err(Error::kube(format!("delete {}", self.describe()), error));
+                }
+            }
+        }
+        let Some(ledger) = &stored.ledger else {
             return Ok(());
         };
         let params = kube::api::DeleteParams {
             preconditions: Some(Preconditions {
-                resource_version: Some(version.clone()),
+                resource_version: Some(ledger.resource_version.clone()),
                 uid: None,
             }),
             ..kube::api::DeleteParams::default()
         };
-        match self.api(cx).delete(&self.name, &params).await {
+        match self.leases(cx).delete(&self.name, &params).await {
             Ok(_) => Ok(()),
-            Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
-            Err(kube::Error::Api(status)) if status.code == 409 => Err(Error::yielding(format!(
-                "{} changed while the fleet was being removed; deleting it on the next pass",
-                self.describe()
-            ))),
-            Err(error) => Err(Error::kube(format!("delete {}", self.describe()), error)),
+            Err(kube::Error::Api(status)) if matches!(status.code, 404 | 409) => Ok(()),
+            Err(error) => Err(Error::kube(
+                format!("delete the ledger of {}", self.describe()),
+                error,
+            )),
         }
     }
 }
 
+/// `records` with `changes` over them.
+fn apply(
+    records: &mut BTreeMap<String, Option<Record>>,
+    changes: &BTreeMap<String, Option<Record>>,
+) {
+    for (key, record) in changes {
+        match record {
+            Some(record) => {
+                records.insert(key.clone(), Some(record.clone()));
+            }
+            None => {
+                records.remove(key);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod fuzz_tests;
 #[cfg(test)]
 mod tests;

@@ -534,4 +534,6 @@ pub(crate) async fn remember_uninstalled(
 }
 
 #[cfg(test)]
+mod fuzz_tests;
+#[cfg(test)]
 mod tests;

@@ -151,6 +151,8 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod discovery;
+#[cfg(test)]
+mod fuzz_tests;
 mod leaf;
 mod object;
 mod ownership;

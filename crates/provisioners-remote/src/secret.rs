@@ -497,4 +497,6 @@ impl fmt::Debug for SecretKubeconfig {
 }
 
 #[cfg(test)]
+mod fuzz_tests;
+#[cfg(test)]
 mod tests;

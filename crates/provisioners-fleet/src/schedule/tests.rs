@@ -22,6 +22,7 @@ fn settings() -> Settings {
         progress_timeout: Duration::from_secs(60),
         soak: Duration::ZERO,
         resync: None,
+        held: 0,
     }
 }
 
@@ -432,5 +433,38 @@ fn a_member_that_cannot_be_run_holds_no_wave_but_the_fleet_is_not_gone() {
         removal
             .summary(&["a", "b"])
             .ends_with(", 1 cannot be reached (b; fix their kubeconfig Secrets)")
+    );
+}
+
+/// A failed member whose kubeconfig Secret was relabelled out of the
+/// selector has left the fleet, but its failure has not: it still counts
+/// against the budget, and the rollout halts as if it were listed.
+#[test]
+fn members_that_left_the_fleet_failed_still_count_against_the_budget() {
+    let waves = [0, 0, 1];
+    let records = vec![
+        record(MemberState::Failed, REV, 10),
+        record(MemberState::Done, REV, 10),
+        None,
+    ];
+    let free = provision(&waves, &records, REV, &settings(), now());
+    assert!(!free.halted);
+    assert_eq!(free.run, [0, 2]);
+    let held = Settings {
+        held: 1,
+        ..settings()
+    };
+    let mut pass = provision(&waves, &records, REV, &held, now());
+    assert!(pass.halted, "1 failed + 1 held > budget 1");
+    assert_eq!(
+        pass.run,
+        [0],
+        "nothing starts; the failed member is retried"
+    );
+    pass.held = vec!["m9".to_owned()];
+    let summary = pass.summary(&["m0", "m1", "m2"]);
+    assert!(
+        summary.starts_with("halted: 2 members failed (m0; 1 left the fleet failed: m9), budget 1"),
+        "{summary}"
     );
 }
