@@ -7,8 +7,6 @@
 //! a later deprovision, verified: the member counted as gone and its
 //! subtree was left on its cluster.
 
-// The simulation's helpers serve several suites; this one uses a few.
-#[allow(dead_code)]
 mod fleet_support;
 
 use std::collections::BTreeSet;

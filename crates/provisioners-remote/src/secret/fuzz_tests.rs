@@ -84,7 +84,7 @@ fn read(value: &[u8]) -> Result<Kubeconfig, String> {
         .build()
         .map_err(|e| e.to_string())?;
     runtime
-        .block_on(policy.check(&kubeconfig, "Secret tenant/prod-eu-1-kubeconfig"))
+        .block_on(policy.check(&kubeconfig, "Secret tenant/prod-eu-1-kubeconfig", None))
         .map_err(|e| e.to_string())?;
     Ok(kubeconfig)
 }
