@@ -79,6 +79,11 @@ pub struct Settings {
     /// lead; default [`TrustPolicy::default`] (no plain http, proxies or
     /// skipped TLS checks; no loopback, link-local or service addresses).
     pub remote_trust: TrustPolicy,
+    /// The identity under which this operator holds a release's Lease while
+    /// helm runs (`HelmRelease::lease_holder`); `None`: the process's own
+    /// (host, process id and a random part). Two operators started in one
+    /// process (a test that kills one and starts another) need two.
+    pub lease_holder: Option<String>,
 }
 
 impl Settings {
@@ -92,6 +97,7 @@ impl Settings {
             helm_timeout: Duration::from_secs(120),
             ready_timeout: Duration::from_secs(600),
             remote_trust: TrustPolicy::default(),
+            lease_holder: None,
         }
     }
 }
@@ -157,11 +163,14 @@ fn components(platform: &Platform, settings: &Settings, client: &kube::Client) -
     let spec = &platform.spec;
     let target = platform.target_namespace();
     let manifest = |name: &'static str, yaml: String| Manifest::from_yaml(name, yaml);
-    let metrics = HelmRelease::new("metrics", Chart::local(settings.charts.join("metrics")))
+    let mut metrics = HelmRelease::new("metrics", Chart::local(settings.charts.join("metrics")))
         .namespace(&target)
         .helm(&settings.helm)
         .set("retention", "14d")
         .ready_timeout(settings.helm_timeout);
+    if let Some(holder) = &settings.lease_holder {
+        metrics = metrics.lease_holder(holder);
+    }
     let mut components = Concurrent::new("components")
         .with(manifest("config", config_yaml(platform)))
         .with(Conditional::when(spec.metrics, metrics))

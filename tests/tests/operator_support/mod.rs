@@ -95,6 +95,12 @@ async fn operator_parts(ns: &TestNamespace, events: &Events) -> (Context, Api<Pl
         .allow_range("127.0.0.0/8")
         .expect("range");
     settings.helm_timeout = Duration::from_secs(60);
+    // Each start is another "process": a killed operator's helm run goes on
+    // in this test process, under its Lease, as a real operator's would
+    // until its pod is gone; a restarted one must not pass for its holder.
+    static STARTS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let start = STARTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    settings.lease_holder = Some(format!("operator-test/{}/{start}", std::process::id()));
     (cx, platforms, settings)
 }
 
