@@ -13,13 +13,13 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use kube::api::{Api, DeleteParams, PostParams};
 use provisioners::{ErrorKind, Owner, OwnerKeys};
-use provisioners_helm::{RECORD_OWNER_ANNOTATION, RECORD_SEAL_PREFIX};
+use provisioners_helm::{HelmRelease, RECORD_OWNER_ANNOTATION, RECORD_SEAL_PREFIX};
 use provisioners_lab::cluster::{HarnessCluster, TestNamespace};
 use provisioners_lab::faults::{Hold, Match, Proxy, Rule, Verb};
-use serde_json::json;
 
 #[macro_use]
 mod helm_support;
+use helm_support::{chart, kill_helm_when};
 mod helm_async_support;
 use helm_async_support::until_not_yield;
 mod helm_attack_support;
@@ -32,6 +32,7 @@ both_helms!(
     a_first_install_with_create_namespace_takes_the_lease_before_helm_runs,
     a_record_our_own_run_left_unsealed_is_replaced_never_uninstalled,
     a_record_rewritten_between_helms_write_and_the_seal_is_never_sealed,
+    a_recoverys_record_rewritten_before_its_seal_is_never_sealed,
 );
 
 async fn a_forged_pending_install_record_listing_a_cluster_role_is_reported_and_the_cluster_role_survives(
@@ -296,33 +297,6 @@ async fn a_first_install_with_create_namespace_takes_the_lease_before_helm_runs(
     let _ = namespaces.delete(&name, &DeleteParams::default()).await;
 }
 
-/// Removes what sealing revision `revision` wrote (as if the process died
-/// between helm's write and the seal), with the run's signed intent
-/// `intent` left on the Lease (as the run leaves it until its seal), or none.
-async fn unseal(ns: &TestNamespace, release: &str, revision: u32, intent: Option<String>) {
-    let mut lease_annotations = serde_json::Map::new();
-    lease_annotations.insert(format!("{RECORD_SEAL_PREFIX}{revision}"), json!(null));
-    lease_annotations.insert("provisioners.dev/helm-intent".to_owned(), json!(intent));
-    ns.api::<Lease>()
-        .patch(
-            &format!("provisioners-helm.{release}"),
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(json!({"metadata": {"annotations": lease_annotations}})),
-        )
-        .await
-        .expect("unseal the Lease");
-    ns.api::<Secret>()
-        .patch(
-            &format!("sh.helm.release.v1.{release}.v{revision}"),
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(
-                json!({"metadata": {"annotations": {RECORD_OWNER_ANNOTATION: null}}}),
-            ),
-        )
-        .await
-        .expect("unseal the record");
-}
-
 async fn a_record_our_own_run_left_unsealed_is_replaced_never_uninstalled(helm: PathBuf) {
     let ns = TestNamespace::create("helm-unsealed")
         .await
@@ -492,6 +466,108 @@ async fn a_record_rewritten_between_helms_write_and_the_seal_is_never_sealed(hel
         .await
         .expect_err("no uninstall of a record we cannot prove we wrote");
     assert_eq!(error.kind(), ErrorKind::Failed, "{error}");
+    assert!(
+        roles.get_opt(&victim_name).await.expect("read").is_some(),
+        "the ClusterRole survives"
+    );
+    roles
+        .delete(&victim_name, &DeleteParams::default())
+        .await
+        .expect("cleanup");
+}
+
+/// The recovery race (issue 38's "rollback race"): our own upgrade dies
+/// pending, so the next pass recovers, at a time the tenant can see coming.
+/// With owner keys the recovery never rolls back (a status flip is only
+/// reported: `helm_tenant_inputs.rs`); it deletes the record our run left
+/// unsealed and runs helm again. The tenant rewrites that run's record
+/// before our read-back, listing a ClusterRole: it is never sealed, and
+/// nothing it lists is ever deleted.
+async fn a_recoverys_record_rewritten_before_its_seal_is_never_sealed(helm: PathBuf) {
+    let ns = TestNamespace::create("helm-recovery-race")
+        .await
+        .expect("namespace");
+    let victim_name = format!("{}-victim", ns.name());
+    let roles = victim(&victim_name).await;
+    let proxy = Proxy::start(HarnessCluster::Primary).await.expect("proxy");
+    let cx = proxy
+        .context("helm-recovery-op")
+        .await
+        .expect("context")
+        .with_owner(Owner::standalone("helm-recovery-op"))
+        .with_extension(OwnerKeys::generate().expect("a key"));
+    let app = |greeting: &str| {
+        HelmRelease::new("app", chart("helm-plain"))
+            .namespace(ns.name())
+            .helm(&helm)
+            .set("greeting", greeting.to_owned())
+    };
+    until_not_yield(&cx, &app("one"), false)
+        .await
+        .expect("installs");
+    let stuck = app("two").set("stuckHook", true);
+    let (result, ()) = tokio::join!(
+        until_not_yield(&cx, &stuck, false),
+        kill_helm_when(&helm, &ns, "app", "pending-upgrade")
+    );
+    result.expect_err("helm was killed mid-upgrade");
+
+    // The recovery deletes revision 2 (left unsealed by our dead run) and
+    // runs helm again, which writes revision 2 anew: the seal's read of it
+    // by name, the first after that deletion, is held while the tenant
+    // rewrites it.
+    let record = "sh.helm.release.v1.app.v2";
+    let on_record = |verb| {
+        Match::verb(verb)
+            .resource("secrets")
+            .namespace(ns.name())
+            .name(record)
+    };
+    let (deleting, reading) = (Hold::new(), Hold::new());
+    proxy.add(Rule::on(on_record(Verb::Delete)).times(1).hold(&deleting));
+    let tenant = tenant(&ns).await;
+    let attack = async {
+        deleting.reached().await;
+        proxy.add(Rule::on(on_record(Verb::Get)).times(1).hold(&reading));
+        deleting.release();
+        reading.reached().await;
+        let secrets: Api<Secret> = Api::namespaced(tenant, ns.name());
+        let mut written = secrets.get(record).await.expect("the re-run's record");
+        let manifest = cluster_role_manifest(&victim_name);
+        written.data = forged_record(ns.name(), "app", 2, "deployed", &manifest).data;
+        secrets
+            .replace(record, &PostParams::default(), &written)
+            .await
+            .expect("the tenant may write Secrets in its namespace");
+        reading.release();
+    };
+    let three = app("three");
+    let (recovered, ()) = tokio::join!(until_not_yield(&cx, &three, false), attack);
+    let error = recovered.expect_err("a record rewritten before the seal");
+    assert_eq!(error.kind(), ErrorKind::Failed, "{error}");
+    assert!(error.message().contains(record), "{error}");
+    assert!(
+        error.message().contains("changed after helm wrote it"),
+        "{error}"
+    );
+    let lease = ns
+        .api::<Lease>()
+        .get("provisioners-helm.app")
+        .await
+        .expect("the Lease");
+    let annotations = lease.metadata.annotations.unwrap_or_default();
+    assert!(
+        !annotations.contains_key(&format!("{RECORD_SEAL_PREFIX}2")),
+        "{annotations:?}"
+    );
+    // Reported from now on, never acted on: no upgrade, no uninstall.
+    for deprovision in [false, true] {
+        let error = until_not_yield(&cx, &three, deprovision)
+            .await
+            .expect_err("a record we cannot prove we wrote");
+        assert_eq!(error.kind(), ErrorKind::Failed, "{error}");
+        assert!(error.message().contains(record), "{error}");
+    }
     assert!(
         roles.get_opt(&victim_name).await.expect("read").is_some(),
         "the ClusterRole survives"

@@ -120,13 +120,24 @@ async fn run_version(
         };
         return Err(error.with_source(failure));
     }
-    parse(stdout.trim()).ok_or_else(|| {
-        Error::invalid(format!(
-            "`{shown}` reports version `{}`; only helm 3 and helm 4 are supported",
-            stdout.trim()
-        ))
-    })
+    let version = stdout.trim();
+    match parse(version) {
+        Some(Major::Three) if !at_least_oldest_three(version) => Err(Error::invalid(format!(
+            "`{shown}` is helm {version}; helm 3 must be {OLDEST_THREE} or newer (the first \
+             with `--take-ownership`, which upgrades pass): install a newer helm or set \
+             HelmRelease::helm to its path"
+        ))),
+        Some(major) => Ok(major),
+        None => Err(Error::invalid(format!(
+            "`{shown}` reports version `{version}`; only helm 3 and helm 4 are supported \
+             (helm 3 from {OLDEST_THREE})"
+        ))),
+    }
 }
+
+/// The oldest helm 3 that works: the first with `--take-ownership`.
+const OLDEST_THREE: &str = "3.17";
+const OLDEST_THREE_MINOR: u64 = 17;
 
 fn parse(version: &str) -> Option<Major> {
     let major = version.strip_prefix('v').unwrap_or(version);
@@ -135,6 +146,18 @@ fn parse(version: &str) -> Option<Major> {
         "4" => Some(Major::Four),
         _ => None,
     }
+}
+
+/// Whether helm 3 `version` (`v3.MINOR.PATCH…`) is [`OLDEST_THREE`] or
+/// newer. A minor that does not parse as a number is taken as new (a
+/// build of our own, say): helm's own flags then decide.
+fn at_least_oldest_three(version: &str) -> bool {
+    let bare = version.strip_prefix('v').unwrap_or(version);
+    let minor = bare.split('.').nth(1).unwrap_or_default();
+    let digits: String = minor.chars().take_while(char::is_ascii_digit).collect();
+    digits
+        .parse::<u64>()
+        .map_or(true, |minor| minor >= OLDEST_THREE_MINOR)
 }
 
 #[cfg(test)]
@@ -148,6 +171,16 @@ mod tests {
         assert_eq!(parse("4.0.0-rc.1"), Some(Major::Four));
         assert_eq!(parse("v2.17.0"), None);
         assert_eq!(parse(""), None);
+    }
+
+    #[test]
+    fn helm_3_older_than_3_17_is_refused() {
+        assert!(at_least_oldest_three("v3.17.0"));
+        assert!(at_least_oldest_three("v3.22.0"));
+        assert!(at_least_oldest_three("3.100.1"));
+        assert!(!at_least_oldest_three("v3.16.4"));
+        assert!(!at_least_oldest_three("v3.9.0"));
+        assert!(!at_least_oldest_three("v3.1-rc.1"));
     }
 
     #[tokio::test]

@@ -6,12 +6,13 @@
 
 use std::path::PathBuf;
 
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, Role, RoleBinding};
 use kube::Client;
 use kube::api::{Api, DeleteParams, PostParams};
 use provisioners::{Context, Owner, OwnerKeys};
-use provisioners_helm::HelmRelease;
+use provisioners_helm::{HelmRelease, RECORD_OWNER_ANNOTATION, RECORD_SEAL_PREFIX};
 use provisioners_lab::cluster::TestNamespace;
 use serde_json::json;
 
@@ -138,4 +139,31 @@ pub fn annotation<'a>(secret: &'a Secret, key: &str) -> Option<&'a str> {
         .as_ref()
         .and_then(|a| a.get(key))
         .map(String::as_str)
+}
+
+/// Removes what sealing revision `revision` wrote (as if the process died
+/// between helm's write and the seal), with the run's signed intent
+/// `intent` left on the Lease (as the run leaves it until its seal), or none.
+pub async fn unseal(ns: &TestNamespace, release: &str, revision: u32, intent: Option<String>) {
+    let mut lease_annotations = serde_json::Map::new();
+    lease_annotations.insert(format!("{RECORD_SEAL_PREFIX}{revision}"), json!(null));
+    lease_annotations.insert("provisioners.dev/helm-intent".to_owned(), json!(intent));
+    ns.api::<Lease>()
+        .patch(
+            &format!("provisioners-helm.{release}"),
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"metadata": {"annotations": lease_annotations}})),
+        )
+        .await
+        .expect("unseal the Lease");
+    ns.api::<Secret>()
+        .patch(
+            &format!("sh.helm.release.v1.{release}.v{revision}"),
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(
+                json!({"metadata": {"annotations": {RECORD_OWNER_ANNOTATION: null}}}),
+            ),
+        )
+        .await
+        .expect("unseal the record");
 }
