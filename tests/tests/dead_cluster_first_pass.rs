@@ -10,7 +10,8 @@
 //! The shared `remote` control plane is never stopped (other tests use it):
 //! the proxy in front of it holds the requests. Times are printed; the
 //! assertions are on the mechanism (the error is the breaker's, what the
-//! proxy held), with bounds far from the old 20 s so load cannot fail them.
+//! proxy held), not on how long a pass took; the only bound on time is the
+//! 6 s the proxy holds a LIST back, which no load can shorten.
 
 use std::time::{Duration, Instant};
 
@@ -81,7 +82,6 @@ async fn a_cluster_that_stops_answering_costs_its_first_pass_a_probe_not_the_dea
     assert!(text.contains("cluster `stopping` is unreachable"), "{text}");
     assert!(!text.contains("no answer within 20s"), "{text}");
     assert!(!Health::of(cx.cluster()).is_reachable());
-    assert!(first < Duration::from_secs(10), "{first:?}: {text}");
     let held = hold.held();
     let probes = held.iter().filter(|r| r.path == "/version").count();
     eprintln!("held: {} requests, {probes} probes", held.len());

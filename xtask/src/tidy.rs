@@ -15,6 +15,7 @@
 mod core_names;
 mod cycles;
 mod docs;
+mod features;
 mod lex;
 mod lints;
 mod manifest;
@@ -56,6 +57,7 @@ fn all_problems(root: &Path) -> Vec<String> {
     let mut found = problems(root);
     found.extend(docs::problems(root, &docs::Tasks::of_xtask()));
     found.extend(rbac::problems(root));
+    found.extend(features::problems(root));
     found.extend(architecture_problems(root));
     check_msrv(root, &mut found);
     check_dockerfiles(root, &mut found);
