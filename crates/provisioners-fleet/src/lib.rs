@@ -99,6 +99,7 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod depart;
 mod fleet;
 mod member;
 mod node;

@@ -10,6 +10,7 @@ use futures::stream::FuturesUnordered;
 use provisioners_core::{Context, Error, Operation, Result, Waiting};
 use provisioners_kit::kubeconfig::{ClaimedSecret, KubeconfigClaims, kubeconfig_finalizer};
 
+use crate::depart::{self, Departures};
 use crate::fleet::Fleet;
 use crate::member::Member;
 use crate::record::{MemberState, Record};
@@ -28,7 +29,7 @@ fn rounds(members: &[Member], waves: &[usize], in_flight: usize) -> usize {
 
 /// Runs the members at `positions` (at most `limit` at once) and returns
 /// their outcomes by position.
-async fn run_members(
+pub(crate) async fn run_members(
     fleet: &Fleet,
     cx: &Context,
     members: &[Member],
@@ -60,53 +61,95 @@ fn records_of(stored: &Stored, members: &[Member]) -> Vec<Option<Record>> {
         .collect()
 }
 
-/// Keys of members that left the fleet: dropped from the state, except
-/// (on a provision pass, at `revision`) those of members that left while
-/// failed: their records are kept and they are held against the failure
-/// budget, also in the ledger, so that relabelling a failed member's
-/// Secret out of the selector (or deleting its key) does not free its
-/// budget. Sets `stored.held` to the members held.
-fn departed(
+/// The members that left the fleet, sorted (see `depart`), with the
+/// members held on the ledger at `revision` added to those held; sets
+/// `stored.held` to what the next write keeps, and returns the keys
+/// dropped now as changes.
+fn departures(
+    fleet: &Fleet,
     stored: &mut Stored,
-    members: &[Member],
+    active: &[Member],
+    leaving: &[Member],
     revision: Option<&str>,
-) -> BTreeMap<String, Option<Record>> {
-    let listed = |key: &str| members.iter().any(|m| m.name() == key);
-    let failed_at = |record: &Option<Record>| {
-        record.as_ref().is_some_and(|r| {
-            r.state == MemberState::Failed && revision.is_some_and(|rev| r.digest == rev)
-        })
-    };
-    let mut held: BTreeSet<String> = revision
-        .map(|rev| stored.held.at(rev))
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|name| !listed(name))
-        .collect();
-    let mut dropped = BTreeMap::new();
-    for (key, record) in &stored.records {
-        if listed(key) {
-            continue;
-        }
-        if failed_at(record) {
-            held.insert(key.clone());
-            continue;
-        }
-        tracing::info!(member = %key, "member left the fleet: its state is dropped");
-        dropped.insert(key.clone(), None);
+) -> (Departures, BTreeMap<String, Option<Record>>) {
+    let active: BTreeSet<&str> = active.iter().map(Member::name).collect();
+    let leaving: BTreeSet<&str> = leaving.iter().map(Member::name).collect();
+    let mut sorted = depart::sort(
+        &stored.records,
+        &active,
+        &leaving,
+        revision,
+        fleet.orphan_departed,
+    );
+    if let Some(rev) = revision {
+        sorted.held.extend(
+            stored
+                .held
+                .at(rev)
+                .into_iter()
+                .filter(|name| !active.contains(name.as_str())),
+        );
     }
-    if !held.is_empty() {
+    if !sorted.held.is_empty() {
         tracing::warn!(
-            held = %schedule::list(held.iter().map(String::as_str)),
+            held = %schedule::list(sorted.held.iter().map(String::as_str)),
             "members left the fleet while failed: they count against the failure budget until \
              a new revision, or until a person clears them (docs/fleet.md)"
         );
     }
     stored.held = Held {
         revision: revision.unwrap_or_default().to_owned(),
-        members: held,
+        members: sorted.held.clone(),
     };
-    dropped
+    let dropped = sorted
+        .dropped
+        .iter()
+        .map(|key| {
+            tracing::info!(member = %key, "member left the fleet: its state is dropped");
+            (key.clone(), None)
+        })
+        .collect();
+    (sorted, dropped)
+}
+
+/// The members in rollout order, split: those the fleet provisions (with
+/// their waves) and those listed as leaving.
+fn split(members: Vec<Member>, waves: Vec<usize>) -> (Vec<Member>, Vec<usize>, Vec<Member>) {
+    let mut active = Vec::with_capacity(members.len());
+    let mut active_waves = Vec::with_capacity(members.len());
+    let mut leaving = Vec::new();
+    for (member, wave) in members.into_iter().zip(waves) {
+        if member.is_leaving() {
+            leaving.push(member);
+        } else {
+            active.push(member);
+            active_waves.push(wave);
+        }
+    }
+    (active, active_waves, leaving)
+}
+
+/// The names of every listed member, for the state's move (`migrate`).
+fn listed(members: &[Member], leaving: &[Member]) -> BTreeSet<String> {
+    members
+        .iter()
+        .chain(leaving)
+        .map(|m| m.name().to_owned())
+        .collect()
+}
+
+/// `text` and what is left of the departed members' removal.
+fn with_departing(mut text: String, left: &[(String, String)]) -> String {
+    if !left.is_empty() {
+        text.push_str(&format!(
+            "; {} left the fleet and {} being removed ({}; first: {})",
+            left.len(),
+            if left.len() == 1 { "is" } else { "are" },
+            schedule::list(left.iter().map(|(name, _)| name.as_str())),
+            left[0].1
+        ));
+    }
+    text
 }
 
 /// Claims the kubeconfig Secret of every listed member whose subtree may
@@ -208,14 +251,33 @@ impl Rounds<'_> {
 
 /// One provision pass.
 pub(crate) async fn provision(fleet: &Fleet, cx: &Context) -> Result<()> {
+    let cx = &fleet.acting(cx);
     let state = fleet.state_map(cx)?;
     let (members, waves) = fleet.arranged(cx).await?;
+    let (members, waves, leaving) = split(members, waves);
     let mut settings = fleet.settings(members.len());
-    let mut stored = state.load(cx).await?;
+    let mut stored = state.load_for_pass(cx, &listed(&members, &leaving)).await?;
     claim_secrets(cx, &members, &records_of(&stored, &members));
-    let mut changes = departed(&mut stored, &members, Some(&fleet.revision));
+    let (sorted, mut changes) = departures(
+        fleet,
+        &mut stored,
+        &members,
+        &leaving,
+        Some(&fleet.revision),
+    );
     let held: Vec<String> = stored.held.members.iter().cloned().collect();
     settings.held = held.len();
+    let left = depart::remove(
+        fleet,
+        cx,
+        &stored.records,
+        &sorted.departing,
+        &leaving,
+        Some(&fleet.revision),
+        settings.max_in_flight,
+        &mut changes,
+    )
+    .await;
     let rounds = Rounds {
         fleet,
         cx,
@@ -247,7 +309,7 @@ pub(crate) async fn provision(fleet: &Fleet, cx: &Context) -> Result<()> {
         SystemTime::now(),
     );
     pass.held = held;
-    if pass.complete() {
+    if pass.complete() && left.is_empty() {
         if !pass.failed.is_empty() {
             tracing::warn!(
                 fleet = fleet_name(cx),
@@ -258,11 +320,21 @@ pub(crate) async fn provision(fleet: &Fleet, cx: &Context) -> Result<()> {
         }
         return Ok(());
     }
-    let summary = pass.summary(&names(&members));
+    let summary = if pass.complete() {
+        with_departing("rolled out".to_owned(), &left)
+    } else {
+        with_departing(pass.summary(&names(&members)), &left)
+    };
     if pass.halted {
         tracing::warn!(fleet = fleet_name(cx), "{summary}");
     }
-    let reason = if pass.halted { "halted" } else { "rollout" };
+    let reason = if pass.halted {
+        "halted"
+    } else if pass.complete() {
+        "departing"
+    } else {
+        "rollout"
+    };
     Err(
         Error::yielding(summary).waiting_on(Waiting::new(reason).object(format!(
             "fleet {} revision {}",
@@ -278,13 +350,25 @@ fn fleet_name(cx: &Context) -> &str {
 
 /// One deprovision pass.
 pub(crate) async fn deprovision(fleet: &Fleet, cx: &Context) -> Result<()> {
+    let cx = &fleet.acting(cx);
     let state = fleet.state_map(cx)?;
     let (members, waves) = fleet.arranged(cx).await?;
     let broken: Vec<bool> = members.iter().map(|m| m.problem().is_some()).collect();
     let settings = fleet.settings(members.len());
-    let mut stored = state.load(cx).await?;
+    let mut stored = state.load_for_pass(cx, &listed(&members, &[])).await?;
     claim_secrets(cx, &members, &records_of(&stored, &members));
-    let mut changes = departed(&mut stored, &members, None);
+    let (sorted, mut changes) = departures(fleet, &mut stored, &members, &[], None);
+    let left = depart::remove(
+        fleet,
+        cx,
+        &stored.records,
+        &sorted.departing,
+        &[],
+        None,
+        settings.max_in_flight,
+        &mut changes,
+    )
+    .await;
     let rounds = Rounds {
         fleet,
         cx,
@@ -306,9 +390,10 @@ pub(crate) async fn deprovision(fleet: &Fleet, cx: &Context) -> Result<()> {
         .await?;
     let records = records_of(&stored, &members);
     let removal = schedule::deprovision(&waves, &records, &broken);
-    if removal.complete() {
+    if removal.complete() && left.is_empty() {
         return state.delete(cx, &stored).await;
     }
-    Err(Error::yielding(removal.summary(&names(&members)))
+    let summary = with_departing(removal.summary(&names(&members)), &left);
+    Err(Error::yielding(summary)
         .waiting_on(Waiting::new("deprovision").object(format!("fleet {}", cx.path()))))
 }
