@@ -116,7 +116,8 @@ async fn a_budget_of_one_halts_a_budget_of_two_completes_and_deprovision_abandon
         ),
         "{message}"
     );
-    let records = sim.records("owner-budget").await;
+    let state_name = fleet.state_name(&cx).expect("the state's name");
+    let records = sim.records_in(&state_name).await;
     for i in 0..20 {
         let name = format!("m{i:02}");
         let want = match (wave_of(&name), DEAD.contains(&i)) {
@@ -152,16 +153,16 @@ async fn a_budget_of_one_halts_a_budget_of_two_completes_and_deprovision_abandon
     assert!(canaries_done <= others_start);
 
     // A halted pass that changes nothing writes nothing.
-    let version = sim.state_version("owner-budget").await;
+    let version = sim.state_version_of(&state_name).await;
     let again = cx.provision(&fleet).await;
     assert!(again.is_err_and(|e| e.message().starts_with("halted")));
-    assert_eq!(sim.state_version("owner-budget").await, version);
+    assert_eq!(sim.state_version_of(&state_name).await, version);
 
     // Budget 2 (raised): the rollout resumes and completes.
     let fleet = build(2);
     let (result, count) = passes(&cx, &fleet, false, DEADLINE, |r| r.is_ok()).await;
     eprintln!("completed after {count} more passes: {result:?}");
-    let records = sim.records("owner-budget").await;
+    let records = sim.records_in(&state_name).await;
     for i in 14..20 {
         let name = format!("m{i:02}");
         assert_eq!(state(&records, &name), "done", "{name}");
@@ -211,7 +212,7 @@ async fn a_budget_of_one_halts_a_budget_of_two_completes_and_deprovision_abandon
         assert!(sim.object(&name).await.is_none(), "{name} is gone");
     }
     assert_eq!(
-        sim.state_version("owner-budget").await,
+        sim.state_version_of(&state_name).await,
         None,
         "the state is deleted"
     );

@@ -163,12 +163,19 @@ impl Sim {
             .expect("a live member")
     }
 
-    /// The fleet `fleet`'s state: member -> its record as JSON.
+    /// The state of fleet `fleet` run without an owner: member -> its
+    /// record as JSON.
     pub(crate) async fn records(&self, fleet: &str) -> BTreeMap<String, serde_json::Value> {
+        self.records_in(&format!("fleet-{fleet}")).await
+    }
+
+    /// The state in ConfigMap `name` (`Fleet::state_name`): member -> its
+    /// record as JSON.
+    pub(crate) async fn records_in(&self, name: &str) -> BTreeMap<String, serde_json::Value> {
         let map = self
             .state
             .api::<ConfigMap>()
-            .get_opt(&format!("fleet-{fleet}"))
+            .get_opt(name)
             .await
             .expect("read the state ConfigMap");
         map.and_then(|m| m.data)
@@ -178,11 +185,17 @@ impl Sim {
             .collect()
     }
 
-    /// The resourceVersion of the state ConfigMap (none when absent).
+    /// The resourceVersion of the state ConfigMap of fleet `fleet` run
+    /// without an owner (none when absent).
     pub(crate) async fn state_version(&self, fleet: &str) -> Option<String> {
+        self.state_version_of(&format!("fleet-{fleet}")).await
+    }
+
+    /// The resourceVersion of state ConfigMap `name` (none when absent).
+    pub(crate) async fn state_version_of(&self, name: &str) -> Option<String> {
         self.state
             .api::<ConfigMap>()
-            .get_opt(&format!("fleet-{fleet}"))
+            .get_opt(name)
             .await
             .expect("read the state ConfigMap")
             .and_then(|m| m.metadata.resource_version)
