@@ -114,6 +114,21 @@ impl Sim {
         }))
     }
 
+    /// The fleet's members named in `names` only.
+    pub(crate) fn fleet_members_of(&self, tag: &str, names: &[&str]) -> Members {
+        Members::list(
+            self.members
+                .iter()
+                .filter(|m| names.contains(&m.name.as_str()))
+                .map(|m| {
+                    Member::new(
+                        m.name.clone(),
+                        StaticKubeconfig::new(format!("{tag}-{}", m.name), m.kubeconfig.clone()),
+                    )
+                }),
+        )
+    }
+
     /// The members as Cluster API leaves them: Secret `<member>-kubeconfig`
     /// in the state namespace, labelled with the cluster's name, the
     /// kubeconfig under `value`; listed by `Members::from_secrets`.
