@@ -303,7 +303,9 @@ async fn keys(ns: &TestNamespace, name: &str) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs the local control plane (cargo xtask test)"]
 async fn a_cluster_that_leaves_the_selector_has_its_subtree_removed_unless_orphaned() {
-    let capi = TestNamespace::create("fleet-leave").await.expect("namespace");
+    let capi = TestNamespace::create("fleet-leave")
+        .await
+        .expect("namespace");
     let mut namespaces = BTreeMap::new();
     let mut live = Vec::new();
     let kubeconfig = HarnessCluster::Primary.kubeconfig().expect("kubeconfig");
@@ -385,7 +387,11 @@ async fn a_cluster_that_leaves_the_selector_has_its_subtree_removed_unless_orpha
     // What the runtime's sweep does with an orphaned member's finalizer.
     let patch = serde_json::json!({ "metadata": { "finalizers": null } });
     capi.api::<Secret>()
-        .patch("c3-kubeconfig", &PatchParams::default(), &Patch::Merge(&patch))
+        .patch(
+            "c3-kubeconfig",
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
         .await
         .expect("release c3's Secret");
 }

@@ -223,7 +223,10 @@ async fn two_owners_named_alike_in_two_namespaces_keep_their_state_apart() {
         let records = sim.records_in(name).await;
         let keys: Vec<&str> = records.keys().map(String::as_str).collect();
         assert_eq!(keys, members, "{name}: {records:?}");
-        assert!(records.values().all(|r| r["state"] == "done"), "{records:?}");
+        assert!(
+            records.values().all(|r| r["state"] == "done"),
+            "{records:?}"
+        );
     }
     for member in ["m01", "m03"] {
         assert!(sim.object(member).await.is_some(), "{member} provisioned");
@@ -291,7 +294,9 @@ async fn a_re_created_owner_takes_over_its_predecessors_fleet() {
     let result = cx.provision(&fleet()).await;
     assert!(result.is_err(), "{result:?}");
     assert_eq!(journal.started(), ["m00", "m01"]);
-    let foreign = sim.records_in(&fleet().state_name(&cx).expect("a name")).await;
+    let foreign = sim
+        .records_in(&fleet().state_name(&cx).expect("a name"))
+        .await;
     assert!(
         foreign.values().all(|r| r["state"] == "failed"),
         "{foreign:?}"

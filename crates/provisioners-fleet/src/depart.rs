@@ -93,7 +93,7 @@ fn held_at(record: &Record, revision: Option<&str>) -> bool {
 
 /// One removal pass of the `departing` members (those in `leaving` are
 /// listed, the others reached through the fleet's members source), at most
-/// `limit` at once. Puts each one's next record (or `None`: its key is
+/// the rollout's `max_in_flight` at once. Puts each one's next record (or `None`: its key is
 /// dropped) into `changes`, and returns the members still being removed,
 /// each with the reason.
 pub(crate) async fn remove(
@@ -103,7 +103,6 @@ pub(crate) async fn remove(
     departing: &[String],
     leaving: &[Member],
     revision: Option<&str>,
-    limit: usize,
     changes: &mut BTreeMap<String, Option<Record>>,
 ) -> Vec<(String, String)> {
     if departing.is_empty() {
@@ -158,7 +157,7 @@ pub(crate) async fn remove(
         cx,
         &members,
         &positions,
-        limit,
+        fleet.rollout.max_in_flight,
         Operation::Deprovision,
     )
     .await;
@@ -309,7 +308,11 @@ mod tests {
         .into();
         let leaving = set(&["new", "gone", "unknown"]);
         let sorted = sort(&records, &set(&[]), &leaving, Some("rev-1"), true);
-        assert_eq!(sorted.departing, ["new", "unknown"], "orphan does not apply");
+        assert_eq!(
+            sorted.departing,
+            ["new", "unknown"],
+            "orphan does not apply"
+        );
         assert!(sorted.dropped.is_empty(), "{sorted:?}");
     }
 }

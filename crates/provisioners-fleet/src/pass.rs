@@ -274,7 +274,6 @@ pub(crate) async fn provision(fleet: &Fleet, cx: &Context) -> Result<()> {
         &sorted.departing,
         &leaving,
         Some(&fleet.revision),
-        settings.max_in_flight,
         &mut changes,
     )
     .await;
@@ -365,7 +364,6 @@ pub(crate) async fn deprovision(fleet: &Fleet, cx: &Context) -> Result<()> {
         &sorted.departing,
         &[],
         None,
-        settings.max_in_flight,
         &mut changes,
     )
     .await;

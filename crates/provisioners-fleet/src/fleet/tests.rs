@@ -100,7 +100,11 @@ async fn the_state_is_unique_per_owner_and_a_successor_takes_over_by_uid() {
     let map_a = fleet().state_map(&a).unwrap();
     let map_b = fleet().state_map(&b).unwrap();
     assert_ne!(map_a.name, map_b.name, "two owners named alike never share");
-    assert!(map_a.name.starts_with("fleet-prod-addons-"), "{}", map_a.name);
+    assert!(
+        map_a.name.starts_with("fleet-prod-addons-"),
+        "{}",
+        map_a.name
+    );
     assert_eq!(map_a.name.len(), "fleet-prod-addons-".len() + 8);
     assert_eq!(map_a.former.as_deref(), Some("fleet-prod-addons"));
     assert_eq!(fleet().state_name(&a).unwrap(), map_a.name);
