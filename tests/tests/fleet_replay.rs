@@ -1,8 +1,9 @@
 //! Whose fleet state is whose, against the local control plane (the
 //! simulation of `fleet_support`): a tenant replays a fleet member's own
 //! old record (issue 38); two owners named alike in two namespaces keep
-//! their state apart, and a re-created owner takes over its predecessor's
-//! fleet (issue 43).
+//! their state apart, a re-created owner takes over its predecessor's
+//! fleet, and a member that leaves a list is removed only when listed as
+//! leaving (issue 43).
 //!
 //! With owner keys a record cannot be forged, but before the fleet's
 //! ledger a member's genuine `gone` record from an earlier deprovision,
@@ -20,7 +21,7 @@ use fleet_support::{Journal, Sim, context, passes, subtree};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use provisioners::{Owner, OwnerKeys, Provisioner};
-use provisioners_fleet::{Fleet, Member, Rollout};
+use provisioners_fleet::{Fleet, Member, Members, Rollout};
 use provisioners_lab::cluster::TestNamespace;
 
 const DEADLINE: Duration = Duration::from_secs(60);
@@ -317,4 +318,57 @@ async fn a_re_created_owner_takes_over_its_predecessors_fleet() {
         assert!(sim.object(member).await.is_none(), "{member} removed");
     }
     assert!(sim.records_in(&state).await.is_empty(), "the state is gone");
+}
+
+/// A member that leaves a fleet's list cannot be reached any more: with
+/// the default unreachable policy the fleet yields, naming it and what to
+/// do, and keeps its key; listed as leaving, its subtree is removed and it
+/// is recorded gone; then out of the list, its key is dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs the local control plane (cargo xtask test)"]
+async fn a_member_that_leaves_a_list_is_removed_when_listed_as_leaving() {
+    let sim = Sim::new("fleet-list-leave", 2, &[]).await;
+    let namespaces = sim.namespaces();
+    let fleet = |members: Members| {
+        Fleet::new("leave", members, subtree(namespaces.clone(), "rev-1"))
+            .revision("rev-1")
+            .state_in(sim.state.name())
+    };
+    let cx = context(Arc::new(Journal::default())).await;
+    let both = fleet(sim.fleet_members("leave"));
+    let (result, _) = passes(&cx, &both, false, DEADLINE, |r| r.is_ok()).await;
+    assert!(result.is_ok(), "{result:?}");
+
+    let alone = fleet(Members::list([sim.member("leave", "m00")]));
+    let error = cx
+        .provision(&alone)
+        .await
+        .expect_err("m01 left unreachable");
+    assert!(error.is_yield(), "{error}");
+    assert!(
+        error.message().contains("m01") && error.message().contains("Member::leaving()"),
+        "{error}"
+    );
+    assert!(sim.object("m01").await.is_some(), "m01's subtree is kept");
+    assert!(sim.records("leave").await.contains_key("m01"));
+
+    let leaving = fleet(Members::list([
+        sim.member("leave", "m00"),
+        sim.member("leave", "m01").leaving(),
+    ]));
+    let (result, _) = passes(&cx, &leaving, false, DEADLINE, |r| r.is_ok()).await;
+    assert!(result.is_ok(), "{result:?}");
+    assert!(
+        sim.object("m01").await.is_none(),
+        "m01's subtree is removed"
+    );
+    assert_eq!(sim.records("leave").await["m01"]["state"], "gone");
+
+    cx.provision(&alone)
+        .await
+        .expect("m01 gone: nothing left to do");
+    let keys: Vec<String> = sim.records("leave").await.into_keys().collect();
+    assert_eq!(keys, ["m00"]);
+    let (result, _) = passes(&cx, &alone, true, DEADLINE, |r| r.is_ok()).await;
+    assert!(result.is_ok(), "{result:?}");
 }

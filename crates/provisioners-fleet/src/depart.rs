@@ -131,9 +131,12 @@ pub(crate) async fn remove(
             }
             Reach::Unreachable(why) => {
                 let outcome = match fleet.unreachable {
+                    // Not marked unreachable: its cluster may answer, and
+                    // once it is listed as leaving and removed, it is gone,
+                    // not abandoned.
                     UnreachablePolicy::Wait => Outcome::Waiting {
                         message: format!("{}/{name}: {why}", cx.path()),
-                        unreachable: true,
+                        unreachable: false,
                     },
                     _ => {
                         tracing::warn!(

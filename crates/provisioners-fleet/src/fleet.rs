@@ -241,6 +241,27 @@ impl Fleet {
     /// The members in rollout order, each with its wave.
     pub(crate) async fn arranged(&self, cx: &Context) -> Result<(Vec<Member>, Vec<usize>)> {
         let members = self.members.resolve(cx).await?;
+        Ok(self.arrange(&members))
+    }
+
+    /// The members the fleet provisions, in rollout order with their waves
+    /// (members [leaving](Member::leaving) take no place in a wave), and
+    /// those leaving.
+    pub(crate) async fn arranged_active(
+        &self,
+        cx: &Context,
+    ) -> Result<(Vec<Member>, Vec<usize>, Vec<Member>)> {
+        let (leaving, active): (Vec<Member>, Vec<Member>) = self
+            .members
+            .resolve(cx)
+            .await?
+            .into_iter()
+            .partition(Member::is_leaving);
+        let (members, waves) = self.arrange(&active);
+        Ok((members, waves, leaving))
+    }
+
+    fn arrange(&self, members: &[Member]) -> (Vec<Member>, Vec<usize>) {
         let keys: Vec<(&str, &std::collections::BTreeMap<String, String>)> =
             members.iter().map(|m| (m.name(), m.labels())).collect();
         let arranged = self.rollout.arrange(&keys);
@@ -249,7 +270,7 @@ impl Fleet {
             .iter()
             .map(|&(index, _)| members[index].clone())
             .collect();
-        Ok((ordered, waves))
+        (ordered, waves)
     }
 
     /// `member`'s remote node: named after it, its subtree below.

@@ -112,23 +112,6 @@ fn departures(
     (sorted, dropped)
 }
 
-/// The members in rollout order, split: those the fleet provisions (with
-/// their waves) and those listed as leaving.
-fn split(members: Vec<Member>, waves: Vec<usize>) -> (Vec<Member>, Vec<usize>, Vec<Member>) {
-    let mut active = Vec::with_capacity(members.len());
-    let mut active_waves = Vec::with_capacity(members.len());
-    let mut leaving = Vec::new();
-    for (member, wave) in members.into_iter().zip(waves) {
-        if member.is_leaving() {
-            leaving.push(member);
-        } else {
-            active.push(member);
-            active_waves.push(wave);
-        }
-    }
-    (active, active_waves, leaving)
-}
-
 /// The names of every listed member, for the state's move (`migrate`).
 fn listed(members: &[Member], leaving: &[Member]) -> BTreeSet<String> {
     members
@@ -253,8 +236,7 @@ impl Rounds<'_> {
 pub(crate) async fn provision(fleet: &Fleet, cx: &Context) -> Result<()> {
     let cx = &fleet.acting(cx);
     let state = fleet.state_map(cx)?;
-    let (members, waves) = fleet.arranged(cx).await?;
-    let (members, waves, leaving) = split(members, waves);
+    let (members, waves, leaving) = fleet.arranged_active(cx).await?;
     let mut settings = fleet.settings(members.len());
     let mut stored = state.load_for_pass(cx, &listed(&members, &leaving)).await?;
     claim_secrets(cx, &members, &records_of(&stored, &members));

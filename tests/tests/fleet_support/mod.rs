@@ -114,6 +114,19 @@ impl Sim {
         }))
     }
 
+    /// The member `name`, its own `StaticKubeconfig`.
+    pub(crate) fn member(&self, tag: &str, name: &str) -> Member {
+        let member = self
+            .members
+            .iter()
+            .find(|m| m.name == name)
+            .expect("a member of the simulation");
+        Member::new(
+            name.to_owned(),
+            StaticKubeconfig::new(format!("{tag}-{name}"), member.kubeconfig.clone()),
+        )
+    }
+
     /// The fleet's members named in `names` only.
     pub(crate) fn fleet_members_of(&self, tag: &str, names: &[&str]) -> Members {
         Members::list(
