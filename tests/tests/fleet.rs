@@ -486,7 +486,7 @@ async fn more_member_clusters_than_the_old_cache_bound_start_no_second_helm_run(
     use std::os::unix::fs::PermissionsExt as _;
 
     const MEMBERS: usize = 300;
-    let with_helm = |i: usize| i % 50 == 0; // 6 releases, on 8 helm slots
+    let with_helm = |i: usize| i.is_multiple_of(50); // 6 releases, on 8 helm slots
     let ns = provisioners_lab::cluster::TestNamespace::create("fleet-many")
         .await
         .expect("namespace");
