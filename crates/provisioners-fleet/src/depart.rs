@@ -155,15 +155,15 @@ pub(crate) async fn remove(
     }
     claim(cx, &members);
     let positions: Vec<usize> = (0..members.len()).collect();
-    let ran = crate::pass::run_members(
-        fleet,
-        cx,
-        &members,
-        &positions,
-        fleet.rollout.max_in_flight,
-        Operation::Deprovision,
-    )
-    .await;
+    let ran = fleet
+        .run_all(
+            cx,
+            &members,
+            &positions,
+            fleet.rollout.max_in_flight,
+            Operation::Deprovision,
+        )
+        .await;
     outcomes.extend(
         ran.into_iter()
             .map(|(p, outcome)| (members[p].name().to_owned(), outcome)),

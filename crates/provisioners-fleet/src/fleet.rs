@@ -285,6 +285,34 @@ impl Fleet {
         target.provision_on((self.subtree)(member))
     }
 
+    /// Runs the members at `positions` (at most `limit` at once) and
+    /// returns their outcomes by position.
+    pub(crate) async fn run_all(
+        &self,
+        cx: &Context,
+        members: &[Member],
+        positions: &[usize],
+        limit: usize,
+        operation: Operation,
+    ) -> Vec<(usize, Outcome)> {
+        use futures::StreamExt as _;
+
+        let mut waiting = positions.iter().copied();
+        let mut running = futures::stream::FuturesUnordered::new();
+        let start = |p: usize| async move { (p, self.run(cx, &members[p], operation).await) };
+        for p in waiting.by_ref().take(limit.max(1)) {
+            running.push(start(p));
+        }
+        let mut outcomes = Vec::with_capacity(positions.len());
+        while let Some(done) = running.next().await {
+            outcomes.push(done);
+            if let Some(p) = waiting.next() {
+                running.push(start(p));
+            }
+        }
+        outcomes
+    }
+
     /// One pass of `member`'s subtree.
     pub(crate) async fn run(&self, cx: &Context, member: &Member, operation: Operation) -> Outcome {
         if let Some(problem) = member.problem() {

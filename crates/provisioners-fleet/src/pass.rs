@@ -5,8 +5,6 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant, SystemTime};
 
-use futures::StreamExt;
-use futures::stream::FuturesUnordered;
 use provisioners_core::{Context, Error, Operation, Result, Waiting};
 use provisioners_kit::kubeconfig::{ClaimedSecret, KubeconfigClaims, kubeconfig_finalizer};
 
@@ -25,32 +23,6 @@ const ROUNDS_FOR: Duration = Duration::from_secs(5);
 fn rounds(members: &[Member], waves: &[usize], in_flight: usize) -> usize {
     let waves = waves.iter().max().map_or(0, |w| w + 1);
     members.len().div_ceil(in_flight.max(1)) + waves + 1
-}
-
-/// Runs the members at `positions` (at most `limit` at once) and returns
-/// their outcomes by position.
-pub(crate) async fn run_members(
-    fleet: &Fleet,
-    cx: &Context,
-    members: &[Member],
-    positions: &[usize],
-    limit: usize,
-    operation: Operation,
-) -> Vec<(usize, Outcome)> {
-    let mut waiting = positions.iter().copied();
-    let mut running = FuturesUnordered::new();
-    let start = |p: usize| async move { (p, fleet.run(cx, &members[p], operation).await) };
-    for p in waiting.by_ref().take(limit.max(1)) {
-        running.push(start(p));
-    }
-    let mut outcomes = Vec::with_capacity(positions.len());
-    while let Some(done) = running.next().await {
-        outcomes.push(done);
-        if let Some(p) = waiting.next() {
-            running.push(start(p));
-        }
-    }
-    outcomes
 }
 
 /// Each member's record, in rollout order.
@@ -202,15 +174,10 @@ impl Rounds<'_> {
             if run.is_empty() {
                 break;
             }
-            let outcomes = run_members(
-                self.fleet,
-                self.cx,
-                self.members,
-                &run,
-                self.in_flight,
-                self.operation,
-            )
-            .await;
+            let outcomes = self
+                .fleet
+                .run_all(self.cx, self.members, &run, self.in_flight, self.operation)
+                .await;
             let now = SystemTime::now();
             let mut finished = false;
             for (p, outcome) in outcomes {
