@@ -381,7 +381,16 @@ async fn a_cluster_that_leaves_the_selector_has_its_subtree_removed_unless_orpha
     assert!(object(2).await.is_some(), "c3's subtree was left");
     assert_eq!(keys(&capi, &name).await, ["c1"]);
 
-    let (result, _) = passes(&cx, &orphaning, true, DEADLINE, Result::is_ok).await;
+    // A fleet that lists nobody removes nobody on a provision pass.
+    select(&capi, "c1-kubeconfig", "off").await;
+    let error = cx.provision(&fleet).await.expect_err("it lists nobody");
+    assert!(
+        error.is_yield() && error.message().contains("lists no member"),
+        "{error}"
+    );
+    assert!(object(0).await.is_some(), "c1's subtree is kept");
+    // Deprovisioning the fleet removes what it had all the same.
+    let (result, _) = passes(&cx, &fleet, true, DEADLINE, Result::is_ok).await;
     result.expect("deprovisioned");
     assert!(object(0).await.is_none());
     // What the runtime's sweep does with an orphaned member's finalizer.

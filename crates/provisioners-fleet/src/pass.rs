@@ -216,16 +216,33 @@ pub(crate) async fn provision(fleet: &Fleet, cx: &Context) -> Result<()> {
     );
     let held: Vec<String> = stored.held.members.iter().cloned().collect();
     settings.held = held.len();
-    let left = depart::remove(
-        fleet,
-        cx,
-        &stored.records,
-        &sorted.departing,
-        &leaving,
-        Some(&fleet.revision),
-        &mut changes,
-    )
-    .await;
+    let left = if members.is_empty() && leaving.is_empty() && !sorted.departing.is_empty() {
+        // As a manifest with no objects never prunes: a fleet that lists
+        // nobody (a selector that matches nothing, Secrets moved) removes
+        // nobody on a provision pass. Deprovisioning the fleet removes all.
+        let why = format!(
+            "{}: the fleet lists no member, so the members it had are not removed by a \
+             provision pass; check the members' source, or deprovision the fleet to remove \
+             them all",
+            cx.path()
+        );
+        sorted
+            .departing
+            .iter()
+            .map(|name| (name.clone(), why.clone()))
+            .collect()
+    } else {
+        depart::remove(
+            fleet,
+            cx,
+            &stored.records,
+            &sorted.departing,
+            &leaving,
+            Some(&fleet.revision),
+            &mut changes,
+        )
+        .await
+    };
     let rounds = Rounds {
         fleet,
         cx,
