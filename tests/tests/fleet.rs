@@ -13,6 +13,10 @@
 //! the dead members abandoned per the unreachable policy (that test's
 //! members come from Cluster API kubeconfig Secrets).
 //!
+//! And a fleet of 300 member clusters, more than the remote cluster cache
+//! once held (256), whose helm runs stay in flight across passes: no
+//! release gets a second helm run (issue 43).
+//!
 //! Waves in these tests: canaries `m00`, `m01`; then `m02`..`m07`,
 //! `m08`..`m13`, `m14`..`m19`. Dead: `m05` (wave 2) and `m10` (wave 3).
 
@@ -116,7 +120,8 @@ async fn a_budget_of_one_halts_a_budget_of_two_completes_and_deprovision_abandon
         ),
         "{message}"
     );
-    let records = sim.records("owner-budget").await;
+    let state_name = fleet.state_name(&cx).expect("the state's name");
+    let records = sim.records_in(&state_name).await;
     for i in 0..20 {
         let name = format!("m{i:02}");
         let want = match (wave_of(&name), DEAD.contains(&i)) {
@@ -152,16 +157,16 @@ async fn a_budget_of_one_halts_a_budget_of_two_completes_and_deprovision_abandon
     assert!(canaries_done <= others_start);
 
     // A halted pass that changes nothing writes nothing.
-    let version = sim.state_version("owner-budget").await;
+    let version = sim.state_version_of(&state_name).await;
     let again = cx.provision(&fleet).await;
     assert!(again.is_err_and(|e| e.message().starts_with("halted")));
-    assert_eq!(sim.state_version("owner-budget").await, version);
+    assert_eq!(sim.state_version_of(&state_name).await, version);
 
     // Budget 2 (raised): the rollout resumes and completes.
     let fleet = build(2);
     let (result, count) = passes(&cx, &fleet, false, DEADLINE, |r| r.is_ok()).await;
     eprintln!("completed after {count} more passes: {result:?}");
-    let records = sim.records("owner-budget").await;
+    let records = sim.records_in(&state_name).await;
     for i in 14..20 {
         let name = format!("m{i:02}");
         assert_eq!(state(&records, &name), "done", "{name}");
@@ -211,7 +216,7 @@ async fn a_budget_of_one_halts_a_budget_of_two_completes_and_deprovision_abandon
         assert!(sim.object(&name).await.is_none(), "{name} is gone");
     }
     assert_eq!(
-        sim.state_version("owner-budget").await,
+        sim.state_version_of(&state_name).await,
         None,
         "the state is deleted"
     );
@@ -466,4 +471,92 @@ async fn with_owner_keys_records_a_tenant_forged_are_run_again() {
         assert_eq!(record["digest"], "rev-2");
         assert_ne!(record["mac"], signed[member]["mac"], "{member} re-signed");
     }
+}
+
+/// More member clusters (300, each its own id, so its own `Cluster`) than
+/// the remote cache's old bound of 256: a few members run a `HelmRelease`
+/// whose helm run stays in flight (a wrapper around the real helm holds
+/// every `upgrade`), the others yield on every pass, so each pass reaches
+/// all 300 clusters. Evicting a member's cluster would drop its release's
+/// record of the run in flight, and a later pass would start a second run
+/// (there are free helm slots): every release has exactly one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs the local control plane (cargo xtask test)"]
+async fn more_member_clusters_than_the_old_cache_bound_start_no_second_helm_run() {
+    use std::os::unix::fs::PermissionsExt as _;
+
+    const MEMBERS: usize = 300;
+    let with_helm = |i: usize| i.is_multiple_of(50); // 6 releases, on 8 helm slots
+    let ns = provisioners_lab::cluster::TestNamespace::create("fleet-many")
+        .await
+        .expect("namespace");
+    let dir = tempfile::tempdir().expect("a directory");
+    let (log, helm) = (dir.path().join("runs"), dir.path().join("helm"));
+    let real = provisioners_lab::cluster::helm3().expect("PROVISIONERS_HELM3");
+    let script = format!(
+        "#!/bin/sh\nfor arg in \"$@\"; do\n  if [ \"$arg\" = upgrade ]; then\n    echo \"$$ $*\" \
+         >> '{}'\n    exec sleep 120\n  fi\ndone\nexec '{}' \"$@\"\n",
+        log.display(),
+        real.display()
+    );
+    std::fs::write(&helm, script).expect("write the wrapper");
+    std::fs::set_permissions(&helm, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let kubeconfig = provisioners_lab::cluster::HarnessCluster::Primary
+        .kubeconfig()
+        .expect("kubeconfig");
+    let members = provisioners_fleet::Members::list((0..MEMBERS).map(|i| {
+        let remote =
+            provisioners_remote::StaticKubeconfig::new(format!("many-{i:03}"), kubeconfig.clone());
+        provisioners_fleet::Member::new(format!("m{i:03}"), remote)
+    }));
+    let chart = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("charts/helm-plain");
+    let namespace = ns.name().to_owned();
+    let fleet = Fleet::new("many", members, move |member| {
+        let i: usize = member.name()[1..].parse().unwrap_or(1);
+        if !with_helm(i) {
+            let idle = Box::new(provisioners_testing::Noop::new("idle"));
+            return Box::new(Gate::new(idle, false)) as Box<dyn Provisioner>;
+        }
+        let chart = provisioners_helm::Chart::local(chart.clone());
+        Box::new(
+            provisioners_helm::HelmRelease::new(format!("r{i:03}"), chart)
+                .namespace(namespace.clone())
+                .helm(&helm)
+                .pass_timeout(Duration::from_millis(100)),
+        )
+    })
+    .revision("rev-1")
+    .state_in(ns.name())
+    .rollout(Rollout::new().wave_size(MEMBERS).max_in_flight(MEMBERS));
+    let cx = context(Arc::new(Journal::default())).await;
+    for pass in 1..=3 {
+        let result = cx.provision(&fleet).await;
+        assert!(result.as_ref().is_err_and(|e| e.is_yield()), "{result:?}");
+        eprintln!(
+            "pass {pass}: {}",
+            result.err().map(|e| e.to_string()).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let runs = std::fs::read_to_string(&log).unwrap_or_default();
+    let mut pids = Vec::new();
+    let mut per_release: BTreeMap<String, usize> = BTreeMap::new();
+    for line in runs.lines() {
+        pids.extend(line.split(' ').next().and_then(|p| p.parse::<i32>().ok()));
+        let release = line.split(' ').find(|w| w.len() == 4 && w.starts_with('r'));
+        *per_release
+            .entry(release.unwrap_or("?").to_owned())
+            .or_default() += 1;
+    }
+    for pid in pids {
+        // The held runs this test started, by their pid.
+        let _ = std::process::Command::new("kill")
+            .arg(pid.to_string())
+            .status();
+    }
+    let want: BTreeMap<String, usize> = (0..MEMBERS)
+        .filter(|&i| with_helm(i))
+        .map(|i| (format!("r{i:03}"), 1))
+        .collect();
+    assert_eq!(per_release, want, "helm runs per release:\n{runs}");
 }

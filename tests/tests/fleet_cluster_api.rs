@@ -8,6 +8,10 @@
 //! The two good clusters are the primary control plane, each with a
 //! namespace of its own for its one object (ConfigMap `settings`).
 //!
+//! A cluster whose Secret leaves the fleet's selector has its subtree
+//! removed before its state key is dropped; with `orphan_departed(true)`
+//! its subtree is left and only its key is dropped.
+//!
 //! And with Cluster API's `Cluster` CRD served (a minimal one, applied by
 //! the test and left in place: it is cluster-wide, and another test may be
 //! using it), a cluster whose `Cluster` is in phase `Deleting` is gone: no
@@ -22,7 +26,9 @@ use std::time::Duration;
 use fleet_support::{Journal, context, passes, subtree};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-use kube::api::{ApiResource, DeleteParams, DynamicObject, ObjectMeta, PostParams};
+use kube::api::{
+    ApiResource, DeleteParams, DynamicObject, ObjectMeta, Patch, PatchParams, PostParams,
+};
 use provisioners_fleet::{
     Budget, CLUSTER_API_SECRET_TYPE, CLUSTER_NAME_LABEL, Fleet, KUBECONFIG_KEY, Members, Rollout,
 };
@@ -271,4 +277,130 @@ async fn a_cluster_being_deleted_is_gone_not_unreachable() {
     for name in ["c1", "c2"] {
         let _ = api.delete(name, &DeleteParams::default()).await;
     }
+}
+
+/// Sets label `fleet` of Secret `name` to `value`.
+async fn select(ns: &TestNamespace, name: &str, value: &str) {
+    let patch = serde_json::json!({ "metadata": { "labels": { "fleet": value } } });
+    ns.api::<Secret>()
+        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("label the Secret");
+}
+
+/// The fleet's state keys, in order.
+async fn keys(ns: &TestNamespace, name: &str) -> Vec<String> {
+    let state = ns
+        .api::<ConfigMap>()
+        .get_opt(name)
+        .await
+        .expect("read the fleet's state")
+        .and_then(|map| map.data)
+        .unwrap_or_default();
+    state.into_keys().collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs the local control plane (cargo xtask test)"]
+async fn a_cluster_that_leaves_the_selector_has_its_subtree_removed_unless_orphaned() {
+    let capi = TestNamespace::create("fleet-leave")
+        .await
+        .expect("namespace");
+    let mut namespaces = BTreeMap::new();
+    let mut live = Vec::new();
+    let kubeconfig = HarnessCluster::Primary.kubeconfig().expect("kubeconfig");
+    let value = serde_json::to_vec(&kubeconfig).expect("kubeconfig as JSON");
+    for cluster in ["c1", "c2", "c3"] {
+        let ns = TestNamespace::create(&format!("fleet-leave-{cluster}"))
+            .await
+            .expect("member namespace");
+        namespaces.insert(cluster.to_owned(), ns.name().to_owned());
+        live.push(ns);
+        let secret_name = format!("{cluster}-kubeconfig");
+        secret(&capi, &secret_name, cluster, value.clone()).await;
+        select(&capi, &secret_name, "on").await;
+    }
+    let namespaces = Arc::new(namespaces);
+    let object = |i: usize| {
+        let api = live[i].api::<ConfigMap>();
+        async move { api.get_opt("settings").await.expect("read") }
+    };
+    let local = TrustPolicy::default()
+        .allow_range("127.0.0.0/8")
+        .expect("a range");
+    let build = |orphan: bool| {
+        Fleet::new(
+            "leave",
+            Members::from_secrets(capi.name())
+                .selector("fleet=on")
+                .trust(local.clone()),
+            subtree(namespaces.clone(), "rev-1"),
+        )
+        .revision("rev-1")
+        .state_in(capi.name())
+        .orphan_departed(orphan)
+    };
+    let fleet = build(false);
+    let cx = context(Arc::new(Journal::default())).await;
+    let (result, _) = passes(&cx, &fleet, false, DEADLINE, Result::is_ok).await;
+    result.expect("rolled out");
+    for i in 0..3 {
+        assert!(object(i).await.is_some(), "c{} has its object", i + 1);
+    }
+    let name = fleet.state_name(&cx).expect("the state's name");
+    assert_eq!(keys(&capi, &name).await, ["c1", "c2", "c3"]);
+
+    // c2 leaves the selector: its subtree is removed, then its key dropped.
+    select(&capi, "c2-kubeconfig", "off").await;
+    let (result, count) = passes(&cx, &fleet, false, DEADLINE, Result::is_ok).await;
+    result.expect("c2 removed");
+    eprintln!("c2 removed in {count} passes");
+    assert!(object(1).await.is_none(), "c2's subtree was removed");
+    assert!(object(0).await.is_some() && object(2).await.is_some());
+    assert_eq!(keys(&capi, &name).await, ["c1", "c3"]);
+    let finalizers = capi
+        .api::<Secret>()
+        .get("c2-kubeconfig")
+        .await
+        .expect("c2's Secret")
+        .metadata
+        .finalizers
+        .unwrap_or_default();
+    assert!(
+        !finalizers
+            .iter()
+            .any(|f| f.starts_with("provisioners.dev/kubeconfig-")),
+        "the remote node released c2's Secret: {finalizers:?}"
+    );
+
+    // Told to orphan: c3 leaves, its subtree stays, its key is dropped.
+    let orphaning = build(true);
+    select(&capi, "c3-kubeconfig", "off").await;
+    let (result, _) = passes(&cx, &orphaning, false, DEADLINE, Result::is_ok).await;
+    result.expect("c3 orphaned");
+    assert!(object(2).await.is_some(), "c3's subtree was left");
+    assert_eq!(keys(&capi, &name).await, ["c1"]);
+
+    // A fleet that lists nobody removes nobody on a provision pass.
+    select(&capi, "c1-kubeconfig", "off").await;
+    let error = cx.provision(&fleet).await.expect_err("it lists nobody");
+    assert!(
+        error.is_yield() && error.message().contains("lists no member"),
+        "{error}"
+    );
+    assert!(object(0).await.is_some(), "c1's subtree is kept");
+    // Deprovisioning the fleet removes what it had all the same.
+    let (result, _) = passes(&cx, &fleet, true, DEADLINE, Result::is_ok).await;
+    result.expect("deprovisioned");
+    assert!(object(0).await.is_none());
+    // What the runtime's sweep does with an orphaned member's finalizer.
+    let patch = serde_json::json!({ "metadata": { "finalizers": null } });
+    capi.api::<Secret>()
+        .patch(
+            "c3-kubeconfig",
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+        .expect("release c3's Secret");
 }

@@ -93,11 +93,18 @@ async fn a_platform_rolls_its_agent_out_to_its_fleet_and_takes_it_back() {
             .map(String::as_str),
         Some("p")
     );
-    let state = ns
-        .api::<ConfigMap>()
-        .get("fleet-p-workloads")
+    let state = fleet_state(&ns)
         .await
         .expect("the fleet's state, named after the Platform");
+    assert!(
+        state
+            .metadata
+            .name
+            .as_deref()
+            .is_some_and(|name| name.starts_with("fleet-p-workloads-")),
+        "{:?}",
+        state.metadata.name
+    );
     let records = state.data.unwrap_or_default();
     assert_eq!(records.keys().collect::<Vec<_>>(), ["w1"], "{records:?}");
     assert!(records["w1"].contains(r#""state":"done""#), "{records:?}");
@@ -131,13 +138,22 @@ async fn a_platform_rolls_its_agent_out_to_its_fleet_and_takes_it_back() {
         "the agent was left on the workload cluster"
     );
     assert!(
-        ns.api::<ConfigMap>()
-            .get_opt("fleet-p-workloads")
-            .await
-            .expect("read")
-            .is_none(),
+        fleet_state(&ns).await.is_none(),
         "the fleet's state was left behind"
     );
     operator.stop().await;
     ns.cleanup().await.expect("cleanup");
+}
+
+/// The state ConfigMap of the Platform's fleet `workloads` (named after
+/// the Platform and a digest of its identity), when there is one.
+async fn fleet_state(ns: &TestNamespace) -> Option<ConfigMap> {
+    let params = kube::api::ListParams::default()
+        .labels(&format!("{}=workloads", provisioners_fleet::FLEET_LABEL));
+    let list = ns
+        .api::<ConfigMap>()
+        .list(&params)
+        .await
+        .expect("list the fleet's state");
+    list.items.into_iter().next()
 }

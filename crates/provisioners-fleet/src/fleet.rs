@@ -38,8 +38,10 @@ pub struct Fleet {
     pub(crate) revision: String,
     resync: Option<Duration>,
     state_namespace: Option<String>,
-    unreachable: UnreachablePolicy,
+    pub(crate) unreachable: UnreachablePolicy,
     background_deletion: Option<bool>,
+    pub(crate) orphan_departed: bool,
+    take_over_from: Option<String>,
 }
 
 impl Fleet {
@@ -59,6 +61,8 @@ impl Fleet {
             state_namespace: None,
             unreachable: UnreachablePolicy::Wait,
             background_deletion: None,
+            orphan_departed: false,
+            take_over_from: None,
         }
     }
 
@@ -85,10 +89,13 @@ impl Fleet {
     }
 
     /// Keeps the state ConfigMap in `namespace` (default: the owner's
-    /// namespace, or `default`). It is named `fleet-<owner>-<name>` when
-    /// the context has an [owner](provisioners_core::Context::with_owner)
-    /// (so the fleets of two objects in one namespace never share it), else
-    /// `fleet-<name>`.
+    /// namespace, or `default`). It is named
+    /// `fleet-<owner name>-<name>-<digest>` when the context has an
+    /// [owner](provisioners_core::Context::with_owner), the digest being of
+    /// the owner's identity (its kind, namespace, name and UID), so that
+    /// two owners never share it, also two named alike in two namespaces
+    /// with one state namespace; else `fleet-<name>`. See
+    /// [`Fleet::state_name`].
     pub fn state_in(mut self, namespace: impl Into<String>) -> Self {
         self.state_namespace = Some(namespace.into());
         self
@@ -99,6 +106,51 @@ impl Fleet {
     pub fn unreachable(mut self, policy: UnreachablePolicy) -> Self {
         self.unreachable = policy;
         self
+    }
+
+    /// What happens to a member that leaves the fleet (its Secret no longer
+    /// selected, or gone from the list) with its subtree still on its
+    /// cluster. By default (`false`) its subtree is deprovisioned before its
+    /// state key is dropped, following the [unreachable
+    /// policy](Fleet::unreachable) when its cluster does not answer; the
+    /// fleet is not `Ok` until that is done. With `true` it is **orphaned**:
+    /// its key is dropped and what it made stays on its cluster. Either way
+    /// a member that left while failed still counts against the failure
+    /// budget of its revision (docs/fleet.md).
+    pub fn orphan_departed(mut self, orphan: bool) -> Self {
+        self.orphan_departed = orphan;
+        self
+    }
+
+    /// Takes over what the owner with UID `uid` made: for an owner restored
+    /// from a backup or deleted and re-created, which has the same kind,
+    /// namespace and name as its predecessor but a new UID. The fleet runs
+    /// (its state, its members' subtrees and their objects, helm releases
+    /// and kubeconfig protections) as that predecessor's identity, so
+    /// everything it made is recognised as ours and nothing runs again.
+    /// Only the UID is replaced: an owner can take over only a predecessor
+    /// of its own kind, namespace and name. Keep it set for as long as the
+    /// fleet lives, and take `uid` from a record only the operator writes
+    /// (never from a field a tenant can edit). Without an owner on the
+    /// context it does nothing. See docs/fleet.md, "Restored or re-created
+    /// owners".
+    pub fn take_over_from(mut self, uid: impl Into<String>) -> Self {
+        self.take_over_from = Some(uid.into());
+        self
+    }
+
+    /// The context a pass of this fleet runs in: `cx`, or with the
+    /// predecessor's identity when the fleet [takes
+    /// over](Fleet::take_over_from).
+    pub(crate) fn acting(&self, cx: &Context) -> Context {
+        match (&self.take_over_from, cx.owner()) {
+            (Some(uid), Some(owner)) if owner.id.is_none() => {
+                let mut predecessor = owner.clone();
+                predecessor.uid = Some(uid.clone());
+                cx.clone().with_owner(predecessor)
+            }
+            _ => cx.clone(),
+        }
     }
 
     /// Deletes with background propagation on every member (see
@@ -113,12 +165,36 @@ impl Fleet {
         &self.members
     }
 
-    /// Where the state lives, for a pass in `cx`.
+    /// The name of the state ConfigMap (and, with owner keys, of its
+    /// ledger Lease) of a pass of this fleet in `cx`: for `kubectl get
+    /// configmap <name>` (see `docs/fleet.md`).
+    ///
+    /// # Errors
+    ///
+    /// `Invalid` when the fleet's (or the owner's) name makes no valid name.
+    pub fn state_name(&self, cx: &Context) -> Result<String> {
+        Ok(self.state_map(&self.acting(cx))?.name)
+    }
+
+    /// Where the state lives, for a pass in `cx` (already
+    /// [acting](Fleet::acting)).
     pub(crate) fn state_map(&self, cx: &Context) -> Result<StateMap> {
         let name = match cx.owner() {
-            Some(owner) => format!("fleet-{}-{}", owner.name, self.name()),
+            Some(owner) => {
+                let digest = identity_digest(&cx.owner_identity());
+                if owner.name.is_empty() {
+                    format!("fleet-{}-{digest}", self.name())
+                } else {
+                    format!("fleet-{}-{}-{digest}", owner.name, self.name())
+                }
+            }
             None => format!("fleet-{}", self.name()),
         };
+        // Before issue 43 the name was the owner's name only: two owners
+        // named alike in two namespaces shared it.
+        let former = cx
+            .owner()
+            .map(|owner| format!("fleet-{}-{}", owner.name, self.name()));
         let fine = name.len() <= 253
             && name
                 .chars()
@@ -145,6 +221,8 @@ impl Fleet {
             namespace,
             name,
             fleet: self.name().to_owned(),
+            owner: cx.owner_identity(),
+            former,
         })
     }
 
@@ -163,6 +241,27 @@ impl Fleet {
     /// The members in rollout order, each with its wave.
     pub(crate) async fn arranged(&self, cx: &Context) -> Result<(Vec<Member>, Vec<usize>)> {
         let members = self.members.resolve(cx).await?;
+        Ok(self.arrange(&members))
+    }
+
+    /// The members the fleet provisions, in rollout order with their waves
+    /// (members [leaving](Member::leaving) take no place in a wave), and
+    /// those leaving.
+    pub(crate) async fn arranged_active(
+        &self,
+        cx: &Context,
+    ) -> Result<(Vec<Member>, Vec<usize>, Vec<Member>)> {
+        let (leaving, active): (Vec<Member>, Vec<Member>) = self
+            .members
+            .resolve(cx)
+            .await?
+            .into_iter()
+            .partition(Member::is_leaving);
+        let (members, waves) = self.arrange(&active);
+        Ok((members, waves, leaving))
+    }
+
+    fn arrange(&self, members: &[Member]) -> (Vec<Member>, Vec<usize>) {
         let keys: Vec<(&str, &std::collections::BTreeMap<String, String>)> =
             members.iter().map(|m| (m.name(), m.labels())).collect();
         let arranged = self.rollout.arrange(&keys);
@@ -171,7 +270,7 @@ impl Fleet {
             .iter()
             .map(|&(index, _)| members[index].clone())
             .collect();
-        Ok((ordered, waves))
+        (ordered, waves)
     }
 
     /// `member`'s remote node: named after it, its subtree below.
@@ -184,6 +283,34 @@ impl Fleet {
             target = target.background_deletion(background);
         }
         target.provision_on((self.subtree)(member))
+    }
+
+    /// Runs the members at `positions` (at most `limit` at once) and
+    /// returns their outcomes by position.
+    pub(crate) async fn run_all(
+        &self,
+        cx: &Context,
+        members: &[Member],
+        positions: &[usize],
+        limit: usize,
+        operation: Operation,
+    ) -> Vec<(usize, Outcome)> {
+        use futures::StreamExt as _;
+
+        let mut waiting = positions.iter().copied();
+        let mut running = futures::stream::FuturesUnordered::new();
+        let start = |p: usize| async move { (p, self.run(cx, &members[p], operation).await) };
+        for p in waiting.by_ref().take(limit.max(1)) {
+            running.push(start(p));
+        }
+        let mut outcomes = Vec::with_capacity(positions.len());
+        while let Some(done) = running.next().await {
+            outcomes.push(done);
+            if let Some(p) = waiting.next() {
+                running.push(start(p));
+            }
+        }
+        outcomes
     }
 
     /// One pass of `member`'s subtree.
@@ -200,6 +327,13 @@ impl Fleet {
         };
         classify(result)
     }
+}
+
+/// The first 4 bytes of the SHA-256 of an owner identity, in hex (8 digits): what
+/// makes the state's name unique per owner.
+fn identity_digest(identity: &str) -> String {
+    use sha2::{Digest, Sha256};
+    hex::encode(&Sha256::digest(identity.as_bytes())[..4])
 }
 
 /// A member's result as the schedule reads it: a yield, a transient error
@@ -236,6 +370,8 @@ impl fmt::Debug for Fleet {
             .field("rollout", &self.rollout)
             .field("revision", &self.revision)
             .field("resync", &self.resync)
+            .field("orphan_departed", &self.orphan_departed)
+            .field("take_over_from", &self.take_over_from)
             .finish_non_exhaustive()
     }
 }

@@ -34,12 +34,13 @@
 //! [`Fleet::resync_after`]) to correct drift, within the in-flight bound.
 //!
 //! **State.** Each member's state survives restarts in one ConfigMap per
-//! fleet on the context's cluster, `fleet-<owner>-<name>` (`fleet-<name>`
-//! without an owner) in [`Fleet::state_in`]'s
+//! fleet and owner on the context's cluster,
+//! `fleet-<owner>-<name>-<digest of the owner's identity>` (kind,
+//! namespace, name and UID: two owners never share it; `fleet-<name>`
+//! without an owner; [`Fleet::state_name`]) in [`Fleet::state_in`]'s
 //! namespace: one key per member, compact JSON (`digest`, `state` pending /
 //! in-flight / done / failed / abandoned / gone, `since` RFC 3339, the last
-//! `error` redacted and cut to 512 characters, `wave`), readable with
-//! `kubectl get configmap fleet-<owner>-<name> -o yaml`. A pass that changes
+//! `error` redacted and cut to 512 characters, `wave`). A pass that changes
 //! nothing writes nothing; writes are merge patches of the changed keys
 //! under a `resourceVersion` precondition, so two passes do not lose each
 //! other's updates. A value that is not a record makes that member pending.
@@ -47,8 +48,18 @@
 //! the fleet's ledger (a Lease of the same name that only the operator
 //! writes, advanced on every write, every record re-signed in it): a
 //! record someone else wrote, or a member's own earlier record put back,
-//! makes that member pending too. A member that leaves the fleet while
-//! failed still counts against the failure budget (docs/fleet.md).
+//! makes that member pending too. The state of the former name
+//! (`fleet-<owner>-<name>`) is moved once, as far as it is proven this
+//! owner's. A restored or re-created owner (a new UID) takes over its
+//! predecessor's fleet only when told to ([`Fleet::take_over_from`]).
+//!
+//! **Members that leave** (their Secret leaves the selector or is deleted,
+//! they leave the list, or are listed as [leaving](Member::leaving)) have
+//! their subtree deprovisioned before their key is dropped, following
+//! [`Fleet::unreachable`] when their cluster does not answer, unless the
+//! fleet [orphans](Fleet::orphan_departed) them. A member that leaves the
+//! fleet while failed still counts against the failure budget
+//! (docs/fleet.md).
 //! A fleet holds at most [`MAX_MEMBERS`] members (the ConfigMap's 1 MiB).
 //!
 //! **Deprovision** goes in reverse waves, the last first, and is `Ok` only
@@ -99,6 +110,7 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod depart;
 mod fleet;
 mod member;
 mod node;

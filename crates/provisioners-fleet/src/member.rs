@@ -34,6 +34,8 @@ pub struct Member {
     problem: Option<String>,
     /// The kubeconfig Secret (namespace, name), when the fleet listed it.
     secret_ref: Option<(String, String)>,
+    /// Listed to be removed from its cluster, not provisioned.
+    leaving: bool,
 }
 
 impl Member {
@@ -50,7 +52,27 @@ impl Member {
             secret,
             problem: None,
             secret_ref: None,
+            leaving: false,
         }
+    }
+
+    /// Marks the member as leaving the fleet: it stays in the list only so
+    /// that its subtree can be removed. A provision pass of the fleet
+    /// deprovisions it (within the in-flight bound, following the fleet's
+    /// unreachable policy) instead of provisioning it, and records it
+    /// `gone`; remove it from the list after that. A member given to
+    /// [`Members::list`] that simply disappears from the list cannot be
+    /// reached any more (its remote went with it): list it as leaving
+    /// until it is gone, or orphan it ([`Fleet::orphan_departed`](crate::Fleet::orphan_departed)).
+    #[must_use]
+    pub fn leaving(mut self) -> Self {
+        self.leaving = true;
+        self
+    }
+
+    /// Whether the member is [leaving](Member::leaving) the fleet.
+    pub fn is_leaving(&self) -> bool {
+        self.leaving
     }
 
     /// Adds label `key=value`.
@@ -89,6 +111,7 @@ impl Member {
             secret: None,
             problem: Some(problem),
             secret_ref: None,
+            leaving: false,
         }
     }
 
@@ -133,6 +156,7 @@ impl fmt::Debug for Member {
             .field("labels", &self.labels)
             .field("remote", &self.remote.id())
             .field("problem", &self.problem)
+            .field("leaving", &self.leaving)
             .finish()
     }
 }
@@ -287,6 +311,80 @@ impl Members {
             checked.push(member);
         }
         Ok(checked)
+    }
+}
+
+/// How a member that left the fleet can still be reached, to remove its
+/// subtree.
+pub(crate) enum Reach {
+    /// Through this member (its kubeconfig Secret, still there or not: a
+    /// remote node whose kubeconfig is gone counts its subtree as gone).
+    Member(Box<Member>),
+    /// Gone with its cluster: nothing to remove (why).
+    Gone(String),
+    /// Not at all (why): its remote went with the list.
+    Unreachable(String),
+}
+
+impl Members {
+    /// How each of `names`, members that left the fleet, can be reached.
+    ///
+    /// A member listed from Secrets is reached through its Cluster API
+    /// kubeconfig Secret, `<member>-kubeconfig` in the same namespace, as
+    /// it was while it was a member: the Secret is still there when the
+    /// cluster only left the selector (its label changed), and is kept
+    /// while our finalizer is on it when it was deleted (the remote node
+    /// releases it once the subtree is gone). A member whose Cluster API
+    /// `Cluster` is being deleted is gone with it. A member given in a list
+    /// cannot be reached once it is out of the list.
+    pub(crate) async fn departed(&self, cx: &Context, names: &[String]) -> Vec<(String, Reach)> {
+        match &self.source {
+            Source::List(_) => names
+                .iter()
+                .map(|name| {
+                    let why = format!(
+                        "member `{name}` left the fleet's list with its subtree still on its \
+                         cluster, and its remote went with the list: list it again as \
+                         `Member::leaving()` until it is gone, or orphan it \
+                         (`Fleet::orphan_departed(true)`)"
+                    );
+                    (name.clone(), Reach::Unreachable(why))
+                })
+                .collect(),
+            Source::Secrets {
+                namespace, trust, ..
+            } => {
+                let deleting = if names.is_empty() {
+                    Default::default()
+                } else {
+                    cluster_api::deleting(cx, namespace).await
+                };
+                names
+                    .iter()
+                    .map(|name| {
+                        let reach = if let Some(problem) = Member::check_name(name) {
+                            Reach::Gone(problem)
+                        } else if deleting.contains(name) {
+                            Reach::Gone(format!(
+                                "the Cluster API Cluster `{namespace}/{name}` is being deleted"
+                            ))
+                        } else {
+                            let secret = format!("{name}-kubeconfig");
+                            let member = listing::member(
+                                cx,
+                                namespace,
+                                name.clone(),
+                                secret,
+                                BTreeMap::new(),
+                                trust.as_ref(),
+                            );
+                            Reach::Member(Box::new(member))
+                        };
+                        (name.clone(), reach)
+                    })
+                    .collect()
+            }
+        }
     }
 }
 

@@ -5,11 +5,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant, SystemTime};
 
-use futures::StreamExt;
-use futures::stream::FuturesUnordered;
 use provisioners_core::{Context, Error, Operation, Result, Waiting};
 use provisioners_kit::kubeconfig::{ClaimedSecret, KubeconfigClaims, kubeconfig_finalizer};
 
+use crate::depart::{self, Departures};
 use crate::fleet::Fleet;
 use crate::member::Member;
 use crate::record::{MemberState, Record};
@@ -26,32 +25,6 @@ fn rounds(members: &[Member], waves: &[usize], in_flight: usize) -> usize {
     members.len().div_ceil(in_flight.max(1)) + waves + 1
 }
 
-/// Runs the members at `positions` (at most `limit` at once) and returns
-/// their outcomes by position.
-async fn run_members(
-    fleet: &Fleet,
-    cx: &Context,
-    members: &[Member],
-    positions: &[usize],
-    limit: usize,
-    operation: Operation,
-) -> Vec<(usize, Outcome)> {
-    let mut waiting = positions.iter().copied();
-    let mut running = FuturesUnordered::new();
-    let start = |p: usize| async move { (p, fleet.run(cx, &members[p], operation).await) };
-    for p in waiting.by_ref().take(limit.max(1)) {
-        running.push(start(p));
-    }
-    let mut outcomes = Vec::with_capacity(positions.len());
-    while let Some(done) = running.next().await {
-        outcomes.push(done);
-        if let Some(p) = waiting.next() {
-            running.push(start(p));
-        }
-    }
-    outcomes
-}
-
 /// Each member's record, in rollout order.
 fn records_of(stored: &Stored, members: &[Member]) -> Vec<Option<Record>> {
     members
@@ -60,53 +33,78 @@ fn records_of(stored: &Stored, members: &[Member]) -> Vec<Option<Record>> {
         .collect()
 }
 
-/// Keys of members that left the fleet: dropped from the state, except
-/// (on a provision pass, at `revision`) those of members that left while
-/// failed: their records are kept and they are held against the failure
-/// budget, also in the ledger, so that relabelling a failed member's
-/// Secret out of the selector (or deleting its key) does not free its
-/// budget. Sets `stored.held` to the members held.
-fn departed(
+/// The members that left the fleet, sorted (see `depart`), with the
+/// members held on the ledger at `revision` added to those held; sets
+/// `stored.held` to what the next write keeps, and returns the keys
+/// dropped now as changes.
+fn departures(
+    fleet: &Fleet,
     stored: &mut Stored,
-    members: &[Member],
+    active: &[Member],
+    leaving: &[Member],
     revision: Option<&str>,
-) -> BTreeMap<String, Option<Record>> {
-    let listed = |key: &str| members.iter().any(|m| m.name() == key);
-    let failed_at = |record: &Option<Record>| {
-        record.as_ref().is_some_and(|r| {
-            r.state == MemberState::Failed && revision.is_some_and(|rev| r.digest == rev)
-        })
-    };
-    let mut held: BTreeSet<String> = revision
-        .map(|rev| stored.held.at(rev))
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|name| !listed(name))
-        .collect();
-    let mut dropped = BTreeMap::new();
-    for (key, record) in &stored.records {
-        if listed(key) {
-            continue;
-        }
-        if failed_at(record) {
-            held.insert(key.clone());
-            continue;
-        }
-        tracing::info!(member = %key, "member left the fleet: its state is dropped");
-        dropped.insert(key.clone(), None);
+) -> (Departures, BTreeMap<String, Option<Record>>) {
+    let active: BTreeSet<&str> = active.iter().map(Member::name).collect();
+    let leaving: BTreeSet<&str> = leaving.iter().map(Member::name).collect();
+    let mut sorted = depart::sort(
+        &stored.records,
+        &active,
+        &leaving,
+        revision,
+        fleet.orphan_departed,
+    );
+    if let Some(rev) = revision {
+        sorted.held.extend(
+            stored
+                .held
+                .at(rev)
+                .into_iter()
+                .filter(|name| !active.contains(name.as_str())),
+        );
     }
-    if !held.is_empty() {
+    if !sorted.held.is_empty() {
         tracing::warn!(
-            held = %schedule::list(held.iter().map(String::as_str)),
+            held = %schedule::list(sorted.held.iter().map(String::as_str)),
             "members left the fleet while failed: they count against the failure budget until \
              a new revision, or until a person clears them (docs/fleet.md)"
         );
     }
     stored.held = Held {
         revision: revision.unwrap_or_default().to_owned(),
-        members: held,
+        members: sorted.held.clone(),
     };
-    dropped
+    let dropped = sorted
+        .dropped
+        .iter()
+        .map(|key| {
+            tracing::info!(member = %key, "member left the fleet: its state is dropped");
+            (key.clone(), None)
+        })
+        .collect();
+    (sorted, dropped)
+}
+
+/// The names of every listed member, for the state's move (`migrate`).
+fn listed(members: &[Member], leaving: &[Member]) -> BTreeSet<String> {
+    members
+        .iter()
+        .chain(leaving)
+        .map(|m| m.name().to_owned())
+        .collect()
+}
+
+/// `text` and what is left of the departed members' removal.
+fn with_departing(mut text: String, left: &[(String, String)]) -> String {
+    if !left.is_empty() {
+        text.push_str(&format!(
+            "; {} left the fleet and {} being removed ({}; first: {})",
+            left.len(),
+            if left.len() == 1 { "is" } else { "are" },
+            schedule::list(left.iter().map(|(name, _)| name.as_str())),
+            left[0].1
+        ));
+    }
+    text
 }
 
 /// Claims the kubeconfig Secret of every listed member whose subtree may
@@ -176,15 +174,10 @@ impl Rounds<'_> {
             if run.is_empty() {
                 break;
             }
-            let outcomes = run_members(
-                self.fleet,
-                self.cx,
-                self.members,
-                &run,
-                self.in_flight,
-                self.operation,
-            )
-            .await;
+            let outcomes = self
+                .fleet
+                .run_all(self.cx, self.members, &run, self.in_flight, self.operation)
+                .await;
             let now = SystemTime::now();
             let mut finished = false;
             for (p, outcome) in outcomes {
@@ -208,14 +201,48 @@ impl Rounds<'_> {
 
 /// One provision pass.
 pub(crate) async fn provision(fleet: &Fleet, cx: &Context) -> Result<()> {
+    let cx = &fleet.acting(cx);
     let state = fleet.state_map(cx)?;
-    let (members, waves) = fleet.arranged(cx).await?;
+    let (members, waves, leaving) = fleet.arranged_active(cx).await?;
     let mut settings = fleet.settings(members.len());
-    let mut stored = state.load(cx).await?;
+    let mut stored = state.load_for_pass(cx, &listed(&members, &leaving)).await?;
     claim_secrets(cx, &members, &records_of(&stored, &members));
-    let mut changes = departed(&mut stored, &members, Some(&fleet.revision));
+    let (sorted, mut changes) = departures(
+        fleet,
+        &mut stored,
+        &members,
+        &leaving,
+        Some(&fleet.revision),
+    );
     let held: Vec<String> = stored.held.members.iter().cloned().collect();
     settings.held = held.len();
+    let left = if members.is_empty() && leaving.is_empty() && !sorted.departing.is_empty() {
+        // As a manifest with no objects never prunes: a fleet that lists
+        // nobody (a selector that matches nothing, Secrets moved) removes
+        // nobody on a provision pass. Deprovisioning the fleet removes all.
+        let why = format!(
+            "{}: the fleet lists no member, so the members it had are not removed by a \
+             provision pass; check the members' source, or deprovision the fleet to remove \
+             them all",
+            cx.path()
+        );
+        sorted
+            .departing
+            .iter()
+            .map(|name| (name.clone(), why.clone()))
+            .collect()
+    } else {
+        depart::remove(
+            fleet,
+            cx,
+            &stored.records,
+            &sorted.departing,
+            &leaving,
+            Some(&fleet.revision),
+            &mut changes,
+        )
+        .await
+    };
     let rounds = Rounds {
         fleet,
         cx,
@@ -247,7 +274,7 @@ pub(crate) async fn provision(fleet: &Fleet, cx: &Context) -> Result<()> {
         SystemTime::now(),
     );
     pass.held = held;
-    if pass.complete() {
+    if pass.complete() && left.is_empty() {
         if !pass.failed.is_empty() {
             tracing::warn!(
                 fleet = fleet_name(cx),
@@ -258,11 +285,21 @@ pub(crate) async fn provision(fleet: &Fleet, cx: &Context) -> Result<()> {
         }
         return Ok(());
     }
-    let summary = pass.summary(&names(&members));
+    let summary = if pass.complete() {
+        with_departing("rolled out".to_owned(), &left)
+    } else {
+        with_departing(pass.summary(&names(&members)), &left)
+    };
     if pass.halted {
         tracing::warn!(fleet = fleet_name(cx), "{summary}");
     }
-    let reason = if pass.halted { "halted" } else { "rollout" };
+    let reason = if pass.halted {
+        "halted"
+    } else if pass.complete() {
+        "departing"
+    } else {
+        "rollout"
+    };
     Err(
         Error::yielding(summary).waiting_on(Waiting::new(reason).object(format!(
             "fleet {} revision {}",
@@ -278,13 +315,24 @@ fn fleet_name(cx: &Context) -> &str {
 
 /// One deprovision pass.
 pub(crate) async fn deprovision(fleet: &Fleet, cx: &Context) -> Result<()> {
+    let cx = &fleet.acting(cx);
     let state = fleet.state_map(cx)?;
     let (members, waves) = fleet.arranged(cx).await?;
     let broken: Vec<bool> = members.iter().map(|m| m.problem().is_some()).collect();
     let settings = fleet.settings(members.len());
-    let mut stored = state.load(cx).await?;
+    let mut stored = state.load_for_pass(cx, &listed(&members, &[])).await?;
     claim_secrets(cx, &members, &records_of(&stored, &members));
-    let mut changes = departed(&mut stored, &members, None);
+    let (sorted, mut changes) = departures(fleet, &mut stored, &members, &[], None);
+    let left = depart::remove(
+        fleet,
+        cx,
+        &stored.records,
+        &sorted.departing,
+        &[],
+        None,
+        &mut changes,
+    )
+    .await;
     let rounds = Rounds {
         fleet,
         cx,
@@ -306,9 +354,10 @@ pub(crate) async fn deprovision(fleet: &Fleet, cx: &Context) -> Result<()> {
         .await?;
     let records = records_of(&stored, &members);
     let removal = schedule::deprovision(&waves, &records, &broken);
-    if removal.complete() {
+    if removal.complete() && left.is_empty() {
         return state.delete(cx, &stored).await;
     }
-    Err(Error::yielding(removal.summary(&names(&members)))
+    let summary = with_departing(removal.summary(&names(&members)), &left);
+    Err(Error::yielding(summary)
         .waiting_on(Waiting::new("deprovision").object(format!("fleet {}", cx.path()))))
 }

@@ -16,6 +16,7 @@ pub const PLAN_DETAIL: usize = 20;
 
 /// The plan of `fleet` for `operation`. Reads the state, writes nothing.
 pub(crate) async fn plan(fleet: &Fleet, cx: &Context, operation: Operation) -> Result<Plan> {
+    let cx = &fleet.acting(cx);
     let state = fleet.state_map(cx)?;
     let (members, waves) = fleet.arranged(cx).await?;
     let settings = fleet.settings(members.len());
@@ -28,6 +29,7 @@ pub(crate) async fn plan(fleet: &Fleet, cx: &Context, operation: Operation) -> R
     // Positions that would change, in the order they would run.
     let mut changing: Vec<usize> = match operation {
         Operation::Provision => (0..members.len())
+            .filter(|&p| !members[p].is_leaving())
             .filter(|&p| {
                 let status = schedule::status(records[p].as_ref(), &fleet.revision, &settings, now);
                 !matches!(status, Status::Done)

@@ -60,6 +60,11 @@ pub(crate) struct Record {
     /// The member's cluster did not answer on its last pass.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub(crate) unreachable: bool,
+    /// The member left the fleet while failed at `digest`, and its subtree
+    /// has since been removed: it still counts against that revision's
+    /// failure budget until a person clears it (docs/fleet.md).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub(crate) held: bool,
     /// With owner keys: the fleet epoch the record was signed in (see
     /// `state::ledger`); a record of an earlier epoch does not verify.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -80,6 +85,7 @@ impl Record {
             error: None,
             wave,
             unreachable: false,
+            held: false,
             epoch: None,
             mac: None,
         }
@@ -124,6 +130,7 @@ impl Record {
             && self.since == other.since
             && self.wave == other.wave
             && self.unreachable == other.unreachable
+            && self.held == other.held
             && digits(&self.error) == digits(&other.error)
     }
 }

@@ -30,6 +30,7 @@ use provisioners_kit::owner::OwnerKeys;
 use crate::record::Record;
 
 mod ledger;
+mod migrate;
 
 pub(crate) use ledger::Held;
 use ledger::Ledger;
@@ -45,6 +46,11 @@ pub(crate) struct StateMap {
     pub(crate) namespace: String,
     pub(crate) name: String,
     pub(crate) fleet: String,
+    /// The owner identity records are signed for.
+    pub(crate) owner: String,
+    /// The name this state had before it was unique per owner (issue 43),
+    /// read once when the state is absent.
+    pub(crate) former: Option<String>,
 }
 
 /// The state as read: each member's record (`None` for a value that is not
@@ -87,8 +93,7 @@ impl StateMap {
         if let Some(keys) = OwnerKeys::of(cx) {
             record.epoch = ledger.map(|l| l.epoch);
             let body = record.to_json();
-            let owner = cx.owner_identity();
-            record.mac = Some(keys.sign(&self.signed(&owner, member, &body, ledger)));
+            record.mac = Some(keys.sign(&self.signed(&self.owner, member, &body, ledger)));
         }
         record.to_json()
     }
@@ -116,12 +121,11 @@ impl StateMap {
         let Some(keys) = OwnerKeys::of(cx) else {
             return Some(record);
         };
-        let owner = cx.owner_identity();
         let current = ledger.is_some_and(|l| record.epoch == Some(l.epoch));
         let signed = current
             && mac.is_some_and(|mac| {
                 keys.verify(
-                    &self.signed(&owner, member, &record.to_json(), ledger),
+                    &self.signed(&self.owner, member, &record.to_json(), ledger),
                     &mac,
                 )
             });
@@ -170,6 +174,22 @@ impl StateMap {
 
     fn describe(&self) -> String {
         format!("fleet state ConfigMap {}/{}", self.namespace, self.name)
+    }
+
+    /// Reads the state for a pass whose members are `listed`: as
+    /// [`load`](StateMap::load), and when there is none, what the state's
+    /// [former name](StateMap::former) holds of this owner's, moved here
+    /// once (see `migrate`).
+    pub(crate) async fn load_for_pass(
+        &self,
+        cx: &Context,
+        listed: &std::collections::BTreeSet<String>,
+    ) -> Result<Stored> {
+        let stored = self.load(cx).await?;
+        if stored.resource_version.is_some() {
+            return Ok(stored);
+        }
+        migrate::from_former(self, cx, stored, listed).await
     }
 
     /// Reads the state (empty when the ConfigMap does not exist); with

@@ -114,6 +114,34 @@ impl Sim {
         }))
     }
 
+    /// The member `name`, its own `StaticKubeconfig`.
+    pub(crate) fn member(&self, tag: &str, name: &str) -> Member {
+        let member = self
+            .members
+            .iter()
+            .find(|m| m.name == name)
+            .expect("a member of the simulation");
+        Member::new(
+            name.to_owned(),
+            StaticKubeconfig::new(format!("{tag}-{name}"), member.kubeconfig.clone()),
+        )
+    }
+
+    /// The fleet's members named in `names` only.
+    pub(crate) fn fleet_members_of(&self, tag: &str, names: &[&str]) -> Members {
+        Members::list(
+            self.members
+                .iter()
+                .filter(|m| names.contains(&m.name.as_str()))
+                .map(|m| {
+                    Member::new(
+                        m.name.clone(),
+                        StaticKubeconfig::new(format!("{tag}-{}", m.name), m.kubeconfig.clone()),
+                    )
+                }),
+        )
+    }
+
     /// The members as Cluster API leaves them: Secret `<member>-kubeconfig`
     /// in the state namespace, labelled with the cluster's name, the
     /// kubeconfig under `value`; listed by `Members::from_secrets`.
@@ -163,12 +191,19 @@ impl Sim {
             .expect("a live member")
     }
 
-    /// The fleet `fleet`'s state: member -> its record as JSON.
+    /// The state of fleet `fleet` run without an owner: member -> its
+    /// record as JSON.
     pub(crate) async fn records(&self, fleet: &str) -> BTreeMap<String, serde_json::Value> {
+        self.records_in(&format!("fleet-{fleet}")).await
+    }
+
+    /// The state in ConfigMap `name` (`Fleet::state_name`): member -> its
+    /// record as JSON.
+    pub(crate) async fn records_in(&self, name: &str) -> BTreeMap<String, serde_json::Value> {
         let map = self
             .state
             .api::<ConfigMap>()
-            .get_opt(&format!("fleet-{fleet}"))
+            .get_opt(name)
             .await
             .expect("read the state ConfigMap");
         map.and_then(|m| m.data)
@@ -178,11 +213,17 @@ impl Sim {
             .collect()
     }
 
-    /// The resourceVersion of the state ConfigMap (none when absent).
+    /// The resourceVersion of the state ConfigMap of fleet `fleet` run
+    /// without an owner (none when absent).
     pub(crate) async fn state_version(&self, fleet: &str) -> Option<String> {
+        self.state_version_of(&format!("fleet-{fleet}")).await
+    }
+
+    /// The resourceVersion of state ConfigMap `name` (none when absent).
+    pub(crate) async fn state_version_of(&self, name: &str) -> Option<String> {
         self.state
             .api::<ConfigMap>()
-            .get_opt(&format!("fleet-{fleet}"))
+            .get_opt(name)
             .await
             .expect("read the state ConfigMap")
             .and_then(|m| m.metadata.resource_version)

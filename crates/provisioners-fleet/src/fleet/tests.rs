@@ -73,3 +73,52 @@ async fn the_state_config_map_is_named_after_the_fleet_and_checked() {
     let error = fleet("addons").revision("").state_map(&cx).unwrap_err();
     assert!(error.message().contains("revision"), "{error}");
 }
+
+#[tokio::test]
+async fn the_state_is_unique_per_owner_and_a_successor_takes_over_by_uid() {
+    use provisioners_core::Owner;
+
+    let owner = |namespace: &str, uid: &str| {
+        let mut owner = Owner::default();
+        owner.api_version = "example.com/v1".into();
+        owner.kind = "Platform".into();
+        owner.name = "prod".into();
+        owner.namespace = Some(namespace.into());
+        owner.uid = Some(uid.into());
+        owner
+    };
+    let fleet = || {
+        Fleet::new(
+            "addons",
+            Members::list([]),
+            |_member: &Member| -> Box<dyn Provisioner> { unreachable!("no member is built") },
+        )
+        .state_in("ops")
+    };
+    let a = Context::offline().with_owner(owner("team-a", "u1"));
+    let b = Context::offline().with_owner(owner("team-b", "u2"));
+    let map_a = fleet().state_map(&a).unwrap();
+    let map_b = fleet().state_map(&b).unwrap();
+    assert_ne!(map_a.name, map_b.name, "two owners named alike never share");
+    assert!(
+        map_a.name.starts_with("fleet-prod-addons-"),
+        "{}",
+        map_a.name
+    );
+    assert_eq!(map_a.name.len(), "fleet-prod-addons-".len() + 8);
+    assert_eq!(map_a.former.as_deref(), Some("fleet-prod-addons"));
+    assert_eq!(fleet().state_name(&a).unwrap(), map_a.name);
+
+    // Re-created: a new UID is a new state, unless it takes over the old.
+    let again = Context::offline().with_owner(owner("team-a", "u3"));
+    assert_ne!(fleet().state_name(&again).unwrap(), map_a.name);
+    let successor = fleet().take_over_from("u1");
+    assert_eq!(successor.state_name(&again).unwrap(), map_a.name);
+    let acting = successor.acting(&again);
+    assert_eq!(acting.owner_identity(), a.owner_identity());
+    // Only the UID is replaced: another namespace's owner stays itself.
+    assert_ne!(successor.state_name(&b).unwrap(), map_a.name);
+    // Without an owner there is nothing to take over.
+    let none = Context::offline();
+    assert_eq!(successor.state_name(&none).unwrap(), "fleet-addons");
+}

@@ -87,7 +87,9 @@ pub(super) async fn members(
             continue;
         }
         members.push(match candidate {
-            Candidate::Kubeconfig(secret) => member(cx, namespace, name, secret, trust),
+            Candidate::Kubeconfig(secret) => {
+                member(cx, namespace, name, secret.name, secret.labels, trust)
+            }
             Candidate::Problem(problem) => Member::broken(name, problem),
         });
     }
@@ -183,15 +185,16 @@ fn choose(namespace: &str, mut listed: Vec<Listed>) -> BTreeMap<String, Candidat
     chosen
 }
 
-/// The member `name` of its kubeconfig Secret.
-fn member(
+/// The member `name` of its kubeconfig Secret `secret` (with its labels).
+pub(super) fn member(
     cx: &Context,
     namespace: &str,
     name: String,
-    secret: Listed,
+    secret: String,
+    labels: BTreeMap<String, String>,
     trust: Option<&TrustPolicy>,
 ) -> Member {
-    let mut remote = SecretKubeconfig::new(cx.client().clone(), namespace, secret.name.clone())
+    let mut remote = SecretKubeconfig::new(cx.client().clone(), namespace, secret.clone())
         .service_range_of(cx.cluster())
         .key(KUBECONFIG_KEY)
         .cluster_id(format!("{namespace}.{name}"));
@@ -199,7 +202,7 @@ fn member(
         remote = remote.trust(trust.clone());
     }
     let mut member = Member::new(name, remote);
-    member.labels = secret.labels;
-    member.secret_ref = Some((namespace.to_owned(), secret.name));
+    member.labels = labels;
+    member.secret_ref = Some((namespace.to_owned(), secret));
     member
 }

@@ -55,6 +55,8 @@ fn map() -> StateMap {
         namespace: "ops".into(),
         name: "fleet-addons".into(),
         fleet: "addons".into(),
+        owner: "tree:test/addons".into(),
+        former: None,
     }
 }
 

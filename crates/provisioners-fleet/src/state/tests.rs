@@ -15,6 +15,8 @@ fn map() -> StateMap {
         namespace: "ops".into(),
         name: "fleet-addons".into(),
         fleet: "addons".into(),
+        owner: "tree:test/addons".into(),
+        former: None,
     }
 }
 
@@ -388,4 +390,85 @@ async fn with_owner_keys_held_members_are_written_to_the_ledger() {
     api.expect(Method::PATCH, PATH, 200, config_map("8", &json!({})))
         .await;
     write.await.unwrap().unwrap();
+}
+
+/// The state's move from its former name (issue 43), with owner keys: the
+/// new state is absent, so the former one is read once; only the records
+/// that verify for this owner move (another owner named alike signed the
+/// rest), the new state is written first, and the moved keys are then
+/// removed from the former ConfigMap, which keeps the other owner's.
+#[tokio::test]
+async fn the_former_state_moves_only_what_verifies_for_this_owner() {
+    let (cx, mut api) = mock::context();
+    let cx = cx.with_extension(keys());
+    let new = StateMap {
+        name: "fleet-addons-0a1b2c3d".into(),
+        former: Some("fleet-addons".into()),
+        ..map()
+    };
+    let twin = StateMap {
+        owner: "example.com/Platform/other/prod#u2".into(),
+        ..map()
+    };
+    let epoch = lease("u1", "10", 3, None);
+    let ours = map().value(
+        &cx,
+        "a",
+        &record(MemberState::Done),
+        Some(&ledger_of(&epoch)),
+    );
+    let theirs = twin.value(
+        &cx,
+        "b",
+        &record(MemberState::Done),
+        Some(&ledger_of(&epoch)),
+    );
+    let listed = ["a".to_owned(), "b".to_owned()].into();
+    let load = tokio::spawn(async move { new.load_for_pass(&cx, &listed).await });
+    let new_lease = "/apis/coordination.k8s.io/v1/namespaces/ops/leases/fleet-addons-0a1b2c3d";
+    let new_path = "/api/v1/namespaces/ops/configmaps/fleet-addons-0a1b2c3d";
+    api.expect(Method::GET, new_lease, 404, json!({})).await;
+    api.expect(Method::GET, new_path, 404, json!({})).await;
+    api.expect(Method::GET, LEASE, 200, epoch).await;
+    api.expect(
+        Method::GET,
+        PATH,
+        200,
+        config_map("7", &json!({ "a": ours, "b": theirs })),
+    )
+    .await;
+    let leases = "/apis/coordination.k8s.io/v1/namespaces/ops/leases";
+    let created = api
+        .expect(Method::POST, leases, 201, lease("u9", "1", 1, None))
+        .await;
+    assert_eq!(created["metadata"]["name"], "fleet-addons-0a1b2c3d");
+    let written = api
+        .expect(
+            Method::POST,
+            "/api/v1/namespaces/ops/configmaps",
+            201,
+            config_map("2", &json!({})),
+        )
+        .await;
+    let data = written["data"].as_object().cloned().unwrap_or_default();
+    assert_eq!(
+        data.keys().map(String::as_str).collect::<Vec<_>>(),
+        ["a"],
+        "only the record that verifies for this owner moves"
+    );
+    let cleaned = api
+        .expect(Method::PATCH, PATH, 200, config_map("8", &json!({})))
+        .await;
+    assert_eq!(cleaned["metadata"]["resourceVersion"], "7");
+    assert_eq!(
+        cleaned["data"],
+        json!({ "a": null }),
+        "the other owner's stays"
+    );
+    let stored = load.await.unwrap().unwrap();
+    assert_eq!(
+        stored.records.get("a"),
+        Some(&Some(record(MemberState::Done)))
+    );
+    assert!(!stored.records.contains_key("b"));
 }
