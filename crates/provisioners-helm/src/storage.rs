@@ -479,7 +479,9 @@ pub(crate) fn release_data(record: Secret) -> Vec<u8> {
 /// [`decode`] on the blocking pool, within the process's bound on records
 /// decoded at once (see [`bounded`]).
 pub(crate) async fn decode_off_workers(data: Vec<u8>) -> std::result::Result<Payload, String> {
-    bounded::off_workers(move || decode(&data)).await
+    bounded::off_workers(move || decode(&data))
+        .await
+        .map_err(|e| e.to_string())?
 }
 
 /// helm's encoding: base64 of (usually gzipped) JSON, parsed within
