@@ -15,6 +15,7 @@ use tokio::time::Instant;
 use tower::{BoxError, Service, ServiceExt};
 
 use super::{ABANDONED_AFTER, ClientPolicy};
+use crate::bounded::{self, Limits};
 use crate::client::health::{
     Admission, Breaker, BreakerSettings, Health, Outcome, ProbeTicket, Unreachable,
 };
@@ -153,6 +154,8 @@ where
     S: Service<Request<Body>, Response = Response<Body>>,
     S::Error: Into<BoxError>,
 {
+    // What the request was about, for an error body we withhold.
+    let target = format!("{} {}", request.method(), request.uri().path());
     let response = inner
         .ready()
         .await
@@ -185,8 +188,9 @@ where
         Err(error) => return Err(error),
     };
     let failed = parts.status.is_client_error() || parts.status.is_server_error();
-    if failed && !is_status(&bytes) {
-        let replaced = foreign_body_status(parts.status, cluster);
+    let withheld = if failed { withheld_body(&bytes) } else { None };
+    if let Some(why) = withheld {
+        let replaced = foreign_body_status(parts.status, cluster, &target, &why);
         parts.headers.remove(header::CONTENT_LENGTH);
         parts.headers.insert(
             header::CONTENT_TYPE,
@@ -210,23 +214,41 @@ pub(crate) fn is_streaming(request: &Request<Body>) -> bool {
     flag("watch") || flag("follow") || request.headers().contains_key(header::UPGRADE)
 }
 
-/// Whether `body` is a Kubernetes `Status` object.
-fn is_status(body: &[u8]) -> bool {
-    serde_json::from_slice::<serde_json::Value>(body)
-        .ok()
-        .is_some_and(|value| value.get("kind").and_then(|k| k.as_str()) == Some("Status"))
+/// What checking an error body may cost: a Kubernetes `Status` is a few
+/// fields and a message, its `details.causes` a list of short triples.
+/// The body comes from the cluster, which a tenant may run (a remote
+/// cluster of its own kubeconfig): checked within this budget, a body over
+/// it is withheld before kube decodes it.
+const ERROR_BODY: Limits = Limits {
+    text: 1 << 20,
+    nodes: 65_536,
+    heap: 8 << 20,
+    depth: 16,
+};
+
+/// Why an error body is withheld (`None`: a Kubernetes `Status` within
+/// [`ERROR_BODY`], passed on as it is).
+fn withheld_body(body: &[u8]) -> Option<String> {
+    match bounded::parse(body, ERROR_BODY) {
+        Ok(parsed) if parsed.tree.get("kind").and_then(|k| k.as_str()) == Some("Status") => None,
+        Err(refused) if refused.is_over_budget() => Some(format!(
+            "an error body over the budget of a Kubernetes Status ({refused})"
+        )),
+        _ => Some("a body that is not a Kubernetes Status".to_owned()),
+    }
 }
 
-/// The `Status` that stands in for an error body that is not one.
-fn foreign_body_status(code: StatusCode, cluster: &str) -> Vec<u8> {
+/// The `Status` that stands in for an error body that is withheld because
+/// of `why`.
+fn foreign_body_status(code: StatusCode, cluster: &str, target: &str, why: &str) -> Vec<u8> {
     let status = serde_json::json!({
         "kind": "Status",
         "apiVersion": "v1",
         "metadata": {},
         "status": "Failure",
         "message": format!(
-            "cluster `{cluster}` answered {} with a body that is not a Kubernetes Status \
-             (withheld: it may come from a proxy or a server that is not an API server)",
+            "cluster `{cluster}` answered {} to {target} with {why} (withheld: it may come \
+             from a proxy or a server that is not an API server)",
             code.as_u16()
         ),
         "reason": "NotAStatus",
