@@ -2,6 +2,12 @@
 //! labels say everything the fast path needs; the payload (base64 of gzipped
 //! JSON) is decoded only when the release's objects must be looked at.
 
+// Numbers read here may be tenant-written: arithmetic on them is checked.
+#![cfg_attr(
+    not(test),
+    deny(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)
+)]
+
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 

@@ -43,6 +43,12 @@
 //! # Ok::<(), bounded::Refused>(())
 //! ```
 
+// Numbers read here may be tenant-written: arithmetic on them is checked.
+#![cfg_attr(
+    not(test),
+    deny(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)
+)]
+
 use std::fmt;
 use std::io::Read;
 use std::sync::OnceLock;

@@ -31,6 +31,12 @@
 //! over by the new node without further ado; one without our owner's stamp
 //! (or with an annotation that does not parse) is foreign.
 
+// Numbers read here may be tenant-written: arithmetic on them is checked.
+#![cfg_attr(
+    not(test),
+    deny(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)
+)]
+
 use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;

@@ -8,6 +8,12 @@
 //! skipped. Dropping a field from the manifest changes the digest; someone
 //! else changing one of our values breaks the containment: both re-apply.
 
+// Numbers read here may be tenant-written: arithmetic on them is checked.
+#![cfg_attr(
+    not(test),
+    deny(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)
+)]
+
 use kube::api::DynamicObject;
 use provisioners_kit::bounded::{self, Limits};
 use serde_json::Value;

@@ -8,6 +8,12 @@
 //! and never deleted. Being tenant-writable, it is also decoded within a
 //! budget ([`INVENTORY`]).
 
+// Numbers read here may be tenant-written: arithmetic on them is checked.
+#![cfg_attr(
+    not(test),
+    deny(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)
+)]
+
 use std::collections::BTreeSet;
 
 use k8s_openapi::api::core::v1::ConfigMap;
