@@ -137,11 +137,18 @@ impl Ledger {
 
     /// The ledger in `annotation`, if it decodes (within a budget: the Lease
     /// is in the release namespace) and, with owner keys, verifies.
+    #[cfg(test)]
     pub(crate) fn decode(
         cx: &Context,
-        (namespace, release): (&str, &str),
+        id: (&str, &str),
         annotation: &str,
     ) -> std::result::Result<Ledger, String> {
+        Ledger::parse(annotation)?.verified(cx, id)
+    }
+
+    /// The ledger in `annotation`, decoded within [`LEDGER`], not yet
+    /// verified.
+    fn parse(annotation: &str) -> std::result::Result<Ledger, String> {
         if annotation.len() > 256 << 10 {
             return Err("larger than the 256 KiB the API server allows annotations".to_owned());
         }
@@ -155,19 +162,29 @@ impl Ledger {
         if ledger.objects.len() > MAX_OBJECTS {
             return Err(format!("more than {MAX_OBJECTS} objects"));
         }
+        Ok(ledger)
+    }
+
+    /// `self` if, with owner keys, its authenticator verifies for the
+    /// release `namespace/release`.
+    fn verified(
+        self,
+        cx: &Context,
+        (namespace, release): (&str, &str),
+    ) -> std::result::Result<Ledger, String> {
         if let Some(keys) = OwnerKeys::of(cx) {
             let owner = cx
                 .owner()
                 .map(provisioners_core::Owner::identity)
                 .unwrap_or_default();
-            let fields = ledger.fields(namespace, release, &owner);
+            let fields = self.fields(namespace, release, &owner);
             let fields: Vec<&str> = fields.iter().map(String::as_str).collect();
-            match &ledger.mac {
+            match &self.mac {
                 Some(mac) if keys.verify(&fields, mac) => {}
                 _ => return Err("its authenticator does not verify".to_owned()),
             }
         }
-        Ok(ledger)
+        Ok(self)
     }
 }
 
@@ -175,10 +192,16 @@ impl HelmRelease {
     /// The release's ledger, from its Lease: `Ok(None)` when there is none.
     pub(super) async fn ledger(&self, cx: &Context) -> Result<Option<Ledger>> {
         let annotations = lease::annotations(cx.client(), &self.namespace, &self.release).await?;
-        let Some(annotation) = annotations.get(LEDGER_ANNOTATION) else {
+        let Some(annotation) = annotations.get(LEDGER_ANNOTATION).cloned() else {
             return Ok(None);
         };
-        Ledger::decode(cx, (&self.namespace, &self.release), annotation)
+        // Up to 4 MiB of JSON: parsed off the async workers, within the
+        // process's bound on large decodings at once.
+        bounded::off_workers(move || Ledger::parse(&annotation))
+            .await
+            .map_err(|e| e.to_string())
+            .and_then(|parsed| parsed)
+            .and_then(|ledger| ledger.verified(cx, (&self.namespace, &self.release)))
             .map(Some)
             .map_err(|why| {
                 Error::failed(format!(

@@ -41,9 +41,14 @@ pub fn kubeconfig_budget() -> serde_saphyr::Budget {
 /// )?;
 /// assert_eq!(config.clusters[0].name, "a");
 ///
-/// let deep = format!("clusters: {}{}", "[".repeat(100), "]".repeat(100));
+/// // An extension is any value: 100 levels of it are over the budget.
+/// let deep = format!(
+///     "extensions:\n- name: x\n  extension: {}{}\n",
+///     "[".repeat(100),
+///     "]".repeat(100)
+/// );
 /// let refused = kubeconfig_from_yaml(&deep).unwrap_err();
-/// assert!(refused.is_over_budget(), "{refused}");
+/// assert_eq!(refused.to_string(), "nested more than 16 levels deep");
 /// # Ok::<(), provisioners_kit::bounded::Refused>(())
 /// ```
 ///

@@ -109,7 +109,12 @@ impl Manifest {
         else {
             return Ok(Vec::new());
         };
-        parse_inventory(&self.inventory_home(cx), &name, &text)
+        // Up to 1 MiB of JSON: parsed off the async workers, within the
+        // process's bound on large decodings at once.
+        let namespace = self.inventory_home(cx);
+        bounded::off_workers(move || parse_inventory(&namespace, &name, &text))
+            .await
+            .map_err(|e| Error::unavailable(format!("reading the inventory: {e}")))?
     }
 
     pub(super) async fn write_inventory(

@@ -188,7 +188,18 @@ where
         Err(error) => return Err(error),
     };
     let failed = parts.status.is_client_error() || parts.status.is_server_error();
-    let withheld = if failed { withheld_body(&bytes) } else { None };
+    let withheld = match failed {
+        false => None,
+        true if bytes.len() <= INLINE_ERROR_BODY => withheld_body(&bytes),
+        // Larger ones off the async workers, within the process's bound on
+        // large decodings at once.
+        true => {
+            let body = bytes.clone();
+            bounded::off_workers(move || withheld_body(&body))
+                .await
+                .unwrap_or_else(|stopped| Some(stopped.to_string()))
+        }
+    };
     if let Some(why) = withheld {
         let replaced = foreign_body_status(parts.status, cluster, &target, &why);
         parts.headers.remove(header::CONTENT_LENGTH);
@@ -225,6 +236,10 @@ const ERROR_BODY: Limits = Limits {
     heap: 8 << 20,
     depth: 16,
 };
+
+/// Error bodies up to this size are checked in place (well under a
+/// millisecond); larger ones with [`bounded::off_workers`].
+const INLINE_ERROR_BODY: usize = 64 << 10;
 
 /// Why an error body is withheld (`None`: a Kubernetes `Status` within
 /// [`ERROR_BODY`], passed on as it is).
