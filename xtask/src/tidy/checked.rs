@@ -18,6 +18,7 @@ use super::{rust_files, shown};
 /// or on the functions that read the numbers (`#[deny(..)]`).
 pub(super) const TENANT_NUMBERS: &[&str] = &[
     "crates/provisioners-kit/src/bounded.rs",
+    "crates/provisioners-kit/src/client/policy/attempt.rs",
     "crates/provisioners-kit/src/lease/mod.rs",
     "crates/provisioners-kit/src/lease/observations.rs",
     "crates/provisioners-helm/src/storage.rs",

@@ -143,6 +143,8 @@ where
 
 /// One attempt: the answer and, unless it is a stream, its whole body,
 /// checked against the size cap, with a foreign error body replaced.
+// The answer's numbers (its Content-Length, its size) are the server's.
+#[deny(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)]
 async fn one_attempt<S>(
     inner: &mut S,
     request: Request<Body>,
@@ -239,10 +241,11 @@ const ERROR_BODY: Limits = Limits {
 
 /// Error bodies up to this size are checked in place (well under a
 /// millisecond); larger ones with [`bounded::off_workers`].
-const INLINE_ERROR_BODY: usize = 64 << 10;
+const INLINE_ERROR_BODY: usize = 16 << 10;
 
 /// Why an error body is withheld (`None`: a Kubernetes `Status` within
 /// [`ERROR_BODY`], passed on as it is).
+#[deny(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)]
 fn withheld_body(body: &[u8]) -> Option<String> {
     match bounded::parse(body, ERROR_BODY) {
         Ok(parsed) if parsed.tree.get("kind").and_then(|k| k.as_str()) == Some("Status") => None,
