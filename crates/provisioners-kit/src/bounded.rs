@@ -246,6 +246,6 @@ pub async fn off_workers<T: Send + 'static>(
 }
 
 #[cfg(test)]
-mod fuzz_tests;
+mod properties;
 #[cfg(test)]
 mod tests;
