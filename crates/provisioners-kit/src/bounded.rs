@@ -79,8 +79,7 @@ pub struct Limits {
 
 impl Limits {
     /// One annotation's value: the API server caps the annotations of an
-    /// object at 256 KiB in all. The tree of an input this size that fits
-    /// the node limit weighs at most 8 MiB.
+    /// object at 256 KiB in all; 16,384 values and 8 MiB of tree at most.
     pub const ANNOTATION: Limits = Limits {
         text: 256 << 10,
         nodes: 16_384,
@@ -88,7 +87,8 @@ impl Limits {
         depth: 32,
     };
 
-    /// One key of a ConfigMap: the API server caps a ConfigMap at 1 MiB.
+    /// One key of a ConfigMap: the API server caps a ConfigMap at 1 MiB;
+    /// 131,072 values and 24 MiB of tree at most.
     pub const CONFIG_MAP: Limits = Limits {
         text: 1 << 20,
         nodes: 131_072,
