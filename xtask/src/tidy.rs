@@ -12,6 +12,7 @@
 //! docs/rbac.md grants what the example's operator.yaml grants. The README's
 //! "Requirements" names the `rust-version` of the workspace's Cargo.toml.
 
+mod checked;
 mod core_names;
 mod cycles;
 mod docs;
@@ -71,6 +72,7 @@ fn architecture_problems(root: &Path) -> Vec<String> {
     found.extend(core_names::problems(root, core_names::ALLOWED));
     found.extend(cycles::problems(root, cycles::ALLOWED));
     found.extend(lints::problems(root));
+    found.extend(checked::problems(root, checked::TENANT_NUMBERS));
     found
 }
 

@@ -4,6 +4,7 @@
 use std::time::SystemTime;
 
 use k8s_openapi::jiff::{Timestamp, Unit};
+use provisioners_kit::bounded::{self, Limits};
 use serde::{Deserialize, Serialize};
 
 /// The longest error text a record keeps, in characters.
@@ -99,11 +100,17 @@ impl Record {
 
     /// Parses a stored value: anything that is not a record (the ConfigMap
     /// is untrusted input) is `None`, and the member counts as pending.
+    /// Decoded within a budget (3 KiB, a flat object of a few values),
+    /// checked while parsing: a value over it is not a record either.
+    #[deny(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)]
     pub(crate) fn parse(value: &str) -> Option<Self> {
-        if value.len() > 4 * ERROR_LIMIT + 1024 {
-            return None;
-        }
-        let mut record: Record = serde_json::from_str(value).ok()?;
+        const RECORD: Limits = Limits {
+            text: 3072,
+            nodes: 32,
+            heap: 16 << 10,
+            depth: 2,
+        };
+        let mut record: Record = bounded::from_slice(value.as_bytes(), RECORD).ok()?;
         if record.digest.len() > 256 {
             return None;
         }
@@ -215,6 +222,20 @@ mod tests {
             "a".repeat(300)
         );
         assert_eq!(Record::parse(&long), None);
+    }
+
+    #[test]
+    fn a_record_over_its_budget_is_none() {
+        let record = r#""digest":"a","state":"done","since":"2023-11-14T22:13:20Z","wave":1"#;
+        assert!(Record::parse(&format!("{{{record}}}")).is_some());
+        // Deep nesting and many tiny values in a field serde would skip,
+        // and a long string: each over the budget of a record.
+        let deep = format!("{}{}", "[".repeat(100), "]".repeat(100));
+        let many = format!("[{}0]", "0,".repeat(500));
+        let long = format!("\"{}\"", "x".repeat(3000));
+        for extra in [deep, many, long] {
+            assert_eq!(Record::parse(&format!("{{{record},\"x\":{extra}}}")), None);
+        }
     }
 
     #[test]

@@ -2,6 +2,12 @@
 //! labels say everything the fast path needs; the payload (base64 of gzipped
 //! JSON) is decoded only when the release's objects must be looked at.
 
+// Numbers read here may be tenant-written: arithmetic on them is checked.
+#![cfg_attr(
+    not(test),
+    deny(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)
+)]
+
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -479,7 +485,9 @@ pub(crate) fn release_data(record: Secret) -> Vec<u8> {
 /// [`decode`] on the blocking pool, within the process's bound on records
 /// decoded at once (see [`bounded`]).
 pub(crate) async fn decode_off_workers(data: Vec<u8>) -> std::result::Result<Payload, String> {
-    bounded::off_workers(move || decode(&data)).await
+    bounded::off_workers(move || decode(&data))
+        .await
+        .map_err(|e| e.to_string())?
 }
 
 /// helm's encoding: base64 of (usually gzipped) JSON, parsed within

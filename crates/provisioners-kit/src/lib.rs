@@ -11,6 +11,10 @@
 //!   per cluster, read with [`Health::of`](client::Health::of)) and the
 //!   constructors that build a [`Cluster`](provisioners_core::Cluster)
 //!   behind it ([`client::infer`], [`client::connect`]);
+//! - [`bounded`]: tenant-writable input decoded within a budget of bytes,
+//!   values, depth and estimated memory, checked while parsing
+//!   ([`bounded::parse`], [`bounded::from_slice`], YAML kubeconfigs with
+//!   [`bounded::kubeconfig_from_yaml`]);
 //! - [`owner`]: [`OwnerKeys`](owner::OwnerKeys), the key that
 //!   authenticates ownership stamps and records, given to a tree as a
 //!   context extension;
@@ -72,6 +76,7 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+pub mod bounded;
 pub mod canonical;
 pub mod client;
 pub mod crd;

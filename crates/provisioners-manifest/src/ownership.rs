@@ -31,11 +31,18 @@
 //! over by the new node without further ado; one without our owner's stamp
 //! (or with an annotation that does not parse) is foreign.
 
+// Numbers read here may be tenant-written: arithmetic on them is checked.
+#![cfg_attr(
+    not(test),
+    deny(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)
+)]
+
 use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::DynamicObject;
 use provisioners_core::Context;
+use provisioners_kit::bounded::{self, Limits};
 use provisioners_kit::keep::{self, HELM_RESOURCE_POLICY};
 use provisioners_kit::owner::OwnerKeys;
 use serde::{Deserialize, Serialize};
@@ -63,8 +70,19 @@ struct Identity<'a> {
     mac: Option<std::borrow::Cow<'a, str>>,
 }
 
+/// What reading a stamp may cost: three short strings (an owner identity,
+/// a node path, a hex authenticator) in a flat object. A stamp over it is
+/// no stamp (never ours), like one that does not parse.
+const STAMP: Limits = Limits {
+    text: 16 << 10,
+    nodes: 16,
+    heap: 64 << 10,
+    depth: 2,
+};
+
 /// The owner's identity and the node in an object's ownership stamp
-/// ([`OWNER_ANNOTATION`]), if it carries one that parses.
+/// ([`OWNER_ANNOTATION`]), if it carries one that parses within its budget
+/// (16 KiB, a flat object of a few strings).
 ///
 /// ```
 /// use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -88,9 +106,9 @@ pub fn stamped_by(meta: &ObjectMeta) -> Option<(String, String)> {
     Some((identity.owner.into_owned(), identity.node.into_owned()))
 }
 
-fn read_stamp(meta: &ObjectMeta) -> Option<Identity<'_>> {
+fn read_stamp(meta: &ObjectMeta) -> Option<Identity<'static>> {
     let value = meta.annotations.as_ref()?.get(OWNER_ANNOTATION)?;
-    serde_json::from_str(value).ok()
+    bounded::from_slice(value.as_bytes(), STAMP).ok()
 }
 
 /// Group, kind, namespace and name of `object`: what its stamp's `mac`
@@ -398,6 +416,28 @@ mod tests {
             Stamp::new(&other, "app", Some("My_App")).inventory_id(),
             a.inventory_id()
         );
+    }
+
+    #[test]
+    fn a_stamp_over_its_budget_is_no_stamp() {
+        let stamped = |value: String| {
+            stamped_by(&ObjectMeta {
+                annotations: Some([(OWNER_ANNOTATION.to_owned(), value)].into()),
+                ..ObjectMeta::default()
+            })
+        };
+        let ours = r#"{"owner":"standalone:me","node":"app"#;
+        assert!(stamped(format!(r#"{ours}"}}"#)).is_some());
+        // A huge string, deep nesting, many tiny values: each parses as JSON
+        // (serde would skip the unknown field), each is over the budget.
+        assert_eq!(
+            stamped(format!(r#"{ours}{}"}}"#, "/x".repeat(100 << 10))),
+            None
+        );
+        let deep = format!("{}{}", "[".repeat(100), "]".repeat(100));
+        assert_eq!(stamped(format!(r#"{ours}","x":{deep}}}"#)), None);
+        let many = format!("[{}0]", "0,".repeat(1000));
+        assert_eq!(stamped(format!(r#"{ours}","x":{many}}}"#)), None);
     }
 
     #[tokio::test]

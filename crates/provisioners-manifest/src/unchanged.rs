@@ -8,7 +8,14 @@
 //! skipped. Dropping a field from the manifest changes the digest; someone
 //! else changing one of our values breaks the containment: both re-apply.
 
+// Numbers read here may be tenant-written: arithmetic on them is checked.
+#![cfg_attr(
+    not(test),
+    deny(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)
+)]
+
 use kube::api::DynamicObject;
+use provisioners_kit::bounded::{self, Limits};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
@@ -125,12 +132,24 @@ fn field<'a>(owned: Option<&'a Value>, key: &str) -> Option<&'a Value> {
     })
 }
 
+/// What parsing the fields of one `k:{...}` key may cost: a live object's
+/// `managedFields` are tenant-writable, and a real key is a few merge-key
+/// fields with scalar values (`{"containerPort":80,"protocol":"TCP"}`).
+/// A key over it matches nothing.
+const LIST_KEY: Limits = Limits {
+    text: 4 << 10,
+    nodes: 32,
+    heap: 16 << 10,
+    depth: 2,
+};
+
 /// The `managedFields` node of a list element: `k:{"name":"c"}` for a list
 /// keyed by fields (all of which the element holds), `i:N` by index.
 fn element<'a>(owned: &'a Value, element: &Value, index: usize) -> Option<&'a Value> {
     owned.as_object()?.iter().find_map(|(k, v)| {
         if let Some(keys) = k.strip_prefix("k:") {
-            let keys: serde_json::Map<String, Value> = serde_json::from_str(keys).ok()?;
+            let keys: serde_json::Map<String, Value> =
+                bounded::from_slice(keys.as_bytes(), LIST_KEY).ok()?;
             keys.iter()
                 .all(|(key, value)| element.get(key) == Some(value))
                 .then_some(v)
@@ -163,6 +182,22 @@ fn is_zero(value: &Value) -> bool {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_list_key_over_its_budget_matches_nothing() {
+        let matched = |x: Value| {
+            let key = format!("k:{}", json!({"name": "c", "x": x}));
+            let owned = json!({ key: {"f:image": {}} });
+            element(&owned, &json!({"name": "c", "x": x}), 0).is_some()
+        };
+        assert!(matched(json!("small")));
+        // A huge string, deep nesting, many tiny values: each matches
+        // the element, each is over the budget of a key.
+        assert!(!matched(json!("a".repeat(100 << 10))));
+        let deep = (0..100).fold(json!(0), |inner, _| json!([inner]));
+        assert!(!matched(deep));
+        assert!(!matched(json!(vec![0; 1000])));
+    }
 
     fn object(value: Value) -> DynamicObject {
         serde_json::from_value(value).unwrap()

@@ -20,6 +20,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use kube::Api;
 use kube::api::{ObjectMeta, PostParams};
+use provisioners_kit::bounded::{self, Limits};
 use serde::{Deserialize, Serialize};
 
 /// The annotation holding the epoch (a counter, for people; what records
@@ -63,12 +64,17 @@ impl Held {
     }
 
     /// Parses the annotation (written by the operator, but read as
-    /// untrusted input all the same: anything else holds nobody).
+    /// untrusted input all the same: anything else holds nobody), within a
+    /// budget checked while parsing: [`HELD_LIMIT`] names and a revision.
+    #[deny(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)]
     fn parse(text: &str) -> Held {
-        if text.len() > 80 * HELD_LIMIT {
-            return Held::default();
-        }
-        serde_json::from_str::<Held>(text)
+        const HELD: Limits = Limits {
+            text: 80_000,
+            nodes: 1_100,
+            heap: 512 << 10,
+            depth: 2,
+        };
+        bounded::from_slice::<Held>(text.as_bytes(), HELD)
             .ok()
             .filter(|held| held.members.len() <= HELD_LIMIT && held.revision.len() <= 256)
             .unwrap_or_default()
@@ -87,6 +93,7 @@ pub(crate) struct Ledger {
 impl Ledger {
     /// The ledger in `lease`; `None` when the Lease lacks what the API
     /// server always sets (a UID and a `resourceVersion`).
+    #[deny(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)]
     pub(crate) fn of(lease: &Lease) -> Option<Ledger> {
         let meta = &lease.metadata;
         let annotations = meta.annotations.as_ref();
@@ -203,5 +210,22 @@ mod tests {
         for bad in ["", "{", "[]", "{\"revision\":1}", &"x".repeat(100_000)] {
             assert_eq!(Held::parse(bad), Held::default(), "{bad:.20}");
         }
+    }
+
+    #[test]
+    fn a_held_annotation_over_its_budget_holds_nobody() {
+        let held =
+            |members: &str| Held::parse(&format!(r#"{{"revision":"r","members":{members}}}"#));
+        assert_eq!(held(r#"["m1"]"#).members.len(), 1);
+        // Many tiny names (2,000 in 12 KB), deep nesting in a field serde
+        // would skip: each over the budget.
+        let many: Vec<String> = (0..2000).map(|i| format!("{i}")).collect();
+        assert_eq!(
+            held(&serde_json::to_string(&many).unwrap()),
+            Held::default()
+        );
+        let deep = format!("{}{}", "[".repeat(100), "]".repeat(100));
+        let text = format!(r#"{{"revision":"r","members":["m1"],"x":{deep}}}"#);
+        assert_eq!(Held::parse(&text), Held::default());
     }
 }

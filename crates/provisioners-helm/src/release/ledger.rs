@@ -13,13 +13,24 @@
 //! annotations say belong to this release, each with its UID as a
 //! precondition; kept ones (`helm.sh/resource-policy: keep`) are left.
 //! The Lease goes last, after the objects are gone.
+//!
+//! The Lease is in the release namespace, so its ledger is read as
+//! tenant-writable input: decoded within [`LEDGER`] before its
+//! authenticator is checked.
 
-use std::io::{Read as _, Write as _};
+// Numbers read here may be tenant-written: arithmetic on them is checked.
+#![cfg_attr(
+    not(test),
+    deny(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)
+)]
+
+use std::io::Write as _;
 
 use base64::Engine as _;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{DeleteParams, Preconditions, PropagationPolicy};
 use provisioners_core::{Context, Error, Result};
+use provisioners_kit::bounded::{self, Limits};
 use provisioners_kit::owner::OwnerKeys;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
@@ -39,6 +50,17 @@ const LEDGER_TAG: &str = "provisioners-helm/ledger/1";
 /// The most objects a ledger lists: an annotation is capped by the API
 /// server (256 KiB for all of an object's annotations).
 const MAX_OBJECTS: usize = 4096;
+
+/// What decoding a ledger may cost: [`MAX_OBJECTS`] objects of four
+/// fields (9 values each, at most ~750 bytes with the longest names the
+/// API server allows), and no more. The annotation itself is at most
+/// 256 KiB (the API server's cap on all of an object's annotations).
+const LEDGER: Limits = Limits {
+    text: 4 << 20,
+    nodes: 40_000,
+    heap: 8 << 20,
+    depth: 4,
+};
 
 /// helm's annotations on every object it manages.
 const HELM_RELEASE_NAME: &str = "meta.helm.sh/release-name";
@@ -115,37 +137,54 @@ impl Ledger {
 
     /// The ledger in `annotation`, if it decodes (within a budget: the Lease
     /// is in the release namespace) and, with owner keys, verifies.
+    #[cfg(test)]
     pub(crate) fn decode(
         cx: &Context,
-        (namespace, release): (&str, &str),
+        id: (&str, &str),
         annotation: &str,
     ) -> std::result::Result<Ledger, String> {
+        Ledger::parse(annotation)?.verified(cx, id)
+    }
+
+    /// The ledger in `annotation`, decoded within [`LEDGER`], not yet
+    /// verified.
+    fn parse(annotation: &str) -> std::result::Result<Ledger, String> {
+        if annotation.len() > 256 << 10 {
+            return Err("larger than the 256 KiB the API server allows annotations".to_owned());
+        }
         let gzip = base64::engine::general_purpose::STANDARD
             .decode(annotation)
             .map_err(|e| format!("not base64: {e}"))?;
-        let mut json = Vec::new();
-        flate2::read::GzDecoder::new(gzip.as_slice())
-            .take(8 << 20)
-            .read_to_end(&mut json)
-            .map_err(|e| format!("not gzip: {e}"))?;
+        let parsed = bounded::parse(flate2::read::GzDecoder::new(gzip.as_slice()), LEDGER)
+            .map_err(|e| format!("not a ledger: {e}"))?;
         let ledger: Ledger =
-            serde_json::from_slice(&json).map_err(|e| format!("not a ledger: {e}"))?;
+            serde_json::from_value(parsed.tree).map_err(|e| format!("not a ledger: {e}"))?;
         if ledger.objects.len() > MAX_OBJECTS {
             return Err(format!("more than {MAX_OBJECTS} objects"));
         }
+        Ok(ledger)
+    }
+
+    /// `self` if, with owner keys, its authenticator verifies for the
+    /// release `namespace/release`.
+    fn verified(
+        self,
+        cx: &Context,
+        (namespace, release): (&str, &str),
+    ) -> std::result::Result<Ledger, String> {
         if let Some(keys) = OwnerKeys::of(cx) {
             let owner = cx
                 .owner()
                 .map(provisioners_core::Owner::identity)
                 .unwrap_or_default();
-            let fields = ledger.fields(namespace, release, &owner);
+            let fields = self.fields(namespace, release, &owner);
             let fields: Vec<&str> = fields.iter().map(String::as_str).collect();
-            match &ledger.mac {
+            match &self.mac {
                 Some(mac) if keys.verify(&fields, mac) => {}
                 _ => return Err("its authenticator does not verify".to_owned()),
             }
         }
-        Ok(ledger)
+        Ok(self)
     }
 }
 
@@ -153,10 +192,16 @@ impl HelmRelease {
     /// The release's ledger, from its Lease: `Ok(None)` when there is none.
     pub(super) async fn ledger(&self, cx: &Context) -> Result<Option<Ledger>> {
         let annotations = lease::annotations(cx.client(), &self.namespace, &self.release).await?;
-        let Some(annotation) = annotations.get(LEDGER_ANNOTATION) else {
+        let Some(annotation) = annotations.get(LEDGER_ANNOTATION).cloned() else {
             return Ok(None);
         };
-        Ledger::decode(cx, (&self.namespace, &self.release), annotation)
+        // Up to 4 MiB of JSON: parsed off the async workers, within the
+        // process's bound on large decodings at once.
+        bounded::off_workers(move || Ledger::parse(&annotation))
+            .await
+            .map_err(|e| e.to_string())
+            .and_then(|parsed| parsed)
+            .and_then(|ledger| ledger.verified(cx, (&self.namespace, &self.release)))
             .map(Some)
             .map_err(|why| {
                 Error::failed(format!(
@@ -266,5 +311,62 @@ mod tests {
                 .unwrap_err()
                 .contains("base64")
         );
+    }
+
+    /// gzip of `{"revision":1,"objects":[` and `count` minimal objects.
+    fn many_objects(count: usize) -> String {
+        let mut gzip = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+        gzip.write_all(br#"{"revision":1,"objects":["#).unwrap();
+        for i in 0..count {
+            if i > 0 {
+                gzip.write_all(b",").unwrap();
+            }
+            gzip.write_all(br#"{"apiVersion":"","kind":"","name":""}"#)
+                .unwrap();
+        }
+        gzip.write_all(b"]}").unwrap();
+        base64::engine::general_purpose::STANDARD.encode(gzip.finish().unwrap())
+    }
+
+    #[tokio::test]
+    async fn a_hostile_ledger_is_stopped_by_its_budget_while_parsing() {
+        let (cx, _server) = mock::context();
+        let id = ("apps", "web");
+        // 200,000 objects (7.6 MB of JSON, ~20 MB as objects) in a few KB.
+        let hostile = many_objects(200_000);
+        assert!(hostile.len() < 64 << 10, "{}", hostile.len());
+        let error = Ledger::decode(&cx, id, &hostile).unwrap_err();
+        assert_eq!(error, "not a ledger: more than 40000 values when parsed");
+        // Deep nesting and a huge string.
+        let deep = {
+            let mut gzip = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+            gzip.write_all(format!("{{\"objects\":{}", "[".repeat(10_000)).as_bytes())
+                .unwrap();
+            base64::engine::general_purpose::STANDARD.encode(gzip.finish().unwrap())
+        };
+        let error = Ledger::decode(&cx, id, &deep).unwrap_err();
+        assert_eq!(error, "not a ledger: nested more than 4 levels deep");
+        let long = {
+            let mut gzip = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+            let name = "n".repeat(5 << 20);
+            let text = format!(
+                r#"{{"revision":1,"objects":[{{"apiVersion":"v1","kind":"K","name":"{name}"}}]}}"#
+            );
+            gzip.write_all(text.as_bytes()).unwrap();
+            base64::engine::general_purpose::STANDARD.encode(gzip.finish().unwrap())
+        };
+        let error = Ledger::decode(&cx, id, &long).unwrap_err();
+        assert_eq!(error, "not a ledger: larger than 4 MiB");
+        // A real ledger of the most objects still decodes.
+        let names: Vec<ObjectRef> = (0..MAX_OBJECTS)
+            .map(|i| ObjectRef {
+                api_version: "rbac.authorization.k8s.io/v1".to_owned(),
+                kind: "ClusterRoleBinding".to_owned(),
+                name: format!("{}-{i}", "n".repeat(240)),
+                namespace: Some("n".repeat(63)),
+            })
+            .collect();
+        let full = Ledger::new(&cx, id, 9, names);
+        assert_eq!(Ledger::decode(&cx, id, &full.encoded()).unwrap(), full);
     }
 }

@@ -28,6 +28,12 @@
 //! status of a sealed record can at most make us redo or undo our own
 //! release; the objects helm would act on are still the ones we sealed.
 
+// Numbers read here may be tenant-written: arithmetic on them is checked.
+#![cfg_attr(
+    not(test),
+    deny(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)
+)]
+
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Secret;

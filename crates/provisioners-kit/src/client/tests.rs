@@ -430,6 +430,39 @@ async fn an_error_body_that_is_not_a_status_never_reaches_the_error() {
     assert!(error.to_string().contains("boom"), "{error}");
 }
 
+#[tokio::test(start_paused = true)]
+async fn an_error_body_over_the_budget_of_a_status_is_withheld_naming_the_limit() {
+    // A Status whose causes are 120,000 tiny objects: under 1 MiB of
+    // text, ~80 MB as a value tree.
+    let causes = format!("[{}{{}}]", r#"{"a":0},"#.repeat(120_000));
+    let body = format!(
+        r#"{{"kind":"Status","apiVersion":"v1","status":"Failure","message":"boom","code":422,"details":{{"causes":{causes}}}}}"#
+    );
+    let edge = cluster(
+        &ClientPolicy::new().backoff([]),
+        move |_request: Request<Body>| {
+            let body = body.clone();
+            async move {
+                Ok(Response::builder()
+                    .status(422)
+                    .body(Body::from(body.into_bytes()))
+                    .unwrap())
+            }
+        },
+    );
+    let error = get(edge.client()).await.unwrap_err();
+    let text = error.to_string();
+    assert!(!text.contains("boom"), "{text}");
+    assert!(
+        text.contains("cluster `edge` answered 422 to GET /api/v1/namespaces/x"),
+        "{text}"
+    );
+    assert!(
+        text.contains("over the budget of a Kubernetes Status (more than 8 MiB when parsed)"),
+        "{text}"
+    );
+}
+
 #[test]
 fn watches_and_followed_logs_are_streams() {
     let request = |uri: &str| Request::get(uri).body(Body::empty()).unwrap();

@@ -50,6 +50,12 @@
 //! # }
 //! ```
 
+// Numbers read here may be tenant-written: arithmetic on them is checked.
+#![cfg_attr(
+    not(test),
+    deny(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)
+)]
+
 use std::sync::Arc;
 use std::time::Duration;
 

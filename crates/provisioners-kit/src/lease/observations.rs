@@ -1,6 +1,12 @@
 //! The one expiry rule: when this process first saw each Lease record, by
 //! its own monotonic clock.
 
+// Numbers read here may be tenant-written: arithmetic on them is checked.
+#![cfg_attr(
+    not(test),
+    deny(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)
+)]
+
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Mutex, PoisonError};

@@ -5,17 +5,44 @@
 //! entry is checked against the ownership stamp of the live object, and
 //! against what the manifest may target (see
 //! [`Manifest::target_namespaces`]): an entry outside is ignored, reported,
-//! and never deleted.
+//! and never deleted. Being tenant-writable, it is also decoded within a
+//! budget ([`INVENTORY`]).
+
+// Numbers read here may be tenant-written: arithmetic on them is checked.
+#![cfg_attr(
+    not(test),
+    deny(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)
+)]
 
 use std::collections::BTreeSet;
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, Preconditions};
 use provisioners_core::{Context, Error, Result};
+use provisioners_kit::bounded::{self, Limits};
 
 use super::Manifest;
 use crate::object::ObjectRef;
 use crate::ownership::{Ownership, Stamp};
+
+/// What decoding an inventory may cost: a ConfigMap holds at most 1 MiB,
+/// and its `objects` key is a flat list of four-field entries (9 values
+/// each), so 131,072 values and 24 MiB of tree are more than a real one
+/// (~13,000 entries in 1 MiB) takes.
+const INVENTORY: Limits = Limits {
+    depth: 3,
+    ..Limits::CONFIG_MAP
+};
+
+/// The entries in the `objects` key of the inventory `namespace/name`.
+fn parse_inventory(namespace: &str, name: &str, text: &str) -> Result<Vec<ObjectRef>> {
+    bounded::from_slice(text.as_bytes(), INVENTORY).map_err(|e| {
+        Error::invalid(format!(
+            "the inventory ConfigMap {namespace}/{name} is not readable ({e}); delete it to \
+             start over (objects it listed will then not be pruned)"
+        ))
+    })
+}
 
 impl Manifest {
     fn inventory_home(&self, cx: &Context) -> String {
@@ -82,12 +109,12 @@ impl Manifest {
         else {
             return Ok(Vec::new());
         };
-        serde_json::from_str(&text).map_err(|e| {
-            Error::invalid(format!(
-                "the inventory ConfigMap {name} is not readable ({e}); delete it to start over \
-                 (objects it listed will then not be pruned)"
-            ))
-        })
+        // Up to 1 MiB of JSON: parsed off the async workers, within the
+        // process's bound on large decodings at once.
+        let namespace = self.inventory_home(cx);
+        bounded::off_workers(move || parse_inventory(&namespace, &name, &text))
+            .await
+            .map_err(|e| Error::unavailable(format!("reading the inventory: {e}")))?
     }
 
     pub(super) async fn write_inventory(
@@ -158,5 +185,44 @@ impl Manifest {
                 e,
             )),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_inventory_is_read_within_its_budget() {
+        let entry = r#"{"apiVersion":"v1","kind":"ConfigMap","namespace":"a","name":"b"}"#;
+        let real = format!("[{}]", vec![entry; 10_000].join(","));
+        assert!(real.len() < 1 << 20);
+        assert_eq!(parse_inventory("t", "inv", &real).unwrap().len(), 10_000);
+
+        let refused = |text: &str| {
+            parse_inventory("tenant", "inv", text)
+                .unwrap_err()
+                .to_string()
+        };
+        // Many tiny entries: under 1 MiB of text, ~25 MB as entries.
+        let tiny = format!(
+            "[{}]",
+            vec![r#"{"apiVersion":"","kind":"","name":""}"#; 26_000].join(",")
+        );
+        assert!(tiny.len() < 1 << 20);
+        let error = refused(&tiny);
+        assert!(error.contains("ConfigMap tenant/inv"), "{error}");
+        assert!(
+            error.contains("more than 131072 values when parsed"),
+            "{error}"
+        );
+        // Deep nesting, and a huge string.
+        let deep = format!("{}{}", "[".repeat(100), "]".repeat(100));
+        assert!(refused(&deep).contains("nested more than 3 levels deep"));
+        let huge = format!(
+            r#"[{{"apiVersion":"v1","kind":"K","name":"{}"}}]"#,
+            "n".repeat(2 << 20)
+        );
+        assert!(refused(&huge).contains("larger than 1 MiB"));
     }
 }

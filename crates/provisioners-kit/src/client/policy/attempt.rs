@@ -15,6 +15,7 @@ use tokio::time::Instant;
 use tower::{BoxError, Service, ServiceExt};
 
 use super::{ABANDONED_AFTER, ClientPolicy};
+use crate::bounded::{self, Limits};
 use crate::client::health::{
     Admission, Breaker, BreakerSettings, Health, Outcome, ProbeTicket, Unreachable,
 };
@@ -142,6 +143,8 @@ where
 
 /// One attempt: the answer and, unless it is a stream, its whole body,
 /// checked against the size cap, with a foreign error body replaced.
+// The answer's numbers (its Content-Length, its size) are the server's.
+#[deny(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)]
 async fn one_attempt<S>(
     inner: &mut S,
     request: Request<Body>,
@@ -153,6 +156,8 @@ where
     S: Service<Request<Body>, Response = Response<Body>>,
     S::Error: Into<BoxError>,
 {
+    // What the request was about, for an error body we withhold.
+    let target = format!("{} {}", request.method(), request.uri().path());
     let response = inner
         .ready()
         .await
@@ -185,8 +190,20 @@ where
         Err(error) => return Err(error),
     };
     let failed = parts.status.is_client_error() || parts.status.is_server_error();
-    if failed && !is_status(&bytes) {
-        let replaced = foreign_body_status(parts.status, cluster);
+    let withheld = match failed {
+        false => None,
+        true if bytes.len() <= INLINE_ERROR_BODY => withheld_body(&bytes),
+        // Larger ones off the async workers, within the process's bound on
+        // large decodings at once.
+        true => {
+            let body = bytes.clone();
+            bounded::off_workers(move || withheld_body(&body))
+                .await
+                .unwrap_or_else(|stopped| Some(stopped.to_string()))
+        }
+    };
+    if let Some(why) = withheld {
+        let replaced = foreign_body_status(parts.status, cluster, &target, &why);
         parts.headers.remove(header::CONTENT_LENGTH);
         parts.headers.insert(
             header::CONTENT_TYPE,
@@ -210,23 +227,46 @@ pub(crate) fn is_streaming(request: &Request<Body>) -> bool {
     flag("watch") || flag("follow") || request.headers().contains_key(header::UPGRADE)
 }
 
-/// Whether `body` is a Kubernetes `Status` object.
-fn is_status(body: &[u8]) -> bool {
-    serde_json::from_slice::<serde_json::Value>(body)
-        .ok()
-        .is_some_and(|value| value.get("kind").and_then(|k| k.as_str()) == Some("Status"))
+/// What checking an error body may cost: a Kubernetes `Status` is a few
+/// fields and a message, its `details.causes` a list of short triples.
+/// The body comes from the cluster, which a tenant may run (a remote
+/// cluster of its own kubeconfig): checked within this budget, a body over
+/// it is withheld before kube decodes it.
+const ERROR_BODY: Limits = Limits {
+    text: 1 << 20,
+    nodes: 65_536,
+    heap: 8 << 20,
+    depth: 16,
+};
+
+/// Error bodies up to this size are checked in place (well under a
+/// millisecond); larger ones with [`bounded::off_workers`].
+const INLINE_ERROR_BODY: usize = 16 << 10;
+
+/// Why an error body is withheld (`None`: a Kubernetes `Status` within
+/// [`ERROR_BODY`], passed on as it is).
+#[deny(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)]
+fn withheld_body(body: &[u8]) -> Option<String> {
+    match bounded::parse(body, ERROR_BODY) {
+        Ok(parsed) if parsed.tree.get("kind").and_then(|k| k.as_str()) == Some("Status") => None,
+        Err(refused) if refused.is_over_budget() => Some(format!(
+            "an error body over the budget of a Kubernetes Status ({refused})"
+        )),
+        _ => Some("a body that is not a Kubernetes Status".to_owned()),
+    }
 }
 
-/// The `Status` that stands in for an error body that is not one.
-fn foreign_body_status(code: StatusCode, cluster: &str) -> Vec<u8> {
+/// The `Status` that stands in for an error body that is withheld because
+/// of `why`.
+fn foreign_body_status(code: StatusCode, cluster: &str, target: &str, why: &str) -> Vec<u8> {
     let status = serde_json::json!({
         "kind": "Status",
         "apiVersion": "v1",
         "metadata": {},
         "status": "Failure",
         "message": format!(
-            "cluster `{cluster}` answered {} with a body that is not a Kubernetes Status \
-             (withheld: it may come from a proxy or a server that is not an API server)",
+            "cluster `{cluster}` answered {} to {target} with {why} (withheld: it may come \
+             from a proxy or a server that is not an API server)",
             code.as_u16()
         ),
         "reason": "NotAStatus",
