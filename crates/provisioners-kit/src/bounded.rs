@@ -246,6 +246,6 @@ pub async fn off_workers<T: Send + 'static>(
 }
 
 #[cfg(test)]
-mod properties;
+mod fuzz_tests;
 #[cfg(test)]
 mod tests;

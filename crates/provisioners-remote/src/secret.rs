@@ -392,16 +392,20 @@ impl SecretKubeconfig {
                 format!("{}: key `{}` is not UTF-8 text", self.describe(), self.key),
             );
         };
-        // The parser's message may quote the document: keep it out of the reason.
-        let Ok(kubeconfig) = Kubeconfig::from_yaml(text) else {
-            return missing(
-                false,
-                format!(
-                    "{}: key `{}` does not hold a valid kubeconfig",
-                    self.describe(),
-                    self.key
-                ),
-            );
+        // Tenant-writable text, parsed within a budget; the refusal names
+        // the limit or a line, never the document (it holds credentials).
+        let kubeconfig = match provisioners_kit::bounded::kubeconfig_from_yaml(text) {
+            Ok(kubeconfig) => kubeconfig,
+            Err(refused) => {
+                return missing(
+                    false,
+                    format!(
+                        "{}: key `{}` does not hold a valid kubeconfig: {refused}",
+                        self.describe(),
+                        self.key
+                    ),
+                );
+            }
         };
         if !self.trust_local_references
             && let Some(field) = local_reference(&kubeconfig)

@@ -25,6 +25,7 @@ pub(super) const TENANT_NUMBERS: &[&str] = &[
     "crates/provisioners-helm/src/storage/bounded.rs",
     "crates/provisioners-helm/src/storage/seal.rs",
     "crates/provisioners-helm/src/release/ledger.rs",
+    "crates/provisioners-helm/src/release/recovery.rs",
     "crates/provisioners-manifest/src/ownership.rs",
     "crates/provisioners-manifest/src/leaf/inventory.rs",
     "crates/provisioners-manifest/src/unchanged.rs",

@@ -1,6 +1,13 @@
 //! Recovery of a release whose newest revision a dead helm left half-done,
 //! as the shared [`Recovery`] decides it.
 
+// The revision numbers read here come from labels of tenant-writable
+// Secrets: arithmetic on them is checked.
+#![cfg_attr(
+    not(test),
+    deny(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)
+)]
+
 use provisioners_core::{Context, Error, Operation, Result};
 use serde_json::Value;
 

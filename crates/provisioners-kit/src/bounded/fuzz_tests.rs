@@ -2,9 +2,8 @@
 //! no panic, an error or a tree within the budget, and an input built to
 //! cross a limit ends in that limit's error.
 //!
-//! Cases per property: 256 by default, or `PROVISIONERS_FUZZ_CASES`. (Not
-//! named `fuzz_tests.rs` until `cargo xtask fuzz` lists it among its
-//! suites, in xtask/src/fuzz.rs.)
+//! Cases per property: 256 by default, or `PROVISIONERS_FUZZ_CASES`
+//! (`cargo xtask fuzz` runs it with more).
 
 use proptest::collection::vec;
 use proptest::prelude::*;
