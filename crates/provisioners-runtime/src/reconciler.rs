@@ -372,9 +372,15 @@ impl Reconciler {
             drop(run);
             if result.is_ok() {
                 // Protections no node released (a remote removed while the
-                // owner lived, say) must not outlive the owner; a failure
-                // here is reported, not a reason to keep the owner.
-                self.release_kubeconfigs(&cx, &target, None).await;
+                // owner lived, say) must not outlive the owner: left, they
+                // would block their Secrets' deletion for good. A sweep that
+                // fails keeps the owner, with the failure in its status (a
+                // missing right names the right), and is tried again.
+                if let Err(error) = self.release_kubeconfigs(&cx, &target, None).await {
+                    return self
+                        .finish(&report, &Err(error), Reason::Deprovisioning, stopped, None)
+                        .await;
+                }
                 self.publish(&report, Why::Deprovisioned, "everything is gone")
                     .await;
                 // The object goes as soon as the finalizer does: no status to write.
@@ -448,8 +454,18 @@ impl Reconciler {
         let stopped = run.stopped();
         drop(run);
         // Only a complete pass knows every node that still reads a Secret.
-        if result.is_ok() && stopped == Stopped::No {
-            self.release_kubeconfigs(&cx, &target, Some(&claimed)).await;
+        // A sweep that fails for good (a missing right) fails the pass, so
+        // the status says so; a transient failure waits for the next pass.
+        let mut result = result;
+        if result.is_ok()
+            && stopped == Stopped::No
+            && let Err(error) = self.release_kubeconfigs(&cx, &target, Some(&claimed)).await
+        {
+            if error.is_transient() {
+                tracing::warn!(object = %target, %error, "could not release unused kubeconfig finalizers; trying again on the next pass");
+            } else {
+                result = Err(error);
+            }
         }
         self.finish(
             &report,
@@ -463,27 +479,28 @@ impl Reconciler {
 
     /// Releases the kubeconfig finalizers of this owner that no node in
     /// `claimed` uses (`None`: the owner is deprovisioned, release them
-    /// all); a failure is logged and retried on the next pass.
+    /// all); the caller reports a failure (the sweep runs again on the next
+    /// pass, as nothing records it as done).
     async fn release_kubeconfigs(
         &self,
         cx: &Context,
         target: &Target,
         claimed: Option<&BTreeSet<ClaimedSecret>>,
-    ) {
+    ) -> Result<()> {
         let owner = cx.owner_identity();
         let swept = cx.cluster().state::<kubeconfigs::Swept>();
         if let Some(claimed) = claimed
             && !swept.needed(&owner, claimed)
         {
-            return;
+            return Ok(());
         }
         let none = BTreeSet::new();
-        match kubeconfigs::release_unclaimed(cx, &owner, claimed.unwrap_or(&none)).await {
-            Ok(_) => swept.record(&owner, claimed),
-            Err(error) => {
-                tracing::warn!(object = %target, %error, "could not release unused kubeconfig finalizers; trying again on the next pass");
-            }
+        let released = kubeconfigs::release_unclaimed(cx, &owner, claimed.unwrap_or(&none)).await?;
+        swept.record(&owner, claimed);
+        if released > 0 {
+            tracing::debug!(object = %target, released, "kubeconfig finalizers released");
         }
+        Ok(())
     }
 
     /// Reports `result` and chooses the next action: the
