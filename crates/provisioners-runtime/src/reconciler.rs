@@ -1,6 +1,5 @@
 //! [`Reconciler`]: one reconcile of one managed object.
 
-use std::collections::BTreeSet;
 use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -9,7 +8,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::Reporter;
 use kube::{Resource, ResourceExt};
 use provisioners_core::{Context, ErrorKind, ManagerProvisioner, Owner, Result};
-use provisioners_kit::kubeconfig::{ClaimedSecret, KubeconfigClaims};
+use provisioners_kit::kubeconfig::KubeconfigClaims;
 use provisioners_kit::wake::Wake;
 use serde::Serialize;
 use serde_json::Value;
@@ -21,11 +20,12 @@ use crate::in_flight::{InFlight, Spec, Stopped};
 use crate::requeue::{DEFAULT_ERROR_BACKOFF, DEFAULT_MAX_ERROR_BACKOFF, DEFAULT_RESYNC, Failures};
 use crate::target::{Report, Target};
 use crate::wakes::{DEFAULT_WAKE_BACKSTOP, Wakes};
-use crate::{approval, kubeconfigs, status, summary};
+use crate::{approval, status, summary};
 
 mod keys;
 mod next;
 mod supersede;
+mod sweep;
 mod wake;
 mod writes;
 
@@ -475,32 +475,6 @@ impl Reconciler {
             wake.as_ref(),
         )
         .await
-    }
-
-    /// Releases the kubeconfig finalizers of this owner that no node in
-    /// `claimed` uses (`None`: the owner is deprovisioned, release them
-    /// all); the caller reports a failure (the sweep runs again on the next
-    /// pass, as nothing records it as done).
-    async fn release_kubeconfigs(
-        &self,
-        cx: &Context,
-        target: &Target,
-        claimed: Option<&BTreeSet<ClaimedSecret>>,
-    ) -> Result<()> {
-        let owner = cx.owner_identity();
-        let swept = cx.cluster().state::<kubeconfigs::Swept>();
-        if let Some(claimed) = claimed
-            && !swept.needed(&owner, claimed)
-        {
-            return Ok(());
-        }
-        let none = BTreeSet::new();
-        let released = kubeconfigs::release_unclaimed(cx, &owner, claimed.unwrap_or(&none)).await?;
-        swept.record(&owner, claimed);
-        if released > 0 {
-            tracing::debug!(object = %target, released, "kubeconfig finalizers released");
-        }
-        Ok(())
     }
 
     /// Reports `result` and chooses the next action: the

@@ -30,7 +30,7 @@ use provisioners::plan::Plan;
 use provisioners::remote::SecretKubeconfig;
 use provisioners::{Context, Error, Operation, Provisioner, Result};
 
-use crate::tree::{fleet, fleet_name, remote_agent};
+use crate::blocks::{fleet, fleet_name, remote_agent};
 use crate::{FleetSpec, Platform, Settings};
 
 /// The Cluster API label naming a member's cluster (the fleet's member name).

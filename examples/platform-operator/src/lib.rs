@@ -50,12 +50,14 @@ use provisioners::runtime::{DEFAULT_OWNER_KEY_SECRET, LeaderElection, significan
 use provisioners::{Context, Error, Managed, Reconciler};
 use provisioners_runtime::metrics::Metrics;
 
+mod blocks;
 mod leftovers;
 pub mod logging;
 mod platform;
 mod tree;
 
-pub use tree::{TENANT_LABEL, tree};
+pub use blocks::TENANT_LABEL;
+pub use tree::tree;
 
 pub use platform::{
     FleetSpec, PlanStatus, Platform, PlatformCondition, PlatformSpec, PlatformStatus, RemoteSpec,
