@@ -256,10 +256,7 @@ async fn runs_under_its_own_rbac(helm: std::path::PathBuf, prefix: &str) {
         gone(&remote_namespaces, &fleet_target).await,
         "the fleet's agent left after its block was removed"
     );
-    assert!(
-        gone(&states, &state_name).await,
-        "the fleet's state left"
-    );
+    assert!(gone(&states, &state_name).await, "the fleet's state left");
     let kubeconfig = ns.api::<Secret>().get("workload").await.expect("Secret");
     assert_eq!(
         kubeconfig.metadata.finalizers.unwrap_or_default(),
@@ -313,11 +310,8 @@ async fn a_missing_right_is_named_in_the_platforms_status() {
     const SUFFIX: &str = "-minus-fleet-lease";
     const NODE: &str = "operator-yaml-minus-fleet-lease";
     apply_rbac().await; // the Namespaces
-    let minus = || {
-        rbac_documents_without(SUFFIX, |doc| {
-            doc.contains("name: platform-operator-fleet")
-        })
-    };
+    let minus =
+        || rbac_documents_without(SUFFIX, |doc| doc.contains("name: platform-operator-fleet"));
     assert!(
         !minus().contains("platform-fleet\n"),
         "the fleet Role is left out"
@@ -345,7 +339,9 @@ async fn a_missing_right_is_named_in_the_platforms_status() {
         p.and_then(Platform::available).is_some_and(|c| {
             c.status == "False"
                 && c.message.contains("missing right: grant")
-                && c.message.contains(&format!("system:serviceaccount:{OPERATOR_NAMESPACE}:{account}"))
+                && c.message.contains(&format!(
+                    "system:serviceaccount:{OPERATOR_NAMESPACE}:{account}"
+                ))
                 && c.message.contains(
                     "on `leases` (API group `coordination.k8s.io`) in namespace `platform-fleet`",
                 )

@@ -71,9 +71,10 @@ impl WaitingNode {
 pub(crate) fn message(error: &Error) -> String {
     let nodes = nodes(error);
     if nodes.len() <= 1 {
-        let line = nodes
-            .first()
-            .map_or_else(|| forbidden::explain(&error.to_string()).into_owned(), |n| n.line());
+        let line = nodes.first().map_or_else(
+            || forbidden::explain(&error.to_string()).into_owned(),
+            |n| n.line(),
+        );
         return truncate(&line, MAX_MESSAGE);
     }
     let failed = nodes.iter().filter(|n| !n.waiting).count();

@@ -60,7 +60,10 @@ pub(crate) fn fleet(
     let agent = agent_yaml(&platform.fleet_agent_namespace(), &platform.name_any());
     let revision = hex::encode(Sha256::digest(agent.as_bytes()));
     let mut selector = format!("{TENANT_LABEL}={tenant}");
-    for extra in [Some(spec.selector.as_str()), members].into_iter().flatten() {
+    for extra in [Some(spec.selector.as_str()), members]
+        .into_iter()
+        .flatten()
+    {
         if !extra.is_empty() {
             selector.push(',');
             selector.push_str(extra);

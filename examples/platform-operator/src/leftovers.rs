@@ -20,11 +20,11 @@
 
 use std::collections::BTreeSet;
 
-use provisioners::async_trait;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::ListParams;
 use kube::core::PartialObjectMeta;
 use kube::{Api, ResourceExt};
+use provisioners::async_trait;
 use provisioners::kit::kubeconfig::{kubeconfig_finalizer, kubeconfig_owner_label};
 use provisioners::plan::Plan;
 use provisioners::remote::SecretKubeconfig;
@@ -77,7 +77,11 @@ impl LeftoverRemote {
                 .as_ref()
                 .is_some_and(|f| f.contains(&finalizer))
         };
-        Ok(listed.items.iter().find(|s| carries(s)).map(|s| s.name_any()))
+        Ok(listed
+            .items
+            .iter()
+            .find(|s| carries(s))
+            .map(|s| s.name_any()))
     }
 
     fn namespace(&self) -> String {
@@ -120,7 +124,11 @@ impl Provisioner for LeftoverRemote {
 
     async fn plan(&self, cx: &Context, operation: Operation) -> Result<Plan> {
         match self.find(cx).await? {
-            Some(secret) => self.node(cx, &secret).plan(cx, Operation::Deprovision).await,
+            Some(secret) => {
+                self.node(cx, &secret)
+                    .plan(cx, Operation::Deprovision)
+                    .await
+            }
             None => Ok(Plan::new(self.name(), operation, "remote")
                 .with_note("no `remote` block, and nothing left of one")),
         }
@@ -153,7 +161,9 @@ impl LeftoverFleet {
         let maps: Api<ConfigMap> = Api::namespaced(cx.client().clone(), namespace);
         let state = maps.get_opt(&name).await.map_err(|e| {
             Error::kube(
-                format_args!("reading ConfigMap {namespace}/{name} (a removed `fleet` block's state)"),
+                format_args!(
+                    "reading ConfigMap {namespace}/{name} (a removed `fleet` block's state)"
+                ),
                 e,
             )
         })?;
@@ -187,7 +197,10 @@ impl LeftoverFleet {
     async fn remove(&self, cx: &Context) -> Result<()> {
         match self.members(cx).await? {
             Some(members) => {
-                tracing::info!(node = cx.path(), "the `fleet` block was removed: removing its agent from its members");
+                tracing::info!(
+                    node = cx.path(),
+                    "the `fleet` block was removed: removing its agent from its members"
+                );
                 self.node(&members).deprovision(cx).await
             }
             None => Ok(()),

@@ -131,10 +131,7 @@ pub async fn service_account_kubeconfig(admin: &kube::Client, account: &str) -> 
             .await
         {
             Ok(response) => {
-                break response
-                    .status
-                    .and_then(|s| s.token)
-                    .expect("a token");
+                break response.status.and_then(|s| s.token).expect("a token");
             }
             Err(error) if started.elapsed() < RBAC_DEADLINE => {
                 eprintln!("a token for {account}: {error}; again");
