@@ -29,8 +29,8 @@ struct Denial<'a> {
 
 /// `message` with the right it lacks in front, when it is an RBAC refusal:
 /// `missing right: grant <user> `get` on `leases` (API group
-/// `coordination.k8s.io`) in namespace `fleet`; <message>`. Any other
-/// message is returned as it is.
+/// `coordination.k8s.io`) in namespace `fleet` (a Role there, or a
+/// ClusterRole); <message>`. Any other message is returned as it is.
 pub(crate) fn explain(message: &str) -> Cow<'_, str> {
     match denial(message) {
         Some(d) => {
@@ -40,12 +40,13 @@ pub(crate) fn explain(message: &str) -> Cow<'_, str> {
                 format!("`{}`", d.group)
             };
             let scope = match d.namespace {
-                Some(namespace) => format!("in namespace `{namespace}`"),
+                Some(namespace) => {
+                    format!("in namespace `{namespace}` (a Role there, or a ClusterRole)")
+                }
                 None => "cluster-wide (a ClusterRole)".to_owned(),
             };
             Cow::Owned(format!(
-                "missing right: grant {} `{}` on `{}` (API group {group}) {scope} in its \
-                 Role or ClusterRole; {message}",
+                "missing right: grant {} `{}` on `{}` (API group {group}) {scope}; {message}",
                 d.user, d.verb, d.resource
             ))
         }
@@ -112,8 +113,8 @@ mod tests {
         assert!(
             told.starts_with(
                 "missing right: grant \"system:serviceaccount:ops:op\" `get` on `leases` (API \
-                 group `coordination.k8s.io`) in namespace `platform-fleet` in its Role or \
-                 ClusterRole; reading the ledger: "
+                 group `coordination.k8s.io`) in namespace `platform-fleet` (a Role there, \
+                 or a ClusterRole); reading the ledger: "
             ),
             "{told}"
         );
