@@ -306,7 +306,8 @@ async fn run_controller(
     // The reconciler's defaults do the rest: a provisioned Platform comes
     // back every 5 minutes ±10 % (the resync repairs a hand edit of what its
     // tree declares; a no-op pass of this tree is about 9 reads and no
-    // write, docs/benchmarks.md), and a tree that fails for good is retried
+    // write, docs/benchmarks.md, and 2 more for the stand-ins of a removed
+    // `remote` and `fleet` block, leftovers.rs), and a tree that fails for good is retried
     // after 5 s doubling to 5 minutes, not at every requeue.
     // Owner keys are on by default: loaded or created before the first
     // tree runs; what was written before them is adopted once.
