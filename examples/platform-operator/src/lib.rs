@@ -403,7 +403,13 @@ mod tests {
         let b = platform("a", "b-c").target_namespace();
         assert_ne!(a, b);
         assert!(a.starts_with("a-b-c-"), "{a}");
-        let long = platform(&"n".repeat(63), &"p".repeat(63)).target_namespace();
+        let fleet = platform("a-b", "c").fleet_agent_namespace();
+        assert!(fleet.starts_with("fleet-a-b-c-"), "{fleet}");
+        assert_ne!(fleet, platform("a", "b-c").fleet_agent_namespace());
+        let long = platform(&"n".repeat(63), &"p".repeat(63));
+        let fleet = long.fleet_agent_namespace();
+        assert!(fleet.len() <= 63 && fleet.starts_with("fleet-n"), "{fleet}");
+        let long = long.target_namespace();
         assert!(long.len() <= 63, "{long}");
         assert!(
             long.chars()
