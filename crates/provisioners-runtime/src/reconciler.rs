@@ -347,15 +347,6 @@ impl Reconciler {
         let run = self
             .in_flight
             .start(target.key.clone(), spec, self.context.cancellation());
-        let mut cx = self
-            .tree_context()
-            .await?
-            .with_owner(Owner::of(object))
-            .with_cancellation(run.token().clone());
-        let wake = self.wakes.for_object(target.namespace(), target.name());
-        if let Some(wake) = &wake {
-            cx = cx.with_extension(wake.clone());
-        }
         let report = Report {
             target: &target,
             current: serde_json::to_value(object).unwrap_or_default(),
@@ -363,6 +354,29 @@ impl Reconciler {
             deleting,
             reference: object.object_ref(&()),
         };
+        // No tree runs without its owner keys; why (a missing right to the
+        // key Secret, say) goes to the object's status like a tree's error.
+        let cx = match self.tree_context().await {
+            Ok(cx) => cx,
+            Err(error) => {
+                drop(run);
+                let doing = if deleting {
+                    Reason::Deprovisioning
+                } else {
+                    Reason::Provisioning
+                };
+                return self
+                    .finish(&report, &Err(error), doing, Stopped::No, None)
+                    .await;
+            }
+        };
+        let mut cx = cx
+            .with_owner(Owner::of(object))
+            .with_cancellation(run.token().clone());
+        let wake = self.wakes.for_object(target.namespace(), target.name());
+        if let Some(wake) = &wake {
+            cx = cx.with_extension(wake.clone());
+        }
 
         if deleting {
             self.publish(&report, Why::Deprovisioning, "deprovisioning")
