@@ -1,51 +1,23 @@
 //! The example Platform operator with a fleet of workload clusters: the
-//! agent rolls out to every Cluster API kubeconfig Secret the Platform's
-//! `spec.fleet.selector` picks, the fleet's state is readable in a
-//! ConfigMap named after the Platform, and deleting the Platform removes
-//! the agent from the fleet and the state with it.
+//! agent rolls out to every Cluster API kubeconfig Secret of the fleet
+//! namespace (not the tenant's) labelled for the Platform's namespace that
+//! the Platform's `spec.fleet.selector` picks, the fleet's state is
+//! readable in a ConfigMap there named after the Platform, and deleting the
+//! Platform removes the agent from the fleet and the state with it.
 //!
 //! One member: the remote harness cluster (each member of a real fleet is
 //! a cluster of its own; two Secrets for one cluster would fight over the
 //! same agent objects).
 
-use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Api;
-use kube::api::{DeleteParams, ObjectMeta, PostParams};
+use kube::api::{DeleteParams, PostParams};
 use platform_operator::{FleetSpec, Platform, PlatformSpec, install_crd};
 use provisioners_lab::cluster::{HarnessCluster, TestNamespace};
 
 mod operator_support;
+use operator_support::rbac::cluster_api_secret;
 use operator_support::*;
-
-/// The Cluster API kubeconfig Secret of workload cluster `cluster`: the
-/// remote harness cluster's kubeconfig under key `value`.
-async fn cluster_api_secret(ns: &TestNamespace, cluster: &str, labels: &[(&str, &str)]) {
-    let kubeconfig = std::fs::read(
-        HarnessCluster::Remote
-            .kubeconfig_path()
-            .expect("the remote cluster's kubeconfig"),
-    )
-    .expect("read the kubeconfig");
-    let mut all: std::collections::BTreeMap<String, String> = labels
-        .iter()
-        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-        .collect();
-    all.insert("cluster.x-k8s.io/cluster-name".into(), cluster.into());
-    let secret = Secret {
-        metadata: ObjectMeta {
-            name: Some(format!("{cluster}-kubeconfig")),
-            labels: Some(all),
-            ..Default::default()
-        },
-        data: Some([("value".to_owned(), ByteString(kubeconfig))].into()),
-        ..Default::default()
-    };
-    ns.api::<Secret>()
-        .create(&PostParams::default(), &secret)
-        .await
-        .expect("create the kubeconfig Secret");
-}
 
 #[tokio::test]
 #[ignore = "needs the local control plane (cargo xtask test)"]
@@ -56,12 +28,21 @@ async fn a_platform_rolls_its_agent_out_to_its_fleet_and_takes_it_back() {
         .client()
         .await
         .expect("remote client");
-    // Picked: a canary. Not picked: a Secret without the fleet's label.
-    cluster_api_secret(&ns, "w1", &[("fleet", "demo"), ("ring", "canary")]).await;
-    cluster_api_secret(&ns, "other", &[]).await;
+    // The platform team's namespace of workload clusters.
+    let fleet = TestNamespace::create("op-fleet-members")
+        .await
+        .expect("the fleet namespace");
+    let admin = ns.client();
+    // Picked: a canary. Not picked: a Secret without the fleet's label, and
+    // one with it but labelled for another tenant.
+    let w1 = [("fleet", "demo"), ("ring", "canary")];
+    cluster_api_secret(admin, fleet.name(), "w1", ns.name(), &w1).await;
+    cluster_api_secret(admin, fleet.name(), "other", ns.name(), &[]).await;
+    let demo = [("fleet", "demo")];
+    cluster_api_secret(admin, fleet.name(), "theirs", "another-tenant", &demo).await;
 
     let events = Events::default();
-    let operator = start_operator(&ns, &events).await;
+    let operator = start_operator_fleet(&ns, &events, fleet.name()).await;
     let platforms: Api<Platform> = ns.api();
     let spec = PlatformSpec {
         fleet: Some(FleetSpec {
@@ -77,7 +58,8 @@ async fn a_platform_rolls_its_agent_out_to_its_fleet_and_takes_it_back() {
         .create(&PostParams::default(), &platform("p", spec))
         .await
         .expect("create the Platform");
-    let target = created.target_namespace();
+    let target = created.fleet_agent_namespace();
+    let fleet_name = format!("workloads-{}", created.digest(6));
 
     eventually("Available=True", || is_available(&platforms, "p")).await;
     let agent: Api<ConfigMap> = Api::namespaced(remote.clone(), &target);
@@ -93,7 +75,7 @@ async fn a_platform_rolls_its_agent_out_to_its_fleet_and_takes_it_back() {
             .map(String::as_str),
         Some("p")
     );
-    let state = fleet_state(&ns)
+    let state = fleet_state(&fleet, &fleet_name)
         .await
         .expect("the fleet's state, named after the Platform");
     assert!(
@@ -101,7 +83,7 @@ async fn a_platform_rolls_its_agent_out_to_its_fleet_and_takes_it_back() {
             .metadata
             .name
             .as_deref()
-            .is_some_and(|name| name.starts_with("fleet-p-workloads-")),
+            .is_some_and(|name| name.starts_with(&format!("fleet-p-{fleet_name}-"))),
         "{:?}",
         state.metadata.name
     );
@@ -112,7 +94,7 @@ async fn a_platform_rolls_its_agent_out_to_its_fleet_and_takes_it_back() {
     assert!(
         starts
             .iter()
-            .any(|path| path.ends_with("/workloads/w1/agent")),
+            .any(|path| path.ends_with(&format!("/workloads-{}/w1/agent", created.digest(6)))),
         "the member's subtree did not run: {starts:?}"
     );
 
@@ -138,18 +120,20 @@ async fn a_platform_rolls_its_agent_out_to_its_fleet_and_takes_it_back() {
         "the agent was left on the workload cluster"
     );
     assert!(
-        fleet_state(&ns).await.is_none(),
+        fleet_state(&fleet, &fleet_name).await.is_none(),
         "the fleet's state was left behind"
     );
     operator.stop().await;
+    fleet.cleanup().await.expect("cleanup");
     ns.cleanup().await.expect("cleanup");
 }
 
-/// The state ConfigMap of the Platform's fleet `workloads` (named after
-/// the Platform and a digest of its identity), when there is one.
-async fn fleet_state(ns: &TestNamespace) -> Option<ConfigMap> {
+/// The state ConfigMap of the Platform's fleet `name` in the fleet
+/// namespace (named after the Platform, the fleet and a digest of the
+/// Platform's identity), when there is one.
+async fn fleet_state(ns: &TestNamespace, name: &str) -> Option<ConfigMap> {
     let params = kube::api::ListParams::default()
-        .labels(&format!("{}=workloads", provisioners_fleet::FLEET_LABEL));
+        .labels(&format!("{}={name}", provisioners_fleet::FLEET_LABEL));
     let list = ns
         .api::<ConfigMap>()
         .list(&params)

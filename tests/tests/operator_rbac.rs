@@ -1,194 +1,56 @@
 //! The example operator under exactly the rights `deploy/operator.yaml`
 //! grants: its RBAC objects are applied, a token is requested for its
 //! ServiceAccount, and the operator runs out of cluster with a kubeconfig
-//! holding only that token (so helm runs with it too). A Platform with every
-//! component (the metrics Helm release, dashboards, the remote agent) goes
-//! from created to `Available` and back to deleted, once with helm 3 and once
-//! with helm 4. A missing permission shows as a 403 in the condition's
-//! message, which the failure prints.
+//! holding only that token (so helm runs with it too), owner keys on (the
+//! default: the key Secret read or created in the operator's namespace).
+//!
+//! One Platform per helm major uses every feature: the metrics Helm
+//! release, dashboards (a CRD of its own), the remote agent, and a fleet
+//! whose one member (the remote harness cluster, a Cluster API kubeconfig
+//! Secret in `platform-fleet`) gets the fleet's agent; with leader election,
+//! Events and `--plan-status`. It goes to `Available`; then its `remote`
+//! and `fleet` blocks are removed from the spec, which removes what they
+//! installed on the remote cluster and the fleet's state; then it is
+//! deleted, which removes the rest.
+//!
+//! And a right missing from `operator.yaml` (the fleet's Lease Role) is
+//! named in the Platform's status, as the right to grant.
 
-use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::rbac::v1::ClusterRole;
 use kube::Api;
-use kube::api::{ApiResource, DeleteParams, DynamicObject, ListParams, PostParams};
-use kube::config::Kubeconfig;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use platform_operator::{
-    FIELD_MANAGER, Options, Platform, PlatformSpec, RemoteSpec, Settings, install_crd, run_with,
+    FIELD_MANAGER, FleetSpec, Options, Platform, PlatformSpec, RemoteSpec, Settings, install_crd,
+    run_with,
 };
-use provisioners::runtime::LeaderElection;
-use provisioners::{Context, Manifest};
+use provisioners::runtime::{DEFAULT_OWNER_KEY_SECRET, LeaderElection};
+use provisioners::{CancellationToken, Context};
 use provisioners_lab::cluster::{HarnessCluster, TestNamespace, helm3, helm4};
+use tokio::task::JoinHandle;
 
-/// Where `deploy/operator.yaml` puts the operator.
-const OPERATOR_NAMESPACE: &str = "platform-operator";
-const SERVICE_ACCOUNT: &str = "platform-operator";
-const DEADLINE: Duration = Duration::from_secs(180);
-const POLL: Duration = Duration::from_millis(250);
+mod operator_support;
+use operator_support::rbac::*;
+use operator_support::{dashboards, eventually};
 
-fn operator_yaml() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../examples/platform-operator/deploy/operator.yaml")
+/// The operator started as `account` for the Platforms labelled for `ns`.
+struct Running {
+    stop: CancellationToken,
+    task: JoinHandle<()>,
 }
 
-/// `deploy/operator.yaml` without its Deployment: the Namespace, the
-/// ServiceAccount and every Role and binding, exactly as written.
-fn rbac_documents() -> String {
-    let text = std::fs::read_to_string(operator_yaml()).expect("deploy/operator.yaml");
-    let documents: Vec<&str> = text
-        .split("\n---\n")
-        .filter(|doc| !doc.lines().any(|line| line == "kind: Deployment"))
-        .collect();
-    assert!(
-        documents
-            .iter()
-            .any(|doc| doc.contains("kind: ClusterRoleBinding")),
-        "operator.yaml has no ClusterRoleBinding"
-    );
-    documents.join("\n---\n")
-}
-
-/// Applies the RBAC of `operator.yaml` as the cluster admin. Both tests
-/// apply the same objects, so a conflict of the two is retried.
-async fn apply_rbac() {
-    let admin = HarnessCluster::Primary
-        .context()
-        .await
-        .expect("admin context")
-        .with_field_manager("operator-rbac-test");
-    let manifest = Manifest::from_yaml("operator-yaml", rbac_documents());
-    let started = Instant::now();
-    loop {
-        match admin.provision(&manifest).await {
-            Ok(()) => return,
-            Err(error) if started.elapsed() < DEADLINE => {
-                eprintln!("applying operator.yaml: {error}; again");
-                tokio::time::sleep(POLL).await;
-            }
-            Err(error) => panic!("applying operator.yaml: {error}"),
-        }
-    }
-}
-
-/// A kubeconfig for the primary cluster that authenticates as the
-/// operator's ServiceAccount (a fresh token from the TokenRequest API) and
-/// nothing else.
-async fn service_account_kubeconfig(admin: &kube::Client) -> Kubeconfig {
-    let harness = HarnessCluster::Primary.kubeconfig().expect("kubeconfig");
-    let cluster = harness
-        .clusters
-        .first()
-        .and_then(|c| c.cluster.clone())
-        .expect("the harness kubeconfig names a cluster");
-    let server = cluster.server.expect("the cluster's server");
-    let ca = match (
-        cluster.certificate_authority_data,
-        cluster.certificate_authority,
-    ) {
-        (Some(data), _) => format!("certificate-authority-data: {data}"),
-        (None, Some(path)) => format!("certificate-authority: {path}"),
-        (None, None) => panic!("the harness kubeconfig has no CA"),
-    };
-    let accounts: Api<ServiceAccount> = Api::namespaced(admin.clone(), OPERATOR_NAMESPACE);
-    let request = TokenRequest {
-        spec: Some(TokenRequestSpec {
-            expiration_seconds: Some(3600),
-            ..TokenRequestSpec::default()
-        }),
-        ..TokenRequest::default()
-    };
-    let token = accounts
-        .create_token_request(SERVICE_ACCOUNT, &PostParams::default(), &request)
-        .await
-        .expect("a token for the operator's ServiceAccount")
-        .status
-        .expect("the token request's status")
-        .token
-        .expect("a token");
-    Kubeconfig::from_yaml(&format!(
-        "apiVersion: v1
-kind: Config
-clusters:
-- name: primary
-  cluster:
-    server: {server}
-    {ca}
-users:
-- name: {SERVICE_ACCOUNT}
-  user:
-    token: {token}
-contexts:
-- name: {SERVICE_ACCOUNT}
-  context:
-    cluster: primary
-    user: {SERVICE_ACCOUNT}
-current-context: {SERVICE_ACCOUNT}
-"
-    ))
-    .expect("the ServiceAccount's kubeconfig")
-}
-
-fn dashboards(client: &kube::Client, p: &Platform) -> Api<DynamicObject> {
-    let resource = ApiResource {
-        group: p.dashboard_group(),
-        version: "v1".into(),
-        api_version: format!("{}/v1", p.dashboard_group()),
-        kind: "Dashboard".into(),
-        plural: "dashboards".into(),
-    };
-    Api::namespaced_with(client.clone(), &p.target_namespace(), &resource)
-}
-
-/// Waits until `name` is `Available=True` at its generation; at the deadline
-/// fails with the condition last seen (a 403 names the missing right).
-async fn until_available(platforms: &Api<Platform>, name: &str) {
-    let started = Instant::now();
-    let mut last = String::from("no status yet");
-    while started.elapsed() < DEADLINE {
-        let platform = platforms.get_opt(name).await.expect("get Platform");
-        if let Some(p) = &platform
-            && let Some(c) = p.available()
-        {
-            if c.status == "True" && c.observed_generation == p.metadata.generation {
-                return;
-            }
-            last = format!("{}: {}", c.reason, c.message);
-        }
-        tokio::time::sleep(POLL).await;
-    }
-    panic!("Platform {name} not Available after {DEADLINE:?}; last: {last}");
-}
-
-/// Waits until `name` is gone; at the deadline fails with the condition
-/// last seen (a 403 while deprovisioning names the missing right).
-async fn until_gone(platforms: &Api<Platform>, name: &str) {
-    let started = Instant::now();
-    while let Some(p) = platforms.get_opt(name).await.expect("get Platform") {
-        if started.elapsed() > DEADLINE {
-            let last = p
-                .available()
-                .map(|c| format!("{}: {}", c.reason, c.message))
-                .unwrap_or_default();
-            panic!("Platform {name} still there after {DEADLINE:?}; last: {last}");
-        }
-        tokio::time::sleep(POLL).await;
-    }
-}
-
-async fn runs_under_its_own_rbac(helm: PathBuf, prefix: &str) {
-    apply_rbac().await;
-    let ns = TestNamespace::create(prefix).await.expect("namespace");
-    let admin = ns.client().clone();
-    ns.remote_kubeconfig_secret("workload")
-        .await
-        .expect("kubeconfig secret");
-
-    let kubeconfig = service_account_kubeconfig(&admin).await;
+async fn start(
+    ns: &TestNamespace,
+    account: &str,
+    helm: std::path::PathBuf,
+    configure: impl FnOnce(&mut Options, &kube::Client),
+) -> Running {
+    let kubeconfig = service_account_kubeconfig(ns.client(), account).await;
     let cluster = provisioners::client::connect("operator-sa", kubeconfig)
         .await
         .expect("the ServiceAccount's cluster");
@@ -201,82 +63,154 @@ async fn runs_under_its_own_rbac(helm: PathBuf, prefix: &str) {
         matches!(&denied, Err(kube::Error::Api(status)) if status.code == 403),
         "the ServiceAccount may list ClusterRoles: {denied:?}"
     );
-
     // What main.rs does at start-up, with the operator's own rights.
     install_crd(&operator)
         .await
         .expect("the operator installs its CRD");
     // A shard of its own, so this operator (watching the whole cluster, as
     // deployed) reconciles only this test's Platform.
-    let shard = format!("operator-rbac={}", ns.name());
-    let identity = format!("{}-operator", ns.name());
-    let lease = format!("platform-operator-{}", ns.name());
     let mut options = Options::new(Duration::from_millis(500));
-    options.shard = Some(shard);
-    options.events = Some(identity.clone());
-    options.plan_status = true; // operator.yaml passes --plan-status
-    options.leader_election = Some(LeaderElection::new(
-        operator.clone(),
-        OPERATOR_NAMESPACE,
-        lease.clone(),
-        identity.clone(),
-    ));
+    options.shard = Some(format!("operator-rbac={}", ns.name()));
+    // As main.rs with POD_NAMESPACE set by operator.yaml.
+    options.owner_key_secret = (
+        Some(OPERATOR_NAMESPACE.to_owned()),
+        DEFAULT_OWNER_KEY_SECRET.to_owned(),
+    );
+    configure(&mut options, &operator);
     let mut settings = Settings::new(helm);
     settings.remote_trust = provisioners_remote::TrustPolicy::default()
         .allow_range("127.0.0.0/8")
         .expect("range");
     settings.helm_timeout = Duration::from_secs(90);
+    settings.lease_holder = Some(format!("{}-operator", ns.name()));
     let stop = cx.cancellation().clone();
     let task = tokio::spawn(run_with(cx, Api::all(operator.clone()), settings, options));
+    Running { stop, task }
+}
+
+impl Running {
+    async fn stop(self) {
+        self.stop.cancel();
+        tokio::time::timeout(RBAC_DEADLINE, self.task)
+            .await
+            .expect("graceful stop")
+            .expect("join");
+    }
+}
+
+fn labelled(ns: &TestNamespace, spec: PlatformSpec) -> Platform {
+    let mut platform = Platform::new("p", spec);
+    platform.metadata.labels = Some([("operator-rbac".to_owned(), ns.name().to_owned())].into());
+    platform
+}
+
+fn fleet_spec() -> FleetSpec {
+    FleetSpec {
+        canaries_first: true,
+        enabled: true,
+        ..FleetSpec::default()
+    }
+}
+
+async fn gone<K>(api: &Api<K>, name: &str) -> bool
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    api.get_opt(name).await.expect("read").is_none()
+}
+
+async fn runs_under_its_own_rbac(helm: std::path::PathBuf, prefix: &str) {
+    apply_rbac().await;
+    let ns = TestNamespace::create(prefix).await.expect("namespace");
+    let admin = ns.client().clone();
+    ns.remote_kubeconfig_secret("workload")
+        .await
+        .expect("kubeconfig secret");
+    // The fleet's one member, written by the platform team for this tenant.
+    let member = ns.name().to_owned();
+    cluster_api_secret(
+        &admin,
+        FLEET_NAMESPACE,
+        &member,
+        ns.name(),
+        &[("ring", "canary")],
+    )
+    .await;
+
+    let identity = format!("{}-operator", ns.name());
+    let lease = format!("platform-operator-{}", ns.name());
+    let running = start(&ns, SERVICE_ACCOUNT, helm, |options, operator| {
+        options.events = Some(identity.clone());
+        options.plan_status = true; // operator.yaml passes --plan-status
+        options.leader_election = Some(LeaderElection::new(
+            operator.clone(),
+            OPERATOR_NAMESPACE,
+            lease.clone(),
+            identity.clone(),
+        ));
+    })
+    .await;
 
     let platforms: Api<Platform> = ns.api();
-    let mut platform = Platform::new(
-        "p",
-        PlatformSpec {
-            metrics: true,
-            dashboards: true,
-            remote: Some(RemoteSpec {
-                secret_name: "workload".into(),
-                enabled: true,
-            }),
-            fleet: None,
-        },
-    );
-    platform.metadata.labels = Some([("operator-rbac".to_owned(), ns.name().to_owned())].into());
+    let spec = PlatformSpec {
+        metrics: true,
+        dashboards: true,
+        remote: Some(RemoteSpec {
+            secret_name: "workload".into(),
+            enabled: true,
+        }),
+        fleet: Some(fleet_spec()),
+    };
     let created = platforms
-        .create(&PostParams::default(), &platform)
+        .create(&PostParams::default(), &labelled(&ns, spec))
         .await
         .expect("create Platform");
     let target = created.target_namespace();
+    until_platform(&platforms, "p", "Available", available_now).await;
 
-    until_available(&platforms, "p").await;
-    let deployments: Api<k8s_openapi::api::apps::v1::Deployment> =
-        Api::namespaced(admin.clone(), &target);
-    let metrics = deployments
+    let metrics = Api::<Deployment>::namespaced(admin.clone(), &target)
         .get("metrics")
         .await
         .expect("metrics Deployment");
     assert_eq!(metrics.status.and_then(|s| s.available_replicas), Some(1));
     assert!(
-        dashboards(&admin, &created)
-            .get_opt("overview")
-            .await
-            .expect("get Dashboard")
-            .is_some(),
+        !gone(&dashboards(&admin, &created), "overview").await,
         "the Dashboard"
     );
     let remote = HarnessCluster::Remote
         .client()
         .await
         .expect("remote client");
-    let agent: Api<ConfigMap> = Api::namespaced(remote.clone(), &target);
+    let remote_agent: Api<ConfigMap> = Api::namespaced(remote.clone(), &target);
     assert!(
-        agent
-            .get_opt("agent-settings")
-            .await
-            .expect("get agent")
-            .is_some(),
-        "the agent on the remote cluster"
+        !gone(&remote_agent, "agent-settings").await,
+        "the remote agent"
+    );
+    let fleet_target = created.fleet_agent_namespace();
+    let fleet_agent: Api<ConfigMap> = Api::namespaced(remote.clone(), &fleet_target);
+    assert!(
+        !gone(&fleet_agent, "agent-settings").await,
+        "the fleet's agent on its member"
+    );
+    let state_name = format!("fleet-p-workloads-{}", created.digest(6));
+    let states: Api<ConfigMap> = Api::namespaced(admin.clone(), FLEET_NAMESPACE);
+    let state = states.get(&state_name).await.expect("the fleet's state");
+    let records = state.data.unwrap_or_default();
+    assert!(
+        records
+            .get(&member)
+            .is_some_and(|r| r.contains(r#""state":"done""#)),
+        "{records:?}"
+    );
+    let fleet_leases: Api<Lease> = Api::namespaced(admin.clone(), FLEET_NAMESPACE);
+    assert!(
+        !gone(&fleet_leases, &state_name).await,
+        "the fleet's ledger Lease (owner keys)"
+    );
+    let keys: Api<Secret> = Api::namespaced(admin.clone(), OPERATOR_NAMESPACE);
+    assert!(
+        !gone(&keys, DEFAULT_OWNER_KEY_SECRET).await,
+        "the owner-key Secret"
     );
     let status = platforms.get("p").await.expect("get Platform").status;
     assert!(
@@ -288,22 +222,14 @@ async fn runs_under_its_own_rbac(helm: PathBuf, prefix: &str) {
     // Events and the leader Lease were written with the operator's rights
     // (the Event may follow the status write: wait for it).
     let events: Api<Event> = ns.api();
-    let started = Instant::now();
-    loop {
-        let published = events
-            .list(&ListParams::default())
-            .await
-            .expect("list Events");
-        let reasons: Vec<Option<String>> = published.items.into_iter().map(|e| e.reason).collect();
-        if reasons.iter().any(|r| r.as_deref() == Some("Provisioned")) {
-            break;
-        }
-        assert!(
-            started.elapsed() < DEADLINE,
-            "no Provisioned Event; seen: {reasons:?}"
-        );
-        tokio::time::sleep(POLL).await;
-    }
+    eventually("a Provisioned Event", || async {
+        let published = events.list(&ListParams::default()).await.expect("Events");
+        published
+            .items
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("Provisioned"))
+    })
+    .await;
     let leases: Api<Lease> = Api::namespaced(admin.clone(), OPERATOR_NAMESPACE);
     let held = leases.get(&lease).await.expect("the leader Lease");
     assert_eq!(
@@ -311,44 +237,55 @@ async fn runs_under_its_own_rbac(helm: PathBuf, prefix: &str) {
         Some(identity.as_str())
     );
 
+    // Removing the blocks removes what they installed.
+    let drop_blocks = serde_json::json!({"spec": {"remote": null, "fleet": null}});
+    platforms
+        .patch("p", &PatchParams::default(), &Patch::Merge(&drop_blocks))
+        .await
+        .expect("remove the remote and fleet blocks");
+    until_platform(&platforms, "p", "Available without the blocks", |p| {
+        available_now(p) && p.is_some_and(|p| p.spec.remote.is_none() && p.spec.fleet.is_none())
+    })
+    .await;
+    let remote_namespaces: Api<Namespace> = Api::all(remote);
+    assert!(
+        gone(&remote_namespaces, &target).await,
+        "the remote agent left after its block was removed"
+    );
+    assert!(
+        gone(&remote_namespaces, &fleet_target).await,
+        "the fleet's agent left after its block was removed"
+    );
+    assert!(gone(&states, &state_name).await, "the fleet's state left");
+    let kubeconfig = ns.api::<Secret>().get("workload").await.expect("Secret");
+    assert_eq!(
+        kubeconfig.metadata.finalizers.unwrap_or_default(),
+        Vec::<String>::new(),
+        "the remote's kubeconfig Secret keeps a finalizer"
+    );
+    assert!(
+        !gone(&dashboards(&admin, &created), "overview").await,
+        "the rest stays"
+    );
+
     platforms
         .delete("p", &DeleteParams::default())
         .await
         .expect("delete Platform");
-    until_gone(&platforms, "p").await;
+    until_platform(&platforms, "p", "gone", |p| p.is_none()).await;
     let namespaces: Api<Namespace> = Api::all(admin.clone());
     assert!(
-        namespaces
-            .get_opt(&target)
-            .await
-            .expect("get namespace")
-            .is_none(),
+        gone(&namespaces, &target).await,
         "the finalizer went before the target namespace"
     );
-    let remote_namespaces: Api<Namespace> = Api::all(remote);
-    assert!(
-        remote_namespaces
-            .get_opt(&target)
-            .await
-            .expect("get remote namespace")
-            .is_none(),
-        "the agent's namespace left on the remote cluster"
-    );
 
-    stop.cancel();
-    tokio::time::timeout(DEADLINE, task)
-        .await
-        .expect("graceful stop")
-        .expect("join");
-    leases
-        .delete(&lease, &DeleteParams::default())
-        .await
-        .map(|_| ())
-        .or_else(|e| match e {
-            kube::Error::Api(status) if status.code == 404 => Ok(()),
-            other => Err(other),
-        })
-        .expect("delete the leader Lease");
+    running.stop().await;
+    delete_if_there(&leases, &lease).await;
+    delete_if_there(
+        &Api::<Secret>::namespaced(admin.clone(), FLEET_NAMESPACE),
+        &format!("{member}-kubeconfig"),
+    )
+    .await;
     ns.cleanup().await.expect("cleanup");
 }
 
@@ -362,4 +299,79 @@ async fn the_example_operator_runs_under_its_own_rbac_with_helm4() {
 #[ignore = "needs the local control plane (cargo xtask test)"]
 async fn the_example_operator_runs_under_its_own_rbac_with_helm3() {
     runs_under_its_own_rbac(helm3().expect("helm 3"), "operator-rbac3").await;
+}
+
+/// `operator.yaml` minus the fleet's Lease Role, for a ServiceAccount of
+/// its own: the fleet cannot read its ledger, and the Platform's status
+/// says which right to grant, where.
+#[tokio::test]
+#[ignore = "needs the local control plane (cargo xtask test)"]
+async fn a_missing_right_is_named_in_the_platforms_status() {
+    const SUFFIX: &str = "-minus-fleet-lease";
+    const NODE: &str = "operator-yaml-minus-fleet-lease";
+    apply_rbac().await; // the Namespaces
+    let minus =
+        || rbac_documents_without(SUFFIX, |doc| doc.contains("name: platform-operator-fleet"));
+    assert!(
+        !minus().contains("platform-fleet\n"),
+        "the fleet Role is left out"
+    );
+    apply_as_admin(NODE, minus()).await;
+    let ns = TestNamespace::create("operator-rbac-minus")
+        .await
+        .expect("namespace");
+    let admin = ns.client().clone();
+    let member = ns.name().to_owned();
+    cluster_api_secret(&admin, FLEET_NAMESPACE, &member, ns.name(), &[]).await;
+    let account = format!("{SERVICE_ACCOUNT}{SUFFIX}");
+    let running = start(&ns, &account, helm4().expect("helm 4"), |_, _| {}).await;
+
+    let platforms: Api<Platform> = ns.api();
+    let spec = PlatformSpec {
+        fleet: Some(fleet_spec()),
+        ..PlatformSpec::default()
+    };
+    platforms
+        .create(&PostParams::default(), &labelled(&ns, spec))
+        .await
+        .expect("create Platform");
+    let named = |p: Option<&Platform>| {
+        p.and_then(Platform::available).is_some_and(|c| {
+            c.status == "False"
+                && c.message.contains("missing right: grant")
+                && c.message.contains(&format!(
+                    "system:serviceaccount:{OPERATOR_NAMESPACE}:{account}"
+                ))
+                && c.message.contains(
+                    "on `leases` (API group `coordination.k8s.io`) in namespace `platform-fleet`",
+                )
+        })
+    };
+    until_platform(&platforms, "p", "naming the missing Lease right", named).await;
+    let condition = platforms
+        .get("p")
+        .await
+        .expect("get Platform")
+        .available()
+        .cloned()
+        .expect("the condition");
+    eprintln!("{}: {}", condition.reason, condition.message);
+
+    running.stop().await;
+    // The operator may not finish the fleet's deprovision: let the Platform go.
+    let release = serde_json::json!({"metadata": {"finalizers": null}});
+    platforms
+        .patch("p", &PatchParams::default(), &Patch::Merge(&release))
+        .await
+        .expect("remove the finalizer");
+    delete_if_there(&platforms, "p").await;
+    let members = Api::<Secret>::namespaced(admin.clone(), FLEET_NAMESPACE);
+    let secret = format!("{member}-kubeconfig");
+    members
+        .patch(&secret, &PatchParams::default(), &Patch::Merge(&release))
+        .await
+        .expect("release the member's Secret");
+    delete_if_there(&members, &secret).await;
+    delete_as_admin(NODE, minus()).await;
+    ns.cleanup().await.expect("cleanup");
 }

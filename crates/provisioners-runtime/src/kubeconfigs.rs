@@ -87,7 +87,10 @@ pub(crate) async fn release_unclaimed(
     for _ in 0..pages {
         let page = secrets.list_metadata(&params).await.map_err(|e| {
             Error::kube(
-                format_args!("listing the kubeconfig Secrets labelled {label}"),
+                format_args!(
+                    "listing the kubeconfig Secrets labelled {label} (to release the \
+                     finalizers no remote node of the tree uses any more)"
+                ),
                 e,
             )
         })?;
@@ -141,7 +144,10 @@ pub(crate) async fn release_unclaimed(
                 Err(kube::Error::Api(status)) if matches!(status.code, 404 | 409) => {}
                 Err(e) => {
                     return Err(Error::kube(
-                        format_args!("releasing the finalizers of Secret {namespace}/{name}"),
+                        format_args!(
+                            "releasing the finalizers of Secret {namespace}/{name} that no \
+                             remote node of the tree uses any more"
+                        ),
                         e,
                     ));
                 }

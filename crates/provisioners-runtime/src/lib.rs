@@ -141,6 +141,7 @@
 mod approval;
 mod condition;
 mod events;
+mod forbidden;
 mod in_flight;
 mod kubeconfigs;
 mod lease;

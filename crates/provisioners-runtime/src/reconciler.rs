@@ -1,6 +1,5 @@
 //! [`Reconciler`]: one reconcile of one managed object.
 
-use std::collections::BTreeSet;
 use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -9,7 +8,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::Reporter;
 use kube::{Resource, ResourceExt};
 use provisioners_core::{Context, ErrorKind, ManagerProvisioner, Owner, Result};
-use provisioners_kit::kubeconfig::{ClaimedSecret, KubeconfigClaims};
+use provisioners_kit::kubeconfig::KubeconfigClaims;
 use provisioners_kit::wake::Wake;
 use serde::Serialize;
 use serde_json::Value;
@@ -21,11 +20,12 @@ use crate::in_flight::{InFlight, Spec, Stopped};
 use crate::requeue::{DEFAULT_ERROR_BACKOFF, DEFAULT_MAX_ERROR_BACKOFF, DEFAULT_RESYNC, Failures};
 use crate::target::{Report, Target};
 use crate::wakes::{DEFAULT_WAKE_BACKSTOP, Wakes};
-use crate::{approval, kubeconfigs, status, summary};
+use crate::{approval, status, summary};
 
 mod keys;
 mod next;
 mod supersede;
+mod sweep;
 mod wake;
 mod writes;
 
@@ -347,15 +347,6 @@ impl Reconciler {
         let run = self
             .in_flight
             .start(target.key.clone(), spec, self.context.cancellation());
-        let mut cx = self
-            .tree_context()
-            .await?
-            .with_owner(Owner::of(object))
-            .with_cancellation(run.token().clone());
-        let wake = self.wakes.for_object(target.namespace(), target.name());
-        if let Some(wake) = &wake {
-            cx = cx.with_extension(wake.clone());
-        }
         let report = Report {
             target: &target,
             current: serde_json::to_value(object).unwrap_or_default(),
@@ -363,6 +354,29 @@ impl Reconciler {
             deleting,
             reference: object.object_ref(&()),
         };
+        // No tree runs without its owner keys; why (a missing right to the
+        // key Secret, say) goes to the object's status like a tree's error.
+        let cx = match self.tree_context().await {
+            Ok(cx) => cx,
+            Err(error) => {
+                drop(run);
+                let doing = if deleting {
+                    Reason::Deprovisioning
+                } else {
+                    Reason::Provisioning
+                };
+                return self
+                    .finish(&report, &Err(error), doing, Stopped::No, None)
+                    .await;
+            }
+        };
+        let mut cx = cx
+            .with_owner(Owner::of(object))
+            .with_cancellation(run.token().clone());
+        let wake = self.wakes.for_object(target.namespace(), target.name());
+        if let Some(wake) = &wake {
+            cx = cx.with_extension(wake.clone());
+        }
 
         if deleting {
             self.publish(&report, Why::Deprovisioning, "deprovisioning")
@@ -372,9 +386,15 @@ impl Reconciler {
             drop(run);
             if result.is_ok() {
                 // Protections no node released (a remote removed while the
-                // owner lived, say) must not outlive the owner; a failure
-                // here is reported, not a reason to keep the owner.
-                self.release_kubeconfigs(&cx, &target, None).await;
+                // owner lived, say) must not outlive the owner: left, they
+                // would block their Secrets' deletion for good. A sweep that
+                // fails keeps the owner, with the failure in its status (a
+                // missing right names the right), and is tried again.
+                if let Err(error) = self.release_kubeconfigs(&cx, &target, None).await {
+                    return self
+                        .finish(&report, &Err(error), Reason::Deprovisioning, stopped, None)
+                        .await;
+                }
                 self.publish(&report, Why::Deprovisioned, "everything is gone")
                     .await;
                 // The object goes as soon as the finalizer does: no status to write.
@@ -448,8 +468,18 @@ impl Reconciler {
         let stopped = run.stopped();
         drop(run);
         // Only a complete pass knows every node that still reads a Secret.
-        if result.is_ok() && stopped == Stopped::No {
-            self.release_kubeconfigs(&cx, &target, Some(&claimed)).await;
+        // A sweep that fails for good (a missing right) fails the pass, so
+        // the status says so; a transient failure waits for the next pass.
+        let mut result = result;
+        if result.is_ok()
+            && stopped == Stopped::No
+            && let Err(error) = self.release_kubeconfigs(&cx, &target, Some(&claimed)).await
+        {
+            if error.is_transient() {
+                tracing::warn!(object = %target, %error, "could not release unused kubeconfig finalizers; trying again on the next pass");
+            } else {
+                result = Err(error);
+            }
         }
         self.finish(
             &report,
@@ -459,31 +489,6 @@ impl Reconciler {
             wake.as_ref(),
         )
         .await
-    }
-
-    /// Releases the kubeconfig finalizers of this owner that no node in
-    /// `claimed` uses (`None`: the owner is deprovisioned, release them
-    /// all); a failure is logged and retried on the next pass.
-    async fn release_kubeconfigs(
-        &self,
-        cx: &Context,
-        target: &Target,
-        claimed: Option<&BTreeSet<ClaimedSecret>>,
-    ) {
-        let owner = cx.owner_identity();
-        let swept = cx.cluster().state::<kubeconfigs::Swept>();
-        if let Some(claimed) = claimed
-            && !swept.needed(&owner, claimed)
-        {
-            return;
-        }
-        let none = BTreeSet::new();
-        match kubeconfigs::release_unclaimed(cx, &owner, claimed.unwrap_or(&none)).await {
-            Ok(_) => swept.record(&owner, claimed),
-            Err(error) => {
-                tracing::warn!(object = %target, %error, "could not release unused kubeconfig finalizers; trying again on the next pass");
-            }
-        }
     }
 
     /// Reports `result` and chooses the next action: the

@@ -11,6 +11,8 @@ use k8s_openapi::jiff::Timestamp;
 use provisioners_core::Error;
 use serde::Serialize;
 
+use crate::forbidden;
+
 /// The longest condition message written, in bytes: well under the 32 KiB
 /// of `metav1.Condition` and short enough to read in `kubectl describe`.
 pub const MAX_MESSAGE: usize = 4096;
@@ -69,9 +71,10 @@ impl WaitingNode {
 pub(crate) fn message(error: &Error) -> String {
     let nodes = nodes(error);
     if nodes.len() <= 1 {
-        let line = nodes
-            .first()
-            .map_or_else(|| error.to_string(), |n| n.line());
+        let line = nodes.first().map_or_else(
+            || forbidden::explain(&error.to_string()).into_owned(),
+            |n| n.line(),
+        );
         return truncate(&line, MAX_MESSAGE);
     }
     let failed = nodes.iter().filter(|n| !n.waiting).count();
@@ -124,7 +127,7 @@ impl Node<'_> {
         if !line.is_empty() {
             line.push_str(": ");
         }
-        line.push_str(self.first.message());
+        line.push_str(&forbidden::explain(self.first.message()));
         if self.others > 0 {
             line.push_str(&format!(" (and {} more on this node)", self.others));
         }
@@ -187,7 +190,7 @@ pub(crate) fn waiting(error: &Error) -> Vec<WaitingNode> {
                 object: data
                     .and_then(|w| w.object_name())
                     .map(|o| truncate(o, MAX_REASON)),
-                reason: truncate(node.first.message(), MAX_REASON),
+                reason: truncate(&forbidden::explain(node.first.message()), MAX_REASON),
                 since: data.and_then(|w| w.started()).and_then(rfc3339),
             }
         })

@@ -23,6 +23,7 @@ use crate::Reconciler;
 mod approval;
 mod keys;
 mod requeue;
+mod sweep;
 
 const FINALIZER: &str = "example.com/platform";
 

@@ -11,21 +11,27 @@
 //!     ├── Manifest config        a ConfigMap describing the selection
 //!     ├── HelmRelease metrics    (charts/metrics)         while spec.metrics
 //!     ├── Manifest dashboards    a Dashboard              while spec.dashboards
-//!     └── RemoteClusterProvisioner remote  (kubeconfig from a Secret) while spec.remote.enabled
-//!         └── Manifest agent     a Namespace and ConfigMap on the remote cluster
+//!     ├── RemoteClusterProvisioner remote  (kubeconfig from a Secret) while spec.remote.enabled
+//!     │   └── Manifest agent     a Namespace and ConfigMap on the remote cluster
+//!     └── Fleet workloads-<digest>  the agent on each workload cluster  while spec.fleet.enabled
+//!         └── Manifest agent     (per member, wave by wave)
 //! ```
 //!
 //! Each "while" is a `Conditional`, which takes its child's name: the
-//! paths are `p/components/metrics`, `p/components/dashboards` and
-//! `p/components/remote/agent`.
+//! paths are `p/components/metrics`, `p/components/dashboards`,
+//! `p/components/remote/agent` and `p/components/workloads-<digest>/<member>/agent`.
 //!
-//! Turning a component off deprovisions it on the next reconcile; deleting
-//! the `Platform` deprovisions the whole tree in reverse order before the
-//! finalizer goes. The remote agent needs nothing of `base` (its kubeconfig
-//! Secret lives in the Platform's own namespace), so it runs beside the
-//! local components: its namespace deletion (which the namespace controller
-//! starts only 5 s after the request) overlaps theirs instead of preceding
-//! the whole local deprovision. See `docs/writing-an-operator.md` for the walk-through.
+//! Turning a component off deprovisions it on the next reconcile, and so
+//! does removing the `remote` or `fleet` block altogether (a stand-in node
+//! of the same name finds what the block made; see `leftovers.rs`);
+//! deleting the `Platform` deprovisions the whole tree in reverse order
+//! before the finalizer goes. The remote agent needs nothing of `base` (its
+//! kubeconfig Secret lives in the Platform's own namespace), so it runs
+//! beside the local components: its namespace deletion (which the namespace
+//! controller starts only 5 s after the request) overlaps theirs instead of
+//! preceding the whole local deprovision. The fleet's member Secrets and
+//! state live in [`Settings::fleet_namespace`], which only the platform
+//! team writes. See `docs/writing-an-operator.md` for the walk-through.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -38,19 +44,20 @@ use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{self, Action, Controller};
 use kube::runtime::events::Reporter;
 use kube::runtime::{PredicateConfig, WatchStreamExt, reflector, watcher};
-use kube::{Api, CustomResourceExt, ResourceExt};
-use provisioners::helm::Chart;
-use provisioners::remote::{SecretKubeconfig, TrustPolicy};
+use kube::{Api, CustomResourceExt};
+use provisioners::remote::TrustPolicy;
 use provisioners::runtime::{DEFAULT_OWNER_KEY_SECRET, LeaderElection, significant_change};
-use provisioners::{
-    Budget, Concurrent, Conditional, Context, Error, Fleet, HelmRelease, Managed, Manifest,
-    Members, Provisioner, Reconciler, RemoteClusterProvisioner, Rollout, Serial,
-};
+use provisioners::{Context, Error, Managed, Reconciler};
 use provisioners_runtime::metrics::Metrics;
-use sha2::{Digest, Sha256};
 
+mod blocks;
+mod leftovers;
 pub mod logging;
 mod platform;
+mod tree;
+
+pub use blocks::TENANT_LABEL;
+pub use tree::tree;
 
 pub use platform::{
     FleetSpec, PlanStatus, Platform, PlatformCondition, PlatformSpec, PlatformStatus, RemoteSpec,
@@ -84,7 +91,17 @@ pub struct Settings {
     /// (host, process id and a random part). Two operators started in one
     /// process (a test that kills one and starts another) need two.
     pub lease_holder: Option<String>,
+    /// The namespace of the fleets' member kubeconfig Secrets and of their
+    /// state (ConfigMaps and Leases): one only the platform team and the
+    /// operator write, never a tenant's (default [`DEFAULT_FLEET_NAMESPACE`];
+    /// `--fleet-namespace`). A Platform's fleet picks among the Secrets
+    /// there labelled [`TENANT_LABEL`] for its namespace.
+    pub fleet_namespace: String,
 }
+
+/// The fleet namespace unless set: `deploy/operator.yaml` creates it and
+/// grants the operator its fleet rights there.
+pub const DEFAULT_FLEET_NAMESPACE: &str = "platform-fleet";
 
 impl Settings {
     /// Settings with `helm`, the charts of [`default_charts`], a
@@ -98,6 +115,7 @@ impl Settings {
             ready_timeout: Duration::from_secs(600),
             remote_trust: TrustPolicy::default(),
             lease_holder: None,
+            fleet_namespace: DEFAULT_FLEET_NAMESPACE.to_owned(),
         }
     }
 }
@@ -148,173 +166,6 @@ pub fn check_charts(charts: &Path) -> anyhow::Result<()> {
         );
     }
     Ok(())
-}
-
-/// The tree for `platform`; `client` reads the remote's kubeconfig Secret.
-pub fn tree(platform: &Platform, settings: &Settings, client: &kube::Client) -> Serial {
-    let base = Manifest::from_yaml("base", base_yaml(platform));
-    Serial::new(platform.name_any())
-        .with(base.ready_timeout(settings.ready_timeout))
-        .with(components(platform, settings, client))
-}
-
-/// Everything that lives in `base`'s namespace or needs nothing of it, at once.
-fn components(platform: &Platform, settings: &Settings, client: &kube::Client) -> Concurrent {
-    let spec = &platform.spec;
-    let target = platform.target_namespace();
-    let manifest = |name: &'static str, yaml: String| Manifest::from_yaml(name, yaml);
-    let mut metrics = HelmRelease::new("metrics", Chart::local(settings.charts.join("metrics")))
-        .namespace(&target)
-        .helm(&settings.helm)
-        .set("retention", "14d")
-        .ready_timeout(settings.helm_timeout);
-    if let Some(holder) = &settings.lease_holder {
-        metrics = metrics.lease_holder(holder);
-    }
-    let mut components = Concurrent::new("components")
-        .with(manifest("config", config_yaml(platform)))
-        .with(Conditional::when(spec.metrics, metrics))
-        .with(Conditional::when(
-            spec.dashboards,
-            manifest("dashboards", dashboards_yaml(platform)),
-        ));
-    if let Some(remote) = &spec.remote {
-        let namespace = platform.namespace().unwrap_or_else(|| "default".into());
-        let kubeconfig = SecretKubeconfig::new(client.clone(), namespace, &remote.secret_name)
-            .trust(settings.remote_trust.clone());
-        let objects = manifest("agent", agent_yaml(platform));
-        let agent = RemoteClusterProvisioner::new(kubeconfig)
-            .named("remote")
-            .provision_on(objects.ready_timeout(settings.ready_timeout));
-        components.push(Conditional::when(remote.enabled, agent));
-    }
-    if let Some(spec) = &spec.fleet {
-        components.push(Conditional::when(
-            spec.enabled,
-            fleet(platform, spec, settings),
-        ));
-    }
-    components
-}
-
-/// The agent on every workload cluster of `spec`, wave by wave: the
-/// revision is the agent manifest's digest, so a change to it rolls out
-/// again and an unchanged fleet costs one read per pass.
-fn fleet(platform: &Platform, spec: &FleetSpec, settings: &Settings) -> Fleet {
-    let namespace = platform.namespace().unwrap_or_else(|| "default".into());
-    let agent = agent_yaml(platform);
-    let revision = hex::encode(Sha256::digest(agent.as_bytes()));
-    let mut members = Members::from_secrets(&namespace).trust(settings.remote_trust.clone());
-    if !spec.selector.is_empty() {
-        members = members.selector(spec.selector.clone());
-    }
-    let ready_timeout = settings.ready_timeout;
-    let mut rollout = Rollout::new()
-        .wave_size(spec.wave_size.map_or(10, |n| n.max(1) as usize))
-        .max_in_flight(spec.max_in_flight.map_or(5, |n| n.max(1) as usize))
-        .budget(Budget::Count(spec.failure_budget.unwrap_or(1) as usize))
-        .soak(Duration::from_secs(spec.soak_seconds));
-    if spec.canaries_first {
-        rollout = rollout.canary_label("ring", "canary");
-    }
-    Fleet::new("workloads", members, move |_member| {
-        Box::new(Manifest::from_yaml("agent", agent.clone()).ready_timeout(ready_timeout))
-            as Box<dyn Provisioner>
-    })
-    .revision(revision)
-    .state_in(namespace)
-    .rollout(rollout)
-}
-
-fn base_yaml(platform: &Platform) -> String {
-    let (target, group) = (platform.target_namespace(), platform.dashboard_group());
-    format!(
-        r#"apiVersion: v1
-kind: Namespace
-metadata:
-  name: {target}
----
-apiVersion: apiextensions.k8s.io/v1
-kind: CustomResourceDefinition
-metadata:
-  name: dashboards.{group}
-spec:
-  group: {group}
-  scope: Namespaced
-  names:
-    kind: Dashboard
-    plural: dashboards
-    singular: dashboard
-  versions:
-    - name: v1
-      served: true
-      storage: true
-      schema:
-        openAPIV3Schema:
-          type: object
-          properties:
-            spec:
-              type: object
-              properties:
-                panels:
-                  type: integer
-"#
-    )
-}
-
-fn config_yaml(platform: &Platform) -> String {
-    let spec = &platform.spec;
-    let remote = spec.remote.as_ref().is_some_and(|r| r.enabled);
-    format!(
-        r#"apiVersion: v1
-kind: ConfigMap
-metadata:
-  name: platform-settings
-  namespace: {}
-data:
-  metrics: "{}"
-  dashboards: "{}"
-  remote: "{remote}"
-"#,
-        platform.target_namespace(),
-        spec.metrics,
-        spec.dashboards,
-    )
-}
-
-fn dashboards_yaml(platform: &Platform) -> String {
-    format!(
-        r#"apiVersion: {}/v1
-kind: Dashboard
-metadata:
-  name: overview
-  namespace: {}
-spec:
-  panels: 4
-"#,
-        platform.dashboard_group(),
-        platform.target_namespace()
-    )
-}
-
-fn agent_yaml(platform: &Platform) -> String {
-    let target = platform.target_namespace();
-    format!(
-        r#"apiVersion: v1
-kind: Namespace
-metadata:
-  name: {target}
----
-apiVersion: v1
-kind: ConfigMap
-metadata:
-  name: agent-settings
-  namespace: {target}
-data:
-  platform: "{}"
-"#,
-        platform.name_any()
-    )
 }
 
 /// Installs (server-side applies) the `Platform` CRD and waits until it is
@@ -455,7 +306,8 @@ async fn run_controller(
     // The reconciler's defaults do the rest: a provisioned Platform comes
     // back every 5 minutes ±10 % (the resync repairs a hand edit of what its
     // tree declares; a no-op pass of this tree is about 9 reads and no
-    // write, docs/benchmarks.md), and a tree that fails for good is retried
+    // write, docs/benchmarks.md, and 2 more for the stand-ins of a removed
+    // `remote` and `fleet` block, leftovers.rs), and a tree that fails for good is retried
     // after 5 s doubling to 5 minutes, not at every requeue.
     // Owner keys are on by default: loaded or created before the first
     // tree runs; what was written before them is adopted once.
@@ -518,6 +370,7 @@ async fn run_controller(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tree::components;
 
     fn platform(namespace: &str, name: &str) -> Platform {
         let mut platform = Platform::new(name, PlatformSpec::default());
@@ -540,7 +393,8 @@ mod tests {
         // Deprovision runs the components, remote included, at once, then base.
         let components = components(&p, &settings, cx.client());
         let names: Vec<&str> = components.children().iter().map(|c| c.name()).collect();
-        assert_eq!(names, ["config", "metrics", "dashboards", "remote"]);
+        let fleet = format!("workloads-{}", p.digest(6));
+        assert_eq!(names, ["config", "metrics", "dashboards", "remote", &fleet]);
     }
 
     #[test]
@@ -549,7 +403,13 @@ mod tests {
         let b = platform("a", "b-c").target_namespace();
         assert_ne!(a, b);
         assert!(a.starts_with("a-b-c-"), "{a}");
-        let long = platform(&"n".repeat(63), &"p".repeat(63)).target_namespace();
+        let fleet = platform("a-b", "c").fleet_agent_namespace();
+        assert!(fleet.starts_with("fleet-a-b-c-"), "{fleet}");
+        assert_ne!(fleet, platform("a", "b-c").fleet_agent_namespace());
+        let long = platform(&"n".repeat(63), &"p".repeat(63));
+        let fleet = long.fleet_agent_namespace();
+        assert!(fleet.len() <= 63 && fleet.starts_with("fleet-n"), "{fleet}");
+        let long = long.target_namespace();
         assert!(long.len() <= 63, "{long}");
         assert!(
             long.chars()

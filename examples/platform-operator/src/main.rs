@@ -1,7 +1,8 @@
 //! The Platform operator:
 //! `platform-operator [--crd] [--helm PATH] [--charts DIR] [--metrics-addr ADDR] [--leader-elect]
 //! [--shard SELECTOR] [--concurrency N] [--plan-status] [--log-format text|json]
-//! [--allow-remote-range CIDR]... [--service-range CIDR] [--owner-key-secret NAME]`.
+//! [--allow-remote-range CIDR]... [--service-range CIDR] [--owner-key-secret NAME]
+//! [--fleet-namespace NAME]`.
 //!
 //! With `--crd`, prints the `Platform` CRD (JSON, as `kubectl apply -f -`
 //! takes it). Otherwise installs the CRD, then reconciles `Platform`s on the
@@ -33,7 +34,11 @@
 //!   cluster's service range, which a remote kubeconfig may not lead into;
 //! - `--owner-key-secret` (default `provisioners-owner-key`) names the
 //!   Secret in `POD_NAMESPACE` (default: the client's namespace) holding
-//!   the key that signs ownership stamps; it is created when missing.
+//!   the key that signs ownership stamps; it is created when missing;
+//! - `--fleet-namespace` (default `platform-fleet`) holds the fleets'
+//!   member kubeconfig Secrets (labelled `platform.example.com/tenant=<the
+//!   Platform's namespace>` by the platform team) and their state: a
+//!   namespace only the platform team and the operator write.
 //!
 //! A Platform annotated `provisioners.dev/plan-approval: required` is
 //! provisioned only once `provisioners.dev/approved-plan` holds its plan's
@@ -59,7 +64,7 @@ const USAGE: &str = "usage: platform-operator [--crd] [--helm PATH] [--charts DI
                      [--metrics-addr ADDR|off] [--leader-elect] [--shard SELECTOR] \
                      [--concurrency N] [--plan-status] [--log-format text|json] \
                      [--allow-remote-range CIDR]... [--service-range CIDR] \
-                     [--owner-key-secret NAME]";
+                     [--owner-key-secret NAME] [--fleet-namespace NAME]";
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -79,6 +84,7 @@ async fn main() -> anyhow::Result<()> {
     let mut remote_ranges = Vec::new();
     let mut service_range = None;
     let mut owner_key_secret = provisioners::runtime::DEFAULT_OWNER_KEY_SECRET.to_owned();
+    let mut fleet_namespace = None;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
@@ -118,6 +124,9 @@ async fn main() -> anyhow::Result<()> {
             "--owner-key-secret" => {
                 owner_key_secret = args.next().context("--owner-key-secret needs a name")?;
             }
+            "--fleet-namespace" => {
+                fleet_namespace = Some(args.next().context("--fleet-namespace needs a name")?);
+            }
             other => bail!("unknown argument `{other}`; {USAGE}"),
         }
     }
@@ -128,6 +137,9 @@ async fn main() -> anyhow::Result<()> {
         settings.charts = charts.into();
     }
     check_charts(&settings.charts)?;
+    if let Some(namespace) = fleet_namespace {
+        settings.fleet_namespace = namespace;
+    }
     if let Some(range) = &service_range {
         settings.remote_trust = settings
             .remote_trust

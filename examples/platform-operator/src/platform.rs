@@ -39,20 +39,26 @@ pub struct RemoteSpec {
     /// The Secret holding the kubeconfig.
     pub secret_name: String,
     /// Turn off to remove the agent while keeping the reference (removing
-    /// `remote` altogether leaves whatever is on the remote cluster alone).
+    /// `remote` altogether removes the agent too, found by the finalizer
+    /// the operator keeps on the Secret while the agent exists).
     #[serde(default = "enabled")]
     pub enabled: bool,
 }
 
 /// The workload clusters that get the agent: the Cluster API kubeconfig
 /// Secrets (`<cluster>-kubeconfig`, key `value`, label
-/// `cluster.x-k8s.io/cluster-name`) in the platform's namespace that match
-/// `selector`, rolled out in waves.
+/// `cluster.x-k8s.io/cluster-name`) in the operator's fleet namespace
+/// (`--fleet-namespace`, default `platform-fleet`: one only the platform
+/// team writes) that the platform team labelled
+/// `platform.example.com/tenant=<the Platform's namespace>` and that match
+/// `selector`, rolled out in waves. The fleet's state is kept there too.
+/// Removing `fleet` altogether removes the agent from every cluster that
+/// got it.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct FleetSpec {
     /// A label selector on the kubeconfig Secrets, e.g. `env=prod`; empty
-    /// selects every Cluster API kubeconfig Secret of the namespace.
+    /// selects every cluster labelled for the Platform's namespace.
     #[serde(default)]
     pub selector: String,
     /// Clusters whose Secret has the label `ring=canary` go first.
@@ -167,18 +173,44 @@ impl Platform {
     /// namespace `a-b` and Platform `b-c` in namespace `a` (both `a-b-c`
     /// before it) never share a namespace.
     pub fn target_namespace(&self) -> String {
+        self.namespace_with("", 54)
+    }
+
+    /// The namespace of the agent the platform's fleet installs on each
+    /// workload cluster: `fleet-` and [`Platform::target_namespace`]'s form,
+    /// so that a cluster that is both the platform's remote and a member
+    /// of its fleet holds two agents, not one claimed by two nodes.
+    pub fn fleet_agent_namespace(&self) -> String {
+        self.namespace_with("fleet-", 48)
+    }
+
+    /// `<prefix><platform namespace>-<platform name>` cut to `head`
+    /// characters, then `-` and [`Platform::digest`] of 4 bytes.
+    fn namespace_with(&self, prefix: &str, head: usize) -> String {
         let namespace = self.namespace().unwrap_or_else(|| "default".into());
         let name = self.name_any();
-        let mut hasher = Sha256::new();
-        hasher.update(namespace.as_bytes());
-        // Neither part can hold a NUL: the pair is read back unambiguously.
-        hasher.update([0]);
-        hasher.update(name.as_bytes());
-        let digest = hex::encode(&hasher.finalize()[..4]);
+        let digest = self.digest(4);
         // 63 characters at most, so the Dashboard group's first label fits too.
-        let head: String = format!("{namespace}-{name}").chars().take(54).collect();
+        let head: String = format!("{prefix}{namespace}-{name}")
+            .chars()
+            .take(head)
+            .collect();
         let head = head.trim_end_matches('-');
         format!("{head}-{digest}")
+    }
+
+    /// The first `bytes` bytes (at most 32), in hex, of a digest of the
+    /// platform's namespace and name: the pair is read back unambiguously
+    /// (neither part can hold a NUL), so Platform `c` in namespace `a-b`
+    /// and Platform `b-c` in namespace `a` get two digests.
+    pub fn digest(&self, bytes: usize) -> String {
+        let namespace = self.namespace().unwrap_or_else(|| "default".into());
+        let mut hasher = Sha256::new();
+        hasher.update(namespace.as_bytes());
+        hasher.update([0]);
+        hasher.update(self.name_any().as_bytes());
+        let digest = hasher.finalize();
+        hex::encode(&digest[..bytes.min(digest.len())])
     }
 
     /// The API group of the platform's own Dashboard CRD. One group per

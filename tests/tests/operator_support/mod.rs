@@ -14,6 +14,8 @@ use provisioners::{CancellationToken, Context, NodeEvent, Observer, Operation, P
 use provisioners_lab::cluster::{self, HarnessCluster, TestNamespace, helm4};
 use tokio::task::JoinHandle;
 
+pub mod rbac;
+
 pub const DEADLINE: Duration = Duration::from_secs(120);
 
 /// Every event the operator's nodes emit: `(path, operation, phase)`.
@@ -63,6 +65,20 @@ pub struct Operator {
 /// Starts the operator for the Platforms of `ns`, reporting to `events`.
 pub async fn start_operator(ns: &TestNamespace, events: &Events) -> Operator {
     let (cx, platforms, settings) = operator_parts(ns, events).await;
+    let token = cx.cancellation().clone();
+    let task = tokio::spawn(run(cx, platforms, settings, Duration::from_millis(500)));
+    Operator { token, task }
+}
+
+/// Starts the operator for the Platforms of `ns`, its fleets' members and
+/// state in `fleet_namespace`.
+pub async fn start_operator_fleet(
+    ns: &TestNamespace,
+    events: &Events,
+    fleet_namespace: &str,
+) -> Operator {
+    let (cx, platforms, mut settings) = operator_parts(ns, events).await;
+    settings.fleet_namespace = fleet_namespace.to_owned();
     let token = cx.cancellation().clone();
     let task = tokio::spawn(run(cx, platforms, settings, Duration::from_millis(500)));
     Operator { token, task }

@@ -4,6 +4,7 @@
 use std::sync::{Arc, Mutex};
 
 use http::Method;
+use kube::runtime::controller::Action;
 use provisioners_core::{Context, Provisioner, Result, async_trait};
 use provisioners_kit::owner::OwnerKeys;
 use provisioners_testing::mock;
@@ -85,15 +86,27 @@ async fn keys_that_cannot_be_read_stop_every_tree_and_an_opt_out_runs_without() 
     let seen = Arc::new(Mutex::new(Vec::new()));
     let server = tokio::spawn(async move {
         let forbidden = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
-            "reason": "Forbidden", "code": 403, "message": "secrets is forbidden"});
+            "reason": "Forbidden", "code": 403, "message": "secrets \"provisioners-owner-key\" \
+            is forbidden: User \"op\" cannot get resource \"secrets\" in API group \"\" in \
+            the namespace \"default\""});
         api.expect(Method::GET, KEY_SECRET, 403, forbidden).await;
+        // Not only a log line: the object's status says why.
+        api.expect(Method::PATCH, STATUS, 200, reply()).await
     });
     let managed = Managed::new(object(3, &[FINALIZER]), SeesKeys(seen.clone()));
-    let error = reconciler.reconcile(&managed).await.unwrap_err();
-    server.await.unwrap();
+    let action = reconciler.reconcile(&managed).await.unwrap();
+    assert_ne!(action, Action::await_change(), "retried");
+    let status = server.await.unwrap();
+    let condition = &status["status"]["conditions"][0];
+    assert_eq!(condition["reason"], "Errored");
+    let message = condition["message"].as_str().unwrap_or_default();
+    assert!(message.contains("provisioners-owner-key"), "{message}");
     assert!(
-        error.to_string().contains("provisioners-owner-key"),
-        "{error}"
+        message.starts_with(
+            "missing right: grant \"op\" `get` on `secrets` (API group core) in namespace \
+             `default` (a Role there, or a ClusterRole); "
+        ),
+        "{message}"
     );
     assert!(
         seen.lock().unwrap().is_empty(),
