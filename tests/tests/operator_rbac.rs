@@ -192,9 +192,23 @@ async fn runs_under_its_own_rbac(helm: std::path::PathBuf, prefix: &str) {
         !gone(&fleet_agent, "agent-settings").await,
         "the fleet's agent on its member"
     );
-    let state_name = format!("fleet-p-workloads-{}", created.digest(6));
+    // Named by the fleet per owner (`Fleet::state_name`), labelled with
+    // the fleet's name.
     let states: Api<ConfigMap> = Api::namespaced(admin.clone(), FLEET_NAMESPACE);
-    let state = states.get(&state_name).await.expect("the fleet's state");
+    let fleet_label = format!(
+        "{}=workloads-{}",
+        provisioners_fleet::FLEET_LABEL,
+        created.digest(6)
+    );
+    let state = states
+        .list(&kube::api::ListParams::default().labels(&fleet_label))
+        .await
+        .expect("list the fleet's state")
+        .items
+        .into_iter()
+        .next()
+        .expect("the fleet's state");
+    let state_name = state.metadata.name.clone().unwrap_or_default();
     let records = state.data.unwrap_or_default();
     assert!(
         records
