@@ -6,6 +6,10 @@
 # once and then deleted. What `resources.limits.memory` in operator.yaml is
 # set from (docs/benchmarks.md, "The example operator's memory").
 #
+#   cargo xtask bench memory   # clusters of its own, the release build
+#
+# or by hand, on clusters of yours:
+#
 #   cargo xtask cluster up && cargo xtask cluster up --name remote
 #   eval "$(cargo xtask cluster env)"   # or set the variables below
 #   cargo build -p platform-operator

@@ -9,6 +9,7 @@ mod crd;
 mod fleet;
 mod helm;
 mod manifest;
+mod memory;
 mod migration;
 mod operator;
 mod plan;
@@ -30,6 +31,7 @@ pub(crate) const SUITES: &[Suite] = &[
     ("plan", plan::run),
     ("fleet", fleet::run),
     ("crd", crd::run),
+    ("memory", memory::run),
 ];
 
 /// Options shared by the suites.
@@ -54,6 +56,8 @@ suites (all of them when none is named):
   fleet     a Fleet of N simulated members against a Concurrent of remote nodes
             (PROVISIONERS_BENCH_FLEET_N=100 picks N)
   crd       the CRD step's requests on a HelmRelease no-op pass, by CrdPolicy
+  memory    the example operator's peak memory with its helm children, every
+            feature on (PROVISIONERS_BENCH_MEMORY_N=16 picks N)
 
   --quick   fewer rounds and sizes: a smoke run
 
