@@ -155,8 +155,8 @@ impl LeftoverFleet {
     /// selector, or `None` when there is no state (nothing to remove).
     async fn members(&self, cx: &Context) -> Result<Option<String>> {
         // The fleet's own name for its state (per owner: `Fleet::state_name`).
-        let name = fleet(&self.platform, &FleetSpec::default(), &self.settings, None)
-            .state_name(cx)?;
+        let name =
+            fleet(&self.platform, &FleetSpec::default(), &self.settings, None).state_name(cx)?;
         let namespace = &self.settings.fleet_namespace;
         let maps: Api<ConfigMap> = Api::namespaced(cx.client().clone(), namespace);
         let state = maps.get_opt(&name).await.map_err(|e| {

@@ -25,7 +25,11 @@ pub(crate) fn run(options: &Options) -> Result<()> {
         .unwrap_or_else(|_| if options.quick { "8" } else { "16" }.to_owned());
     let tools = crate::tools::ensure()?;
     let sh = shell()?;
-    cmd!(sh, "cargo build --locked --release -p platform-operator --bin platform-operator").run()?;
+    cmd!(
+        sh,
+        "cargo build --locked --release -p platform-operator --bin platform-operator"
+    )
+    .run()?;
     let clusters = crate::cluster::TestClusters::up_named(&tools, CLUSTERS)?;
     let (Some(primary), Some(remote)) = (
         clusters.kubeconfig(CLUSTERS[0]).map(ToOwned::to_owned),
@@ -35,13 +39,16 @@ pub(crate) fn run(options: &Options) -> Result<()> {
         anyhow::bail!("the memory bench's clusters are not up");
     };
     let operator = crate::workspace_root().join("target/release/platform-operator");
-    let result = cmd!(sh, "examples/platform-operator/deploy/measure-memory.sh {n}")
-        .env("KUBECONFIG", &primary)
-        .env("PROVISIONERS_REMOTE_KUBECONFIG", &remote)
-        .env("OPERATOR", &operator)
-        .env("HELM", &tools.helm4)
-        .env("KUBECTL", &tools.kubectl)
-        .run();
+    let result = cmd!(
+        sh,
+        "examples/platform-operator/deploy/measure-memory.sh {n}"
+    )
+    .env("KUBECONFIG", &primary)
+    .env("PROVISIONERS_REMOTE_KUBECONFIG", &remote)
+    .env("OPERATOR", &operator)
+    .env("HELM", &tools.helm4)
+    .env("KUBECTL", &tools.kubectl)
+    .run();
     clusters.down();
     Ok(result?)
 }

@@ -148,7 +148,8 @@ mod tests {
         assert!(problems.contains("does not list `tls`"), "{problems}");
         assert!(problems.contains("lists `fleet`"), "{problems}");
         assert!(
-            problems.contains("marks [group, helm] as default") && problems.contains("[group, tls]"),
+            problems.contains("marks [group, helm] as default")
+                && problems.contains("[group, tls]"),
             "{problems}"
         );
     }
