@@ -23,15 +23,21 @@ use helm_support::*;
 mod helm_async_support;
 use helm_async_support::until_not_yield;
 
-both_helms!(
-    never_ready_release_yields_then_times_out,
-    kept_crd_is_left_and_deprovision_finishes,
-    cancelled_root_leaves_no_release_pending,
-    drift_is_repaired_by_a_no_op_provision,
-    two_processes_racing_on_a_pending_release_do_not_both_act,
-    release_stuck_in_pending_install_is_recovered,
-    release_stuck_in_pending_upgrade_is_recovered,
-);
+helm_scenarios! {
+    both: [
+        kept_crd_is_left_and_deprovision_finishes,
+        cancelled_root_leaves_no_release_pending,
+        drift_is_repaired_by_a_no_op_provision,
+        release_stuck_in_pending_install_is_recovered,
+        release_stuck_in_pending_upgrade_is_recovered,
+    ],
+    helm3: [
+        two_processes_racing_on_a_pending_release_do_not_both_act,
+    ],
+    helm4: [
+        never_ready_release_yields_then_times_out,
+    ],
+}
 
 async fn never_ready_release_yields_then_times_out(helm: PathBuf) {
     let ns = TestNamespace::create("helm-never")
