@@ -13,7 +13,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::Api;
 use provisioners::ErrorKind;
-use provisioners_helm::{DriftPolicy, HelmRelease};
+use provisioners_helm::{DriftPolicy, HelmProcesses, HelmRelease};
 use provisioners_lab::cluster::{self, TestNamespace};
 use serde_json::json;
 
@@ -194,21 +194,21 @@ async fn cancelled_root_leaves_no_release_pending(helm: PathBuf) {
             "round {round}"
         );
         let stopped_after = cancelled_at.lock().unwrap().expect("cancelled").elapsed();
-        assert!(
-            stopped_after < Duration::from_secs(40),
-            "round {round}: the tree took {stopped_after:?} to stop"
+        eprintln!("round {round}: the tree stopped {stopped_after:?} after the cancellation");
+        // The root returned once helm had exited within its own grace (30 s,
+        // inside the root's 45 s): helm's place is free, not still held by
+        // a run the root gave up on. A state, not a bound in seconds.
+        assert_eq!(
+            HelmProcesses::of(operator.cluster()).running(),
+            0,
+            "round {round}: the tree returned while helm still ran"
         );
-        // The run outlives the pass: helm exits on its own after SIGTERM,
-        // within its grace, having recorded the outcome.
+        // Helm exits on its own after SIGTERM, having recorded the outcome
+        // (liveness: `eventually`'s deadline).
         eventually(&format!("round {round}: helm to exit"), || async {
             helm_processes(&helm, ns.name()).is_empty().then_some(())
         })
         .await;
-        let exited_after = cancelled_at.lock().unwrap().expect("cancelled").elapsed();
-        assert!(
-            exited_after < Duration::from_secs(40),
-            "round {round}: helm took {exited_after:?} to stop"
-        );
         let (_, status, _) = release_record(&ns, "cancelled").await.expect("recorded");
         assert!(
             status == "failed" || status == "deployed",
