@@ -24,13 +24,19 @@ use serde_json::{Value, json};
 mod helm_support;
 use helm_support::*;
 
-both_helms!(
-    a_crd_field_added_by_the_chart_is_applied_before_helm,
-    unsafe_crd_changes_in_a_chart_are_refused,
-    prometheus_operator_crds_upgrade_from_v0_85_to_v0_94,
-    no_op_pass_requests_by_crd_policy,
-    crds_are_deleted_on_uninstall_only_when_asked_and_unused,
-);
+helm_scenarios! {
+    both: [
+        a_crd_field_added_by_the_chart_is_applied_before_helm,
+    ],
+    helm3: [
+        unsafe_crd_changes_in_a_chart_are_refused,
+        no_op_pass_requests_by_crd_policy,
+    ],
+    helm4: [
+        prometheus_operator_crds_upgrade_from_v0_85_to_v0_94,
+        crds_are_deleted_on_uninstall_only_when_asked_and_unused,
+    ],
+}
 
 /// Where `cargo xtask tools` keeps the prometheus-operator CRDs, one
 /// directory per version (`v0.85.0/`, `v0.94.0/`): see docs/crds.md.

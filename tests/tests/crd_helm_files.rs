@@ -20,10 +20,14 @@ use provisioners_lab::cluster::TestNamespace;
 mod helm_support;
 use helm_support::*;
 
-both_helms!(
-    crd_files_without_separators_install_and_upgrade,
-    crd_files_of_archived_repository_and_oci_charts,
-);
+helm_scenarios! {
+    both: [
+        crd_files_without_separators_install_and_upgrade,
+        crd_files_of_archived_repository_and_oci_charts,
+    ],
+    helm3: [],
+    helm4: [],
+}
 
 /// One CRD file as charts write it: `apiVersion:` on its first line.
 fn crd_file(group: &str, kind: &str, fields: &[&str]) -> String {

@@ -1,7 +1,14 @@
-//! A helm run outlives the pass that started it: passes return promptly
-//! with a yield naming what helm waits for, a later pass collects the
-//! outcome, and no pass waits for a helm slot or a release's lock. Each
-//! scenario with the real Helm 3 and Helm 4.
+//! A helm run outlives the pass that started it: passes return with a
+//! yield naming what helm waits for while helm still runs, a later pass
+//! collects the outcome, and no pass waits for a helm slot or a release's
+//! lock. With the real Helm 3 and Helm 4 (which scenario on which major:
+//! docs/testing.md).
+//!
+//! No pass is timed against a bound (a loaded machine stretches any
+//! pass): that a pass did not wait for helm is a state, the pass's yield
+//! seen while helm's run still holds its place in [`HelmProcesses`] and
+//! the release is still `pending-install`; that it did not wait for a
+//! slot is its yield for one. The times are printed.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -20,37 +27,24 @@ use helm_support::*;
 // Compiled here so that the helper the other helm suites loop with builds.
 mod helm_async_support;
 
-both_helms!(
-    a_hook_that_cannot_schedule_yields_at_once_and_converges_later,
-    deprovision_while_a_hook_runs_stops_helm_and_uninstalls,
-    thirty_two_releases_share_eight_helm_slots_without_a_waiting_pass,
-    a_yielded_release_wakes_its_tree_when_its_run_ends,
-);
+helm_scenarios! {
+    both: [
+        a_hook_that_cannot_schedule_yields_at_once_and_converges_later,
+    ],
+    helm3: [
+        deprovision_while_a_hook_runs_stops_helm_and_uninstalls,
+        a_yielded_release_wakes_its_tree_when_its_run_ends,
+    ],
+    helm4: [
+        thirty_two_releases_share_eight_helm_slots_without_a_waiting_pass,
+    ],
+}
 
 /// The kwok node every pod of the local control plane runs on.
 const NODE: &str = "kwok-node-0";
 
-/// A pass must return within this. What it proves is that no pass waits
-/// for helm: the hook below would hold such a pass for its 120 s timeout.
-/// The issue's figure is 2 s, and passes take 0.3-1.5 s on a quiet machine
-/// (docs/benchmarks.md), but one took 2.59 s at load 13 (the reads and
-/// Lease writes before helm starts, not a wait): the bound leaves room for
-/// a loaded CI, and the times are printed.
-const PASS_BOUND: Duration = Duration::from_secs(5);
-
-/// The most of an operation's whole time that one pass among 32 at once
-/// may take. A pass that waited for a helm slot would last as long as the
-/// runs queued ahead of it, most of the operation (32 runs on 8 slots are
-/// four waves of helm runs); a pass that does not costs its own reads and
-/// writes, a tenth to a quarter of it. Both grow with the machine's load,
-/// so the share holds on a loaded CI where a bound in seconds does not: on
-/// a 2-core machine running two full suites at once, one deprovision pass
-/// took 5.8 s (about ten requests in a row at 0.2-0.6 s each, traced; no
-/// wait) while the whole deprovision took about 25 s.
-const CROWDED_PASS_SHARE: f64 = 0.5;
-
-/// What the test passes wait for a run they started: short, so that the
-/// bound above holds with room to spare.
+/// What the test passes wait for a run they started: short, so that a pass
+/// yields long before the hooks below (120 s) let helm finish.
 const PASS_TIMEOUT: Duration = Duration::from_millis(200);
 
 /// One pass of `node`, timed.
@@ -68,9 +62,9 @@ async fn pass(
     (result, started.elapsed())
 }
 
-/// Passes (provision or deprovision) of `node` until one is not a yield,
-/// each within [`PASS_BOUND`]; any error fails the test. Returns the
-/// longest pass.
+/// Passes (provision or deprovision) of `node` until one is not a yield
+/// (within [`DEADLINE`], a liveness bound); any error fails the test.
+/// Returns the longest pass, for the log.
 async fn passes_until_done(
     cx: &Context,
     node: &(impl Provisioner + ?Sized),
@@ -82,10 +76,6 @@ async fn passes_until_done(
     loop {
         let (result, took) = pass(cx, node, deprovision).await;
         longest = longest.max(took);
-        assert!(
-            took <= PASS_BOUND,
-            "{what}: a pass took {took:?}: {result:?}"
-        );
         match result {
             Ok(()) => return longest,
             Err(e) if e.is_yield() => {}
@@ -93,6 +83,18 @@ async fn passes_until_done(
         }
         assert!(Instant::now() < deadline, "{what}: still yielding");
         tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Asserts that the pass that just yielded did not wait for helm: helm's
+/// run of `release` still holds its place, its record still
+/// `pending-install` (the hooks here hold helm for 120 s; a pass that
+/// waited for it would find the run over).
+async fn assert_helm_runs(cx: &Context, ns: &TestNamespace, release: &str) {
+    let running = HelmProcesses::of(cx.cluster()).running();
+    assert!(running >= 1, "the pass yielded, yet no helm runs");
+    if let Some((_, status, _)) = release_record(ns, release).await {
+        assert_eq!(status, "pending-install", "helm's run is over");
     }
 }
 
@@ -138,9 +140,9 @@ async fn a_hook_that_cannot_schedule_yields_at_once_and_converges_later(helm: Pa
     // The first pass starts helm and returns: helm waits for the hook.
     let (first, took) = pass(&cx, &release, false).await;
     eprintln!("first pass: {took:?}: {first:?}");
-    assert!(took <= PASS_BOUND, "the first pass took {took:?}");
     let error = first.expect_err("helm cannot be done yet");
     assert!(error.is_yield(), "{error}");
+    assert_helm_runs(&cx, &ns, "hooked").await;
     assert!(
         error.to_string().contains(&format!(
             "helm upgrade --install of release `{}/hooked`",
@@ -157,9 +159,9 @@ async fn a_hook_that_cannot_schedule_yields_at_once_and_converges_later(helm: Pa
     let named = loop {
         let (result, took) = pass(&cx, &release, false).await;
         longest = longest.max(took);
-        assert!(took <= PASS_BOUND, "a pass took {took:?}: {result:?}");
         let error = result.expect_err("the hook cannot run");
         assert!(error.is_yield(), "{error}");
+        assert_helm_runs(&cx, &ns, "hooked").await;
         if let Some(waiting) = error.waiting()
             && waiting.object_name() == Some(job.as_str())
             && waiting.reason().starts_with("Unschedulable")
@@ -215,8 +217,9 @@ async fn deprovision_while_a_hook_runs_stops_helm_and_uninstalls(helm: PathBuf) 
     let release = hooked(&ns, &helm, "stopped", &label(&ns));
 
     let (first, took) = pass(&cx, &release, false).await;
-    assert!(took <= PASS_BOUND, "the first pass took {took:?}");
+    eprintln!("first pass: {took:?}");
     assert!(first.expect_err("helm runs").is_yield());
+    assert_helm_runs(&cx, &ns, "stopped").await;
     eventually("helm to wait for the hook", || async {
         let pending = release_record(&ns, "stopped")
             .await
@@ -275,6 +278,7 @@ async fn thirty_two_releases_share_eight_helm_slots_without_a_waiting_pass(helm:
         let mut longest = Duration::ZERO;
         let mut rounds = 0;
         let mut slot_yields = 0;
+        let mut first_round_slot_yields = 0;
         let mut pending: Vec<&HelmRelease> = releases.iter().collect();
         let started = Instant::now();
         let deadline = started + DEADLINE;
@@ -300,6 +304,9 @@ async fn thirty_two_releases_share_eight_helm_slots_without_a_waiting_pass(helm:
                     Err(e) if e.is_yield() => {
                         if e.to_string().contains("waits for a helm slot") {
                             slot_yields += 1;
+                            if rounds == 1 {
+                                first_round_slot_yields += 1;
+                            }
                         }
                         next.push(release);
                     }
@@ -307,6 +314,8 @@ async fn thirty_two_releases_share_eight_helm_slots_without_a_waiting_pass(helm:
                 }
             }
             pending = next;
+            let running = HelmProcesses::of(cx.cluster()).running();
+            assert!(running <= 8, "{what}: {running} helm processes on 8 slots");
             assert!(
                 Instant::now() < deadline,
                 "{what}: {} still yielding",
@@ -319,14 +328,15 @@ async fn thirty_two_releases_share_eight_helm_slots_without_a_waiting_pass(helm:
             "{what} of {RELEASES} releases over 8 helm slots: {rounds} rounds in {whole:?}, \
              longest pass {longest:?}, {slot_yields} yields for a slot"
         );
-        assert!(
-            longest.as_secs_f64() < whole.as_secs_f64() * CROWDED_PASS_SHARE,
-            "{what}: the longest pass took {longest:?} of the operation's {whole:?}: a pass \
-             waited"
-        );
         if !deprovision {
-            // 32 runs cannot all start on 8 slots: some passes found none free.
-            assert!(slot_yields > 0, "no pass ever found the slots busy");
+            // 32 runs cannot all start on 8 slots: some passes of the first
+            // round found none free and yielded for one. A pass that waited
+            // for a slot would never yield for one; one that waited for a
+            // run queued ahead of it would have no round of its own.
+            assert!(
+                first_round_slot_yields > 0,
+                "no pass of the first round yielded for a slot ({slot_yields} in all)"
+            );
         }
     }
     for i in 0..RELEASES {
@@ -359,8 +369,9 @@ async fn a_yielded_release_wakes_its_tree_when_its_run_ends(helm: PathBuf) {
     // the promise of a wake by the release's node.
     let (first, took) = pass(&cx, &release, false).await;
     passes += 1;
-    assert!(took <= PASS_BOUND, "the first pass took {took:?}");
+    eprintln!("first pass: {took:?}");
     assert!(first.expect_err("helm runs").is_yield());
+    assert_helm_runs(&cx, &ns, "woken").await;
     assert_eq!(wake.promised(), [std::sync::Arc::<str>::from("woken")]);
     // Not woken while helm waits for the hook.
     let early = tokio::time::timeout(Duration::from_secs(3), woken.recv()).await;
@@ -376,7 +387,7 @@ async fn a_yielded_release_wakes_its_tree_when_its_run_ends(helm: PathBuf) {
     eprintln!("woken {:?} after the node was labelled", at - labelled);
     let (second, took) = pass(&cx, &release, false).await;
     passes += 1;
-    assert!(took <= PASS_BOUND, "the second pass took {took:?}");
+    eprintln!("second pass: {took:?}");
     second.expect("the woken pass collects the run and is done");
     eprintln!("passes: {passes}");
     let (revision, status, _) = release_record(&ns, "woken").await.expect("recorded");

@@ -22,17 +22,23 @@ use helm_support::*;
 mod helm_async_support;
 use helm_async_support::until_not_yield;
 
-both_helms!(
-    plain_chart_install_upgrade_noop_uninstall,
-    chart_with_crds_and_a_custom_resource,
-    missing_required_value_is_a_clear_error,
-    template_that_fails_to_render_is_invalid,
-    hooks_run_on_install_and_upgrade,
-    inside_serial_and_concurrent_groups_with_other_provisioners,
-    dropping_a_provision_during_wait_leaves_no_helm_process,
-    chart_from_a_repository_with_a_pinned_version,
-    packaged_chart_into_a_namespace_it_creates,
-);
+helm_scenarios! {
+    both: [
+        plain_chart_install_upgrade_noop_uninstall,
+        hooks_run_on_install_and_upgrade,
+    ],
+    helm3: [
+        chart_with_crds_and_a_custom_resource,
+        template_that_fails_to_render_is_invalid,
+        dropping_a_provision_during_wait_leaves_no_helm_process,
+        packaged_chart_into_a_namespace_it_creates,
+    ],
+    helm4: [
+        missing_required_value_is_a_clear_error,
+        inside_serial_and_concurrent_groups_with_other_provisioners,
+        chart_from_a_repository_with_a_pinned_version,
+    ],
+}
 
 /// Helm 4 applies server-side, and a new release skips helm's own OpenAPI
 /// validation: the API server must still refuse a misspelt field.

@@ -21,11 +21,15 @@ use helm_support::*;
 mod helm_async_support;
 use helm_async_support::until_not_yield;
 
-both_helms!(
-    secrets_stay_off_argv_and_env_and_files_are_private_and_removed,
-    private_repository_credentials_stay_off_argv_env_and_errors,
-    oci_registry_with_and_without_credentials,
-);
+helm_scenarios! {
+    both: [
+        secrets_stay_off_argv_and_env_and_files_are_private_and_removed,
+        private_repository_credentials_stay_off_argv_env_and_errors,
+        oci_registry_with_and_without_credentials,
+    ],
+    helm3: [],
+    helm4: [],
+}
 
 const REPO_PASSWORD: &str = "repo-pa55-9c1e-never-on-argv";
 

@@ -13,7 +13,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::Api;
 use provisioners::ErrorKind;
-use provisioners_helm::{DriftPolicy, HelmRelease};
+use provisioners_helm::{DriftPolicy, HelmProcesses, HelmRelease};
 use provisioners_lab::cluster::{self, TestNamespace};
 use serde_json::json;
 
@@ -23,15 +23,21 @@ use helm_support::*;
 mod helm_async_support;
 use helm_async_support::until_not_yield;
 
-both_helms!(
-    never_ready_release_yields_then_times_out,
-    kept_crd_is_left_and_deprovision_finishes,
-    cancelled_root_leaves_no_release_pending,
-    drift_is_repaired_by_a_no_op_provision,
-    two_processes_racing_on_a_pending_release_do_not_both_act,
-    release_stuck_in_pending_install_is_recovered,
-    release_stuck_in_pending_upgrade_is_recovered,
-);
+helm_scenarios! {
+    both: [
+        kept_crd_is_left_and_deprovision_finishes,
+        cancelled_root_leaves_no_release_pending,
+        drift_is_repaired_by_a_no_op_provision,
+        release_stuck_in_pending_install_is_recovered,
+        release_stuck_in_pending_upgrade_is_recovered,
+    ],
+    helm3: [
+        two_processes_racing_on_a_pending_release_do_not_both_act,
+    ],
+    helm4: [
+        never_ready_release_yields_then_times_out,
+    ],
+}
 
 async fn never_ready_release_yields_then_times_out(helm: PathBuf) {
     let ns = TestNamespace::create("helm-never")
@@ -188,21 +194,21 @@ async fn cancelled_root_leaves_no_release_pending(helm: PathBuf) {
             "round {round}"
         );
         let stopped_after = cancelled_at.lock().unwrap().expect("cancelled").elapsed();
-        assert!(
-            stopped_after < Duration::from_secs(40),
-            "round {round}: the tree took {stopped_after:?} to stop"
+        eprintln!("round {round}: the tree stopped {stopped_after:?} after the cancellation");
+        // The root returned once helm had exited within its own grace (30 s,
+        // inside the root's 45 s): helm's place is free, not still held by
+        // a run the root gave up on. A state, not a bound in seconds.
+        assert_eq!(
+            HelmProcesses::of(operator.cluster()).running(),
+            0,
+            "round {round}: the tree returned while helm still ran"
         );
-        // The run outlives the pass: helm exits on its own after SIGTERM,
-        // within its grace, having recorded the outcome.
+        // Helm exits on its own after SIGTERM, having recorded the outcome
+        // (liveness: `eventually`'s deadline).
         eventually(&format!("round {round}: helm to exit"), || async {
             helm_processes(&helm, ns.name()).is_empty().then_some(())
         })
         .await;
-        let exited_after = cancelled_at.lock().unwrap().expect("cancelled").elapsed();
-        assert!(
-            exited_after < Duration::from_secs(40),
-            "round {round}: helm took {exited_after:?} to stop"
-        );
         let (_, status, _) = release_record(&ns, "cancelled").await.expect("recorded");
         assert!(
             status == "failed" || status == "deployed",

@@ -27,11 +27,16 @@ use helm_async_support::until_not_yield;
 mod helm_plan_support;
 use helm_plan_support::*;
 
-both_helms!(
-    a_release_plans_install_no_change_drift_upgrade_and_uninstall,
-    objects_of_another_owner_are_refused_and_owned_ones_adopted,
-    a_kind_whose_crd_is_in_crds_plans_unknown_then_updates,
-);
+helm_scenarios! {
+    both: [
+        a_release_plans_install_no_change_drift_upgrade_and_uninstall,
+        objects_of_another_owner_are_refused_and_owned_ones_adopted,
+    ],
+    helm3: [
+        a_kind_whose_crd_is_in_crds_plans_unknown_then_updates,
+    ],
+    helm4: [],
+}
 
 async fn a_release_plans_install_no_change_drift_upgrade_and_uninstall(helm: PathBuf) {
     let ns = TestNamespace::create("helm-plan").await.expect("namespace");

@@ -24,11 +24,16 @@ use helm_async_support::until_not_yield;
 mod helm_plan_support;
 use helm_plan_support::*;
 
-both_helms!(
-    a_chart_that_does_not_render_fails_the_plan_as_provision_fails,
-    a_pending_upgrade_plans_the_rollback_then_the_upgrade,
-    a_pending_install_plans_its_removal_then_the_install,
-);
+helm_scenarios! {
+    both: [],
+    helm3: [
+        a_pending_upgrade_plans_the_rollback_then_the_upgrade,
+    ],
+    helm4: [
+        a_chart_that_does_not_render_fails_the_plan_as_provision_fails,
+        a_pending_install_plans_its_removal_then_the_install,
+    ],
+}
 
 /// Invalid input fails the plan with provision's error; the plan's private
 /// files are gone too.

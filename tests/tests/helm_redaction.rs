@@ -24,12 +24,17 @@ use helm_support::*;
 mod helm_async_support;
 use helm_async_support::until_not_yield;
 
-both_helms!(
-    a_sensitive_value_in_a_failing_template_never_reaches_the_error,
-    a_sensitive_value_in_an_uninstall_refusal_never_reaches_the_error,
-    a_sensitive_value_in_a_rollback_refusal_never_reaches_the_error,
-    a_rotated_value_in_a_rollback_refusal_never_reaches_the_error,
-);
+helm_scenarios! {
+    both: [
+        a_sensitive_value_in_a_failing_template_never_reaches_the_error,
+        a_sensitive_value_in_an_uninstall_refusal_never_reaches_the_error,
+        a_sensitive_value_in_a_rollback_refusal_never_reaches_the_error,
+    ],
+    helm3: [],
+    helm4: [
+        a_rotated_value_in_a_rollback_refusal_never_reaches_the_error,
+    ],
+}
 
 /// Escaping changes it (`"`, `\`, and `<>&`, which Go's JSON escapes too).
 const TOKEN: &str = "Tok\"en<&>\\s3cr3t-9f2c-from-a-Secret";

@@ -25,15 +25,21 @@ use helm_async_support::until_not_yield;
 mod helm_attack_support;
 use helm_attack_support::*;
 
-both_helms!(
-    a_forged_pending_install_record_listing_a_cluster_role_is_reported_and_the_cluster_role_survives,
-    a_forged_deployed_record_listing_an_object_as_removed_never_has_it_deleted,
-    a_second_owner_naming_the_same_release_is_refused_and_the_first_release_is_intact,
-    a_first_install_with_create_namespace_takes_the_lease_before_helm_runs,
-    a_record_our_own_run_left_unsealed_is_replaced_never_uninstalled,
-    a_record_rewritten_between_helms_write_and_the_seal_is_never_sealed,
-    a_recoverys_record_rewritten_before_its_seal_is_never_sealed,
-);
+helm_scenarios! {
+    both: [
+        a_forged_pending_install_record_listing_a_cluster_role_is_reported_and_the_cluster_role_survives,
+        a_forged_deployed_record_listing_an_object_as_removed_never_has_it_deleted,
+        a_record_our_own_run_left_unsealed_is_replaced_never_uninstalled,
+        a_record_rewritten_between_helms_write_and_the_seal_is_never_sealed,
+        a_recoverys_record_rewritten_before_its_seal_is_never_sealed,
+    ],
+    helm3: [
+        a_second_owner_naming_the_same_release_is_refused_and_the_first_release_is_intact,
+    ],
+    helm4: [
+        a_first_install_with_create_namespace_takes_the_lease_before_helm_runs,
+    ],
+}
 
 async fn a_forged_pending_install_record_listing_a_cluster_role_is_reported_and_the_cluster_role_survives(
     helm: PathBuf,

@@ -28,7 +28,13 @@ mod helm_attack_support;
 use helm_attack_support::{annotation, forged_record, records, release, tenant};
 use helm_support::context_as;
 
-both_helms!(keys_on_by_default_adopt_what_was_written_before_and_refuse_a_later_forgery);
+helm_scenarios! {
+    both: [],
+    helm3: [],
+    helm4: [
+        keys_on_by_default_adopt_what_was_written_before_and_refuse_a_later_forgery,
+    ],
+}
 
 const FINALIZER: &str = "test.provisioners.dev/keys-upgrade";
 const DEADLINE: Duration = Duration::from_secs(120);

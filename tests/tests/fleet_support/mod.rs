@@ -379,8 +379,10 @@ impl Provisioner for Gate {
     }
 }
 
-/// Passes of `operation` until `stop` says so (or `deadline`), each pass
-/// bounded by `longest`; returns the last result and the number of passes.
+/// Passes of `operation` until `stop` says so (or `deadline`, a liveness
+/// bound); returns the last result and the number of passes. No pass is
+/// timed: a pass that waited for a held member would never end, which the
+/// deadline catches; how long a pass takes is the machine's load.
 pub(crate) async fn passes(
     cx: &Context,
     node: &dyn Provisioner,
@@ -388,19 +390,19 @@ pub(crate) async fn passes(
     deadline: Duration,
     stop: impl Fn(&provisioners::Result<()>) -> bool,
 ) -> (provisioners::Result<()>, usize) {
-    let longest = Duration::from_secs(6);
     let started = Instant::now();
     let mut count = 0;
     loop {
-        let pass = Instant::now();
-        let result = if deprovision {
-            cx.deprovision(node).await
-        } else {
-            cx.provision(node).await
-        };
+        let result = tokio::time::timeout(deadline, async {
+            if deprovision {
+                cx.deprovision(node).await
+            } else {
+                cx.provision(node).await
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("pass {} did not end within {deadline:?}", count + 1));
         count += 1;
-        let took = pass.elapsed();
-        assert!(took <= longest, "a pass took {took:?}: {result:?}");
         if stop(&result) {
             return (result, count);
         }

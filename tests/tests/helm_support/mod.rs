@@ -19,27 +19,40 @@ pub const DEADLINE: Duration = Duration::from_secs(120);
 pub const WAIT: Duration = Duration::from_secs(120);
 pub const SECRET: &str = "pa55-word-that-must-not-leak-7f3a";
 
-/// One test per helm version for each scenario.
+/// The tests of a binary's helm scenarios, each on the majors it is listed
+/// under: `both` on Helm 3 and Helm 4 (the majors behave differently
+/// there), `helm3` or `helm4` on that one alone, so both majors keep broad
+/// coverage at half the cost. docs/testing.md lists which scenario runs
+/// where and why. The tests are `helm3::<scenario>` and `helm4::<scenario>`,
+/// so `cargo test -- helm4::` runs one major. A scenario listed nowhere is
+/// an unused function (a warning, an error under clippy's `-D warnings`);
+/// one listed twice for a major is a duplicate test.
 #[macro_export]
-macro_rules! both_helms {
-    ($($scenario:ident),* $(,)?) => {
+macro_rules! helm_scenarios {
+    (
+        both: [$($both:ident),* $(,)?],
+        helm3: [$($three:ident),* $(,)?],
+        helm4: [$($four:ident),* $(,)?] $(,)?
+    ) => {
         mod helm3 {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                #[ignore = "needs the local control plane (cargo xtask test)"]
-                async fn $scenario() {
-                    super::$scenario(provisioners_lab::cluster::helm3().expect("PROVISIONERS_HELM3")).await;
-                }
-            )*
+            $($crate::helm_test!(helm3, "PROVISIONERS_HELM3", $both);)*
+            $($crate::helm_test!(helm3, "PROVISIONERS_HELM3", $three);)*
         }
         mod helm4 {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                #[ignore = "needs the local control plane (cargo xtask test)"]
-                async fn $scenario() {
-                    super::$scenario(provisioners_lab::cluster::helm4().expect("PROVISIONERS_HELM4")).await;
-                }
-            )*
+            $($crate::helm_test!(helm4, "PROVISIONERS_HELM4", $both);)*
+            $($crate::helm_test!(helm4, "PROVISIONERS_HELM4", $four);)*
+        }
+    };
+}
+
+/// One cluster test: `scenario` with the helm binary of `major`.
+#[macro_export]
+macro_rules! helm_test {
+    ($major:ident, $variable:literal, $scenario:ident) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        #[ignore = "needs the local control plane (cargo xtask test)"]
+        async fn $scenario() {
+            super::$scenario(provisioners_lab::cluster::$major().expect($variable)).await;
         }
     };
 }
