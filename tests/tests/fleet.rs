@@ -114,6 +114,23 @@ async fn a_budget_of_one_halts_a_budget_of_two_completes_and_deprovision_abandon
     .await;
     let message = result.expect_err("halted").message().to_owned();
     eprintln!("halted after {count} passes: {message}");
+    // The first contact with each dead member: from its node's start to its
+    // first end (printed, not asserted: the machine is shared; the error
+    // below is the breaker's, not a request's deadline).
+    let entries = journal.entries();
+    for dead in ["m05", "m10"] {
+        let mine: Vec<_> = entries.iter().filter(|(_, m, _)| m == dead).collect();
+        if let (Some(start), Some(end)) = (
+            mine.iter().find(|(_, _, what)| *what == "started"),
+            mine.iter().find(|(_, _, what)| *what != "started"),
+        ) {
+            eprintln!(
+                "first contact with dead member {dead}: {:?} ({})",
+                end.0.duration_since(start.0),
+                end.2
+            );
+        }
+    }
     assert!(
         message.starts_with(
             "halted: 2 members failed (m05, m10), budget 1; fix them or raise the budget"
