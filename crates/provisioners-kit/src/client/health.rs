@@ -121,6 +121,8 @@ struct State {
     /// An attempt timed out with no answer since: the next request probes
     /// before it is sent.
     suspect: bool,
+    /// The cluster has answered a request at least once.
+    answered: bool,
 }
 
 /// What the breaker lets a request do.
@@ -227,7 +229,10 @@ impl Breaker {
                 if state.open.is_some() {
                     tracing::info!(cluster = %self.cluster, "cluster is reachable again");
                 }
-                *state = State::default();
+                *state = State {
+                    answered: true,
+                    ..State::default()
+                };
             }
             Outcome::TimedOut => {
                 // A deadline says less than a refused connection: a probe
@@ -288,6 +293,13 @@ impl Breaker {
         }
         state.open = Some((Instant::now() + wait, wait));
         Err(self.unreachable(&state, wait))
+    }
+
+    /// Whether the cluster has ever answered a request: until it has, a
+    /// slow answer is no sign of a live but busy cluster, and the client
+    /// policy probes sooner (see [`DEFAULT_PROBE_AFTER`](super::DEFAULT_PROBE_AFTER)).
+    pub(crate) fn has_answered(&self) -> bool {
+        self.lock().answered
     }
 
     pub(crate) fn health(&self) -> Health {

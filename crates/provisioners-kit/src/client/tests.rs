@@ -99,10 +99,44 @@ async fn an_attempt_without_an_answer_is_given_up_when_the_probe_beside_it_finds
             .contains("cluster `client` is unreachable"),
         "{error}"
     );
-    // The probe went after 1 s and waited 1 s: not the 20 s deadline.
-    assert_eq!(started.elapsed(), Duration::from_secs(2));
+    // A cluster never heard from: the probe went after 0.5 s (half of
+    // `probe_after`) and waited 1 s, not the 20 s deadline.
+    assert_eq!(started.elapsed(), Duration::from_millis(1500));
     // The request and the probe beside it; no second attempt.
     assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cluster_that_answered_before_is_probed_after_the_whole_wait() {
+    // Answers once, then never again (it died mid-day).
+    let calls = Arc::new(AtomicU32::new(0));
+    let counted = Arc::clone(&calls);
+    let edge = cluster(&ClientPolicy::new(), move |_request: Request<Body>| {
+        let first = counted.fetch_add(1, Ordering::SeqCst) == 0;
+        async move {
+            if !first {
+                return std::future::pending().await;
+            }
+            Ok::<_, kube::Error>(Response::new(Body::from(
+                br#"{"kind":"Namespace","apiVersion":"v1","metadata":{"name":"x"}}"#.to_vec(),
+            )))
+        }
+    });
+    get(edge.client()).await.unwrap();
+    let started = tokio::time::Instant::now();
+    let error = get(edge.client()).await.unwrap_err();
+    assert!(
+        error.to_string().contains("cluster `edge` is unreachable"),
+        "{error}"
+    );
+    // A cluster that answered may be busy: the probe waits the whole
+    // `probe_after` (1 s), then its own 1 s.
+    assert_eq!(started.elapsed(), Duration::from_secs(2));
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        3,
+        "one answer, a request, a probe"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -125,9 +159,10 @@ async fn a_slow_answer_on_a_cluster_whose_probes_answer_is_waited_for() {
     let started = tokio::time::Instant::now();
     get(edge.client()).await.unwrap();
     assert_eq!(started.elapsed(), Duration::from_secs(15));
-    // Probes after 1, 3 and 7 s (doubling), each answered; then none fits
-    // before the 20 s deadline... the answer came first.
-    assert_eq!(calls.load(Ordering::SeqCst), 1 + 3);
+    // Probes after 0.5, 1.5, 3.5 and 7.5 s (the first contact probes after
+    // half of `probe_after`, then doubling), each answered; the next would
+    // be at 15.5 s: the answer came first.
+    assert_eq!(calls.load(Ordering::SeqCst), 1 + 4);
     assert!(Health::of(&edge).is_reachable());
 }
 
@@ -279,9 +314,10 @@ async fn a_request_without_an_answer_probes_beside_it_and_a_silent_cluster_is_un
         error.to_string().contains("cluster `edge` is unreachable"),
         "{error}"
     );
-    // The probe went after 1 s and found no answer within its 1 s: the
-    // request was given up then, not at its deadline.
-    assert_eq!(started.elapsed(), Duration::from_secs(2));
+    // The probe went after 0.5 s (a cluster never heard from) and found no
+    // answer within its 1 s: the request was given up then, not at its
+    // deadline.
+    assert_eq!(started.elapsed(), Duration::from_millis(1500));
     assert_eq!(calls.load(Ordering::SeqCst), 2, "the request and a probe");
     assert!(!Health::of(&edge).is_reachable());
     // The pass after it returns at once, without a call, naming the cluster.
@@ -360,8 +396,8 @@ async fn a_timeout_on_a_cluster_whose_probe_answers_keeps_it_reachable() {
     assert!(Health::of(&edge).is_reachable());
     assert_eq!(
         calls.load(Ordering::SeqCst),
-        4,
-        "the stuck request, a probe, two requests"
+        5,
+        "the stuck request, two probes (after 0.5 s and 1.5 s), two requests"
     );
 }
 

@@ -321,7 +321,14 @@ where
         .timeout
         .saturating_sub(policy.probe_timeout)
         .max(policy.timeout / 2);
-    let mut every = policy.probe_after.min(latest).max(PROBE_WATCH);
+    // A cluster never heard from (a fleet's first contact with a member)
+    // has shown no sign of being live but slow: probe after half the wait.
+    let after = if breaker.has_answered() {
+        policy.probe_after
+    } else {
+        policy.probe_after / 2
+    };
+    let mut every = after.min(latest).max(PROBE_WATCH);
     let mut probe_at = Some(start + every);
     let mut attempt = std::pin::pin!(attempt);
     let mut probing = None;
