@@ -423,41 +423,12 @@ async fn a_record_rewritten_between_helms_write_and_the_seal_is_never_sealed(hel
     // listing the ClusterRole, which an uninstall would delete.
     let attack = async {
         hold.reached().await;
-        let secrets: Api<Secret> = Api::namespaced(tenant, ns.name());
-        let mut written = secrets.get(record).await.expect("helm's record");
-        let forged = forged_record(
-            ns.name(),
-            "app",
-            1,
-            "deployed",
-            &cluster_role_manifest(&victim_name),
-        );
-        written.data = forged.data;
-        secrets
-            .replace(record, &PostParams::default(), &written)
-            .await
-            .expect("the tenant may write Secrets in its namespace");
+        rewrite_listing_cluster_role(tenant, &ns, "app", 1, &victim_name).await;
         hold.release();
     };
     let (installed, ()) = tokio::join!(until_not_yield(&cx, &app, false), attack);
-    let error = installed.expect_err("a record rewritten before the seal");
-    assert_eq!(error.kind(), ErrorKind::Failed, "{error}");
-    assert!(error.message().contains(record), "{error}");
-    assert!(
-        error.message().contains("changed after helm wrote it"),
-        "{error}"
-    );
     // Not sealed: no authenticator for revision 1, no owner on the record.
-    let lease = ns
-        .api::<Lease>()
-        .get("provisioners-helm.app")
-        .await
-        .expect("the Lease");
-    let annotations = lease.metadata.annotations.unwrap_or_default();
-    assert!(
-        !annotations.contains_key(&format!("{RECORD_SEAL_PREFIX}1")),
-        "{annotations:?}"
-    );
+    refused_and_not_sealed(installed, &ns, "app", 1).await;
     let left = records(&ns, "app").await;
     assert_eq!(left.len(), 1);
     assert_eq!(annotation(&left[0], RECORD_OWNER_ANNOTATION), None);
@@ -537,35 +508,12 @@ async fn a_recoverys_record_rewritten_before_its_seal_is_never_sealed(helm: Path
         proxy.add(Rule::on(on_record(Verb::Get)).times(1).hold(&reading));
         deleting.release();
         reading.reached().await;
-        let secrets: Api<Secret> = Api::namespaced(tenant, ns.name());
-        let mut written = secrets.get(record).await.expect("the re-run's record");
-        let manifest = cluster_role_manifest(&victim_name);
-        written.data = forged_record(ns.name(), "app", 2, "deployed", &manifest).data;
-        secrets
-            .replace(record, &PostParams::default(), &written)
-            .await
-            .expect("the tenant may write Secrets in its namespace");
+        rewrite_listing_cluster_role(tenant, &ns, "app", 2, &victim_name).await;
         reading.release();
     };
     let three = app("three");
     let (recovered, ()) = tokio::join!(until_not_yield(&cx, &three, false), attack);
-    let error = recovered.expect_err("a record rewritten before the seal");
-    assert_eq!(error.kind(), ErrorKind::Failed, "{error}");
-    assert!(error.message().contains(record), "{error}");
-    assert!(
-        error.message().contains("changed after helm wrote it"),
-        "{error}"
-    );
-    let lease = ns
-        .api::<Lease>()
-        .get("provisioners-helm.app")
-        .await
-        .expect("the Lease");
-    let annotations = lease.metadata.annotations.unwrap_or_default();
-    assert!(
-        !annotations.contains_key(&format!("{RECORD_SEAL_PREFIX}2")),
-        "{annotations:?}"
-    );
+    refused_and_not_sealed(recovered, &ns, "app", 2).await;
     // Reported from now on, never acted on: no upgrade, no uninstall.
     for deprovision in [false, true] {
         let error = until_not_yield(&cx, &three, deprovision)

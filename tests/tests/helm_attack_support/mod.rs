@@ -167,3 +167,53 @@ pub async fn unseal(ns: &TestNamespace, release: &str, revision: u32, intent: Op
         .await
         .expect("unseal the record");
 }
+
+/// The tenant's rewrite of revision `revision` of `release`'s record in the
+/// seal's window: the same revision, now `deployed` and listing the
+/// ClusterRole `victim`, which an uninstall would delete.
+pub async fn rewrite_listing_cluster_role(
+    tenant: Client,
+    ns: &TestNamespace,
+    release: &str,
+    revision: u32,
+    victim: &str,
+) {
+    let record = format!("sh.helm.release.v1.{release}.v{revision}");
+    let secrets: Api<Secret> = Api::namespaced(tenant, ns.name());
+    let mut written = secrets.get(&record).await.expect("helm's record");
+    let manifest = cluster_role_manifest(victim);
+    written.data = forged_record(ns.name(), release, revision, "deployed", &manifest).data;
+    secrets
+        .replace(&record, &PostParams::default(), &written)
+        .await
+        .expect("the tenant may write Secrets in its namespace");
+}
+
+/// The pass `result` was refused for a record changed after helm wrote it
+/// (revision `revision` of `release`, named), and no authenticator for it
+/// is on the release's Lease.
+pub async fn refused_and_not_sealed(
+    result: provisioners::Result<()>,
+    ns: &TestNamespace,
+    release: &str,
+    revision: u32,
+) {
+    let record = format!("sh.helm.release.v1.{release}.v{revision}");
+    let error = result.expect_err("a record rewritten before the seal");
+    assert_eq!(error.kind(), provisioners::ErrorKind::Failed, "{error}");
+    assert!(error.message().contains(&record), "{error}");
+    assert!(
+        error.message().contains("changed after helm wrote it"),
+        "{error}"
+    );
+    let lease = ns
+        .api::<Lease>()
+        .get(&format!("provisioners-helm.{release}"))
+        .await
+        .expect("the Lease");
+    let annotations = lease.metadata.annotations.unwrap_or_default();
+    assert!(
+        !annotations.contains_key(&format!("{RECORD_SEAL_PREFIX}{revision}")),
+        "{annotations:?}"
+    );
+}
