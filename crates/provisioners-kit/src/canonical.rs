@@ -21,7 +21,8 @@
 //! ```
 
 use serde_json::Value;
-use sha2::{Digest as _, Sha256};
+
+use crate::digest::Digest;
 
 /// `value` as canonical JSON bytes: compact, object keys sorted.
 pub fn to_vec(value: &Value) -> Vec<u8> {
@@ -63,7 +64,9 @@ pub fn write(value: &Value, out: &mut Vec<u8>) {
 
 /// The SHA-256 digest of `value`'s canonical bytes.
 pub fn sha256(value: &Value) -> [u8; 32] {
-    Sha256::digest(to_vec(value)).into()
+    let mut digest = Digest::new();
+    digest.update(to_vec(value));
+    digest.bytes()
 }
 
 #[cfg(test)]

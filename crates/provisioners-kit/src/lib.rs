@@ -38,6 +38,9 @@
 //!   neither leaf deletes what a chart keeps;
 //! - [`canonical`]: one byte form of a JSON value for digests that must
 //!   agree between processes and builds;
+//! - [`digest`]: the short digests (SHA-256, truncated, in hex) names,
+//!   labels and annotations carry;
+//! - [`list`]: `a, b, c and 5 more`, how every message names a long list;
 //! - [`SingleFlight`]: per-cluster state that callers learning the same
 //!   thing at once (API discovery) fill with one request;
 //! - [`crd`]: whether a CRD may replace the live one ([`crd::Diff`],
@@ -81,11 +84,13 @@ pub mod canonical;
 pub mod client;
 pub mod crd;
 pub mod diff;
+pub mod digest;
 pub mod drift;
 mod flight;
 pub mod keep;
 pub mod kubeconfig;
 pub mod lease;
+pub mod list;
 pub mod owner;
 pub mod plan;
 pub mod readiness;

@@ -466,16 +466,7 @@ fn dynamic_api(
 
 /// `a, b, c and 5 more`.
 fn list(items: &[String]) -> String {
-    let mut out = items
-        .iter()
-        .take(LISTED)
-        .cloned()
-        .collect::<Vec<_>>()
-        .join(", ");
-    if items.len() > LISTED {
-        out.push_str(&format!(" and {} more", items.len() - LISTED));
-    }
-    out
+    provisioners_kit::list::and_more(items, LISTED)
 }
 
 #[cfg(test)]

@@ -13,9 +13,9 @@ use std::time::{Duration, Instant};
 
 use kube::api::DynamicObject;
 use provisioners_core::{Context, Error, Result};
+use provisioners_kit::digest::Digest;
 use provisioners_kit::readiness::{self, NotReady, Verdict};
 use serde_json::Value;
-use sha2::{Digest, Sha256};
 
 use super::list;
 use super::resolve::Resolved;
@@ -74,14 +74,13 @@ fn check(applied: &[(Resolved, DynamicObject)], established: &BTreeSet<String>) 
 /// within one process, so it needs no canonical form
 /// (`provisioners_kit::canonical`).
 fn digest(applied: &[(Resolved, DynamicObject)]) -> String {
-    let mut hasher = Sha256::new();
+    let mut digest = Digest::new();
     for (object, _) in applied {
-        hasher.update(object.key.to_string().as_bytes());
-        hasher.update([0]);
-        hasher.update(serde_json::to_vec(&object.object).unwrap_or_default());
-        hasher.update([0]);
+        digest
+            .part(object.key.to_string())
+            .part(serde_json::to_vec(&object.object).unwrap_or_default());
     }
-    hex::encode(&hasher.finalize()[..16])
+    digest.hex(16)
 }
 
 /// Readiness of what node `scope` applied, waiting at most `wait` for it.

@@ -45,7 +45,6 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::core::ApiResource;
 use provisioners_core::{Context, Error, Result, Waiting};
-use sha2::{Digest as _, Sha256};
 
 use super::page::{PageError, Pager};
 
@@ -491,8 +490,9 @@ pub async fn migration_line(
 /// the first 8 bytes of SHA-256 over `group/version/kind`, base64.
 #[must_use]
 pub fn storage_version_hash(group: &str, version: &str, kind: &str) -> String {
-    let digest = Sha256::digest(format!("{group}/{version}/{kind}").as_bytes());
-    base64::engine::general_purpose::STANDARD.encode(&digest[..8])
+    let mut digest = crate::digest::Digest::new();
+    digest.update(format!("{group}/{version}/{kind}"));
+    base64::engine::general_purpose::STANDARD.encode(&digest.bytes()[..8])
 }
 
 /// Trims `status.storedVersions` to the storage version once a sweep is
