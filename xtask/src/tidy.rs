@@ -20,6 +20,7 @@ mod features;
 mod lex;
 mod lints;
 mod manifest;
+mod one_discovery;
 mod rbac;
 mod size;
 
@@ -66,13 +67,15 @@ fn all_problems(root: &Path) -> Vec<String> {
 }
 
 /// The rules of docs/architecture.md ("Rules tidy enforces"): file size,
-/// no leaf names in core, no circular imports, every public item documented.
+/// no leaf names in core, no circular imports, every public item
+/// documented, one discovery cache.
 fn architecture_problems(root: &Path) -> Vec<String> {
     let mut found = size::problems(root, size::RATCHET);
     found.extend(core_names::problems(root, core_names::ALLOWED));
     found.extend(cycles::problems(root, cycles::ALLOWED));
     found.extend(lints::problems(root));
     found.extend(checked::problems(root, checked::TENANT_NUMBERS));
+    found.extend(one_discovery::problems(root, one_discovery::ALLOWED));
     found
 }
 

@@ -38,6 +38,9 @@
 //!   neither leaf deletes what a chart keeps;
 //! - [`canonical`]: one byte form of a JSON value for digests that must
 //!   agree between processes and builds;
+//! - [`discovery`]: the API discovery cache of a cluster, one per
+//!   cluster, with one timeout and one refresh rule for both leaves and
+//!   the CRD step ([`Discovery`](discovery::Discovery));
 //! - [`digest`]: the short digests (SHA-256, truncated, in hex) names,
 //!   labels and annotations carry;
 //! - [`list`]: `a, b, c and 5 more`, how every message names a long list;
@@ -85,6 +88,7 @@ pub mod client;
 pub mod crd;
 pub mod diff;
 pub mod digest;
+pub mod discovery;
 pub mod drift;
 mod flight;
 pub mod keep;

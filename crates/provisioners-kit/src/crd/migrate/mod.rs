@@ -401,22 +401,16 @@ async fn wait_for_storage_switch(
         .iter()
         .find(|v| v.served)
         .map_or(to, |v| v.name.as_str());
-    let list = cx
-        .client()
-        .list_api_group_resources(&format!("{group}/{served}"))
-        .await
-        .map_err(|e| {
-            Error::kube(
-                format_args!("reading the discovery of {group}/{served} before migrating {name}"),
-                e,
-            )
-        })?;
+    // Read now, not from the cache: the hash changes when the switch lands.
+    let kinds = crate::discovery::Discovery::of(cx)
+        .refresh(cx.client(), &format!("{group}/{served}"))
+        .await?;
     let expected = storage_version_hash(group, to, &live.spec.names.kind);
-    let actual = list
-        .resources
+    let actual = kinds
         .iter()
-        .find(|r| r.name == plural)
-        .and_then(|r| r.storage_version_hash.as_deref());
+        .flat_map(|kinds| kinds.values())
+        .find(|kind| kind.resource.plural == plural)
+        .and_then(|kind| kind.storage_version_hash.as_deref());
     match actual {
         Some(actual) if actual != expected => Err(Error::yielding(format!(
             "waiting for the API server to store {name} at {to} before migrating them"
