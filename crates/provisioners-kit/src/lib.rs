@@ -44,6 +44,10 @@
 //! - [`digest`]: the short digests (SHA-256, truncated, in hex) names,
 //!   labels and annotations carry;
 //! - [`list`]: `a, b, c and 5 more`, how every message names a long list;
+//! - [`object`]: [`ObjectRef`](object::ObjectRef), one object on a
+//!   cluster as both leaves name it;
+//! - [`concurrent`]: requests run with a bound, every slot kept busy,
+//!   results in the order asked ([`concurrent::in_order`]);
 //! - [`SingleFlight`]: per-cluster state that callers learning the same
 //!   thing at once (API discovery) fill with one request;
 //! - [`crd`]: whether a CRD may replace the live one ([`crd::Diff`],
@@ -85,6 +89,7 @@
 pub mod bounded;
 pub mod canonical;
 pub mod client;
+pub mod concurrent;
 pub mod crd;
 pub mod diff;
 pub mod digest;
@@ -95,6 +100,7 @@ pub mod keep;
 pub mod kubeconfig;
 pub mod lease;
 pub mod list;
+pub mod object;
 pub mod owner;
 pub mod plan;
 pub mod readiness;

@@ -12,7 +12,7 @@ use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use kube::api::DynamicObject;
-use provisioners_core::{Context, Error, Result};
+use provisioners_core::{Context, Result};
 use provisioners_kit::digest::Digest;
 use provisioners_kit::readiness::{self, NotReady, Verdict};
 use serde_json::Value;
@@ -109,18 +109,15 @@ pub(super) fn forget(cx: &Context, scope: &str) {
 /// The outcome for objects that are not ready, `elapsed` after the node
 /// first saw this content not ready.
 fn verdict(not_ready: &NotReady, elapsed: Duration, wait: Duration) -> Result<()> {
-    match not_ready.verdict(Some(elapsed), wait) {
-        Verdict::Ready => Ok(()),
-        Verdict::Failed(failed) => Err(Error::failed(format!(
-            "will not become ready without a change: {}",
-            list(failed)
-        ))),
-        Verdict::TimedOut(waiting) => Err(Error::timeout(format!(
-            "not ready within {wait:?}: {}",
-            list(waiting)
-        ))),
-        Verdict::Waiting(waiting) => Err(Error::yielding(format!("not ready: {}", list(waiting)))),
-    }
+    not_ready
+        .verdict(Some(elapsed), wait)
+        .outcome(|verdict, lines| match verdict {
+            Verdict::Failed(_) => {
+                format!("will not become ready without a change: {}", list(lines))
+            }
+            Verdict::TimedOut(_) => format!("not ready within {wait:?}: {}", list(lines)),
+            _ => format!("not ready: {}", list(lines)),
+        })
 }
 
 #[cfg(test)]
