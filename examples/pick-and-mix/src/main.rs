@@ -52,7 +52,7 @@ async fn run() -> Result<String> {
     until_done("deprovision", || cx.deprovision(&manifest)).await?;
     Ok(format!(
         "pick-and-mix: provisioned and deprovisioned namespace {NAMESPACE} with a ConfigMap \
-         in {:.1}s, using provisioners-core and provisioners-manifest alone",
+         in {:.1}s, using provisioners-core, -client and -manifest alone",
         started.elapsed().as_secs_f64()
     ))
 }
