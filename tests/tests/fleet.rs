@@ -32,7 +32,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::api::events::v1::Event;
 use kube::Api;
 use kube::api::{ListParams, ObjectMeta, Patch, PatchParams, PostParams};
-use provisioners::kit::kubeconfig::KubeconfigClaims;
+use provisioners::client::kubeconfig::KubeconfigClaims;
 use provisioners::{Owner, OwnerKeys, Provisioner};
 use provisioners_fleet::{Budget, Fleet, Rollout, UnreachablePolicy};
 use provisioners_remote::ABANDONED_REASON;

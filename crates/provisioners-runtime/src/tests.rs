@@ -405,7 +405,7 @@ impl provisioners_core::Provisioner for Background {
     }
     async fn provision(&self, cx: &provisioners_core::Context) -> provisioners_core::Result<()> {
         let wake = if self.promise {
-            provisioners_kit::wake::Wake::promise(cx)
+            provisioners_client::wake::Wake::promise(cx)
         } else {
             None
         };

@@ -16,7 +16,7 @@ use tower::{BoxError, Service, ServiceExt};
 
 use super::{ABANDONED_AFTER, ClientPolicy};
 use crate::bounded::{self, Limits};
-use crate::client::health::{
+use crate::health::{
     Admission, Breaker, BreakerSettings, Health, Outcome, ProbeTicket, Unreachable,
 };
 

@@ -10,7 +10,7 @@
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() {
 //! use provisioners_core::Context;
-//! use provisioners_kit::owner::OwnerKeys;
+//! use provisioners_client::owner::OwnerKeys;
 //!
 //! let cx = Context::offline().with_extension(OwnerKeys::new(vec![7; 32]).unwrap());
 //! assert!(OwnerKeys::of(&cx).is_some());
@@ -39,7 +39,7 @@ pub const ADOPTION_WINDOW: Duration = Duration::from_secs(24 * 60 * 60);
 /// value never appears in `Debug`, logs or errors.
 ///
 /// ```
-/// use provisioners_kit::owner::OwnerKeys;
+/// use provisioners_client::owner::OwnerKeys;
 ///
 /// let old = OwnerKeys::new(vec![7; 32]).unwrap();
 /// let mac = old.sign(&["owner", "node", "v1/ConfigMap/ns/a"]);
@@ -138,7 +138,7 @@ impl OwnerKeys {
     ///
     /// ```
     /// use std::time::{Duration, SystemTime};
-    /// use provisioners_kit::owner::OwnerKeys;
+    /// use provisioners_client::owner::OwnerKeys;
     ///
     /// let now = SystemTime::now();
     /// let keys = OwnerKeys::new(vec![7; 32]).unwrap().with_created(now);

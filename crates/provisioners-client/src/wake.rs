@@ -25,7 +25,7 @@ use provisioners_core::Context;
 /// use std::sync::Arc;
 /// use std::sync::atomic::{AtomicUsize, Ordering};
 /// use provisioners_core::Context;
-/// use provisioners_kit::wake::Wake;
+/// use provisioners_client::wake::Wake;
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {

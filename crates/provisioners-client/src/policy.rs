@@ -103,7 +103,7 @@ pub(super) const ABANDONED_AFTER: Duration = Duration::from_secs(4);
 ///
 /// ```
 /// use std::time::Duration;
-/// use provisioners_kit::client::{ClientPolicy, DEFAULT_PAGE_LIMIT};
+/// use provisioners_client::{ClientPolicy, DEFAULT_PAGE_LIMIT};
 ///
 /// let patient = ClientPolicy::new()
 ///     .request_timeout(Duration::from_secs(60))

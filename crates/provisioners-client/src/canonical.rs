@@ -12,7 +12,7 @@
 //! change (a record sealed by an older build would no longer verify).
 //!
 //! ```
-//! use provisioners_kit::canonical;
+//! use provisioners_client::canonical;
 //! use serde_json::json;
 //!
 //! let bytes = canonical::to_vec(&json!({"b": [1, {"d": null, "c": "x"}], "a": true}));

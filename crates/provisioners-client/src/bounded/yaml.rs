@@ -34,7 +34,7 @@ pub fn kubeconfig_budget() -> serde_saphyr::Budget {
 /// names the limit crossed, or where the YAML is not a kubeconfig.
 ///
 /// ```
-/// use provisioners_kit::bounded::kubeconfig_from_yaml;
+/// use provisioners_client::bounded::kubeconfig_from_yaml;
 ///
 /// let config = kubeconfig_from_yaml(
 ///     "apiVersion: v1\nkind: Config\nclusters:\n- name: a\n  cluster:\n    server: https://a:6443\n",
@@ -49,7 +49,7 @@ pub fn kubeconfig_budget() -> serde_saphyr::Budget {
 /// );
 /// let refused = kubeconfig_from_yaml(&deep).unwrap_err();
 /// assert_eq!(refused.to_string(), "nested more than 16 levels deep");
-/// # Ok::<(), provisioners_kit::bounded::Refused>(())
+/// # Ok::<(), provisioners_client::bounded::Refused>(())
 /// ```
 ///
 /// # Errors

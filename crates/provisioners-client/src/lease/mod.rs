@@ -29,7 +29,7 @@
 //! ```no_run
 //! use std::sync::Arc;
 //! use std::time::Duration;
-//! use provisioners_kit::lease::{LeaseLock, Observations, Renewal, Take};
+//! use provisioners_client::lease::{LeaseLock, Observations, Renewal, Take};
 //!
 //! # async fn example(client: kube::Client) -> Result<(), kube::Error> {
 //! // One memory for the process: a Lease seen in one pass counts in the next.

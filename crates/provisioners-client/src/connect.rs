@@ -57,8 +57,7 @@ impl ClientPolicy {
     /// [`ErrorKind::Invalid`](provisioners_core::ErrorKind::Invalid) when
     /// the kubeconfig cannot be turned into a client configuration, naming
     /// the cluster id, or when no TLS stack was compiled in (enable the
-    /// feature `rustls-tls` of `provisioners-core`, the default, or
-    /// `openssl-tls`).
+    /// feature `rustls-tls` of this crate, the default, or `openssl-tls`).
     pub async fn connect(
         &self,
         id: impl Into<Arc<str>>,
@@ -229,7 +228,7 @@ async fn client_for(id: &str, kubeconfig: &Kubeconfig) -> Result<kube::Client> {
     kube::Client::try_from(config).map_err(|e| match e {
         kube::Error::TlsRequired => Error::invalid(format!(
             "cluster `{id}` is reached over TLS, but no TLS stack was compiled in: enable the \
-             feature `rustls-tls` (the default) or `openssl-tls` of provisioners-core, or of \
+             feature `rustls-tls` (the default) or `openssl-tls` of provisioners-client, or of \
              the provisioners crate that builds clients"
         ))
         .with_source(e),

@@ -25,7 +25,7 @@
 //! # Example
 //!
 //! ```
-//! use provisioners_kit::bounded::{self, Limits};
+//! use provisioners_client::bounded::{self, Limits};
 //!
 //! #[derive(serde::Deserialize)]
 //! struct Stamp {
