@@ -173,7 +173,14 @@ async fn cancelled_root_leaves_no_release_pending(helm: PathBuf) {
             .clone()
             .with_cancellation(token.clone())
             .with_shutdown_timeout(Duration::from_secs(45));
-        let stuck = release(true).set("round", round);
+        // The pass waits for helm longer than the hook is stuck, so the
+        // cancellation lands inside a pass, whose root then waits for helm.
+        // (A token cancelled between passes stops the next pass before any
+        // node starts; helm, told to stop, exits in the background, and an
+        // operator awaits `HelmProcesses::idle` for it: documented there.)
+        let stuck = release(true)
+            .set("round", round)
+            .pass_timeout(Duration::from_secs(120));
         let cancelled_at = std::sync::Mutex::new(None);
         let canceller = async {
             eventually(&format!("the release to be {expected}"), || async {
