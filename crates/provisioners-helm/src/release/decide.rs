@@ -69,7 +69,7 @@ impl HelmRelease {
         // A record says "nothing to do" only once it is proven ours (with
         // owner keys): a forged newest record with our labels copied is
         // reported here, having cost a list, its own read and the Lease's.
-        if provisioners_kit::owner::OwnerKeys::of(cx).is_some() {
+        if provisioners_client::owner::OwnerKeys::of(cx).is_some() {
             self.proven_payload(cx, revision).await?;
         }
         let revision = revision.clone();

@@ -29,9 +29,9 @@ use std::io::Write as _;
 use base64::Engine as _;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{DeleteParams, Preconditions, PropagationPolicy};
+use provisioners_client::bounded::{self, Limits};
+use provisioners_client::owner::OwnerKeys;
 use provisioners_core::{Context, Error, Result};
-use provisioners_kit::bounded::{self, Limits};
-use provisioners_kit::owner::OwnerKeys;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
 

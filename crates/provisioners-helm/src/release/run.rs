@@ -25,7 +25,7 @@ impl HelmRelease {
         cx.cluster().kubeconfig().ok_or_else(|| {
             Error::invalid(format!(
                 "release `{}`: the context's cluster `{}` has no kubeconfig for the helm CLI; \
-                 build it with provisioners_kit::client::connect, infer or in_cluster",
+                 build it with provisioners_client::connect, infer or in_cluster",
                 self.id(),
                 cx.cluster().id()
             ))

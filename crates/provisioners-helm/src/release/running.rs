@@ -9,8 +9,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use provisioners_client::wake::Wake;
 use provisioners_core::{Context, Error, ErrorKind, Operation, Result, Waiting};
-use provisioners_kit::wake::Wake;
 use sha2::{Digest as _, Sha256};
 
 use super::HelmRelease;

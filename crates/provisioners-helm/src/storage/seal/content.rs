@@ -5,7 +5,7 @@ use provisioners_kit::digest::{Digest, FULL};
 use serde_json::Value;
 
 /// The hash behind [`Payload::content`] of a decoded record: SHA-256 of
-/// its canonical JSON ([`provisioners_kit::canonical`]) without `info` and
+/// its canonical JSON ([`provisioners_client::canonical`]) without `info` and
 /// the hooks' `last_run`, hashed as it is written: a record is never
 /// copied to be hashed.
 pub(crate) fn content_of(record: &Value) -> String {
@@ -52,7 +52,7 @@ enum Skip {
     Nothing,
 }
 
-/// [`provisioners_kit::canonical::write`]'s bytes, less what `skip` says.
+/// [`provisioners_client::canonical::write`]'s bytes, less what `skip` says.
 fn canonical(out: &mut Digest, value: &Value, skip: Skip) {
     use std::io::Write as _;
     match value {

@@ -145,7 +145,7 @@ fn content_by_copy(record: &Value) -> String {
         }
     }
     provisioners_kit::digest::hex(
-        provisioners_kit::canonical::to_vec(&record),
+        provisioners_client::canonical::to_vec(&record),
         provisioners_kit::digest::FULL,
     )
 }
