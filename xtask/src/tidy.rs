@@ -21,6 +21,7 @@ mod lex;
 mod light;
 mod lints;
 mod manifest;
+mod one_discovery;
 mod rbac;
 mod size;
 
@@ -68,7 +69,7 @@ fn all_problems(root: &Path) -> Vec<String> {
 
 /// The rules of docs/architecture.md ("Rules tidy enforces"): file size,
 /// no leaf names in core, no circular imports, every public item documented,
-/// a light client crate.
+/// a light client crate, one discovery cache.
 fn architecture_problems(root: &Path) -> Vec<String> {
     let mut found = size::problems(root, size::RATCHET);
     found.extend(core_names::problems(root, core_names::ALLOWED));
@@ -76,6 +77,7 @@ fn architecture_problems(root: &Path) -> Vec<String> {
     found.extend(lints::problems(root));
     found.extend(light::problems(root, light::LIGHT));
     found.extend(checked::problems(root, checked::TENANT_NUMBERS));
+    found.extend(one_discovery::problems(root, one_discovery::ALLOWED));
     found
 }
 

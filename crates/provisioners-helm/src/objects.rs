@@ -2,13 +2,11 @@
 //! reach each of them on the cluster.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
 
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
-use kube::discovery::Scope;
 use provisioners_core::{Context, Error, Result};
-use provisioners_kit::SingleFlight;
+use provisioners_kit::discovery::Discovery;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -154,93 +152,17 @@ type Found = Option<(ApiResource, bool)>;
 /// (apiVersion, kind).
 type KindKey = (String, String);
 
-/// How long a kind found through discovery is trusted (a CRD deleted
-/// meanwhile shows as its objects being gone until then).
-const FOUND_FOR: Duration = Duration::from_secs(60);
-
-/// How long "not served" is trusted: a CRD installed meanwhile is seen
-/// within a second.
-const UNSERVED_FOR: Duration = Duration::from_secs(1);
-
 /// The kinds of one cluster found through discovery (those outside the
-/// built-in table), shared by every release on it through the cluster's
-/// [state](provisioners_core::Cluster::state): many releases starting
-/// together make one discovery request per kind, not one each.
-#[derive(Default)]
-pub(crate) struct Kinds {
-    found: Mutex<HashMap<KindKey, (Instant, Found)>>,
-    fetching: SingleFlight<KindKey, Found>,
-}
-
-impl std::fmt::Debug for Kinds {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Kinds").finish_non_exhaustive()
-    }
-}
+/// built-in table) are the cluster's [`Discovery`], shared with the
+/// manifest leaf and the CRD step: one timeout, one refresh rule.
+pub(crate) struct Kinds;
 
 impl Kinds {
-    fn cached(&self, key: &KindKey) -> Option<Found> {
-        let found = self.found.lock().unwrap_or_else(PoisonError::into_inner);
-        let (at, found) = found.get(key)?;
-        let trusted = if found.is_some() {
-            FOUND_FOR
-        } else {
-            UNSERVED_FOR
-        };
-        (at.elapsed() < trusted).then(|| found.clone())
-    }
-
     /// Forgets every kind found unserved on `cx`'s cluster, so that the
     /// next lookup asks the API server: called when this process may just
     /// have created a CRD (a helm run ended).
     pub(crate) fn forget_unserved(cx: &Context) {
-        let kinds = cx.cluster().state::<Kinds>();
-        kinds
-            .found
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .retain(|_, (_, found)| found.is_some());
-    }
-
-    /// `key`'s kind, from the cache or one discovery shared by every
-    /// concurrent caller.
-    async fn resolve(self: &Arc<Self>, client: &kube::Client, key: KindKey) -> Result<Found> {
-        if let Some(found) = self.cached(&key) {
-            return Ok(found);
-        }
-        let kinds = Arc::clone(self);
-        let client = client.clone();
-        let flight_key = key.clone();
-        self.fetching
-            .run(flight_key, async move {
-                let found = pinned(&client, &key.0, &key.1).await?;
-                kinds
-                    .found
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .insert(key, (Instant::now(), found.clone()));
-                Ok(found)
-            })
-            .await
-    }
-}
-
-/// Discovers `kind` of `api_version` with one request.
-async fn pinned(client: &kube::Client, api_version: &str, kind: &str) -> Result<Found> {
-    let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
-    let gvk = GroupVersionKind::gvk(group, version, kind);
-    match kube::discovery::pinned_kind(client, &gvk).await {
-        Ok((resource, capabilities)) => {
-            Ok(Some((resource, capabilities.scope == Scope::Namespaced)))
-        }
-        // A group the server does not serve answers a bare "404 page
-        // not found", not a Status: `is_not_found` alone misses it.
-        Err(kube::Error::Api(status)) if status.is_not_found() || status.code == 404 => Ok(None),
-        Err(kube::Error::Discovery(_)) => Ok(None),
-        Err(e) => Err(Error::kube(
-            format_args!("discovering {api_version} {kind}"),
-            e,
-        )),
+        Discovery::of(cx).forget_unserved();
     }
 }
 
@@ -251,7 +173,7 @@ pub(crate) struct Resolver {
     client: kube::Client,
     default_namespace: String,
     found: HashMap<KindKey, Found>,
-    kinds: Arc<Kinds>,
+    discovery: Arc<Discovery>,
 }
 
 impl Resolver {
@@ -262,7 +184,7 @@ impl Resolver {
             client: cx.client().clone(),
             default_namespace: default_namespace.to_owned(),
             found: HashMap::new(),
-            kinds: cx.cluster().state::<Kinds>(),
+            discovery: Discovery::of(cx),
         }
     }
 
@@ -312,8 +234,11 @@ impl Resolver {
                 *namespaced,
             )));
         }
-        let key = (object.api_version.clone(), object.kind.clone());
-        self.kinds.resolve(&self.client, key).await
+        let kind = self
+            .discovery
+            .resolve(&self.client, &object.api_version, &object.kind)
+            .await?;
+        Ok(kind.map(|kind| (kind.resource, kind.namespaced)))
     }
 }
 
@@ -353,6 +278,8 @@ mod tests {
 
 #[cfg(test)]
 mod kinds_tests {
+    use std::time::Duration;
+
     use http::Method;
     use provisioners_testing::mock;
     use serde_json::json;
@@ -411,6 +338,5 @@ mod kinds_tests {
             .unwrap()
             .unwrap();
         assert_eq!(resolved.namespace.as_deref(), Some("other"));
-        assert_eq!(cx.cluster().state::<Kinds>().fetching.running(), 0);
     }
 }

@@ -23,6 +23,16 @@
 //!   ([`diff::diff_rendered`]);
 //! - [`keep`]: `helm.sh/resource-policy: keep` read as helm reads it, so
 //!   neither leaf deletes what a chart keeps;
+//! - [`discovery`]: the API discovery cache of a cluster, one per
+//!   cluster, with one timeout and one refresh rule for both leaves and
+//!   the CRD step ([`Discovery`](discovery::Discovery));
+//! - [`digest`]: the short digests (SHA-256, truncated, in hex) names,
+//!   labels and annotations carry;
+//! - [`list`]: `a, b, c and 5 more`, how every message names a long list;
+//! - [`object`]: [`ObjectRef`](object::ObjectRef), one object on a
+//!   cluster as both leaves name it;
+//! - [`concurrent`]: requests run with a bound, every slot kept busy,
+//!   results in the order asked ([`concurrent::in_order`]);
 //! - [`SingleFlight`]: per-cluster state that callers learning the same
 //!   thing at once (API discovery) fill with one request;
 //! - [`crd`]: whether a CRD may replace the live one ([`crd::Diff`],
@@ -56,11 +66,16 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+pub mod concurrent;
 pub mod crd;
 pub mod diff;
+pub mod digest;
+pub mod discovery;
 pub mod drift;
 mod flight;
 pub mod keep;
+pub mod list;
+pub mod object;
 pub mod plan;
 pub mod readiness;
 

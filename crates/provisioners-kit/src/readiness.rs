@@ -215,6 +215,47 @@ pub enum Verdict<'a> {
     Failed(&'a [String]),
 }
 
+impl Verdict<'_> {
+    /// The verdict as a pass's outcome, the one mapping both leaves use:
+    /// `Ok` when ready, else a yield ([`Waiting`](Verdict::Waiting)),
+    /// [`Timeout`](provisioners_core::ErrorKind::Timeout)
+    /// ([`TimedOut`](Verdict::TimedOut)) or
+    /// [`Failed`](provisioners_core::ErrorKind::Failed), worded by
+    /// `message` from the verdict and its lines.
+    ///
+    /// ```
+    /// use provisioners_core::ErrorKind;
+    /// use provisioners_kit::readiness::{NotReady, Verdict};
+    /// use std::time::Duration;
+    ///
+    /// let not_ready = NotReady { waiting: vec!["Deployment web: 1/2".into()], failed: vec![] };
+    /// let wait = Duration::from_secs(60);
+    /// let word = |verdict: &Verdict<'_>, lines: &[String]| match verdict {
+    ///     Verdict::TimedOut(_) => format!("not ready within {wait:?}: {}", lines.join(", ")),
+    ///     _ => format!("not ready: {}", lines.join(", ")),
+    /// };
+    /// let error = not_ready.verdict(Some(Duration::from_secs(61)), wait).outcome(word).unwrap_err();
+    /// assert_eq!(error.kind(), ErrorKind::Timeout);
+    /// assert_eq!(error.message(), "not ready within 60s: Deployment web: 1/2");
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As above, for every verdict but [`Ready`](Verdict::Ready).
+    pub fn outcome(
+        self,
+        message: impl FnOnce(&Verdict<'_>, &[String]) -> String,
+    ) -> provisioners_core::Result<()> {
+        use provisioners_core::Error;
+        match self {
+            Verdict::Ready => Ok(()),
+            Verdict::Waiting(lines) => Err(Error::yielding(message(&self, lines))),
+            Verdict::TimedOut(lines) => Err(Error::timeout(message(&self, lines))),
+            Verdict::Failed(lines) => Err(Error::failed(message(&self, lines))),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

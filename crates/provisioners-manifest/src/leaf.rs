@@ -35,14 +35,13 @@ mod targets;
 #[cfg(test)]
 mod mock_tests;
 
+use provisioners_kit::concurrent::in_order as bounded;
 use provisioners_kit::plan::PlanObjects as _;
 use std::borrow::Cow;
-use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::{StreamExt, stream};
 use kube::api::{Api, DynamicObject};
 use kube::core::ApiResource;
 use provisioners_core::{
@@ -437,22 +436,6 @@ enum Mode {
     DryRun,
 }
 
-/// Runs `calls` at most `limit` at a time; the results in the order of `calls`.
-///
-/// Not `StreamExt::buffered`: it counts finished results still waiting for
-/// a slower call before them against `limit`, so one slow request (a large
-/// LIST, a webhook) would hold back the calls behind it. Here every slot
-/// stays busy and the order is restored at the end.
-async fn bounded<T, F: Future<Output = T>>(calls: Vec<F>, limit: usize) -> Vec<T> {
-    let mut results: Vec<(usize, T)> = stream::iter(calls.into_iter().enumerate())
-        .map(|(i, call)| async move { (i, call.await) })
-        .buffer_unordered(limit)
-        .collect()
-        .await;
-    results.sort_by_key(|(i, _)| *i);
-    results.into_iter().map(|(_, result)| result).collect()
-}
-
 fn dynamic_api(
     cx: &Context,
     resource: &ApiResource,
@@ -466,16 +449,7 @@ fn dynamic_api(
 
 /// `a, b, c and 5 more`.
 fn list(items: &[String]) -> String {
-    let mut out = items
-        .iter()
-        .take(LISTED)
-        .cloned()
-        .collect::<Vec<_>>()
-        .join(", ");
-    if items.len() > LISTED {
-        out.push_str(&format!(" and {} more", items.len() - LISTED));
-    }
-    out
+    provisioners_kit::list::and_more(items, LISTED)
 }
 
 #[cfg(test)]

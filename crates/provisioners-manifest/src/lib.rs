@@ -6,9 +6,9 @@
 //! a `SingleObject` takes one typed object. Both:
 //!
 //! - resolve kinds through API discovery, cached per group-version in the
-//!   cluster's state ([`Cluster::state`](provisioners_core::Cluster::state):
-//!   every manifest on a cluster shares it, nothing to pass around), so an
-//!   aggregated API that is down only affects its own objects;
+//!   cluster's state ([`provisioners_kit::discovery`]: every manifest, helm
+//!   release and CRD step on a cluster shares it, nothing to pass around),
+//!   so an aggregated API that is down only affects its own objects;
 //! - apply under the context's field manager, in order: Namespaces, CRDs,
 //!   cluster RBAC, built-in kinds, custom resources; each step concurrently
 //!   with a bound; a re-provision that would change nothing is one LIST
@@ -150,7 +150,6 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-mod discovery;
 #[cfg(test)]
 mod fuzz_tests;
 mod leaf;

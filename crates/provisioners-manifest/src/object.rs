@@ -1,51 +1,6 @@
 //! Object identity, apply order, and checks on single objects.
 
-use std::fmt;
-
-use serde::{Deserialize, Serialize};
-
-/// One object on the cluster, as recorded in an inventory.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub(crate) struct ObjectRef {
-    #[serde(rename = "apiVersion")]
-    pub(crate) api_version: String,
-    pub(crate) kind: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) namespace: Option<String>,
-    pub(crate) name: String,
-}
-
-/// What makes two objects the same object: the version does not.
-pub(crate) type Identity = (String, String, Option<String>, String);
-
-impl ObjectRef {
-    pub(crate) fn group(&self) -> &str {
-        group_of(&self.api_version)
-    }
-
-    pub(crate) fn identity(&self) -> Identity {
-        (
-            self.group().to_owned(),
-            self.kind.clone(),
-            self.namespace.clone(),
-            self.name.clone(),
-        )
-    }
-}
-
-impl fmt::Display for ObjectRef {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.namespace {
-            Some(namespace) => write!(f, "{} {namespace}/{}", self.kind, self.name),
-            None => write!(f, "{} {}", self.kind, self.name),
-        }
-    }
-}
-
-/// The group of an apiVersion: `apps` of `apps/v1`, empty for `v1`.
-pub(crate) fn group_of(api_version: &str) -> &str {
-    api_version.split_once('/').map_or("", |(group, _)| group)
-}
+pub(crate) use provisioners_kit::object::{Identity, ObjectRef, group_of};
 
 /// Apply order. Deprovision goes the other way.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

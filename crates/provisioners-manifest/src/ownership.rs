@@ -44,10 +44,10 @@ use kube::api::DynamicObject;
 use provisioners_client::bounded::{self, Limits};
 use provisioners_client::owner::OwnerKeys;
 use provisioners_core::Context;
+use provisioners_kit::digest::Digest;
 use provisioners_kit::keep::{self, HELM_RESOURCE_POLICY};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
-use sha2::{Digest, Sha256};
 
 use crate::object::{ObjectRef, label_value};
 use crate::unchanged::DIGEST_ANNOTATION;
@@ -176,12 +176,12 @@ impl Stamp {
             None if cx.path().is_empty() => name.to_owned(),
             None => cx.path().to_owned(),
         };
-        let mut hasher = Sha256::new();
-        hasher.update(owner.as_bytes());
-        // A separator that neither part can contain keeps (a, bc) and (ab, c) apart.
-        hasher.update([0]);
-        hasher.update(node.as_bytes());
-        let digest = hex(&hasher.finalize(), 16);
+        // A separator that neither part can contain keeps (a, bc) and (ab, c)
+        // apart; the node is last, so it needs none (the bytes stay those
+        // stamped by earlier builds).
+        let mut digest = Digest::new();
+        digest.part(&owner).update(&node);
+        let digest = digest.hex(16);
         // A readable head, and a digest of the full identity for uniqueness.
         let head: String = label_value(name).chars().take(24).collect();
         let head = head.trim_end_matches(|c: char| !c.is_ascii_alphanumeric());
@@ -364,10 +364,6 @@ pub(crate) fn describe_owner(live: &DynamicObject) -> String {
                 .join(", ")
         )
     }
-}
-
-fn hex(bytes: &[u8], len: usize) -> String {
-    hex::encode(&bytes[..len.min(bytes.len())])
 }
 
 #[cfg(test)]

@@ -17,7 +17,6 @@
 use kube::api::DynamicObject;
 use provisioners_client::bounded::{self, Limits};
 use serde_json::Value;
-use sha2::{Digest, Sha256};
 
 /// Annotation holding the digest of what was applied last.
 pub(crate) const DIGEST_ANNOTATION: &str = "provisioners.dev/applied-digest";
@@ -37,8 +36,7 @@ pub(crate) fn stamp(object: &mut DynamicObject) {
     // more, and no wrong skip is possible. Changing the form now would
     // re-apply every object once after an upgrade, for nothing.
     let bytes = serde_json::to_vec(&*object).unwrap_or_default();
-    let digest = Sha256::digest(&bytes);
-    let hex = hex::encode(&digest[..16]);
+    let hex = provisioners_kit::digest::hex(&bytes, 16);
     object
         .metadata
         .annotations

@@ -259,13 +259,10 @@ fn bound(
 
 /// Values as `a, b, c`, strings without quotes, at most eight of them.
 fn list(values: &[Value]) -> String {
-    let mut shown: Vec<String> = values
-        .iter()
-        .take(8)
-        .map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_owned))
-        .collect();
-    if values.len() > 8 {
-        shown.push(format!("and {} more", values.len() - 8));
-    }
-    shown.join(", ")
+    crate::list::and_more(
+        values
+            .iter()
+            .map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_owned)),
+        8,
+    )
 }

@@ -10,6 +10,11 @@
 //! changed as a yield until every served version's resource is listed in
 //! discovery: one GET of `/apis` per pass that changed a CRD (or still
 //! waits for one), none on a pass that changed nothing.
+//!
+//! Both reads go through the cluster's [`Discovery`]: its one timeout
+//! bounds them, the per-version fallback fills its cache, and a CRD seen
+//! served through `/apis` invalidates what the cache held of its group, so
+//! the next lookup of its kind finds it.
 
 use std::collections::{BTreeSet, HashSet};
 use std::sync::Mutex;
@@ -17,6 +22,8 @@ use std::sync::Mutex;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use provisioners_core::{Context, Error, Result};
 use serde_json::Value;
+
+use crate::discovery::{self, Discovery};
 
 /// Aggregated discovery (v2), with the plain group list as the fallback
 /// for API servers that do not serve it, as client-go asks.
@@ -73,21 +80,27 @@ pub(super) async fn unserved(
         .header(http::header::ACCEPT, ACCEPT)
         .body(Vec::new())
         .map_err(|e| Error::failed(format!("building the discovery request: {e}")))?;
-    let document: Value = cx
-        .client()
-        .request(request)
-        .await
-        .map_err(|e| Error::kube("reading API discovery (/apis)", e))?;
-    let listed = if document.get("kind").and_then(Value::as_str) == Some("APIGroupDiscoveryList") {
+    let what = "reading API discovery (/apis)";
+    let document: Value = discovery::bounded(what, cx.client().request(request))
+        .await?
+        .map_err(|e| Error::kube(what, e))?;
+    let cache = Discovery::of(cx);
+    let is_aggregated =
+        document.get("kind").and_then(Value::as_str) == Some("APIGroupDiscoveryList");
+    let listed = if is_aggregated {
         aggregated(&document)
     } else {
-        per_version(cx, crds).await?
+        per_version(cx, &cache, crds).await?
     };
-    Ok(crds
-        .iter()
-        .filter(|(_, crd)| resources(crd).iter().any(|r| !listed.contains(r)))
-        .map(|(name, _)| (*name).to_owned())
-        .collect())
+    let mut unserved = Vec::new();
+    for (name, crd) in crds {
+        if resources(crd).iter().any(|r| !listed.contains(r)) {
+            unserved.push((*name).to_owned());
+        } else if is_aggregated {
+            cache.invalidate_crd(crd);
+        }
+    }
+    Ok(unserved)
 }
 
 /// Every `(group, version, resource)` in an aggregated discovery document.
@@ -115,9 +128,10 @@ fn aggregated(document: &Value) -> BTreeSet<(String, String, String)> {
 }
 
 /// Without aggregated discovery: one GET of `/apis/<group>/<version>` per
-/// served version; a version not found is not served.
+/// served version, kept in the cache; a version not found is not served.
 async fn per_version(
     cx: &Context,
+    cache: &Discovery,
     crds: &[(&str, &CustomResourceDefinition)],
 ) -> Result<BTreeSet<(String, String, String)>> {
     let wanted: BTreeSet<(String, String)> = crds
@@ -128,19 +142,12 @@ async fn per_version(
     let mut listed = BTreeSet::new();
     for (group, version) in wanted {
         let api_version = format!("{group}/{version}");
-        match cx.client().list_api_group_resources(&api_version).await {
-            Ok(list) => listed.extend(
-                list.resources
-                    .into_iter()
-                    .map(|r| (group.clone(), version.clone(), r.name)),
-            ),
-            Err(kube::Error::Api(status)) if status.code == 404 => {}
-            Err(e) => {
-                return Err(Error::kube(
-                    format_args!("reading API discovery (/apis/{api_version})"),
-                    e,
-                ));
-            }
+        if let Some(kinds) = cache.refresh(cx.client(), &api_version).await? {
+            listed.extend(
+                kinds
+                    .values()
+                    .map(|kind| (group.clone(), version.clone(), kind.resource.plural.clone())),
+            );
         }
     }
     Ok(listed)

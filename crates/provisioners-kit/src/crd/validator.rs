@@ -233,18 +233,14 @@ impl fmt::Display for Checked {
         if self.is_ok() {
             return write!(f, "{} objects valid", self.checked);
         }
-        let shown: Vec<String> = self.failures.iter().map(Failure::to_string).collect();
+        let shown = crate::list::List::new(self.failures.len())
+            .separator("; ")
+            .of_total(&self.failures, self.failed);
         write!(
             f,
-            "{} of {} objects fail: {}",
-            self.failed,
-            self.checked,
-            shown.join("; ")
-        )?;
-        if self.failed > self.failures.len() {
-            write!(f, "; and {} more", self.failed - self.failures.len())?;
-        }
-        Ok(())
+            "{} of {} objects fail: {shown}",
+            self.failed, self.checked
+        )
     }
 }
 

@@ -121,15 +121,12 @@ fn write_lines(f: &mut fmt::Formatter<'_>, path: &str, before: &str, after: &str
         if lines.is_empty() {
             return "(none)".to_owned();
         }
-        let mut shown: Vec<String> = lines
-            .iter()
-            .take(3)
-            .map(|line| short(&Value::String((*line).to_owned())))
-            .collect();
-        if lines.len() > 3 {
-            shown.push(format!("(and {} more lines)", lines.len() - 3));
-        }
-        shown.join(" | ")
+        crate::list::List::new(3)
+            .separator(" | ")
+            .noun("lines")
+            .of(lines
+                .iter()
+                .map(|line| short(&Value::String((*line).to_owned()))))
     };
     let first = prefix + 1;
     let span = removed.len().max(added.len());

@@ -10,10 +10,10 @@ use provisioners_core::{Context, Error, Result};
 use provisioners_kit::crd;
 use serde_json::Value;
 
-use super::resolve::{Resolved, Unresolved};
+use super::resolve::{Resolved, UnknownKinds, Unresolved};
 use super::{Manifest, list};
-use crate::discovery::Discovery;
 use crate::object::Tier;
+use provisioners_kit::discovery::Discovery;
 
 impl Manifest {
     /// The names of the applied CRDs that are established, read from the
@@ -92,7 +92,7 @@ impl Manifest {
         unresolved: &[Unresolved],
         established: &BTreeSet<String>,
     ) -> Result<Vec<String>> {
-        let discovery = Discovery::of(cx);
+        let unknown = UnknownKinds::of(cx);
         let mut reasons = Vec::new();
         let mut errors = Vec::new();
         let mut waiting_for_crd: BTreeMap<String, Vec<String>> = BTreeMap::new();
@@ -104,7 +104,7 @@ impl Manifest {
                     .push(object.key.to_string()),
                 None => {
                     let kind = format!("{} {}", object.key.api_version, object.key.kind);
-                    let first = discovery.unknown_since(scope, &kind);
+                    let first = unknown.since(scope, &kind);
                     if first.elapsed() >= self.unknown_kind_timeout {
                         errors.push(Error::invalid(format!(
                             "{}: {}: the cluster does not serve kind {} in apiVersion {} (waited \

@@ -143,9 +143,9 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::discovery::Kind;
     use crate::object::ObjectRef;
     use crate::source::Origin;
+    use provisioners_kit::discovery::Kind;
 
     const MANAGER: &str = "decide-test";
 
@@ -167,10 +167,7 @@ mod tests {
         Resolved {
             origin: Origin::new(Arc::from("a.yaml"), 1, 1),
             object,
-            kind: Kind {
-                resource: ApiResource::erase::<ConfigMap>(&()),
-                namespaced: true,
-            },
+            kind: Kind::new(ApiResource::erase::<ConfigMap>(&()), true),
             key: ObjectRef {
                 api_version: "v1".into(),
                 kind: "ConfigMap".into(),

@@ -13,9 +13,9 @@ use kube::api::{
 use provisioners_core::{Context, Error, Result};
 
 use super::{Manifest, Mode, bounded, dynamic_api};
-use crate::discovery::{Discovery, Kind};
 use crate::object::ObjectRef;
 use crate::ownership::{Ownership, Stamp, kept};
+use provisioners_kit::discovery::{Discovery, Kind};
 
 /// Propagation for deleting an object of `group`/`kind`: foreground for
 /// workloads, so that gating holds (no Pod of a deleted Deployment
@@ -167,7 +167,10 @@ pub(super) async fn served(cx: &Context, keys: Vec<ObjectRef>) -> Result<Vec<(Ob
     let discovery = Discovery::of(cx);
     let mut targets = Vec::new();
     for key in keys {
-        if let Some(kind) = discovery.resolve(cx, &key.api_version, &key.kind).await? {
+        if let Some(kind) = discovery
+            .resolve(cx.client(), &key.api_version, &key.kind)
+            .await?
+        {
             targets.push((key, kind));
         }
     }

@@ -11,9 +11,9 @@ use provisioners_kit::plan::ObjectPlan;
 
 use super::plan::removal::{deprovision_plan, outside_plan};
 use super::{Manifest, Mode, list, ready};
-use crate::discovery::{Discovery, Kind};
 use crate::object::{Identity, ObjectRef, Tier};
 use crate::ownership::Stamp;
+use provisioners_kit::discovery::{Discovery, Kind};
 
 /// Deprovision's order: each step is deleted, and waited for until gone,
 /// before the next starts. The apply order reversed, except that CRDs and
@@ -71,7 +71,10 @@ impl Manifest {
                 if !seen.insert(key.identity()) {
                     continue;
                 }
-                if let Some(kind) = discovery.resolve(cx, &key.api_version, &key.kind).await? {
+                if let Some(kind) = discovery
+                    .resolve(cx.client(), &key.api_version, &key.kind)
+                    .await?
+                {
                     let tier = Tier::of(key.group(), &key.kind);
                     targets.push((key, kind, tier));
                 }

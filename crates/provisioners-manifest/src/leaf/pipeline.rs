@@ -16,9 +16,9 @@ use provisioners_kit::plan::ObjectPlan;
 
 use super::apply::Outcome;
 use super::look::{NamespaceState, Namespaces, is_ours_ns};
+use super::resolve::UnknownKinds;
 use super::resolve::{Resolution, Resolved, Unresolved};
 use super::{Manifest, Mode, crd, ready};
-use crate::discovery::Discovery;
 use crate::object::{ObjectRef, Tier};
 use crate::ownership::{PROTECTED_NAMESPACES, Stamp};
 
@@ -54,7 +54,7 @@ impl Manifest {
                     .iter()
                     .map(|u| format!("{} {}", u.key.api_version, u.key.kind))
                     .collect();
-                Discovery::of(cx).retain_unknown(&scope, &unknown);
+                UnknownKinds::of(cx).retain(&scope, &unknown);
                 Namespaces::new()
             }
             // Before anything: which namespaces exist (nothing is read or

@@ -12,10 +12,10 @@ use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use kube::api::DynamicObject;
-use provisioners_core::{Context, Error, Result};
+use provisioners_core::{Context, Result};
+use provisioners_kit::digest::Digest;
 use provisioners_kit::readiness::{self, NotReady, Verdict};
 use serde_json::Value;
-use sha2::{Digest, Sha256};
 
 use super::list;
 use super::resolve::Resolved;
@@ -74,14 +74,13 @@ fn check(applied: &[(Resolved, DynamicObject)], established: &BTreeSet<String>) 
 /// within one process, so it needs no canonical form
 /// (`provisioners_client::canonical`).
 fn digest(applied: &[(Resolved, DynamicObject)]) -> String {
-    let mut hasher = Sha256::new();
+    let mut digest = Digest::new();
     for (object, _) in applied {
-        hasher.update(object.key.to_string().as_bytes());
-        hasher.update([0]);
-        hasher.update(serde_json::to_vec(&object.object).unwrap_or_default());
-        hasher.update([0]);
+        digest
+            .part(object.key.to_string())
+            .part(serde_json::to_vec(&object.object).unwrap_or_default());
     }
-    hex::encode(&hasher.finalize()[..16])
+    digest.hex(16)
 }
 
 /// Readiness of what node `scope` applied, waiting at most `wait` for it.
@@ -110,18 +109,15 @@ pub(super) fn forget(cx: &Context, scope: &str) {
 /// The outcome for objects that are not ready, `elapsed` after the node
 /// first saw this content not ready.
 fn verdict(not_ready: &NotReady, elapsed: Duration, wait: Duration) -> Result<()> {
-    match not_ready.verdict(Some(elapsed), wait) {
-        Verdict::Ready => Ok(()),
-        Verdict::Failed(failed) => Err(Error::failed(format!(
-            "will not become ready without a change: {}",
-            list(failed)
-        ))),
-        Verdict::TimedOut(waiting) => Err(Error::timeout(format!(
-            "not ready within {wait:?}: {}",
-            list(waiting)
-        ))),
-        Verdict::Waiting(waiting) => Err(Error::yielding(format!("not ready: {}", list(waiting)))),
-    }
+    not_ready
+        .verdict(Some(elapsed), wait)
+        .outcome(|verdict, lines| match verdict {
+            Verdict::Failed(_) => {
+                format!("will not become ready without a change: {}", list(lines))
+            }
+            Verdict::TimedOut(_) => format!("not ready within {wait:?}: {}", list(lines)),
+            _ => format!("not ready: {}", list(lines)),
+        })
 }
 
 #[cfg(test)]

@@ -1,16 +1,51 @@
 //! Resolving: documents to objects with a kind, a namespace and a stamp.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
 
 use kube::api::DynamicObject;
 use provisioners_core::{Context, Error, Result};
 use serde_json::Value;
 
 use super::Manifest;
-use crate::discovery::{Discovery, Kind};
 use crate::object::{Identity, ObjectRef, Tier, check_name, group_of};
 use crate::ownership::Stamp;
 use crate::source::{Document, Origin};
+use provisioners_kit::discovery::{Discovery, Kind};
+
+/// Per cluster, per node path: when each kind (`apiVersion kind`) the node
+/// needs was first seen unknown, so that trees rebuilt at every reconcile
+/// keep their deadlines.
+#[derive(Debug, Default)]
+pub(super) struct UnknownKinds(Mutex<HashMap<String, HashMap<String, Instant>>>);
+
+impl UnknownKinds {
+    /// The clocks of the context's cluster, made on first use.
+    pub(super) fn of(cx: &Context) -> Arc<UnknownKinds> {
+        cx.cluster().state::<UnknownKinds>()
+    }
+
+    /// When `kind` was first seen unknown by the node `scope` (now, if never).
+    pub(super) fn since(&self, scope: &str, kind: &str) -> Instant {
+        let mut since = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        *since
+            .entry(scope.to_owned())
+            .or_default()
+            .entry(kind.to_owned())
+            .or_insert_with(Instant::now)
+    }
+
+    /// Forgets the clocks of the node `scope` for kinds no longer unknown.
+    pub(super) fn retain(&self, scope: &str, unknown: &BTreeSet<String>) {
+        let mut since = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if unknown.is_empty() {
+            since.remove(scope);
+        } else if let Some(kinds) = since.get_mut(scope) {
+            kinds.retain(|kind, _| unknown.contains(kind));
+        }
+    }
+}
 
 /// One object ready to apply or delete.
 #[derive(Clone, Debug)]
@@ -88,7 +123,10 @@ impl Manifest {
                 )));
                 continue;
             }
-            let kind = match discovery.resolve(cx, &types.api_version, &types.kind).await {
+            let kind = match discovery
+                .resolve(cx.client(), &types.api_version, &types.kind)
+                .await
+            {
                 Ok(kind) => kind,
                 Err(e) if e.is_transient() => {
                     failed_versions.insert(types.api_version.clone(), e.message().to_owned());
@@ -193,7 +231,7 @@ impl Manifest {
         let mut still = Vec::new();
         for object in unresolved {
             let Some(kind) = discovery
-                .resolve(cx, &object.key.api_version, &object.key.kind)
+                .resolve(cx.client(), &object.key.api_version, &object.key.kind)
                 .await?
             else {
                 still.push(object);

@@ -19,6 +19,7 @@ use super::answer::is_field_manager_conflict;
 use super::resolve::Resolved;
 use super::{Manifest, Mode};
 use provisioners_core::Context;
+use provisioners_kit::list::{List, and_more};
 
 /// How many managers, and fields per manager, a description names.
 const NAMED: usize = 8;
@@ -65,25 +66,23 @@ impl TakenBack {
 
     /// The managers, comma-separated: `kubectl-patch, kubectl (scale)`.
     pub(super) fn managers(&self) -> String {
-        let names: Vec<&str> = self.managers.iter().map(|(m, _)| m.as_str()).collect();
-        listed(&names)
+        and_more(self.managers.iter().map(|(manager, _)| manager), NAMED)
     }
 }
 
 /// `kubectl-patch: .data.k, .data.j; kubectl (scale): .spec.replicas`.
 impl fmt::Display for TakenBack {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (index, (manager, fields)) in self.managers.iter().take(NAMED).enumerate() {
-            if index > 0 {
-                f.write_str("; ")?;
-            }
-            let fields: Vec<&str> = fields.iter().map(String::as_str).collect();
-            write!(f, "{manager}: {}", listed(&fields))?;
-        }
-        if self.managers.len() > NAMED {
-            write!(f, "; and {} more managers", self.managers.len() - NAMED)?;
-        }
-        Ok(())
+        let managers = self
+            .managers
+            .iter()
+            .map(|(manager, fields)| format!("{manager}: {}", and_more(fields, NAMED)));
+        f.write_str(
+            &List::new(NAMED)
+                .separator("; ")
+                .noun("managers")
+                .of(managers),
+        )
     }
 }
 
@@ -132,20 +131,6 @@ fn bounded(text: &str) -> String {
         out.push(c);
     }
     out
-}
-
-/// `items` joined by commas, the first [`NAMED`] of them.
-fn listed(items: &[&str]) -> String {
-    let mut text = items
-        .iter()
-        .take(NAMED)
-        .copied()
-        .collect::<Vec<_>>()
-        .join(", ");
-    if items.len() > NAMED {
-        text.push_str(&format!(" and {} more", items.len() - NAMED));
-    }
-    text
 }
 
 impl Manifest {

@@ -1,26 +1,26 @@
 //! The hashes a seal covers: a record's content as helm acts on it,
 //! written canonically into SHA-256 as it is walked, never copied.
 
+use provisioners_kit::digest::{Digest, FULL};
 use serde_json::Value;
-use sha2::{Digest as _, Sha256};
 
 /// The hash behind [`Payload::content`] of a decoded record: SHA-256 of
 /// its canonical JSON ([`provisioners_client::canonical`]) without `info` and
 /// the hooks' `last_run`, hashed as it is written: a record is never
 /// copied to be hashed.
 pub(crate) fn content_of(record: &Value) -> String {
-    let mut hasher = Hashing(Sha256::new());
-    canonical(&mut hasher, record, Skip::Record);
-    hex(&hasher.0.finalize())
+    let mut digest = Digest::new();
+    canonical(&mut digest, record, Skip::Record);
+    digest.hex(FULL)
 }
 
 /// The hash behind [`Payload::body`]: as [`content_of`], without the
 /// revision number either, so that a rollback's copy of a revision hashes
 /// as that revision does.
 pub(crate) fn body_of(record: &Value) -> String {
-    let mut hasher = Hashing(Sha256::new());
-    canonical(&mut hasher, record, Skip::Body);
-    hex(&hasher.0.finalize())
+    let mut digest = Digest::new();
+    canonical(&mut digest, record, Skip::Body);
+    digest.hex(FULL)
 }
 
 /// Whether the stored values are the ones given: helm stores numbers as it
@@ -52,22 +52,8 @@ enum Skip {
     Nothing,
 }
 
-/// Feeds what is written to the hash.
-struct Hashing(Sha256);
-
-impl std::io::Write for Hashing {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.update(bytes);
-        Ok(bytes.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 /// [`provisioners_client::canonical::write`]'s bytes, less what `skip` says.
-fn canonical(out: &mut Hashing, value: &Value, skip: Skip) {
+fn canonical(out: &mut Digest, value: &Value, skip: Skip) {
     use std::io::Write as _;
     match value {
         Value::Object(map) => {
@@ -125,8 +111,4 @@ fn canonical(out: &mut Hashing, value: &Value, skip: Skip) {
             let _ = serde_json::to_writer(&mut *out, scalar);
         }
     }
-}
-
-fn hex(bytes: &[u8]) -> String {
-    hex::encode(bytes)
 }

@@ -1,7 +1,6 @@
 //! Seals: what verifies, what is hashed, what helm printed.
 
 use serde_json::json;
-use sha2::{Digest as _, Sha256};
 
 use super::*;
 
@@ -145,9 +144,10 @@ fn content_by_copy(record: &Value) -> String {
             }
         }
     }
-    hex::encode(Sha256::digest(provisioners_client::canonical::to_vec(
-        &record,
-    )))
+    provisioners_kit::digest::hex(
+        provisioners_client::canonical::to_vec(&record),
+        provisioners_kit::digest::FULL,
+    )
 }
 
 fn json() -> impl proptest::strategy::Strategy<Value = Value> {

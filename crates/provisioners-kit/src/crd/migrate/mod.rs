@@ -45,7 +45,6 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::core::ApiResource;
 use provisioners_core::{Context, Error, Result, Waiting};
-use sha2::{Digest as _, Sha256};
 
 use super::page::{PageError, Pager};
 
@@ -402,22 +401,16 @@ async fn wait_for_storage_switch(
         .iter()
         .find(|v| v.served)
         .map_or(to, |v| v.name.as_str());
-    let list = cx
-        .client()
-        .list_api_group_resources(&format!("{group}/{served}"))
-        .await
-        .map_err(|e| {
-            Error::kube(
-                format_args!("reading the discovery of {group}/{served} before migrating {name}"),
-                e,
-            )
-        })?;
+    // Read now, not from the cache: the hash changes when the switch lands.
+    let kinds = crate::discovery::Discovery::of(cx)
+        .refresh(cx.client(), &format!("{group}/{served}"))
+        .await?;
     let expected = storage_version_hash(group, to, &live.spec.names.kind);
-    let actual = list
-        .resources
+    let actual = kinds
         .iter()
-        .find(|r| r.name == plural)
-        .and_then(|r| r.storage_version_hash.as_deref());
+        .flat_map(|kinds| kinds.values())
+        .find(|kind| kind.resource.plural == plural)
+        .and_then(|kind| kind.storage_version_hash.as_deref());
     match actual {
         Some(actual) if actual != expected => Err(Error::yielding(format!(
             "waiting for the API server to store {name} at {to} before migrating them"
@@ -491,8 +484,9 @@ pub async fn migration_line(
 /// the first 8 bytes of SHA-256 over `group/version/kind`, base64.
 #[must_use]
 pub fn storage_version_hash(group: &str, version: &str, kind: &str) -> String {
-    let digest = Sha256::digest(format!("{group}/{version}/{kind}").as_bytes());
-    base64::engine::general_purpose::STANDARD.encode(&digest[..8])
+    let mut digest = crate::digest::Digest::new();
+    digest.update(format!("{group}/{version}/{kind}"));
+    base64::engine::general_purpose::STANDARD.encode(&digest.bytes()[..8])
 }
 
 /// Trims `status.storedVersions` to the storage version once a sweep is
