@@ -17,8 +17,10 @@ use serde_json::Value;
 
 use super::HelmRelease;
 use super::decide::Mode;
+use super::inputs::{self, Inputs};
 use crate::chart::Chart;
 use crate::chart::crd_files::{self, CrdFile};
+use crate::redact::Redactor;
 
 /// What a [`HelmRelease`] does with the CRDs in its chart's `crds/`
 /// directory.
@@ -56,16 +58,18 @@ impl HelmRelease {
     /// server-side apply; no objects returned), or what the same reads and
     /// gate would do, as plan objects ([`Mode::DryRun`]: a refusal is
     /// `Refuse`, with the reason and how many stored objects fail).
-    /// `digest` is the pinned chart's and values' digest (`None`: not
+    /// The chart's CRDs are cached by the pass's digest (`None`: not
     /// pinned, so the chart's crds/ are read every pass).
     pub(super) async fn apply_crds(
         &self,
         cx: &Context,
-        values: &Value,
-        digest: Option<&str>,
+        inputs: &Inputs,
         mode: Mode,
     ) -> Result<Vec<ObjectPlan>> {
-        let Some(step) = self.crd_step(cx, values, digest).await? else {
+        let Some(step) = self
+            .crd_step(cx, &inputs.redactor, inputs.digest.as_deref())
+            .await?
+        else {
             return Ok(Vec::new());
         };
         if mode == Mode::DryRun {
@@ -87,14 +91,21 @@ impl HelmRelease {
     /// With [`delete_crds_on_uninstall`](HelmRelease::delete_crds_on_uninstall):
     /// deletes each chart CRD of which no custom resource is left (one LIST
     /// of at most one object, all namespaces), and keeps, with a warning,
-    /// those that still have some.
-    pub(super) async fn delete_unused_crds(&self, cx: &Context) -> Result<()> {
+    /// those that still have some. The chart's digest (the cache's key) is
+    /// the deprovision's only merge and hash of the values: a deprovision
+    /// needs no [`Inputs`] otherwise, and must not fail on invalid values
+    /// when it does not delete CRDs.
+    pub(super) async fn delete_unused_crds(
+        &self,
+        cx: &Context,
+        redactor: &Arc<Redactor>,
+    ) -> Result<()> {
         if !self.delete_crds {
             return Ok(());
         }
-        let values = self.merged_values()?;
-        let digest = self.digest(&values).await?;
-        let crds = self.chart_crds(cx, &values, digest.as_deref()).await?;
+        let values = inputs::merged_values(self)?;
+        let digest = inputs::digest(self, &values).await?;
+        let crds = self.chart_crds(cx, redactor, digest.as_deref()).await?;
         let api: Api<CustomResourceDefinition> = Api::all(cx.client().clone());
         for crd in crds.iter() {
             let name = crd.metadata.name.as_deref().unwrap_or_default();
@@ -130,13 +141,13 @@ impl HelmRelease {
     async fn crd_step(
         &self,
         cx: &Context,
-        values: &Value,
+        redactor: &Arc<Redactor>,
         digest: Option<&str>,
     ) -> Result<Option<Step>> {
         if self.crds == CrdPolicy::Skip {
             return Ok(None);
         }
-        let crds = self.chart_crds(cx, values, digest).await?;
+        let crds = self.chart_crds(cx, redactor, digest).await?;
         if crds.is_empty() {
             return Ok(None);
         }
@@ -167,7 +178,7 @@ impl HelmRelease {
     async fn chart_crds(
         &self,
         cx: &Context,
-        values: &Value,
+        redactor: &Arc<Redactor>,
         digest: Option<&str>,
     ) -> Result<Arc<Vec<CustomResourceDefinition>>> {
         let shown = cx.cluster().state::<Shown>();
@@ -185,9 +196,9 @@ impl HelmRelease {
             Chart::Local(path) => self.read_crd_files(path.clone(), false).await?,
             Chart::Repository { .. } | Chart::Oci(_) => {
                 let work = self.work_dir()?;
-                self.log_in(cx, &work).await?;
+                self.log_in(cx, redactor, &work).await?;
                 let mut into = None;
-                self.run_helm_in(cx, "pull", values, &work, None, |work| {
+                self.run_helm_in(cx, "pull", redactor, &work, None, |work| {
                     let dir = work.private_dir("chart")?;
                     let args = self.pull_args(&dir);
                     into = Some(dir);
@@ -413,7 +424,10 @@ mod tests {
         let release = HelmRelease::new("r", Chart::local(dir.path()))
             .namespace("ns")
             .helm("/nonexistent/helm");
-        let crds = release.chart_crds(&cx, &Value::Null, None).await.unwrap();
+        let crds = release
+            .chart_crds(&cx, &Arc::default(), None)
+            .await
+            .unwrap();
         let names: Vec<_> = crds
             .iter()
             .map(|c| c.metadata.name.clone().unwrap_or_default())

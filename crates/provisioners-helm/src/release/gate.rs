@@ -7,6 +7,8 @@
 //! which helm leaves on purpose). An object being deleted (`Terminating`) is
 //! still there: the gate yields.
 
+use std::sync::Arc;
+
 use futures::stream::{self, StreamExt as _};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, DynamicObject};
@@ -18,6 +20,7 @@ use super::background::Purpose;
 use super::decide::Uninstall;
 use super::lock::Serialised;
 use crate::objects::{ObjectRef, Resolver, Seen};
+use crate::redact::Redactor;
 use crate::storage::{self, Revision};
 
 impl HelmRelease {
@@ -28,6 +31,7 @@ impl HelmRelease {
     pub(super) async fn uninstalled(
         &self,
         cx: &Context,
+        redactor: &Arc<Redactor>,
         serialised: &Serialised,
         latest: &Revision,
         operation: Operation,
@@ -52,6 +56,7 @@ impl HelmRelease {
             };
             self.uninstall(
                 cx,
+                redactor,
                 serialised,
                 false,
                 operation,

@@ -1,8 +1,10 @@
 //! [`HelmRelease`]: one Helm release as a provisioner.
 //!
-//! This module holds the type, its builder, validation and the digest;
-//! [`provision`] drives the pipeline, one module per step, each with the
-//! `impl HelmRelease` of its step: [`crds`] (the chart's CRDs, in a write
+//! This module holds the type, its builder and validation; [`inputs`]
+//! computes what a pass needs once (merged values, digest, run key,
+//! redactor) and hands it to the steps. [`provision`] drives the pipeline,
+//! one module per step, each with the `impl HelmRelease` of its step:
+//! [`crds`] (the chart's CRDs, in a write
 //! or dry-run [`Mode`](decide::Mode)), [`decide`] (what to do with the
 //! release's newest record, shared by the real run and its plan), [`lock`]
 //! (one run per release, and its Lease), [`lease`] (one process per
@@ -26,6 +28,7 @@ mod crds;
 mod decide;
 mod drift;
 mod gate;
+mod inputs;
 mod lease;
 mod ledger;
 mod live;
@@ -52,11 +55,9 @@ use std::time::Duration;
 use provisioners_core::{Error, Metadata, Result};
 use serde::Serialize;
 use serde_json::Value;
-use sha2::{Digest as _, Sha256};
 
 use crate::chart::Chart;
 use crate::credentials::Credentials;
-use crate::values;
 
 /// How long helm gets to exit after SIGTERM before SIGKILL, unless
 /// [`HelmRelease::stop_timeout`] says otherwise.
@@ -471,53 +472,6 @@ impl HelmRelease {
             )));
         }
         Ok(())
-    }
-
-    /// The values with every parameter merged in.
-    fn merged_values(&self) -> Result<Value> {
-        let mut merged = self
-            .values
-            .clone()
-            .map_err(|e| Error::invalid(format!("release `{}`: {e}", self.id())))?;
-        for (name, value) in &self.parameters {
-            values::set_path(&mut merged, name, value.clone())
-                .map_err(|e| Error::invalid(format!("release `{}`: {e}", self.id())))?;
-        }
-        Ok(merged)
-    }
-
-    /// The digest stored with the release; `None` when the chart's content
-    /// cannot be known without fetching it (a remote chart without an exact version).
-    async fn digest(&self, values: &Value) -> Result<Option<String>> {
-        if !self.chart.is_pinned(self.version.as_deref()) {
-            return Ok(None);
-        }
-        let mut input = Vec::new();
-        provisioners_kit::canonical::write(values, &mut input);
-        let chart = self.chart.clone();
-        let header = format!(
-            "provisioners-helm/1\0{}\0{}\0",
-            self.version.as_deref().unwrap_or(""),
-            self.namespace
-        );
-        let hashed = tokio::task::spawn_blocking(move || {
-            let mut hasher = Sha256::new();
-            hasher.update(header.as_bytes());
-            chart.hash_into(&mut hasher)?;
-            hasher.update(&input);
-            Ok::<_, std::io::Error>(hasher.finalize())
-        })
-        .await
-        .map_err(|e| Error::failed(format!("hashing the chart failed: {e}")).with_source(e))?
-        .map_err(|e| {
-            Error::invalid(format!(
-                "could not read {} of release `{}`: {e}",
-                self.chart_shown(),
-                self.id()
-            ))
-        })?;
-        // A label value holds at most 63 characters: 192 bits are plenty.
-        Ok(Some(hex::encode(&hashed[..24])))
     }
 }
 

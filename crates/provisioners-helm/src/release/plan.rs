@@ -12,6 +12,7 @@ use provisioners_kit::plan::{Change, ObjectPlan, PlanObjects as _};
 use super::compare;
 use super::decide::{Decision, Mode, Uninstall};
 use super::drift::{DriftCheck, Verdict};
+use super::inputs::Inputs;
 use super::{HelmRelease, lease};
 use crate::objects::parse_manifest;
 use crate::release_plan::{ReleaseChange, ReleasePlan, WithRelease as _, count};
@@ -27,25 +28,22 @@ impl HelmRelease {
     /// [`Decision`], described.
     pub(super) async fn plan_provision(&self, cx: &Context) -> Result<Plan> {
         self.validate()?;
-        let values = self.merged_values()?;
-        let digest = self.digest(&values).await?;
+        let inputs = Inputs::of(self).await?;
         // The chart's CRDs, through provision's gate.
-        let crds = self
-            .apply_crds(cx, &values, digest.as_deref(), Mode::DryRun)
-            .await?;
+        let crds = self.apply_crds(cx, &inputs, Mode::DryRun).await?;
         let latest = storage::latest(cx.client(), &self.namespace, &self.release).await?;
         if let Some(revision) = &latest {
             // Provision would refuse another owner's release.
             self.refuse_foreign(cx, revision, "upgrade")?;
         }
         let (revision, checked) = match self
-            .decide(cx, latest.as_ref(), digest.as_deref(), Mode::DryRun)
+            .decide(cx, latest.as_ref(), inputs.digest.as_deref(), Mode::DryRun)
             .await?
         {
             Decision::Unchanged { revision, checked } => (revision, checked),
             Decision::Repair { revision, checked } => (revision, Some(checked)),
             Decision::Change => {
-                let plan = self.plan_upgrade(cx, &values, digest.as_deref(), latest.as_ref());
+                let plan = self.plan_upgrade(cx, &inputs, latest.as_ref());
                 return Ok(plan.await?.with_objects(crds));
             }
         };

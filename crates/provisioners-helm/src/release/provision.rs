@@ -5,11 +5,14 @@
 //! of a half-done record and `helm upgrade --install`; uninstall, then the
 //! deletion gate.
 
+use std::sync::Arc;
+
 use provisioners_core::{Context, Error, Operation, Plan, Provisioner, Result, async_trait};
 
 use super::HelmRelease;
 use super::decide::{Decision, Mode};
 use super::drift::{DriftCheck, Verdict};
+use super::inputs::{self, Inputs};
 use super::lease;
 use super::upgrade::Upgrade;
 use crate::storage::{self, Revision};
@@ -54,16 +57,15 @@ impl Provisioner for HelmRelease {
 
     async fn provision(&self, cx: &Context) -> Result<()> {
         self.validate()?;
-        let values = self.merged_values()?;
-        let digest = self.digest(&values).await?;
-        let inputs = self.run_inputs(digest.as_deref());
+        // Merged, hashed and masked once for the whole pass.
+        let inputs = Inputs::of(self).await?;
+        let digest = inputs.digest.as_deref();
         let installed = self
-            .collect(cx, Operation::Provision, inputs.as_deref())
+            .collect(cx, Operation::Provision, inputs.run_key.as_deref())
             .await?;
         let serialised = self.try_lock(cx)?;
         // The chart's CRDs first: what helm installs may use them.
-        self.apply_crds(cx, &values, digest.as_deref(), Mode::Write)
-            .await?;
+        self.apply_crds(cx, &inputs, Mode::Write).await?;
         if installed {
             // helm ran with these very inputs: what is left is readiness
             // (an unpinned chart would otherwise run helm on every pass).
@@ -75,7 +77,7 @@ impl Provisioner for HelmRelease {
             self.refuse_foreign(cx, revision, "upgrade")?;
         }
         let repair = match self
-            .decide(cx, latest.as_ref(), digest.as_deref(), Mode::Write)
+            .decide(cx, latest.as_ref(), digest, Mode::Write)
             .await?
         {
             Decision::Unchanged { revision, checked } => {
@@ -103,7 +105,7 @@ impl Provisioner for HelmRelease {
             latest = storage::latest(cx.client(), &self.namespace, &self.release).await?;
             if let Some(revision) = &latest {
                 self.refuse_foreign(cx, revision, "upgrade")?;
-                let settled = revision.is_deployed_with(digest.as_deref());
+                let settled = revision.is_deployed_with(digest);
                 let number = revision.number;
                 if settled
                     && !Self::unsealed_looking(cx, revision)
@@ -119,7 +121,7 @@ impl Provisioner for HelmRelease {
                     if let Some(now) = &latest
                         && settled
                         && now.number == number
-                        && now.is_deployed_with(digest.as_deref())
+                        && now.is_deployed_with(digest)
                         && !self.awaits_adoption(cx, now).await?
                     {
                         return self.settled(cx, now).await;
@@ -132,14 +134,14 @@ impl Provisioner for HelmRelease {
                 }
             }
             if let Some(revision) = &latest
-                && self.recover(cx, &serialised, revision).await?
+                && self
+                    .recover(cx, &inputs.redactor, &serialised, revision)
+                    .await?
             {
                 latest = storage::latest(cx.client(), &self.namespace, &self.release).await?;
             }
         }
         let upgrade = Upgrade {
-            values,
-            digest,
             inputs,
             // helm numbers the revision it is about to write one past the newest.
             next: match &latest {
@@ -164,6 +166,9 @@ impl Provisioner for HelmRelease {
 
     async fn deprovision(&self, cx: &Context) -> Result<()> {
         self.validate_names()?;
+        // What helm's messages are masked with, once for the pass; a
+        // deprovision needs no merged values (see `delete_unused_crds`).
+        let redactor = Arc::new(inputs::redactor(self));
         self.collect(cx, Operation::Deprovision, None).await?;
         let serialised = self.try_lock(cx)?;
         let first = storage::latest(cx.client(), &self.namespace, &self.release).await?;
@@ -179,7 +184,7 @@ impl Provisioner for HelmRelease {
                 self.take_lease(cx, &serialised).await?;
                 self.uninstall_ledger(cx, &ledger, "its records are gone")
                     .await?;
-                self.delete_unused_crds(cx).await?;
+                self.delete_unused_crds(cx, &redactor).await?;
                 return lease::remove(cx, &self.namespace, &self.release).await;
             }
             return lease::remove_leftover(cx, &self.namespace, &self.release, self.holder()).await;
@@ -221,16 +226,16 @@ impl Provisioner for HelmRelease {
                 "its newest record says uninstalled, but not by this owner",
             )
             .await?;
-            self.delete_unused_crds(cx).await?;
+            self.delete_unused_crds(cx, &redactor).await?;
             storage::forget_all(cx.client(), &self.namespace, &self.release).await?;
             return lease::remove(cx, &self.namespace, &self.release).await;
         }
         let seen = self
-            .uninstalled(cx, &serialised, &latest, Operation::Deprovision)
+            .uninstalled(cx, &redactor, &serialised, &latest, Operation::Deprovision)
             .await?;
         self.gone(cx, &seen, "").await?;
         // Before the records go: a failure here is retried from them.
-        self.delete_unused_crds(cx).await?;
+        self.delete_unused_crds(cx, &redactor).await?;
         storage::forget_all(cx.client(), &self.namespace, &self.release).await?;
         lease::remove(cx, &self.namespace, &self.release).await
     }

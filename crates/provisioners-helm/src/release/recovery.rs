@@ -8,23 +8,29 @@
     deny(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)
 )]
 
+use std::sync::Arc;
+
 use provisioners_core::{Context, Error, Operation, Result};
 use serde_json::Value;
 
 use super::HelmRelease;
 use super::background::Purpose;
 use super::decide::Recovery;
+use super::inputs;
 use super::lock::Serialised;
+use crate::redact::Redactor;
 use crate::storage::{self, Revision};
 
 impl HelmRelease {
     /// Brings a release whose newest revision was left half-done by a dead
     /// helm back to a state `helm upgrade --install` accepts, as
     /// [`Recovery::of`] it decides (and its plan says).
-    /// Returns whether it changed the release's records.
+    /// Returns whether it changed the release's records. `redactor` is the
+    /// pass's.
     pub(super) async fn recover(
         &self,
         cx: &Context,
+        redactor: &Arc<Redactor>,
         serialised: &Serialised,
         revision: &Revision,
     ) -> Result<bool> {
@@ -44,6 +50,7 @@ impl HelmRelease {
                 // next pass finds the record uninstalled and finishes it below.
                 self.uninstall(
                     cx,
+                    redactor,
                     serialised,
                     true,
                     Operation::Provision,
@@ -69,9 +76,9 @@ impl HelmRelease {
                 // removed (an upgrade from the deployed revision would keep them).
                 let next = self.next_revision(revision)?;
                 let (prior, sensitive) = self.prior_values(cx, &[pending, to]).await?;
-                let mut rolling = self.clone();
-                rolling.sensitive.extend(sensitive);
-                rolling.rollback(cx, serialised, to, next, prior).await?;
+                let redactor = inputs::redactor_with(self, &prior, &sensitive);
+                self.rollback(cx, serialised, to, next, Arc::new(redactor))
+                    .await?;
             }
             Recovery::Forget { pending, status } => {
                 tracing::warn!(
@@ -88,7 +95,7 @@ impl HelmRelease {
                 // objects that are being deleted).
                 tracing::warn!(release = %self.id(), "finishing an earlier uninstall first");
                 let seen = self
-                    .uninstalled(cx, serialised, revision, Operation::Provision)
+                    .uninstalled(cx, redactor, serialised, revision, Operation::Provision)
                     .await?;
                 self.gone(cx, &seen, " before installing it again").await?;
                 storage::forget_all(cx.client(), &self.namespace, &self.release).await?;

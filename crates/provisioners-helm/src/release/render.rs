@@ -11,6 +11,7 @@ use serde_json::Value;
 
 use super::HelmRelease;
 use super::args::Render;
+use super::inputs::Inputs;
 use crate::chart::Chart;
 use crate::objects::{ObjectRef, parse_manifest};
 use crate::storage::{ChartInfo, ChartMetadata};
@@ -124,9 +125,10 @@ impl HelmRelease {
     pub(super) async fn render(
         &self,
         cx: &Context,
-        values: &Value,
+        inputs: &Inputs,
         render: Render,
     ) -> Result<Rendered> {
+        let redactor = &inputs.redactor;
         let kubeconfig = self.kubeconfig(cx)?;
         let major = version::detect(
             cx.cluster(),
@@ -135,7 +137,7 @@ impl HelmRelease {
             cx.cancellation(),
         )
         .await?;
-        let values_json = serde_json::to_vec(values).map_err(|e| {
+        let values_json = serde_json::to_vec(&inputs.values).map_err(|e| {
             Error::invalid(format!(
                 "release `{}`: values could not be written: {e}",
                 self.id()
@@ -145,8 +147,8 @@ impl HelmRelease {
             let values_json = &values_json;
             async move {
                 let work = self.work_dir()?;
-                self.log_in(cx, &work).await?;
-                self.run_helm_in(cx, "dry run", values, &work, None, |work| {
+                self.log_in(cx, redactor, &work).await?;
+                self.run_helm_in(cx, "dry run", redactor, &work, None, |work| {
                     let kubeconfig = work.write_kubeconfig(kubeconfig)?;
                     let values = work.write_private("values.json", values_json)?;
                     Ok(self.render_args(major, &kubeconfig, &values, render))
@@ -171,9 +173,9 @@ impl HelmRelease {
                 // which only a real install creates): the server cannot build
                 // the objects, so render them without it.
                 let work = self.work_dir()?;
-                self.log_in(cx, &work).await?;
+                self.log_in(cx, redactor, &work).await?;
                 let output = self
-                    .run_helm_in(cx, "template", values, &work, None, |work| {
+                    .run_helm_in(cx, "template", redactor, &work, None, |work| {
                         let kubeconfig = work.write_kubeconfig(kubeconfig)?;
                         let values = work.write_private("values.json", &values_json)?;
                         Ok(self.template_args(&kubeconfig, &values, render))

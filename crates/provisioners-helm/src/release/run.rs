@@ -6,7 +6,6 @@ use std::ffi::OsString;
 use std::sync::Arc;
 
 use provisioners_core::{Context, Error, Operation, Result};
-use serde_json::Value;
 
 use super::HelmRelease;
 use super::args;
@@ -17,7 +16,7 @@ use crate::chart::Chart;
 use crate::child::{self, Invocation, Output, RunError};
 use crate::failure::{HelmFailure, trimmed};
 use crate::process_limit::HelmProcesses;
-use crate::redact::{Redactor, Secrets};
+use crate::redact::Redactor;
 use crate::workdir::WorkDir;
 
 impl HelmRelease {
@@ -44,32 +43,11 @@ impl HelmRelease {
             })
     }
 
-    /// What helm's messages must not show: `values` and every value and
-    /// parameter of the release (also in a rollback or an uninstall, which
-    /// run with none), the sensitive ones whatever their length, and the
-    /// credentials.
-    fn redactor(&self, values: &Value) -> Redactor {
-        let mut secrets = Secrets::default();
-        secrets.plain_values(values);
-        if let Ok(values) = &self.values {
-            secrets.plain_values(values);
-        }
-        for (_, value) in &self.parameters {
-            secrets.plain_values(value);
-        }
-        for value in &self.sensitive {
-            secrets.sensitive_values(value);
-        }
-        if let Some(credentials) = &self.credentials {
-            credentials.add_to(&mut secrets);
-        }
-        Redactor::new(&secrets)
-    }
-
     /// Runs helm with the arguments `write` returns for `work`, its private
     /// directory (shared by the steps of one operation: a registry login,
     /// then the upgrade), with `stdin`, until it exits or its
-    /// [deadline](Self::run_deadline) has passed.
+    /// [deadline](Self::run_deadline) has passed; its messages masked by
+    /// `redactor`, the pass's (see [`Inputs`](super::inputs::Inputs)).
     ///
     /// helm runs in a task of its own: dropping this future stops helm
     /// (SIGTERM, grace, SIGKILL) in the background.
@@ -77,7 +55,7 @@ impl HelmRelease {
         &self,
         cx: &Context,
         action: &str,
-        values: &Value,
+        redactor: &Arc<Redactor>,
         work: &Arc<WorkDir>,
         stdin: Option<Vec<u8>>,
         write: impl FnOnce(&WorkDir) -> std::io::Result<Vec<OsString>>,
@@ -96,7 +74,7 @@ impl HelmRelease {
             stdin,
             processes: HelmProcesses::of(cx.cluster()),
             deadline: Some(self.run_deadline()),
-            redactor: Arc::new(self.redactor(values)),
+            redactor: Arc::clone(redactor),
         };
         let stop = cx.cancellation().child_token();
         // Dropped with this future (and harmless once helm is done).
@@ -171,7 +149,12 @@ impl HelmRelease {
 
     /// Makes the chart's credentials known to helm in `work`: `repo add` for
     /// a repository, `registry login` for an OCI registry.
-    pub(super) async fn log_in(&self, cx: &Context, work: &Arc<WorkDir>) -> Result<()> {
+    pub(super) async fn log_in(
+        &self,
+        cx: &Context,
+        redactor: &Arc<Redactor>,
+        work: &Arc<WorkDir>,
+    ) -> Result<()> {
         let Some(credentials) = &self.credentials else {
             return Ok(());
         };
@@ -203,7 +186,7 @@ impl HelmRelease {
         args.push(credentials.username.clone().into());
         args.push("--password-stdin".into());
         let password = credentials.password.clone().into_bytes();
-        self.run_helm_in(cx, action, &Value::Null, work, Some(password), |work| {
+        self.run_helm_in(cx, action, redactor, work, Some(password), |work| {
             if let Some(ca) = &credentials.ca {
                 args.push("--ca-file".into());
                 args.push(work.write_private("ca.crt", ca)?.into());
@@ -220,15 +203,16 @@ impl HelmRelease {
         .map(drop)
     }
 
-    /// `helm rollback` to `revision`, in the background; `prior` are the
-    /// values of the revisions it may print (masked as release values).
+    /// `helm rollback` to `revision`, in the background; `redactor` masks
+    /// the values of the revisions it may print too
+    /// ([`redactor_with`](super::inputs::redactor_with)).
     pub(super) async fn rollback(
         &self,
         cx: &Context,
         serialised: &Serialised,
         revision: u32,
         writes: u32,
-        prior: Value,
+        redactor: Arc<Redactor>,
     ) -> Result<()> {
         self.kubeconfig(cx)?;
         // Checked before helm runs: the copy helm writes must be of the
@@ -248,7 +232,7 @@ impl HelmRelease {
             move |cx, work| async move {
                 let kubeconfig = this.kubeconfig(&cx)?;
                 let ran = this
-                    .run_helm_in(&cx, "rollback", &prior, &work, None, |work| {
+                    .run_helm_in(&cx, "rollback", &redactor, &work, None, |work| {
                         let kubeconfig = work.write_kubeconfig(kubeconfig)?;
                         Ok(this.rollback_args(&kubeconfig, revision))
                     })
@@ -263,9 +247,11 @@ impl HelmRelease {
 
     /// `helm uninstall` in the background, keeping the record;
     /// `background` forces background deletion.
+    #[allow(clippy::too_many_arguments)]
     pub(super) async fn uninstall(
         &self,
         cx: &Context,
+        redactor: &Arc<Redactor>,
         serialised: &Serialised,
         background: bool,
         operation: Operation,
@@ -281,6 +267,7 @@ impl HelmRelease {
         let background = background || cx.background_deletion();
         let sealing = self.sealing(cx);
         let this = self.clone();
+        let redactor = Arc::clone(redactor);
         self.in_background(
             cx,
             serialised,
@@ -290,7 +277,7 @@ impl HelmRelease {
             move |cx, work| async move {
                 let kubeconfig = this.kubeconfig(&cx)?;
                 let ran = this
-                    .run_helm_in(&cx, "uninstall", &Value::Null, &work, None, |work| {
+                    .run_helm_in(&cx, "uninstall", &redactor, &work, None, |work| {
                         let kubeconfig = work.write_kubeconfig(kubeconfig)?;
                         Ok(this.uninstall_args(&kubeconfig, background))
                     })

@@ -11,7 +11,6 @@ use std::time::Duration;
 
 use provisioners_core::{Context, Error, ErrorKind, Operation, Result, Waiting};
 use provisioners_kit::wake::Wake;
-use sha2::{Digest as _, Sha256};
 
 use super::HelmRelease;
 use super::background::{Found, Purpose, Run, Runs};
@@ -29,31 +28,6 @@ impl HelmRelease {
     /// `HelmRelease ns/name`, the object a wait on the release names.
     fn waited_object(&self) -> String {
         format!("HelmRelease {}", self.id())
-    }
-
-    /// What tells one install's inputs from another's: the stored digest
-    /// and, as credentials are not part of it, a fingerprint of them (kept
-    /// in memory only). `None` when the digest cannot be known.
-    pub(super) fn run_inputs(&self, digest: Option<&str>) -> Option<String> {
-        let digest = digest?;
-        let Some(credentials) = &self.credentials else {
-            return Some(digest.to_owned());
-        };
-        let mut hasher = Sha256::new();
-        for part in [
-            credentials.username.as_bytes(),
-            credentials.password.as_bytes(),
-            credentials.ca.as_deref().unwrap_or_default(),
-        ] {
-            hasher.update((part.len() as u64).to_le_bytes());
-            hasher.update(part);
-        }
-        if let Some((cert, key)) = &credentials.client {
-            hasher.update(cert);
-            hasher.update(key);
-        }
-        let fingerprint = hex::encode(&hasher.finalize()[..8]);
-        Some(format!("{digest}/{fingerprint}"))
     }
 
     /// How long one helm run may take: helm's `--timeout` plus [`RUN_MARGIN`].
@@ -81,7 +55,7 @@ impl HelmRelease {
     /// What became of the release's helm run, if one was started: a yield
     /// while it runs; its outcome when it has ended, reported as an error
     /// only to the operation that started it and, for an install or
-    /// upgrade, with the same `inputs` (a stale run's failure says nothing
+    /// upgrade, of inputs with the same `run_key` (a stale run's failure says nothing
     /// about the inputs now: the pass goes on and reads the record).
     /// `Ok(true)` when an install or upgrade of these very inputs ended well. A deprovision stops a provision's
     /// run first (SIGTERM, so helm marks the release failed, then SIGKILL
@@ -90,16 +64,16 @@ impl HelmRelease {
         &self,
         cx: &Context,
         operation: Operation,
-        inputs: Option<&str>,
+        run_key: Option<&str>,
     ) -> Result<bool> {
         let runs = cx.cluster().state::<Runs>();
         match runs.find(&self.namespace, &self.release) {
             Found::None => Ok(false),
             Found::Ended(run, outcome) => {
-                self.collected_by(cx, &run, outcome, operation, inputs)
+                self.collected_by(cx, &run, outcome, operation, run_key)
                     .await
             }
-            Found::Live(run) => match superseded(&run, operation, inputs) {
+            Found::Live(run) => match superseded(&run, operation, run_key) {
                 Some(why) => {
                     if run.stop() {
                         tracing::info!(
@@ -111,7 +85,7 @@ impl HelmRelease {
                         && let Some(outcome) = runs.take(&self.namespace, &self.release, &run)
                     {
                         return self
-                            .collected_by(cx, &run, outcome, operation, inputs)
+                            .collected_by(cx, &run, outcome, operation, run_key)
                             .await;
                     }
                     wake_on_end(cx, &run);
@@ -138,11 +112,11 @@ impl HelmRelease {
         run: &Run,
         outcome: Result<()>,
         operation: Operation,
-        inputs: Option<&str>,
+        run_key: Option<&str>,
     ) -> Result<bool> {
         let result = self.collected(cx, run, outcome).await;
         let (current, installed) = match &run.purpose {
-            Purpose::Release { inputs: started } => (started.as_deref() == inputs, true),
+            Purpose::Release { run_key: started } => (started.as_deref() == run_key, true),
             _ => (true, false),
         };
         if run.operation == operation && current {
@@ -285,21 +259,21 @@ fn wake_on_end(cx: &Context, run: &Run) {
     }
 }
 
-/// Why a pass of `operation` with `inputs` stops the live `run`, if it
+/// Why a pass of `operation` with `run_key` stops the live `run`, if it
 /// does: a deprovision stops a provision's run (then uninstalls); a
 /// provision with other inputs stops an install or upgrade of outdated ones,
 /// as a controller cancels a tree on a new generation (an unpinned chart's
 /// inputs are unknown: its run is left to finish).
-fn superseded(run: &Run, operation: Operation, inputs: Option<&str>) -> Option<&'static str> {
+fn superseded(run: &Run, operation: Operation, run_key: Option<&str>) -> Option<&'static str> {
     match (operation, run.operation, &run.purpose) {
         (Operation::Deprovision, Operation::Provision, _) => Some("before uninstalling it"),
         (
             Operation::Provision,
             Operation::Provision,
             Purpose::Release {
-                inputs: Some(started),
+                run_key: Some(started),
             },
-        ) if inputs.is_some_and(|now| now != started) => Some("as its inputs changed"),
+        ) if run_key.is_some_and(|now| now != started) => Some("as its inputs changed"),
         _ => None,
     }
 }
@@ -322,7 +296,7 @@ mod tests {
     /// once `end` fires (or its own stop token does).
     fn provision_run(
         cx: &Context,
-        inputs: &str,
+        run_key: &str,
         end: CancellationToken,
         outcome: Result<()>,
     ) -> CancellationToken {
@@ -332,7 +306,7 @@ mod tests {
             "upgrade --install",
             Operation::Provision,
             Purpose::Release {
-                inputs: Some(inputs.to_owned()),
+                run_key: Some(run_key.to_owned()),
             },
             stop.clone(),
             Arc::default(),
@@ -445,23 +419,6 @@ mod tests {
     }
 
     #[test]
-    fn credentials_are_part_of_a_run_s_inputs() {
-        use crate::credentials::Credentials;
-        let plain = release().run_inputs(Some("d"));
-        assert_eq!(plain.as_deref(), Some("d"));
-        let with = |password: &str| {
-            release()
-                .credentials(Credentials::basic("robot", password))
-                .run_inputs(Some("d"))
-                .unwrap()
-        };
-        assert_ne!(with("one"), with("two"));
-        assert_eq!(with("one"), with("one"));
-        assert!(!with("one").contains("one"));
-        assert_eq!(release().run_inputs(None), None);
-    }
-
-    #[test]
     fn what_stops_a_live_run() {
         let run = |operation, purpose| {
             Run::new(
@@ -472,11 +429,11 @@ mod tests {
                 Arc::default(),
             )
         };
-        let install = |inputs: Option<&str>| {
+        let install = |run_key: Option<&str>| {
             run(
                 Operation::Provision,
                 Purpose::Release {
-                    inputs: inputs.map(str::to_owned),
+                    run_key: run_key.map(str::to_owned),
                 },
             )
         };

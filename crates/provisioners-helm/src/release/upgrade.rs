@@ -16,6 +16,7 @@ use super::args::{self, Render};
 use super::background::Purpose;
 use super::compare::{self, Prior};
 use super::decide::Recovery;
+use super::inputs::Inputs;
 use super::lease;
 use super::lock::Serialised;
 use crate::objects::parse_manifest;
@@ -25,12 +26,9 @@ use crate::version;
 
 /// One `helm upgrade --install`, as `provision` decided it.
 pub(super) struct Upgrade {
-    /// The merged values.
-    pub(super) values: Value,
-    /// The inputs' digest, stored with the revision (`None`: not pinned).
-    pub(super) digest: Option<String>,
-    /// What tells these inputs from others ([`HelmRelease::run_inputs`]).
-    pub(super) inputs: Option<String>,
+    /// The pass's inputs: helm gets the values, the revision the digest,
+    /// the run the run key.
+    pub(super) inputs: Inputs,
     /// The revision helm is about to write.
     pub(super) next: u32,
     /// No release is left when helm runs (Helm 4 then applies server-side).
@@ -158,9 +156,13 @@ impl HelmRelease {
         upgrade: Upgrade,
     ) -> Result<()> {
         let Upgrade {
-            values,
-            digest,
-            inputs,
+            inputs:
+                Inputs {
+                    values,
+                    digest,
+                    run_key,
+                    redactor,
+                },
             next,
             fresh,
             repair,
@@ -187,7 +189,7 @@ impl HelmRelease {
             serialised,
             "upgrade --install",
             Operation::Provision,
-            Purpose::Release { inputs },
+            Purpose::Release { run_key },
             move |cx, work| async move {
                 let kubeconfig = this.kubeconfig(&cx)?;
                 // In the background: `helm version` takes a helm slot too.
@@ -198,14 +200,14 @@ impl HelmRelease {
                     cx.cancellation(),
                 )
                 .await?;
-                this.log_in(&cx, &work).await?;
+                this.log_in(&cx, &redactor, &work).await?;
                 let stamp = digest.as_deref().map(|digest| args::Stamp {
                     digest,
                     revision: next,
                     repair: repaired.as_deref(),
                 });
                 let ran = this
-                    .run_helm_in(&cx, "upgrade --install", &values, &work, None, |work| {
+                    .run_helm_in(&cx, "upgrade --install", &redactor, &work, None, |work| {
                         let kubeconfig = work.write_kubeconfig(kubeconfig)?;
                         let values = work.write_private("values.json", &values_json)?;
                         let mut args = this.upgrade_args(major, &kubeconfig, &values, stamp, fresh);
@@ -233,8 +235,7 @@ impl HelmRelease {
     pub(super) async fn plan_upgrade(
         &self,
         cx: &Context,
-        values: &Value,
-        digest: Option<&str>,
+        inputs: &Inputs,
         latest: Option<&Revision>,
     ) -> Result<Plan> {
         // Provision takes the release's Lease from here on.
@@ -253,7 +254,7 @@ impl HelmRelease {
         let rendered = self
             .render(
                 cx,
-                values,
+                inputs,
                 Render {
                     install: start.install,
                     fresh: start.fresh,
@@ -302,8 +303,8 @@ impl HelmRelease {
             reasons.extend(what_changed(
                 payload.chart.shown().as_deref(),
                 rendered.dry_run.chart.shown().as_deref(),
-                same_values(stored, values),
-                digest.is_some(),
+                same_values(stored, &inputs.values),
+                inputs.digest.is_some(),
                 latest.is_some_and(|r| r.digest.is_some()),
             ));
         }
