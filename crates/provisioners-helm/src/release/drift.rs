@@ -9,6 +9,7 @@ use serde_json::Value;
 use sha2::{Digest as _, Sha256};
 
 use super::HelmRelease;
+use super::live;
 use super::live::Live;
 use crate::storage::{Payload, Revision};
 
@@ -121,31 +122,28 @@ impl DriftCheck {
     }
 }
 
-impl HelmRelease {
-    /// The drift check of `revision`, deployed with these very inputs:
-    /// `None` with [`DriftPolicy::Ignore`] (nothing read), else one read of
-    /// the stored manifest and one per object.
-    pub(super) async fn check_drift(
-        &self,
-        cx: &Context,
-        revision: &Revision,
-    ) -> Result<Option<DriftCheck>> {
-        if self.drift == DriftPolicy::Ignore {
-            return Ok(None);
-        }
-        let (objects, payload) = self
-            .live(cx, revision)
-            .await?
-            .ok_or_else(|| self.record_changed())?;
-        let drifted = check(&objects);
-        let verdict = Verdict::of(self.drift, revision, &drifted);
-        Ok(Some(DriftCheck {
-            objects,
-            payload,
-            drifted,
-            verdict,
-        }))
+/// The drift check of `revision`, deployed with these very inputs:
+/// `None` with [`DriftPolicy::Ignore`] (nothing read), else one read of
+/// the stored manifest and one per object.
+pub(super) async fn check_drift(
+    release: &HelmRelease,
+    cx: &Context,
+    revision: &Revision,
+) -> Result<Option<DriftCheck>> {
+    if release.drift == DriftPolicy::Ignore {
+        return Ok(None);
     }
+    let (objects, payload) = live::live(release, cx, revision)
+        .await?
+        .ok_or_else(|| live::record_changed(release))?;
+    let drifted = check(&objects);
+    let verdict = Verdict::of(release.drift, revision, &drifted);
+    Ok(Some(DriftCheck {
+        objects,
+        payload,
+        drifted,
+        verdict,
+    }))
 }
 
 /// Compares each object with what helm rendered for it.

@@ -18,71 +18,76 @@ use provisioners_kit::keep;
 use super::HelmRelease;
 use super::background::Purpose;
 use super::decide::Uninstall;
+use super::live;
 use super::lock::Serialised;
+use super::run;
 use crate::objects::{ObjectRef, Resolver, Seen};
 use crate::redact::Redactor;
 use crate::storage::{self, Revision};
 
-impl HelmRelease {
-    /// Uninstalls the release unless that is done ([`Uninstall::of`]
-    /// `latest`, as its plan reads it), and returns the objects to wait for
-    /// (those live before the uninstall, by UID). helm runs in the
-    /// background: a yield while it does.
-    pub(super) async fn uninstalled(
-        &self,
-        cx: &Context,
-        redactor: &Arc<Redactor>,
-        serialised: &Serialised,
-        latest: &Revision,
-        operation: Operation,
-    ) -> Result<Vec<Seen>> {
-        let step = Uninstall::of(latest);
-        if let Uninstall::Waiting(seen) = step {
-            return Ok(seen);
-        }
-        let objects = self
-            .objects(cx, latest)
-            .await?
-            .map(|(objects, _)| objects)
-            .unwrap_or_default();
-        let mut resolver = Resolver::new(cx, &self.namespace);
-        let seen = snapshot(&mut resolver, &objects).await?;
-        if let Uninstall::Run = step {
-            tracing::info!(release = %self.id(), "helm uninstall");
-            // Collecting the run remembers `seen` on the record.
-            let purpose = Purpose::Uninstall {
-                seen: seen.clone(),
-                record: latest.secret.clone(),
-            };
-            self.uninstall(
-                cx,
-                redactor,
-                serialised,
-                false,
-                operation,
-                purpose,
-                Some(latest.number),
-            )
-            .await?;
-            return Ok(seen);
-        }
-        storage::remember_uninstalled(cx.client(), &self.namespace, &latest.secret, &seen).await?;
-        Ok(seen)
+/// Uninstalls the release unless that is done ([`Uninstall::of`]
+/// `latest`, as its plan reads it), and returns the objects to wait for
+/// (those live before the uninstall, by UID). helm runs in the
+/// background: a yield while it does.
+pub(super) async fn uninstalled(
+    release: &HelmRelease,
+    cx: &Context,
+    redactor: &Arc<Redactor>,
+    serialised: &Serialised,
+    latest: &Revision,
+    operation: Operation,
+) -> Result<Vec<Seen>> {
+    let step = Uninstall::of(latest);
+    if let Uninstall::Waiting(seen) = step {
+        return Ok(seen);
     }
+    let objects = live::objects(release, cx, latest)
+        .await?
+        .map(|(objects, _)| objects)
+        .unwrap_or_default();
+    let mut resolver = Resolver::new(cx, &release.namespace);
+    let seen = snapshot(&mut resolver, &objects).await?;
+    if let Uninstall::Run = step {
+        tracing::info!(release = %release.id(), "helm uninstall");
+        // Collecting the run remembers `seen` on the record.
+        let purpose = Purpose::Uninstall {
+            seen: seen.clone(),
+            record: latest.secret.clone(),
+        };
+        run::uninstall(
+            release,
+            cx,
+            redactor,
+            serialised,
+            false,
+            operation,
+            purpose,
+            Some(latest.number),
+        )
+        .await?;
+        return Ok(seen);
+    }
+    storage::remember_uninstalled(cx.client(), &release.namespace, &latest.secret, &seen).await?;
+    Ok(seen)
+}
 
-    /// A yield naming what of `seen` is still there, else `Ok`.
-    pub(super) async fn gone(&self, cx: &Context, seen: &[Seen], what: &str) -> Result<()> {
-        let mut resolver = Resolver::new(cx, &self.namespace);
-        let remaining = remaining(&mut resolver, seen).await?;
-        if remaining.is_empty() {
-            return Ok(());
-        }
-        Err(Error::yielding(format!(
-            "release `{}` uninstalled; waiting for {} to be deleted{what}",
-            self.id(),
-            remaining.join(", ")
-        )))
+/// A yield naming what of `seen` is still there, else `Ok`.
+pub(super) async fn gone(
+    release: &HelmRelease,
+    cx: &Context,
+    seen: &[Seen],
+    what: &str,
+) -> Result<()> {
+    let mut resolver = Resolver::new(cx, &release.namespace);
+    let remaining = remaining(&mut resolver, seen).await?;
+    if remaining.is_empty() {
+        return Ok(());
     }
+    Err(Error::yielding(format!(
+        "release `{}` uninstalled; waiting for {} to be deleted{what}",
+        release.id(),
+        remaining.join(", ")
+    )))
 }
 
 fn kept(meta: &ObjectMeta) -> bool {

@@ -167,7 +167,7 @@ pub const DEFAULT_HOOK_TIMEOUT: Duration = Duration::from_secs(300);
 #[must_use]
 pub struct HelmRelease {
     metadata: Metadata,
-    release: String,
+    name: String,
     namespace: String,
     chart: Chart,
     version: Option<String>,
@@ -198,7 +198,7 @@ impl HelmRelease {
     pub fn new(name: impl Into<Cow<'static, str>>, chart: Chart) -> Self {
         let name = name.into();
         HelmRelease {
-            release: name.clone().into_owned(),
+            name: name.clone().into_owned(),
             metadata: Metadata::new(name),
             namespace: "default".to_owned(),
             chart,
@@ -426,7 +426,7 @@ impl HelmRelease {
 
     /// `ns/name`, for messages.
     fn id(&self) -> String {
-        format!("{}/{}", self.namespace, self.release)
+        format!("{}/{}", self.namespace, self.name)
     }
 
     /// The chart and version, for messages.
@@ -457,18 +457,18 @@ impl HelmRelease {
 
     /// The names only: deprovision must work even when a local chart is gone.
     fn validate_names(&self) -> Result<()> {
-        if !is_release_name(&self.release) {
+        if !is_release_name(&self.name) {
             return Err(Error::invalid(format!(
                 "release name `{}` is not valid: use at most 53 lowercase letters, digits, `-` \
                  and `.`, starting and ending with a letter or digit",
-                self.release
+                self.name
             )));
         }
         if !is_dns_label(&self.namespace) {
             return Err(Error::invalid(format!(
                 "namespace `{}` of release `{}` is not a valid namespace name (a DNS label: at \
                  most 63 lowercase letters, digits and `-`)",
-                self.namespace, self.release
+                self.namespace, self.name
             )));
         }
         Ok(())
@@ -479,7 +479,7 @@ impl fmt::Debug for HelmRelease {
     // Values may hold secrets: never print them.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("HelmRelease")
-            .field("release", &self.release)
+            .field("release", &self.name)
             .field("namespace", &self.namespace)
             .field("chart", &self.chart)
             .field("version", &self.version)
