@@ -15,7 +15,7 @@ use kube::api::{Api, ListParams};
 use provisioners_core::{Context, Error, Result};
 use provisioners_kit::owner::OwnerKeys;
 
-use super::HelmRelease;
+use super::builder::HelmRelease;
 use super::lease;
 use super::records::release_owner;
 use crate::storage::{self, Record, Revision};

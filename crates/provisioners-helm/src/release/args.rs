@@ -4,8 +4,8 @@ use std::ffi::OsString;
 use std::path::Path;
 use std::time::Duration;
 
+use super::builder::{DEFAULT_HOOK_TIMEOUT, HelmRelease};
 use super::crds;
-use super::{DEFAULT_HOOK_TIMEOUT, HelmRelease};
 use crate::chart::Chart;
 use crate::storage::{DIGEST_LABEL, REPAIR_LABEL, REVISION_LABEL};
 use crate::version::Major;

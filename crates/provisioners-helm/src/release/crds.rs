@@ -15,8 +15,8 @@ use provisioners_kit::crd::{Decision, Planned, Step};
 use provisioners_kit::plan::{Change, ObjectPlan};
 use serde_json::Value;
 
-use super::HelmRelease;
 use super::args;
+use super::builder::HelmRelease;
 use super::decide::Mode;
 use super::inputs::{self, Inputs};
 use super::run;

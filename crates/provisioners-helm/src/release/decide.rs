@@ -6,8 +6,8 @@
 
 use provisioners_core::{Context, Result};
 
-use super::HelmRelease;
 use super::adopt;
+use super::builder::HelmRelease;
 use super::drift;
 use super::drift::DriftCheck;
 use super::live;
@@ -29,7 +29,7 @@ pub(super) enum Mode {
 #[derive(Debug)]
 pub(super) enum Decision {
     /// Deployed with these very inputs: no helm. `checked` is the drift
-    /// check (`None` with [`DriftPolicy::Ignore`](super::DriftPolicy::Ignore)),
+    /// check (`None` with [`DriftPolicy::Ignore`](super::drift::DriftPolicy::Ignore)),
     /// whose verdict repairs nothing.
     Unchanged {
         revision: Revision,

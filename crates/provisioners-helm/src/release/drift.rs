@@ -8,7 +8,7 @@ use provisioners_kit::drift::{as_stored, contains_rendered};
 use serde_json::Value;
 use sha2::{Digest as _, Sha256};
 
-use super::HelmRelease;
+use super::builder::HelmRelease;
 use super::live;
 use super::live::Live;
 use crate::storage::{Payload, Revision};

@@ -15,8 +15,8 @@ use kube::api::{Api, DynamicObject};
 use provisioners_core::{Context, Error, Operation, Result};
 use provisioners_kit::keep;
 
-use super::HelmRelease;
 use super::background::Purpose;
+use super::builder::HelmRelease;
 use super::decide::Uninstall;
 use super::live;
 use super::lock::Serialised;

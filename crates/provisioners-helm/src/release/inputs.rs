@@ -9,7 +9,7 @@ use provisioners_core::{Error, Result};
 use serde_json::Value;
 use sha2::{Digest as _, Sha256};
 
-use super::HelmRelease;
+use super::builder::HelmRelease;
 use crate::redact::{Redactor, Secrets};
 use crate::values;
 

@@ -35,7 +35,7 @@ use provisioners_kit::owner::OwnerKeys;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
 
-use super::HelmRelease;
+use super::builder::HelmRelease;
 use super::gate;
 use super::lease;
 use crate::objects::{ObjectRef, Resolver, Seen};

@@ -10,7 +10,7 @@ use serde_json::Value;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
-use super::HelmRelease;
+use super::builder::HelmRelease;
 use crate::objects::{ObjectRef, Resolver, parse_manifest};
 use crate::storage::{self, Revision};
 

@@ -14,7 +14,8 @@ use provisioners_core::{Context, Result};
 use provisioners_kit::wake::Wake;
 use tokio::sync::OwnedMutexGuard;
 
-use super::{HelmRelease, lease};
+use super::builder::HelmRelease;
+use super::lease;
 
 /// Who this process is on the release's Lease.
 pub(super) fn holder(release: &HelmRelease) -> &str {

@@ -9,17 +9,18 @@ use provisioners_core::plan::Plan;
 use provisioners_core::{Context, Operation, Result};
 use provisioners_kit::plan::{Change, ObjectPlan, PlanObjects as _};
 
+use super::builder::HelmRelease;
 use super::compare;
 use super::crds;
 use super::decide;
 use super::decide::{Decision, Mode, Uninstall};
 use super::drift::{DriftCheck, Verdict};
 use super::inputs::Inputs;
+use super::lease;
 use super::live;
 use super::lock;
 use super::records;
 use super::upgrade;
-use super::{HelmRelease, lease};
 use crate::objects::parse_manifest;
 use crate::release_plan::{ReleaseChange, ReleasePlan, WithRelease as _, count};
 use crate::storage::{self, Revision};
@@ -66,7 +67,7 @@ pub(super) async fn plan_provision(release: &HelmRelease, cx: &Context) -> Resul
 
 /// [`Decision::Unchanged`] or [`Decision::Repair`]: deployed with these
 /// very inputs. No helm runs; the drift `checked` (`None`:
-/// [`DriftPolicy::Ignore`](super::DriftPolicy::Ignore)) and its verdict decide, as in `provision`.
+/// [`DriftPolicy::Ignore`](super::drift::DriftPolicy::Ignore)) and its verdict decide, as in `provision`.
 async fn plan_unchanged(
     release: &HelmRelease,
     cx: &Context,

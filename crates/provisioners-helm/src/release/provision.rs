@@ -9,8 +9,8 @@ use std::sync::Arc;
 
 use provisioners_core::{Context, Error, Operation, Plan, Provisioner, Result, async_trait};
 
-use super::HelmRelease;
 use super::adopt;
+use super::builder::HelmRelease;
 use super::crds;
 use super::decide;
 use super::decide::{Decision, Mode};

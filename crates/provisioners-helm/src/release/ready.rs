@@ -8,7 +8,7 @@ use k8s_openapi::jiff::Timestamp;
 use provisioners_core::{Context, Error, Result};
 use provisioners_kit::readiness::{self, NotReady, Verdict};
 
-use super::HelmRelease;
+use super::builder::HelmRelease;
 use super::live;
 use super::live::Live;
 use crate::storage::{self, Revision};

@@ -34,8 +34,8 @@ use kube::api::{Api, PostParams};
 use provisioners_core::{Context, Error, Result};
 use provisioners_kit::owner::OwnerKeys;
 
-use super::HelmRelease;
 use super::adopt;
+use super::builder::HelmRelease;
 use super::lease;
 use super::ledger;
 use super::ledger::{LEDGER_ANNOTATION, Ledger};

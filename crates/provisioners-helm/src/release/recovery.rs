@@ -13,8 +13,8 @@ use std::sync::Arc;
 use provisioners_core::{Context, Error, Operation, Result};
 use serde_json::Value;
 
-use super::HelmRelease;
 use super::background::Purpose;
+use super::builder::HelmRelease;
 use super::decide::Recovery;
 use super::gate;
 use super::inputs;

@@ -9,9 +9,9 @@ use provisioners_core::{Context, Error, Result};
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::HelmRelease;
 use super::args;
 use super::args::Render;
+use super::builder::HelmRelease;
 use super::inputs::Inputs;
 use super::run;
 use crate::chart::Chart;

@@ -7,9 +7,9 @@ use std::sync::Arc;
 
 use provisioners_core::{Context, Error, Operation, Result};
 
-use super::HelmRelease;
 use super::args;
 use super::background::Purpose;
+use super::builder::HelmRelease;
 use super::classify::classify;
 use super::lock::Serialised;
 use super::records;

@@ -12,9 +12,9 @@ use std::time::Duration;
 use provisioners_core::{Context, Error, ErrorKind, Operation, Result, Waiting};
 use provisioners_kit::wake::Wake;
 
-use super::HelmRelease;
 use super::args;
 use super::background::{Found, Purpose, Run, Runs};
+use super::builder::HelmRelease;
 use super::lock::{ReleaseLocks, Serialised};
 use super::probe;
 use super::run;

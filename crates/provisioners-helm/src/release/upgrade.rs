@@ -11,9 +11,9 @@ use provisioners_core::{Context, Error, Operation, Result};
 use provisioners_kit::plan::{Change, PlanObjects as _};
 use serde_json::Value;
 
-use super::HelmRelease;
 use super::args::{self, Render};
 use super::background::Purpose;
+use super::builder::HelmRelease;
 use super::compare::{self, Prior};
 use super::decide::Recovery;
 use super::inputs::Inputs;

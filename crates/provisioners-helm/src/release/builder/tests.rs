@@ -1,6 +1,7 @@
 use serde_json::json;
 
 use super::*;
+use crate::release::inputs;
 
 fn release() -> HelmRelease {
     HelmRelease::new("web", Chart::local("/charts/web"))
