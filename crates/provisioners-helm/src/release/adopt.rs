@@ -17,7 +17,7 @@ use provisioners_kit::owner::OwnerKeys;
 
 use super::builder::HelmRelease;
 use super::lease;
-use super::records::release_owner;
+use super::owner::release_owner;
 use crate::storage::{self, Record, Revision};
 
 /// With owner keys young enough to adopt ([`OwnerKeys::adopts_unsigned`])

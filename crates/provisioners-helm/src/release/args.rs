@@ -5,7 +5,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use super::builder::{DEFAULT_HOOK_TIMEOUT, HelmRelease};
-use super::crds;
+use super::policy::CrdPolicy;
 use crate::chart::Chart;
 use crate::storage::{DIGEST_LABEL, REPAIR_LABEL, REVISION_LABEL};
 use crate::version::Major;
@@ -88,7 +88,7 @@ pub(super) fn upgrade_args(
         args.push("--server-side=true".into());
         args.push("--disable-openapi-validation".into());
     }
-    if crds::skips_crds(release) {
+    if skips_crds(release) {
         // The chart's crds/ went through the CRD step before helm.
         args.push("--skip-crds".into());
     }
@@ -136,7 +136,7 @@ pub(super) fn render_args(
     if !render.install {
         args.push("--reset-values".into());
     }
-    if crds::skips_crds(release) {
+    if skips_crds(release) {
         args.push("--skip-crds".into());
     }
     if major == Major::Four && render.fresh {
@@ -252,6 +252,12 @@ pub(super) fn rollback_args(
     args.push("--timeout".into());
     args.push(go_duration(helm_timeout(release)).into());
     args
+}
+
+/// Whether helm runs with `--skip-crds`: the chart's CRDs went through
+/// the CRD step ([`crds`](super::crds)) before helm.
+fn skips_crds(release: &HelmRelease) -> bool {
+    release.crds != CrdPolicy::Skip
 }
 
 /// A duration as Go's `time.ParseDuration` reads it.

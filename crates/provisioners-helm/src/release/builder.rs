@@ -11,8 +11,7 @@ use provisioners_core::{Error, Metadata, Result};
 use serde::Serialize;
 use serde_json::Value;
 
-use super::crds::CrdPolicy;
-use super::drift::DriftPolicy;
+use super::policy::{CrdPolicy, DriftPolicy};
 use crate::chart::Chart;
 use crate::credentials::Credentials;
 

@@ -19,40 +19,16 @@ use super::args;
 use super::builder::HelmRelease;
 use super::decide::Mode;
 use super::inputs::{self, Inputs};
+use super::policy::CrdPolicy;
 use super::run;
 use crate::chart::Chart;
 use crate::chart::crd_files::{self, CrdFile};
 use crate::redact::Redactor;
 
-/// What a [`HelmRelease`] does with the CRDs in its chart's `crds/`
-/// directory.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum CrdPolicy {
-    /// helm's own behaviour: helm creates them on install and never
-    /// updates them (Helm 3), or fails an upgrade whose custom resources
-    /// use a field they lack (Helm 4).
-    Skip,
-    /// We create missing CRDs before helm runs, and never update one that
-    /// exists; helm runs with `--skip-crds`.
-    Create,
-    /// The default: missing CRDs are created and changed ones updated, each
-    /// change first checked (a stored version dropped, the last served
-    /// version gone, stored objects the new schema rejects: refused with
-    /// `Invalid`, nothing written); helm runs with `--skip-crds`.
-    #[default]
-    Upgrade,
-}
-
 /// Per cluster: a chart's CRDs by the release's chart digest, so that a
 /// pass that changes nothing reads no chart.
 #[derive(Debug, Default)]
 struct Shown(Mutex<HashMap<String, Arc<Vec<CustomResourceDefinition>>>>);
-
-/// Whether helm runs with `--skip-crds` (we handle the chart's CRDs).
-pub(super) fn skips_crds(release: &HelmRelease) -> bool {
-    release.crds != CrdPolicy::Skip
-}
 
 /// The chart's CRDs through the shared step (nothing for
 /// [`CrdPolicy::Skip`]): applied ([`Mode::Write`]: the gate, then

@@ -8,8 +8,7 @@ use provisioners_core::{Context, Result};
 
 use super::adopt;
 use super::builder::HelmRelease;
-use super::drift;
-use super::drift::DriftCheck;
+use super::drift::{self, DriftCheck};
 use super::live;
 use super::records;
 use crate::objects::Seen;
@@ -29,7 +28,7 @@ pub(super) enum Mode {
 #[derive(Debug)]
 pub(super) enum Decision {
     /// Deployed with these very inputs: no helm. `checked` is the drift
-    /// check (`None` with [`DriftPolicy::Ignore`](super::drift::DriftPolicy::Ignore)),
+    /// check (`None` with [`DriftPolicy::Ignore`](super::policy::DriftPolicy::Ignore)),
     /// whose verdict repairs nothing.
     Unchanged {
         revision: Revision,

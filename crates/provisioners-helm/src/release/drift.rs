@@ -9,29 +9,9 @@ use serde_json::Value;
 use sha2::{Digest as _, Sha256};
 
 use super::builder::HelmRelease;
-use super::live;
-use super::live::Live;
+use super::live::{self, Live};
+use super::policy::DriftPolicy;
 use crate::storage::{Payload, Revision};
-
-/// What a no-op [`provision`](provisioners_core::Provisioner::provision)
-/// does when the release's objects no longer hold what the release applied
-/// (an object deleted by hand, a field the chart sets changed). Set with
-/// [`HelmRelease::drift`](crate::HelmRelease::drift).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum DriftPolicy {
-    /// Runs `helm upgrade` with the same chart and values, which restores
-    /// deleted objects and changed fields (the default). Objects that are
-    /// found exactly as they were after the previous repair (a value the
-    /// server keeps rewriting) are then only logged, so a release is never
-    /// upgraded on every reconcile; a deleted object is always restored.
-    #[default]
-    Repair,
-    /// Logs a warning naming what drifted and changes nothing.
-    Warn,
-    /// Does not look: a no-op costs one API call.
-    Ignore,
-}
 
 /// What drifted among `objects`.
 #[derive(Debug, Default, PartialEq, Eq)]

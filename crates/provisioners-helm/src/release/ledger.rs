@@ -9,7 +9,7 @@
 //! go on the Lease in the same write ([`LEDGER_ANNOTATION`]), signed with
 //! the owner key when there is one. Deprovision of a release whose records
 //! are gone, or flipped to `uninstalled` without our uninstall intent,
-//! deletes the ledger's objects itself: only those that helm's own
+//! deletes the ledger's objects itself ([`gate`](super::gate)): only those that helm's own
 //! annotations say belong to this release, each with its UID as a
 //! precondition; kept ones (`helm.sh/resource-policy: keep`) are left.
 //! The Lease goes last, after the objects are gone.
@@ -27,8 +27,6 @@
 use std::io::Write as _;
 
 use base64::Engine as _;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{DeleteParams, Preconditions, PropagationPolicy};
 use provisioners_core::{Context, Error, Result};
 use provisioners_kit::bounded::{self, Limits};
 use provisioners_kit::owner::OwnerKeys;
@@ -36,9 +34,8 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
 
 use super::builder::HelmRelease;
-use super::gate;
 use super::lease;
-use crate::objects::{ObjectRef, Resolver, Seen};
+use crate::objects::ObjectRef;
 
 /// The annotation on the release's Lease holding the ledger: base64 of
 /// gzipped JSON `{"revision": N, "objects": [...], "mac": "..."}`.
@@ -61,10 +58,6 @@ const LEDGER: Limits = Limits {
     heap: 8 << 20,
     depth: 4,
 };
-
-/// helm's annotations on every object it manages.
-const HELM_RELEASE_NAME: &str = "meta.helm.sh/release-name";
-const HELM_RELEASE_NAMESPACE: &str = "meta.helm.sh/release-namespace";
 
 /// What a release installed, as of one sealed revision.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
@@ -212,67 +205,6 @@ pub(super) async fn ledger(release: &HelmRelease, cx: &Context) -> Result<Option
                 lease::name(&release.name)
             ))
         })
-}
-
-/// Deletes what `ledger` lists that helm's annotations say is this
-/// release's (UID preconditions, kept objects left), and yields until it
-/// is gone: deprovision when the records cannot say what to uninstall.
-/// `why` says why, for the log and the yield.
-pub(super) async fn uninstall_ledger(
-    release: &HelmRelease,
-    cx: &Context,
-    ledger: &Ledger,
-    why: &str,
-) -> Result<()> {
-    let mut resolver = Resolver::new(cx, &release.namespace);
-    let seen = gate::snapshot_with(&mut resolver, &ledger.objects, |meta| {
-        helm_owns(release, meta)
-    })
-    .await?;
-    if seen.is_empty() {
-        return Ok(());
-    }
-    tracing::warn!(
-        release = %release.id(), objects = seen.len(), "{why}: deleting the release's objects \
-        from its ledger"
-    );
-    for Seen { object, uid } in &seen {
-        let Some((api, resolved)) = resolver.api(object).await? else {
-            continue;
-        };
-        let params = DeleteParams {
-            preconditions: Some(Preconditions {
-                uid: Some(uid.clone()),
-                resource_version: None,
-            }),
-            propagation_policy: Some(PropagationPolicy::Foreground),
-            ..DeleteParams::default()
-        };
-        match api.delete(&resolved.name, &params).await {
-            Ok(_) => {}
-            // Gone, or another object by now (its UID is not ours).
-            Err(kube::Error::Api(status)) if status.is_not_found() || status.code == 409 => {}
-            Err(e) => {
-                return Err(Error::kube(
-                    format_args!(
-                        "deleting {} of release `{}`",
-                        resolved.shown(),
-                        release.id()
-                    ),
-                    e,
-                ));
-            }
-        }
-    }
-    gate::gone(release, cx, &seen, &format!(" ({why})")).await
-}
-
-/// Whether helm's annotations on `meta` name this release.
-fn helm_owns(release: &HelmRelease, meta: &ObjectMeta) -> bool {
-    let annotations = meta.annotations.as_ref();
-    let get = |key: &str| annotations.and_then(|a| a.get(key)).map(String::as_str);
-    get(HELM_RELEASE_NAME) == Some(release.name.as_str())
-        && get(HELM_RELEASE_NAMESPACE) == Some(release.namespace.as_str())
 }
 
 #[cfg(test)]

@@ -12,8 +12,9 @@
 //! release), [`recovery`] (pending records), [`live`] (the release's
 //! objects now), [`ready`] (readiness instead of `--wait`), [`drift`] (the
 //! drift check and its verdict), [`gate`] (uninstall and the deletion
-//! gate), [`records`] (release owners, records that verify), [`args`]
-//! (helm's command lines), [`run`] (running helm), [`classify`] (what a
+//! gate), [`owner`] (who records are sealed for), [`records`] (records
+//! that verify), [`args`]
+//! (helm's command lines), [`run`] (one helm process), [`classify`] (what a
 //! failed run means), [`running`] (a helm run that outlives its pass:
 //! [`background`] keeps it, [`probe`] says what it waits for), [`upgrade`]
 //! (`helm upgrade --install`, or in a plan helm's server-side dry run,
@@ -35,7 +36,9 @@ mod lease;
 mod ledger;
 mod live;
 mod lock;
+mod owner;
 mod plan;
+mod policy;
 mod probe;
 mod provision;
 mod ready;
@@ -49,5 +52,4 @@ mod upgrade;
 pub use self::builder::{
     DEFAULT_HOOK_TIMEOUT, DEFAULT_PASS_TIMEOUT, DEFAULT_STOP_TIMEOUT, HelmRelease,
 };
-pub use self::crds::CrdPolicy;
-pub use self::drift::DriftPolicy;
+pub use self::policy::{CrdPolicy, DriftPolicy};

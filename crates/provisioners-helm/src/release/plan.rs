@@ -12,8 +12,7 @@ use provisioners_kit::plan::{Change, ObjectPlan, PlanObjects as _};
 use super::builder::HelmRelease;
 use super::compare;
 use super::crds;
-use super::decide;
-use super::decide::{Decision, Mode, Uninstall};
+use super::decide::{self, Decision, Mode, Uninstall};
 use super::drift::{DriftCheck, Verdict};
 use super::inputs::Inputs;
 use super::lease;
@@ -67,7 +66,7 @@ pub(super) async fn plan_provision(release: &HelmRelease, cx: &Context) -> Resul
 
 /// [`Decision::Unchanged`] or [`Decision::Repair`]: deployed with these
 /// very inputs. No helm runs; the drift `checked` (`None`:
-/// [`DriftPolicy::Ignore`](super::drift::DriftPolicy::Ignore)) and its verdict decide, as in `provision`.
+/// [`DriftPolicy::Ignore`](super::policy::DriftPolicy::Ignore)) and its verdict decide, as in `provision`.
 async fn plan_unchanged(
     release: &HelmRelease,
     cx: &Context,

@@ -12,8 +12,7 @@ use provisioners_core::{Context, Error, Operation, Plan, Provisioner, Result, as
 use super::adopt;
 use super::builder::HelmRelease;
 use super::crds;
-use super::decide;
-use super::decide::{Decision, Mode};
+use super::decide::{self, Decision, Mode};
 use super::drift::{DriftCheck, Verdict};
 use super::gate;
 use super::inputs::{self, Inputs};
@@ -21,13 +20,13 @@ use super::lease;
 use super::ledger;
 use super::live;
 use super::lock;
+use super::owner;
 use super::plan;
 use super::ready;
 use super::records;
 use super::recovery;
 use super::running;
-use super::upgrade;
-use super::upgrade::Upgrade;
+use super::upgrade::{self, Upgrade};
 use crate::storage::{self, Revision};
 
 /// [`Decision::Unchanged`]: what the drift check found, said, and
@@ -135,7 +134,7 @@ impl Provisioner for HelmRelease {
                 } else if settled {
                     // Only our owner was missing on a record that verifies:
                     // the process died between the seal and the annotation.
-                    records::seal(self, cx, &records::sealing(cx), revision.number).await?;
+                    records::seal(self, cx, &owner::sealing(cx), revision.number).await?;
                     return ready::settled(self, cx, revision).await;
                 }
             }
@@ -186,7 +185,7 @@ impl Provisioner for HelmRelease {
                 && !ledger.objects.is_empty()
             {
                 lock::take_lease(self, cx, &serialised).await?;
-                ledger::uninstall_ledger(self, cx, &ledger, "its records are gone").await?;
+                gate::uninstall_ledger(self, cx, &ledger, "its records are gone").await?;
                 crds::delete_unused_crds(self, cx, &redactor).await?;
                 return lease::remove(cx, &self.namespace, &self.name).await;
             }
@@ -222,7 +221,7 @@ impl Provisioner for HelmRelease {
                     latest.secret
                 )));
             };
-            ledger::uninstall_ledger(
+            gate::uninstall_ledger(
                 self,
                 cx,
                 &ledger,

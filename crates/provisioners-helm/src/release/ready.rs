@@ -9,8 +9,7 @@ use provisioners_core::{Context, Error, Result};
 use provisioners_kit::readiness::{self, NotReady, Verdict};
 
 use super::builder::HelmRelease;
-use super::live;
-use super::live::Live;
+use super::live::{self, Live};
 use crate::storage::{self, Revision};
 
 /// With a [`ready_timeout`](HelmRelease::ready_timeout): `Ok` only once

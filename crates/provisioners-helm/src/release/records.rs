@@ -37,38 +37,15 @@ use provisioners_kit::owner::OwnerKeys;
 use super::adopt;
 use super::builder::HelmRelease;
 use super::lease;
-use super::ledger;
-use super::ledger::{LEDGER_ANNOTATION, Ledger};
-use super::lock;
-use super::lock::Serialised;
+use super::ledger::{self, LEDGER_ANNOTATION, Ledger};
+use super::lock::{self, Serialised};
+use super::owner::{self, Sealing, release_owner};
 use crate::storage::{self, Expect, INTENT_ANNOTATION, Record, Revision};
 
 /// What the intent of an uninstall of `revision` signs (a revision number
 /// is what the intent of a run that writes one signs).
 pub(super) fn uninstall_intent(revision: u32) -> String {
     format!("uninstall/{revision}")
-}
-
-/// Who seals the records of a run, taken from the pass's context before
-/// the run starts.
-pub(super) struct Sealing {
-    keys: Option<OwnerKeys>,
-    owner: Option<String>,
-}
-
-/// The owner a release is held for: the context's explicit
-/// [`Owner`](provisioners_core::Owner), if any (a tree's own identity
-/// follows its root's name, and a release does not).
-pub(super) fn release_owner(cx: &Context) -> Option<String> {
-    cx.owner().map(provisioners_core::Owner::identity)
-}
-
-/// The sealing of runs started from `cx`.
-pub(super) fn sealing(cx: &Context) -> Sealing {
-    Sealing {
-        keys: OwnerKeys::of(cx).cloned(),
-        owner: release_owner(cx),
-    }
 }
 
 /// Seals the record of `revision` (see [`storage::seal`]): the owner on
@@ -420,7 +397,7 @@ pub(super) async fn trust_records(release: &HelmRelease, cx: &Context) -> Result
                     Some(_) => Expect::AdoptingWrittenBefore,
                     None => Expect::Adopting,
                 };
-                seal_as(release, cx, &sealing(cx), number, &expect).await?;
+                seal_as(release, cx, &owner::sealing(cx), number, &expect).await?;
             }
             return Ok(true);
         }

@@ -1,5 +1,6 @@
 //! Recovery of a release whose newest revision a dead helm left half-done,
-//! as the shared [`Recovery`] decides it.
+//! as the shared [`Recovery`] decides it: an uninstall, a `helm rollback`
+//! (in the background), or the removal of the record.
 
 // The revision numbers read here come from labels of tenant-writable
 // Secrets: arithmetic on them is checked.
@@ -13,14 +14,17 @@ use std::sync::Arc;
 use provisioners_core::{Context, Error, Operation, Result};
 use serde_json::Value;
 
+use super::args;
 use super::background::Purpose;
 use super::builder::HelmRelease;
 use super::decide::Recovery;
 use super::gate;
 use super::inputs;
 use super::lock::Serialised;
+use super::owner;
 use super::records;
 use super::run;
+use super::running;
 use crate::redact::Redactor;
 use crate::storage::{self, Revision};
 
@@ -50,7 +54,7 @@ pub(super) async fn recover(
             );
             // In the background: until it has ended this is a yield, and the
             // next pass finds the record uninstalled and finishes it below.
-            run::uninstall(
+            gate::uninstall(
                 release,
                 cx,
                 redactor,
@@ -80,7 +84,7 @@ pub(super) async fn recover(
             let next = next_revision(release, revision)?;
             let (prior, sensitive) = prior_values(release, cx, &[pending, to]).await?;
             let redactor = inputs::redactor_with(release, &prior, &sensitive);
-            run::rollback(release, cx, serialised, to, next, Arc::new(redactor)).await?;
+            rollback(release, cx, serialised, to, next, Arc::new(redactor)).await?;
         }
         Recovery::Forget { pending, status } => {
             tracing::warn!(
@@ -201,6 +205,48 @@ async fn prior_values(
 fn at_path<'a>(values: &'a Value, name: &str) -> Option<&'a Value> {
     name.split('.')
         .try_fold(values, |value, key| value.as_object()?.get(key))
+}
+
+/// `helm rollback` to `revision`, in the background; `redactor` masks
+/// the values of the revisions it may print too
+/// ([`redactor_with`](super::inputs::redactor_with)).
+pub(super) async fn rollback(
+    release: &HelmRelease,
+    cx: &Context,
+    serialised: &Serialised,
+    revision: u32,
+    writes: u32,
+    redactor: Arc<Redactor>,
+) -> Result<()> {
+    run::kubeconfig(release, cx)?;
+    // Checked before helm runs: the copy helm writes must be of the
+    // revision as sealed, whatever is done to its record meanwhile.
+    let expect = records::rollback_expectation(release, cx, revision).await?;
+    if serialised.has_lease() {
+        records::intend(release, cx, writes).await?;
+    }
+    let sealing = owner::sealing(cx);
+    let this = release.clone();
+    running::in_background(
+        release,
+        cx,
+        serialised,
+        "rollback",
+        Operation::Provision,
+        Purpose::Recovery,
+        move |cx, work| async move {
+            let kubeconfig = run::kubeconfig(&this, &cx)?;
+            let ran = run::run_helm_in(&this, &cx, "rollback", &redactor, &work, None, |work| {
+                let kubeconfig = work.write_kubeconfig(kubeconfig)?;
+                Ok(args::rollback_args(&this, &kubeconfig, revision))
+            })
+            .await
+            .map(drop);
+            let sealed = records::seal_as(&this, &cx, &sealing, writes, &expect).await;
+            ran.and(sealed)
+        },
+    )
+    .await
 }
 
 #[cfg(test)]

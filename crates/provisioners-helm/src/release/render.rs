@@ -9,8 +9,7 @@ use provisioners_core::{Context, Error, Result};
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::args;
-use super::args::Render;
+use super::args::{self, Render};
 use super::builder::HelmRelease;
 use super::inputs::Inputs;
 use super::run;

@@ -1,19 +1,17 @@
-//! Running helm for a release: its private directory, its deadline,
-//! logging in to a private repository or registry, rollback and uninstall
-//! (in the background), and what a failed run means.
+//! Running one helm process for a release: its private directory, its
+//! deadline, logging in to a private repository or registry, and what a
+//! failed run means. The runs that outlive a pass (upgrade, rollback,
+//! uninstall) start from their steps through [`running`](super::running).
 
 use std::ffi::OsString;
 use std::sync::Arc;
+use std::time::Duration;
 
-use provisioners_core::{Context, Error, Operation, Result};
+use provisioners_core::{Context, Error, Result};
 
 use super::args;
-use super::background::Purpose;
 use super::builder::HelmRelease;
 use super::classify::classify;
-use super::lock::Serialised;
-use super::records;
-use super::running;
 use crate::chart::Chart;
 use crate::child::{self, Invocation, Output, RunError};
 use crate::failure::{HelmFailure, trimmed};
@@ -77,7 +75,7 @@ pub(super) async fn run_helm_in(
         work: Arc::clone(work),
         stdin,
         processes: HelmProcesses::of(cx.cluster()),
-        deadline: Some(running::run_deadline(release)),
+        deadline: Some(run_deadline(release)),
         redactor: Arc::clone(redactor),
     };
     let stop = cx.cancellation().child_token();
@@ -100,7 +98,7 @@ pub(super) async fn run_helm_in(
                  hook that never ends, is the usual cause",
                 release.id(),
                 after.as_secs(),
-                super::running::RUN_MARGIN.as_secs()
+                RUN_MARGIN.as_secs()
             )));
         }
         Ok(Err(RunError::Spawn(e))) => {
@@ -215,92 +213,11 @@ pub(super) async fn log_in(
     .map(drop)
 }
 
-/// `helm rollback` to `revision`, in the background; `redactor` masks
-/// the values of the revisions it may print too
-/// ([`redactor_with`](super::inputs::redactor_with)).
-pub(super) async fn rollback(
-    release: &HelmRelease,
-    cx: &Context,
-    serialised: &Serialised,
-    revision: u32,
-    writes: u32,
-    redactor: Arc<Redactor>,
-) -> Result<()> {
-    kubeconfig(release, cx)?;
-    // Checked before helm runs: the copy helm writes must be of the
-    // revision as sealed, whatever is done to its record meanwhile.
-    let expect = records::rollback_expectation(release, cx, revision).await?;
-    if serialised.has_lease() {
-        records::intend(release, cx, writes).await?;
-    }
-    let sealing = records::sealing(cx);
-    let this = release.clone();
-    running::in_background(
-        release,
-        cx,
-        serialised,
-        "rollback",
-        Operation::Provision,
-        Purpose::Recovery,
-        move |cx, work| async move {
-            let kubeconfig = kubeconfig(&this, &cx)?;
-            let ran = run_helm_in(&this, &cx, "rollback", &redactor, &work, None, |work| {
-                let kubeconfig = work.write_kubeconfig(kubeconfig)?;
-                Ok(args::rollback_args(&this, &kubeconfig, revision))
-            })
-            .await
-            .map(drop);
-            let sealed = records::seal_as(&this, &cx, &sealing, writes, &expect).await;
-            ran.and(sealed)
-        },
-    )
-    .await
-}
+/// How much longer than its hook timeout a helm run may take before it is
+/// stopped: helm's own reads and writes before and after the hooks.
+pub(super) const RUN_MARGIN: Duration = Duration::from_secs(60);
 
-/// `helm uninstall` in the background, keeping the record;
-/// `background` forces background deletion.
-#[allow(clippy::too_many_arguments)]
-pub(super) async fn uninstall(
-    release: &HelmRelease,
-    cx: &Context,
-    redactor: &Arc<Redactor>,
-    serialised: &Serialised,
-    background: bool,
-    operation: Operation,
-    purpose: Purpose,
-    seal: Option<u32>,
-) -> Result<()> {
-    kubeconfig(release, cx)?;
-    if let Some(revision) = seal
-        && serialised.has_lease()
-    {
-        records::intend_uninstall(release, cx, revision).await?;
-    }
-    let background = background || cx.background_deletion();
-    let sealing = records::sealing(cx);
-    let this = release.clone();
-    let redactor = Arc::clone(redactor);
-    running::in_background(
-        release,
-        cx,
-        serialised,
-        "uninstall",
-        operation,
-        purpose,
-        move |cx, work| async move {
-            let kubeconfig = kubeconfig(&this, &cx)?;
-            let ran = run_helm_in(&this, &cx, "uninstall", &redactor, &work, None, |work| {
-                let kubeconfig = work.write_kubeconfig(kubeconfig)?;
-                Ok(args::uninstall_args(&this, &kubeconfig, background))
-            })
-            .await
-            .map(drop);
-            // helm rewrote the record, dropping our annotations: the
-            // release stays this owner's until its records are gone.
-            let Some(revision) = seal else { return ran };
-            let sealed = records::seal(&this, &cx, &sealing, revision).await;
-            ran.and(sealed)
-        },
-    )
-    .await
+/// How long one helm run may take: helm's `--timeout` plus [`RUN_MARGIN`].
+pub(super) fn run_deadline(release: &HelmRelease) -> Duration {
+    args::helm_timeout(release) + RUN_MARGIN
 }

@@ -7,12 +7,10 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
 
 use provisioners_core::{Context, Error, ErrorKind, Operation, Result, Waiting};
 use provisioners_kit::wake::Wake;
 
-use super::args;
 use super::background::{Found, Purpose, Run, Runs};
 use super::builder::HelmRelease;
 use super::lock::{ReleaseLocks, Serialised};
@@ -22,18 +20,9 @@ use crate::process_limit::HelmProcesses;
 use crate::storage;
 use crate::workdir::WorkDir;
 
-/// How much longer than its hook timeout a helm run may take before it is
-/// stopped: helm's own reads and writes before and after the hooks.
-pub(super) const RUN_MARGIN: Duration = Duration::from_secs(60);
-
 /// `HelmRelease ns/name`, the object a wait on the release names.
 fn waited_object(release: &HelmRelease) -> String {
     format!("HelmRelease {}", release.id())
-}
-
-/// How long one helm run may take: helm's `--timeout` plus [`RUN_MARGIN`].
-pub(super) fn run_deadline(release: &HelmRelease) -> Duration {
-    args::helm_timeout(release) + RUN_MARGIN
 }
 
 /// The release's lock in this process, or a yield while another pass or
@@ -282,6 +271,8 @@ fn superseded(run: &Run, operation: Operation, run_key: Option<&str>) -> Option<
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use provisioners_testing::mock;
     use tokio_util::sync::CancellationToken;
 

@@ -19,15 +19,14 @@ use super::decide::Recovery;
 use super::inputs::Inputs;
 use super::lease;
 use super::live;
-use super::lock;
-use super::lock::Serialised;
-use super::plan;
+use super::lock::{self, Serialised};
+use super::owner;
 use super::records;
 use super::render;
 use super::run;
 use super::running;
 use crate::objects::parse_manifest;
-use crate::release_plan::{ReleaseChange, WithRelease as _, count};
+use crate::release_plan::{ReleaseChange, ReleasePlan, WithRelease as _, count};
 use crate::storage::{self, Revision, same_values};
 use crate::version;
 
@@ -187,7 +186,7 @@ pub(super) async fn upgrade(
     if serialised.has_lease() {
         records::intend(release, cx, next).await?;
     }
-    let sealing = records::sealing(cx);
+    let sealing = owner::sealing(cx);
     tracing::info!(release = %release.id(), chart = %release.chart, "helm upgrade --install");
     let this = release.clone();
     running::in_background(
@@ -349,7 +348,7 @@ pub(super) async fn plan_upgrade(
         ));
     }
 
-    let mut shown = plan::release_plan(release, start.action);
+    let mut shown = ReleasePlan::new(&release.name, &release.namespace, start.action);
     if let Some(chart) = rendered.dry_run.chart.shown() {
         shown = shown.with_chart(chart);
     }

@@ -13,8 +13,8 @@ use serde_json::{Value, json};
 
 use crate::chart::Chart;
 use crate::release::builder::HelmRelease;
-use crate::release::drift::DriftPolicy;
 use crate::release::inputs;
+use crate::release::policy::DriftPolicy;
 use crate::storage::{DIGEST_LABEL, REVISION_LABEL};
 
 const MANIFEST: &str = "---\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: web-settings\ndata:\n  greeting: hello\n---\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: web-kept\n  annotations:\n    helm.sh/resource-policy: keep\ndata:\n  kept: \"yes\"\n---\napiVersion: v1\nkind: Secret\nmetadata:\n  name: web-credentials\nstringData:\n  password: s3cr3t-in-the-chart\n";
