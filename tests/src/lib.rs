@@ -30,6 +30,11 @@ struct RuntimeReadme;
 #[doc = include_str!("../../crates/provisioners-testing/README.md")]
 struct TestingReadme;
 
+/// The `provisioners-client` README.
+#[cfg(doctest)]
+#[doc = include_str!("../../crates/provisioners-client/README.md")]
+struct ClientReadme;
+
 /// The `provisioners-core` README.
 #[cfg(doctest)]
 #[doc = include_str!("../../crates/provisioners-core/README.md")]

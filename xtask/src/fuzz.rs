@@ -12,7 +12,7 @@ use crate::process::{cmd, shell};
 
 /// Each crate with a `fuzz_tests` module, and that module's path in it.
 pub(crate) const SUITES: &[(&str, &str)] = &[
-    ("provisioners-kit", "bounded::fuzz_tests"),
+    ("provisioners-client", "bounded::fuzz_tests"),
     ("provisioners-helm", "storage::fuzz_tests"),
     ("provisioners-fleet", "state::fuzz_tests"),
     ("provisioners-manifest", "fuzz_tests"),

@@ -72,8 +72,9 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
         Some(dir) => tests = tests.env(crate::tools::crds::PROMETHEUS_OPERATOR_CRDS_ENV, dir),
         None => {
             eprintln!(
-                "skipped: tests/tests/crd_helm.rs::{} needs the prometheus-operator CRDs in {} \
-                 (`cargo xtask tools` fetches them from the Go module proxy; docs/crds.md)",
+                "skipped: tests/tests/cluster_helm/crd_helm.rs::{} needs the prometheus-operator \
+                 CRDs in {} (`cargo xtask tools` fetches them from the Go module proxy; \
+                 docs/crds.md)",
                 crate::tools::crds::PROMETHEUS_OPERATOR_CRDS_TEST,
                 crate::tools::crds::dir(&cache).display()
             );
@@ -382,7 +383,7 @@ pub(crate) fn fixtures_dir() -> Option<std::path::PathBuf> {
 /// "Fixtures" in docs/testing.md). Without the fixtures directory it is
 /// skipped, with a line saying so; CI has the directory and runs it.
 pub(crate) struct FixtureTest {
-    /// The test binary's source, relative to the workspace root.
+    /// The test's source file, relative to the workspace root.
     pub(crate) file: &'static str,
     /// The test function: unique in the workspace, so `--skip` skips only it.
     pub(crate) name: &'static str,
@@ -404,17 +405,17 @@ impl FixtureTest {
 /// Every test that needs the fixtures (checked by the unit test below).
 pub(crate) const FIXTURE_TESTS: &[FixtureTest] = &[
     FixtureTest {
-        file: "tests/tests/faults_trees.rs",
+        file: "tests/tests/cluster_trees/faults_trees.rs",
         name: "kube_prometheus_slice_with_crds_converges_from_every_crash",
         fixture: "kube-prometheus/manifests",
     },
     FixtureTest {
-        file: "tests/tests/manifest_plan.rs",
+        file: "tests/tests/cluster_exclusive/manifest_plan.rs",
         name: "kube_prometheus_plans_create_then_no_change_then_exactly_the_two_edits",
         fixture: "kube-prometheus/manifests",
     },
     FixtureTest {
-        file: "tests/tests/manifest_cluster_wide.rs",
+        file: "tests/tests/cluster_exclusive/manifest_cluster_wide.rs",
         name: "cluster_wide_kube_prometheus_then_a_down_aggregated_api",
         fixture: "kube-prometheus/manifests",
     },
@@ -438,19 +439,36 @@ mod tests {
                 test.name
             );
         }
-        let dir = root.join("tests/tests");
-        let mut files: Vec<_> = std::fs::read_dir(&dir)
-            .expect("tests/tests")
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|e| e == "rs"))
-            .collect();
+        // Every source of the test binaries (tests/tests/<binary>/*.rs) and
+        // of their shared support modules (tests/tests/*_support/).
+        let mut files = Vec::new();
+        let mut dirs = vec![root.join("tests/tests")];
+        while let Some(dir) = dirs.pop() {
+            for path in std::fs::read_dir(&dir)
+                .expect("tests/tests")
+                .filter_map(|e| e.ok().map(|e| e.path()))
+            {
+                if path.is_dir() {
+                    dirs.push(path);
+                } else if path.extension().is_some_and(|e| e == "rs") {
+                    files.push(path);
+                }
+            }
+        }
         files.sort();
+        assert!(
+            files
+                .iter()
+                .any(|f| f.ends_with("cluster_trees/faults_trees.rs")),
+            "{files:?}"
+        );
         for file in files {
             let source = std::fs::read_to_string(&file).expect("test file");
-            let shown = format!(
-                "tests/tests/{}",
-                file.file_name().unwrap().to_string_lossy()
-            );
+            let shown = file
+                .strip_prefix(&root)
+                .expect("under the workspace")
+                .to_string_lossy()
+                .into_owned();
             for line in source.lines() {
                 if let Some(name) = line
                     .trim_start()

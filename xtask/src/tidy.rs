@@ -18,6 +18,7 @@ mod cycles;
 mod docs;
 mod features;
 mod lex;
+mod light;
 mod lints;
 mod manifest;
 mod rbac;
@@ -66,12 +67,14 @@ fn all_problems(root: &Path) -> Vec<String> {
 }
 
 /// The rules of docs/architecture.md ("Rules tidy enforces"): file size,
-/// no leaf names in core, no circular imports, every public item documented.
+/// no leaf names in core, no circular imports, every public item documented,
+/// a light client crate.
 fn architecture_problems(root: &Path) -> Vec<String> {
     let mut found = size::problems(root, size::RATCHET);
     found.extend(core_names::problems(root, core_names::ALLOWED));
     found.extend(cycles::problems(root, cycles::ALLOWED));
     found.extend(lints::problems(root));
+    found.extend(light::problems(root, light::LIGHT));
     found.extend(checked::problems(root, checked::TENANT_NUMBERS));
     found
 }

@@ -12,10 +12,10 @@ use kube::config::Kubeconfig;
 /// same cluster, and the state provisioners keep per cluster.
 ///
 /// **The client.** A `Cluster` uses its client as it is given. Build it
-/// through `provisioners_kit::client` (`connect`, `infer`, or
+/// through `provisioners-client` (`connect`, `infer`, or
 /// `ClientPolicy::cluster` for a client of your own) to have every request
 /// bounded (a deadline, a size cap, a short retry) and a circuit breaker per
-/// cluster: that module keeps the policy and the breaker in the cluster's
+/// cluster: that crate keeps the policy and the breaker in the cluster's
 /// [state](Cluster::state), and its `derive` gives a remote cluster the same
 /// policy with a breaker of its own.
 ///
@@ -57,7 +57,7 @@ impl Cluster {
     /// policy: for mock clients in unit tests that count requests, fault
     /// tests that must see every fault, and clients you layered yourself.
     /// For deadlines, a retry and a breaker, build the cluster with
-    /// `provisioners_kit::client` (see the type's docs).
+    /// `provisioners-client` (see the type's docs).
     pub fn unmanaged(id: impl Into<Arc<str>>, client: kube::Client) -> Self {
         Cluster {
             id: id.into(),

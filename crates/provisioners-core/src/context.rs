@@ -41,7 +41,7 @@ const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(20);
 /// # async fn example(client: kube::Client) {
 /// use provisioners_core::{Cluster, Context};
 ///
-/// // `provisioners_kit::client::infer()` builds a cluster with deadlines
+/// // `provisioners_client::infer()` builds a cluster with deadlines
 /// // and a breaker; here a client of your own.
 /// let cx = Context::new(Cluster::unmanaged("dev", client))
 ///     .with_field_manager("my-operator")
@@ -124,7 +124,7 @@ impl Context {
         let service = tower::service_fn(|_request: http::Request<kube::client::Body>| async {
             Err::<http::Response<kube::client::Body>, _>(
                 "this context has no cluster (Context::offline); build one with \
-                 provisioners_kit::client::infer or connect",
+                 provisioners_client::infer or connect",
             )
         });
         // No policy: retrying a request that can never succeed only slows tests.
@@ -213,8 +213,8 @@ impl Context {
     /// [`Context::extension`]: one value per type (a second replaces the
     /// first), seen by children and remote contexts alike. For what a crate
     /// beside core lets its users configure once per tree, e.g. the keys
-    /// that authenticate ownership stamps (`provisioners_kit::owner::OwnerKeys`)
-    /// or the wake a controller gives each reconcile (`provisioners_kit::wake::Wake`).
+    /// that authenticate ownership stamps (`provisioners_client::owner::OwnerKeys`)
+    /// or the wake a controller gives each reconcile (`provisioners_client::wake::Wake`).
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]

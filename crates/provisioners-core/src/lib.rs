@@ -17,7 +17,7 @@
 //! - [`Cluster`]: one cluster's id and client, and per-cluster state
 //!   ([`Cluster::state`], [`Cluster::shared_state`]) where leaf crates keep
 //!   what they learn about a cluster (clusters with deadlines, a retry and a
-//!   circuit breaker on every request are built by `provisioners_kit::client`);
+//!   circuit breaker on every request are built by `provisioners-client`);
 //! - [`Metadata`], the one way to name a node; [`Context::provision`]
 //!   rejects a name that is empty or holds `/` before the node runs;
 //! - [plans](plan): [`Context::plan`] asks a tree what it would do, without
@@ -29,7 +29,8 @@
 //! the diffs and object plans a plan shows) is in `provisioners-kit`; no
 //! leaf's vocabulary is here.
 //!
-//! TLS for the client is a feature: `rustls-tls` (default) or `openssl-tls`.
+//! TLS for the client is a feature of `provisioners-client`, which builds
+//! clients: `rustls-tls` (default) or `openssl-tls`.
 //!
 //! # Example
 //!
@@ -89,7 +90,7 @@
 //!     Box::new(Leaf { name: "config", ready: true }),
 //!     Box::new(Leaf { name: "database", ready: false }),
 //! ]);
-//! // A real program targets a cluster: `Context::new(provisioners_kit::client::infer().await?)`.
+//! // A real program targets a cluster: `Context::new(provisioners_client::infer().await?)`.
 //! let cx = Context::offline();
 //!
 //! let error = cx.provision(&tree).await.unwrap_err();

@@ -77,7 +77,7 @@ async fn namespaces(
     for (kubeconfig, _) in &work {
         let key = serde_json::to_string(kubeconfig)?;
         if let std::collections::btree_map::Entry::Vacant(entry) = clients.entry(key) {
-            let cluster = provisioners_kit::client::connect("bench", kubeconfig.clone()).await?;
+            let cluster = provisioners_client::connect("bench", kubeconfig.clone()).await?;
             entry.insert(cluster.client().clone());
         }
     }
@@ -226,7 +226,7 @@ async fn measure(
     };
     let requests = Arc::new(AtomicUsize::new(0));
     let started = Arc::new(Started::default());
-    let management = provisioners_kit::client::connect("management", primary.clone()).await?;
+    let management = provisioners_client::connect("management", primary.clone()).await?;
     let client = counting(management.client().clone(), Arc::clone(&requests));
     let cluster = Cluster::unmanaged("management", client).with_kubeconfig(primary.clone());
     let cx = Context::new(cluster).with_observer(started.clone());

@@ -15,8 +15,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::SystemTime;
 
+use provisioners_client::kubeconfig::{ClaimedSecret, KubeconfigClaims, kubeconfig_finalizer};
 use provisioners_core::{Context, Operation};
-use provisioners_kit::kubeconfig::{ClaimedSecret, KubeconfigClaims, kubeconfig_finalizer};
 use provisioners_remote::UnreachablePolicy;
 
 use crate::fleet::Fleet;

@@ -82,7 +82,7 @@
 //! # use provisioners_testing::Noop;
 //!
 //! # async fn example() -> provisioners_core::Result<()> {
-//! let cx = Context::new(provisioners_kit::client::infer().await?);
+//! let cx = Context::new(provisioners_client::infer().await?);
 //! // Every Cluster API cluster in namespace `clusters` labelled `env=prod`.
 //! let members = Members::from_secrets("clusters").selector("env=prod");
 //! let fleet = Fleet::new("addons", members, |member| {

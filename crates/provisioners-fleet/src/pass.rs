@@ -5,8 +5,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant, SystemTime};
 
+use provisioners_client::kubeconfig::{ClaimedSecret, KubeconfigClaims, kubeconfig_finalizer};
 use provisioners_core::{Context, Error, Operation, Result, Waiting};
-use provisioners_kit::kubeconfig::{ClaimedSecret, KubeconfigClaims, kubeconfig_finalizer};
 
 use crate::depart::{self, Departures};
 use crate::fleet::Fleet;

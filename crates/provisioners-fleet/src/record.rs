@@ -4,7 +4,7 @@
 use std::time::SystemTime;
 
 use k8s_openapi::jiff::{Timestamp, Unit};
-use provisioners_kit::bounded::{self, Limits};
+use provisioners_client::bounded::{self, Limits};
 use serde::{Deserialize, Serialize};
 
 /// The longest error text a record keeps, in characters.

@@ -3,7 +3,7 @@
 //!
 //! The ConfigMap is untrusted input (anyone who can edit it): a value that
 //! is not a record makes that member pending, never a panic. With owner
-//! keys on the context (`provisioners_kit::owner::OwnerKeys`) each record
+//! keys on the context (`provisioners_client::owner::OwnerKeys`) each record
 //! carries an HMAC over itself, the member, the owner and the ConfigMap;
 //! one that does not verify (a tenant marking members done, a record
 //! copied from another member, or a member's own record of an earlier
@@ -25,7 +25,7 @@ use kube::api::{ObjectMeta, Patch, PatchParams, PostParams, Preconditions};
 use provisioners_core::{Context, Error, Result};
 use serde_json::{Map, Value, json};
 
-use provisioners_kit::owner::OwnerKeys;
+use provisioners_client::owner::OwnerKeys;
 
 use crate::record::Record;
 

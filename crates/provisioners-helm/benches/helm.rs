@@ -387,7 +387,7 @@ async fn main() {
         helms.insert(0, ("helm 3", env_path("PROVISIONERS_HELM3")));
     }
     let kubeconfig = Kubeconfig::read_from(&kubeconfig_path).expect("read the kubeconfig");
-    let mut cluster = provisioners_kit::client::connect("bench", kubeconfig)
+    let mut cluster = provisioners_client::connect("bench", kubeconfig)
         .await
         .expect("cluster");
     if let Some(limit) = limit {

@@ -44,7 +44,7 @@
 //! [`RECORD_OWNER_ANNOTATION`] names the context's
 //! [`Owner`](provisioners_core::Owner) (none for a tree without one: a
 //! release is keyed by name and namespace, not by where it sits in a tree),
-//! and, with [owner keys](provisioners_kit::owner::OwnerKeys),
+//! and, with [owner keys](provisioners_client::owner::OwnerKeys),
 //! an HMAC-SHA256 over release namespace, name, revision, owner and a hash
 //! of everything in the record that helm acts on (all but `info` and the
 //! hooks' `last_run`, which helm rewrites itself) is kept on the release's
@@ -114,7 +114,7 @@
 //!
 //! let platform = Concurrent::new("platform").with(ingress).with(app);
 //! // At most four helm processes at once on this cluster (default 8).
-//! let cluster = provisioners_kit::client::infer().await?.with_shared_state(HelmProcesses::new(4));
+//! let cluster = provisioners_client::infer().await?.with_shared_state(HelmProcesses::new(4));
 //! let cx = Context::new(cluster);
 //! // A yield (helm still running, objects not ready) means: call again
 //! // later, as a controller's requeue does.
@@ -153,7 +153,7 @@
 //! let release = HelmRelease::new("app", Chart::local("charts/app"))
 //!     .namespace("apps")
 //!     .values(&serde_json::json!({"replicas": 3}));
-//! let cx = Context::new(provisioners_kit::client::infer().await?);
+//! let cx = Context::new(provisioners_client::infer().await?);
 //! let plan = cx.plan(&release).await?;
 //! // release apps/app: upgrade, chart app-1.2.0, revision 4 deployed (values changed; 1 object changes)
 //! println!("{plan}");

@@ -27,7 +27,7 @@ pub const DEFAULT_MAX_HELM_PROCESSES: usize = 8;
 /// use provisioners_helm::HelmProcesses;
 ///
 /// # let cluster = Context::offline().cluster().clone();
-/// // let cluster = provisioners_kit::client::infer().await?;
+/// // let cluster = provisioners_client::infer().await?;
 /// let cluster = cluster.with_shared_state(HelmProcesses::new(4));
 /// let processes = HelmProcesses::of(&cluster);
 /// assert_eq!((processes.max(), processes.running()), (4, 0));

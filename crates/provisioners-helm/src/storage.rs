@@ -14,8 +14,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use base64::Engine as _;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use provisioners_client::owner::OwnerKeys;
 use provisioners_core::{Cluster, Error, Result};
-use provisioners_kit::owner::OwnerKeys;
 use serde::Deserialize;
 
 use crate::objects::Seen;

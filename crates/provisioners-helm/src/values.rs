@@ -1,5 +1,5 @@
 //! Values: merging name/value parameters (their canonical form for digests
-//! is [`provisioners_kit::canonical`]; their redaction from helm's messages
+//! is [`provisioners_client::canonical`]; their redaction from helm's messages
 //! is [`crate::redact`]'s).
 
 use serde_json::{Map, Value};
@@ -63,7 +63,7 @@ pub(crate) fn set_path(values: &mut Value, name: &str, value: Value) -> Result<(
 
 #[cfg(test)]
 mod tests {
-    use provisioners_kit::canonical::write;
+    use provisioners_client::canonical::write;
     use serde_json::json;
 
     use super::*;

@@ -1,25 +1,12 @@
-//! What the crates of the provisioners workspace share beyond the contract
-//! in `provisioners-core`.
+//! The object engine the leaves of the provisioners workspace run on.
 //!
-//! Every crate that reaches a cluster builds it here, and
 //! `provisioners-manifest` and `provisioners-helm` both apply objects, wait
 //! for them, repair them and plan them; this crate is where that logic lives
-//! once, for them and for anyone writing a leaf of their own:
+//! once, for them and for anyone writing a leaf of their own. How a request
+//! reaches a cluster (the client policy, health, the Lease, owner keys,
+//! kubeconfig claims, wakes, decoding within a budget, canonical JSON) is
+//! `provisioners-client`, which this crate builds on:
 //!
-//! - [`client`]: the [`ClientPolicy`](client::ClientPolicy) every request
-//!   goes through (a deadline, a size cap, a short retry, a circuit breaker
-//!   per cluster, read with [`Health::of`](client::Health::of)) and the
-//!   constructors that build a [`Cluster`](provisioners_core::Cluster)
-//!   behind it ([`client::infer`], [`client::connect`]);
-//! - [`bounded`]: tenant-writable input decoded within a budget of bytes,
-//!   values, depth and estimated memory, checked while parsing
-//!   ([`bounded::parse`], [`bounded::from_slice`], YAML kubeconfigs with
-//!   [`bounded::kubeconfig_from_yaml`]);
-//! - [`owner`]: [`OwnerKeys`](owner::OwnerKeys), the key that
-//!   authenticates ownership stamps and records, given to a tree as a
-//!   context extension;
-//! - [`kubeconfig`]: the claims and finalizers of the kubeconfig Secrets
-//!   remote nodes protect;
 //! - [`readiness`]: whether an object is ready, kstatus-style (conditions,
 //!   `observedGeneration`, the built-in workload kinds);
 //! - [`drift`]: whether a live object still holds what was applied
@@ -36,22 +23,15 @@
 //!   ([`diff::diff_rendered`]);
 //! - [`keep`]: `helm.sh/resource-policy: keep` read as helm reads it, so
 //!   neither leaf deletes what a chart keeps;
-//! - [`canonical`]: one byte form of a JSON value for digests that must
-//!   agree between processes and builds;
 //! - [`SingleFlight`]: per-cluster state that callers learning the same
 //!   thing at once (API discovery) fill with one request;
 //! - [`crd`]: whether a CRD may replace the live one ([`crd::Diff`],
 //!   [`crd::check`]) and whether existing objects pass its schema
-//!   ([`crd::Validator`]);
-//! - [`lease`]: a `coordination.k8s.io` Lease held by one identity at a
-//!   time ([`lease::LeaseLock`]), with one expiry rule that no clock skew
-//!   between processes can break ([`lease::Observations`]);
-//! - [`wake`]: the [`Wake`](wake::Wake) a controller gives a tree so that a
-//!   leaf yielding on work in this process runs again when it ends.
+//!   ([`crd::Validator`]).
 //!
 //! Core stays the contract (the trait, the context, the cluster handle,
-//! errors, plans); a leaf depends on core and on this crate, never on
-//! another leaf.
+//! errors, plans); a leaf depends on core, `provisioners-client` and this
+//! crate, never on another leaf.
 //!
 //! # Example
 //!
@@ -76,19 +56,12 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-pub mod bounded;
-pub mod canonical;
-pub mod client;
 pub mod crd;
 pub mod diff;
 pub mod drift;
 mod flight;
 pub mod keep;
-pub mod kubeconfig;
-pub mod lease;
-pub mod owner;
 pub mod plan;
 pub mod readiness;
-pub mod wake;
 
 pub use flight::SingleFlight;

@@ -157,7 +157,7 @@ impl HarnessCluster {
             HarnessCluster::Primary => "primary",
             HarnessCluster::Remote => "remote",
         };
-        let cluster = provisioners_kit::client::connect(id, self.kubeconfig()?)
+        let cluster = provisioners_client::connect(id, self.kubeconfig()?)
             .await
             .map_err(|e| HarnessError::Context(Box::new(e)))?;
         Ok(provisioners_core::Context::new(cluster))

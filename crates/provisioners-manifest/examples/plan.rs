@@ -43,7 +43,7 @@ async fn main() -> ExitCode {
         eprintln!("{USAGE}");
         return ExitCode::from(2);
     };
-    let cluster = match provisioners_kit::client::infer().await {
+    let cluster = match provisioners_client::infer().await {
         Ok(cluster) => cluster,
         Err(e) => {
             eprintln!("{e}");

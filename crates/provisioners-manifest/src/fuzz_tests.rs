@@ -16,8 +16,8 @@ use std::sync::Arc;
 use kube::api::DynamicObject;
 use proptest::collection::vec;
 use proptest::prelude::*;
+use provisioners_client::owner::OwnerKeys;
 use provisioners_core::{Context, Owner};
-use provisioners_kit::owner::OwnerKeys;
 use serde_json::json;
 
 use crate::object::ObjectRef;

@@ -113,7 +113,7 @@ const LISTED: usize = 8;
 /// use provisioners_manifest::Manifest;
 ///
 /// # async fn example() -> provisioners_core::Result<()> {
-/// let cx = Context::new(provisioners_kit::client::infer().await?);
+/// let cx = Context::new(provisioners_client::infer().await?);
 /// let monitoring = Manifest::from_path("monitoring", "deploy/monitoring")
 ///     .namespace("monitoring")
 ///     .ready_timeout(Duration::from_secs(300))

@@ -32,7 +32,7 @@
 //!
 //! Bad input is an `Invalid` error naming the file, line and document, the
 //! object and the field. Requests go through the cluster's client, whose
-//! [`ClientPolicy`](provisioners_kit::client::ClientPolicy) bounds and briefly
+//! [`ClientPolicy`](provisioners_client::ClientPolicy) bounds and briefly
 //! retries them; what still fails is an error of the kind
 //! [`Error::kube`](provisioners_core::Error::kube) gives it
 //! ([`Unavailable`](provisioners_core::ErrorKind::Unavailable) for
@@ -85,7 +85,7 @@
 //! use provisioners_manifest::Manifest;
 //!
 //! # async fn example() -> provisioners_core::Result<()> {
-//! let cx = Context::new(provisioners_kit::client::infer().await?).with_field_manager("my-operator");
+//! let cx = Context::new(provisioners_client::infer().await?).with_field_manager("my-operator");
 //! let monitoring = Manifest::from_path("monitoring", "deploy/kube-prometheus").prune(true);
 //! let plan = cx.plan(&monitoring).await?;
 //! println!("{plan}"); // `{plan:#}` lists the unchanged objects too
@@ -122,7 +122,7 @@
 //! use provisioners_manifest::Manifest;
 //!
 //! # async fn example() -> provisioners_core::Result<()> {
-//! let cx = Context::new(provisioners_kit::client::infer().await?).with_field_manager("my-operator");
+//! let cx = Context::new(provisioners_client::infer().await?).with_field_manager("my-operator");
 //! let app = Manifest::from_yaml(
 //!     "app",
 //!     r#"

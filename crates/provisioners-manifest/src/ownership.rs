@@ -15,7 +15,7 @@
 //! each field we add costs the API server on every apply (one more field
 //! in the managed-fields set), so owner and node share one annotation.
 //!
-//! With [owner keys](provisioners_kit::owner::OwnerKeys) on the context the stamp
+//! With [owner keys](provisioners_client::owner::OwnerKeys) on the context the stamp
 //! also carries `mac`, an HMAC-SHA256 over owner, node and the object's
 //! group, kind, namespace and name: a tenant who can patch an object but
 //! cannot read the key cannot make it ours, nor copy a stamp from one of our
@@ -41,10 +41,10 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::DynamicObject;
+use provisioners_client::bounded::{self, Limits};
+use provisioners_client::owner::OwnerKeys;
 use provisioners_core::Context;
-use provisioners_kit::bounded::{self, Limits};
 use provisioners_kit::keep::{self, HELM_RESOURCE_POLICY};
-use provisioners_kit::owner::OwnerKeys;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};

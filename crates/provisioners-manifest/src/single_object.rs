@@ -26,7 +26,7 @@ use crate::{Manifest, ReplacePolicy};
 /// use provisioners_manifest::SingleObject;
 ///
 /// # async fn example() -> provisioners_core::Result<()> {
-/// let cx = Context::new(provisioners_kit::client::infer().await?);
+/// let cx = Context::new(provisioners_client::infer().await?);
 /// let settings = SingleObject::new("settings", &ConfigMap {
 ///     metadata: ObjectMeta {
 ///         name: Some("settings".into()),

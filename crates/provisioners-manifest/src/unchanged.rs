@@ -15,7 +15,7 @@
 )]
 
 use kube::api::DynamicObject;
-use provisioners_kit::bounded::{self, Limits};
+use provisioners_client::bounded::{self, Limits};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
@@ -30,7 +30,7 @@ pub(crate) fn stamp(object: &mut DynamicObject) {
             object.metadata.annotations = None;
         }
     }
-    // Not `provisioners_kit::canonical`: this digest is only ever compared
+    // Not `provisioners_client::canonical`: this digest is only ever compared
     // with one computed from the same manifest, so its bytes need not agree
     // between builds. If they did differ (a dependency turning on
     // serde_json's `preserve_order`), each object would be applied once

@@ -6,8 +6,8 @@ use std::sync::{Mutex, PoisonError};
 
 use kube::config::Kubeconfig;
 use lru::LruCache;
+use provisioners_client::canonical;
 use provisioners_core::{Cluster, Error, Result};
-use provisioners_kit::canonical;
 
 /// How many *idle* remote clusters one cluster keeps. Remotes come and go
 /// with the objects that name them (a rotated kubeconfig replaces its
@@ -82,7 +82,7 @@ impl RemoteClusters {
             return Ok(cluster.clone());
         }
         // Built outside the lock: building a client may take a while.
-        let built = provisioners_kit::client::derive(parent, id, kubeconfig).await?;
+        let built = provisioners_client::derive(parent, id, kubeconfig).await?;
         Ok(self.insert(key, built))
     }
 

@@ -43,7 +43,7 @@
 //! `KubeconfigClaims::{begin, take}` around a pass.
 //!
 //! **A cluster that does not answer.** Requests to a remote go through its
-//! own circuit breaker ([`Health::of`](provisioners_kit::client::Health::of)):
+//! own circuit breaker ([`Health::of`](provisioners_client::Health::of)):
 //! once it is open, a pass returns at once with a yield naming the cluster
 //! and how long it has been unreachable, and [`UnreachablePolicy`] decides
 //! whether a deprovision waits for it (the default) or abandons the subtree
@@ -74,7 +74,7 @@
 //! # use provisioners_testing::Noop;
 //!
 //! # async fn example() -> provisioners_core::Result<()> {
-//! let cx = Context::new(provisioners_kit::client::infer().await?);
+//! let cx = Context::new(provisioners_client::infer().await?);
 //! // The kubeconfig of a workload cluster, in Secret `clusters/tenant-a`, key `kubeconfig`,
 //! // read through the context's client (and its client policy).
 //! let remote = SecretKubeconfig::new(cx.client().clone(), "clusters", "tenant-a");
@@ -107,13 +107,13 @@ use std::time::SystemTime;
 use sha2::{Digest, Sha256};
 
 use kube::config::Kubeconfig;
+use provisioners_client::Unreachable;
+use provisioners_client::kubeconfig::{
+    KubeconfigClaims, kubeconfig_finalizer, kubeconfig_finalizer_prefix, kubeconfig_owner_label,
+};
 use provisioners_core::{
     Context, Error, ErrorKind, Metadata, Operation, Plan, Provisioner, RemoteCluster, Result,
     Waiting, async_trait,
-};
-use provisioners_kit::client::Unreachable;
-use provisioners_kit::kubeconfig::{
-    KubeconfigClaims, kubeconfig_finalizer, kubeconfig_finalizer_prefix, kubeconfig_owner_label,
 };
 
 use crate::clusters::RemoteClusters;

@@ -226,7 +226,7 @@ impl SecretKubeconfig {
 }
 
 /// A node's finalizer on a kubeconfig Secret and the owner's record kept
-/// with it (see [`provisioners_kit::kubeconfig::KubeconfigClaims`]).
+/// with it (see [`provisioners_client::kubeconfig::KubeconfigClaims`]).
 pub(crate) struct Protection<'a> {
     /// The node's finalizer.
     pub(crate) finalizer: &'a str,
@@ -311,8 +311,11 @@ impl SecretKubeconfig {
     }
 
     /// This Secret protected with `finalizer`, for the owner's claims.
-    pub(crate) fn claimed(&self, finalizer: &str) -> provisioners_kit::kubeconfig::ClaimedSecret {
-        provisioners_kit::kubeconfig::ClaimedSecret {
+    pub(crate) fn claimed(
+        &self,
+        finalizer: &str,
+    ) -> provisioners_client::kubeconfig::ClaimedSecret {
+        provisioners_client::kubeconfig::ClaimedSecret {
             namespace: self.namespace.clone(),
             name: self.name.clone(),
             finalizer: finalizer.to_owned(),
@@ -394,7 +397,7 @@ impl SecretKubeconfig {
         };
         // Tenant-writable text, parsed within a budget; the refusal names
         // the limit or a line, never the document (it holds credentials).
-        let kubeconfig = match provisioners_kit::bounded::kubeconfig_from_yaml(text) {
+        let kubeconfig = match provisioners_client::bounded::kubeconfig_from_yaml(text) {
             Ok(kubeconfig) => kubeconfig,
             Err(refused) => {
                 return missing(

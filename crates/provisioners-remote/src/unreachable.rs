@@ -5,8 +5,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
 
 use k8s_openapi::jiff::Timestamp;
+use provisioners_client::{Health, Unreachable};
 use provisioners_core::Cluster;
-use provisioners_kit::client::{Health, Unreachable};
 
 /// The annotation on a kubeconfig Secret that says since when the cluster
 /// it describes has not answered (RFC 3339, UTC), so that a grace outlives

@@ -169,7 +169,7 @@ pub(crate) fn plan_status(plan: &Plan) -> Value {
 mod tests {
     use k8s_openapi::api::core::v1::ConfigMap;
     use provisioners_core::Operation;
-    use provisioners_kit::plan::{Change, ObjectPlan, PlanObjects as _};
+    use provisioners_core::plan::Detail;
 
     use super::*;
 
@@ -184,14 +184,18 @@ mod tests {
         cm
     }
 
-    fn creating() -> Plan {
-        Plan::new("p", Operation::Provision, "manifest").with_object(ObjectPlan::new(
-            "v1",
-            "ConfigMap",
-            Some("ns"),
-            "c",
-            Change::Create,
+    /// A plan with one object detail counted as `change` (`None`: no change).
+    fn object_plan(name: &str, change: Option<&str>) -> Plan {
+        Plan::new("p", Operation::Provision, "manifest").with_detail(Detail::new(
+            "object",
+            format!("v1/ConfigMap ns/{name}"),
+            change,
+            json!({"apiVersion": "v1", "kind": "ConfigMap", "namespace": "ns", "name": name}),
         ))
+    }
+
+    fn creating() -> Plan {
+        object_plan("c", Some("to create"))
     }
 
     #[test]
@@ -204,13 +208,7 @@ mod tests {
         object.metadata.uid = Some("u1".into());
         object.metadata.generation = Some(1);
         // What is left after a pass that yielded half way: another digest.
-        let rest = Plan::new("p", Operation::Provision, "manifest").with_object(ObjectPlan::new(
-            "v1",
-            "ConfigMap",
-            Some("ns"),
-            "d",
-            Change::Create,
-        ));
+        let rest = object_plan("d", Some("to create"));
         assert_ne!(rest.digest(), digest);
         assert!(
             matches!(gate.decide(&object, &rest), Decision::Await { .. }),
@@ -293,13 +291,7 @@ mod tests {
 
     #[test]
     fn a_plan_without_changes_needs_no_approval() {
-        let plan = Plan::new("p", Operation::Provision, "manifest").with_object(ObjectPlan::new(
-            "v1",
-            "ConfigMap",
-            Some("ns"),
-            "c",
-            Change::NoChange,
-        ));
+        let plan = object_plan("c", None);
         let object = annotated(&[(DEFAULT_PLAN_APPROVAL_ANNOTATION, PLAN_APPROVAL_REQUIRED)]);
         assert_eq!(
             Approval::default().decide(&object, &plan),

@@ -2,7 +2,7 @@
 //!
 //! A remote node protects its kubeconfig Secret with a finalizer named for
 //! the owner and the node, and labels the Secret for the owner (see
-//! [`provisioners_kit::kubeconfig::KubeconfigClaims`]). A node removed from the tree,
+//! [`provisioners_client::kubeconfig::KubeconfigClaims`]). A node removed from the tree,
 //! renamed, moved or pointed at another Secret never runs again to release
 //! its finalizer, so after every complete pass the reconciler lists the
 //! Secrets labelled for the owner and releases each of the owner's
@@ -24,10 +24,10 @@ use std::sync::{Mutex, PoisonError};
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams};
-use provisioners_core::{Context, Error, Result};
-use provisioners_kit::kubeconfig::{
+use provisioners_client::kubeconfig::{
     ClaimedSecret, kubeconfig_finalizer_prefix, kubeconfig_owner_label,
 };
+use provisioners_core::{Context, Error, Result};
 
 /// What each owner's last successful sweep kept, in the cluster's state,
 /// so a provision pass lists Secrets only when its claims changed: a pass
@@ -81,7 +81,7 @@ pub(crate) async fn release_unclaimed(
     let prefix = kubeconfig_finalizer_prefix(owner);
     let client = cx.client().clone();
     let secrets: Api<Secret> = Api::all(client.clone());
-    let pages = provisioners_kit::client::page_limit(cx.cluster());
+    let pages = provisioners_client::page_limit(cx.cluster());
     let mut params = ListParams::default().labels(&label).limit(PAGE);
     let mut released = 0;
     for _ in 0..pages {

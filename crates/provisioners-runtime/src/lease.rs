@@ -1,6 +1,6 @@
 //! Leader election through a `coordination.k8s.io` Lease.
 //!
-//! Built on `provisioners-kit`'s [`LeaseLock`], which holds the one expiry
+//! Built on `provisioners-client`'s [`LeaseLock`], which holds the one expiry
 //! rule of the workspace (a standby takes over once it has seen the same
 //! record unchanged for the lease duration, by its own clock). Not on
 //! `kube-lease-manager`: its watch loop keeps reporting leadership while
@@ -12,8 +12,8 @@
 use std::future::Future;
 use std::time::Duration;
 
+use provisioners_client::lease::{Hold, LeaseLock, Renewal, Take};
 use provisioners_core::{CancellationToken, Error, Result};
-use provisioners_kit::lease::{Hold, LeaseLock, Renewal, Take};
 use tokio::time::Instant;
 
 /// Runs work only while this replica holds a Lease; standbys take over
@@ -44,7 +44,7 @@ use tokio::time::Instant;
 /// use provisioners_runtime::LeaderElection;
 ///
 /// # async fn example() -> provisioners_core::Result<()> {
-/// let cx = Context::new(provisioners_kit::client::infer().await?);
+/// let cx = Context::new(provisioners_client::infer().await?);
 /// let shutdown = cx.cancellation().clone();
 /// let identity = std::env::var("POD_NAME").unwrap_or_else(|_| "local".into());
 /// LeaderElection::new(cx.client().clone(), "operators", "platform-operator", identity)

@@ -71,7 +71,7 @@
 //!   [`Reconciler::woken`] for `Controller::for_stream`): a leaf that
 //!   yields on something in this process that ends by itself (a helm run
 //!   in the background, a release's lock) promises the reconcile's
-//!   [`Wake`](provisioners_kit::wake::Wake) and calls it when that ends; merged
+//!   [`Wake`](provisioners_client::wake::Wake) and calls it when that ends; merged
 //!   into the controller's triggers, the tree runs again at once. A tree
 //!   whose every yield promised a wake requeues only at the
 //!   [backstop](Reconciler::wake_backstop) (30 s), for a wake lost to a
@@ -92,7 +92,7 @@
 //!
 //! Every API call here (finalizer and status patches, events, the Lease)
 //! goes through the context's client, so through the cluster's
-//! [client policy](provisioners_kit::client::ClientPolicy): a bounded time per
+//! [client policy](provisioners_client::ClientPolicy): a bounded time per
 //! request and a few quick retries of transient failures, none written here.
 //!
 //! # Example
@@ -111,7 +111,7 @@
 //! # use provisioners_testing::Noop;
 //!
 //! # async fn example() -> provisioners_core::Result<()> {
-//! let cx = Context::new(provisioners_kit::client::infer().await?).with_field_manager("platform-operator");
+//! let cx = Context::new(provisioners_client::infer().await?).with_field_manager("platform-operator");
 //! let reconciler = Arc::new(
 //!     Reconciler::new(cx.clone(), "example.com/platform").events("platform-operator"),
 //! );

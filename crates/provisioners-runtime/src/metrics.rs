@@ -15,7 +15,7 @@
 //! # async fn example() -> anyhow::Result<()> {
 //! let mut registry = Registry::default();
 //! let metrics = Arc::new(Metrics::new(&mut registry));
-//! let cx = Context::new(provisioners_kit::client::infer().await?).with_observer(metrics.clone());
+//! let cx = Context::new(provisioners_client::infer().await?).with_observer(metrics.clone());
 //! let reconciler = Reconciler::new(cx.clone(), "example.com/platform")
 //!     .observe_reconciles(metrics);
 //!

@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 use kube::runtime::controller::Action;
 use kube::runtime::events::Reporter;
 use kube::{Resource, ResourceExt};
+use provisioners_client::kubeconfig::KubeconfigClaims;
+use provisioners_client::wake::Wake;
 use provisioners_core::{Context, ErrorKind, ManagerProvisioner, Owner, Result};
-use provisioners_kit::kubeconfig::KubeconfigClaims;
-use provisioners_kit::wake::Wake;
 use serde::Serialize;
 use serde_json::Value;
 

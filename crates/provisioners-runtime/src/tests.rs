@@ -1,7 +1,7 @@
 //! The reconcile flow against a mocked API (`provisioners_testing::mock`):
 //! which requests a reconcile makes, in which order, with which bodies. The
 //! same flow runs against the real control plane in
-//! `tests/tests/runtime_cluster.rs`.
+//! `tests/tests/cluster_operator/runtime_cluster.rs`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -405,7 +405,7 @@ impl provisioners_core::Provisioner for Background {
     }
     async fn provision(&self, cx: &provisioners_core::Context) -> provisioners_core::Result<()> {
         let wake = if self.promise {
-            provisioners_kit::wake::Wake::promise(cx)
+            provisioners_client::wake::Wake::promise(cx)
         } else {
             None
         };

@@ -9,8 +9,8 @@ use futures::Stream;
 use kube::Resource;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
+use provisioners_client::wake::Wake;
 use provisioners_core::Error;
-use provisioners_kit::wake::Wake;
 use tokio::sync::mpsc;
 
 /// How long a tree whose every yield promised a wake waits at most before

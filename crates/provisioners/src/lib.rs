@@ -10,6 +10,7 @@
 //! | feature | crate | what |
 //! |---|---|---|
 //! | (always) | [`provisioners-core`](provisioners_core) | `Provisioner`, `Context`, `Error` |
+//! | (always) | [`provisioners-client`](provisioners_client) | `client::{infer, connect, ClientPolicy, Health}`, `OwnerKeys`, `Wake`, `client::lease` |
 //! | (always) | [`provisioners-kit`](provisioners_kit) | `kit::{readiness, drift, diff}` and `SingleFlight`, for leaves of your own |
 //! | `group` (default) | [`provisioners-group`] | `Serial`, `Concurrent` |
 //! | `conditional` (default) | [`provisioners-conditional`] | `Conditional` |
@@ -66,12 +67,12 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+pub use provisioners_client::owner::OwnerKeys;
+pub use provisioners_client::wake::Wake;
+pub use provisioners_client::{self as client, ClientPolicy, Health, Unreachable};
 pub use provisioners_core::*;
 pub use provisioners_kit as kit;
-pub use provisioners_kit::client::{self, ClientPolicy, Health, Unreachable};
-pub use provisioners_kit::owner::OwnerKeys;
 pub use provisioners_kit::plan::PlanObjects;
-pub use provisioners_kit::wake::Wake;
 
 pub mod plan {
     //! What a tree would do, without doing it: core's [`Plan`] tree and its

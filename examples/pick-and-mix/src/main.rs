@@ -1,6 +1,6 @@
 //! Pick and mix: a program that depends on `provisioners-core` and
-//! `provisioners-manifest` alone (no facade, no other crate of the
-//! workspace), provisions a Namespace and a ConfigMap on the cluster of
+//! `provisioners-manifest` alone (and `provisioners-client`, which builds
+//! the cluster; no facade, no other crate of the workspace), provisions a Namespace and a ConfigMap on the cluster of
 //! `KUBECONFIG`, deprovisions them, and prints one line.
 //!
 //! `cargo xtask test` runs it against the default test cluster in a cargo
@@ -39,8 +39,7 @@ async fn main() -> ExitCode {
 
 async fn run() -> Result<String> {
     let started = Instant::now();
-    let cx =
-        Context::new(provisioners_kit::client::infer().await?).with_field_manager("pick-and-mix");
+    let cx = Context::new(provisioners_client::infer().await?).with_field_manager("pick-and-mix");
     let manifest = Manifest::from_yaml(
         "pick-and-mix",
         format!(
@@ -53,7 +52,7 @@ async fn run() -> Result<String> {
     until_done("deprovision", || cx.deprovision(&manifest)).await?;
     Ok(format!(
         "pick-and-mix: provisioned and deprovisioned namespace {NAMESPACE} with a ConfigMap \
-         in {:.1}s, using provisioners-core and provisioners-manifest alone",
+         in {:.1}s, using provisioners-core, -client and -manifest alone",
         started.elapsed().as_secs_f64()
     ))
 }

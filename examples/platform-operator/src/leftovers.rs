@@ -25,7 +25,7 @@ use kube::api::ListParams;
 use kube::core::PartialObjectMeta;
 use kube::{Api, ResourceExt};
 use provisioners::async_trait;
-use provisioners::kit::kubeconfig::{kubeconfig_finalizer, kubeconfig_owner_label};
+use provisioners::client::kubeconfig::{kubeconfig_finalizer, kubeconfig_owner_label};
 use provisioners::plan::Plan;
 use provisioners::remote::SecretKubeconfig;
 use provisioners::{Context, Error, Operation, Provisioner, Result};

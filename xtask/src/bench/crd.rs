@@ -4,8 +4,9 @@
 //! handling: the leaf without the step), `Create` and `Upgrade` side by
 //! side, with Helm 3 and Helm 4, on a local control plane of its own
 //! (`bench-crd`). The numbers are printed as `crd-bench` lines by
-//! tests/tests/crd_helm.rs's `no_op_pass_requests_by_crd_policy`, which
-//! also asserts that no no-op pass writes.
+//! `no_op_pass_requests_by_crd_policy` of tests/tests/cluster_helm/crd_helm.rs
+//! (in the `cluster_helm` test binary), which also asserts that no no-op
+//! pass writes.
 
 use anyhow::Result;
 
@@ -21,7 +22,7 @@ pub(crate) fn run(_options: &Options) -> Result<()> {
     let sh = shell()?;
     let result = cmd!(
         sh,
-        "cargo test --locked -p provisioners-tests --test crd_helm --
+        "cargo test --locked -p provisioners-tests --test cluster_helm --
             --include-ignored --nocapture --test-threads 1 no_op_pass_requests_by_crd_policy"
     )
     .env("PROVISIONERS_KUBECONFIG", &cluster.kubeconfig)

@@ -17,10 +17,10 @@ use super::{rust_files, shown};
 /// (`#![cfg_attr(not(test), deny(clippy::arithmetic_side_effects, ..))]`)
 /// or on the functions that read the numbers (`#[deny(..)]`).
 pub(super) const TENANT_NUMBERS: &[&str] = &[
-    "crates/provisioners-kit/src/bounded.rs",
-    "crates/provisioners-kit/src/client/policy/attempt.rs",
-    "crates/provisioners-kit/src/lease/mod.rs",
-    "crates/provisioners-kit/src/lease/observations.rs",
+    "crates/provisioners-client/src/bounded.rs",
+    "crates/provisioners-client/src/policy/attempt.rs",
+    "crates/provisioners-client/src/lease/mod.rs",
+    "crates/provisioners-client/src/lease/observations.rs",
     "crates/provisioners-helm/src/storage.rs",
     "crates/provisioners-helm/src/storage/bounded.rs",
     "crates/provisioners-helm/src/storage/seal.rs",

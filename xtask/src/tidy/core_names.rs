@@ -27,7 +27,7 @@ use super::{rust_files, shown};
 const CORE: &str = "crates/provisioners-core/src";
 
 /// Words of the leaves' vocabulary and of the object toolkit they share
-/// (`provisioners-kit`), matched in any case.
+/// (`provisioners-kit`, `provisioners-client`), matched in any case.
 pub(super) const WORDS: &[&str] = &[
     "helm",
     "chart",

@@ -1,6 +1,6 @@
 //! Test data beside the tools: the prometheus-operator CRDs at two
 //! published versions, for the cluster test that upgrades a chart of many
-//! real CRDs (tests/tests/crd_helm.rs, docs/crds.md).
+//! real CRDs (tests/tests/cluster_helm/crd_helm.rs, docs/crds.md).
 //!
 //! Source: the Go module `github.com/prometheus-operator/prometheus-operator`
 //! (Apache-2.0) at [`PROMETHEUS_OPERATOR_VERSIONS`], its

@@ -280,8 +280,8 @@ impl Plan {
 /// Feeds `value` to `hasher` with object keys in order, whatever order the
 /// map kept them in.
 ///
-/// `provisioners-kit` has the canonical JSON form the leaves share
-/// (`provisioners_kit::canonical`), but kit depends on core, so core cannot
+/// `provisioners-client` has the canonical JSON form the leaves share
+/// (`provisioners_client::canonical`), but it depends on core, so core cannot
 /// call it; and this byte form is part of the plan format (`v2`): changing
 /// it would change every digest an approval pins. Keep the two apart.
 fn hash_sorted(value: &Value, hasher: &mut Sha256) {

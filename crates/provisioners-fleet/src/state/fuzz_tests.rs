@@ -14,8 +14,8 @@ use std::time::{Duration, SystemTime};
 use k8s_openapi::api::coordination::v1::Lease;
 use proptest::collection::vec;
 use proptest::prelude::*;
+use provisioners_client::owner::OwnerKeys;
 use provisioners_core::Context;
-use provisioners_kit::owner::OwnerKeys;
 
 use super::ledger::{EPOCH_ANNOTATION, HELD_ANNOTATION, Ledger};
 use super::*;

@@ -20,7 +20,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use kube::Api;
 use kube::api::{ObjectMeta, PostParams};
-use provisioners_kit::bounded::{self, Limits};
+use provisioners_client::bounded::{self, Limits};
 use serde::{Deserialize, Serialize};
 
 /// The annotation holding the epoch (a counter, for people; what records

@@ -26,8 +26,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
+use provisioners_client::owner::OwnerKeys;
 use provisioners_core::{Context, Result};
-use provisioners_kit::owner::OwnerKeys;
 use serde_json::{Map, Value, json};
 
 use super::{StateMap, Stored};

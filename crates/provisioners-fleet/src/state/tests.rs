@@ -148,8 +148,8 @@ async fn the_first_write_creates_the_labelled_config_map_and_no_change_writes_no
     write.await.unwrap().unwrap();
 }
 
-fn keys() -> provisioners_kit::owner::OwnerKeys {
-    provisioners_kit::owner::OwnerKeys::new(vec![7; 32]).expect("a 32-byte key")
+fn keys() -> provisioners_client::owner::OwnerKeys {
+    provisioners_client::owner::OwnerKeys::new(vec![7; 32]).expect("a 32-byte key")
 }
 
 const LEASE: &str = "/apis/coordination.k8s.io/v1/namespaces/ops/leases/fleet-addons";

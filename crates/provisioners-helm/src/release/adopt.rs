@@ -12,8 +12,8 @@ use std::time::SystemTime;
 
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, ListParams};
+use provisioners_client::owner::OwnerKeys;
 use provisioners_core::{Context, Error, Result};
-use provisioners_kit::owner::OwnerKeys;
 
 use super::builder::HelmRelease;
 use super::lease;

@@ -13,8 +13,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
 
+use provisioners_client::wake::Wake;
 use provisioners_core::{Error, Operation, Result};
-use provisioners_kit::wake::Wake;
 use tokio_util::sync::CancellationToken;
 
 use super::lock::Serialised;

@@ -108,7 +108,7 @@ pub const DEFAULT_HOOK_TIMEOUT: Duration = Duration::from_secs(300);
 ///     .set("ui.message", "hello")
 ///     .ready_timeout(Duration::from_secs(120));
 ///
-/// let cx = Context::new(provisioners_kit::client::infer().await?);
+/// let cx = Context::new(provisioners_client::infer().await?);
 /// // Installs, then upgrades only on change; a yield while helm runs or the
 /// // objects are not ready: call again later (a controller requeues).
 /// match cx.provision(&release).await {
@@ -302,7 +302,7 @@ impl HelmRelease {
         self
     }
 
-    /// With [owner keys](provisioners_kit::owner::OwnerKeys):
+    /// With [owner keys](provisioners_client::owner::OwnerKeys):
     /// seals as this owner's the release's records that carry no
     /// authenticator (and no other owner), at the next provision or
     /// deprovision, instead of reporting them (default `false`).

@@ -72,7 +72,7 @@ pub(super) async fn decide(
     // A record says "nothing to do" only once it is proven ours (with
     // owner keys): a forged newest record with our labels copied is
     // reported here, having cost a list, its own read and the Lease's.
-    if provisioners_kit::owner::OwnerKeys::of(cx).is_some() {
+    if provisioners_client::owner::OwnerKeys::of(cx).is_some() {
         live::proven_payload(release, cx, revision).await?;
     }
     let revision = revision.clone();

@@ -151,7 +151,7 @@ pub(super) fn check(objects: &[Live]) -> Drifted {
                         let mut map = map.clone();
                         map.remove("metadata");
                         map.remove("status");
-                        provisioners_kit::canonical::write(&Value::Object(map), &mut content);
+                        provisioners_client::canonical::write(&Value::Object(map), &mut content);
                     }
                     hasher.update(&content);
                     hasher.update(b"\0");

@@ -69,7 +69,7 @@ pub(super) async fn digest(release: &HelmRelease, values: &Value) -> Result<Opti
         return Ok(None);
     }
     let mut input = Vec::new();
-    provisioners_kit::canonical::write(values, &mut input);
+    provisioners_client::canonical::write(values, &mut input);
     let chart = release.chart.clone();
     let header = format!(
         "provisioners-helm/1\0{}\0{}\0",

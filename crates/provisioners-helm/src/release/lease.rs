@@ -23,8 +23,10 @@ use std::time::Duration;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, PostParams, Preconditions};
+use provisioners_client::lease::{
+    Hold, LeaseLock, Observations, Renewal, Sighting, Standing, Take,
+};
 use provisioners_core::{Context, Error, Result, Waiting};
-use provisioners_kit::lease::{Hold, LeaseLock, Observations, Renewal, Sighting, Standing, Take};
 use tokio_util::sync::CancellationToken;
 
 /// How long a Lease holds without renewal.

@@ -4,8 +4,8 @@
 
 use std::sync::Arc;
 
+use provisioners_client::owner::OwnerKeys;
 use provisioners_core::{Context, Error, Result};
-use provisioners_kit::owner::OwnerKeys;
 use serde_json::Value;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;

@@ -10,8 +10,8 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
+use provisioners_client::wake::Wake;
 use provisioners_core::{Context, Result};
-use provisioners_kit::wake::Wake;
 use tokio::sync::OwnedMutexGuard;
 
 use super::builder::HelmRelease;

@@ -3,7 +3,7 @@
 //! adoption of records written before the keys ([`adopt`](super::adopt)).
 
 use provisioners_core::Context;
-use provisioners_kit::owner::OwnerKeys;
+use provisioners_client::owner::OwnerKeys;
 
 /// Who seals the records of a run, taken from the pass's context before
 /// the run starts.

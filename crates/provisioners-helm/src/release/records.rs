@@ -8,7 +8,7 @@
 //!   objects. With or without owner keys. A tree without an `Owner` stamps
 //!   and checks no owner: a release stays keyed by its name and namespace
 //!   only, wherever it moves in the tree (the owner field signed is empty).
-//! * **Records that verify.** With [`OwnerKeys`](provisioners_kit::owner::OwnerKeys)
+//! * **Records that verify.** With [`OwnerKeys`](provisioners_client::owner::OwnerKeys)
 //!   on the context, before helm acts on a release's records (recovery of a
 //!   pending record, upgrade, drift repair, uninstall) every record of the
 //!   release must verify. One that does not is reported (`Failed`, naming
@@ -31,8 +31,8 @@
 
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, PostParams};
+use provisioners_client::owner::OwnerKeys;
 use provisioners_core::{Context, Error, Result};
-use provisioners_kit::owner::OwnerKeys;
 
 use super::adopt;
 use super::builder::HelmRelease;

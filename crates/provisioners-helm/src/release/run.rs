@@ -26,7 +26,7 @@ pub(super) fn kubeconfig<'a>(
     cx.cluster().kubeconfig().ok_or_else(|| {
         Error::invalid(format!(
             "release `{}`: the context's cluster `{}` has no kubeconfig for the helm CLI; \
-             build it with provisioners_kit::client::connect, infer or in_cluster",
+             build it with provisioners_client::connect, infer or in_cluster",
             release.id(),
             cx.cluster().id()
         ))

@@ -9,7 +9,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use provisioners_core::{Context, Error, ErrorKind, Operation, Result, Waiting};
-use provisioners_kit::wake::Wake;
+use provisioners_client::wake::Wake;
 
 use super::background::{Found, Purpose, Run, Runs};
 use super::builder::HelmRelease;

@@ -5,9 +5,9 @@
 //! authenticator covers a hash of the decoded content. Kubernetes caps a
 //! Secret near 1 MiB, but gzip expands ~1,000-fold and a value tree costs
 //! far more than its text, so a record is parsed with
-//! [`provisioners_kit::bounded`]: its budget checked while the tree is
+//! [`provisioners_client::bounded`]: its budget checked while the tree is
 //! built, on the blocking pool, at most
-//! [`DECODING_AT_ONCE`](provisioners_kit::bounded::DECODING_AT_ONCE)
+//! [`DECODING_AT_ONCE`](provisioners_client::bounded::DECODING_AT_ONCE)
 //! records at a time in the process.
 
 // Numbers read here may be tenant-written: arithmetic on them is checked.
@@ -16,7 +16,7 @@
     deny(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)
 )]
 
-pub(crate) use provisioners_kit::bounded::{Limits, off_workers, parse};
+pub(crate) use provisioners_client::bounded::{Limits, off_workers, parse};
 
 /// The budget of one release record. A real record of a big chart
 /// (kube-prometheus-stack: ~700 templates, its CRDs as files, ~10,000

@@ -1,6 +1,6 @@
 //! Arbitrary bytes, and structured mutations of a real record, through the
 //! release-record decoder ([`decode`]; the budgeted parser itself is fuzzed
-//! in `provisioners_kit::bounded`): a record is
+//! in `provisioners_client::bounded`): a record is
 //! tenant-writable input. Each property asserts no panic, an error or a
 //! value, and the budget: what decodes weighs at most its budget, and an
 //! input over a (small) budget ends in the budget's error.

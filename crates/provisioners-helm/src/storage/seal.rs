@@ -38,8 +38,8 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, ListParams, Patch, PatchParams};
+use provisioners_client::owner::OwnerKeys;
 use provisioners_core::{Error, Result};
-use provisioners_kit::owner::OwnerKeys;
 use serde_json::Value;
 
 use super::Payload;

@@ -129,9 +129,9 @@ fn served_version(crd: &CustomResourceDefinition, version: &str) -> Option<ApiRe
 }
 
 /// How many pages a LIST on `cx`'s cluster may follow: its client
-/// policy's [cap](crate::client::page_limit).
+/// policy's [cap](provisioners_client::page_limit).
 pub(super) fn page_limit(cx: &Context) -> usize {
-    crate::client::page_limit(cx.cluster())
+    provisioners_client::page_limit(cx.cluster())
 }
 
 /// Every stored object of `resource`, read page by page (at most the client

@@ -54,7 +54,7 @@ impl Pager {
             }
             match api.list(&params).await {
                 Ok(page) => return Ok(page),
-                Err(error) if crate::client::is_response_too_large(&error) => {
+                Err(error) if provisioners_client::is_response_too_large(&error) => {
                     if self.limit == 1 {
                         let name = api
                             .list_metadata(&params)

@@ -32,12 +32,13 @@ use std::time::{Duration, Instant};
 use futures::future::join_all;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, ListParams, Patch, PatchParams};
+use provisioners_client::canonical;
 use provisioners_core::{Context, Error, Result};
 use serde_json::Value;
 
 use super::gate::page_limit;
 use super::{Diff, Refusal, refusal, served};
-use crate::{canonical, drift};
+use crate::drift;
 
 /// CRDs per page of the metadata LIST that checks what the step knows.
 const PAGE: u32 = 500;

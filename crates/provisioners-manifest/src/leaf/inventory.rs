@@ -18,8 +18,8 @@ use std::collections::BTreeSet;
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, Preconditions};
+use provisioners_client::bounded::{self, Limits};
 use provisioners_core::{Context, Error, Result};
-use provisioners_kit::bounded::{self, Limits};
 
 use super::Manifest;
 use crate::object::ObjectRef;

@@ -366,9 +366,9 @@ fn by_kind_and_namespace(
 }
 
 /// How many pages a LIST of `cx`'s cluster may follow: its client
-/// policy's [cap](provisioners_kit::client::page_limit).
+/// policy's [cap](provisioners_client::page_limit).
 pub(super) fn page_limit(cx: &Context) -> usize {
-    provisioners_kit::client::page_limit(cx.cluster())
+    provisioners_client::page_limit(cx.cluster())
 }
 
 /// Why [`list_all`] returned no list.

@@ -1,7 +1,7 @@
 //! The request conversations of a provision, against a mocked API
 //! (`provisioners_testing::mock`): what is cached on the cluster, and how
 //! the CRD wait ends. Behaviour on a real control plane is in
-//! `tests/tests/manifest_cluster.rs`.
+//! `tests/tests/cluster_manifest/manifest_cluster.rs`.
 
 use std::time::Duration;
 

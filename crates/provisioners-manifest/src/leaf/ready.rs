@@ -72,7 +72,7 @@ fn check(applied: &[(Resolved, DynamicObject)], established: &BTreeSet<String>) 
 /// A digest of what the node applied: its objects as object (the live
 /// status is not content). It keys an in-memory clock and is compared only
 /// within one process, so it needs no canonical form
-/// (`provisioners_kit::canonical`).
+/// (`provisioners_client::canonical`).
 fn digest(applied: &[(Resolved, DynamicObject)]) -> String {
     let mut hasher = Sha256::new();
     for (object, _) in applied {

@@ -75,7 +75,7 @@ fn mutate(bytes: &mut Vec<u8>, (kind, at, byte): (u8, usize, u8)) {
 /// kubeconfig it would use, `Err` with the reason otherwise.
 fn read(value: &[u8]) -> Result<Kubeconfig, String> {
     let text = std::str::from_utf8(value).map_err(|_| "not UTF-8".to_owned())?;
-    let kubeconfig = provisioners_kit::bounded::kubeconfig_from_yaml(text)
+    let kubeconfig = provisioners_client::bounded::kubeconfig_from_yaml(text)
         .map_err(|_| "not a kubeconfig".to_owned())?;
     if let Some(field) = local_reference(&kubeconfig) {
         return Err(format!("uses {field}"));

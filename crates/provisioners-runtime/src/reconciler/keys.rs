@@ -2,8 +2,8 @@
 //! Secret once, before its first tree runs, and gives the keys to every
 //! tree (see [`Reconciler::owner_key_secret`]).
 
+use provisioners_client::owner::OwnerKeys;
 use provisioners_core::{Context, Result};
-use provisioners_kit::owner::OwnerKeys;
 use tokio::sync::OnceCell;
 
 use super::Reconciler;
@@ -47,7 +47,7 @@ impl Reconciler {
     /// ([`Context::with_extension`]) are used as they are.
     ///
     /// Data written before the keys existed is adopted during the
-    /// [adoption window](provisioners_kit::owner::ADOPTION_WINDOW) after the
+    /// [adoption window](provisioners_client::owner::ADOPTION_WINDOW) after the
     /// Secret was created (see `docs/security.md`, "Turning keys on").
     pub fn owner_key_secret(mut self, namespace: Option<&str>, name: impl Into<String>) -> Self {
         self.owner_keys.secret = Some((namespace.map(str::to_owned), name.into()));

@@ -12,7 +12,7 @@ use crate::in_flight::Spec;
 use crate::requeue::{backoff, jittered};
 use crate::target::{Report, key};
 use crate::wakes;
-use provisioners_kit::wake::Wake;
+use provisioners_client::wake::Wake;
 
 impl Reconciler {
     /// The constant requeue after a yield or a transient error (the

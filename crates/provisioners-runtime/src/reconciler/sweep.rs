@@ -3,8 +3,8 @@
 
 use std::collections::BTreeSet;
 
+use provisioners_client::kubeconfig::ClaimedSecret;
 use provisioners_core::{Context, Result};
-use provisioners_kit::kubeconfig::ClaimedSecret;
 
 use super::Reconciler;
 use crate::kubeconfigs;

@@ -22,14 +22,14 @@ impl Reconciler {
     /// The objects whose trees asked to run again: merge it into the
     /// controller's triggers and a tree waiting on something in this
     /// process (a background helm run, see
-    /// [`Wake::promise`](provisioners_kit::wake::Wake::promise))
+    /// [`Wake::promise`](provisioners_client::wake::Wake::promise))
     /// runs as soon as that ends, not at its next requeue.
     ///
     /// With kube's `unstable-runtime-reconcile-on` feature, hand it to
     /// `Controller::reconcile_on`; without it, turn it into objects with
     /// [`Reconciler::woken`] and merge those into the stream of
     /// `Controller::for_stream`. Until it is called (and after it is
-    /// dropped) reconciles set no [`Wake`](provisioners_kit::wake::Wake) and every yield is polled. Call
+    /// dropped) reconciles set no [`Wake`](provisioners_client::wake::Wake) and every yield is polled. Call
     /// it once: a second stream is empty.
     ///
     /// A wake of an object whose reconcile is running is held by the

@@ -7,9 +7,8 @@ use std::time::Duration;
 
 use http::Method;
 use kube::runtime::controller::Action;
-use provisioners_core::plan::Plan;
+use provisioners_core::plan::{Detail, Plan};
 use provisioners_core::{Context, Operation, Provisioner, Result, async_trait};
-use provisioners_kit::plan::{Change, ObjectPlan, PlanObjects as _};
 use provisioners_testing::mock::ApiMock;
 use serde_json::{Value, json};
 
@@ -88,17 +87,19 @@ impl Provisioner for Planned {
             ));
         }
         let plan = self.plan.lock().unwrap().clone();
-        Ok(Plan::new("p", operation, "manifest").with_objects(plan.objects()))
+        Ok(Plan::new("p", operation, "manifest").with_details(plan.details().iter().cloned()))
     }
 }
 
-fn plan_of(action: Change, name: &str) -> Plan {
-    Plan::new("p", Operation::Provision, "manifest").with_object(ObjectPlan::new(
-        "v1",
-        "ConfigMap",
-        Some("ns"),
-        name,
-        action,
+/// A plan with one object detail (kind `object`, as a manifest leaf writes
+/// it) counted as `change` (`None`: no change): the gate reads only the
+/// plan's digest and counts, whichever leaf wrote the detail.
+fn plan_of(change: Option<&str>, name: &str) -> Plan {
+    Plan::new("p", Operation::Provision, "manifest").with_detail(Detail::new(
+        "object",
+        format!("v1/ConfigMap ns/{name}"),
+        change,
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "namespace": "ns", "name": name}),
     ))
 }
 
@@ -160,7 +161,7 @@ async fn a_gated_object_awaits_approval_then_provisions_the_approved_plan() {
     let reconciler = reconciler
         .plan_field("plan")
         .observe_reconciles(results.clone());
-    let tree = Planned::new(plan_of(Change::Create, "c"));
+    let tree = Planned::new(plan_of(Some("to create"), "c"));
     let digest = tree.digest();
 
     // Not approved: the condition and the plan, nothing provisioned.
@@ -225,9 +226,9 @@ async fn a_gated_object_awaits_approval_then_provisions_the_approved_plan() {
 #[tokio::test]
 async fn a_plan_that_changes_after_its_approval_needs_a_new_one() {
     let (reconciler, api) = mocked();
-    let tree = Planned::new(plan_of(Change::Create, "c"));
+    let tree = Planned::new(plan_of(Some("to create"), "c"));
     let old = tree.digest();
-    tree.set(plan_of(Change::Update, "c"));
+    tree.set(plan_of(Some("to update"), "c"));
     let new = tree.digest();
     assert_ne!(old, new);
 
@@ -259,7 +260,7 @@ async fn a_plan_that_changes_after_its_approval_needs_a_new_one() {
 #[tokio::test]
 async fn a_plan_without_changes_needs_no_approval() {
     let (reconciler, api) = mocked();
-    let tree = Planned::new(plan_of(Change::NoChange, "c"));
+    let tree = Planned::new(plan_of(None, "c"));
     let managed = Managed::new(gated(json!({}), &[]), tree.clone());
     let server = answer(api, vec![(Method::PATCH, STATUS)]);
     assert_eq!(reconciler.reconcile(&managed).await.unwrap(), resync());
@@ -275,7 +276,7 @@ async fn a_plan_without_changes_needs_no_approval() {
 async fn deletion_is_never_gated_nor_planned() {
     let (reconciler, api) = mocked();
     let reconciler = reconciler.plan_field("plan");
-    let tree = Planned::new(plan_of(Change::Create, "c"));
+    let tree = Planned::new(plan_of(Some("to create"), "c"));
     let object = gated(json!({}), &[]);
     let mut inner = object.inner.clone();
     inner.metadata = deleting(inner.clone()).metadata.clone();
@@ -305,7 +306,7 @@ async fn deletion_is_never_gated_nor_planned() {
 async fn the_plan_field_alone_writes_the_plan_then_provisions() {
     let (reconciler, api) = mocked();
     let reconciler = reconciler.plan_field("plan");
-    let tree = Planned::new(plan_of(Change::Create, "c"));
+    let tree = Planned::new(plan_of(Some("to create"), "c"));
     let digest = tree.digest();
     // Not gated: the annotation asking for approval is absent.
     let managed = Managed::new(with_status(3, json!({})), tree.clone());
@@ -328,7 +329,7 @@ async fn the_plan_field_alone_writes_the_plan_then_provisions() {
 async fn one_event_per_digest_not_per_reconcile() {
     let (reconciler, api) = mocked();
     let reconciler = reconciler.events("op");
-    let tree = Planned::new(plan_of(Change::Create, "c"));
+    let tree = Planned::new(plan_of(Some("to create"), "c"));
     let first = tree.digest();
     let managed = Managed::new(gated(json!({}), &[]), tree.clone());
     let server = answer(api, vec![(Method::PATCH, STATUS), (Method::POST, EVENTS)]);
@@ -347,7 +348,7 @@ async fn one_event_per_digest_not_per_reconcile() {
 
     // A new plan: a new condition message and a new event, with its digest
     // (not a repeat in a series, which would keep the first note).
-    tree.set(plan_of(Change::Create, "d"));
+    tree.set(plan_of(Some("to create"), "d"));
     let second = tree.digest();
     let managed = Managed::new(gated(written, &[]), tree.clone());
     let server = answer(api, vec![(Method::PATCH, STATUS), (Method::POST, EVENTS)]);
@@ -373,7 +374,7 @@ async fn one_event_per_digest_not_per_reconcile() {
 async fn a_plan_that_fails_stops_a_gated_object_but_not_an_ungated_one() {
     let (reconciler, api) = mocked();
     let reconciler = reconciler.plan_field("plan");
-    let tree = Planned::new(plan_of(Change::Create, "c"));
+    let tree = Planned::new(plan_of(Some("to create"), "c"));
     tree.fail.store(true, Ordering::SeqCst);
 
     // Gated: no plan, no provision; reported as a failed one.

@@ -5,8 +5,8 @@ use std::sync::{Arc, Mutex};
 
 use http::Method;
 use kube::runtime::controller::Action;
+use provisioners_client::owner::OwnerKeys;
 use provisioners_core::{Context, Provisioner, Result, async_trait};
-use provisioners_kit::owner::OwnerKeys;
 use provisioners_testing::mock;
 use serde_json::json;
 

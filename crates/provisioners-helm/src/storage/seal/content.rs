@@ -5,7 +5,7 @@ use serde_json::Value;
 use sha2::{Digest as _, Sha256};
 
 /// The hash behind [`Payload::content`] of a decoded record: SHA-256 of
-/// its canonical JSON ([`provisioners_kit::canonical`]) without `info` and
+/// its canonical JSON ([`provisioners_client::canonical`]) without `info` and
 /// the hooks' `last_run`, hashed as it is written: a record is never
 /// copied to be hashed.
 pub(crate) fn content_of(record: &Value) -> String {
@@ -66,7 +66,7 @@ impl std::io::Write for Hashing {
     }
 }
 
-/// [`provisioners_kit::canonical::write`]'s bytes, less what `skip` says.
+/// [`provisioners_client::canonical::write`]'s bytes, less what `skip` says.
 fn canonical(out: &mut Hashing, value: &Value, skip: Skip) {
     use std::io::Write as _;
     match value {

@@ -145,7 +145,9 @@ fn content_by_copy(record: &Value) -> String {
             }
         }
     }
-    hex::encode(Sha256::digest(provisioners_kit::canonical::to_vec(&record)))
+    hex::encode(Sha256::digest(provisioners_client::canonical::to_vec(
+        &record,
+    )))
 }
 
 fn json() -> impl proptest::strategy::Strategy<Value = Value> {

@@ -251,7 +251,7 @@ impl Proxy {
     ///
     /// When the client cannot be built.
     pub async fn cluster(&self, id: &str) -> Result<provisioners_core::Cluster, ProxyError> {
-        provisioners_kit::client::connect(id.to_owned(), self.kubeconfig.clone())
+        provisioners_client::connect(id.to_owned(), self.kubeconfig.clone())
             .await
             .map_err(|e| ProxyError::Context(Box::new(e)))
     }
