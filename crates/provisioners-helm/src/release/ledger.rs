@@ -27,9 +27,9 @@
 use std::io::Write as _;
 
 use base64::Engine as _;
-use provisioners_core::{Context, Error, Result};
 use provisioners_client::bounded::{self, Limits};
 use provisioners_client::owner::OwnerKeys;
+use provisioners_core::{Context, Error, Result};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
 

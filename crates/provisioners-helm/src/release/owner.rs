@@ -2,8 +2,8 @@
 //! keys, read by the seal ([`records`](super::records)) and by the
 //! adoption of records written before the keys ([`adopt`](super::adopt)).
 
-use provisioners_core::Context;
 use provisioners_client::owner::OwnerKeys;
+use provisioners_core::Context;
 
 /// Who seals the records of a run, taken from the pass's context before
 /// the run starts.

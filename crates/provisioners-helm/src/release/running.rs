@@ -8,8 +8,8 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use provisioners_core::{Context, Error, ErrorKind, Operation, Result, Waiting};
 use provisioners_client::wake::Wake;
+use provisioners_core::{Context, Error, ErrorKind, Operation, Result, Waiting};
 
 use super::background::{Found, Purpose, Run, Runs};
 use super::builder::HelmRelease;
