@@ -4,7 +4,8 @@ use std::ffi::OsString;
 use std::path::Path;
 use std::time::Duration;
 
-use super::{DEFAULT_HOOK_TIMEOUT, HelmRelease};
+use super::builder::{DEFAULT_HOOK_TIMEOUT, HelmRelease};
+use super::policy::CrdPolicy;
 use crate::chart::Chart;
 use crate::storage::{DIGEST_LABEL, REPAIR_LABEL, REVISION_LABEL};
 use crate::version::Major;
@@ -20,7 +21,7 @@ pub(super) struct Stamp<'a> {
     pub(super) repair: Option<&'a str>,
 }
 
-/// How a plan renders the release: see [`HelmRelease::render_args`].
+/// How a plan renders the release: see [`render_args`](render_args).
 #[derive(Clone, Copy, Debug, Default)]
 pub(super) struct Render {
     /// As `helm install` (a pending record), not `helm upgrade --install`.
@@ -35,217 +36,228 @@ pub(super) struct Render {
 /// run's private helm configuration.
 pub(super) const PRIVATE_REPOSITORY: &str = "provisioners-private";
 
-impl HelmRelease {
-    pub(super) fn helm_timeout(&self) -> Duration {
-        self.hook_timeout
-            .or(self.ready_timeout)
-            .unwrap_or(DEFAULT_HOOK_TIMEOUT)
-    }
+pub(super) fn helm_timeout(release: &HelmRelease) -> Duration {
+    release
+        .hook_timeout
+        .or(release.ready_timeout)
+        .unwrap_or(DEFAULT_HOOK_TIMEOUT)
+}
 
-    pub(super) fn upgrade_args(
-        &self,
-        major: Major,
-        kubeconfig: &Path,
-        values: &Path,
-        stamp: Option<Stamp<'_>>,
-        fresh: bool,
-    ) -> Vec<OsString> {
-        let mut args: Vec<OsString> = vec!["upgrade".into(), "--install".into()];
-        args.extend(self.chart_args());
-        args.extend(self.common_args(kubeconfig));
-        if let Some(version) = &self.version {
-            args.push("--version".into());
-            args.push(version.into());
-        }
-        if self.create_namespace {
-            args.push("--create-namespace".into());
-        }
-        args.push("--values".into());
-        args.push(values.into());
-        // Values come from the file only, never from an earlier revision.
-        args.push("--reset-values".into());
-        // helm copies labels from the previous revision: always set both
-        // (`null` removes one), so no revision carries a stale stamp.
-        args.push("--labels".into());
-        args.push(match stamp {
-            Some(Stamp {
-                digest,
-                revision,
-                repair,
-            }) => {
-                let repair = repair.unwrap_or("null");
-                format!(
-                    "{DIGEST_LABEL}={digest},{REVISION_LABEL}={revision},{REPAIR_LABEL}={repair}"
-                )
+pub(super) fn upgrade_args(
+    release: &HelmRelease,
+    major: Major,
+    kubeconfig: &Path,
+    values: &Path,
+    stamp: Option<Stamp<'_>>,
+    fresh: bool,
+) -> Vec<OsString> {
+    let mut args: Vec<OsString> = vec!["upgrade".into(), "--install".into()];
+    args.extend(chart_args(release));
+    args.extend(common_args(release, kubeconfig));
+    if let Some(version) = &release.version {
+        args.push("--version".into());
+        args.push(version.into());
+    }
+    if release.create_namespace {
+        args.push("--create-namespace".into());
+    }
+    args.push("--values".into());
+    args.push(values.into());
+    // Values come from the file only, never from an earlier revision.
+    args.push("--reset-values".into());
+    // helm copies labels from the previous revision: always set both
+    // (`null` removes one), so no revision carries a stale stamp.
+    args.push("--labels".into());
+    args.push(match stamp {
+        Some(Stamp {
+            digest,
+            revision,
+            repair,
+        }) => {
+            let repair = repair.unwrap_or("null");
+            format!("{DIGEST_LABEL}={digest},{REVISION_LABEL}={revision},{REPAIR_LABEL}={repair}")
                 .into()
-            }
-            None => format!("{DIGEST_LABEL}=null,{REVISION_LABEL}=null,{REPAIR_LABEL}=null").into(),
-        });
-        if major == Major::Four && fresh {
-            // A new release is applied server-side, where the API server
-            // rejects unknown fields itself: helm's own OpenAPI validation
-            // (the cluster's schema fetched and checked on every run) adds
-            // nothing but half of helm's CPU time.
-            args.push("--server-side=true".into());
-            args.push("--disable-openapi-validation".into());
         }
-        if self.skips_crds() {
-            // The chart's crds/ went through the CRD step before helm.
-            args.push("--skip-crds".into());
-        }
-        // No `--wait`: readiness is checked afterwards and yields, so no
-        // worker is held while the release's objects come up.
-        args.push("--timeout".into());
-        args.push(go_duration(self.helm_timeout()).into());
-        // The release helm stored, printed: only a record that is this one
-        // is sealed (a tenant may rewrite it before the seal).
-        args.push("--output".into());
-        args.push("json".into());
-        args
+        None => format!("{DIGEST_LABEL}=null,{REVISION_LABEL}=null,{REPAIR_LABEL}=null").into(),
+    });
+    if major == Major::Four && fresh {
+        // A new release is applied server-side, where the API server
+        // rejects unknown fields itself: helm's own OpenAPI validation
+        // (the cluster's schema fetched and checked on every run) adds
+        // nothing but half of helm's CPU time.
+        args.push("--server-side=true".into());
+        args.push("--disable-openapi-validation".into());
     }
+    if skips_crds(release) {
+        // The chart's crds/ went through the CRD step before helm.
+        args.push("--skip-crds".into());
+    }
+    // No `--wait`: readiness is checked afterwards and yields, so no
+    // worker is held while the release's objects come up.
+    args.push("--timeout".into());
+    args.push(go_duration(helm_timeout(release)).into());
+    // The release helm stored, printed: only a record that is this one
+    // is sealed (a tenant may rewrite it before the seal).
+    args.push("--output".into());
+    args.push("json".into());
+    args
+}
 
-    /// The command line that renders what `upgrade_args` would install,
-    /// without installing or storing anything: helm's own dry run against
-    /// the server (reads, and `lookup` sees the cluster), printing the
-    /// release it would write as JSON.
-    ///
-    /// `install` renders as a fresh install (`helm install`), for a release
-    /// whose record a dead helm left pending, which `upgrade` refuses to
-    /// touch; `take_ownership` skips helm's check that existing objects
-    /// carry this release's ownership metadata, so that the plan can name
-    /// each object helm would refuse instead of failing on the first.
-    pub(super) fn render_args(
-        &self,
-        major: Major,
-        kubeconfig: &Path,
-        values: &Path,
-        render: Render,
-    ) -> Vec<OsString> {
-        let mut args: Vec<OsString> = if render.install {
-            vec!["install".into()]
+/// The command line that renders what `upgrade_args` would install,
+/// without installing or storing anything: helm's own dry run against
+/// the server (reads, and `lookup` sees the cluster), printing the
+/// release it would write as JSON.
+///
+/// `install` renders as a fresh install (`helm install`), for a release
+/// whose record a dead helm left pending, which `upgrade` refuses to
+/// touch; `take_ownership` skips helm's check that existing objects
+/// carry this release's ownership metadata, so that the plan can name
+/// each object helm would refuse instead of failing on the first.
+pub(super) fn render_args(
+    release: &HelmRelease,
+    major: Major,
+    kubeconfig: &Path,
+    values: &Path,
+    render: Render,
+) -> Vec<OsString> {
+    let mut args: Vec<OsString> = if render.install {
+        vec!["install".into()]
+    } else {
+        vec!["upgrade".into(), "--install".into()]
+    };
+    args.extend(chart_args(release));
+    args.extend(common_args(release, kubeconfig));
+    if let Some(version) = &release.version {
+        args.push("--version".into());
+        args.push(version.into());
+    }
+    args.push("--values".into());
+    args.push(values.into());
+    if !render.install {
+        args.push("--reset-values".into());
+    }
+    if skips_crds(release) {
+        args.push("--skip-crds".into());
+    }
+    if major == Major::Four && render.fresh {
+        // As the install would (the dry run stops before applying, so
+        // the flags only keep the render the install's).
+        args.push("--server-side=true".into());
+        args.push("--disable-openapi-validation".into());
+    }
+    if render.take_ownership {
+        args.push("--take-ownership".into());
+    }
+    args.push("--dry-run=server".into());
+    args.push("--output".into());
+    args.push("json".into());
+    args
+}
+
+/// `helm template` of what `render_args` renders, client-side: for a
+/// chart whose kinds the server cannot map yet (CRDs in `crds/`).
+pub(super) fn template_args(
+    release: &HelmRelease,
+    kubeconfig: &Path,
+    values: &Path,
+    render: Render,
+) -> Vec<OsString> {
+    let mut args: Vec<OsString> = vec!["template".into()];
+    args.extend(chart_args(release));
+    args.extend(common_args(release, kubeconfig));
+    if let Some(version) = &release.version {
+        args.push("--version".into());
+        args.push(version.into());
+    }
+    args.push("--values".into());
+    args.push(values.into());
+    if !render.fresh {
+        args.push("--is-upgrade".into());
+    }
+    args
+}
+
+/// The release name and the chart reference.
+pub(super) fn chart_args(release: &HelmRelease) -> Vec<OsString> {
+    let mut args: Vec<OsString> = vec![release.name.clone().into()];
+    match &release.chart {
+        Chart::Local(path) => args.push(path.clone().into()),
+        // Added by `repo add` with its credentials, which `--repo` cannot take
+        // without putting the password on argv.
+        Chart::Repository { name, .. } if release.credentials.is_some() => {
+            args.push(format!("{PRIVATE_REPOSITORY}/{name}").into());
+        }
+        Chart::Repository { url, name } => {
+            args.push(name.into());
+            args.push("--repo".into());
+            args.push(url.into());
+        }
+        Chart::Oci(reference) => {
+            args.push(reference.into());
+            if release.plain_http {
+                args.push("--plain-http".into());
+            }
+        }
+    }
+    args
+}
+
+pub(super) fn uninstall_args(
+    release: &HelmRelease,
+    kubeconfig: &Path,
+    background: bool,
+) -> Vec<OsString> {
+    let mut args: Vec<OsString> = vec!["uninstall".into(), release.name.clone().into()];
+    args.extend(common_args(release, kubeconfig));
+    args.push("--ignore-not-found".into());
+    // Deprovision gates on the objects listed in the kept record, then drops it.
+    // No `--wait`: the gate yields instead of holding a worker, and Helm 4's
+    // watcher reports an object still Terminating under foreground
+    // deletion as a failure.
+    args.push("--keep-history".into());
+    args.push("--cascade".into());
+    args.push(
+        if background {
+            "background"
         } else {
-            vec!["upgrade".into(), "--install".into()]
-        };
-        args.extend(self.chart_args());
-        args.extend(self.common_args(kubeconfig));
-        if let Some(version) = &self.version {
-            args.push("--version".into());
-            args.push(version.into());
+            "foreground"
         }
-        args.push("--values".into());
-        args.push(values.into());
-        if !render.install {
-            args.push("--reset-values".into());
-        }
-        if self.skips_crds() {
-            args.push("--skip-crds".into());
-        }
-        if major == Major::Four && render.fresh {
-            // As the install would (the dry run stops before applying, so
-            // the flags only keep the render the install's).
-            args.push("--server-side=true".into());
-            args.push("--disable-openapi-validation".into());
-        }
-        if render.take_ownership {
-            args.push("--take-ownership".into());
-        }
-        args.push("--dry-run=server".into());
-        args.push("--output".into());
-        args.push("json".into());
-        args
-    }
+        .into(),
+    );
+    args.push("--timeout".into());
+    args.push(go_duration(helm_timeout(release)).into());
+    args
+}
 
-    /// `helm template` of what `render_args` renders, client-side: for a
-    /// chart whose kinds the server cannot map yet (CRDs in `crds/`).
-    pub(super) fn template_args(
-        &self,
-        kubeconfig: &Path,
-        values: &Path,
-        render: Render,
-    ) -> Vec<OsString> {
-        let mut args: Vec<OsString> = vec!["template".into()];
-        args.extend(self.chart_args());
-        args.extend(self.common_args(kubeconfig));
-        if let Some(version) = &self.version {
-            args.push("--version".into());
-            args.push(version.into());
-        }
-        args.push("--values".into());
-        args.push(values.into());
-        if !render.fresh {
-            args.push("--is-upgrade".into());
-        }
-        args
-    }
+fn common_args(release: &HelmRelease, kubeconfig: &Path) -> Vec<OsString> {
+    vec![
+        "--namespace".into(),
+        release.namespace.clone().into(),
+        "--kubeconfig".into(),
+        kubeconfig.into(),
+    ]
+}
 
-    /// The release name and the chart reference.
-    pub(super) fn chart_args(&self) -> Vec<OsString> {
-        let mut args: Vec<OsString> = vec![self.release.clone().into()];
-        match &self.chart {
-            Chart::Local(path) => args.push(path.clone().into()),
-            // Added by `repo add` with its credentials, which `--repo` cannot take
-            // without putting the password on argv.
-            Chart::Repository { name, .. } if self.credentials.is_some() => {
-                args.push(format!("{PRIVATE_REPOSITORY}/{name}").into());
-            }
-            Chart::Repository { url, name } => {
-                args.push(name.into());
-                args.push("--repo".into());
-                args.push(url.into());
-            }
-            Chart::Oci(reference) => {
-                args.push(reference.into());
-                if self.plain_http {
-                    args.push("--plain-http".into());
-                }
-            }
-        }
-        args
-    }
+pub(super) fn rollback_args(
+    release: &HelmRelease,
+    kubeconfig: &Path,
+    revision: u32,
+) -> Vec<OsString> {
+    let mut args: Vec<OsString> = vec![
+        "rollback".into(),
+        release.name.clone().into(),
+        revision.to_string().into(),
+    ];
+    args.extend(common_args(release, kubeconfig));
+    args.push("--timeout".into());
+    args.push(go_duration(helm_timeout(release)).into());
+    args
+}
 
-    pub(super) fn uninstall_args(&self, kubeconfig: &Path, background: bool) -> Vec<OsString> {
-        let mut args: Vec<OsString> = vec!["uninstall".into(), self.release.clone().into()];
-        args.extend(self.common_args(kubeconfig));
-        args.push("--ignore-not-found".into());
-        // Deprovision gates on the objects listed in the kept record, then drops it.
-        // No `--wait`: the gate yields instead of holding a worker, and Helm 4's
-        // watcher reports an object still Terminating under foreground
-        // deletion as a failure.
-        args.push("--keep-history".into());
-        args.push("--cascade".into());
-        args.push(
-            if background {
-                "background"
-            } else {
-                "foreground"
-            }
-            .into(),
-        );
-        args.push("--timeout".into());
-        args.push(go_duration(self.helm_timeout()).into());
-        args
-    }
-
-    fn common_args(&self, kubeconfig: &Path) -> Vec<OsString> {
-        vec![
-            "--namespace".into(),
-            self.namespace.clone().into(),
-            "--kubeconfig".into(),
-            kubeconfig.into(),
-        ]
-    }
-
-    pub(super) fn rollback_args(&self, kubeconfig: &Path, revision: u32) -> Vec<OsString> {
-        let mut args: Vec<OsString> = vec![
-            "rollback".into(),
-            self.release.clone().into(),
-            revision.to_string().into(),
-        ];
-        args.extend(self.common_args(kubeconfig));
-        args.push("--timeout".into());
-        args.push(go_duration(self.helm_timeout()).into());
-        args
-    }
+/// Whether helm runs with `--skip-crds`: the chart's CRDs went through
+/// the CRD step ([`crds`](super::crds)) before helm.
+fn skips_crds(release: &HelmRelease) -> bool {
+    release.crds != CrdPolicy::Skip
 }
 
 /// A duration as Go's `time.ParseDuration` reads it.
@@ -279,7 +291,8 @@ mod tests {
     #[test]
     fn upgrade_arguments_carry_paths_never_values() {
         let release = release();
-        let args = strings(&release.upgrade_args(
+        let args = strings(&upgrade_args(
+            &release,
             Major::Three,
             Path::new("/tmp/w/kubeconfig"),
             Path::new("/tmp/w/values.json"),
@@ -321,7 +334,8 @@ mod tests {
             "helm must not block on readiness: {args:?}"
         );
         assert!(!args.iter().any(|a| a.contains("s3cr3t")));
-        let helm4 = strings(&release.upgrade_args(
+        let helm4 = strings(&upgrade_args(
+            &release,
             Major::Four,
             Path::new("k"),
             Path::new("v"),
@@ -335,11 +349,18 @@ mod tests {
         ));
         // Only a new release under Helm 4 is applied server-side without helm's own validation.
         assert!(!helm4.contains(&"--disable-openapi-validation".to_owned()));
-        let fresh =
-            strings(&release.upgrade_args(Major::Four, Path::new("k"), Path::new("v"), None, true));
+        let fresh = strings(&upgrade_args(
+            &release,
+            Major::Four,
+            Path::new("k"),
+            Path::new("v"),
+            None,
+            true,
+        ));
         assert!(fresh.contains(&"--server-side=true".to_owned()));
         assert!(fresh.contains(&"--disable-openapi-validation".to_owned()));
-        let helm3 = strings(&release.upgrade_args(
+        let helm3 = strings(&upgrade_args(
+            &release,
             Major::Three,
             Path::new("k"),
             Path::new("v"),
@@ -356,7 +377,8 @@ mod tests {
     #[test]
     fn a_render_is_a_server_side_dry_run_that_prints_json() {
         let release = release().create_namespace(true);
-        let args = strings(&release.render_args(
+        let args = strings(&render_args(
+            &release,
             Major::Three,
             Path::new("k"),
             Path::new("v"),
@@ -390,7 +412,8 @@ mod tests {
                 .iter()
                 .any(|a| a == "--create-namespace" || a == "--labels")
         );
-        let pending = strings(&release.render_args(
+        let pending = strings(&render_args(
+            &release,
             Major::Four,
             Path::new("k"),
             Path::new("v"),
@@ -419,21 +442,33 @@ mod tests {
             "x",
             Chart::repository("https://charts.example.com", "nginx"),
         );
-        let args =
-            strings(&repo.upgrade_args(Major::Four, Path::new("k"), Path::new("v"), None, false));
+        let args = strings(&upgrade_args(
+            &repo,
+            Major::Four,
+            Path::new("k"),
+            Path::new("v"),
+            None,
+            false,
+        ));
         assert_eq!(
             &args[2..6],
             ["x", "nginx", "--repo", "https://charts.example.com"]
         );
         let oci = HelmRelease::new("x", Chart::oci("registry.example.com/charts/app"));
-        let args =
-            strings(&oci.upgrade_args(Major::Three, Path::new("k"), Path::new("v"), None, true));
+        let args = strings(&upgrade_args(
+            &oci,
+            Major::Three,
+            Path::new("k"),
+            Path::new("v"),
+            None,
+            true,
+        ));
         assert_eq!(args[3], "oci://registry.example.com/charts/app");
     }
 
     #[test]
     fn uninstall_gates_on_deletion() {
-        let args = strings(&release().uninstall_args(Path::new("k"), false));
+        let args = strings(&uninstall_args(&release(), Path::new("k"), false));
         assert_eq!(
             args,
             [
@@ -453,11 +488,11 @@ mod tests {
         );
         // helm's own timeout: `hook_timeout` over `wait`, else the default.
         let hooks = release().hook_timeout(Duration::from_secs(7));
-        let args = strings(&hooks.uninstall_args(Path::new("k"), false));
+        let args = strings(&uninstall_args(&hooks, Path::new("k"), false));
         assert_eq!(args[args.len() - 2..], ["--timeout", "7000ms"]);
         let unset = HelmRelease::new("web", Chart::local("c"));
-        assert_eq!(unset.helm_timeout(), DEFAULT_HOOK_TIMEOUT);
-        let args = strings(&release().uninstall_args(Path::new("k"), true));
+        assert_eq!(helm_timeout(&unset), DEFAULT_HOOK_TIMEOUT);
+        let args = strings(&uninstall_args(&release(), Path::new("k"), true));
         assert!(
             !args.iter().any(|arg| arg.starts_with("--wait")),
             "{args:?}"

@@ -33,10 +33,12 @@ const MAX_WAKES: usize = 16;
 /// What a run is for, which decides what collecting it does.
 #[derive(Debug)]
 pub(super) enum Purpose {
-    /// `upgrade --install` of `inputs` (their digest; `None` when it cannot
-    /// be known, a chart by version range): once it has ended well, the
-    /// pass of the same inputs checks readiness instead of running helm again.
-    Release { inputs: Option<String> },
+    /// `upgrade --install` of the inputs whose
+    /// [run key](super::inputs::run_key) is `run_key` (`None` when it
+    /// cannot be known, a chart by version range): once it has ended well,
+    /// the pass of the same inputs checks readiness instead of running helm
+    /// again.
+    Release { run_key: Option<String> },
     /// A recovery's rollback or removal of a pending install: the next
     /// step reads the record.
     Recovery,
@@ -272,7 +274,7 @@ mod tests {
         Arc::new(Run::new(
             "upgrade --install",
             Operation::Provision,
-            Purpose::Release { inputs: None },
+            Purpose::Release { run_key: None },
             CancellationToken::new(),
             Arc::default(),
         ))
@@ -377,7 +379,7 @@ mod tests {
         let run = Run::new(
             "upgrade --install",
             Operation::Provision,
-            Purpose::Release { inputs: None },
+            Purpose::Release { run_key: None },
             stop.clone(),
             Arc::default(),
         );

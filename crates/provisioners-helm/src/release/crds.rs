@@ -15,242 +15,236 @@ use provisioners_kit::crd::{Decision, Planned, Step};
 use provisioners_kit::plan::{Change, ObjectPlan};
 use serde_json::Value;
 
-use super::HelmRelease;
+use super::args;
+use super::builder::HelmRelease;
 use super::decide::Mode;
+use super::inputs::{self, Inputs};
+use super::policy::CrdPolicy;
+use super::run;
 use crate::chart::Chart;
 use crate::chart::crd_files::{self, CrdFile};
-
-/// What a [`HelmRelease`] does with the CRDs in its chart's `crds/`
-/// directory.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum CrdPolicy {
-    /// helm's own behaviour: helm creates them on install and never
-    /// updates them (Helm 3), or fails an upgrade whose custom resources
-    /// use a field they lack (Helm 4).
-    Skip,
-    /// We create missing CRDs before helm runs, and never update one that
-    /// exists; helm runs with `--skip-crds`.
-    Create,
-    /// The default: missing CRDs are created and changed ones updated, each
-    /// change first checked (a stored version dropped, the last served
-    /// version gone, stored objects the new schema rejects: refused with
-    /// `Invalid`, nothing written); helm runs with `--skip-crds`.
-    #[default]
-    Upgrade,
-}
+use crate::redact::Redactor;
 
 /// Per cluster: a chart's CRDs by the release's chart digest, so that a
 /// pass that changes nothing reads no chart.
 #[derive(Debug, Default)]
 struct Shown(Mutex<HashMap<String, Arc<Vec<CustomResourceDefinition>>>>);
 
-impl HelmRelease {
-    /// Whether helm runs with `--skip-crds` (we handle the chart's CRDs).
-    pub(super) fn skips_crds(&self) -> bool {
-        self.crds != CrdPolicy::Skip
+/// The chart's CRDs through the shared step (nothing for
+/// [`CrdPolicy::Skip`]): applied ([`Mode::Write`]: the gate, then
+/// server-side apply; no objects returned), or what the same reads and
+/// gate would do, as plan objects ([`Mode::DryRun`]: a refusal is
+/// `Refuse`, with the reason and how many stored objects fail).
+/// The chart's CRDs are cached by the pass's digest (`None`: not
+/// pinned, so the chart's crds/ are read every pass).
+pub(super) async fn apply_crds(
+    release: &HelmRelease,
+    cx: &Context,
+    inputs: &Inputs,
+    mode: Mode,
+) -> Result<Vec<ObjectPlan>> {
+    let Some(step) = crd_step(release, cx, &inputs.redactor, inputs.digest.as_deref()).await?
+    else {
+        return Ok(Vec::new());
+    };
+    if mode == Mode::DryRun {
+        let planned = step.plan(cx).await.map_err(|e| in_release(release, e))?;
+        return Ok(planned.into_iter().map(crd_plan).collect());
     }
+    let applied = step.run(cx).await.map_err(|e| in_release(release, e))?;
+    if !applied.created.is_empty() || !applied.updated.is_empty() {
+        tracing::info!(
+            release = %release.id(),
+            created = ?applied.created,
+            updated = ?applied.updated,
+            "chart CRDs applied"
+        );
+    }
+    Ok(Vec::new())
+}
 
-    /// The chart's CRDs through the shared step (nothing for
-    /// [`CrdPolicy::Skip`]): applied ([`Mode::Write`]: the gate, then
-    /// server-side apply; no objects returned), or what the same reads and
-    /// gate would do, as plan objects ([`Mode::DryRun`]: a refusal is
-    /// `Refuse`, with the reason and how many stored objects fail).
-    /// `digest` is the pinned chart's and values' digest (`None`: not
-    /// pinned, so the chart's crds/ are read every pass).
-    pub(super) async fn apply_crds(
-        &self,
-        cx: &Context,
-        values: &Value,
-        digest: Option<&str>,
-        mode: Mode,
-    ) -> Result<Vec<ObjectPlan>> {
-        let Some(step) = self.crd_step(cx, values, digest).await? else {
-            return Ok(Vec::new());
+/// With [`delete_crds_on_uninstall`](HelmRelease::delete_crds_on_uninstall):
+/// deletes each chart CRD of which no custom resource is left (one LIST
+/// of at most one object, all namespaces), and keeps, with a warning,
+/// those that still have some. The chart's digest (the cache's key) is
+/// the deprovision's only merge and hash of the values: a deprovision
+/// needs no [`Inputs`] otherwise, and must not fail on invalid values
+/// when it does not delete CRDs.
+pub(super) async fn delete_unused_crds(
+    release: &HelmRelease,
+    cx: &Context,
+    redactor: &Arc<Redactor>,
+) -> Result<()> {
+    if !release.delete_crds {
+        return Ok(());
+    }
+    let values = inputs::merged_values(release)?;
+    let digest = inputs::digest(release, &values).await?;
+    let crds = chart_crds(release, cx, redactor, digest.as_deref()).await?;
+    let api: Api<CustomResourceDefinition> = Api::all(cx.client().clone());
+    for crd in crds.iter() {
+        let name = crd.metadata.name.as_deref().unwrap_or_default();
+        let Some(live) = api
+            .get_opt(name)
+            .await
+            .map_err(|e| Error::kube(format_args!("reading CustomResourceDefinition {name}"), e))?
+        else {
+            continue;
         };
-        if mode == Mode::DryRun {
-            let planned = step.plan(cx).await.map_err(|e| self.in_release(e))?;
-            return Ok(planned.into_iter().map(crd_plan).collect());
-        }
-        let applied = step.run(cx).await.map_err(|e| self.in_release(e))?;
-        if !applied.created.is_empty() || !applied.updated.is_empty() {
-            tracing::info!(
-                release = %self.id(),
-                created = ?applied.created,
-                updated = ?applied.updated,
-                "chart CRDs applied"
+        if let Some(left) = any_left(cx, &live).await? {
+            tracing::warn!(
+                release = %release.id(),
+                crd = name,
+                example = %left,
+                "CRD kept on uninstall: custom resources of it are left; delete them, then the CRD"
             );
+            continue;
         }
-        Ok(Vec::new())
-    }
-
-    /// With [`delete_crds_on_uninstall`](HelmRelease::delete_crds_on_uninstall):
-    /// deletes each chart CRD of which no custom resource is left (one LIST
-    /// of at most one object, all namespaces), and keeps, with a warning,
-    /// those that still have some.
-    pub(super) async fn delete_unused_crds(&self, cx: &Context) -> Result<()> {
-        if !self.delete_crds {
-            return Ok(());
-        }
-        let values = self.merged_values()?;
-        let digest = self.digest(&values).await?;
-        let crds = self.chart_crds(cx, &values, digest.as_deref()).await?;
-        let api: Api<CustomResourceDefinition> = Api::all(cx.client().clone());
-        for crd in crds.iter() {
-            let name = crd.metadata.name.as_deref().unwrap_or_default();
-            let Some(live) = api.get_opt(name).await.map_err(|e| {
-                Error::kube(format_args!("reading CustomResourceDefinition {name}"), e)
-            })?
-            else {
-                continue;
-            };
-            if let Some(left) = any_left(cx, &live).await? {
-                tracing::warn!(
-                    release = %self.id(),
-                    crd = name,
-                    example = %left,
-                    "CRD kept on uninstall: custom resources of it are left; delete them, then the CRD"
-                );
-                continue;
-            }
-            match api.delete(name, &DeleteParams::default()).await {
-                Ok(_) => {}
-                Err(kube::Error::Api(status)) if status.code == 404 => {}
-                Err(e) => {
-                    return Err(Error::kube(
-                        format_args!("deleting CustomResourceDefinition {name} on uninstall"),
-                        e,
-                    ));
-                }
+        match api.delete(name, &DeleteParams::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.code == 404 => {}
+            Err(e) => {
+                return Err(Error::kube(
+                    format_args!("deleting CustomResourceDefinition {name} on uninstall"),
+                    e,
+                ));
             }
         }
-        Ok(())
     }
+    Ok(())
+}
 
-    async fn crd_step(
-        &self,
-        cx: &Context,
-        values: &Value,
-        digest: Option<&str>,
-    ) -> Result<Option<Step>> {
-        if self.crds == CrdPolicy::Skip {
-            return Ok(None);
+async fn crd_step(
+    release: &HelmRelease,
+    cx: &Context,
+    redactor: &Arc<Redactor>,
+    digest: Option<&str>,
+) -> Result<Option<Step>> {
+    if release.crds == CrdPolicy::Skip {
+        return Ok(None);
+    }
+    let crds = chart_crds(release, cx, redactor, digest).await?;
+    if crds.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(
+        Step::new(crds.as_ref().clone()).update(release.crds == CrdPolicy::Upgrade),
+    ))
+}
+
+fn in_release(release: &HelmRelease, error: Error) -> Error {
+    if error.is_yield() {
+        return error;
+    }
+    let message = format!("release `{}`: the chart's crds/: {error}", release.id());
+    let kind = error.kind();
+    let wrapped = match kind {
+        provisioners_core::ErrorKind::Invalid => Error::invalid(message),
+        provisioners_core::ErrorKind::Unavailable => Error::unavailable(message),
+        _ => Error::failed(message),
+    };
+    wrapped.with_source(error)
+}
+
+/// The chart's CRDs: from the cache for a pinned chart seen before,
+/// else read from the files of its `crds/` (and its subcharts'), each
+/// file its own YAML stream as helm reads them: from a local chart
+/// directory or archive, or from the archive `helm pull` fetches for a
+/// repository or OCI chart (credentials as for every helm run).
+async fn chart_crds(
+    release: &HelmRelease,
+    cx: &Context,
+    redactor: &Arc<Redactor>,
+    digest: Option<&str>,
+) -> Result<Arc<Vec<CustomResourceDefinition>>> {
+    let shown = cx.cluster().state::<Shown>();
+    let key = digest.map(|digest| format!("{}\0{digest}", release.id()));
+    if let Some(key) = &key
+        && let Some(crds) = shown
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(key)
+    {
+        return Ok(Arc::clone(crds));
+    }
+    let files = match &release.chart {
+        Chart::Local(path) => read_crd_files(release, path.clone(), false).await?,
+        Chart::Repository { .. } | Chart::Oci(_) => {
+            let work = run::work_dir(release)?;
+            run::log_in(release, cx, redactor, &work).await?;
+            let mut into = None;
+            run::run_helm_in(release, cx, "pull", redactor, &work, None, |work| {
+                let dir = work.private_dir("chart")?;
+                let args = pull_args(release, &dir);
+                into = Some(dir);
+                Ok(args)
+            })
+            .await?;
+            let dir = into.ok_or_else(|| {
+                Error::failed(format!("release `{}`: helm pull ran nowhere", release.id()))
+            })?;
+            // Read before `work` (and the archive in it) is removed.
+            let files = read_crd_files(release, dir, true).await?;
+            drop(work);
+            files
         }
-        let crds = self.chart_crds(cx, values, digest).await?;
-        if crds.is_empty() {
-            return Ok(None);
-        }
-        Ok(Some(
-            Step::new(crds.as_ref().clone()).update(self.crds == CrdPolicy::Upgrade),
+    };
+    let crds = Arc::new(parse_crd_files(
+        &release.id(),
+        &release.chart_shown(),
+        &files,
+    )?);
+    if let Some(key) = key {
+        shown
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(key, Arc::clone(&crds));
+    }
+    Ok(crds)
+}
+
+/// The CRD files of the chart at `path` (a directory or archive; for a
+/// pulled chart, the directory `helm pull` wrote its one archive to),
+/// read on a blocking thread.
+async fn read_crd_files(
+    release: &HelmRelease,
+    path: std::path::PathBuf,
+    pulled: bool,
+) -> Result<Vec<CrdFile>> {
+    let read = tokio::task::spawn_blocking(move || {
+        let chart = if pulled { pulled_archive(&path)? } else { path };
+        crd_files::read(&chart)
+    })
+    .await
+    .map_err(|e| {
+        Error::failed(format!(
+            "release `{}`: reading the chart's crds/ failed: {e}",
+            release.id()
         ))
-    }
+    })?;
+    read.map_err(|e| {
+        Error::invalid(format!(
+            "release `{}`: {}: crds/ could not be read: {e}",
+            release.id(),
+            release.chart_shown()
+        ))
+    })
+}
 
-    fn in_release(&self, error: Error) -> Error {
-        if error.is_yield() {
-            return error;
-        }
-        let message = format!("release `{}`: the chart's crds/: {error}", self.id());
-        let kind = error.kind();
-        let wrapped = match kind {
-            provisioners_core::ErrorKind::Invalid => Error::invalid(message),
-            provisioners_core::ErrorKind::Unavailable => Error::unavailable(message),
-            _ => Error::failed(message),
-        };
-        wrapped.with_source(error)
+/// `helm pull` of the chart into `dir`, as `helm upgrade` would fetch it.
+fn pull_args(release: &HelmRelease, dir: &std::path::Path) -> Vec<OsString> {
+    let mut args: Vec<OsString> = vec!["pull".into()];
+    // The chart reference without the release name.
+    args.extend(args::chart_args(release).into_iter().skip(1));
+    if let Some(version) = &release.version {
+        args.push("--version".into());
+        args.push(version.into());
     }
-
-    /// The chart's CRDs: from the cache for a pinned chart seen before,
-    /// else read from the files of its `crds/` (and its subcharts'), each
-    /// file its own YAML stream as helm reads them: from a local chart
-    /// directory or archive, or from the archive `helm pull` fetches for a
-    /// repository or OCI chart (credentials as for every helm run).
-    async fn chart_crds(
-        &self,
-        cx: &Context,
-        values: &Value,
-        digest: Option<&str>,
-    ) -> Result<Arc<Vec<CustomResourceDefinition>>> {
-        let shown = cx.cluster().state::<Shown>();
-        let key = digest.map(|digest| format!("{}\0{digest}", self.id()));
-        if let Some(key) = &key
-            && let Some(crds) = shown
-                .0
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .get(key)
-        {
-            return Ok(Arc::clone(crds));
-        }
-        let files = match &self.chart {
-            Chart::Local(path) => self.read_crd_files(path.clone(), false).await?,
-            Chart::Repository { .. } | Chart::Oci(_) => {
-                let work = self.work_dir()?;
-                self.log_in(cx, &work).await?;
-                let mut into = None;
-                self.run_helm_in(cx, "pull", values, &work, None, |work| {
-                    let dir = work.private_dir("chart")?;
-                    let args = self.pull_args(&dir);
-                    into = Some(dir);
-                    Ok(args)
-                })
-                .await?;
-                let dir = into.ok_or_else(|| {
-                    Error::failed(format!("release `{}`: helm pull ran nowhere", self.id()))
-                })?;
-                // Read before `work` (and the archive in it) is removed.
-                let files = self.read_crd_files(dir, true).await?;
-                drop(work);
-                files
-            }
-        };
-        let crds = Arc::new(parse_crd_files(&self.id(), &self.chart_shown(), &files)?);
-        if let Some(key) = key {
-            shown
-                .0
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .insert(key, Arc::clone(&crds));
-        }
-        Ok(crds)
-    }
-
-    /// The CRD files of the chart at `path` (a directory or archive; for a
-    /// pulled chart, the directory `helm pull` wrote its one archive to),
-    /// read on a blocking thread.
-    async fn read_crd_files(&self, path: std::path::PathBuf, pulled: bool) -> Result<Vec<CrdFile>> {
-        let read = tokio::task::spawn_blocking(move || {
-            let chart = if pulled { pulled_archive(&path)? } else { path };
-            crd_files::read(&chart)
-        })
-        .await
-        .map_err(|e| {
-            Error::failed(format!(
-                "release `{}`: reading the chart's crds/ failed: {e}",
-                self.id()
-            ))
-        })?;
-        read.map_err(|e| {
-            Error::invalid(format!(
-                "release `{}`: {}: crds/ could not be read: {e}",
-                self.id(),
-                self.chart_shown()
-            ))
-        })
-    }
-
-    /// `helm pull` of the chart into `dir`, as `helm upgrade` would fetch it.
-    fn pull_args(&self, dir: &std::path::Path) -> Vec<OsString> {
-        let mut args: Vec<OsString> = vec!["pull".into()];
-        // The chart reference without the release name.
-        args.extend(self.chart_args().into_iter().skip(1));
-        if let Some(version) = &self.version {
-            args.push("--version".into());
-            args.push(version.into());
-        }
-        args.push("--destination".into());
-        args.push(dir.into());
-        args
-    }
+    args.push("--destination".into());
+    args.push(dir.into());
+    args
 }
 
 /// The one archive `helm pull` wrote to `dir`.
@@ -413,7 +407,9 @@ mod tests {
         let release = HelmRelease::new("r", Chart::local(dir.path()))
             .namespace("ns")
             .helm("/nonexistent/helm");
-        let crds = release.chart_crds(&cx, &Value::Null, None).await.unwrap();
+        let crds = chart_crds(&release, &cx, &Arc::default(), None)
+            .await
+            .unwrap();
         let names: Vec<_> = crds
             .iter()
             .map(|c| c.metadata.name.clone().unwrap_or_default())

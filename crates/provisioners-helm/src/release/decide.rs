@@ -6,8 +6,11 @@
 
 use provisioners_core::{Context, Result};
 
-use super::HelmRelease;
-use super::drift::DriftCheck;
+use super::adopt;
+use super::builder::HelmRelease;
+use super::drift::{self, DriftCheck};
+use super::live;
+use super::records;
 use crate::objects::Seen;
 use crate::storage::Revision;
 
@@ -25,7 +28,7 @@ pub(super) enum Mode {
 #[derive(Debug)]
 pub(super) enum Decision {
     /// Deployed with these very inputs: no helm. `checked` is the drift
-    /// check (`None` with [`DriftPolicy::Ignore`](super::DriftPolicy::Ignore)),
+    /// check (`None` with [`DriftPolicy::Ignore`](super::policy::DriftPolicy::Ignore)),
     /// whose verdict repairs nothing.
     Unchanged {
         revision: Revision,
@@ -41,44 +44,45 @@ pub(super) enum Decision {
     Change,
 }
 
-impl HelmRelease {
-    /// The decision for `latest`, the release's newest record, and
-    /// `digest`, the digest of the inputs now: one read of the stored
-    /// manifest and one per object when drift is checked.
-    ///
-    /// A record that lacks the owner annotation our seal puts on it (with
-    /// owner keys) is not trusted by the real run to skip helm: it is
-    /// checked under the Lease, and sealed when it verifies, which changes
-    /// nothing of the release. A plan reads no Lease nor records to verify,
-    /// and shows the outcome for records that verify.
-    pub(super) async fn decide(
-        &self,
-        cx: &Context,
-        latest: Option<&Revision>,
-        digest: Option<&str>,
-        mode: Mode,
-    ) -> Result<Decision> {
-        let Some(revision) = latest.filter(|revision| revision.is_deployed_with(digest)) else {
-            return Ok(Decision::Change);
-        };
-        if mode == Mode::Write
-            && (Self::unsealed_looking(cx, revision) || self.awaits_adoption(cx, revision).await?)
-        {
-            return Ok(Decision::Change);
-        }
-        // A record says "nothing to do" only once it is proven ours (with
-        // owner keys): a forged newest record with our labels copied is
-        // reported here, having cost a list, its own read and the Lease's.
-        if provisioners_client::owner::OwnerKeys::of(cx).is_some() {
-            self.proven_payload(cx, revision).await?;
-        }
-        let revision = revision.clone();
-        let checked = self.check_drift(cx, &revision).await?.map(Box::new);
-        Ok(match checked {
-            Some(checked) if checked.verdict.repairs() => Decision::Repair { revision, checked },
-            checked => Decision::Unchanged { revision, checked },
-        })
+/// The decision for `latest`, the release's newest record, and
+/// `digest`, the digest of the inputs now: one read of the stored
+/// manifest and one per object when drift is checked.
+///
+/// A record that lacks the owner annotation our seal puts on it (with
+/// owner keys) is not trusted by the real run to skip helm: it is
+/// checked under the Lease, and sealed when it verifies, which changes
+/// nothing of the release. A plan reads no Lease nor records to verify,
+/// and shows the outcome for records that verify.
+pub(super) async fn decide(
+    release: &HelmRelease,
+    cx: &Context,
+    latest: Option<&Revision>,
+    digest: Option<&str>,
+    mode: Mode,
+) -> Result<Decision> {
+    let Some(revision) = latest.filter(|revision| revision.is_deployed_with(digest)) else {
+        return Ok(Decision::Change);
+    };
+    if mode == Mode::Write
+        && (records::unsealed_looking(cx, revision)
+            || adopt::awaits_adoption(release, cx, revision).await?)
+    {
+        return Ok(Decision::Change);
     }
+    // A record says "nothing to do" only once it is proven ours (with
+    // owner keys): a forged newest record with our labels copied is
+    // reported here, having cost a list, its own read and the Lease's.
+    if provisioners_client::owner::OwnerKeys::of(cx).is_some() {
+        live::proven_payload(release, cx, revision).await?;
+    }
+    let revision = revision.clone();
+    let checked = drift::check_drift(release, cx, &revision)
+        .await?
+        .map(Box::new);
+    Ok(match checked {
+        Some(checked) if checked.verdict.repairs() => Decision::Repair { revision, checked },
+        checked => Decision::Unchanged { revision, checked },
+    })
 }
 
 /// What is done first about a record a dead helm (or an unfinished

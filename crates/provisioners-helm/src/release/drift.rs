@@ -8,29 +8,10 @@ use provisioners_kit::drift::{as_stored, contains_rendered};
 use serde_json::Value;
 use sha2::{Digest as _, Sha256};
 
-use super::HelmRelease;
-use super::live::Live;
+use super::builder::HelmRelease;
+use super::live::{self, Live};
+use super::policy::DriftPolicy;
 use crate::storage::{Payload, Revision};
-
-/// What a no-op [`provision`](provisioners_core::Provisioner::provision)
-/// does when the release's objects no longer hold what the release applied
-/// (an object deleted by hand, a field the chart sets changed). Set with
-/// [`HelmRelease::drift`](crate::HelmRelease::drift).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum DriftPolicy {
-    /// Runs `helm upgrade` with the same chart and values, which restores
-    /// deleted objects and changed fields (the default). Objects that are
-    /// found exactly as they were after the previous repair (a value the
-    /// server keeps rewriting) are then only logged, so a release is never
-    /// upgraded on every reconcile; a deleted object is always restored.
-    #[default]
-    Repair,
-    /// Logs a warning naming what drifted and changes nothing.
-    Warn,
-    /// Does not look: a no-op costs one API call.
-    Ignore,
-}
 
 /// What drifted among `objects`.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -121,31 +102,28 @@ impl DriftCheck {
     }
 }
 
-impl HelmRelease {
-    /// The drift check of `revision`, deployed with these very inputs:
-    /// `None` with [`DriftPolicy::Ignore`] (nothing read), else one read of
-    /// the stored manifest and one per object.
-    pub(super) async fn check_drift(
-        &self,
-        cx: &Context,
-        revision: &Revision,
-    ) -> Result<Option<DriftCheck>> {
-        if self.drift == DriftPolicy::Ignore {
-            return Ok(None);
-        }
-        let (objects, payload) = self
-            .live(cx, revision)
-            .await?
-            .ok_or_else(|| self.record_changed())?;
-        let drifted = check(&objects);
-        let verdict = Verdict::of(self.drift, revision, &drifted);
-        Ok(Some(DriftCheck {
-            objects,
-            payload,
-            drifted,
-            verdict,
-        }))
+/// The drift check of `revision`, deployed with these very inputs:
+/// `None` with [`DriftPolicy::Ignore`] (nothing read), else one read of
+/// the stored manifest and one per object.
+pub(super) async fn check_drift(
+    release: &HelmRelease,
+    cx: &Context,
+    revision: &Revision,
+) -> Result<Option<DriftCheck>> {
+    if release.drift == DriftPolicy::Ignore {
+        return Ok(None);
     }
+    let (objects, payload) = live::live(release, cx, revision)
+        .await?
+        .ok_or_else(|| live::record_changed(release))?;
+    let drifted = check(&objects);
+    let verdict = Verdict::of(release.drift, revision, &drifted);
+    Ok(Some(DriftCheck {
+        objects,
+        payload,
+        drifted,
+        verdict,
+    }))
 }
 
 /// Compares each object with what helm rendered for it.

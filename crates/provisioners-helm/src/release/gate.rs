@@ -1,5 +1,7 @@
-//! The uninstall and its deletion gate: which of a release's objects are
-//! still there after `helm uninstall`, judged by UID.
+//! The uninstall (`helm uninstall` in the background, or the deletion of
+//! what the release's [ledger](super::ledger) lists when its records cannot
+//! say) and its deletion gate: which of a release's objects are still there
+//! after it, judged by UID.
 //!
 //! An object counts as gone when it no longer exists, when an object of the
 //! same name with another UID stands in its place (someone recreated it: not
@@ -7,78 +9,97 @@
 //! which helm leaves on purpose). An object being deleted (`Terminating`) is
 //! still there: the gate yields.
 
+use std::sync::Arc;
+
 use futures::stream::{self, StreamExt as _};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{Api, DynamicObject};
+use kube::api::{Api, DeleteParams, DynamicObject, Preconditions, PropagationPolicy};
 use provisioners_core::{Context, Error, Operation, Result};
 use provisioners_kit::keep;
 
-use super::HelmRelease;
+use super::args;
 use super::background::Purpose;
+use super::builder::HelmRelease;
 use super::decide::Uninstall;
+use super::ledger::Ledger;
+use super::live;
 use super::lock::Serialised;
+use super::owner;
+use super::records;
+use super::run;
+use super::running;
 use crate::objects::{ObjectRef, Resolver, Seen};
+use crate::redact::Redactor;
 use crate::storage::{self, Revision};
 
-impl HelmRelease {
-    /// Uninstalls the release unless that is done ([`Uninstall::of`]
-    /// `latest`, as its plan reads it), and returns the objects to wait for
-    /// (those live before the uninstall, by UID). helm runs in the
-    /// background: a yield while it does.
-    pub(super) async fn uninstalled(
-        &self,
-        cx: &Context,
-        serialised: &Serialised,
-        latest: &Revision,
-        operation: Operation,
-    ) -> Result<Vec<Seen>> {
-        let step = Uninstall::of(latest);
-        if let Uninstall::Waiting(seen) = step {
-            return Ok(seen);
-        }
-        let objects = self
-            .objects(cx, latest)
-            .await?
-            .map(|(objects, _)| objects)
-            .unwrap_or_default();
-        let mut resolver = Resolver::new(cx, &self.namespace);
-        let seen = snapshot(&mut resolver, &objects).await?;
-        if let Uninstall::Run = step {
-            tracing::info!(release = %self.id(), "helm uninstall");
-            // Collecting the run remembers `seen` on the record.
-            let purpose = Purpose::Uninstall {
-                seen: seen.clone(),
-                record: latest.secret.clone(),
-            };
-            self.uninstall(
-                cx,
-                serialised,
-                false,
-                operation,
-                purpose,
-                Some(latest.number),
-            )
-            .await?;
-            return Ok(seen);
-        }
-        storage::remember_uninstalled(cx.client(), &self.namespace, &latest.secret, &seen).await?;
-        Ok(seen)
+/// Uninstalls the release unless that is done ([`Uninstall::of`]
+/// `latest`, as its plan reads it), and returns the objects to wait for
+/// (those live before the uninstall, by UID). helm runs in the
+/// background: a yield while it does.
+pub(super) async fn uninstalled(
+    release: &HelmRelease,
+    cx: &Context,
+    redactor: &Arc<Redactor>,
+    serialised: &Serialised,
+    latest: &Revision,
+    operation: Operation,
+) -> Result<Vec<Seen>> {
+    let step = Uninstall::of(latest);
+    if let Uninstall::Waiting(seen) = step {
+        return Ok(seen);
     }
-
-    /// A yield naming what of `seen` is still there, else `Ok`.
-    pub(super) async fn gone(&self, cx: &Context, seen: &[Seen], what: &str) -> Result<()> {
-        let mut resolver = Resolver::new(cx, &self.namespace);
-        let remaining = remaining(&mut resolver, seen).await?;
-        if remaining.is_empty() {
-            return Ok(());
-        }
-        Err(Error::yielding(format!(
-            "release `{}` uninstalled; waiting for {} to be deleted{what}",
-            self.id(),
-            remaining.join(", ")
-        )))
+    let objects = live::objects(release, cx, latest)
+        .await?
+        .map(|(objects, _)| objects)
+        .unwrap_or_default();
+    let mut resolver = Resolver::new(cx, &release.namespace);
+    let seen = snapshot(&mut resolver, &objects).await?;
+    if let Uninstall::Run = step {
+        tracing::info!(release = %release.id(), "helm uninstall");
+        // Collecting the run remembers `seen` on the record.
+        let purpose = Purpose::Uninstall {
+            seen: seen.clone(),
+            record: latest.secret.clone(),
+        };
+        uninstall(
+            release,
+            cx,
+            redactor,
+            serialised,
+            false,
+            operation,
+            purpose,
+            Some(latest.number),
+        )
+        .await?;
+        return Ok(seen);
     }
+    storage::remember_uninstalled(cx.client(), &release.namespace, &latest.secret, &seen).await?;
+    Ok(seen)
 }
+
+/// A yield naming what of `seen` is still there, else `Ok`.
+pub(super) async fn gone(
+    release: &HelmRelease,
+    cx: &Context,
+    seen: &[Seen],
+    what: &str,
+) -> Result<()> {
+    let mut resolver = Resolver::new(cx, &release.namespace);
+    let remaining = remaining(&mut resolver, seen).await?;
+    if remaining.is_empty() {
+        return Ok(());
+    }
+    Err(Error::yielding(format!(
+        "release `{}` uninstalled; waiting for {} to be deleted{what}",
+        release.id(),
+        remaining.join(", ")
+    )))
+}
+
+/// helm's annotations on every object it manages.
+const HELM_RELEASE_NAME: &str = "meta.helm.sh/release-name";
+const HELM_RELEASE_NAMESPACE: &str = "meta.helm.sh/release-namespace";
 
 fn kept(meta: &ObjectMeta) -> bool {
     keep::helm_keeps(meta.annotations.as_ref())
@@ -179,6 +200,115 @@ pub(super) async fn remaining_objects(
             Some((resolved, deleting))
         })
         .collect())
+}
+
+/// `helm uninstall` in the background, keeping the record;
+/// `background` forces background deletion.
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn uninstall(
+    release: &HelmRelease,
+    cx: &Context,
+    redactor: &Arc<Redactor>,
+    serialised: &Serialised,
+    background: bool,
+    operation: Operation,
+    purpose: Purpose,
+    seal: Option<u32>,
+) -> Result<()> {
+    run::kubeconfig(release, cx)?;
+    if let Some(revision) = seal
+        && serialised.has_lease()
+    {
+        records::intend_uninstall(release, cx, revision).await?;
+    }
+    let background = background || cx.background_deletion();
+    let sealing = owner::sealing(cx);
+    let this = release.clone();
+    let redactor = Arc::clone(redactor);
+    running::in_background(
+        release,
+        cx,
+        serialised,
+        "uninstall",
+        operation,
+        purpose,
+        move |cx, work| async move {
+            let kubeconfig = run::kubeconfig(&this, &cx)?;
+            let ran = run::run_helm_in(&this, &cx, "uninstall", &redactor, &work, None, |work| {
+                let kubeconfig = work.write_kubeconfig(kubeconfig)?;
+                Ok(args::uninstall_args(&this, &kubeconfig, background))
+            })
+            .await
+            .map(drop);
+            // helm rewrote the record, dropping our annotations: the
+            // release stays this owner's until its records are gone.
+            let Some(revision) = seal else { return ran };
+            let sealed = records::seal(&this, &cx, &sealing, revision).await;
+            ran.and(sealed)
+        },
+    )
+    .await
+}
+
+/// Deletes what `ledger` lists that helm's annotations say is this
+/// release's (UID preconditions, kept objects left), and yields until it
+/// is gone: deprovision when the records cannot say what to uninstall.
+/// `why` says why, for the log and the yield.
+pub(super) async fn uninstall_ledger(
+    release: &HelmRelease,
+    cx: &Context,
+    ledger: &Ledger,
+    why: &str,
+) -> Result<()> {
+    let mut resolver = Resolver::new(cx, &release.namespace);
+    let seen = snapshot_with(&mut resolver, &ledger.objects, |meta| {
+        helm_owns(release, meta)
+    })
+    .await?;
+    if seen.is_empty() {
+        return Ok(());
+    }
+    tracing::warn!(
+        release = %release.id(), objects = seen.len(), "{why}: deleting the release's objects \
+        from its ledger"
+    );
+    for Seen { object, uid } in &seen {
+        let Some((api, resolved)) = resolver.api(object).await? else {
+            continue;
+        };
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: Some(uid.clone()),
+                resource_version: None,
+            }),
+            propagation_policy: Some(PropagationPolicy::Foreground),
+            ..DeleteParams::default()
+        };
+        match api.delete(&resolved.name, &params).await {
+            Ok(_) => {}
+            // Gone, or another object by now (its UID is not ours).
+            Err(kube::Error::Api(status)) if status.is_not_found() || status.code == 409 => {}
+            Err(e) => {
+                return Err(Error::kube(
+                    format_args!(
+                        "deleting {} of release `{}`",
+                        resolved.shown(),
+                        release.id()
+                    ),
+                    e,
+                ));
+            }
+        }
+    }
+    gone(release, cx, &seen, &format!(" ({why})")).await
+}
+
+/// Whether helm's annotations on `meta` name this release.
+fn helm_owns(release: &HelmRelease, meta: &ObjectMeta) -> bool {
+    let annotations = meta.annotations.as_ref();
+    let get = |key: &str| annotations.and_then(|a| a.get(key)).map(String::as_str);
+    get(HELM_RELEASE_NAME) == Some(release.name.as_str())
+        && get(HELM_RELEASE_NAMESPACE) == Some(release.namespace.as_str())
 }
 
 #[cfg(test)]

@@ -9,7 +9,7 @@
 //! go on the Lease in the same write ([`LEDGER_ANNOTATION`]), signed with
 //! the owner key when there is one. Deprovision of a release whose records
 //! are gone, or flipped to `uninstalled` without our uninstall intent,
-//! deletes the ledger's objects itself: only those that helm's own
+//! deletes the ledger's objects itself ([`gate`](super::gate)): only those that helm's own
 //! annotations say belong to this release, each with its UID as a
 //! precondition; kept ones (`helm.sh/resource-policy: keep`) are left.
 //! The Lease goes last, after the objects are gone.
@@ -27,18 +27,15 @@
 use std::io::Write as _;
 
 use base64::Engine as _;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{DeleteParams, Preconditions, PropagationPolicy};
 use provisioners_client::bounded::{self, Limits};
 use provisioners_client::owner::OwnerKeys;
 use provisioners_core::{Context, Error, Result};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
 
-use super::HelmRelease;
-use super::gate;
+use super::builder::HelmRelease;
 use super::lease;
-use crate::objects::{ObjectRef, Resolver, Seen};
+use crate::objects::ObjectRef;
 
 /// The annotation on the release's Lease holding the ledger: base64 of
 /// gzipped JSON `{"revision": N, "objects": [...], "mac": "..."}`.
@@ -61,10 +58,6 @@ const LEDGER: Limits = Limits {
     heap: 8 << 20,
     depth: 4,
 };
-
-/// helm's annotations on every object it manages.
-const HELM_RELEASE_NAME: &str = "meta.helm.sh/release-name";
-const HELM_RELEASE_NAMESPACE: &str = "meta.helm.sh/release-namespace";
 
 /// What a release installed, as of one sealed revision.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
@@ -188,87 +181,30 @@ impl Ledger {
     }
 }
 
-impl HelmRelease {
-    /// The release's ledger, from its Lease: `Ok(None)` when there is none.
-    pub(super) async fn ledger(&self, cx: &Context) -> Result<Option<Ledger>> {
-        let annotations = lease::annotations(cx.client(), &self.namespace, &self.release).await?;
-        let Some(annotation) = annotations.get(LEDGER_ANNOTATION).cloned() else {
-            return Ok(None);
-        };
-        // Up to 4 MiB of JSON: parsed off the async workers, within the
-        // process's bound on large decodings at once.
-        bounded::off_workers(move || Ledger::parse(&annotation))
-            .await
-            .map_err(|e| e.to_string())
-            .and_then(|parsed| parsed)
-            .and_then(|ledger| ledger.verified(cx, (&self.namespace, &self.release)))
-            .map(Some)
-            .map_err(|why| {
-                Error::failed(format!(
-                    "release `{}`: the ledger on its Lease {}/{} cannot be used ({why}); \
-                     nothing was deleted from it. Remove what the release made by hand, then \
-                     the Lease",
-                    self.id(),
-                    self.namespace,
-                    lease::name(&self.release)
-                ))
-            })
-    }
-
-    /// Deletes what `ledger` lists that helm's annotations say is this
-    /// release's (UID preconditions, kept objects left), and yields until it
-    /// is gone: deprovision when the records cannot say what to uninstall.
-    /// `why` says why, for the log and the yield.
-    pub(super) async fn uninstall_ledger(
-        &self,
-        cx: &Context,
-        ledger: &Ledger,
-        why: &str,
-    ) -> Result<()> {
-        let mut resolver = Resolver::new(cx, &self.namespace);
-        let seen = gate::snapshot_with(&mut resolver, &ledger.objects, |meta| self.helm_owns(meta))
-            .await?;
-        if seen.is_empty() {
-            return Ok(());
-        }
-        tracing::warn!(
-            release = %self.id(), objects = seen.len(), "{why}: deleting the release's objects \
-            from its ledger"
-        );
-        for Seen { object, uid } in &seen {
-            let Some((api, resolved)) = resolver.api(object).await? else {
-                continue;
-            };
-            let params = DeleteParams {
-                preconditions: Some(Preconditions {
-                    uid: Some(uid.clone()),
-                    resource_version: None,
-                }),
-                propagation_policy: Some(PropagationPolicy::Foreground),
-                ..DeleteParams::default()
-            };
-            match api.delete(&resolved.name, &params).await {
-                Ok(_) => {}
-                // Gone, or another object by now (its UID is not ours).
-                Err(kube::Error::Api(status)) if status.is_not_found() || status.code == 409 => {}
-                Err(e) => {
-                    return Err(Error::kube(
-                        format_args!("deleting {} of release `{}`", resolved.shown(), self.id()),
-                        e,
-                    ));
-                }
-            }
-        }
-        self.gone(cx, &seen, &format!(" ({why})")).await
-    }
-
-    /// Whether helm's annotations on `meta` name this release.
-    fn helm_owns(&self, meta: &ObjectMeta) -> bool {
-        let annotations = meta.annotations.as_ref();
-        let get = |key: &str| annotations.and_then(|a| a.get(key)).map(String::as_str);
-        get(HELM_RELEASE_NAME) == Some(self.release.as_str())
-            && get(HELM_RELEASE_NAMESPACE) == Some(self.namespace.as_str())
-    }
+/// The release's ledger, from its Lease: `Ok(None)` when there is none.
+pub(super) async fn ledger(release: &HelmRelease, cx: &Context) -> Result<Option<Ledger>> {
+    let annotations = lease::annotations(cx.client(), &release.namespace, &release.name).await?;
+    let Some(annotation) = annotations.get(LEDGER_ANNOTATION).cloned() else {
+        return Ok(None);
+    };
+    // Up to 4 MiB of JSON: parsed off the async workers, within the
+    // process's bound on large decodings at once.
+    bounded::off_workers(move || Ledger::parse(&annotation))
+        .await
+        .map_err(|e| e.to_string())
+        .and_then(|parsed| parsed)
+        .and_then(|ledger| ledger.verified(cx, (&release.namespace, &release.name)))
+        .map(Some)
+        .map_err(|why| {
+            Error::failed(format!(
+                "release `{}`: the ledger on its Lease {}/{} cannot be used ({why}); \
+                 nothing was deleted from it. Remove what the release made by hand, then \
+                 the Lease",
+                release.id(),
+                release.namespace,
+                lease::name(&release.name)
+            ))
+        })
 }
 
 #[cfg(test)]

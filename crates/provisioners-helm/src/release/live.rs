@@ -10,92 +10,89 @@ use serde_json::Value;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
-use super::HelmRelease;
+use super::builder::HelmRelease;
 use crate::objects::{ObjectRef, Resolver, parse_manifest};
 use crate::storage::{self, Revision};
 
-impl HelmRelease {
-    /// The objects of `revision`'s stored manifest; `None` when the record is gone.
-    pub(super) async fn objects(
-        &self,
-        cx: &Context,
-        revision: &Revision,
-    ) -> Result<Option<(Vec<ObjectRef>, storage::Payload)>> {
-        let Some(payload) =
-            storage::payload(cx.client(), &self.namespace, &revision.secret).await?
-        else {
-            return Ok(None);
-        };
-        let objects = parse_manifest(&self.id(), &payload.manifest)?
-            .into_iter()
-            .map(|(object, _)| object)
-            .collect();
-        Ok(Some((objects, payload)))
-    }
+/// The objects of `revision`'s stored manifest; `None` when the record is gone.
+pub(super) async fn objects(
+    release: &HelmRelease,
+    cx: &Context,
+    revision: &Revision,
+) -> Result<Option<(Vec<ObjectRef>, storage::Payload)>> {
+    let Some(payload) = storage::payload(cx.client(), &release.namespace, &revision.secret).await?
+    else {
+        return Ok(None);
+    };
+    let objects = parse_manifest(&release.id(), &payload.manifest)?
+        .into_iter()
+        .map(|(object, _)| object)
+        .collect();
+    Ok(Some((objects, payload)))
+}
 
-    /// The release's objects as rendered for `revision` and as they are now,
-    /// with `revision`'s payload; `None` when its record is gone.
-    pub(super) async fn live(
-        &self,
-        cx: &Context,
-        revision: &Revision,
-    ) -> Result<Option<(Vec<Live>, Arc<storage::Payload>)>> {
-        let Some(payload) = self.proven_payload(cx, revision).await? else {
-            return Ok(None);
-        };
-        let rendered = parse_manifest(&self.id(), &payload.manifest)?;
-        let mut resolver = Resolver::new(cx, &self.namespace);
-        let objects = read(&mut resolver, rendered).await?;
-        Ok(Some((objects, payload)))
-    }
+/// The release's objects as rendered for `revision` and as they are now,
+/// with `revision`'s payload; `None` when its record is gone.
+pub(super) async fn live(
+    release: &HelmRelease,
+    cx: &Context,
+    revision: &Revision,
+) -> Result<Option<(Vec<Live>, Arc<storage::Payload>)>> {
+    let Some(payload) = proven_payload(release, cx, revision).await? else {
+        return Ok(None);
+    };
+    let rendered = parse_manifest(&release.id(), &payload.manifest)?;
+    let mut resolver = Resolver::new(cx, &release.namespace);
+    let objects = read(&mut resolver, rendered).await?;
+    Ok(Some((objects, payload)))
+}
 
-    /// The payload of `revision`'s record (`None` when it is gone), proven
-    /// ours with owner keys before anything it lists is read: a forged
-    /// newest record with our labels copied would otherwise have us read
-    /// (and report on) objects of its choice. Proven once per record and
-    /// resourceVersion (see [`storage::prove`]).
-    pub(super) async fn proven_payload(
-        &self,
-        cx: &Context,
-        revision: &Revision,
-    ) -> Result<Option<Arc<storage::Payload>>> {
-        let Some(payload) = storage::payload_of(cx.cluster(), &self.namespace, revision).await?
-        else {
-            return Ok(None);
-        };
-        let Some(keys) = OwnerKeys::of(cx) else {
-            return Ok(Some(payload));
-        };
-        let owner = cx.owner().map(provisioners_core::Owner::identity);
-        let proven = storage::prove(
-            cx.cluster(),
-            keys,
-            owner.as_deref(),
-            (&self.namespace, &self.release),
-            revision,
-            &payload,
-        )
-        .await?;
-        match proven {
-            Ok(()) => Ok(Some(payload)),
-            Err(why) => Err(Error::failed(format!(
-                "release `{}`: its newest record, Secret {}/{}, cannot be proven ours ({why}); \
-                 none of the objects it lists were read, and helm will not act on it. Inspect \
-                 it (`helm history`, `kubectl get secret`) and delete it if it is not genuine",
-                self.id(),
-                self.namespace,
-                revision.secret
-            ))),
-        }
+/// The payload of `revision`'s record (`None` when it is gone), proven
+/// ours with owner keys before anything it lists is read: a forged
+/// newest record with our labels copied would otherwise have us read
+/// (and report on) objects of its choice. Proven once per record and
+/// resourceVersion (see [`storage::prove`]).
+pub(super) async fn proven_payload(
+    release: &HelmRelease,
+    cx: &Context,
+    revision: &Revision,
+) -> Result<Option<Arc<storage::Payload>>> {
+    let Some(payload) = storage::payload_of(cx.cluster(), &release.namespace, revision).await?
+    else {
+        return Ok(None);
+    };
+    let Some(keys) = OwnerKeys::of(cx) else {
+        return Ok(Some(payload));
+    };
+    let owner = cx.owner().map(provisioners_core::Owner::identity);
+    let proven = storage::prove(
+        cx.cluster(),
+        keys,
+        owner.as_deref(),
+        (&release.namespace, &release.name),
+        revision,
+        &payload,
+    )
+    .await?;
+    match proven {
+        Ok(()) => Ok(Some(payload)),
+        Err(why) => Err(Error::failed(format!(
+            "release `{}`: its newest record, Secret {}/{}, cannot be proven ours ({why}); \
+             none of the objects it lists were read, and helm will not act on it. Inspect \
+             it (`helm history`, `kubectl get secret`) and delete it if it is not genuine",
+            release.id(),
+            release.namespace,
+            revision.secret
+        ))),
     }
+}
 
-    /// The yield for a record that changed between two reads.
-    pub(super) fn record_changed(&self) -> Error {
-        Error::yielding(format!(
-            "the record of release `{}` changed meanwhile; looking again",
-            self.id()
-        ))
-    }
+/// The yield for a record that changed between two reads.
+pub(super) fn record_changed(release: &HelmRelease) -> Error {
+    Error::yielding(format!(
+        "the record of release `{}` changed meanwhile; looking again",
+        release.id()
+    ))
 }
 
 /// One object of the release's stored manifest.

@@ -14,28 +14,32 @@ use provisioners_client::wake::Wake;
 use provisioners_core::{Context, Result};
 use tokio::sync::OwnedMutexGuard;
 
-use super::{HelmRelease, lease};
+use super::builder::HelmRelease;
+use super::lease;
 
-impl HelmRelease {
-    /// Who this process is on the release's Lease.
-    pub(super) fn holder(&self) -> &str {
-        self.lease_holder
-            .as_deref()
-            .unwrap_or(lease::PROCESS_HOLDER.as_str())
-    }
+/// Who this process is on the release's Lease.
+pub(super) fn holder(release: &HelmRelease) -> &str {
+    release
+        .lease_holder
+        .as_deref()
+        .unwrap_or(lease::PROCESS_HOLDER.as_str())
+}
 
-    /// Takes the release's Lease for the rest of this call (and the helm it
-    /// runs), or yields while another process holds it.
-    pub(super) async fn take_lease(&self, cx: &Context, serialised: &Serialised) -> Result<()> {
-        if serialised.has_lease() {
-            return Ok(());
-        }
-        let holder = self.holder();
-        if let Some(held) = lease::acquire(cx, &self.namespace, &self.release, holder).await? {
-            serialised.hold(held);
-        }
-        Ok(())
+/// Takes the release's Lease for the rest of this call (and the helm it
+/// runs), or yields while another process holds it.
+pub(super) async fn take_lease(
+    release: &HelmRelease,
+    cx: &Context,
+    serialised: &Serialised,
+) -> Result<()> {
+    if serialised.has_lease() {
+        return Ok(());
     }
+    let holder = holder(release);
+    if let Some(held) = lease::acquire(cx, &release.namespace, &release.name, holder).await? {
+        serialised.hold(held);
+    }
+    Ok(())
 }
 
 /// The locks of the releases being worked on, by (namespace, release): in

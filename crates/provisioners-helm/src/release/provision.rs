@@ -5,45 +5,58 @@
 //! of a half-done record and `helm upgrade --install`; uninstall, then the
 //! deletion gate.
 
+use std::sync::Arc;
+
 use provisioners_core::{Context, Error, Operation, Plan, Provisioner, Result, async_trait};
 
-use super::HelmRelease;
-use super::decide::{Decision, Mode};
+use super::adopt;
+use super::builder::HelmRelease;
+use super::crds;
+use super::decide::{self, Decision, Mode};
 use super::drift::{DriftCheck, Verdict};
+use super::gate;
+use super::inputs::{self, Inputs};
 use super::lease;
-use super::upgrade::Upgrade;
+use super::ledger;
+use super::live;
+use super::lock;
+use super::owner;
+use super::plan;
+use super::ready;
+use super::records;
+use super::recovery;
+use super::running;
+use super::upgrade::{self, Upgrade};
 use crate::storage::{self, Revision};
 
-impl HelmRelease {
-    /// [`Decision::Unchanged`]: what the drift check found, said, and
-    /// readiness.
-    async fn unchanged(
-        &self,
-        cx: &Context,
-        revision: &Revision,
-        checked: Option<&DriftCheck>,
-    ) -> Result<()> {
-        tracing::debug!(release = %self.id(), revision = revision.number, "no change");
-        let Some(checked) = checked else {
-            return self.settled(cx, revision).await;
-        };
-        match checked.verdict {
-            Verdict::Persists => tracing::warn!(
-                release = %self.id(),
+/// [`Decision::Unchanged`]: what the drift check found, said, and
+/// readiness.
+async fn unchanged(
+    release: &HelmRelease,
+    cx: &Context,
+    revision: &Revision,
+    checked: Option<&DriftCheck>,
+) -> Result<()> {
+    tracing::debug!(release = %release.id(), revision = revision.number, "no change");
+    let Some(checked) = checked else {
+        return ready::settled(release, cx, revision).await;
+    };
+    match checked.verdict {
+        Verdict::Persists => tracing::warn!(
+            release = %release.id(),
+            drift = %checked.drifted.shown(),
+            "drift persists after a repair; not repairing again until the chart or values change"
+        ),
+        Verdict::Warned => {
+            tracing::warn!(
+                release = %release.id(),
                 drift = %checked.drifted.shown(),
-                "drift persists after a repair; not repairing again until the chart or values change"
-            ),
-            Verdict::Warned => {
-                tracing::warn!(
-                    release = %self.id(),
-                    drift = %checked.drifted.shown(),
-                    "drift (not repaired)"
-                )
-            }
-            Verdict::Clean | Verdict::Repair => {}
+                "drift (not repaired)"
+            )
         }
-        self.verdict(revision, &checked.objects, &checked.payload)
+        Verdict::Clean | Verdict::Repair => {}
     }
+    ready::ready_verdict(release, revision, &checked.objects, &checked.payload)
 }
 
 #[async_trait]
@@ -54,32 +67,27 @@ impl Provisioner for HelmRelease {
 
     async fn provision(&self, cx: &Context) -> Result<()> {
         self.validate()?;
-        let values = self.merged_values()?;
-        let digest = self.digest(&values).await?;
-        let inputs = self.run_inputs(digest.as_deref());
-        let installed = self
-            .collect(cx, Operation::Provision, inputs.as_deref())
-            .await?;
-        let serialised = self.try_lock(cx)?;
+        // Merged, hashed and masked once for the whole pass.
+        let inputs = Inputs::of(self).await?;
+        let digest = inputs.digest.as_deref();
+        let installed =
+            running::collect(self, cx, Operation::Provision, inputs.run_key.as_deref()).await?;
+        let serialised = running::try_lock(self, cx)?;
         // The chart's CRDs first: what helm installs may use them.
-        self.apply_crds(cx, &values, digest.as_deref(), Mode::Write)
-            .await?;
+        crds::apply_crds(self, cx, &inputs, Mode::Write).await?;
         if installed {
             // helm ran with these very inputs: what is left is readiness
             // (an unpinned chart would otherwise run helm on every pass).
-            return self.installed(cx).await;
+            return ready::installed(self, cx).await;
         }
 
-        let mut latest = storage::latest(cx.client(), &self.namespace, &self.release).await?;
+        let mut latest = storage::latest(cx.client(), &self.namespace, &self.name).await?;
         if let Some(revision) = &latest {
-            self.refuse_foreign(cx, revision, "upgrade")?;
+            records::refuse_foreign(self, cx, revision, "upgrade")?;
         }
-        let repair = match self
-            .decide(cx, latest.as_ref(), digest.as_deref(), Mode::Write)
-            .await?
-        {
+        let repair = match decide::decide(self, cx, latest.as_ref(), digest, Mode::Write).await? {
             Decision::Unchanged { revision, checked } => {
-                return self.unchanged(cx, &revision, checked.as_deref()).await;
+                return unchanged(self, cx, &revision, checked.as_deref()).await;
             }
             Decision::Repair { checked, .. } => {
                 tracing::info!(release = %self.id(), drift = %checked.drifted.shown(), "repairing drift");
@@ -90,121 +98,119 @@ impl Provisioner for HelmRelease {
             }
             Decision::Change => None,
         };
-        self.take_lease_creating(cx, &serialised, latest.is_none())
-            .await?;
+        records::take_lease_creating(self, cx, &serialised, latest.is_none()).await?;
         if repair.is_some() {
             // Repaired from the records helm will diff against: ours only.
-            if self.trust_records(cx).await? {
-                return Err(self.record_changed());
+            if records::trust_records(self, cx).await? {
+                return Err(live::record_changed(self));
             }
         } else {
             // Read again under the Lease: a pending record now is not another
             // process's work in progress.
-            latest = storage::latest(cx.client(), &self.namespace, &self.release).await?;
+            latest = storage::latest(cx.client(), &self.namespace, &self.name).await?;
             if let Some(revision) = &latest {
-                self.refuse_foreign(cx, revision, "upgrade")?;
-                let settled = revision.is_deployed_with(digest.as_deref());
+                records::refuse_foreign(self, cx, revision, "upgrade")?;
+                let settled = revision.is_deployed_with(digest);
                 let number = revision.number;
                 if settled
-                    && !Self::unsealed_looking(cx, revision)
-                    && !self.awaits_adoption(cx, revision).await?
+                    && !records::unsealed_looking(cx, revision)
+                    && !adopt::awaits_adoption(self, cx, revision).await?
                 {
-                    return self.settled(cx, revision).await;
+                    return ready::settled(self, cx, revision).await;
                 }
                 // With owner keys, helm acts on no record we cannot prove
                 // we wrote (one our own interrupted run left unsealed is removed).
-                if self.trust_records(cx).await? {
-                    latest = storage::latest(cx.client(), &self.namespace, &self.release).await?;
+                if records::trust_records(self, cx).await? {
+                    latest = storage::latest(cx.client(), &self.namespace, &self.name).await?;
                     // Records written before the keys, adopted: nothing to run.
                     if let Some(now) = &latest
                         && settled
                         && now.number == number
-                        && now.is_deployed_with(digest.as_deref())
-                        && !self.awaits_adoption(cx, now).await?
+                        && now.is_deployed_with(digest)
+                        && !adopt::awaits_adoption(self, cx, now).await?
                     {
-                        return self.settled(cx, now).await;
+                        return ready::settled(self, cx, now).await;
                     }
                 } else if settled {
                     // Only our owner was missing on a record that verifies:
                     // the process died between the seal and the annotation.
-                    self.seal(cx, &self.sealing(cx), revision.number).await?;
-                    return self.settled(cx, revision).await;
+                    records::seal(self, cx, &owner::sealing(cx), revision.number).await?;
+                    return ready::settled(self, cx, revision).await;
                 }
             }
             if let Some(revision) = &latest
-                && self.recover(cx, &serialised, revision).await?
+                && recovery::recover(self, cx, &inputs.redactor, &serialised, revision).await?
             {
-                latest = storage::latest(cx.client(), &self.namespace, &self.release).await?;
+                latest = storage::latest(cx.client(), &self.namespace, &self.name).await?;
             }
         }
         let upgrade = Upgrade {
-            values,
-            digest,
             inputs,
             // helm numbers the revision it is about to write one past the newest.
             next: match &latest {
-                Some(revision) => self.next_revision(revision)?,
+                Some(revision) => recovery::next_revision(self, revision)?,
                 None => 1,
             },
             fresh: latest.is_none(),
             repair,
         };
-        self.upgrade(cx, &serialised, upgrade).await?;
-        self.installed(cx).await
+        upgrade::upgrade(self, cx, &serialised, upgrade).await?;
+        ready::installed(self, cx).await
     }
 
     /// What provision or deprovision would do now: see
     /// [`HelmRelease`]'s "Planning". Reads, and helm's server-side dry run.
     async fn plan(&self, cx: &Context, operation: Operation) -> Result<Plan> {
         match operation {
-            Operation::Provision => self.plan_provision(cx).await,
-            Operation::Deprovision => self.plan_deprovision(cx).await,
+            Operation::Provision => plan::plan_provision(self, cx).await,
+            Operation::Deprovision => plan::plan_deprovision(self, cx).await,
         }
     }
 
     async fn deprovision(&self, cx: &Context) -> Result<()> {
         self.validate_names()?;
-        self.collect(cx, Operation::Deprovision, None).await?;
-        let serialised = self.try_lock(cx)?;
-        let first = storage::latest(cx.client(), &self.namespace, &self.release).await?;
+        // What helm's messages are masked with, once for the pass; a
+        // deprovision needs no merged values (see `delete_unused_crds`).
+        let redactor = Arc::new(inputs::redactor(self));
+        running::collect(self, cx, Operation::Deprovision, None).await?;
+        let serialised = running::try_lock(self, cx)?;
+        let first = storage::latest(cx.client(), &self.namespace, &self.name).await?;
         if let Some(revision) = &first {
-            self.refuse_foreign(cx, revision, "uninstall")?;
+            records::refuse_foreign(self, cx, revision, "uninstall")?;
         } else {
             // No records: gone, or deleted by someone else, when our ledger
             // still lists objects; a Lease may still be left from a
             // deprovision that stopped right before deleting it.
-            if let Some(ledger) = self.ledger(cx).await?
+            if let Some(ledger) = ledger::ledger(self, cx).await?
                 && !ledger.objects.is_empty()
             {
-                self.take_lease(cx, &serialised).await?;
-                self.uninstall_ledger(cx, &ledger, "its records are gone")
-                    .await?;
-                self.delete_unused_crds(cx).await?;
-                return lease::remove(cx, &self.namespace, &self.release).await;
+                lock::take_lease(self, cx, &serialised).await?;
+                gate::uninstall_ledger(self, cx, &ledger, "its records are gone").await?;
+                crds::delete_unused_crds(self, cx, &redactor).await?;
+                return lease::remove(cx, &self.namespace, &self.name).await;
             }
-            return lease::remove_leftover(cx, &self.namespace, &self.release, self.holder()).await;
+            return lease::remove_leftover(cx, &self.namespace, &self.name, lock::holder(self))
+                .await;
         }
-        self.take_lease(cx, &serialised).await?;
-        let Some(mut latest) = storage::latest(cx.client(), &self.namespace, &self.release).await?
+        lock::take_lease(self, cx, &serialised).await?;
+        let Some(mut latest) = storage::latest(cx.client(), &self.namespace, &self.name).await?
         else {
             return Ok(());
         };
-        self.refuse_foreign(cx, &latest, "uninstall")?;
-        if self.trust_records(cx).await? {
-            let Some(again) = storage::latest(cx.client(), &self.namespace, &self.release).await?
+        records::refuse_foreign(self, cx, &latest, "uninstall")?;
+        if records::trust_records(self, cx).await? {
+            let Some(again) = storage::latest(cx.client(), &self.namespace, &self.name).await?
             else {
                 return Ok(());
             };
             latest = again;
         }
         if latest.status == "uninstalled"
-            && !self
-                .intends(cx, &super::records::uninstall_intent(latest.number))
-                .await?
+            && !records::intends(self, cx, &super::records::uninstall_intent(latest.number)).await?
         {
             // Not our uninstall: helm would take the release as gone. What
             // it installed is on our ledger.
-            let Some(ledger) = self.ledger(cx).await? else {
+            let Some(ledger) = ledger::ledger(self, cx).await? else {
                 return Err(Error::failed(format!(
                     "release `{}`: its newest record, Secret {}/{}, says it was uninstalled, \
                      but this owner never uninstalled it (no intent of ours names it), and its \
@@ -215,23 +221,30 @@ impl Provisioner for HelmRelease {
                     latest.secret
                 )));
             };
-            self.uninstall_ledger(
+            gate::uninstall_ledger(
+                self,
                 cx,
                 &ledger,
                 "its newest record says uninstalled, but not by this owner",
             )
             .await?;
-            self.delete_unused_crds(cx).await?;
-            storage::forget_all(cx.client(), &self.namespace, &self.release).await?;
-            return lease::remove(cx, &self.namespace, &self.release).await;
+            crds::delete_unused_crds(self, cx, &redactor).await?;
+            storage::forget_all(cx.client(), &self.namespace, &self.name).await?;
+            return lease::remove(cx, &self.namespace, &self.name).await;
         }
-        let seen = self
-            .uninstalled(cx, &serialised, &latest, Operation::Deprovision)
-            .await?;
-        self.gone(cx, &seen, "").await?;
+        let seen = gate::uninstalled(
+            self,
+            cx,
+            &redactor,
+            &serialised,
+            &latest,
+            Operation::Deprovision,
+        )
+        .await?;
+        gate::gone(self, cx, &seen, "").await?;
         // Before the records go: a failure here is retried from them.
-        self.delete_unused_crds(cx).await?;
-        storage::forget_all(cx.client(), &self.namespace, &self.release).await?;
-        lease::remove(cx, &self.namespace, &self.release).await
+        crds::delete_unused_crds(self, cx, &redactor).await?;
+        storage::forget_all(cx.client(), &self.namespace, &self.name).await?;
+        lease::remove(cx, &self.namespace, &self.name).await
     }
 }

@@ -8,56 +8,57 @@ use k8s_openapi::jiff::Timestamp;
 use provisioners_core::{Context, Error, Result};
 use provisioners_kit::readiness::{self, NotReady, Verdict};
 
-use super::HelmRelease;
-use super::live::Live;
+use super::builder::HelmRelease;
+use super::live::{self, Live};
 use crate::storage::{self, Revision};
 
-impl HelmRelease {
-    /// With a [`ready_timeout`](HelmRelease::ready_timeout): `Ok` only once
-    /// `objects`, read for `revision`, are ready.
-    pub(super) fn verdict(
-        &self,
-        revision: &Revision,
-        objects: &[Live],
-        payload: &storage::Payload,
-    ) -> Result<()> {
-        let Some(wait) = self.ready_timeout else {
-            return Ok(());
-        };
-        verdict(
-            &self.id(),
-            revision.number,
-            &check(objects),
-            since(payload.info.last_deployed.as_deref()),
-            wait,
-        )
-    }
+/// With a [`ready_timeout`](HelmRelease::ready_timeout): `Ok` only once
+/// `objects`, read for `revision`, are ready.
+pub(super) fn ready_verdict(
+    release: &HelmRelease,
+    revision: &Revision,
+    objects: &[Live],
+    payload: &storage::Payload,
+) -> Result<()> {
+    let Some(wait) = release.ready_timeout else {
+        return Ok(());
+    };
+    verdict(
+        &release.id(),
+        revision.number,
+        &check(objects),
+        since(payload.info.last_deployed.as_deref()),
+        wait,
+    )
+}
 
-    /// Readiness of `revision`, when there is a wait (then one read of the
-    /// stored manifest and one per object).
-    pub(super) async fn settled(&self, cx: &Context, revision: &Revision) -> Result<()> {
-        if self.ready_timeout.is_none() {
-            return Ok(());
-        }
-        let (objects, payload) = self
-            .live(cx, revision)
-            .await?
-            .ok_or_else(|| self.record_changed())?;
-        self.verdict(revision, &objects, &payload)
+/// Readiness of `revision`, when there is a wait (then one read of the
+/// stored manifest and one per object).
+pub(super) async fn settled(
+    release: &HelmRelease,
+    cx: &Context,
+    revision: &Revision,
+) -> Result<()> {
+    if release.ready_timeout.is_none() {
+        return Ok(());
     }
+    let (objects, payload) = live::live(release, cx, revision)
+        .await?
+        .ok_or_else(|| live::record_changed(release))?;
+    ready_verdict(release, revision, &objects, &payload)
+}
 
-    /// After `helm upgrade --install` of these inputs ended well: readiness.
-    pub(super) async fn installed(&self, cx: &Context) -> Result<()> {
-        if self.ready_timeout.is_none() {
-            return Ok(());
-        }
-        match storage::latest(cx.client(), &self.namespace, &self.release).await? {
-            Some(revision) => self.settled(cx, &revision).await,
-            None => Err(Error::failed(format!(
-                "helm upgrade --install of release `{}` left no release record",
-                self.id()
-            ))),
-        }
+/// After `helm upgrade --install` of these inputs ended well: readiness.
+pub(super) async fn installed(release: &HelmRelease, cx: &Context) -> Result<()> {
+    if release.ready_timeout.is_none() {
+        return Ok(());
+    }
+    match storage::latest(cx.client(), &release.namespace, &release.name).await? {
+        Some(revision) => settled(release, cx, &revision).await,
+        None => Err(Error::failed(format!(
+            "helm upgrade --install of release `{}` left no release record",
+            release.id()
+        ))),
     }
 }
 

@@ -9,8 +9,10 @@ use provisioners_core::{Context, Error, Result};
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::HelmRelease;
-use super::args::Render;
+use super::args::{self, Render};
+use super::builder::HelmRelease;
+use super::inputs::Inputs;
+use super::run;
 use crate::chart::Chart;
 use crate::objects::{ObjectRef, parse_manifest};
 use crate::storage::{ChartInfo, ChartMetadata};
@@ -106,93 +108,97 @@ fn from_template(release: &str, stdout: &[u8]) -> Result<DryRun> {
     })
 }
 
-impl HelmRelease {
-    /// Renders the release as `render` says, through the cluster's helm
-    /// process bound and the same hygiene as an install (values in a 0600
-    /// file, removed; no shell; stderr redacted), without the release's lock
-    /// or Lease: nothing is written.
-    ///
-    /// When a kind of the chart is not served yet (its CRD is in the
-    /// chart's `crds/`, which only a real install creates), the server
-    /// cannot build the objects: they are rendered client-side with
-    /// `helm template` instead, and planned without the server's view.
-    ///
-    /// When helm refuses to render because an existing object lacks this
-    /// release's ownership metadata, renders again with `--take-ownership`
-    /// (which skips that check only), so that the plan can name every such
-    /// object: helm stops at the first.
-    pub(super) async fn render(
-        &self,
-        cx: &Context,
-        values: &Value,
-        render: Render,
-    ) -> Result<Rendered> {
-        let kubeconfig = self.kubeconfig(cx)?;
-        let major = version::detect(
-            cx.cluster(),
-            &self.helm,
-            self.temp_dir.as_deref(),
-            cx.cancellation(),
-        )
-        .await?;
-        let values_json = serde_json::to_vec(values).map_err(|e| {
-            Error::invalid(format!(
-                "release `{}`: values could not be written: {e}",
-                self.id()
-            ))
-        })?;
-        let attempt = |render: Render| {
-            let values_json = &values_json;
-            async move {
-                let work = self.work_dir()?;
-                self.log_in(cx, &work).await?;
-                self.run_helm_in(cx, "dry run", values, &work, None, |work| {
-                    let kubeconfig = work.write_kubeconfig(kubeconfig)?;
-                    let values = work.write_private("values.json", values_json)?;
-                    Ok(self.render_args(major, &kubeconfig, &values, render))
-                })
-                .await
-            }
-        };
-        let output = match attempt(render).await {
-            Err(e) if !render.take_ownership && refused_for_ownership(&e) => {
-                attempt(Render {
-                    take_ownership: true,
-                    ..render
-                })
-                .await
-            }
-            other => other,
-        };
-        let output = match output {
-            Ok(output) => output,
-            Err(e) if kind_not_served(&e) => {
-                // Its CRD is not installed yet (one from the chart's `crds/`,
-                // which only a real install creates): the server cannot build
-                // the objects, so render them without it.
-                let work = self.work_dir()?;
-                self.log_in(cx, &work).await?;
-                let output = self
-                    .run_helm_in(cx, "template", values, &work, None, |work| {
-                        let kubeconfig = work.write_kubeconfig(kubeconfig)?;
-                        let values = work.write_private("values.json", &values_json)?;
-                        Ok(self.template_args(&kubeconfig, &values, render))
-                    })
-                    .await?;
-                let mut dry_run = from_template(&self.id(), &output.stdout)?;
-                dry_run.chart = local_chart(&self.chart);
-                return Ok(Rendered {
-                    dry_run,
-                    client_side: true,
-                });
-            }
-            Err(e) => return Err(e),
-        };
-        Ok(Rendered {
-            dry_run: parse(&self.id(), &output.stdout)?,
-            client_side: false,
-        })
-    }
+/// Renders the release as `render` says, through the cluster's helm
+/// process bound and the same hygiene as an install (values in a 0600
+/// file, removed; no shell; stderr redacted), without the release's lock
+/// or Lease: nothing is written.
+///
+/// When a kind of the chart is not served yet (its CRD is in the
+/// chart's `crds/`, which only a real install creates), the server
+/// cannot build the objects: they are rendered client-side with
+/// `helm template` instead, and planned without the server's view.
+///
+/// When helm refuses to render because an existing object lacks this
+/// release's ownership metadata, renders again with `--take-ownership`
+/// (which skips that check only), so that the plan can name every such
+/// object: helm stops at the first.
+pub(super) async fn render(
+    release: &HelmRelease,
+    cx: &Context,
+    inputs: &Inputs,
+    render: Render,
+) -> Result<Rendered> {
+    let redactor = &inputs.redactor;
+    let kubeconfig = run::kubeconfig(release, cx)?;
+    let major = version::detect(
+        cx.cluster(),
+        &release.helm,
+        release.temp_dir.as_deref(),
+        cx.cancellation(),
+    )
+    .await?;
+    let values_json = serde_json::to_vec(&inputs.values).map_err(|e| {
+        Error::invalid(format!(
+            "release `{}`: values could not be written: {e}",
+            release.id()
+        ))
+    })?;
+    let attempt = |render: Render| {
+        let values_json = &values_json;
+        async move {
+            let work = run::work_dir(release)?;
+            run::log_in(release, cx, redactor, &work).await?;
+            run::run_helm_in(release, cx, "dry run", redactor, &work, None, |work| {
+                let kubeconfig = work.write_kubeconfig(kubeconfig)?;
+                let values = work.write_private("values.json", values_json)?;
+                Ok(args::render_args(
+                    release,
+                    major,
+                    &kubeconfig,
+                    &values,
+                    render,
+                ))
+            })
+            .await
+        }
+    };
+    let output = match attempt(render).await {
+        Err(e) if !render.take_ownership && refused_for_ownership(&e) => {
+            attempt(Render {
+                take_ownership: true,
+                ..render
+            })
+            .await
+        }
+        other => other,
+    };
+    let output = match output {
+        Ok(output) => output,
+        Err(e) if kind_not_served(&e) => {
+            // Its CRD is not installed yet (one from the chart's `crds/`,
+            // which only a real install creates): the server cannot build
+            // the objects, so render them without it.
+            let work = run::work_dir(release)?;
+            run::log_in(release, cx, redactor, &work).await?;
+            let output = run::run_helm_in(release, cx, "template", redactor, &work, None, |work| {
+                let kubeconfig = work.write_kubeconfig(kubeconfig)?;
+                let values = work.write_private("values.json", &values_json)?;
+                Ok(args::template_args(release, &kubeconfig, &values, render))
+            })
+            .await?;
+            let mut dry_run = from_template(&release.id(), &output.stdout)?;
+            dry_run.chart = local_chart(&release.chart);
+            return Ok(Rendered {
+                dry_run,
+                client_side: true,
+            });
+        }
+        Err(e) => return Err(e),
+    };
+    Ok(Rendered {
+        dry_run: parse(&release.id(), &output.stdout)?,
+        client_side: false,
+    })
 }
 
 /// The name and version of a local chart directory (`helm template` prints

@@ -7,273 +7,238 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
 
 use provisioners_client::wake::Wake;
 use provisioners_core::{Context, Error, ErrorKind, Operation, Result, Waiting};
-use sha2::{Digest as _, Sha256};
 
-use super::HelmRelease;
 use super::background::{Found, Purpose, Run, Runs};
+use super::builder::HelmRelease;
 use super::lock::{ReleaseLocks, Serialised};
 use super::probe;
+use super::run;
 use crate::process_limit::HelmProcesses;
 use crate::storage;
 use crate::workdir::WorkDir;
 
-/// How much longer than its hook timeout a helm run may take before it is
-/// stopped: helm's own reads and writes before and after the hooks.
-pub(super) const RUN_MARGIN: Duration = Duration::from_secs(60);
+/// `HelmRelease ns/name`, the object a wait on the release names.
+fn waited_object(release: &HelmRelease) -> String {
+    format!("HelmRelease {}", release.id())
+}
 
-impl HelmRelease {
-    /// `HelmRelease ns/name`, the object a wait on the release names.
-    fn waited_object(&self) -> String {
-        format!("HelmRelease {}", self.id())
-    }
+/// The release's lock in this process, or a yield while another pass or
+/// run holds it (the tree is woken when it is released).
+pub(super) fn try_lock(release: &HelmRelease, cx: &Context) -> Result<Serialised> {
+    let locks = cx.cluster().state::<ReleaseLocks>();
+    locks
+        .try_lock_or_wake(&release.namespace, &release.name, Wake::of(cx).cloned())
+        .ok_or_else(|| {
+            // Woken when the holder releases it.
+            Wake::promise(cx);
+            Error::yielding(format!(
+                "another pass of this process is working on release `{}`",
+                release.id()
+            ))
+            .waiting_on(Waiting::new("the release's lock").object(waited_object(release)))
+        })
+}
 
-    /// What tells one install's inputs from another's: the stored digest
-    /// and, as credentials are not part of it, a fingerprint of them (kept
-    /// in memory only). `None` when the digest cannot be known.
-    pub(super) fn run_inputs(&self, digest: Option<&str>) -> Option<String> {
-        let digest = digest?;
-        let Some(credentials) = &self.credentials else {
-            return Some(digest.to_owned());
-        };
-        let mut hasher = Sha256::new();
-        for part in [
-            credentials.username.as_bytes(),
-            credentials.password.as_bytes(),
-            credentials.ca.as_deref().unwrap_or_default(),
-        ] {
-            hasher.update((part.len() as u64).to_le_bytes());
-            hasher.update(part);
+/// What became of the release's helm run, if one was started: a yield
+/// while it runs; its outcome when it has ended, reported as an error
+/// only to the operation that started it and, for an install or
+/// upgrade, of inputs with the same `run_key` (a stale run's failure says nothing
+/// about the inputs now: the pass goes on and reads the record).
+/// `Ok(true)` when an install or upgrade of these very inputs ended well. A deprovision stops a provision's
+/// run first (SIGTERM, so helm marks the release failed, then SIGKILL
+/// after the grace).
+pub(super) async fn collect(
+    release: &HelmRelease,
+    cx: &Context,
+    operation: Operation,
+    run_key: Option<&str>,
+) -> Result<bool> {
+    let runs = cx.cluster().state::<Runs>();
+    match runs.find(&release.namespace, &release.name) {
+        Found::None => Ok(false),
+        Found::Ended(run, outcome) => {
+            collected_by(release, cx, &run, outcome, operation, run_key).await
         }
-        if let Some((cert, key)) = &credentials.client {
-            hasher.update(cert);
-            hasher.update(key);
-        }
-        let fingerprint = hex::encode(&hasher.finalize()[..8]);
-        Some(format!("{digest}/{fingerprint}"))
-    }
-
-    /// How long one helm run may take: helm's `--timeout` plus [`RUN_MARGIN`].
-    pub(super) fn run_deadline(&self) -> Duration {
-        self.helm_timeout() + RUN_MARGIN
-    }
-
-    /// The release's lock in this process, or a yield while another pass or
-    /// run holds it (the tree is woken when it is released).
-    pub(super) fn try_lock(&self, cx: &Context) -> Result<Serialised> {
-        let locks = cx.cluster().state::<ReleaseLocks>();
-        locks
-            .try_lock_or_wake(&self.namespace, &self.release, Wake::of(cx).cloned())
-            .ok_or_else(|| {
-                // Woken when the holder releases it.
-                Wake::promise(cx);
-                Error::yielding(format!(
-                    "another pass of this process is working on release `{}`",
-                    self.id()
-                ))
-                .waiting_on(Waiting::new("the release's lock").object(self.waited_object()))
-            })
-    }
-
-    /// What became of the release's helm run, if one was started: a yield
-    /// while it runs; its outcome when it has ended, reported as an error
-    /// only to the operation that started it and, for an install or
-    /// upgrade, with the same `inputs` (a stale run's failure says nothing
-    /// about the inputs now: the pass goes on and reads the record).
-    /// `Ok(true)` when an install or upgrade of these very inputs ended well. A deprovision stops a provision's
-    /// run first (SIGTERM, so helm marks the release failed, then SIGKILL
-    /// after the grace).
-    pub(super) async fn collect(
-        &self,
-        cx: &Context,
-        operation: Operation,
-        inputs: Option<&str>,
-    ) -> Result<bool> {
-        let runs = cx.cluster().state::<Runs>();
-        match runs.find(&self.namespace, &self.release) {
-            Found::None => Ok(false),
-            Found::Ended(run, outcome) => {
-                self.collected_by(cx, &run, outcome, operation, inputs)
-                    .await
-            }
-            Found::Live(run) => match superseded(&run, operation, inputs) {
-                Some(why) => {
-                    if run.stop() {
-                        tracing::info!(
-                            release = %self.id(), action = run.action,
-                            "stopping a helm run {why}"
-                        );
-                    }
-                    if run.wait(self.pass_timeout).await
-                        && let Some(outcome) = runs.take(&self.namespace, &self.release, &run)
-                    {
-                        return self
-                            .collected_by(cx, &run, outcome, operation, inputs)
-                            .await;
-                    }
-                    wake_on_end(cx, &run);
-                    Err(Error::yielding(format!(
-                        "stopping helm {} of release `{}` (running for {}s) {why}",
-                        run.action,
-                        self.id(),
-                        run.elapsed().as_secs()
-                    ))
-                    .waiting_on(
-                        Waiting::new(format!("helm {} to exit", run.action))
-                            .object(self.waited_object())
-                            .since(run.since),
-                    ))
+        Found::Live(run) => match superseded(&run, operation, run_key) {
+            Some(why) => {
+                if run.stop() {
+                    tracing::info!(
+                        release = %release.id(), action = run.action,
+                        "stopping a helm run {why}"
+                    );
                 }
-                None => Err(self.running(cx, &run).await),
-            },
-        }
-    }
-
-    async fn collected_by(
-        &self,
-        cx: &Context,
-        run: &Run,
-        outcome: Result<()>,
-        operation: Operation,
-        inputs: Option<&str>,
-    ) -> Result<bool> {
-        let result = self.collected(cx, run, outcome).await;
-        let (current, installed) = match &run.purpose {
-            Purpose::Release { inputs: started } => (started.as_deref() == inputs, true),
-            _ => (true, false),
-        };
-        if run.operation == operation && current {
-            return result.map(|()| installed);
-        }
-        if let Err(e) = result
-            && !e.is_yield()
-        {
-            tracing::info!(
-                release = %self.id(), action = run.action, error = %e,
-                "an earlier helm run (of a {}, for another operation or other inputs) \
-                 ended so; going on",
-                run.operation.as_str()
-            );
-        }
-        Ok(false)
-    }
-
-    /// The follow-up of an ended run.
-    async fn collected(&self, cx: &Context, run: &Run, outcome: Result<()>) -> Result<()> {
-        match (&run.purpose, outcome) {
-            // After helm's own update of the record, which would drop it.
-            (Purpose::Uninstall { seen, record }, Ok(())) => {
-                storage::remember_uninstalled(cx.client(), &self.namespace, record, seen).await
-            }
-            (Purpose::Uninstall { .. }, Err(e)) if e.kind() == ErrorKind::Timeout => {
+                if run.wait(release.pass_timeout).await
+                    && let Some(outcome) = runs.take(&release.namespace, &release.name, &run)
+                {
+                    return collected_by(release, cx, &run, outcome, operation, run_key).await;
+                }
+                wake_on_end(cx, &run);
                 Err(Error::yielding(format!(
-                    "release `{}` is being uninstalled: {}",
-                    self.id(),
-                    e.message()
+                    "stopping helm {} of release `{}` (running for {}s) {why}",
+                    run.action,
+                    release.id(),
+                    run.elapsed().as_secs()
                 ))
-                .waiting_on(Waiting::new("helm uninstall").object(self.waited_object())))
+                .waiting_on(
+                    Waiting::new(format!("helm {} to exit", run.action))
+                        .object(waited_object(release))
+                        .since(run.since),
+                ))
             }
-            (_, outcome) => outcome,
-        }
+            None => Err(running(release, cx, &run).await),
+        },
     }
+}
 
-    /// Starts helm in the background (`job`, given the run's context and
-    /// private directory), holding the release's lock and Lease until it
-    /// has exited. `Ok` when it ended well within the pass timeout, its
-    /// follow-up done; its error when it failed so quickly; else a yield.
-    pub(super) async fn in_background<J, F>(
-        &self,
-        cx: &Context,
-        serialised: &Serialised,
-        action: &'static str,
-        operation: Operation,
-        purpose: Purpose,
-        job: J,
-    ) -> Result<()>
-    where
-        J: FnOnce(Context, Arc<WorkDir>) -> F,
-        F: Future<Output = Result<()>> + Send + 'static,
+async fn collected_by(
+    release: &HelmRelease,
+    cx: &Context,
+    run: &Run,
+    outcome: Result<()>,
+    operation: Operation,
+    run_key: Option<&str>,
+) -> Result<bool> {
+    let result = collected(release, cx, run, outcome).await;
+    let (current, installed) = match &run.purpose {
+        Purpose::Release { run_key: started } => (started.as_deref() == run_key, true),
+        _ => (true, false),
+    };
+    if run.operation == operation && current {
+        return result.map(|()| installed);
+    }
+    if let Err(e) = result
+        && !e.is_yield()
     {
-        let runs = cx.cluster().state::<Runs>();
-        let work = self.work_dir()?;
-        // The pass's token still reaches the run (shutdown); a deprovision
-        // stops it through its own child token.
-        let stop = cx.cancellation().child_token();
-        let run = Arc::new(Run::new(
-            action,
-            operation,
-            purpose,
-            stop.clone(),
-            work.started(),
-        ));
-        let processes = HelmProcesses::of(cx.cluster());
-        let queued = processes.running() >= processes.max();
-        let job = job(cx.clone().with_cancellation(stop), work);
-        tracing::info!(release = %self.id(), action, "helm started in the background");
-        runs.start(
-            &self.namespace,
-            &self.release,
-            Arc::clone(&run),
-            serialised.share(),
-            job,
+        tracing::info!(
+            release = %release.id(), action = run.action, error = %e,
+            "an earlier helm run (of a {}, for another operation or other inputs) \
+             ended so; going on",
+            run.operation.as_str()
         );
-        if !queued
-            && run.wait(self.pass_timeout).await
-            && let Some(outcome) = runs.take(&self.namespace, &self.release, &run)
-        {
-            return self.collected(cx, &run, outcome).await;
-        }
-        Err(self.running(cx, &run).await)
     }
+    Ok(false)
+}
 
-    /// The yield for a live run: what it waits for (a helm slot; a hook Job
-    /// and its pod's reason; an object being deleted), as text and data.
-    /// The tree is woken when the run ends (see [`Wake::promise`]).
-    async fn running(&self, cx: &Context, run: &Run) -> Error {
-        wake_on_end(cx, run);
-        let elapsed = run.elapsed().as_secs();
-        let processes = HelmProcesses::of(cx.cluster());
-        // Not started with every slot taken: queued (else it is still
-        // detecting helm's version, or about to start).
-        if !run.helm_started() && processes.running() >= processes.max() {
-            return Error::yielding(format!(
-                "helm {} of release `{}` waits for a helm slot ({} of {} in use on cluster `{}`)",
-                run.action,
-                self.id(),
-                processes.running(),
-                processes.max(),
-                cx.cluster().id()
-            ))
-            .waiting_on(
-                Waiting::new("a free helm slot")
-                    .object(self.waited_object())
-                    .since(run.since),
-            );
+/// The follow-up of an ended run.
+async fn collected(
+    release: &HelmRelease,
+    cx: &Context,
+    run: &Run,
+    outcome: Result<()>,
+) -> Result<()> {
+    match (&run.purpose, outcome) {
+        // After helm's own update of the record, which would drop it.
+        (Purpose::Uninstall { seen, record }, Ok(())) => {
+            storage::remember_uninstalled(cx.client(), &release.namespace, record, seen).await
         }
-        let doing = format!(
-            "helm {} of release `{}` running for {elapsed}s",
+        (Purpose::Uninstall { .. }, Err(e)) if e.kind() == ErrorKind::Timeout => {
+            Err(Error::yielding(format!(
+                "release `{}` is being uninstalled: {}",
+                release.id(),
+                e.message()
+            ))
+            .waiting_on(Waiting::new("helm uninstall").object(waited_object(release))))
+        }
+        (_, outcome) => outcome,
+    }
+}
+
+/// Starts helm in the background (`job`, given the run's context and
+/// private directory), holding the release's lock and Lease until it
+/// has exited. `Ok` when it ended well within the pass timeout, its
+/// follow-up done; its error when it failed so quickly; else a yield.
+pub(super) async fn in_background<J, F>(
+    release: &HelmRelease,
+    cx: &Context,
+    serialised: &Serialised,
+    action: &'static str,
+    operation: Operation,
+    purpose: Purpose,
+    job: J,
+) -> Result<()>
+where
+    J: FnOnce(Context, Arc<WorkDir>) -> F,
+    F: Future<Output = Result<()>> + Send + 'static,
+{
+    let runs = cx.cluster().state::<Runs>();
+    let work = run::work_dir(release)?;
+    // The pass's token still reaches the run (shutdown); a deprovision
+    // stops it through its own child token.
+    let stop = cx.cancellation().child_token();
+    let run = Arc::new(Run::new(
+        action,
+        operation,
+        purpose,
+        stop.clone(),
+        work.started(),
+    ));
+    let processes = HelmProcesses::of(cx.cluster());
+    let queued = processes.running() >= processes.max();
+    let job = job(cx.clone().with_cancellation(stop), work);
+    tracing::info!(release = %release.id(), action, "helm started in the background");
+    runs.start(
+        &release.namespace,
+        &release.name,
+        Arc::clone(&run),
+        serialised.share(),
+        job,
+    );
+    if !queued
+        && run.wait(release.pass_timeout).await
+        && let Some(outcome) = runs.take(&release.namespace, &release.name, &run)
+    {
+        return collected(release, cx, &run, outcome).await;
+    }
+    Err(running(release, cx, &run).await)
+}
+
+/// The yield for a live run: what it waits for (a helm slot; a hook Job
+/// and its pod's reason; an object being deleted), as text and data.
+/// The tree is woken when the run ends (see [`Wake::promise`]).
+async fn running(release: &HelmRelease, cx: &Context, run: &Run) -> Error {
+    wake_on_end(cx, run);
+    let elapsed = run.elapsed().as_secs();
+    let processes = HelmProcesses::of(cx.cluster());
+    // Not started with every slot taken: queued (else it is still
+    // detecting helm's version, or about to start).
+    if !run.helm_started() && processes.running() >= processes.max() {
+        return Error::yielding(format!(
+            "helm {} of release `{}` waits for a helm slot ({} of {} in use on cluster `{}`)",
             run.action,
-            self.id()
+            release.id(),
+            processes.running(),
+            processes.max(),
+            cx.cluster().id()
+        ))
+        .waiting_on(
+            Waiting::new("a free helm slot")
+                .object(waited_object(release))
+                .since(run.since),
         );
-        match probe::blocker(cx.client(), &self.namespace, run.since).await {
-            Some(blocker) => Error::yielding(format!(
-                "{doing}; waiting for {}: {}",
-                blocker.object, blocker.reason
-            ))
-            .waiting_on(
-                Waiting::new(blocker.reason)
-                    .object(blocker.object)
-                    .since(blocker.since.unwrap_or(run.since)),
-            ),
-            None => Error::yielding(doing).waiting_on(
-                Waiting::new(format!("helm {}", run.action))
-                    .object(self.waited_object())
-                    .since(run.since),
-            ),
-        }
+    }
+    let doing = format!(
+        "helm {} of release `{}` running for {elapsed}s",
+        run.action,
+        release.id()
+    );
+    match probe::blocker(cx.client(), &release.namespace, run.since).await {
+        Some(blocker) => Error::yielding(format!(
+            "{doing}; waiting for {}: {}",
+            blocker.object, blocker.reason
+        ))
+        .waiting_on(
+            Waiting::new(blocker.reason)
+                .object(blocker.object)
+                .since(blocker.since.unwrap_or(run.since)),
+        ),
+        None => Error::yielding(doing).waiting_on(
+            Waiting::new(format!("helm {}", run.action))
+                .object(waited_object(release))
+                .since(run.since),
+        ),
     }
 }
 
@@ -285,27 +250,29 @@ fn wake_on_end(cx: &Context, run: &Run) {
     }
 }
 
-/// Why a pass of `operation` with `inputs` stops the live `run`, if it
+/// Why a pass of `operation` with `run_key` stops the live `run`, if it
 /// does: a deprovision stops a provision's run (then uninstalls); a
 /// provision with other inputs stops an install or upgrade of outdated ones,
 /// as a controller cancels a tree on a new generation (an unpinned chart's
 /// inputs are unknown: its run is left to finish).
-fn superseded(run: &Run, operation: Operation, inputs: Option<&str>) -> Option<&'static str> {
+fn superseded(run: &Run, operation: Operation, run_key: Option<&str>) -> Option<&'static str> {
     match (operation, run.operation, &run.purpose) {
         (Operation::Deprovision, Operation::Provision, _) => Some("before uninstalling it"),
         (
             Operation::Provision,
             Operation::Provision,
             Purpose::Release {
-                inputs: Some(started),
+                run_key: Some(started),
             },
-        ) if inputs.is_some_and(|now| now != started) => Some("as its inputs changed"),
+        ) if run_key.is_some_and(|now| now != started) => Some("as its inputs changed"),
         _ => None,
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use provisioners_testing::mock;
     use tokio_util::sync::CancellationToken;
 
@@ -322,17 +289,17 @@ mod tests {
     /// once `end` fires (or its own stop token does).
     fn provision_run(
         cx: &Context,
-        inputs: &str,
+        run_key: &str,
         end: CancellationToken,
         outcome: Result<()>,
     ) -> CancellationToken {
-        let serialised = release().try_lock(cx).expect("free");
+        let serialised = try_lock(&release(), cx).expect("free");
         let stop = CancellationToken::new();
         let run = Arc::new(Run::new(
             "upgrade --install",
             Operation::Provision,
             Purpose::Release {
-                inputs: Some(inputs.to_owned()),
+                run_key: Some(run_key.to_owned()),
             },
             stop.clone(),
             Arc::default(),
@@ -357,8 +324,7 @@ mod tests {
     async fn a_deprovision_stops_a_provisions_run_then_goes_on() {
         let (cx, _api) = mock::context();
         let stop = provision_run(&cx, "a", CancellationToken::new(), Ok(()));
-        let error = release()
-            .collect(&cx, Operation::Deprovision, None)
+        let error = collect(&release(), &cx, Operation::Deprovision, None)
             .await
             .expect_err("helm is still exiting");
         assert!(error.is_yield(), "{error}");
@@ -372,14 +338,14 @@ mod tests {
         assert_eq!(waiting.object_name(), Some("HelmRelease apps/web"));
         assert!(waiting.started().is_some());
         assert!(stop.is_cancelled(), "helm was not told to stop");
-        let locked = release().try_lock(&cx).expect_err("the run holds the lock");
+        let locked = try_lock(&release(), &cx).expect_err("the run holds the lock");
         assert!(locked.is_yield(), "{locked}");
 
         // Once helm has exited: the provision's `Cancelled` is not the
         // deprovision's error, and the lock is free.
         let deadline = std::time::Instant::now() + Duration::from_secs(20);
         loop {
-            match release().collect(&cx, Operation::Deprovision, None).await {
+            match collect(&release(), &cx, Operation::Deprovision, None).await {
                 Ok(installed) => {
                     assert!(!installed);
                     break;
@@ -390,7 +356,7 @@ mod tests {
             assert!(std::time::Instant::now() < deadline, "never collected");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        assert!(release().try_lock(&cx).is_ok());
+        assert!(try_lock(&release(), &cx).is_ok());
     }
 
     #[tokio::test]
@@ -405,15 +371,13 @@ mod tests {
             assert!(std::time::Instant::now() < deadline, "never ended");
             tokio::task::yield_now().await;
         }
-        let error = release()
-            .collect(&cx, Operation::Provision, Some("a"))
+        let error = collect(&release(), &cx, Operation::Provision, Some("a"))
             .await
             .expect_err("its own failure");
         assert_eq!(error.kind(), ErrorKind::Invalid, "{error}");
         // Collected once.
         assert!(
-            !release()
-                .collect(&cx, Operation::Provision, Some("a"))
+            !collect(&release(), &cx, Operation::Provision, Some("a"))
                 .await
                 .unwrap()
         );
@@ -424,8 +388,7 @@ mod tests {
             assert!(std::time::Instant::now() < deadline, "never ended");
             tokio::task::yield_now().await;
         }
-        let installed = release()
-            .collect(&cx, Operation::Provision, Some("b"))
+        let installed = collect(&release(), &cx, Operation::Provision, Some("b"))
             .await
             .expect("a stale run's failure");
         assert!(!installed);
@@ -437,28 +400,10 @@ mod tests {
             tokio::task::yield_now().await;
         }
         assert!(
-            release()
-                .collect(&cx, Operation::Provision, Some("b"))
+            collect(&release(), &cx, Operation::Provision, Some("b"))
                 .await
                 .unwrap()
         );
-    }
-
-    #[test]
-    fn credentials_are_part_of_a_run_s_inputs() {
-        use crate::credentials::Credentials;
-        let plain = release().run_inputs(Some("d"));
-        assert_eq!(plain.as_deref(), Some("d"));
-        let with = |password: &str| {
-            release()
-                .credentials(Credentials::basic("robot", password))
-                .run_inputs(Some("d"))
-                .unwrap()
-        };
-        assert_ne!(with("one"), with("two"));
-        assert_eq!(with("one"), with("one"));
-        assert!(!with("one").contains("one"));
-        assert_eq!(release().run_inputs(None), None);
     }
 
     #[test]
@@ -472,11 +417,11 @@ mod tests {
                 Arc::default(),
             )
         };
-        let install = |inputs: Option<&str>| {
+        let install = |run_key: Option<&str>| {
             run(
                 Operation::Provision,
                 Purpose::Release {
-                    inputs: inputs.map(str::to_owned),
+                    run_key: run_key.map(str::to_owned),
                 },
             )
         };

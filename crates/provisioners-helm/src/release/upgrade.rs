@@ -11,26 +11,30 @@ use provisioners_core::{Context, Error, Operation, Result};
 use provisioners_kit::plan::{Change, PlanObjects as _};
 use serde_json::Value;
 
-use super::HelmRelease;
 use super::args::{self, Render};
 use super::background::Purpose;
+use super::builder::HelmRelease;
 use super::compare::{self, Prior};
 use super::decide::Recovery;
+use super::inputs::Inputs;
 use super::lease;
-use super::lock::Serialised;
+use super::live;
+use super::lock::{self, Serialised};
+use super::owner;
+use super::records;
+use super::render;
+use super::run;
+use super::running;
 use crate::objects::parse_manifest;
-use crate::release_plan::{ReleaseChange, WithRelease as _, count};
+use crate::release_plan::{ReleaseChange, ReleasePlan, WithRelease as _, count};
 use crate::storage::{self, Revision, same_values};
 use crate::version;
 
 /// One `helm upgrade --install`, as `provision` decided it.
 pub(super) struct Upgrade {
-    /// The merged values.
-    pub(super) values: Value,
-    /// The inputs' digest, stored with the revision (`None`: not pinned).
-    pub(super) digest: Option<String>,
-    /// What tells these inputs from others ([`HelmRelease::run_inputs`]).
-    pub(super) inputs: Option<String>,
+    /// The pass's inputs: helm gets the values, the revision the digest,
+    /// the run the run key.
+    pub(super) inputs: Inputs,
     /// The revision helm is about to write.
     pub(super) next: u32,
     /// No release is left when helm runs (Helm 4 then applies server-side).
@@ -148,232 +152,240 @@ impl Start {
     }
 }
 
-impl HelmRelease {
-    /// `helm upgrade --install` in the background, then the seal of the
-    /// record it wrote, still under the Lease.
-    pub(super) async fn upgrade(
-        &self,
-        cx: &Context,
-        serialised: &Serialised,
-        upgrade: Upgrade,
-    ) -> Result<()> {
-        let Upgrade {
-            values,
-            digest,
-            inputs,
-            next,
-            fresh,
-            repair,
-        } = upgrade;
-        // A repair takes back fields changed by hand, which server-side
-        // apply reports as conflicts with their new manager.
-        let force_conflicts = repair.as_ref().is_some_and(|(_, server_side)| *server_side);
-        let repaired = repair.map(|(digest, _)| digest);
-        self.kubeconfig(cx)?;
-        let values_json = serde_json::to_vec(&values).map_err(|e| {
-            Error::invalid(format!(
-                "release `{}`: values could not be written: {e}",
-                self.id()
-            ))
-        })?;
-        if serialised.has_lease() {
-            self.intend(cx, next).await?;
-        }
-        let sealing = self.sealing(cx);
-        tracing::info!(release = %self.id(), chart = %self.chart, "helm upgrade --install");
-        let this = self.clone();
-        self.in_background(
-            cx,
-            serialised,
-            "upgrade --install",
-            Operation::Provision,
-            Purpose::Release { inputs },
-            move |cx, work| async move {
-                let kubeconfig = this.kubeconfig(&cx)?;
-                // In the background: `helm version` takes a helm slot too.
-                let major = version::detect(
-                    cx.cluster(),
-                    &this.helm,
-                    this.temp_dir.as_deref(),
-                    cx.cancellation(),
-                )
-                .await?;
-                this.log_in(&cx, &work).await?;
-                let stamp = digest.as_deref().map(|digest| args::Stamp {
-                    digest,
-                    revision: next,
-                    repair: repaired.as_deref(),
-                });
-                let ran = this
-                    .run_helm_in(&cx, "upgrade --install", &values, &work, None, |work| {
-                        let kubeconfig = work.write_kubeconfig(kubeconfig)?;
-                        let values = work.write_private("values.json", &values_json)?;
-                        let mut args = this.upgrade_args(major, &kubeconfig, &values, stamp, fresh);
-                        if force_conflicts && major == version::Major::Four {
-                            args.push("--force-conflicts".into());
-                        }
-                        Ok(args)
-                    })
-                    .await;
-                // Still under the Lease: the record helm wrote, whatever the
-                // outcome, if it is the release helm printed.
-                let stdout = ran.as_ref().ok().map(|output| output.stdout.as_slice());
-                let sealed = this
-                    .seal_printed(&cx, &sealing, next, stdout, &values)
-                    .await;
-                ran.map(drop).and(sealed)
-            },
-        )
-        .await
-    }
-
-    /// What [`upgrade`](Self::upgrade) would do, in a plan (`DryRun`), for
-    /// [`Decision::Change`](super::decide::Decision::Change): the recovery
-    /// first, then the install or upgrade, from helm's dry run.
-    pub(super) async fn plan_upgrade(
-        &self,
-        cx: &Context,
-        values: &Value,
-        digest: Option<&str>,
-        latest: Option<&Revision>,
-    ) -> Result<Plan> {
-        // Provision takes the release's Lease from here on.
-        lease::check_free(cx, &self.namespace, &self.release, self.holder()).await?;
-        let start = Start::of(&self.id(), latest);
-        let prior = match start.prior {
-            Some((number, removed)) => {
-                let secret = record_name(&self.release, number);
-                let payload = storage::payload(cx.client(), &self.namespace, &secret)
-                    .await?
-                    .ok_or_else(|| self.record_changed())?;
-                Some((number, removed, payload))
-            }
-            None => None,
-        };
-        let rendered = self
-            .render(
-                cx,
+/// `helm upgrade --install` in the background, then the seal of the
+/// record it wrote, still under the Lease.
+pub(super) async fn upgrade(
+    release: &HelmRelease,
+    cx: &Context,
+    serialised: &Serialised,
+    upgrade: Upgrade,
+) -> Result<()> {
+    let Upgrade {
+        inputs:
+            Inputs {
                 values,
-                Render {
-                    install: start.install,
-                    fresh: start.fresh,
-                    take_ownership: false,
-                },
+                digest,
+                run_key,
+                redactor,
+            },
+        next,
+        fresh,
+        repair,
+    } = upgrade;
+    // A repair takes back fields changed by hand, which server-side
+    // apply reports as conflicts with their new manager.
+    let force_conflicts = repair.as_ref().is_some_and(|(_, server_side)| *server_side);
+    let repaired = repair.map(|(digest, _)| digest);
+    run::kubeconfig(release, cx)?;
+    let values_json = serde_json::to_vec(&values).map_err(|e| {
+        Error::invalid(format!(
+            "release `{}`: values could not be written: {e}",
+            release.id()
+        ))
+    })?;
+    if serialised.has_lease() {
+        records::intend(release, cx, next).await?;
+    }
+    let sealing = owner::sealing(cx);
+    tracing::info!(release = %release.id(), chart = %release.chart, "helm upgrade --install");
+    let this = release.clone();
+    running::in_background(
+        release,
+        cx,
+        serialised,
+        "upgrade --install",
+        Operation::Provision,
+        Purpose::Release { run_key },
+        move |cx, work| async move {
+            let kubeconfig = run::kubeconfig(&this, &cx)?;
+            // In the background: `helm version` takes a helm slot too.
+            let major = version::detect(
+                cx.cluster(),
+                &this.helm,
+                this.temp_dir.as_deref(),
+                cx.cancellation(),
             )
             .await?;
-        let desired = rendered.dry_run.objects(&self.id())?;
-        let prior_objects = match &prior {
-            Some((_, removed, payload)) => Some(Prior {
-                objects: parse_manifest(&self.id(), &payload.manifest)?,
-                removed: *removed,
-            }),
-            None => None,
-        };
-        let mut resolver = crate::objects::Resolver::new(cx, &self.namespace);
-        let objects = compare::upgrade(
-            &mut resolver,
-            &self.release,
-            &self.namespace,
-            &desired,
-            prior_objects.as_ref(),
-        )
-        .await?;
-
-        let mut reasons: Vec<String> = start.recovery.into_iter().collect();
-        // helm's dry run never creates the namespace, so it cannot tell.
-        if start.fresh && !self.namespace_exists(cx).await? {
-            reasons.push(if self.create_namespace {
-                format!("namespace `{}` is created first", self.namespace)
-            } else {
-                format!(
-                    "namespace `{}` does not exist (yet): helm fails unless an earlier step \
-                     creates it (or set create_namespace)",
-                    self.namespace
-                )
+            run::log_in(&this, &cx, &redactor, &work).await?;
+            let stamp = digest.as_deref().map(|digest| args::Stamp {
+                digest,
+                revision: next,
+                repair: repaired.as_deref(),
             });
-        }
-        if let Some((_, false, payload)) = &prior {
-            // helm stores no values as `null` or leaves them out.
-            let empty = Value::Object(serde_json::Map::new());
-            let stored = match payload.config.as_ref().map(|config| &config.0) {
-                None | Some(Value::Null) => &empty,
-                Some(config) => config,
-            };
-            reasons.extend(what_changed(
-                payload.chart.shown().as_deref(),
-                rendered.dry_run.chart.shown().as_deref(),
-                same_values(stored, values),
-                digest.is_some(),
-                latest.is_some_and(|r| r.digest.is_some()),
-            ));
-        }
-        let changing = objects
-            .iter()
-            .filter(|o| {
-                matches!(
-                    o.action(),
-                    Change::Create | Change::Update | Change::Delete | Change::Adopt
-                )
-            })
-            .count();
-        if changing > 0 {
-            reasons.push(count(changing, "object changes", "objects change"));
-        }
-        let refused = objects
-            .iter()
-            .filter(|o| o.action() == Change::Refuse)
-            .count();
-        if refused > 0 {
-            reasons.push(format!(
-                "helm refuses {}: provision fails until they are removed or given this \
-                 release's ownership metadata",
-                count(
-                    refused,
-                    "existing object it does not own",
-                    "existing objects it does not own"
-                )
-            ));
-        }
+            let ran = run::run_helm_in(
+                &this,
+                &cx,
+                "upgrade --install",
+                &redactor,
+                &work,
+                None,
+                |work| {
+                    let kubeconfig = work.write_kubeconfig(kubeconfig)?;
+                    let values = work.write_private("values.json", &values_json)?;
+                    let mut args =
+                        args::upgrade_args(&this, major, &kubeconfig, &values, stamp, fresh);
+                    if force_conflicts && major == version::Major::Four {
+                        args.push("--force-conflicts".into());
+                    }
+                    Ok(args)
+                },
+            )
+            .await;
+            // Still under the Lease: the record helm wrote, whatever the
+            // outcome, if it is the release helm printed.
+            let stdout = ran.as_ref().ok().map(|output| output.stdout.as_slice());
+            let sealed = records::seal_printed(&this, &cx, &sealing, next, stdout, &values).await;
+            ran.map(drop).and(sealed)
+        },
+    )
+    .await
+}
 
-        let mut release = self.release_plan(start.action);
-        if let Some(chart) = rendered.dry_run.chart.shown() {
-            release = release.with_chart(chart);
+/// What [`upgrade`](upgrade) would do, in a plan (`DryRun`), for
+/// [`Decision::Change`](super::decide::Decision::Change): the recovery
+/// first, then the install or upgrade, from helm's dry run.
+pub(super) async fn plan_upgrade(
+    release: &HelmRelease,
+    cx: &Context,
+    inputs: &Inputs,
+    latest: Option<&Revision>,
+) -> Result<Plan> {
+    // Provision takes the release's Lease from here on.
+    lease::check_free(cx, &release.namespace, &release.name, lock::holder(release)).await?;
+    let start = Start::of(&release.id(), latest);
+    let prior = match start.prior {
+        Some((number, removed)) => {
+            let secret = record_name(&release.name, number);
+            let payload = storage::payload(cx.client(), &release.namespace, &secret)
+                .await?
+                .ok_or_else(|| live::record_changed(release))?;
+            Some((number, removed, payload))
         }
-        if let Some(deployed) = start.deployed {
-            release = release.with_revision(u64::from(deployed));
-        }
-        if !reasons.is_empty() {
-            release = release.with_reason(reasons.join("; "));
-        }
-        let mut plan = Plan::new(self.metadata.name(), Operation::Provision, "helm")
-            .with_release(release)
-            .with_objects(objects);
-        let mut notes: Vec<String> = Vec::new();
-        if rendered.client_side {
-            notes.push(
-                "rendered client-side (helm template): a kind of the chart is not served yet"
-                    .to_owned(),
-            );
-        }
-        notes.extend(rendered.dry_run.hooks_shown());
-        if !notes.is_empty() {
-            plan = plan.with_note(notes.join("; "));
-        }
-        Ok(plan)
+        None => None,
+    };
+    let rendered = render::render(
+        release,
+        cx,
+        inputs,
+        Render {
+            install: start.install,
+            fresh: start.fresh,
+            take_ownership: false,
+        },
+    )
+    .await?;
+    let desired = rendered.dry_run.objects(&release.id())?;
+    let prior_objects = match &prior {
+        Some((_, removed, payload)) => Some(Prior {
+            objects: parse_manifest(&release.id(), &payload.manifest)?,
+            removed: *removed,
+        }),
+        None => None,
+    };
+    let mut resolver = crate::objects::Resolver::new(cx, &release.namespace);
+    let objects = compare::upgrade(
+        &mut resolver,
+        &release.name,
+        &release.namespace,
+        &desired,
+        prior_objects.as_ref(),
+    )
+    .await?;
+
+    let mut reasons: Vec<String> = start.recovery.into_iter().collect();
+    // helm's dry run never creates the namespace, so it cannot tell.
+    if start.fresh && !namespace_exists(release, cx).await? {
+        reasons.push(if release.create_namespace {
+            format!("namespace `{}` is created first", release.namespace)
+        } else {
+            format!(
+                "namespace `{}` does not exist (yet): helm fails unless an earlier step \
+                 creates it (or set create_namespace)",
+                release.namespace
+            )
+        });
+    }
+    if let Some((_, false, payload)) = &prior {
+        // helm stores no values as `null` or leaves them out.
+        let empty = Value::Object(serde_json::Map::new());
+        let stored = match payload.config.as_ref().map(|config| &config.0) {
+            None | Some(Value::Null) => &empty,
+            Some(config) => config,
+        };
+        reasons.extend(what_changed(
+            payload.chart.shown().as_deref(),
+            rendered.dry_run.chart.shown().as_deref(),
+            same_values(stored, &inputs.values),
+            inputs.digest.is_some(),
+            latest.is_some_and(|r| r.digest.is_some()),
+        ));
+    }
+    let changing = objects
+        .iter()
+        .filter(|o| {
+            matches!(
+                o.action(),
+                Change::Create | Change::Update | Change::Delete | Change::Adopt
+            )
+        })
+        .count();
+    if changing > 0 {
+        reasons.push(count(changing, "object changes", "objects change"));
+    }
+    let refused = objects
+        .iter()
+        .filter(|o| o.action() == Change::Refuse)
+        .count();
+    if refused > 0 {
+        reasons.push(format!(
+            "helm refuses {}: provision fails until they are removed or given this \
+             release's ownership metadata",
+            count(
+                refused,
+                "existing object it does not own",
+                "existing objects it does not own"
+            )
+        ));
     }
 
-    /// Whether the release's namespace exists; `true` when this process may
-    /// not read namespaces (helm will say).
-    async fn namespace_exists(&self, cx: &Context) -> Result<bool> {
-        let namespaces: kube::Api<Namespace> = kube::Api::all(cx.client().clone());
-        match namespaces.get_metadata_opt(&self.namespace).await {
-            Ok(found) => Ok(found.is_some()),
-            Err(kube::Error::Api(status)) if status.code == 403 => Ok(true),
-            Err(e) => Err(provisioners_core::Error::kube(
-                format_args!("reading namespace {}", self.namespace),
-                e,
-            )),
-        }
+    let mut shown = ReleasePlan::new(&release.name, &release.namespace, start.action);
+    if let Some(chart) = rendered.dry_run.chart.shown() {
+        shown = shown.with_chart(chart);
+    }
+    if let Some(deployed) = start.deployed {
+        shown = shown.with_revision(u64::from(deployed));
+    }
+    if !reasons.is_empty() {
+        shown = shown.with_reason(reasons.join("; "));
+    }
+    let mut plan = Plan::new(release.metadata.name(), Operation::Provision, "helm")
+        .with_release(shown)
+        .with_objects(objects);
+    let mut notes: Vec<String> = Vec::new();
+    if rendered.client_side {
+        notes.push(
+            "rendered client-side (helm template): a kind of the chart is not served yet"
+                .to_owned(),
+        );
+    }
+    notes.extend(rendered.dry_run.hooks_shown());
+    if !notes.is_empty() {
+        plan = plan.with_note(notes.join("; "));
+    }
+    Ok(plan)
+}
+
+/// Whether the release's namespace exists; `true` when this process may
+/// not read namespaces (helm will say).
+async fn namespace_exists(release: &HelmRelease, cx: &Context) -> Result<bool> {
+    let namespaces: kube::Api<Namespace> = kube::Api::all(cx.client().clone());
+    match namespaces.get_metadata_opt(&release.namespace).await {
+        Ok(found) => Ok(found.is_some()),
+        Err(kube::Error::Api(status)) if status.code == 403 => Ok(true),
+        Err(e) => Err(provisioners_core::Error::kube(
+            format_args!("reading namespace {}", release.namespace),
+            e,
+        )),
     }
 }
 

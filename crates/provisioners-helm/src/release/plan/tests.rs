@@ -12,7 +12,9 @@ use provisioners_testing::mock::{self, ApiMock};
 use serde_json::{Value, json};
 
 use crate::chart::Chart;
-use crate::release::{DriftPolicy, HelmRelease};
+use crate::release::builder::HelmRelease;
+use crate::release::inputs;
+use crate::release::policy::DriftPolicy;
 use crate::storage::{DIGEST_LABEL, REVISION_LABEL};
 
 const MANIFEST: &str = "---\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: web-settings\ndata:\n  greeting: hello\n---\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: web-kept\n  annotations:\n    helm.sh/resource-policy: keep\ndata:\n  kept: \"yes\"\n---\napiVersion: v1\nkind: Secret\nmetadata:\n  name: web-credentials\nstringData:\n  password: s3cr3t-in-the-chart\n";
@@ -91,13 +93,11 @@ async fn a_deployed_release_with_these_inputs_plans_its_drift_from_reads() {
         .namespace("apps")
         .version("1.0.0")
         .values(&json!({"password": "s3cr3t-value"}));
-    let digest = release
-        .digest(&release.merged_values().unwrap())
-        .await
-        .unwrap()
-        .unwrap();
+    let values = inputs::merged_values(&release).unwrap();
+    let digest = inputs::digest(&release, &values).await.unwrap().unwrap();
     let (cx, mut api) = mock::context();
     let planner = release.clone();
+    let before = inputs::tests::computed();
     let plan = tokio::spawn(async move { cx.plan(&planner).await });
     api.expect(
         Method::GET,
@@ -134,6 +134,9 @@ async fn a_deployed_release_with_these_inputs_plans_its_drift_from_reads() {
     )
     .await;
     let plan = plan.await.unwrap().unwrap();
+    // The pass merged and hashed the values once, for every step.
+    let after = inputs::tests::computed();
+    assert_eq!((after.0 - before.0, after.1 - before.1), (1, 1));
     let release_plan = plan.release().unwrap();
     assert_eq!(release_plan.action(), ReleaseChange::Drift, "{plan}");
     assert_eq!(release_plan.reason(), Some("2 objects drifted"));

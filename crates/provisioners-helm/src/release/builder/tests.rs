@@ -1,6 +1,7 @@
 use serde_json::json;
 
 use super::*;
+use crate::release::inputs;
 
 fn release() -> HelmRelease {
     HelmRelease::new("web", Chart::local("/charts/web"))
@@ -13,13 +14,13 @@ fn release() -> HelmRelease {
 
 #[test]
 fn parameters_override_values() {
-    let values = release().merged_values().unwrap();
+    let values = inputs::merged_values(&release()).unwrap();
     assert_eq!(values["image"]["tag"], "2");
-    let bad = release().set("image.tag.x", 1).merged_values().unwrap_err();
+    let bad = inputs::merged_values(&release().set("image.tag.x", 1)).unwrap_err();
     assert_eq!(bad.kind(), provisioners_core::ErrorKind::Invalid);
     assert!(bad.message().contains("release `apps/web`"), "{bad}");
     let list = HelmRelease::new("x", Chart::local("c")).values(&[1, 2]);
-    let error = list.merged_values().unwrap_err();
+    let error = inputs::merged_values(&list).unwrap_err();
     assert!(
         error
             .message()
@@ -62,28 +63,28 @@ async fn the_digest_follows_chart_version_and_values_only() {
     std::fs::write(dir.path().join("Chart.yaml"), "name: x\n").unwrap();
     let base = HelmRelease::new("x", Chart::local(dir.path())).version("1.0.0");
     let values = json!({"a": 1});
-    let digest = base.digest(&values).await.unwrap().unwrap();
+    let digest = inputs::digest(&base, &values).await.unwrap().unwrap();
     assert_eq!(digest.len(), 48);
     assert_eq!(
-        base.clone()
-            .ready_timeout(Duration::from_secs(1))
-            .digest(&values)
+        inputs::digest(&base.clone().ready_timeout(Duration::from_secs(1)), &values)
             .await
             .unwrap(),
         Some(digest.clone())
     );
     assert_ne!(
-        base.digest(&json!({"a": 2})).await.unwrap(),
+        inputs::digest(&base, &json!({"a": 2})).await.unwrap(),
         Some(digest.clone())
     );
     assert_ne!(
-        base.clone().version("1.0.1").digest(&values).await.unwrap(),
+        inputs::digest(&base.clone().version("1.0.1"), &values)
+            .await
+            .unwrap(),
         Some(digest.clone())
     );
     std::fs::write(dir.path().join("Chart.yaml"), "name: y\n").unwrap();
-    assert_ne!(base.digest(&values).await.unwrap(), Some(digest));
+    assert_ne!(inputs::digest(&base, &values).await.unwrap(), Some(digest));
     let unpinned = HelmRelease::new("x", Chart::oci("r.example.com/x")).version("^1.0");
-    assert_eq!(unpinned.digest(&values).await.unwrap(), None);
+    assert_eq!(inputs::digest(&unpinned, &values).await.unwrap(), None);
 }
 
 #[test]
