@@ -8,7 +8,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Mutex, PoisonError};
 
-use sha2::{Digest, Sha256};
+use crate::digest::hex;
 
 /// The kubeconfig Secrets that remote nodes protected (with a finalizer)
 /// for each owner during its current pass, so that whoever runs the whole
@@ -85,11 +85,6 @@ pub fn kubeconfig_finalizer(owner: &str, path: &str) -> String {
     node.push(0);
     node.extend_from_slice(path.as_bytes());
     format!("{}{}", kubeconfig_finalizer_prefix(owner), hex(&node, 8))
-}
-
-/// The first `bytes` bytes of `data`'s SHA-256, in hex.
-fn hex(data: &[u8], bytes: usize) -> String {
-    hex::encode(&Sha256::digest(data)[..bytes])
 }
 
 #[cfg(test)]

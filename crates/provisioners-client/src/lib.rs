@@ -69,6 +69,7 @@
 pub mod bounded;
 pub mod canonical;
 mod connect;
+pub mod digest;
 mod health;
 pub mod kubeconfig;
 pub mod lease;

@@ -332,8 +332,7 @@ impl Fleet {
 /// The first 4 bytes of the SHA-256 of an owner identity, in hex (8 digits): what
 /// makes the state's name unique per owner.
 fn identity_digest(identity: &str) -> String {
-    use sha2::{Digest, Sha256};
-    hex::encode(&Sha256::digest(identity.as_bytes())[..4])
+    provisioners_client::digest::hex(identity, 4)
 }
 
 /// A member's result as the schedule reads it: a yield, a transient error

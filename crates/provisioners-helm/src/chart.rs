@@ -5,7 +5,7 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use sha2::{Digest as _, Sha256};
+use provisioners_client::digest::Digest;
 
 pub(crate) mod crd_files;
 
@@ -101,7 +101,7 @@ impl Chart {
     }
 
     /// Feeds the chart's identity (and for a local chart, its content) into `hasher`.
-    pub(crate) fn hash_into(&self, hasher: &mut Sha256) -> io::Result<()> {
+    pub(crate) fn hash_into(&self, hasher: &mut Digest) -> io::Result<()> {
         match self {
             Chart::Local(path) => {
                 hasher.update(b"local\0");
@@ -196,7 +196,7 @@ fn is_exact_version(version: &str) -> bool {
 const MAX_DEPTH: usize = 32;
 
 /// Hashes a file, or a directory's files in name order, with their relative paths.
-fn hash_path(path: &Path, relative: &Path, hasher: &mut Sha256, depth: usize) -> io::Result<()> {
+fn hash_path(path: &Path, relative: &Path, hasher: &mut Digest, depth: usize) -> io::Result<()> {
     if depth > MAX_DEPTH {
         return Err(io::Error::other(format!(
             "{} is nested more than {MAX_DEPTH} directories deep",
@@ -239,9 +239,9 @@ mod tests {
     use super::*;
 
     fn digest(chart: &Chart) -> Vec<u8> {
-        let mut hasher = Sha256::new();
+        let mut hasher = Digest::new();
         chart.hash_into(&mut hasher).unwrap();
-        hasher.finalize().to_vec()
+        hasher.bytes().to_vec()
     }
 
     #[test]

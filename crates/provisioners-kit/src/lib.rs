@@ -69,7 +69,6 @@
 pub mod concurrent;
 pub mod crd;
 pub mod diff;
-pub mod digest;
 pub mod discovery;
 pub mod drift;
 mod flight;

@@ -36,7 +36,7 @@ pub(crate) fn stamp(object: &mut DynamicObject) {
     // more, and no wrong skip is possible. Changing the form now would
     // re-apply every object once after an upgrade, for nothing.
     let bytes = serde_json::to_vec(&*object).unwrap_or_default();
-    let hex = provisioners_kit::digest::hex(&bytes, 16);
+    let hex = provisioners_client::digest::hex(&bytes, 16);
     object
         .metadata
         .annotations

@@ -104,7 +104,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use sha2::{Digest, Sha256};
+use provisioners_client::digest::Digest;
 
 use kube::config::Kubeconfig;
 use provisioners_client::Unreachable;
@@ -558,11 +558,9 @@ impl Names {
 
 /// The finalizer's name before it started with the owner's digest.
 fn legacy_finalizer(cx: &Context) -> String {
-    let mut hasher = Sha256::new();
-    hasher.update(cx.owner_identity().as_bytes());
-    hasher.update([0]);
-    hasher.update(cx.path().as_bytes());
-    let hex = hex::encode(&hasher.finalize()[..16]);
+    let mut digest = Digest::new();
+    digest.part(cx.owner_identity()).update(cx.path());
+    let hex = digest.hex(16);
     format!("provisioners.dev/kubeconfig-{hex}")
 }
 

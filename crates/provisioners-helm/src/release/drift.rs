@@ -3,10 +3,10 @@
 //! crate does ([`provisioners_kit::drift`]), and what the [`DriftPolicy`]
 //! makes of it: the [`Verdict`] that `provision` acts on and its plan shows.
 
+use provisioners_client::digest::Digest;
 use provisioners_core::{Context, Result};
 use provisioners_kit::drift::{as_stored, contains_rendered};
 use serde_json::Value;
-use sha2::{Digest as _, Sha256};
 
 use super::builder::HelmRelease;
 use super::live::{self, Live};
@@ -129,7 +129,7 @@ pub(super) async fn check_drift(
 /// Compares each object with what helm rendered for it.
 pub(super) fn check(objects: &[Live]) -> Drifted {
     let mut drifted = Drifted::default();
-    let mut hasher = Sha256::new();
+    let mut hasher = Digest::new();
     for Live {
         object,
         desired,
@@ -159,7 +159,7 @@ pub(super) fn check(objects: &[Live]) -> Drifted {
             }
         }
     }
-    drifted.changed_digest = hex::encode(&hasher.finalize()[..8]);
+    drifted.changed_digest = hasher.hex(8);
     drifted
 }
 

@@ -5,9 +5,9 @@
 
 use std::sync::Arc;
 
+use provisioners_client::digest::Digest;
 use provisioners_core::{Error, Result};
 use serde_json::Value;
-use sha2::{Digest as _, Sha256};
 
 use super::builder::HelmRelease;
 use crate::redact::{Redactor, Secrets};
@@ -77,11 +77,12 @@ pub(super) async fn digest(release: &HelmRelease, values: &Value) -> Result<Opti
         release.namespace
     );
     let hashed = tokio::task::spawn_blocking(move || {
-        let mut hasher = Sha256::new();
+        let mut hasher = Digest::new();
         hasher.update(header.as_bytes());
         chart.hash_into(&mut hasher)?;
         hasher.update(&input);
-        Ok::<_, std::io::Error>(hasher.finalize())
+        // A label value holds at most 63 characters: 192 bits are plenty.
+        Ok::<_, std::io::Error>(hasher.hex(24))
     })
     .await
     .map_err(|e| Error::failed(format!("hashing the chart failed: {e}")).with_source(e))?
@@ -92,8 +93,7 @@ pub(super) async fn digest(release: &HelmRelease, values: &Value) -> Result<Opti
             release.id()
         ))
     })?;
-    // A label value holds at most 63 characters: 192 bits are plenty.
-    Ok(Some(hex::encode(&hashed[..24])))
+    Ok(Some(hashed))
 }
 
 /// What tells one install's inputs from another's: the stored `digest`
@@ -104,7 +104,7 @@ pub(super) fn run_key(release: &HelmRelease, digest: Option<&str>) -> Option<Str
     let Some(credentials) = &release.credentials else {
         return Some(digest.to_owned());
     };
-    let mut hasher = Sha256::new();
+    let mut hasher = Digest::new();
     for part in [
         credentials.username.as_bytes(),
         credentials.password.as_bytes(),
@@ -117,7 +117,7 @@ pub(super) fn run_key(release: &HelmRelease, digest: Option<&str>) -> Option<Str
         hasher.update(cert);
         hasher.update(key);
     }
-    let fingerprint = hex::encode(&hasher.finalize()[..8]);
+    let fingerprint = hasher.hex(8);
     Some(format!("{digest}/{fingerprint}"))
 }
 

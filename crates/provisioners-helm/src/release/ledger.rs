@@ -31,7 +31,6 @@ use provisioners_client::bounded::{self, Limits};
 use provisioners_client::owner::OwnerKeys;
 use provisioners_core::{Context, Error, Result};
 use serde::{Deserialize, Serialize};
-use sha2::{Digest as _, Sha256};
 
 use super::builder::HelmRelease;
 use super::lease;
@@ -114,7 +113,7 @@ impl Ledger {
             release.to_owned(),
             owner.to_owned(),
             self.revision.to_string(),
-            hex::encode(Sha256::digest(&listed)),
+            provisioners_client::digest::hex(&listed, provisioners_client::digest::FULL),
         ]
     }
 

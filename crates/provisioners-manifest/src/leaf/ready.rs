@@ -12,8 +12,8 @@ use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use kube::api::DynamicObject;
+use provisioners_client::digest::Digest;
 use provisioners_core::{Context, Result};
-use provisioners_kit::digest::Digest;
 use provisioners_kit::readiness::{self, NotReady, Verdict};
 use serde_json::Value;
 

@@ -1,7 +1,7 @@
 //! The hashes a seal covers: a record's content as helm acts on it,
 //! written canonically into SHA-256 as it is walked, never copied.
 
-use provisioners_kit::digest::{Digest, FULL};
+use provisioners_client::digest::{Digest, FULL};
 use serde_json::Value;
 
 /// The hash behind [`Payload::content`] of a decoded record: SHA-256 of

@@ -144,9 +144,9 @@ fn content_by_copy(record: &Value) -> String {
             }
         }
     }
-    provisioners_kit::digest::hex(
+    provisioners_client::digest::hex(
         provisioners_client::canonical::to_vec(&record),
-        provisioners_kit::digest::FULL,
+        provisioners_client::digest::FULL,
     )
 }
 

@@ -484,7 +484,7 @@ pub async fn migration_line(
 /// the first 8 bytes of SHA-256 over `group/version/kind`, base64.
 #[must_use]
 pub fn storage_version_hash(group: &str, version: &str, kind: &str) -> String {
-    let mut digest = crate::digest::Digest::new();
+    let mut digest = provisioners_client::digest::Digest::new();
     digest.update(format!("{group}/{version}/{kind}"));
     base64::engine::general_purpose::STANDARD.encode(&digest.bytes()[..8])
 }

@@ -1,7 +1,7 @@
 //! Short digests: SHA-256, truncated, in hex, for names, labels,
 //! annotations and cache keys.
 //!
-//! Every digest the leaves write is one of these, so there is one place
+//! Every digest the crates write is one of these, so there is one place
 //! that says how parts are kept apart ([`Digest::part`]: the part, then a
 //! zero byte no part of text can hold) and how a digest is cut
 //! ([`Digest::hex`]: the first `bytes` bytes, two hex digits each).
@@ -10,7 +10,7 @@
 //! builds feeds [`canonical`](crate::canonical) bytes.
 //!
 //! ```
-//! use provisioners_kit::digest::{self, Digest};
+//! use provisioners_client::digest::{self, Digest};
 //!
 //! // The first 8 bytes, 16 hex digits.
 //! assert_eq!(digest::hex(b"abc", 8), "ba7816bf8f01cfea");
