@@ -220,13 +220,13 @@ fn claim(cx: &Context, members: &[Member]) {
     let owner = cx.owner_identity();
     let claims = cx.cluster().shared_state::<KubeconfigClaims>();
     for member in members {
-        if let Some((namespace, name)) = member.secret_ref() {
+        if let Some(secret) = member.secret() {
             let path = format!("{}/{}", cx.path(), member.name());
             claims.claim(
                 &owner,
                 ClaimedSecret {
-                    namespace: namespace.to_owned(),
-                    name: name.to_owned(),
+                    namespace: secret.namespace().to_owned(),
+                    name: secret.name().to_owned(),
                     finalizer: kubeconfig_finalizer(&owner, &path),
                 },
             );

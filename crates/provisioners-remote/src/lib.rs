@@ -18,7 +18,8 @@
 //! the next. A changed kubeconfig (a rotated token) is a new `Cluster`.
 //!
 //! While a subtree is provisioned on a cluster whose kubeconfig comes from a
-//! [`SecretKubeconfig`], the Secret carries a finalizer of ours
+//! Secret (a remote that names it with [`RemoteCluster::secret`], as
+//! [`SecretKubeconfig`] does), the Secret carries a finalizer of ours
 //! (`provisioners.dev/kubeconfig-<digest of owner and node path>`), removed
 //! after the subtree's deprovision, as Kubernetes protects a PVC in use:
 //! deleting the Secret's namespace (with the owner in it) first does not
@@ -55,7 +56,8 @@
 //!
 //! A remote [plans](provisioners_core::Context::plan) its child on the
 //! remote cluster, through the same context provision would use, and marks
-//! the plan with the cluster's id; planning reads the kubeconfig but adds no
+//! the plan with the cluster's id; planning reads the kubeconfig
+//! ([`RemoteCluster::read_config`], as provision does) but adds no
 //! finalizer. A kubeconfig that is missing (the Secret or its key absent,
 //! a value that is not a kubeconfig) plans as unknown, naming the Secret
 //! and key; a remote that cannot be reached fails the plan, as it fails
@@ -91,6 +93,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod clusters;
+mod guard;
 mod report;
 mod secret;
 mod service_range;
@@ -98,7 +101,6 @@ mod static_kubeconfig;
 mod trust;
 mod unreachable;
 
-use std::any::Any;
 use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
@@ -112,12 +114,12 @@ use provisioners_client::kubeconfig::{
     KubeconfigClaims, kubeconfig_finalizer, kubeconfig_finalizer_prefix, kubeconfig_owner_label,
 };
 use provisioners_core::{
-    Context, Error, ErrorKind, Metadata, Operation, Plan, Provisioner, RemoteCluster, Result,
-    Waiting, async_trait,
+    Context, Error, ErrorKind, KubeconfigRead, Metadata, Operation, Plan, Provisioner,
+    RemoteCluster, Result, Waiting, async_trait,
 };
 
 use crate::clusters::RemoteClusters;
-use crate::secret::{Missing, Protection, Read};
+use crate::guard::{Protection, SecretGuard};
 pub use report::ABANDONED_REASON;
 pub use secret::SecretKubeconfig;
 pub use static_kubeconfig::StaticKubeconfig;
@@ -145,8 +147,9 @@ pub use unreachable::{UNREACHABLE_SINCE_ANNOTATION, UnreachablePolicy};
 pub struct RemoteClusterProvisioner {
     metadata: Option<Metadata>,
     remote: Arc<dyn RemoteCluster>,
-    /// The remote's Secret, when it is one: protected by a finalizer.
-    secret: Option<SecretKubeconfig>,
+    /// The remote's kubeconfig Secret, when it names one: protected by a
+    /// finalizer.
+    secret: Option<SecretGuard>,
     background_deletion: Option<bool>,
     when_unreachable: UnreachablePolicy,
     child: Box<dyn Provisioner>,
@@ -158,7 +161,7 @@ pub struct RemoteClusterProvisioner {
 pub struct RemoteTarget {
     metadata: Option<Metadata>,
     remote: Arc<dyn RemoteCluster>,
-    secret: Option<SecretKubeconfig>,
+    secret: Option<SecretGuard>,
     background_deletion: Option<bool>,
     when_unreachable: UnreachablePolicy,
 }
@@ -170,11 +173,7 @@ impl RemoteClusterProvisioner {
         reason = "reads as `new(remote).provision_on(child)`"
     )]
     pub fn new(remote: impl RemoteCluster + 'static) -> RemoteTarget {
-        // `RemoteCluster` (in core) has no notion of protecting its source;
-        // the one source we can protect is recognised here.
-        let secret = (&remote as &dyn Any)
-            .downcast_ref::<SecretKubeconfig>()
-            .cloned();
+        let secret = SecretGuard::of(&remote);
         RemoteTarget {
             metadata: None,
             remote: Arc::new(remote),
@@ -317,7 +316,7 @@ impl RemoteClusterProvisioner {
         tracing::warn!(
             path = %cx.path(),
             cluster = self.remote.id(),
-            secret = ?self.secret.as_ref().map(SecretKubeconfig::object),
+            secret = ?self.secret.as_ref().map(SecretGuard::object),
             since = %unreachable::format(since),
             failures = down.failures,
             "remote cluster abandoned ({why}): the subtree `{}` counts as deprovisioned and \
@@ -337,30 +336,10 @@ impl RemoteClusterProvisioner {
         Ok(())
     }
 
-    /// The remote's kubeconfig; a Secret's checked against a service range
-    /// learned from `cx`'s cluster (see [`TrustPolicy::service_range`]).
-    async fn config(&self, cx: &Context) -> Result<Kubeconfig> {
-        match &self.secret {
-            Some(secret) => secret.config_on(Some(cx.cluster())).await,
-            None => self.remote.config().await,
-        }
-    }
-
-    /// The remote's kubeconfig as planning sees it: read as provision reads
-    /// it (the same Secret read and trust rules), with what is missing
-    /// told apart from what fails.
-    async fn read_config(&self, cx: &Context) -> Result<Read> {
-        if let Some(secret) = &self.secret {
-            return secret.read_on(Some(cx.cluster())).await;
-        }
-        match self.remote.config().await {
-            Ok(kubeconfig) => Ok(Read::Kubeconfig(Box::new(kubeconfig))),
-            Err(error) if error.kind() == ErrorKind::NotFound => Ok(Read::Missing(Missing {
-                gone: true,
-                reason: error.message().to_owned(),
-            })),
-            Err(error) => Err(error),
-        }
+    /// The remote's kubeconfig for a tree on `cx`'s cluster, or what is
+    /// missing: provision, deprovision and plan read it alike.
+    async fn read_config(&self, cx: &Context) -> Result<KubeconfigRead> {
+        self.remote.read_config(cx.cluster()).await
     }
 
     /// This node's own plan node, on the remote cluster.
@@ -417,7 +396,7 @@ impl Provisioner for RemoteClusterProvisioner {
     }
 
     async fn provision(&self, cx: &Context) -> Result<()> {
-        let kubeconfig = self.config(cx).await?;
+        let kubeconfig = self.read_config(cx).await?.into_config()?;
         if let Some(secret) = &self.secret {
             let names = Names::of(cx);
             secret.protect_for(&names.protection()).await?;
@@ -443,7 +422,7 @@ impl Provisioner for RemoteClusterProvisioner {
     }
 
     async fn deprovision(&self, cx: &Context) -> Result<()> {
-        let kubeconfig = match self.config(cx).await {
+        let kubeconfig = match self.read_config(cx).await?.into_config() {
             Ok(kubeconfig) => kubeconfig,
             Err(error) if error.kind() == ErrorKind::NotFound => {
                 // The cluster went away with its kubeconfig; its contents went with it.
@@ -490,17 +469,20 @@ impl Provisioner for RemoteClusterProvisioner {
     /// the plan, and its digest, change with every network blip.
     async fn plan(&self, cx: &Context, operation: Operation) -> Result<Plan> {
         let kubeconfig = match self.read_config(cx).await? {
-            Read::Kubeconfig(kubeconfig) => kubeconfig,
-            Read::Missing(Missing { gone: true, .. }) if operation == Operation::Deprovision => {
+            KubeconfigRead::Kubeconfig(kubeconfig) => kubeconfig,
+            KubeconfigRead::Missing(gone)
+                if gone.kind() == ErrorKind::NotFound && operation == Operation::Deprovision =>
+            {
                 return Ok(self
                     .node(operation)
                     .with_note("kubeconfig is gone: the subtree counts as deprovisioned"));
             }
-            Read::Missing(Missing { reason, .. }) => {
+            KubeconfigRead::Missing(missing) => {
                 return Ok(self.node(operation).with_unknown(format!(
-                    "{reason}; the subtree on this cluster cannot be planned until the \
+                    "{}; the subtree on this cluster cannot be planned until the \
                      kubeconfig is there (fix it, or wait for whatever creates the cluster \
-                     to write it)"
+                     to write it)",
+                    missing.message()
                 )));
             }
         };

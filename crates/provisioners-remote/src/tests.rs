@@ -481,3 +481,102 @@ async fn an_unreachable_remote_fails_the_plan_as_provision_would_fail() {
         "{error}"
     );
 }
+
+/// A remote of the user's own, reading its kubeconfig from Secret
+/// `clusters/custom` in its own way: `config` alone fails, to show that a
+/// remote node reads through `read_config`.
+struct CustomSecret(kube::Client, Option<Kubeconfig>);
+
+#[async_trait]
+impl RemoteCluster for CustomSecret {
+    fn id(&self) -> &str {
+        "custom"
+    }
+    async fn config(&self) -> Result<Kubeconfig> {
+        Err(Error::failed("read_config is the one a remote node calls"))
+    }
+    fn secret(&self) -> Option<provisioners_core::KubeconfigSecret> {
+        Some(provisioners_core::KubeconfigSecret::new(
+            self.0.clone(),
+            "clusters",
+            "custom",
+        ))
+    }
+    async fn read_config(
+        &self,
+        _: &provisioners_core::Cluster,
+    ) -> Result<provisioners_core::KubeconfigRead> {
+        Ok(match &self.1 {
+            Some(kubeconfig) => {
+                provisioners_core::KubeconfigRead::Kubeconfig(Box::new(kubeconfig.clone()))
+            }
+            None => provisioners_core::KubeconfigRead::Missing(Error::invalid(
+                "Secret clusters/custom has no key `value` yet",
+            )),
+        })
+    }
+}
+
+#[tokio::test]
+async fn any_remote_that_names_its_secret_gets_it_protected_without_being_a_secret_kubeconfig() {
+    use http::Method;
+    use serde_json::json;
+
+    const SECRET: &str = "/api/v1/namespaces/clusters/secrets/custom";
+    let metadata = |finalizers: &[&str]| {
+        json!({
+            "apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
+            "metadata": {
+                "name": "custom", "namespace": "clusters", "resourceVersion": "7",
+                "finalizers": finalizers,
+            }
+        })
+    };
+    let (cx, mut api) = provisioners_testing::mock::context();
+    let probe = Probe::default();
+    let remote = CustomSecret(cx.client().clone(), Some(kubeconfig("https://127.0.0.1:1")));
+    let tree = RemoteClusterProvisioner::new(remote).provision_on(probe.clone());
+    let run = tokio::spawn(async move { cx.provision(&tree).await });
+
+    api.expect(Method::GET, SECRET, 200, metadata(&[])).await;
+    let patch = api
+        .expect(Method::PATCH, SECRET, 200, metadata(&["ours"]))
+        .await;
+    let finalizers = patch["metadata"]["finalizers"].as_array().unwrap();
+    assert_eq!(finalizers.len(), 1, "{patch}");
+    assert!(
+        finalizers[0]
+            .as_str()
+            .unwrap()
+            .starts_with("provisioners.dev/kubeconfig-"),
+        "{patch}"
+    );
+    // The child ran on the remote; then its unreachable mark is looked for once.
+    api.expect(Method::GET, SECRET, 200, metadata(&["ours"]))
+        .await;
+    run.await.unwrap().unwrap();
+    assert_eq!(
+        *probe.0.lock().unwrap(),
+        ["custom probe ns=team background=false"]
+    );
+}
+
+#[tokio::test]
+async fn a_remote_may_say_its_kubeconfig_is_missing_and_plans_as_unknown() {
+    let cx = Context::offline();
+    let tree = RemoteClusterProvisioner::new(CustomSecret(cx.client().clone(), None))
+        .provision_on(PlanProbe);
+    let plan = cx.plan(&tree).await.expect("unknown, not an error");
+    let reason = plan.unknown_reason().expect("unknown");
+    assert!(
+        reason.starts_with("Secret clusters/custom has no key `value` yet; the subtree"),
+        "{reason}"
+    );
+    // Not gone: to deprovision, it is unknown as well, not nothing to do.
+    let plan = cx.plan_deprovision(&tree).await.unwrap();
+    assert!(plan.unknown_reason().is_some(), "{plan}");
+    // Provision fails with the same error.
+    let error = cx.provision(&tree).await.unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::Invalid);
+    assert!(error.message().contains("no key `value` yet"), "{error}");
+}
