@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use kube::config::Kubeconfig;
 use provisioners_core::{Context, Error, KubeconfigSecret, RemoteCluster, Result, async_trait};
-use provisioners_remote::{RemoteClusterProvisioner, RemoteTarget, TrustPolicy};
+use provisioners_remote::{RemoteClusterProvisioner, TrustPolicy};
 
 /// The label Cluster API puts on a cluster's Secrets (its kubeconfig, and
 /// its `-ca`, `-etcd`, `-sa` and `-proxy` Secrets).
@@ -111,9 +111,12 @@ impl Member {
         self.remote.secret()
     }
 
-    /// The remote node for this member.
-    pub(crate) fn target(&self) -> RemoteTarget {
-        RemoteClusterProvisioner::new(Arc::clone(&self.remote))
+    /// The remote node running `subtree` on this member.
+    pub(crate) fn node(
+        &self,
+        subtree: impl provisioners_core::Provisioner + 'static,
+    ) -> RemoteClusterProvisioner {
+        RemoteClusterProvisioner::new(Arc::clone(&self.remote), subtree)
     }
 
     /// Why `name` cannot be a member's name (a key of a ConfigMap, a path

@@ -248,7 +248,7 @@ pub(crate) async fn provision(fleet: &Fleet, cx: &Context) -> Result<()> {
         cx,
         members: &members,
         waves: &waves,
-        in_flight: settings.max_in_flight,
+        in_flight: settings.concurrency,
         operation: Operation::Provision,
     };
     rounds
@@ -338,7 +338,7 @@ pub(crate) async fn deprovision(fleet: &Fleet, cx: &Context) -> Result<()> {
         cx,
         members: &members,
         waves: &waves,
-        in_flight: settings.max_in_flight,
+        in_flight: settings.concurrency,
         operation: Operation::Deprovision,
     };
     rounds

@@ -9,7 +9,7 @@
 //!
 //! A remote takes its child's name and adds no path segment, as a
 //! `Conditional` does: moving `addons` to another cluster keeps its path
-//! `platform/addons`. [`RemoteTarget::named`] gives it a segment of its own.
+//! `platform/addons`. [`RemoteClusterProvisioner::named`] gives it a segment of its own.
 //!
 //! The remote's `Cluster` is built once per kubeconfig and kept (in the
 //! parent cluster's [state](provisioners_core::Cluster::state)): requests
@@ -80,9 +80,8 @@
 //! // The kubeconfig of a workload cluster, in Secret `clusters/tenant-a`, key `kubeconfig`,
 //! // read through the context's client (and its client policy).
 //! let remote = SecretKubeconfig::new(cx.client().clone(), "clusters", "tenant-a");
-//! let tree = RemoteClusterProvisioner::new(remote)
-//!     .background_deletion(true) // a throwaway cluster: do not wait on its contents
-//!     .provision_on(Noop::new("addons"));
+//! let tree = RemoteClusterProvisioner::new(remote, Noop::new("addons"))
+//!     .background_deletion(true); // a throwaway cluster: do not wait on its contents
 //! assert_eq!(tree.name(), "addons"); // the child's name: no extra path segment
 //!
 //! cx.provision(&tree).await?;
@@ -128,11 +127,11 @@ pub use unreachable::{UNREACHABLE_SINCE_ANNOTATION, UnreachablePolicy};
 
 /// Runs a child provisioner against the cluster a [`RemoteCluster`] describes.
 ///
-/// Built with [`RemoteClusterProvisioner::new`] and
-/// [`RemoteTarget::provision_on`]. Like a `Conditional`, it takes its
-/// child's name and adds no segment to paths: `platform/addons` stays
-/// `platform/addons` when it moves to another cluster.
-/// [`RemoteTarget::named`] makes it a node of its own (`platform/tenant-a/addons`).
+/// Built with [`RemoteClusterProvisioner::new`]`(remote, child)`. Like a
+/// `Conditional`, it takes its child's name and adds no segment to paths:
+/// `platform/addons` stays `platform/addons` when it moves to another
+/// cluster. [`RemoteClusterProvisioner::named`] makes it a node of its own
+/// (`platform/tenant-a/addons`).
 ///
 /// The [`Cluster`](provisioners_core::Cluster) for the remote is
 /// [derived](provisioners_core::Cluster::derive) from the parent's (same
@@ -155,32 +154,43 @@ pub struct RemoteClusterProvisioner {
     child: Box<dyn Provisioner>,
 }
 
-/// A remote cluster waiting for the subtree to run on it; see
-/// [`RemoteClusterProvisioner::new`].
-#[must_use]
-pub struct RemoteTarget {
-    metadata: Option<Metadata>,
-    remote: Arc<dyn RemoteCluster>,
-    secret: Option<SecretGuard>,
-    background_deletion: Option<bool>,
-    when_unreachable: UnreachablePolicy,
-}
-
 impl RemoteClusterProvisioner {
-    /// Targets `remote`; finish with [`RemoteTarget::provision_on`].
-    #[allow(
-        clippy::new_ret_no_self,
-        reason = "reads as `new(remote).provision_on(child)`"
-    )]
-    pub fn new(remote: impl RemoteCluster + 'static) -> RemoteTarget {
+    /// Runs `child` on the cluster `remote` describes (as
+    /// `Conditional::new(condition, child)` runs it when switched on).
+    pub fn new(remote: impl RemoteCluster + 'static, child: impl Provisioner + 'static) -> Self {
         let secret = SecretGuard::of(&remote);
-        RemoteTarget {
+        RemoteClusterProvisioner {
             metadata: None,
             remote: Arc::new(remote),
             secret,
             background_deletion: None,
             when_unreachable: UnreachablePolicy::Wait,
+            child: Box::new(child),
         }
+    }
+
+    /// Makes the remote a node called `name`, with its child below it
+    /// (`name/child` in paths). Unnamed, it takes its child's name and adds
+    /// no segment.
+    pub fn named(mut self, name: impl Into<Cow<'static, str>>) -> Self {
+        self.metadata = Some(Metadata::new(name));
+        self
+    }
+
+    /// Deletes with background propagation on the remote cluster (or
+    /// foreground, with `false`), whatever the parent context says. For a
+    /// throwaway cluster that is about to be deleted, waiting for its
+    /// contents to be finalized is wasted time.
+    pub fn background_deletion(mut self, background: bool) -> Self {
+        self.background_deletion = Some(background);
+        self
+    }
+
+    /// What to do when the cluster does not answer; see [`UnreachablePolicy`]
+    /// (default: wait).
+    pub fn unreachable(mut self, policy: UnreachablePolicy) -> Self {
+        self.when_unreachable = policy;
+        self
     }
 
     /// The remote cluster.
@@ -220,7 +230,7 @@ impl RemoteClusterProvisioner {
     ) -> Result<()> {
         if let Some(down) = unreachable::unreachable(remote.cluster()) {
             return self
-                .unreachable(cx, remote.cluster(), down, operation)
+                .on_unreachable(cx, remote.cluster(), down, operation)
                 .await;
         }
         if let Some(secret) = &self.secret {
@@ -245,7 +255,7 @@ impl RemoteClusterProvisioner {
     /// The pass against a cluster whose breaker is open: a prompt yield
     /// naming it, or (deprovisioning, past the grace or with its Secret
     /// being deleted) the subtree abandoned.
-    async fn unreachable(
+    async fn on_unreachable(
         &self,
         cx: &Context,
         remote: &provisioners_core::Cluster,
@@ -348,44 +358,6 @@ impl RemoteClusterProvisioner {
     }
 }
 
-impl RemoteTarget {
-    /// Makes the remote a node called `name`, with its child below it
-    /// (`name/child` in paths). Unnamed, it takes its child's name and adds
-    /// no segment.
-    pub fn named(mut self, name: impl Into<Cow<'static, str>>) -> Self {
-        self.metadata = Some(Metadata::new(name));
-        self
-    }
-
-    /// Deletes with background propagation on the remote cluster (or
-    /// foreground, with `false`), whatever the parent context says. For a
-    /// throwaway cluster that is about to be deleted, waiting for its
-    /// contents to be finalized is wasted time.
-    pub fn background_deletion(mut self, background: bool) -> Self {
-        self.background_deletion = Some(background);
-        self
-    }
-
-    /// What to do when the cluster does not answer; see [`UnreachablePolicy`]
-    /// (default: wait).
-    pub fn unreachable(mut self, policy: UnreachablePolicy) -> Self {
-        self.when_unreachable = policy;
-        self
-    }
-
-    /// Runs `child` on the remote cluster.
-    pub fn provision_on(self, child: impl Provisioner + 'static) -> RemoteClusterProvisioner {
-        RemoteClusterProvisioner {
-            metadata: self.metadata,
-            remote: self.remote,
-            secret: self.secret,
-            background_deletion: self.background_deletion,
-            when_unreachable: self.when_unreachable,
-            child: Box::new(child),
-        }
-    }
-}
-
 #[async_trait]
 impl Provisioner for RemoteClusterProvisioner {
     fn name(&self) -> &str {
@@ -407,7 +379,7 @@ impl Provisioner for RemoteClusterProvisioner {
         let remote = self.remote_context(cx, kubeconfig).await?;
         if let Some(down) = unreachable::unreachable_until_probe(remote.cluster()) {
             return self
-                .unreachable(cx, remote.cluster(), down, Operation::Provision)
+                .on_unreachable(cx, remote.cluster(), down, Operation::Provision)
                 .await;
         }
         // Unnamed, this node is its child's: the child runs in this node's
@@ -438,7 +410,7 @@ impl Provisioner for RemoteClusterProvisioner {
         let remote = self.remote_context(cx, kubeconfig).await?;
         if let Some(down) = unreachable::unreachable_until_probe(remote.cluster()) {
             return self
-                .unreachable(cx, remote.cluster(), down, Operation::Deprovision)
+                .on_unreachable(cx, remote.cluster(), down, Operation::Deprovision)
                 .await;
         }
         let result = if self.metadata.is_some() {
@@ -489,7 +461,7 @@ impl Provisioner for RemoteClusterProvisioner {
         let remote = self.remote_context(cx, *kubeconfig).await?;
         if self.metadata.is_some() {
             let child = remote.plan_operation(&self.child, operation).await?;
-            return Ok(self.node(operation).with_child(child));
+            return Ok(self.node(operation).with(child));
         }
         let plan = self.child.plan(&remote, operation).await?;
         // A nested remote below already says which cluster it plans on.

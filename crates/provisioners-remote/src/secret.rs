@@ -114,7 +114,7 @@ impl SecretKubeconfig {
     /// remote's [`Cluster`](provisioners_core::Cluster) in logs and errors,
     /// unique among the clusters a tree talks to. Not a node name: a
     /// [`RemoteClusterProvisioner`](crate::RemoteClusterProvisioner) takes
-    /// its child's name or [its own](crate::RemoteTarget::named).
+    /// its child's name or [its own](crate::RemoteClusterProvisioner::named).
     pub fn cluster_id(mut self, id: impl Into<String>) -> Self {
         self.id = id.into();
         self

@@ -414,7 +414,7 @@ async fn plan_with(
             .allow_range("127.0.0.0/8")
             .unwrap(),
     );
-    let tree = crate::RemoteClusterProvisioner::new(remote).provision_on(crate::tests::PlanProbe);
+    let tree = crate::RemoteClusterProvisioner::new(remote, crate::tests::PlanProbe);
     let plan = tokio::spawn(async move { cx.plan_operation(&tree, operation).await });
     api.expect(Method::GET, SECRET, status, reply).await;
     if learns {
