@@ -29,9 +29,7 @@ impl SecretGuard {
         let describe = crate::secret::describe(secret.namespace(), secret.name(), remote.id());
         Some(SecretGuard { secret, describe })
     }
-}
 
-impl SecretGuard {
     /// Adds `finalizer` to the Secret, so that it outlives a deletion (of
     /// itself or its namespace) until the subtree that reads it is
     /// deprovisioned. A Secret already being deleted cannot gain one: it is
