@@ -23,11 +23,11 @@ use tokio::time::Instant;
 /// the cluster; then one request sends a cheap probe (`GET /version`,
 /// within [`ClientPolicy::probe_timeout`]): an answer of any kind closes
 /// the breaker, no answer opens it again for twice as long (up to
-/// [`ClientPolicy::probe_interval`]).
+/// [`ClientPolicy::probe_backoff`]).
 ///
 /// [`ClientPolicy::failure_threshold`]: super::ClientPolicy::failure_threshold
 /// [`ClientPolicy::probe_timeout`]: super::ClientPolicy::probe_timeout
-/// [`ClientPolicy::probe_interval`]: super::ClientPolicy::probe_interval
+/// [`ClientPolicy::probe_backoff`]: super::ClientPolicy::probe_backoff
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Health {

@@ -94,7 +94,7 @@ pub(super) const ABANDONED_AFTER: Duration = Duration::from_secs(4);
 ///   it is probed next. When the probe is due, one request (only one) sends
 ///   `GET /version` within [`ClientPolicy::probe_timeout`] first; any answer
 ///   closes the breaker, none keeps it open twice as long as before, up to
-///   the longest [`ClientPolicy::probe_interval`]. So a pass against a dead cluster
+///   the longest [`ClientPolicy::probe_backoff`]. So a pass against a dead cluster
 ///   costs at most a probe, and a tree with dead remotes is not slowed by
 ///   them. Each cluster [built](ClientPolicy::cluster) with it has its own breaker.
 ///
@@ -186,7 +186,7 @@ impl ClientPolicy {
 
     /// Probes an unreachable cluster first after `first`, then at
     /// intervals doubling up to `max`.
-    pub fn probe_interval(mut self, first: Duration, max: Duration) -> Self {
+    pub fn probe_backoff(mut self, first: Duration, max: Duration) -> Self {
         self.first_probe = first;
         self.max_probe_interval = max.max(first);
         self

@@ -142,7 +142,7 @@ impl Provisioner for Conditional {
         };
         if self.metadata.is_some() {
             let child = cx.plan_operation(&self.child, child_operation).await?;
-            Ok(with_note(Plan::new(self.name(), operation, "conditional")).with_child(child))
+            Ok(with_note(Plan::new(self.name(), operation, "conditional")).with(child))
         } else {
             Ok(with_note(self.child.plan(cx, child_operation).await?))
         }

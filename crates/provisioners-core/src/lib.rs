@@ -121,8 +121,8 @@ pub use error::{Error, ErrorKind, Result, Waiting};
 pub use observe::{NodeEvent, Observer, Outcome, Phase};
 pub use owner::Owner;
 pub use plan::Plan;
-pub use provisioner::{ManagerProvisioner, Metadata, Operation, Provisioner};
-pub use remote::RemoteCluster;
+pub use provisioner::{ManagedProvisioner, Metadata, Operation, Provisioner};
+pub use remote::{KubeconfigRead, KubeconfigSecret, RemoteCluster};
 /// Re-exported so that users name the same token type as [`Context`].
 pub use tokio_util::sync::CancellationToken;
 

@@ -153,7 +153,7 @@ forward!(Box<P>, Arc<P>, &P);
 /// (its finalizer, status and events) around provisioning the tree. Implement
 /// it on your own type, or wrap an object and a tree in
 /// `provisioners_runtime::Managed`.
-pub trait ManagerProvisioner: Provisioner {
+pub trait ManagedProvisioner: Provisioner {
     /// The managed object's type, usually a custom resource.
     type Object: kube::Resource;
 

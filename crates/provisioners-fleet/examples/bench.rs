@@ -200,7 +200,7 @@ async fn measure(
         Fleet::new("fleet", list(), subtree(namespaces.clone(), revision))
             .revision(revision)
             .state_in(format!("{run}-state"))
-            .rollout(Rollout::new().wave_size(wave).max_in_flight(IN_FLIGHT))
+            .rollout(Rollout::new().wave_size(wave).concurrency(IN_FLIGHT))
     };
     let concurrent = |revision: &str, limit: Option<usize>| {
         let build = subtree(namespaces.clone(), revision);
@@ -210,13 +210,12 @@ async fn measure(
                 name.clone(),
                 StaticKubeconfig::new(format!("{run}-{name}"), kubeconfig.clone()),
             );
-            group.push(
-                RemoteClusterProvisioner::new(StaticKubeconfig::new(
-                    format!("{run}-{name}"),
-                    kubeconfig.clone(),
-                ))
-                .named(name.clone())
-                .provision_on(build(&member)),
+            group = group.with(
+                RemoteClusterProvisioner::new(
+                    StaticKubeconfig::new(format!("{run}-{name}"), kubeconfig.clone()),
+                    build(&member),
+                )
+                .named(name.clone()),
             );
         }
         match limit {

@@ -93,7 +93,7 @@ fn held_at(record: &Record, revision: Option<&str>) -> bool {
 
 /// One removal pass of the `departing` members (those in `leaving` are
 /// listed, the others reached through the fleet's members source), at most
-/// the rollout's `max_in_flight` at once. Puts each one's next record (or `None`: its key is
+/// the rollout's `concurrency` at once. Puts each one's next record (or `None`: its key is
 /// dropped) into `changes`, and returns the members still being removed,
 /// each with the reason.
 pub(crate) async fn remove(
@@ -160,7 +160,7 @@ pub(crate) async fn remove(
             cx,
             &members,
             &positions,
-            fleet.rollout.max_in_flight,
+            fleet.rollout.concurrency,
             Operation::Deprovision,
         )
         .await;
@@ -220,13 +220,13 @@ fn claim(cx: &Context, members: &[Member]) {
     let owner = cx.owner_identity();
     let claims = cx.cluster().shared_state::<KubeconfigClaims>();
     for member in members {
-        if let Some((namespace, name)) = member.secret_ref() {
+        if let Some(secret) = member.secret() {
             let path = format!("{}/{}", cx.path(), member.name());
             claims.claim(
                 &owner,
                 ClaimedSecret {
-                    namespace: namespace.to_owned(),
-                    name: name.to_owned(),
+                    namespace: secret.namespace().to_owned(),
+                    name: secret.name().to_owned(),
                     finalizer: kubeconfig_finalizer(&owner, &path),
                 },
             );

@@ -81,10 +81,19 @@ impl Fleet {
         self
     }
 
-    /// Provisions a done member again once it has been done this long, to
-    /// correct drift (default [`DEFAULT_RESYNC`]; `None`: never).
-    pub fn resync_after(mut self, every: Option<Duration>) -> Self {
-        self.resync = every;
+    /// Provisions a done member again once it has been done for `resync`,
+    /// to correct drift (default [`DEFAULT_RESYNC`]); as the runtime's
+    /// `Reconciler::resync_after`.
+    pub fn resync_after(mut self, resync: Duration) -> Self {
+        self.resync = Some(resync);
+        self
+    }
+
+    /// Never provisions a done member again at the same revision: drift on
+    /// its cluster stays until the revision changes. An explicit opt-out of
+    /// the default resync, as the runtime's `Reconciler::no_resync`.
+    pub fn no_resync(mut self) -> Self {
+        self.resync = None;
         self
     }
 
@@ -154,7 +163,7 @@ impl Fleet {
     }
 
     /// Deletes with background propagation on every member (see
-    /// `RemoteTarget::background_deletion`).
+    /// `RemoteClusterProvisioner::background_deletion`).
     pub fn background_deletion(mut self, background: bool) -> Self {
         self.background_deletion = Some(background);
         self
@@ -229,7 +238,7 @@ impl Fleet {
     /// The rollout's limits for `members` members.
     pub(crate) fn settings(&self, members: usize) -> Settings {
         Settings {
-            max_in_flight: self.rollout.max_in_flight,
+            concurrency: self.rollout.concurrency,
             budget: self.rollout.budget.resolve(members),
             progress_timeout: self.rollout.progress_timeout,
             soak: self.rollout.soak,
@@ -275,14 +284,14 @@ impl Fleet {
 
     /// `member`'s remote node: named after it, its subtree below.
     pub(crate) fn node(&self, member: &Member) -> RemoteClusterProvisioner {
-        let mut target = member
-            .target()
+        let mut node = member
+            .node((self.subtree)(member))
             .named(member.name().to_owned())
             .unreachable(self.unreachable);
         if let Some(background) = self.background_deletion {
-            target = target.background_deletion(background);
+            node = node.background_deletion(background);
         }
-        target.provision_on((self.subtree)(member))
+        node
     }
 
     /// Runs the members at `positions` (at most `limit` at once) and

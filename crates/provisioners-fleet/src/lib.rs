@@ -8,7 +8,7 @@
 //! remote's trust rules, its cluster cache and per-cluster health apply.
 //!
 //! **A pass never waits on a member.** It runs at most
-//! [`Rollout::max_in_flight`] member passes at once, each one remote subtree
+//! [`Rollout::concurrency`] member passes at once, each one remote subtree
 //! pass (which yields when it is not done), writes what changed, and yields
 //! with a summary: `wave 2 of 5: 18 done, 4 in flight, 1 failed of budget 3`.
 //!
@@ -94,9 +94,9 @@
 //!     Rollout::new()
 //!         .canary_label("ring", "canary")
 //!         .wave_size(10)
-//!         .max_in_flight(5)
+//!         .concurrency(5)
 //!         .budget(Budget::Count(1))
-//!         .soak(Duration::from_secs(300)),
+//!         .next_wave_after(Duration::from_secs(300)),
 //! );
 //! // Each call is one pass: it yields until the rollout is complete.
 //! match cx.provision(&fleet).await {
@@ -129,6 +129,6 @@ pub use plan::PLAN_DETAIL;
 pub use provisioners_remote::UnreachablePolicy;
 pub use record::MemberState;
 pub use rollout::{
-    Budget, DEFAULT_MAX_IN_FLIGHT, DEFAULT_PROGRESS_TIMEOUT, DEFAULT_WAVE_SIZE, Rollout,
+    Budget, DEFAULT_CONCURRENCY, DEFAULT_PROGRESS_TIMEOUT, DEFAULT_WAVE_SIZE, Rollout,
 };
 pub use state::FLEET_LABEL;

@@ -6,8 +6,8 @@ use std::fmt;
 use std::sync::Arc;
 
 use kube::config::Kubeconfig;
-use provisioners_core::{Context, Error, RemoteCluster, Result, async_trait};
-use provisioners_remote::{RemoteClusterProvisioner, RemoteTarget, SecretKubeconfig, TrustPolicy};
+use provisioners_core::{Context, Error, KubeconfigSecret, RemoteCluster, Result, async_trait};
+use provisioners_remote::{RemoteClusterProvisioner, TrustPolicy};
 
 /// The label Cluster API puts on a cluster's Secrets (its kubeconfig, and
 /// its `-ca`, `-etcd`, `-sa` and `-proxy` Secrets).
@@ -27,31 +27,24 @@ pub struct Member {
     name: String,
     labels: BTreeMap<String, String>,
     remote: Arc<dyn RemoteCluster>,
-    /// The remote, when it is a Secret: kept concrete so that the remote
-    /// node protects it with its finalizer.
-    secret: Option<SecretKubeconfig>,
     /// Why this member cannot be run (a bad Secret), reported for it alone.
     problem: Option<String>,
-    /// The kubeconfig Secret (namespace, name), when the fleet listed it.
-    secret_ref: Option<(String, String)>,
     /// Listed to be removed from its cluster, not provisioned.
     leaving: bool,
 }
 
 impl Member {
-    /// Member `name`, reached through `remote` (a [`SecretKubeconfig`] keeps
-    /// its finalizer protection, as with a remote node).
+    /// Member `name`, reached through `remote`. A remote that names its
+    /// kubeconfig Secret ([`RemoteCluster::secret`], e.g. a
+    /// [`SecretKubeconfig`](provisioners_remote::SecretKubeconfig)) keeps it protected by the remote node's
+    /// finalizer, and claimed by the fleet on the passes that do not run
+    /// the member.
     pub fn new(name: impl Into<String>, remote: impl RemoteCluster + 'static) -> Self {
-        let secret = (&remote as &dyn std::any::Any)
-            .downcast_ref::<SecretKubeconfig>()
-            .cloned();
         Member {
             name: name.into(),
             labels: BTreeMap::new(),
             remote: Arc::new(remote),
-            secret,
             problem: None,
-            secret_ref: None,
             leaving: false,
         }
     }
@@ -108,27 +101,22 @@ impl Member {
             name,
             labels: BTreeMap::new(),
             remote: Arc::new(Broken),
-            secret: None,
             problem: Some(problem),
-            secret_ref: None,
             leaving: false,
         }
     }
 
-    /// The kubeconfig Secret (namespace, name) of a member listed from
-    /// Secrets.
-    pub(crate) fn secret_ref(&self) -> Option<(&str, &str)> {
-        self.secret_ref
-            .as_ref()
-            .map(|(ns, name)| (ns.as_str(), name.as_str()))
+    /// The member's kubeconfig Secret, when its remote names one.
+    pub(crate) fn secret(&self) -> Option<KubeconfigSecret> {
+        self.remote.secret()
     }
 
-    /// The remote node for this member.
-    pub(crate) fn target(&self) -> RemoteTarget {
-        match &self.secret {
-            Some(secret) => RemoteClusterProvisioner::new(secret.clone()),
-            None => RemoteClusterProvisioner::new(Shared(self.remote.clone())),
-        }
+    /// The remote node running `subtree` on this member.
+    pub(crate) fn node(
+        &self,
+        subtree: impl provisioners_core::Provisioner + 'static,
+    ) -> RemoteClusterProvisioner {
+        RemoteClusterProvisioner::new(Arc::clone(&self.remote), subtree)
     }
 
     /// Why `name` cannot be a member's name (a key of a ConfigMap, a path
@@ -158,20 +146,6 @@ impl fmt::Debug for Member {
             .field("problem", &self.problem)
             .field("leaving", &self.leaving)
             .finish()
-    }
-}
-
-/// A shared remote, as a remote node takes it.
-struct Shared(Arc<dyn RemoteCluster>);
-
-#[async_trait]
-impl RemoteCluster for Shared {
-    fn id(&self) -> &str {
-        self.0.id()
-    }
-
-    async fn config(&self) -> Result<Kubeconfig> {
-        self.0.config().await
     }
 }
 
@@ -227,7 +201,7 @@ impl Members {
     /// [`CLUSTER_NAME_LABEL`]`=<cluster>`, named `<cluster>-kubeconfig`,
     /// the kubeconfig under key [`KUBECONFIG_KEY`]. The member is the
     /// cluster, with the Secret's labels; each is read with
-    /// [`SecretKubeconfig`] (its trust rules, its finalizer).
+    /// [`SecretKubeconfig`](provisioners_remote::SecretKubeconfig) (its trust rules, its finalizer).
     ///
     /// Cluster API's other Secrets of a cluster (type
     /// [`CLUSTER_API_SECRET_TYPE`]: `-ca`, `-etcd`, `-sa`, `-proxy`) are

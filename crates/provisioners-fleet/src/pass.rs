@@ -118,13 +118,13 @@ fn claim_secrets(cx: &Context, members: &[Member], records: &[Option<Record>]) {
         let gone = record
             .as_ref()
             .is_some_and(|r| matches!(r.state, MemberState::Gone | MemberState::Abandoned));
-        if let Some((namespace, name)) = member.secret_ref().filter(|_| !gone) {
+        if let Some(secret) = member.secret().filter(|_| !gone) {
             let path = format!("{}/{}", cx.path(), member.name());
             claims.claim(
                 &owner,
                 ClaimedSecret {
-                    namespace: namespace.to_owned(),
-                    name: name.to_owned(),
+                    namespace: secret.namespace().to_owned(),
+                    name: secret.name().to_owned(),
                     finalizer: kubeconfig_finalizer(&owner, &path),
                 },
             );
@@ -248,7 +248,7 @@ pub(crate) async fn provision(fleet: &Fleet, cx: &Context) -> Result<()> {
         cx,
         members: &members,
         waves: &waves,
-        in_flight: settings.max_in_flight,
+        in_flight: settings.concurrency,
         operation: Operation::Provision,
     };
     rounds
@@ -338,7 +338,7 @@ pub(crate) async fn deprovision(fleet: &Fleet, cx: &Context) -> Result<()> {
         cx,
         members: &members,
         waves: &waves,
-        in_flight: settings.max_in_flight,
+        in_flight: settings.concurrency,
         operation: Operation::Deprovision,
     };
     rounds
@@ -360,4 +360,47 @@ pub(crate) async fn deprovision(fleet: &Fleet, cx: &Context) -> Result<()> {
     let summary = with_departing(removal.summary(&names(&members)), &left);
     Err(Error::yielding(summary)
         .waiting_on(Waiting::new("deprovision").object(format!("fleet {}", cx.path()))))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::SystemTime;
+
+    use provisioners_client::kubeconfig::KubeconfigClaims;
+    use provisioners_core::Context;
+    use provisioners_remote::{SecretKubeconfig, StaticKubeconfig};
+
+    use super::claim_secrets;
+    use crate::member::Member;
+    use crate::record::{MemberState, Record};
+
+    #[tokio::test]
+    async fn every_member_whose_remote_names_a_secret_is_claimed_listed_or_not_unless_gone() {
+        let cx = Context::offline();
+        let members = [
+            // Given in a list, not listed from Secrets: claimed all the same.
+            Member::new(
+                "listed",
+                SecretKubeconfig::new(cx.client().clone(), "clusters", "a-kubeconfig"),
+            ),
+            Member::new(
+                "gone",
+                SecretKubeconfig::new(cx.client().clone(), "clusters", "b-kubeconfig"),
+            ),
+            Member::new(
+                "static",
+                StaticKubeconfig::new("static", kube::config::Kubeconfig::default()),
+            ),
+        ];
+        let gone = Record::new("d", MemberState::Gone, SystemTime::now(), 0);
+        claim_secrets(&cx, &members, &[None, Some(gone), None]);
+
+        let claims = cx.cluster().shared_state::<KubeconfigClaims>();
+        let claimed: Vec<String> = claims
+            .take(&cx.owner_identity())
+            .into_iter()
+            .map(|c| format!("{}/{}", c.namespace, c.name))
+            .collect();
+        assert_eq!(claimed, ["clusters/a-kubeconfig"]);
+    }
 }

@@ -99,7 +99,7 @@ pub(crate) async fn plan(fleet: &Fleet, cx: &Context, operation: Operation) -> R
             changing.len() - detailed.len()
         ));
     }
-    Ok(Plan::new(fleet.name(), operation, "fleet")
-        .with_note(note)
-        .with_children(plans.into_iter().map(|(_, plan)| plan)))
+    let mut node = Plan::new(fleet.name(), operation, "fleet").with_note(note);
+    node.extend(plans.into_iter().map(|(_, plan)| plan));
+    Ok(node)
 }

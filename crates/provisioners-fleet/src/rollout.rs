@@ -26,7 +26,7 @@ impl Budget {
 }
 
 /// The default number of members in flight at once.
-pub const DEFAULT_MAX_IN_FLIGHT: usize = 5;
+pub const DEFAULT_CONCURRENCY: usize = 5;
 /// The default wave size.
 pub const DEFAULT_WAVE_SIZE: usize = 10;
 /// The default time a member may keep yielding before it counts as failed.
@@ -55,7 +55,7 @@ enum Waves {
 /// member done, or failed within the budget) and has soaked.
 ///
 /// Defaults: members by name, waves of [`DEFAULT_WAVE_SIZE`], at most
-/// [`DEFAULT_MAX_IN_FLIGHT`] in flight, a budget of no failures, a progress
+/// [`DEFAULT_CONCURRENCY`] in flight, a budget of no failures, a progress
 /// timeout of [`DEFAULT_PROGRESS_TIMEOUT`], no soak.
 ///
 /// ```
@@ -66,10 +66,10 @@ enum Waves {
 ///     .canaries(["dev-1"])
 ///     .order_by_label("fleet.example.com/ring")
 ///     .wave_size(20)
-///     .max_in_flight(10)
+///     .concurrency(10)
 ///     .budget(Budget::Percent(5))
 ///     .progress_timeout(Duration::from_secs(300))
-///     .soak(Duration::from_secs(600));
+///     .next_wave_after(Duration::from_secs(600));
 /// # let _ = rollout;
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -79,7 +79,7 @@ pub struct Rollout {
     canary_names: Vec<String>,
     canary_label: Option<(String, String)>,
     waves: Waves,
-    pub(crate) max_in_flight: usize,
+    pub(crate) concurrency: usize,
     pub(crate) budget: Budget,
     pub(crate) progress_timeout: Duration,
     pub(crate) soak: Duration,
@@ -99,7 +99,7 @@ impl Rollout {
             canary_names: Vec::new(),
             canary_label: None,
             waves: Waves::Size(DEFAULT_WAVE_SIZE),
-            max_in_flight: DEFAULT_MAX_IN_FLIGHT,
+            concurrency: DEFAULT_CONCURRENCY,
             budget: Budget::Count(0),
             progress_timeout: DEFAULT_PROGRESS_TIMEOUT,
             soak: Duration::ZERO,
@@ -150,8 +150,8 @@ impl Rollout {
     }
 
     /// At most `n` members in flight at once (at least 1).
-    pub fn max_in_flight(mut self, n: usize) -> Self {
-        self.max_in_flight = n.max(1);
+    pub fn concurrency(mut self, n: usize) -> Self {
+        self.concurrency = n.max(1);
         self
     }
 
@@ -168,8 +168,9 @@ impl Rollout {
         self
     }
 
-    /// How long a complete wave must stay healthy before the next starts.
-    pub fn soak(mut self, soak: Duration) -> Self {
+    /// How long a complete wave must stay healthy before the next starts
+    /// (the soak; default none).
+    pub fn next_wave_after(mut self, soak: Duration) -> Self {
         self.soak = soak;
         self
     }

@@ -10,7 +10,7 @@ use crate::record::{MemberState, Record};
 /// The rollout's limits for one pass, resolved for the fleet's size.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Settings {
-    pub(crate) max_in_flight: usize,
+    pub(crate) concurrency: usize,
     pub(crate) budget: usize,
     pub(crate) progress_timeout: Duration,
     pub(crate) soak: Duration,
@@ -242,7 +242,7 @@ pub(crate) fn provision(
             }
         }
     }
-    let mut room = settings.max_in_flight.saturating_sub(pass.in_flight);
+    let mut room = settings.concurrency.saturating_sub(pass.in_flight);
     let starts = (0..statuses.len())
         .filter(|&p| waves[p] == wave && statuses[p] == Status::Pending)
         .chain((0..statuses.len()).filter(|&p| statuses[p] == Status::Due));

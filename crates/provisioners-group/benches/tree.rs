@@ -26,7 +26,7 @@ struct Case {
 fn flat_serial() -> Case {
     let mut group = Serial::new("root");
     for i in 0..LEAVES {
-        group.push(Noop::new(format!("leaf-{i}")));
+        group = group.with(Noop::new(format!("leaf-{i}")));
     }
     Case {
         name: "flat serial",
@@ -38,7 +38,7 @@ fn flat_serial() -> Case {
 fn flat_concurrent() -> Case {
     let mut group = Concurrent::new("root");
     for i in 0..LEAVES {
-        group.push(Noop::new(format!("leaf-{i}")));
+        group = group.with(Noop::new(format!("leaf-{i}")));
     }
     Case {
         name: "flat concurrent",

@@ -51,14 +51,10 @@ impl Concurrent {
     }
 
     /// Adds `child`.
+    /// Many at once: [`Extend`], or `From<(name, children)>`.
     pub fn with(mut self, child: impl Provisioner + 'static) -> Self {
-        self.push(child);
-        self
-    }
-
-    /// Adds `child`.
-    pub fn push(&mut self, child: impl Provisioner + 'static) {
         self.children.push(Box::new(child));
+        self
     }
 
     /// Runs at most `n` children at once; the next starts as soon as one
@@ -182,7 +178,7 @@ impl Provisioner for Concurrent {
         let mut errors = Vec::new();
         for (_, result) in plans {
             match result {
-                Ok(child) => plan = plan.with_child(child),
+                Ok(child) => plan = plan.with(child),
                 Err(error) => errors.push(error),
             }
         }

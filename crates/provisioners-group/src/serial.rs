@@ -44,14 +44,10 @@ impl Serial {
     }
 
     /// Adds `child` after the existing children.
+    /// Many at once: [`Extend`], or `From<(name, children)>`.
     pub fn with(mut self, child: impl Provisioner + 'static) -> Self {
-        self.push(child);
-        self
-    }
-
-    /// Adds `child` after the existing children.
-    pub fn push(&mut self, child: impl Provisioner + 'static) {
         self.children.push(Box::new(child));
+        self
     }
 
     /// The children, in provisioning order.
@@ -115,7 +111,7 @@ impl Provisioner for Serial {
             Operation::Deprovision => Box::new(self.children.iter().rev()),
         };
         for child in children {
-            plan = plan.with_child(cx.plan_operation(child, operation).await?);
+            plan = plan.with(cx.plan_operation(child, operation).await?);
         }
         Ok(plan)
     }

@@ -128,7 +128,7 @@ async fn concurrent_children_really_overlap() {
     let recorder = Recorder::new();
     let mut group = Concurrent::new("c");
     for name in ["a", "b", "c", "d"] {
-        group.push(ok(name, &recorder).on_provision([Step::delay(2 * SECOND)]));
+        group = group.with(ok(name, &recorder).on_provision([Step::delay(2 * SECOND)]));
     }
     let started = tokio::time::Instant::now();
     Context::offline().provision(&group).await.unwrap();
@@ -151,7 +151,7 @@ async fn concurrent_limit_bounds_the_children_in_flight() {
         for i in 0..10u64 {
             // Uneven durations, so that slots free up out of order.
             let delay = Duration::from_millis(100 * (1 + i % 3));
-            group.push(ok("n", &recorder).on_provision([Step::delay(delay)]));
+            group = group.with(ok("n", &recorder).on_provision([Step::delay(delay)]));
         }
         Context::offline().provision(&group).await.unwrap();
         assert_eq!(recorder.count("n", Operation::Provision), 10);
@@ -165,7 +165,8 @@ async fn concurrent_limit_holds_on_a_multi_threaded_runtime_in_real_time() {
     let recorder = Recorder::new();
     let mut group = Concurrent::new("c").concurrency(3);
     for _ in 0..20 {
-        group.push(ok("n", &recorder).on_provision([Step::delay(Duration::from_millis(20))]));
+        group =
+            group.with(ok("n", &recorder).on_provision([Step::delay(Duration::from_millis(20))]));
     }
     Context::offline().provision(&group).await.unwrap();
     assert_eq!(recorder.max_in_flight(), 3);

@@ -106,7 +106,7 @@ fn group(helm: &Path, namespace: &str, releases: usize, checked: bool) -> Concur
             .namespace(namespace)
             .helm(helm)
             .set("greeting", format!("hello {i}"));
-        group.push(if checked {
+        group = group.with(if checked {
             release.ready_timeout(WAIT)
         } else {
             release.drift(DriftPolicy::Ignore)

@@ -9,7 +9,7 @@
 //!
 //! A remote takes its child's name and adds no path segment, as a
 //! `Conditional` does: moving `addons` to another cluster keeps its path
-//! `platform/addons`. [`RemoteTarget::named`] gives it a segment of its own.
+//! `platform/addons`. [`RemoteClusterProvisioner::named`] gives it a segment of its own.
 //!
 //! The remote's `Cluster` is built once per kubeconfig and kept (in the
 //! parent cluster's [state](provisioners_core::Cluster::state)): requests
@@ -18,7 +18,8 @@
 //! the next. A changed kubeconfig (a rotated token) is a new `Cluster`.
 //!
 //! While a subtree is provisioned on a cluster whose kubeconfig comes from a
-//! [`SecretKubeconfig`], the Secret carries a finalizer of ours
+//! Secret (a remote that names it with [`RemoteCluster::secret`], as
+//! [`SecretKubeconfig`] does), the Secret carries a finalizer of ours
 //! (`provisioners.dev/kubeconfig-<digest of owner and node path>`), removed
 //! after the subtree's deprovision, as Kubernetes protects a PVC in use:
 //! deleting the Secret's namespace (with the owner in it) first does not
@@ -55,7 +56,8 @@
 //!
 //! A remote [plans](provisioners_core::Context::plan) its child on the
 //! remote cluster, through the same context provision would use, and marks
-//! the plan with the cluster's id; planning reads the kubeconfig but adds no
+//! the plan with the cluster's id; planning reads the kubeconfig
+//! ([`RemoteCluster::read_config`], as provision does) but adds no
 //! finalizer. A kubeconfig that is missing (the Secret or its key absent,
 //! a value that is not a kubeconfig) plans as unknown, naming the Secret
 //! and key; a remote that cannot be reached fails the plan, as it fails
@@ -78,9 +80,8 @@
 //! // The kubeconfig of a workload cluster, in Secret `clusters/tenant-a`, key `kubeconfig`,
 //! // read through the context's client (and its client policy).
 //! let remote = SecretKubeconfig::new(cx.client().clone(), "clusters", "tenant-a");
-//! let tree = RemoteClusterProvisioner::new(remote)
-//!     .background_deletion(true) // a throwaway cluster: do not wait on its contents
-//!     .provision_on(Noop::new("addons"));
+//! let tree = RemoteClusterProvisioner::new(remote, Noop::new("addons"))
+//!     .background_deletion(true); // a throwaway cluster: do not wait on its contents
 //! assert_eq!(tree.name(), "addons"); // the child's name: no extra path segment
 //!
 //! cx.provision(&tree).await?;
@@ -91,6 +92,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod clusters;
+mod guard;
 mod report;
 mod secret;
 mod service_range;
@@ -98,7 +100,6 @@ mod static_kubeconfig;
 mod trust;
 mod unreachable;
 
-use std::any::Any;
 use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
@@ -112,12 +113,12 @@ use provisioners_client::kubeconfig::{
     KubeconfigClaims, kubeconfig_finalizer, kubeconfig_finalizer_prefix, kubeconfig_owner_label,
 };
 use provisioners_core::{
-    Context, Error, ErrorKind, Metadata, Operation, Plan, Provisioner, RemoteCluster, Result,
-    Waiting, async_trait,
+    Context, Error, ErrorKind, KubeconfigRead, Metadata, Operation, Plan, Provisioner,
+    RemoteCluster, Result, Waiting, async_trait,
 };
 
 use crate::clusters::RemoteClusters;
-use crate::secret::{Missing, Protection, Read};
+use crate::guard::{Protection, SecretGuard};
 pub use report::ABANDONED_REASON;
 pub use secret::SecretKubeconfig;
 pub use static_kubeconfig::StaticKubeconfig;
@@ -126,11 +127,11 @@ pub use unreachable::{UNREACHABLE_SINCE_ANNOTATION, UnreachablePolicy};
 
 /// Runs a child provisioner against the cluster a [`RemoteCluster`] describes.
 ///
-/// Built with [`RemoteClusterProvisioner::new`] and
-/// [`RemoteTarget::provision_on`]. Like a `Conditional`, it takes its
-/// child's name and adds no segment to paths: `platform/addons` stays
-/// `platform/addons` when it moves to another cluster.
-/// [`RemoteTarget::named`] makes it a node of its own (`platform/tenant-a/addons`).
+/// Built with [`RemoteClusterProvisioner::new`]`(remote, child)`. Like a
+/// `Conditional`, it takes its child's name and adds no segment to paths:
+/// `platform/addons` stays `platform/addons` when it moves to another
+/// cluster. [`RemoteClusterProvisioner::named`] makes it a node of its own
+/// (`platform/tenant-a/addons`).
 ///
 /// The [`Cluster`](provisioners_core::Cluster) for the remote is
 /// [derived](provisioners_core::Cluster::derive) from the parent's (same
@@ -145,43 +146,51 @@ pub use unreachable::{UNREACHABLE_SINCE_ANNOTATION, UnreachablePolicy};
 pub struct RemoteClusterProvisioner {
     metadata: Option<Metadata>,
     remote: Arc<dyn RemoteCluster>,
-    /// The remote's Secret, when it is one: protected by a finalizer.
-    secret: Option<SecretKubeconfig>,
+    /// The remote's kubeconfig Secret, when it names one: protected by a
+    /// finalizer.
+    secret: Option<SecretGuard>,
     background_deletion: Option<bool>,
     when_unreachable: UnreachablePolicy,
     child: Box<dyn Provisioner>,
 }
 
-/// A remote cluster waiting for the subtree to run on it; see
-/// [`RemoteClusterProvisioner::new`].
-#[must_use]
-pub struct RemoteTarget {
-    metadata: Option<Metadata>,
-    remote: Arc<dyn RemoteCluster>,
-    secret: Option<SecretKubeconfig>,
-    background_deletion: Option<bool>,
-    when_unreachable: UnreachablePolicy,
-}
-
 impl RemoteClusterProvisioner {
-    /// Targets `remote`; finish with [`RemoteTarget::provision_on`].
-    #[allow(
-        clippy::new_ret_no_self,
-        reason = "reads as `new(remote).provision_on(child)`"
-    )]
-    pub fn new(remote: impl RemoteCluster + 'static) -> RemoteTarget {
-        // `RemoteCluster` (in core) has no notion of protecting its source;
-        // the one source we can protect is recognised here.
-        let secret = (&remote as &dyn Any)
-            .downcast_ref::<SecretKubeconfig>()
-            .cloned();
-        RemoteTarget {
+    /// Runs `child` on the cluster `remote` describes (as
+    /// `Conditional::new(condition, child)` runs it when switched on).
+    pub fn new(remote: impl RemoteCluster + 'static, child: impl Provisioner + 'static) -> Self {
+        let secret = SecretGuard::of(&remote);
+        RemoteClusterProvisioner {
             metadata: None,
             remote: Arc::new(remote),
             secret,
             background_deletion: None,
             when_unreachable: UnreachablePolicy::Wait,
+            child: Box::new(child),
         }
+    }
+
+    /// Makes the remote a node called `name`, with its child below it
+    /// (`name/child` in paths). Unnamed, it takes its child's name and adds
+    /// no segment.
+    pub fn named(mut self, name: impl Into<Cow<'static, str>>) -> Self {
+        self.metadata = Some(Metadata::new(name));
+        self
+    }
+
+    /// Deletes with background propagation on the remote cluster (or
+    /// foreground, with `false`), whatever the parent context says. For a
+    /// throwaway cluster that is about to be deleted, waiting for its
+    /// contents to be finalized is wasted time.
+    pub fn background_deletion(mut self, background: bool) -> Self {
+        self.background_deletion = Some(background);
+        self
+    }
+
+    /// What to do when the cluster does not answer; see [`UnreachablePolicy`]
+    /// (default: wait).
+    pub fn unreachable(mut self, policy: UnreachablePolicy) -> Self {
+        self.when_unreachable = policy;
+        self
     }
 
     /// The remote cluster.
@@ -221,7 +230,7 @@ impl RemoteClusterProvisioner {
     ) -> Result<()> {
         if let Some(down) = unreachable::unreachable(remote.cluster()) {
             return self
-                .unreachable(cx, remote.cluster(), down, operation)
+                .on_unreachable(cx, remote.cluster(), down, operation)
                 .await;
         }
         if let Some(secret) = &self.secret {
@@ -246,7 +255,7 @@ impl RemoteClusterProvisioner {
     /// The pass against a cluster whose breaker is open: a prompt yield
     /// naming it, or (deprovisioning, past the grace or with its Secret
     /// being deleted) the subtree abandoned.
-    async fn unreachable(
+    async fn on_unreachable(
         &self,
         cx: &Context,
         remote: &provisioners_core::Cluster,
@@ -317,7 +326,7 @@ impl RemoteClusterProvisioner {
         tracing::warn!(
             path = %cx.path(),
             cluster = self.remote.id(),
-            secret = ?self.secret.as_ref().map(SecretKubeconfig::object),
+            secret = ?self.secret.as_ref().map(SecretGuard::object),
             since = %unreachable::format(since),
             failures = down.failures,
             "remote cluster abandoned ({why}): the subtree `{}` counts as deprovisioned and \
@@ -337,73 +346,15 @@ impl RemoteClusterProvisioner {
         Ok(())
     }
 
-    /// The remote's kubeconfig; a Secret's checked against a service range
-    /// learned from `cx`'s cluster (see [`TrustPolicy::service_range`]).
-    async fn config(&self, cx: &Context) -> Result<Kubeconfig> {
-        match &self.secret {
-            Some(secret) => secret.config_on(Some(cx.cluster())).await,
-            None => self.remote.config().await,
-        }
-    }
-
-    /// The remote's kubeconfig as planning sees it: read as provision reads
-    /// it (the same Secret read and trust rules), with what is missing
-    /// told apart from what fails.
-    async fn read_config(&self, cx: &Context) -> Result<Read> {
-        if let Some(secret) = &self.secret {
-            return secret.read_on(Some(cx.cluster())).await;
-        }
-        match self.remote.config().await {
-            Ok(kubeconfig) => Ok(Read::Kubeconfig(Box::new(kubeconfig))),
-            Err(error) if error.kind() == ErrorKind::NotFound => Ok(Read::Missing(Missing {
-                gone: true,
-                reason: error.message().to_owned(),
-            })),
-            Err(error) => Err(error),
-        }
+    /// The remote's kubeconfig for a tree on `cx`'s cluster, or what is
+    /// missing: provision, deprovision and plan read it alike.
+    async fn read_config(&self, cx: &Context) -> Result<KubeconfigRead> {
+        self.remote.read_config(cx.cluster()).await
     }
 
     /// This node's own plan node, on the remote cluster.
     fn node(&self, operation: Operation) -> Plan {
         Plan::new(self.name(), operation, "remote").with_cluster(self.remote.id())
-    }
-}
-
-impl RemoteTarget {
-    /// Makes the remote a node called `name`, with its child below it
-    /// (`name/child` in paths). Unnamed, it takes its child's name and adds
-    /// no segment.
-    pub fn named(mut self, name: impl Into<Cow<'static, str>>) -> Self {
-        self.metadata = Some(Metadata::new(name));
-        self
-    }
-
-    /// Deletes with background propagation on the remote cluster (or
-    /// foreground, with `false`), whatever the parent context says. For a
-    /// throwaway cluster that is about to be deleted, waiting for its
-    /// contents to be finalized is wasted time.
-    pub fn background_deletion(mut self, background: bool) -> Self {
-        self.background_deletion = Some(background);
-        self
-    }
-
-    /// What to do when the cluster does not answer; see [`UnreachablePolicy`]
-    /// (default: wait).
-    pub fn unreachable(mut self, policy: UnreachablePolicy) -> Self {
-        self.when_unreachable = policy;
-        self
-    }
-
-    /// Runs `child` on the remote cluster.
-    pub fn provision_on(self, child: impl Provisioner + 'static) -> RemoteClusterProvisioner {
-        RemoteClusterProvisioner {
-            metadata: self.metadata,
-            remote: self.remote,
-            secret: self.secret,
-            background_deletion: self.background_deletion,
-            when_unreachable: self.when_unreachable,
-            child: Box::new(child),
-        }
     }
 }
 
@@ -417,7 +368,7 @@ impl Provisioner for RemoteClusterProvisioner {
     }
 
     async fn provision(&self, cx: &Context) -> Result<()> {
-        let kubeconfig = self.config(cx).await?;
+        let kubeconfig = self.read_config(cx).await?.into_config()?;
         if let Some(secret) = &self.secret {
             let names = Names::of(cx);
             secret.protect_for(&names.protection()).await?;
@@ -428,7 +379,7 @@ impl Provisioner for RemoteClusterProvisioner {
         let remote = self.remote_context(cx, kubeconfig).await?;
         if let Some(down) = unreachable::unreachable_until_probe(remote.cluster()) {
             return self
-                .unreachable(cx, remote.cluster(), down, Operation::Provision)
+                .on_unreachable(cx, remote.cluster(), down, Operation::Provision)
                 .await;
         }
         // Unnamed, this node is its child's: the child runs in this node's
@@ -443,7 +394,7 @@ impl Provisioner for RemoteClusterProvisioner {
     }
 
     async fn deprovision(&self, cx: &Context) -> Result<()> {
-        let kubeconfig = match self.config(cx).await {
+        let kubeconfig = match self.read_config(cx).await?.into_config() {
             Ok(kubeconfig) => kubeconfig,
             Err(error) if error.kind() == ErrorKind::NotFound => {
                 // The cluster went away with its kubeconfig; its contents went with it.
@@ -459,7 +410,7 @@ impl Provisioner for RemoteClusterProvisioner {
         let remote = self.remote_context(cx, kubeconfig).await?;
         if let Some(down) = unreachable::unreachable_until_probe(remote.cluster()) {
             return self
-                .unreachable(cx, remote.cluster(), down, Operation::Deprovision)
+                .on_unreachable(cx, remote.cluster(), down, Operation::Deprovision)
                 .await;
         }
         let result = if self.metadata.is_some() {
@@ -490,24 +441,27 @@ impl Provisioner for RemoteClusterProvisioner {
     /// the plan, and its digest, change with every network blip.
     async fn plan(&self, cx: &Context, operation: Operation) -> Result<Plan> {
         let kubeconfig = match self.read_config(cx).await? {
-            Read::Kubeconfig(kubeconfig) => kubeconfig,
-            Read::Missing(Missing { gone: true, .. }) if operation == Operation::Deprovision => {
+            KubeconfigRead::Kubeconfig(kubeconfig) => kubeconfig,
+            KubeconfigRead::Missing(gone)
+                if gone.kind() == ErrorKind::NotFound && operation == Operation::Deprovision =>
+            {
                 return Ok(self
                     .node(operation)
                     .with_note("kubeconfig is gone: the subtree counts as deprovisioned"));
             }
-            Read::Missing(Missing { reason, .. }) => {
+            KubeconfigRead::Missing(missing) => {
                 return Ok(self.node(operation).with_unknown(format!(
-                    "{reason}; the subtree on this cluster cannot be planned until the \
+                    "{}; the subtree on this cluster cannot be planned until the \
                      kubeconfig is there (fix it, or wait for whatever creates the cluster \
-                     to write it)"
+                     to write it)",
+                    missing.message()
                 )));
             }
         };
         let remote = self.remote_context(cx, *kubeconfig).await?;
         if self.metadata.is_some() {
             let child = remote.plan_operation(&self.child, operation).await?;
-            return Ok(self.node(operation).with_child(child));
+            return Ok(self.node(operation).with(child));
         }
         let plan = self.child.plan(&remote, operation).await?;
         // A nested remote below already says which cluster it plans on.

@@ -4,19 +4,15 @@ use std::fmt;
 
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
-use kube::api::{Patch, PatchParams};
 use kube::config::Kubeconfig;
-use provisioners_core::{Error, RemoteCluster, Result, async_trait};
+use provisioners_core::{
+    Error, KubeconfigRead, KubeconfigSecret, RemoteCluster, Result, async_trait,
+};
 
 use crate::TrustPolicy;
-use crate::unreachable::UNREACHABLE_SINCE_ANNOTATION;
 
 /// The key under which Cluster API and most tools store a kubeconfig.
 const DEFAULT_KEY: &str = "kubeconfig";
-
-/// How many times a finalizer update that conflicts is redone before the
-/// node yields (the list is contended; the next pass tries again).
-const FINALIZER_ATTEMPTS: usize = 3;
 
 /// A remote cluster whose kubeconfig is read, at every use, from a key of a
 /// Secret (by default `kubeconfig`), through the given client.
@@ -118,234 +114,20 @@ impl SecretKubeconfig {
     /// remote's [`Cluster`](provisioners_core::Cluster) in logs and errors,
     /// unique among the clusters a tree talks to. Not a node name: a
     /// [`RemoteClusterProvisioner`](crate::RemoteClusterProvisioner) takes
-    /// its child's name or [its own](crate::RemoteTarget::named).
+    /// its child's name or [its own](crate::RemoteClusterProvisioner::named).
     pub fn cluster_id(mut self, id: impl Into<String>) -> Self {
         self.id = id.into();
         self
     }
 
     fn describe(&self) -> String {
-        format!(
-            "Secret {}/{} (kubeconfig of remote cluster `{}`)",
-            self.namespace, self.name, self.id
-        )
+        describe(&self.namespace, &self.name, &self.id)
     }
 }
 
-impl SecretKubeconfig {
-    /// Adds `finalizer` to the Secret, so that it outlives a deletion (of
-    /// itself or its namespace) until the subtree that reads it is
-    /// deprovisioned. A Secret already being deleted cannot gain one: it is
-    /// left as it is.
-    #[cfg(test)]
-    pub(crate) async fn protect(&self, finalizer: &str) -> Result<()> {
-        self.set_finalizer(&Protection::bare(finalizer), true).await
-    }
-
-    /// Removes `finalizer` from the Secret, if it is still there.
-    #[cfg(test)]
-    pub(crate) async fn release(&self, finalizer: &str) -> Result<()> {
-        self.set_finalizer(&Protection::bare(finalizer), false)
-            .await
-    }
-
-    /// Adds the finalizer of `protection`, with its owner's label, and
-    /// removes its legacy name.
-    pub(crate) async fn protect_for(&self, protection: &Protection<'_>) -> Result<()> {
-        self.set_finalizer(protection, true).await
-    }
-
-    /// Removes the finalizer of `protection` (and its legacy name), and the
-    /// owner's label once no finalizer of the owner is left.
-    pub(crate) async fn release_for(&self, protection: &Protection<'_>) -> Result<()> {
-        self.set_finalizer(protection, false).await
-    }
-
-    async fn set_finalizer(&self, protection: &Protection<'_>, present: bool) -> Result<()> {
-        let finalizer = protection.finalizer;
-        let secrets: Api<Secret> = Api::namespaced(self.client.clone(), &self.namespace);
-        // A conflict means someone else changed the list meanwhile: read it
-        // again and redo the change. That is a step of this logic, not a
-        // transport retry (the client policy does those, for 409 never).
-        for _ in 0..FINALIZER_ATTEMPTS {
-            let Some(secret) = secrets
-                .get_metadata_opt(&self.name)
-                .await
-                .map_err(|e| Error::kube(format_args!("reading {}", self.describe()), e))?
-            else {
-                return Ok(());
-            };
-            if present && secret.metadata.deletion_timestamp.is_some() {
-                return Ok(());
-            }
-            let before = secret.metadata.finalizers.clone().unwrap_or_default();
-            let mut finalizers = before.clone();
-            if let Some(legacy) = protection.legacy {
-                finalizers.retain(|f| f != legacy);
-            }
-            let has = finalizers.iter().any(|f| f == finalizer);
-            if present && !has {
-                finalizers.push(finalizer.to_owned());
-            } else if !present {
-                finalizers.retain(|f| f != finalizer);
-            }
-            let label = protection.label_change(&finalizers, secret.metadata.labels.as_ref());
-            if finalizers == before && label.is_none() {
-                return Ok(());
-            }
-            let mut patch = serde_json::json!({
-                "metadata": {
-                    "resourceVersion": secret.metadata.resource_version,
-                    "finalizers": finalizers,
-                }
-            });
-            if let Some((key, value)) = label {
-                patch["metadata"]["labels"] = serde_json::json!({ key: value });
-            }
-            // Metadata in, metadata out: the answer does not carry the kubeconfig again.
-            match secrets
-                .patch_metadata(&self.name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await
-            {
-                Ok(_) => return Ok(()),
-                Err(kube::Error::Api(status)) if status.code == 409 => continue,
-                Err(kube::Error::Api(status)) if status.code == 404 => return Ok(()),
-                Err(e) => {
-                    return Err(Error::kube(
-                        format_args!("updating the finalizers of {}", self.describe()),
-                        e,
-                    ));
-                }
-            }
-        }
-        Err(Error::yielding(format!(
-            "the finalizers of {} keep changing; trying again later",
-            self.describe()
-        )))
-    }
-}
-
-/// A node's finalizer on a kubeconfig Secret and the owner's record kept
-/// with it (see [`provisioners_client::kubeconfig::KubeconfigClaims`]).
-pub(crate) struct Protection<'a> {
-    /// The node's finalizer.
-    pub(crate) finalizer: &'a str,
-    /// The name the same node's finalizer had before, removed on sight.
-    pub(crate) legacy: Option<&'a str>,
-    /// The owner's label and finalizer prefix.
-    pub(crate) owner: Option<(&'a str, &'a str)>,
-}
-
-impl<'a> Protection<'a> {
-    #[cfg(test)]
-    fn bare(finalizer: &'a str) -> Self {
-        Protection {
-            finalizer,
-            legacy: None,
-            owner: None,
-        }
-    }
-
-    /// The owner's label to set (`Some(value)`) or remove (`None` value)
-    /// for a Secret that will carry `finalizers`; `None` when it is right.
-    fn label_change(
-        &self,
-        finalizers: &[String],
-        labels: Option<&std::collections::BTreeMap<String, String>>,
-    ) -> Option<(String, Option<&'static str>)> {
-        let (label, prefix) = self.owner?;
-        let ours = finalizers.iter().any(|f| f.starts_with(prefix));
-        let labelled = labels.is_some_and(|l| l.contains_key(label));
-        match (ours, labelled) {
-            (true, false) => Some((label.to_owned(), Some("protected"))),
-            (false, true) => Some((label.to_owned(), None)),
-            _ => None,
-        }
-    }
-}
-
-/// What a kubeconfig Secret's metadata says about its cluster going away.
-pub(crate) struct Mark {
-    /// The Secret is being deleted (held by a finalizer).
-    pub(crate) deleting: bool,
-    /// The value of [`UNREACHABLE_SINCE_ANNOTATION`], if set.
-    pub(crate) since: Option<String>,
-}
-
-impl SecretKubeconfig {
-    /// The Secret's deletion state and unreachable mark; `None` when the
-    /// Secret is gone. Reads metadata only: never the kubeconfig.
-    pub(crate) async fn mark(&self) -> Result<Option<Mark>> {
-        let secrets: Api<Secret> = Api::namespaced(self.client.clone(), &self.namespace);
-        let secret = secrets
-            .get_metadata_opt(&self.name)
-            .await
-            .map_err(|e| Error::kube(format_args!("reading {}", self.describe()), e))?;
-        Ok(secret.map(|secret| Mark {
-            deleting: secret.metadata.deletion_timestamp.is_some(),
-            since: secret
-                .metadata
-                .annotations
-                .and_then(|mut a| a.remove(UNREACHABLE_SINCE_ANNOTATION)),
-        }))
-    }
-
-    /// Sets (or with `None` removes) the unreachable mark. A Secret that is
-    /// gone needs none.
-    pub(crate) async fn set_mark(&self, since: Option<&str>) -> Result<()> {
-        let secrets: Api<Secret> = Api::namespaced(self.client.clone(), &self.namespace);
-        let patch = serde_json::json!({
-            "metadata": { "annotations": { UNREACHABLE_SINCE_ANNOTATION: since } }
-        });
-        match secrets
-            .patch_metadata(&self.name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
-            Ok(_) => Ok(()),
-            Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
-            Err(e) => Err(Error::kube(
-                format_args!("updating the unreachable mark of {}", self.describe()),
-                e,
-            )),
-        }
-    }
-
-    /// This Secret protected with `finalizer`, for the owner's claims.
-    pub(crate) fn claimed(
-        &self,
-        finalizer: &str,
-    ) -> provisioners_client::kubeconfig::ClaimedSecret {
-        provisioners_client::kubeconfig::ClaimedSecret {
-            namespace: self.namespace.clone(),
-            name: self.name.clone(),
-            finalizer: finalizer.to_owned(),
-        }
-    }
-
-    /// The Secret, for messages: `Secret ns/name`.
-    pub(crate) fn object(&self) -> String {
-        format!("Secret {}/{}", self.namespace, self.name)
-    }
-}
-
-/// What reading the Secret found: a usable kubeconfig, or why there is none
-/// (yet). A kubeconfig refused by the trust rules is neither: it is an
-/// error, as it would be for provisioning.
-pub(crate) enum Read {
-    /// The kubeconfig, checked against the trust rules.
-    Kubeconfig(Box<Kubeconfig>),
-    /// There is no usable kubeconfig; see [`Missing`].
-    Missing(Missing),
-}
-
-/// Why a Secret holds no usable kubeconfig. The reason names the Secret and
-/// the key, never their content.
-pub(crate) struct Missing {
-    /// The Secret does not exist (not merely lacks the key): during
-    /// deprovision, the cluster went away with it.
-    pub(crate) gone: bool,
-    /// What is missing, naming the Secret and key.
-    pub(crate) reason: String,
+/// A kubeconfig Secret, for messages: it, and the remote it is the kubeconfig of.
+pub(crate) fn describe(namespace: &str, name: &str, id: &str) -> String {
+    format!("Secret {namespace}/{name} (kubeconfig of remote cluster `{id}`)")
 }
 
 impl SecretKubeconfig {
@@ -359,12 +141,20 @@ impl SecretKubeconfig {
     /// The service range the trust policy denies is learned from the
     /// cluster set with [`service_range_of`](Self::service_range_of), else
     /// from `cluster`.
-    pub(crate) async fn read_on(
+    async fn read_on(
         &self,
         cluster: Option<&provisioners_core::Cluster>,
-    ) -> Result<Read> {
+    ) -> Result<KubeconfigRead> {
         let secrets: Api<Secret> = Api::namespaced(self.client.clone(), &self.namespace);
-        let missing = |gone, reason| Ok(Read::Missing(Missing { gone, reason }));
+        // Gone: the cluster went away with its Secret; else the Secret is
+        // there without a usable kubeconfig (not yet, or broken).
+        let missing = |gone: bool, reason: String| {
+            Ok(KubeconfigRead::Missing(if gone {
+                Error::not_found(reason)
+            } else {
+                Error::invalid(reason)
+            }))
+        };
         let Some(secret) = secrets
             .get_opt(&self.name)
             .await
@@ -432,7 +222,7 @@ impl SecretKubeconfig {
         self.trust
             .check(&kubeconfig, &self.describe(), learned)
             .await?;
-        Ok(Read::Kubeconfig(Box::new(kubeconfig)))
+        Ok(KubeconfigRead::Kubeconfig(Box::new(kubeconfig)))
     }
 }
 
@@ -442,26 +232,29 @@ impl RemoteCluster for SecretKubeconfig {
         &self.id
     }
 
+    /// The kubeconfig, the service range learned from the cluster set
+    /// with [`service_range_of`](Self::service_range_of), if any.
     async fn config(&self) -> Result<Kubeconfig> {
-        self.config_on(None).await
+        self.read_on(None).await?.into_config()
     }
-}
 
-impl SecretKubeconfig {
-    /// [`RemoteCluster::config`], learning the service range as
-    /// [`read_on`](Self::read_on) does.
-    pub(crate) async fn config_on(
-        &self,
-        cluster: Option<&provisioners_core::Cluster>,
-    ) -> Result<Kubeconfig> {
-        match self.read_on(cluster).await? {
-            Read::Kubeconfig(kubeconfig) => Ok(*kubeconfig),
-            Read::Missing(Missing { gone: true, reason }) => Err(Error::not_found(reason)),
-            Read::Missing(Missing {
-                gone: false,
-                reason,
-            }) => Err(Error::invalid(reason)),
-        }
+    fn secret(&self) -> Option<KubeconfigSecret> {
+        Some(KubeconfigSecret::new(
+            self.client.clone(),
+            &self.namespace,
+            &self.name,
+        ))
+    }
+
+    /// The kubeconfig, or what is missing: the Secret (gone,
+    /// [`ErrorKind::NotFound`](provisioners_core::ErrorKind::NotFound)),
+    /// its key, or a kubeconfig in it
+    /// ([`ErrorKind::Invalid`](provisioners_core::ErrorKind::Invalid)). The
+    /// service range the trust policy denies is learned from the cluster
+    /// set with [`service_range_of`](Self::service_range_of), else from
+    /// `parent`.
+    async fn read_config(&self, parent: &provisioners_core::Cluster) -> Result<KubeconfigRead> {
+        self.read_on(Some(parent)).await
     }
 }
 

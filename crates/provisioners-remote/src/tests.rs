@@ -95,12 +95,11 @@ impl RemoteCluster for Gone {
 #[tokio::test]
 async fn the_child_runs_with_a_context_for_the_remote() {
     let probe = Probe::default();
-    let tree = RemoteClusterProvisioner::new(StaticKubeconfig::new(
-        "tenant-a",
-        kubeconfig("https://127.0.0.1:1"),
-    ))
-    .background_deletion(true)
-    .provision_on(probe.clone());
+    let tree = RemoteClusterProvisioner::new(
+        StaticKubeconfig::new("tenant-a", kubeconfig("https://127.0.0.1:1")),
+        probe.clone(),
+    )
+    .background_deletion(true);
     // A remote takes its child's name: no segment of its own.
     assert_eq!(tree.name(), "probe");
     let cx = Context::offline();
@@ -121,17 +120,15 @@ async fn the_child_runs_with_a_context_for_the_remote() {
 #[tokio::test]
 async fn remotes_nest() {
     let probe = Probe::default();
-    let inner = RemoteClusterProvisioner::new(StaticKubeconfig::new(
-        "inner",
-        kubeconfig("https://127.0.0.2:1"),
-    ))
-    .provision_on(probe.clone());
-    let outer = RemoteClusterProvisioner::new(StaticKubeconfig::new(
-        "outer",
-        kubeconfig("https://127.0.0.1:1"),
-    ))
-    .named("workload")
-    .provision_on(inner);
+    let inner = RemoteClusterProvisioner::new(
+        StaticKubeconfig::new("inner", kubeconfig("https://127.0.0.2:1")),
+        probe.clone(),
+    );
+    let outer = RemoteClusterProvisioner::new(
+        StaticKubeconfig::new("outer", kubeconfig("https://127.0.0.1:1")),
+        inner,
+    )
+    .named("workload");
 
     Context::offline().provision(&outer).await.unwrap();
     assert_eq!(
@@ -143,7 +140,7 @@ async fn remotes_nest() {
 #[tokio::test]
 async fn a_remote_whose_kubeconfig_is_gone_counts_as_deprovisioned() {
     let recorder = Recorder::new();
-    let tree = RemoteClusterProvisioner::new(Gone).provision_on(Scripted::new("child", &recorder));
+    let tree = RemoteClusterProvisioner::new(Gone, Scripted::new("child", &recorder));
     let cx = Context::offline();
 
     cx.deprovision(&tree).await.unwrap();
@@ -165,8 +162,10 @@ async fn an_unusable_kubeconfig_is_invalid_and_names_the_remote() {
         current_context: Some("missing".into()),
         ..Kubeconfig::default()
     };
-    let tree = RemoteClusterProvisioner::new(StaticKubeconfig::new("broken", broken))
-        .provision_on(Scripted::new("child", &recorder));
+    let tree = RemoteClusterProvisioner::new(
+        StaticKubeconfig::new("broken", broken),
+        Scripted::new("child", &recorder),
+    );
     let error = Context::offline().provision(&tree).await.unwrap_err();
     assert_eq!(error.kind(), ErrorKind::Invalid);
     assert!(
@@ -183,16 +182,15 @@ async fn a_remote_takes_its_childs_name_whatever_its_id() {
     let cx = Context::offline();
     let remote = SecretKubeconfig::new(cx.client().clone(), "clusters", "tenant-a.kubeconfig");
     assert_eq!(RemoteCluster::id(&remote), "clusters.tenant-a.kubeconfig");
-    let tree = RemoteClusterProvisioner::new(remote).provision_on(Probe::default());
+    let tree = RemoteClusterProvisioner::new(remote, Probe::default());
     assert_eq!(tree.name(), "probe");
 
     // The id is the cluster's, not a node name: a `/` in it is fine.
     let probe = Probe::default();
-    let tree = RemoteClusterProvisioner::new(StaticKubeconfig::new(
-        "clusters/tenant-a",
-        kubeconfig("https://127.0.0.1:1"),
-    ))
-    .provision_on(probe.clone());
+    let tree = RemoteClusterProvisioner::new(
+        StaticKubeconfig::new("clusters/tenant-a", kubeconfig("https://127.0.0.1:1")),
+        probe.clone(),
+    );
     cx.provision(&tree).await.unwrap();
     assert_eq!(
         *probe.0.lock().unwrap(),
@@ -203,12 +201,11 @@ async fn a_remote_takes_its_childs_name_whatever_its_id() {
 #[tokio::test]
 async fn a_node_name_with_a_slash_is_invalid_and_named() {
     let recorder = Recorder::new();
-    let tree = RemoteClusterProvisioner::new(StaticKubeconfig::new(
-        "tenant-a",
-        kubeconfig("https://127.0.0.1:1"),
-    ))
-    .named("clusters/tenant-a")
-    .provision_on(Scripted::new("child", &recorder));
+    let tree = RemoteClusterProvisioner::new(
+        StaticKubeconfig::new("tenant-a", kubeconfig("https://127.0.0.1:1")),
+        Scripted::new("child", &recorder),
+    )
+    .named("clusters/tenant-a");
     let parent = Parent(tree);
     let cx = Context::offline();
     for error in [
@@ -227,11 +224,10 @@ async fn a_node_name_with_a_slash_is_invalid_and_named() {
     assert_eq!(recorder.calls().len(), 0);
 
     // An unnamed remote is checked under its child's name.
-    let unnamed = RemoteClusterProvisioner::new(StaticKubeconfig::new(
-        "tenant-a",
-        kubeconfig("https://127.0.0.1:1"),
-    ))
-    .provision_on(Scripted::new("a/b", &recorder));
+    let unnamed = RemoteClusterProvisioner::new(
+        StaticKubeconfig::new("tenant-a", kubeconfig("https://127.0.0.1:1")),
+        Scripted::new("a/b", &recorder),
+    );
     let error = cx.provision(&unnamed).await.unwrap_err();
     assert_eq!(error.kind(), ErrorKind::Invalid, "{error}");
     assert!(
@@ -244,12 +240,11 @@ async fn a_node_name_with_a_slash_is_invalid_and_named() {
 
     // Named with one segment, the same remote is fine.
     let probe = Probe::default();
-    let named = RemoteClusterProvisioner::new(StaticKubeconfig::new(
-        "tenant-a",
-        kubeconfig("https://127.0.0.1:1"),
-    ))
-    .named("tenant-a")
-    .provision_on(probe.clone());
+    let named = RemoteClusterProvisioner::new(
+        StaticKubeconfig::new("tenant-a", kubeconfig("https://127.0.0.1:1")),
+        probe.clone(),
+    )
+    .named("tenant-a");
     cx.provision(&named).await.unwrap();
     assert_eq!(
         *probe.0.lock().unwrap(),
@@ -284,8 +279,10 @@ async fn every_pass_reaches_a_remote_through_the_same_cluster_until_its_kubeconf
     let cx = Context::offline();
     let probe = StateProbe::default();
     let tree = |server: &str| {
-        RemoteClusterProvisioner::new(StaticKubeconfig::new("tenant-a", kubeconfig(server)))
-            .provision_on(probe.clone())
+        RemoteClusterProvisioner::new(
+            StaticKubeconfig::new("tenant-a", kubeconfig(server)),
+            probe.clone(),
+        )
     };
     // A tree is rebuilt on every reconcile: the cluster must not be.
     cx.provision(&tree("https://127.0.0.1:1")).await.unwrap();
@@ -337,11 +334,10 @@ impl Provisioner for PlanProbe {
 #[tokio::test]
 async fn the_child_plans_on_the_remote_cluster_named_or_not() {
     let cx = Context::offline();
-    let unnamed = RemoteClusterProvisioner::new(StaticKubeconfig::new(
-        "tenant-a",
-        kubeconfig("https://127.0.0.1:1"),
-    ))
-    .provision_on(PlanProbe);
+    let unnamed = RemoteClusterProvisioner::new(
+        StaticKubeconfig::new("tenant-a", kubeconfig("https://127.0.0.1:1")),
+        PlanProbe,
+    );
     for operation in [Operation::Provision, Operation::Deprovision] {
         let plan = cx.plan_operation(&unnamed, operation).await.unwrap();
         // The child's own node: no segment for the remote.
@@ -352,12 +348,11 @@ async fn the_child_plans_on_the_remote_cluster_named_or_not() {
         assert_eq!(plan.note(), Some("tenant-a probe"));
     }
 
-    let named = RemoteClusterProvisioner::new(StaticKubeconfig::new(
-        "tenant-a",
-        kubeconfig("https://127.0.0.1:1"),
-    ))
-    .named("workload")
-    .provision_on(PlanProbe);
+    let named = RemoteClusterProvisioner::new(
+        StaticKubeconfig::new("tenant-a", kubeconfig("https://127.0.0.1:1")),
+        PlanProbe,
+    )
+    .named("workload");
     let plan = cx.plan(&named).await.unwrap();
     assert_eq!((plan.name(), plan.kind()), ("workload", "remote"));
     assert_eq!(plan.cluster(), Some("tenant-a"));
@@ -372,16 +367,14 @@ async fn the_child_plans_on_the_remote_cluster_named_or_not() {
 
 #[tokio::test]
 async fn nested_remotes_plan_each_on_its_own_cluster() {
-    let inner = RemoteClusterProvisioner::new(StaticKubeconfig::new(
-        "inner",
-        kubeconfig("https://127.0.0.2:1"),
-    ))
-    .provision_on(PlanProbe);
-    let outer = RemoteClusterProvisioner::new(StaticKubeconfig::new(
-        "outer",
-        kubeconfig("https://127.0.0.1:1"),
-    ))
-    .provision_on(inner);
+    let inner = RemoteClusterProvisioner::new(
+        StaticKubeconfig::new("inner", kubeconfig("https://127.0.0.2:1")),
+        PlanProbe,
+    );
+    let outer = RemoteClusterProvisioner::new(
+        StaticKubeconfig::new("outer", kubeconfig("https://127.0.0.1:1")),
+        inner,
+    );
     let plan = Context::offline().plan(&outer).await.unwrap();
     assert_eq!(
         plan.cluster(),
@@ -394,7 +387,7 @@ async fn nested_remotes_plan_each_on_its_own_cluster() {
 #[tokio::test]
 async fn a_missing_kubeconfig_plans_as_unknown_and_to_deprovision_as_nothing_to_do() {
     let cx = Context::offline();
-    let tree = RemoteClusterProvisioner::new(Gone).provision_on(PlanProbe);
+    let tree = RemoteClusterProvisioner::new(Gone, PlanProbe);
     let plan = cx.plan(&tree).await.expect("unknown, not an error");
     assert_eq!((plan.name(), plan.kind()), ("probe", "remote"));
     assert_eq!(plan.cluster(), Some("gone"));
@@ -416,9 +409,7 @@ async fn a_missing_kubeconfig_plans_as_unknown_and_to_deprovision_as_nothing_to_
     assert!(!plan.has_changes(), "{plan}");
 
     // Named, the same: one node of the remote's own.
-    let named = RemoteClusterProvisioner::new(Gone)
-        .named("tenant")
-        .provision_on(PlanProbe);
+    let named = RemoteClusterProvisioner::new(Gone, PlanProbe).named("tenant");
     let plan = cx.plan(&named).await.unwrap();
     assert_eq!(plan.name(), "tenant");
     assert!(plan.children().is_empty());
@@ -431,8 +422,7 @@ async fn an_unusable_kubeconfig_fails_the_plan_as_it_fails_provision() {
         current_context: Some("missing".into()),
         ..Kubeconfig::default()
     };
-    let tree = RemoteClusterProvisioner::new(StaticKubeconfig::new("broken", broken))
-        .provision_on(PlanProbe);
+    let tree = RemoteClusterProvisioner::new(StaticKubeconfig::new("broken", broken), PlanProbe);
     let error = Context::offline().plan(&tree).await.unwrap_err();
     assert_eq!(error.kind(), ErrorKind::Invalid);
     assert!(
@@ -469,15 +459,112 @@ impl Provisioner for Reads {
 #[tokio::test]
 async fn an_unreachable_remote_fails_the_plan_as_provision_would_fail() {
     // Nothing listens on port 1: the remote cannot be reached.
-    let tree = RemoteClusterProvisioner::new(StaticKubeconfig::new(
-        "far",
-        kubeconfig("https://127.0.0.1:1"),
-    ))
-    .provision_on(Reads);
+    let tree = RemoteClusterProvisioner::new(
+        StaticKubeconfig::new("far", kubeconfig("https://127.0.0.1:1")),
+        Reads,
+    );
     let error = Context::offline().plan(&tree).await.unwrap_err();
     assert!(error.is_transient(), "the caller retries: {error}");
     assert!(
         error.to_string().starts_with("reads: reading kube-system"),
         "{error}"
     );
+}
+
+/// A remote of the user's own, reading its kubeconfig from Secret
+/// `clusters/custom` in its own way: `config` alone fails, to show that a
+/// remote node reads through `read_config`.
+struct CustomSecret(kube::Client, Option<Kubeconfig>);
+
+#[async_trait]
+impl RemoteCluster for CustomSecret {
+    fn id(&self) -> &str {
+        "custom"
+    }
+    async fn config(&self) -> Result<Kubeconfig> {
+        Err(Error::failed("read_config is the one a remote node calls"))
+    }
+    fn secret(&self) -> Option<provisioners_core::KubeconfigSecret> {
+        Some(provisioners_core::KubeconfigSecret::new(
+            self.0.clone(),
+            "clusters",
+            "custom",
+        ))
+    }
+    async fn read_config(
+        &self,
+        _: &provisioners_core::Cluster,
+    ) -> Result<provisioners_core::KubeconfigRead> {
+        Ok(match &self.1 {
+            Some(kubeconfig) => {
+                provisioners_core::KubeconfigRead::Kubeconfig(Box::new(kubeconfig.clone()))
+            }
+            None => provisioners_core::KubeconfigRead::Missing(Error::invalid(
+                "Secret clusters/custom has no key `value` yet",
+            )),
+        })
+    }
+}
+
+#[tokio::test]
+async fn any_remote_that_names_its_secret_gets_it_protected_without_being_a_secret_kubeconfig() {
+    use http::Method;
+    use serde_json::json;
+
+    const SECRET: &str = "/api/v1/namespaces/clusters/secrets/custom";
+    let metadata = |finalizers: &[&str]| {
+        json!({
+            "apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
+            "metadata": {
+                "name": "custom", "namespace": "clusters", "resourceVersion": "7",
+                "finalizers": finalizers,
+            }
+        })
+    };
+    let (cx, mut api) = provisioners_testing::mock::context();
+    let probe = Probe::default();
+    let remote = CustomSecret(cx.client().clone(), Some(kubeconfig("https://127.0.0.1:1")));
+    let tree = RemoteClusterProvisioner::new(remote, probe.clone());
+    let run = tokio::spawn(async move { cx.provision(&tree).await });
+
+    api.expect(Method::GET, SECRET, 200, metadata(&[])).await;
+    let patch = api
+        .expect(Method::PATCH, SECRET, 200, metadata(&["ours"]))
+        .await;
+    let finalizers = patch["metadata"]["finalizers"].as_array().unwrap();
+    assert_eq!(finalizers.len(), 1, "{patch}");
+    assert!(
+        finalizers[0]
+            .as_str()
+            .unwrap()
+            .starts_with("provisioners.dev/kubeconfig-"),
+        "{patch}"
+    );
+    // The child ran on the remote; then its unreachable mark is looked for once.
+    api.expect(Method::GET, SECRET, 200, metadata(&["ours"]))
+        .await;
+    run.await.unwrap().unwrap();
+    assert_eq!(
+        *probe.0.lock().unwrap(),
+        ["custom probe ns=team background=false"]
+    );
+}
+
+#[tokio::test]
+async fn a_remote_may_say_its_kubeconfig_is_missing_and_plans_as_unknown() {
+    let cx = Context::offline();
+    let tree = RemoteClusterProvisioner::new(CustomSecret(cx.client().clone(), None), PlanProbe);
+    let plan = cx.plan(&tree).await.expect("unknown, not an error");
+    let reason = plan.unknown_reason().expect("unknown");
+    assert!(
+        reason.starts_with("Secret clusters/custom has no key `value` yet; the subtree"),
+        "{reason}"
+    );
+    // Not gone: to deprovision, it is unknown as well, not nothing to do.
+    let plan = cx.plan_deprovision(&tree).await.unwrap();
+    assert!(plan.unknown_reason().is_some(), "{plan}");
+    // Provision fails with the same error.
+    let error = cx.provision(&tree).await.unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::Invalid);
+    assert!(error.message().contains("no key `value` yet"), "{error}");
 }

@@ -307,7 +307,7 @@ mod tests {
 
     #[test]
     fn the_plan_status_is_digest_summary_and_unknowns() {
-        let plan = creating().with_child(Plan::unknown("x", Operation::Provision, "no plan"));
+        let plan = creating().with(Plan::unknown("x", Operation::Provision, "no plan"));
         let status = plan_status(&plan);
         assert_eq!(status["digest"], plan.digest());
         assert_eq!(status["summary"], "objects: 1 to create, 1 node unknown");

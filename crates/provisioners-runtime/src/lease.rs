@@ -22,7 +22,7 @@ use tokio::time::Instant;
 /// Timing follows client-go's leader election: a holder renews every
 /// `retry_period` and steps down (cancels its work) when it could not renew
 /// for `renew_deadline`; a standby takes the lease once it has seen the same
-/// record unchanged for `lease_duration`, by its own clock (no clock skew
+/// record unchanged for `expire_after`, by its own clock (no clock skew
 /// between replicas matters). Every write carries the resourceVersion it
 /// read, so two candidates never both win: the loser gets a conflict.
 /// A stepping-down holder cancels its work at the renew deadline; a standby
@@ -76,7 +76,7 @@ impl LeaderElection {
     ) -> Self {
         let lease_duration = Duration::from_secs(15);
         LeaderElection {
-            lock: LeaseLock::new(client, namespace, name, identity).lease_duration(lease_duration),
+            lock: LeaseLock::new(client, namespace, name, identity).expire_after(lease_duration),
             lease_duration,
             renew_deadline: Duration::from_secs(10),
             retry_period: Duration::from_secs(2),
@@ -86,9 +86,9 @@ impl LeaderElection {
     /// How long a lease is valid after its last renewal; a standby takes
     /// over after that. The renew deadline becomes two thirds of it and the
     /// retry period a fifth of it (at least 100 ms).
-    pub fn lease_duration(mut self, duration: Duration) -> Self {
+    pub fn expire_after(mut self, duration: Duration) -> Self {
         self.lease_duration = duration;
-        self.lock = self.lock.lease_duration(duration);
+        self.lock = self.lock.expire_after(duration);
         self.renew_deadline = duration * 2 / 3;
         self.retry_period = (duration / 5).max(Duration::from_millis(100));
         self
@@ -315,7 +315,7 @@ mod tests {
     async fn a_holder_whose_renewal_hangs_steps_down_at_the_renew_deadline() {
         let (election, mut handle) = election();
         // Renew deadline 200 ms, a round every 100 ms.
-        let election = election.lease_duration(Duration::from_millis(300));
+        let election = election.expire_after(Duration::from_millis(300));
         let shutdown = CancellationToken::new();
         let (stepped_down, mut stepped_down_rx) = tokio::sync::mpsc::unbounded_channel();
         let run = tokio::spawn({
@@ -365,7 +365,7 @@ mod tests {
     #[tokio::test]
     async fn timings_that_cannot_work_are_refused() {
         let (election, _handle) = election();
-        let mut bad = election.lease_duration(Duration::from_secs(15));
+        let mut bad = election.expire_after(Duration::from_secs(15));
         bad.renew_deadline = Duration::from_secs(20);
         let error = bad
             .run(CancellationToken::new(), |_| async {})

@@ -2,7 +2,7 @@
 //! running one in production takes.
 //!
 //! [`Reconciler::reconcile`] is what a controller's reconcile function calls
-//! with a [`ManagerProvisioner`](provisioners_core::ManagerProvisioner): the
+//! with a [`ManagedProvisioner`](provisioners_core::ManagedProvisioner): the
 //! object and the tree built for it, in one ([`Managed`] wraps the two). It:
 //!
 //! - does nothing while the object carries the paused annotation

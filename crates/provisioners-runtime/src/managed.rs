@@ -1,20 +1,20 @@
 //! [`Managed`]: an object and the tree built for it, as the
-//! [`ManagerProvisioner`] a [`Reconciler`](crate::Reconciler) runs.
+//! [`ManagedProvisioner`] a [`Reconciler`](crate::Reconciler) runs.
 
 use std::sync::Arc;
 
 use provisioners_core::{
-    Context, ManagerProvisioner, Operation, Plan, Provisioner, Result, async_trait,
+    Context, ManagedProvisioner, Operation, Plan, Provisioner, Result, async_trait,
 };
 
-/// An object and the tree built for it: the simplest [`ManagerProvisioner`].
+/// An object and the tree built for it: the simplest [`ManagedProvisioner`].
 ///
 /// The node takes the tree's name, so paths read as the tree's own.
 ///
 /// ```
 /// use std::sync::Arc;
 /// use k8s_openapi::api::core::v1::ConfigMap;
-/// use provisioners_core::{ManagerProvisioner, Metadata, Provisioner};
+/// use provisioners_core::{ManagedProvisioner, Metadata, Provisioner};
 /// use provisioners_runtime::Managed;
 /// # use provisioners_core::{async_trait, Context, Result};
 /// # struct Tree(Metadata);
@@ -72,7 +72,7 @@ where
     }
 }
 
-impl<K, P> ManagerProvisioner for Managed<K, P>
+impl<K, P> ManagedProvisioner for Managed<K, P>
 where
     K: kube::Resource + Send + Sync,
     P: Provisioner,

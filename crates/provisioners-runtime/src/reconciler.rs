@@ -9,7 +9,7 @@ use kube::runtime::events::Reporter;
 use kube::{Resource, ResourceExt};
 use provisioners_client::kubeconfig::KubeconfigClaims;
 use provisioners_client::wake::Wake;
-use provisioners_core::{Context, ErrorKind, ManagerProvisioner, Owner, Result};
+use provisioners_core::{Context, ErrorKind, ManagedProvisioner, Owner, Result};
 use serde::Serialize;
 use serde_json::Value;
 
@@ -300,7 +300,7 @@ impl Reconciler {
     /// for an object without a name.
     pub async fn reconcile<M>(&self, managed: &M) -> Result<Action>
     where
-        M: ManagerProvisioner,
+        M: ManagedProvisioner,
         M::Object: Resource<DynamicType = ()> + Serialize,
     {
         let started = Instant::now();
@@ -317,7 +317,7 @@ impl Reconciler {
 
     async fn reconcile_inner<M>(&self, managed: &M) -> Result<(ReconcileResult, Action)>
     where
-        M: ManagerProvisioner,
+        M: ManagedProvisioner,
         M::Object: Resource<DynamicType = ()> + Serialize,
     {
         let object = managed.object();

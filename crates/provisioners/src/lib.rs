@@ -101,8 +101,8 @@ pub use provisioners_helm::{
 pub use provisioners_manifest::{self as manifest, Manifest, ReplacePolicy, SingleObject};
 #[cfg(feature = "remote")]
 pub use provisioners_remote::{
-    self as remote, RemoteClusterProvisioner, RemoteTarget, SecretKubeconfig, StaticKubeconfig,
-    TrustPolicy, UnreachablePolicy,
+    self as remote, RemoteClusterProvisioner, SecretKubeconfig, StaticKubeconfig, TrustPolicy,
+    UnreachablePolicy,
 };
 #[cfg(feature = "runtime")]
 pub use provisioners_runtime::{

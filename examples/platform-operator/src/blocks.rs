@@ -29,9 +29,8 @@ pub(crate) fn remote_agent(
         "agent",
         agent_yaml(&platform.target_namespace(), &platform.name_any()),
     );
-    RemoteClusterProvisioner::new(kubeconfig)
+    RemoteClusterProvisioner::new(kubeconfig, objects.ready_timeout(settings.ready_timeout))
         .named("remote")
-        .provision_on(objects.ready_timeout(settings.ready_timeout))
 }
 
 /// The name of `platform`'s fleet node, which names its state too
@@ -76,9 +75,9 @@ pub(crate) fn fleet(
     let ready_timeout = settings.ready_timeout;
     let mut rollout = Rollout::new()
         .wave_size(spec.wave_size.map_or(10, |n| n.max(1) as usize))
-        .max_in_flight(spec.max_in_flight.map_or(5, |n| n.max(1) as usize))
+        .concurrency(spec.max_in_flight.map_or(5, |n| n.max(1) as usize))
         .budget(Budget::Count(spec.failure_budget.unwrap_or(1) as usize))
-        .soak(Duration::from_secs(spec.soak_seconds));
+        .next_wave_after(Duration::from_secs(spec.soak_seconds));
     if spec.canaries_first {
         rollout = rollout.canary_label("ring", "canary");
     }

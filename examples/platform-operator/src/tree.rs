@@ -35,7 +35,7 @@ pub(crate) fn components(
     if let Some(holder) = &settings.lease_holder {
         metrics = metrics.lease_holder(holder);
     }
-    let mut components = Concurrent::new("components")
+    let components = Concurrent::new("components")
         .with(manifest("config", config_yaml(platform)))
         .with(Conditional::when(spec.metrics, metrics))
         .with(Conditional::when(
@@ -44,24 +44,23 @@ pub(crate) fn components(
         ));
     // A block removed from the spec is deprovisioned: its node stays in the
     // tree under the same name, finding what the block made on its own.
-    match &spec.remote {
+    let components = match &spec.remote {
         Some(remote) => {
             let namespace = platform.namespace().unwrap_or_else(|| "default".into());
             let kubeconfig = SecretKubeconfig::new(client.clone(), namespace, &remote.secret_name)
                 .trust(settings.remote_trust.clone());
             let agent = remote_agent(kubeconfig, platform, settings);
-            components.push(Conditional::when(remote.enabled, agent));
+            components.with(Conditional::when(remote.enabled, agent))
         }
-        None => components.push(LeftoverRemote::new(platform, settings)),
-    }
+        None => components.with(LeftoverRemote::new(platform, settings)),
+    };
     match &spec.fleet {
-        Some(fleet_spec) => components.push(Conditional::when(
+        Some(fleet_spec) => components.with(Conditional::when(
             fleet_spec.enabled,
             fleet(platform, fleet_spec, settings, None),
         )),
-        None => components.push(LeftoverFleet::new(platform, settings)),
+        None => components.with(LeftoverFleet::new(platform, settings)),
     }
-    components
 }
 
 fn base_yaml(platform: &Platform) -> String {

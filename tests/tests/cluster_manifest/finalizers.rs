@@ -95,9 +95,9 @@ fn tree(ns: &str, client: &kube::Client, keeper: &Keeper) -> Box<dyn Provisioner
         Some(secret) => Box::new(
             RemoteClusterProvisioner::new(
                 SecretKubeconfig::new(client.clone(), ns, secret).trust(local_clusters()),
+                Noop::new("addons"),
             )
-            .named(keeper.spec.node.clone())
-            .provision_on(Noop::new("addons")),
+            .named(keeper.spec.node.clone()),
         ),
         None => Box::new(Noop::new("nothing")),
     }

@@ -55,7 +55,7 @@ fn rollout(budget: usize) -> Rollout {
     Rollout::new()
         .canaries(["m00", "m01"])
         .wave_size(6)
-        .max_in_flight(6)
+        .concurrency(6)
         .budget(Budget::Count(budget))
         .progress_timeout(PROGRESS)
 }
@@ -268,7 +268,7 @@ async fn a_new_revision_rolls_out_wave_by_wave_honouring_the_soak() {
         )
         .revision(revision)
         .state_in(sim.state.name())
-        .rollout(rollout(2).soak(soak))
+        .rollout(rollout(2).next_wave_after(soak))
     };
     let (result, _) = passes(&cx, &build("rev-1", Duration::ZERO), false, DEADLINE, |r| {
         r.is_ok()
@@ -381,7 +381,7 @@ async fn an_operator_restarted_mid_wave_resumes_without_redoing_finished_members
         })
         .revision("rev-1")
         .state_in(sim.state.name())
-        .rollout(Rollout::new().wave_size(10).max_in_flight(10))
+        .rollout(Rollout::new().wave_size(10).concurrency(10))
     };
 
     let first = context(Arc::new(Journal::default())).await;
@@ -448,7 +448,7 @@ async fn with_owner_keys_records_a_tenant_forged_are_run_again() {
         )
         .revision(revision)
         .state_in(sim.state.name())
-        .rollout(Rollout::new().wave_size(4).max_in_flight(4))
+        .rollout(Rollout::new().wave_size(4).concurrency(4))
     };
     let keys = OwnerKeys::generate().expect("keys");
     let cx = context(Arc::new(Journal::default()))
@@ -544,7 +544,7 @@ async fn more_member_clusters_than_the_old_cache_bound_start_no_second_helm_run(
     })
     .revision("rev-1")
     .state_in(ns.name())
-    .rollout(Rollout::new().wave_size(MEMBERS).max_in_flight(MEMBERS));
+    .rollout(Rollout::new().wave_size(MEMBERS).concurrency(MEMBERS));
     let cx = context(Arc::new(Journal::default())).await;
     for pass in 1..=3 {
         let result = cx.provision(&fleet).await;

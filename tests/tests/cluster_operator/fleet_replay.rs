@@ -89,7 +89,7 @@ async fn a_replayed_gone_record_during_deprovision_never_leaves_the_members_subt
         )
         .revision("rev-1")
         .state_in(sim.state.name())
-        .rollout(Rollout::new().wave_size(2).max_in_flight(2))
+        .rollout(Rollout::new().wave_size(2).concurrency(2))
     };
     let keys = OwnerKeys::generate().expect("keys");
     let cx = context(Arc::new(Journal::default()))
@@ -178,7 +178,7 @@ async fn two_owners_named_alike_in_two_namespaces_keep_their_state_apart() {
         )
         .revision("rev-1")
         .state_in(sim.state.name())
-        .rollout(Rollout::new().wave_size(2).max_in_flight(2))
+        .rollout(Rollout::new().wave_size(2).concurrency(2))
     });
     let journals = [Arc::new(Journal::default()), Arc::new(Journal::default())];
     let mut contexts = Vec::new();
@@ -264,7 +264,7 @@ async fn a_re_created_owner_takes_over_its_predecessors_fleet() {
         )
         .revision("rev-1")
         .state_in(sim.state.name())
-        .rollout(Rollout::new().wave_size(2).max_in_flight(2))
+        .rollout(Rollout::new().wave_size(2).concurrency(2))
     };
     let keys = OwnerKeys::generate().expect("keys");
     let first = owner(&sim.state).await;

@@ -286,7 +286,7 @@ async fn start_replica(
             "platform-operator",
             identity,
         )
-        .lease_duration(Duration::from_secs(4)),
+        .expire_after(Duration::from_secs(4)),
     );
     let task = tokio::spawn(run_with(cx, platforms, settings, options));
     (Operator { token, task }, registry)

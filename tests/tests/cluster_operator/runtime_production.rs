@@ -195,12 +195,12 @@ async fn an_error_tree_over_32_kib_gives_a_bounded_message_and_a_successful_stat
     let mut tree = Concurrent::new("g");
     for i in 0..100 {
         let stderr = format!("helm upgrade failed (exit 1): {}", "é".repeat(512));
-        tree.push(
+        tree = tree.with(
             Scripted::new(format!("chart-{i:03}"), &recorder).on_provision([Step::fail(stderr)]),
         );
     }
     for i in 0..20 {
-        tree.push(
+        tree = tree.with(
             Scripted::new(format!("wait-{i:02}"), &recorder).on_provision([Step::yielding(
                 format!("Deployment x/d{i}: 0 of 1 available"),
             )]),
@@ -440,7 +440,7 @@ async fn candidate(ns: &TestNamespace, lease: &str, identity: &str) -> Candidate
     let shutdown = cx.cancellation().clone();
     let recorder = Recorder::new();
     let election = LeaderElection::new(cx.client().clone(), ns.name(), lease, identity)
-        .lease_duration(Duration::from_secs(3));
+        .expire_after(Duration::from_secs(3));
     let api: Api<Gadget> = ns.api();
     let task = {
         let (recorder, shutdown) = (recorder.clone(), shutdown.clone());

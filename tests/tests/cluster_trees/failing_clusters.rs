@@ -225,9 +225,8 @@ async fn a_remote_that_never_answers_yields_promptly_each_pass_and_names_the_clu
     let remote = SecretKubeconfig::new(cx.client().clone(), ns.name(), "dead")
         .trust(local_clusters())
         .cluster_id("dead-edge");
-    let tree = RemoteClusterProvisioner::new(remote)
-        .named("edge")
-        .provision_on(remote_workload(&format!("{}-w", ns.name())));
+    let tree = RemoteClusterProvisioner::new(remote, remote_workload(&format!("{}-w", ns.name())))
+        .named("edge");
 
     let (first, result) = timed(&cx, &tree, false).await;
     let error = result.expect_err("a dead cluster cannot be provisioned");
@@ -317,10 +316,9 @@ async fn abandon_after_a_grace_deprovisions_a_tree_whose_remote_never_answers() 
     let tree = serial!(
         "platform",
         config_map("local-settings", ns.name()),
-        RemoteClusterProvisioner::new(remote)
+        RemoteClusterProvisioner::new(remote, remote_workload(&format!("{}-w", ns.name())))
             .named("edge")
-            .unreachable(UnreachablePolicy::AbandonAfter(grace))
-            .provision_on(remote_workload(&format!("{}-w", ns.name()))),
+            .unreachable(UnreachablePolicy::AbandonAfter(grace)),
     );
     // The grace runs from the first pass that finds the remote unreachable.
     let before_first = Instant::now();
@@ -403,10 +401,9 @@ async fn a_remote_that_stops_mid_run_is_abandoned_after_the_grace_or_kept_if_it_
         let tree = serial!(
             "platform",
             config_map("local-settings", ns.name()),
-            RemoteClusterProvisioner::new(remote)
+            RemoteClusterProvisioner::new(remote, remote_workload(&target))
                 .named("edge")
-                .unreachable(UnreachablePolicy::AbandonAfter(grace))
-                .provision_on(remote_workload(&target)),
+                .unreachable(UnreachablePolicy::AbandonAfter(grace)),
         );
         cx.provision(&tree)
             .await
@@ -510,7 +507,7 @@ async fn ten_remotes_with_three_dead_cost_about_what_the_seven_live_ones_cost() 
     // parent's policy, so probes wait past this test; probe costs are
     // tested above.
     let cx = context_with(
-        ClientPolicy::new().probe_interval(Duration::from_secs(120), Duration::from_secs(120)),
+        ClientPolicy::new().probe_backoff(Duration::from_secs(120), Duration::from_secs(120)),
     )
     .await;
     let tree = |count: usize| {
@@ -520,9 +517,11 @@ async fn ten_remotes_with_three_dead_cost_about_what_the_seven_live_ones_cost() 
                 .trust(local_clusters())
                 .cluster_id(format!("{}-c{i}", ns.name()));
             group = group.with(
-                RemoteClusterProvisioner::new(remote)
-                    .named(format!("c{i}"))
-                    .provision_on(config_map(&format!("{}-c{i}", ns.name()), "default")),
+                RemoteClusterProvisioner::new(
+                    remote,
+                    config_map(&format!("{}-c{i}", ns.name()), "default"),
+                )
+                .named(format!("c{i}")),
             );
         }
         group
@@ -577,9 +576,11 @@ fn tree_dead(cx: &Context, ns: &TestNamespace) -> provisioners::Concurrent {
             .trust(local_clusters())
             .cluster_id(format!("{}-c{i}", ns.name()));
         group = group.with(
-            RemoteClusterProvisioner::new(remote)
-                .named(format!("c{i}"))
-                .provision_on(config_map(&format!("{}-c{i}", ns.name()), "default")),
+            RemoteClusterProvisioner::new(
+                remote,
+                config_map(&format!("{}-c{i}", ns.name()), "default"),
+            )
+            .named(format!("c{i}")),
         );
     }
     group

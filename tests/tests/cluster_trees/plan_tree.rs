@@ -265,12 +265,10 @@ async fn a_mixed_tree_plans_manifests_a_release_and_a_remote_subtree_with_no_wri
                                 .expect("range"),
                         )
                         .cluster_id("tenant"),
-                )
-                .named("edge")
-                .provision_on(
                     Manifest::from_yaml("agent", config_maps(&["agent"]))
                         .namespace(remote_ns.name()),
-                ),
+                )
+                .named("edge"),
             )
     };
     let counted = |what: &str| {

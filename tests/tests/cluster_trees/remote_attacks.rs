@@ -111,9 +111,9 @@ async fn an_internal_service_answering_a_tenants_kubeconfig_never_has_its_body_r
             .allow_plain_http(true);
         let tree = RemoteClusterProvisioner::new(
             SecretKubeconfig::new(cx.client().clone(), ns.name(), name).trust(trust),
+            Manifest::from_yaml("agent", config_maps(&["agent"])).namespace("default"),
         )
-        .named("tenant")
-        .provision_on(Manifest::from_yaml("agent", config_maps(&["agent"])).namespace("default"));
+        .named("tenant");
         let error = tokio::time::timeout(DEADLINE, cx.provision(&tree))
             .await
             .expect("a pass returns")
@@ -164,13 +164,11 @@ async fn a_kubeconfig_into_the_clusters_own_service_range_is_refused_naming_the_
         .create(&PostParams::default(), &secret)
         .await
         .expect("secret");
-    let tree = RemoteClusterProvisioner::new(SecretKubeconfig::new(
-        cx.client().clone(),
-        ns.name(),
-        "inside",
-    ))
-    .named("tenant")
-    .provision_on(Manifest::from_yaml("agent", config_maps(&["agent"])).namespace("default"));
+    let tree = RemoteClusterProvisioner::new(
+        SecretKubeconfig::new(cx.client().clone(), ns.name(), "inside"),
+        Manifest::from_yaml("agent", config_maps(&["agent"])).namespace("default"),
+    )
+    .named("tenant");
     let error = tokio::time::timeout(DEADLINE, cx.provision(&tree))
         .await
         .expect("a pass returns")

@@ -76,7 +76,7 @@ async fn a_subtree_lands_on_the_remote_cluster_and_not_on_the_first() {
     let remote = SecretKubeconfig::new(cx.client().clone(), ns.name(), "tenant-kubeconfig")
         .trust(local_clusters())
         .cluster_id("tenant");
-    let tree = RemoteClusterProvisioner::new(remote).provision_on(workload(&target));
+    let tree = RemoteClusterProvisioner::new(remote, workload(&target));
     cx.provision(&tree).await.expect("provision on the remote");
 
     let remote_client = HarnessCluster::Remote
@@ -122,9 +122,7 @@ async fn a_deleted_kubeconfig_secret_does_not_wedge_the_parent() {
     let tree = serial!(
         "platform",
         Scripted::new("local", &recorder),
-        RemoteClusterProvisioner::new(remote)
-            .named("tenant")
-            .provision_on(workload(&target)),
+        RemoteClusterProvisioner::new(remote, workload(&target)).named("tenant"),
     );
     cx.provision(&tree).await.expect("provision");
 
@@ -176,9 +174,7 @@ async fn the_kubeconfig_secret_outlives_its_namespace_until_the_remote_objects_a
     let cx = HarnessCluster::Primary.context().await.expect("context");
     let remote = SecretKubeconfig::new(cx.client().clone(), ns.name(), "tenant-kubeconfig")
         .trust(local_clusters());
-    let tree = RemoteClusterProvisioner::new(remote)
-        .named("tenant")
-        .provision_on(workload(&target));
+    let tree = RemoteClusterProvisioner::new(remote, workload(&target)).named("tenant");
     cx.provision(&tree).await.expect("provision");
     let secrets = ns.api::<Secret>();
     let finalizers = secrets
@@ -290,8 +286,8 @@ async fn every_pass_reaches_the_remote_through_one_cluster_until_its_kubeconfig_
         RemoteClusterProvisioner::new(
             SecretKubeconfig::new(cx.client().clone(), ns.name(), "tenant-kubeconfig")
                 .trust(local_clusters()),
+            probe.clone(),
         )
-        .provision_on(probe.clone())
     };
     cx.provision(&tree()).await.expect("first pass");
     cx.provision(&tree()).await.expect("second pass");
@@ -460,10 +456,8 @@ async fn a_remote_subtree_plans_on_the_remote_cluster_with_no_write() {
     };
     let tree = serial!(
         "platform",
-        RemoteClusterProvisioner::new(remote("tenant"))
-            .named("tenant")
-            .provision_on(probe()),
-        RemoteClusterProvisioner::new(remote("tenant-b")).provision_on(probe()),
+        RemoteClusterProvisioner::new(remote("tenant"), probe()).named("tenant"),
+        RemoteClusterProvisioner::new(remote("tenant-b"), probe()),
     );
 
     proxy.reset_counts();
@@ -514,9 +508,9 @@ async fn a_missing_kubeconfig_plans_as_unknown_without_its_content() {
     let tree = |secret: &str| {
         RemoteClusterProvisioner::new(
             SecretKubeconfig::new(cx.client().clone(), ns.name(), secret).trust(local_clusters()),
+            workload("never-made"),
         )
         .named("tenant")
-        .provision_on(workload("never-made"))
     };
 
     let plan = cx

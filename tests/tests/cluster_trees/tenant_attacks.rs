@@ -429,9 +429,9 @@ async fn kubeconfig_secrets_that_lead_the_operator_astray_are_refused() {
     let tree = |secret: &str, trust: TrustPolicy| {
         RemoteClusterProvisioner::new(
             SecretKubeconfig::new(cx.client().clone(), ns.name(), secret).trust(trust),
+            Manifest::from_yaml("agent", config_maps(&["agent"])).namespace(ns.name()),
         )
         .named("tenant")
-        .provision_on(Manifest::from_yaml("agent", config_maps(&["agent"])).namespace(ns.name()))
     };
     let loopback = ("loopback", String::new(), "denied range 127.0.0.0/8");
     for (name, _, expected) in cases.iter().chain([&loopback]) {
@@ -457,11 +457,9 @@ async fn kubeconfig_secrets_that_lead_the_operator_astray_are_refused() {
         .expect("range");
     let allowed = RemoteClusterProvisioner::new(
         SecretKubeconfig::new(cx.client().clone(), ns.name(), "loopback").trust(local),
-    )
-    .named("tenant")
-    .provision_on(
         Manifest::from_yaml("agent", config_maps(&["agent"])).namespace(remote_ns.name()),
-    );
+    )
+    .named("tenant");
     converge(&cx, &allowed, true, DEADLINE).await;
     converge(&cx, &allowed, false, DEADLINE).await;
     remote_ns.cleanup().await.expect("cleanup");

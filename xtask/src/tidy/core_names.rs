@@ -1,6 +1,6 @@
 //! No leaf names in core: `provisioners-core` is the contract every crate
 //! builds on (the trait, `Metadata`, `Context`, `Cluster`, the errors,
-//! `RemoteCluster`, `ManagerProvisioner`, `Observer`, `Plan`), so its code
+//! `RemoteCluster`, `ManagedProvisioner`, `Observer`, `Plan`), so its code
 //! names no leaf and no leaf's vocabulary.
 //!
 //! The rule, on core's code (comments and string literals are not code: a

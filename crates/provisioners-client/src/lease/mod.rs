@@ -35,7 +35,7 @@
 //! // One memory for the process: a Lease seen in one pass counts in the next.
 //! let observations = Arc::new(Observations::default());
 //! let lock = LeaseLock::new(client, "apps", "my-job", "pod-a")
-//!     .lease_duration(Duration::from_secs(30))
+//!     .expire_after(Duration::from_secs(30))
 //!     .observations(observations);
 //! match lock.take().await? {
 //!     Take::Taken(hold) => {
@@ -143,7 +143,7 @@ impl LeaseLock {
 
     /// How long a hold lasts without renewal (written as whole seconds, at
     /// least one).
-    pub fn lease_duration(mut self, duration: Duration) -> Self {
+    pub fn expire_after(mut self, duration: Duration) -> Self {
         self.duration = duration;
         self
     }

@@ -37,7 +37,7 @@ fn skewed(minutes: i64) -> Timestamp {
 fn lock() -> (LeaseLock, Handle) {
     let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
     let client = kube::Client::new(service, "default");
-    let lock = LeaseLock::new(client, "ops", "op", "me").lease_duration(Duration::from_secs(30));
+    let lock = LeaseLock::new(client, "ops", "op", "me").expire_after(Duration::from_secs(30));
     (lock, handle)
 }
 

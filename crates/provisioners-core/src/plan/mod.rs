@@ -20,7 +20,7 @@
 //! use serde_json::json;
 //!
 //! let plan = Plan::new("platform", Operation::Provision, "serial")
-//!     .with_child(
+//!     .with(
 //!         Plan::new("web", Operation::Provision, "helm")
 //!             .with_detail(Detail::new(
 //!                 "release",
@@ -33,7 +33,7 @@
 //!                     .with_lines(["replicas: 1 -> 3"]),
 //!             ),
 //!     )
-//!     .with_child(Plan::unknown("custom", Operation::Provision, "no plan"));
+//!     .with(Plan::unknown("custom", Operation::Provision, "no plan"));
 //! assert_eq!(plan.counts().detail("release", "to upgrade"), 1);
 //! assert_eq!(
 //!     plan.summary(),
@@ -81,6 +81,13 @@ pub struct Plan {
     details: Vec<Detail>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     children: Vec<Plan>,
+}
+
+/// Adds children, in order, after the ones already there.
+impl Extend<Plan> for Plan {
+    fn extend<I: IntoIterator<Item = Plan>>(&mut self, children: I) {
+        self.children.extend(children);
+    }
 }
 
 impl Plan {
@@ -143,15 +150,10 @@ impl Plan {
         self
     }
 
-    /// Adds a child, after the ones already there.
-    pub fn with_child(mut self, child: Plan) -> Self {
+    /// Adds a child, after the ones already there: `with(child)`, as a
+    /// group adds a child node (several: [`Extend`]).
+    pub fn with(mut self, child: Plan) -> Self {
         self.children.push(child);
-        self
-    }
-
-    /// Adds children, in order.
-    pub fn with_children(mut self, children: impl IntoIterator<Item = Plan>) -> Self {
-        self.children.extend(children);
         self
     }
 

@@ -7,7 +7,7 @@ use serde_json::json;
 /// node. Core knows no leaf, so the kinds are made up.
 fn sample() -> Plan {
     Plan::new("platform", Operation::Provision, "serial")
-        .with_child(
+        .with(
             Plan::new("metrics", Operation::Provision, "files")
                 .with_detail(Detail::new(
                     "file",
@@ -25,7 +25,7 @@ fn sample() -> Plan {
                     .with_lines(["line 2: \"a\" -> \"b\"", "line 7: (none) -> \"c\""]),
                 ),
         )
-        .with_child(
+        .with(
             Plan::new("agent", Operation::Deprovision, "package")
                 .with_note("condition is false")
                 .with_detail(Detail::new(
@@ -35,7 +35,7 @@ fn sample() -> Plan {
                     json!({"name": "agent", "namespace": "ops", "action": "uninstall", "revision": 3}),
                 )),
         )
-        .with_child(Plan::unknown("custom", Operation::Provision, "no plan"))
+        .with(Plan::unknown("custom", Operation::Provision, "no plan"))
 }
 
 #[test]
@@ -48,7 +48,7 @@ fn the_digest_is_stable_and_changes_with_the_plan() {
     let back: Plan = serde_json::from_str(&serde_json::to_string(&plan).unwrap()).unwrap();
     assert_eq!(back, plan);
     assert_eq!(back.digest(), digest);
-    let changed = sample().with_child(Plan::new("more", Operation::Provision, "files"));
+    let changed = sample().with(Plan::new("more", Operation::Provision, "files"));
     assert_ne!(changed.digest(), digest);
     // A detail's further lines are part of what is pinned.
     let lines = |lines: &[&str]| {

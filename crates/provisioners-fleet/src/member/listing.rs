@@ -194,7 +194,7 @@ pub(super) fn member(
     labels: BTreeMap<String, String>,
     trust: Option<&TrustPolicy>,
 ) -> Member {
-    let mut remote = SecretKubeconfig::new(cx.client().clone(), namespace, secret.clone())
+    let mut remote = SecretKubeconfig::new(cx.client().clone(), namespace, secret)
         .service_range_of(cx.cluster())
         .key(KUBECONFIG_KEY)
         .cluster_id(format!("{namespace}.{name}"));
@@ -203,6 +203,5 @@ pub(super) fn member(
     }
     let mut member = Member::new(name, remote);
     member.labels = labels;
-    member.secret_ref = Some((namespace.to_owned(), secret));
     member
 }

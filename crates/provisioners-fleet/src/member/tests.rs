@@ -148,7 +148,11 @@ async fn a_cluster_api_namespace_gives_one_member_per_kubeconfig_secret() {
     let members = resolve.await.unwrap().unwrap();
     assert_eq!(names(&members), ["c1", "c2", "c3", "hand"]);
     assert!(members.iter().all(|m| m.problem().is_none()), "{members:?}");
-    assert_eq!(members[0].secret_ref(), Some(("clusters", "c1-kubeconfig")));
+    let secret = members[0].secret().expect("a member of a Secret names it");
+    assert_eq!(
+        (secret.namespace(), secret.name()),
+        ("clusters", "c1-kubeconfig")
+    );
 }
 
 #[tokio::test]

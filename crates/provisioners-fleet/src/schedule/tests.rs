@@ -17,7 +17,7 @@ fn ago(secs: u64) -> SystemTime {
 
 fn settings() -> Settings {
     Settings {
-        max_in_flight: 2,
+        concurrency: 2,
         budget: 1,
         progress_timeout: Duration::from_secs(60),
         soak: Duration::ZERO,

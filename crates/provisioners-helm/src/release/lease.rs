@@ -73,7 +73,7 @@ pub(super) fn name(release: &str) -> String {
 /// The Lease of `release` in `namespace`, taken as `holder`.
 fn lock(cx: &Context, namespace: &str, release: &str, holder: &str) -> LeaseLock {
     LeaseLock::new(cx.client().clone(), namespace, name(release), holder)
-        .lease_duration(DURATION)
+        .expire_after(DURATION)
         .observations(observed(cx))
 }
 

@@ -19,7 +19,7 @@ fn secret() -> ObjectPlan {
 /// Objects, a release-like detail of another kind and an unknown node.
 fn sample() -> Plan {
     Plan::new("platform", Operation::Provision, "serial")
-        .with_child(
+        .with(
             Plan::new("metrics", Operation::Provision, "manifest")
                 .with_object(ObjectPlan::new(
                     "v1",
@@ -30,7 +30,7 @@ fn sample() -> Plan {
                 ))
                 .with_object(secret()),
         )
-        .with_child(
+        .with(
             Plan::new("agent", Operation::Deprovision, "helm")
                 .with_note("condition is false")
                 .with_detail(Detail::new(
@@ -45,7 +45,7 @@ fn sample() -> Plan {
                         .with_reason("owned by tenant-b"),
                 ]),
         )
-        .with_child(Plan::unknown("custom", Operation::Provision, "no plan"))
+        .with(Plan::unknown("custom", Operation::Provision, "no plan"))
 }
 
 #[test]

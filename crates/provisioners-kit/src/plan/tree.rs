@@ -14,7 +14,7 @@ use super::object::{Change, ObjectPlan};
 /// use provisioners_core::{plan::Plan, Operation};
 /// use provisioners_kit::plan::{Change, ObjectPlan, PlanObjects};
 ///
-/// let plan = Plan::new("apps", Operation::Provision, "serial").with_child(
+/// let plan = Plan::new("apps", Operation::Provision, "serial").with(
 ///     Plan::new("web", Operation::Provision, "manifest")
 ///         .with_object(ObjectPlan::new("v1", "ConfigMap", Some("apps"), "web", Change::Create)),
 /// );

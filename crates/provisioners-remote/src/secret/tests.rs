@@ -215,13 +215,15 @@ async fn commands_and_token_files_are_refused_unless_trusted() {
     }
 }
 
-/// Runs `protect(OURS)` (or `release`) on a mocked API.
-fn set(remote: SecretKubeconfig, present: bool) -> tokio::task::JoinHandle<Result<()>> {
+/// Runs `protect(OURS)` (or `release`) on a mocked API, through the
+/// guard of the Secret the remote names (as a remote node does).
+fn set(remote: &SecretKubeconfig, present: bool) -> tokio::task::JoinHandle<Result<()>> {
+    let guard = crate::guard::SecretGuard::of(remote).expect("the remote names its Secret");
     tokio::spawn(async move {
         if present {
-            remote.protect(OURS).await
+            guard.protect(OURS).await
         } else {
-            remote.release(OURS).await
+            guard.release(OURS).await
         }
     })
 }
@@ -229,7 +231,7 @@ fn set(remote: SecretKubeconfig, present: bool) -> tokio::task::JoinHandle<Resul
 #[tokio::test]
 async fn protecting_adds_the_finalizer_with_an_optimistic_lock() {
     let (remote, mut api) = mocked();
-    let done = set(remote, true);
+    let done = set(&remote, true);
     api.expect(Method::GET, SECRET, 200, metadata(&["other"], "7", false))
         .await;
     let patch = api
@@ -248,7 +250,7 @@ async fn protecting_adds_the_finalizer_with_an_optimistic_lock() {
 #[tokio::test]
 async fn a_conflict_reads_the_secret_again_and_three_conflicts_yield() {
     let (remote, mut api) = mocked();
-    let done = set(remote, true);
+    let done = set(&remote, true);
     api.expect(Method::GET, SECRET, 200, metadata(&[], "7", false))
         .await;
     api.expect(Method::PATCH, SECRET, 409, json!({})).await;
@@ -268,7 +270,7 @@ async fn a_conflict_reads_the_secret_again_and_three_conflicts_yield() {
     assert_eq!(patch["metadata"]["resourceVersion"], "8");
 
     let (remote, mut api) = mocked();
-    let done = set(remote, false);
+    let done = set(&remote, false);
     for version in ["7", "8", "9"] {
         api.expect(Method::GET, SECRET, 200, metadata(&[OURS], version, false))
             .await;
@@ -285,12 +287,12 @@ async fn a_conflict_reads_the_secret_again_and_three_conflicts_yield() {
 async fn a_secret_that_is_gone_needs_no_finalizer_change() {
     // Gone before the read.
     let (remote, mut api) = mocked();
-    let done = set(remote, false);
+    let done = set(&remote, false);
     api.expect(Method::GET, SECRET, 404, json!({})).await;
     done.await.unwrap().unwrap();
     // Gone between the read and the patch.
     let (remote, mut api) = mocked();
-    let done = set(remote, false);
+    let done = set(&remote, false);
     api.expect(Method::GET, SECRET, 200, metadata(&[OURS], "7", true))
         .await;
     api.expect(Method::PATCH, SECRET, 404, json!({})).await;
@@ -302,7 +304,7 @@ async fn a_secret_being_deleted_gains_no_finalizer_but_still_loses_ours() {
     // The task ends after the read: a PATCH would wait for an answer
     // that never comes, and `done` would not finish.
     let (remote, mut api) = mocked();
-    let done = set(remote, true);
+    let done = set(&remote, true);
     api.expect(Method::GET, SECRET, 200, metadata(&["other"], "7", true))
         .await;
     tokio::time::timeout(std::time::Duration::from_secs(10), done)
@@ -312,7 +314,7 @@ async fn a_secret_being_deleted_gains_no_finalizer_but_still_loses_ours() {
         .unwrap();
 
     let (remote, mut api) = mocked();
-    let done = set(remote, false);
+    let done = set(&remote, false);
     api.expect(
         Method::GET,
         SECRET,
@@ -330,7 +332,7 @@ async fn a_secret_being_deleted_gains_no_finalizer_but_still_loses_ours() {
 #[tokio::test]
 async fn a_refused_finalizer_update_is_an_error_naming_the_secret() {
     let (remote, mut api) = mocked();
-    let done = set(remote, true);
+    let done = set(&remote, true);
     api.expect(Method::GET, SECRET, 200, metadata(&[], "7", false))
         .await;
     api.expect(Method::PATCH, SECRET, 403, json!({})).await;
@@ -412,7 +414,7 @@ async fn plan_with(
             .allow_range("127.0.0.0/8")
             .unwrap(),
     );
-    let tree = crate::RemoteClusterProvisioner::new(remote).provision_on(crate::tests::PlanProbe);
+    let tree = crate::RemoteClusterProvisioner::new(remote, crate::tests::PlanProbe);
     let plan = tokio::spawn(async move { cx.plan_operation(&tree, operation).await });
     api.expect(Method::GET, SECRET, status, reply).await;
     if learns {
