@@ -26,8 +26,9 @@
 //! - [`discovery`]: the API discovery cache of a cluster, one per
 //!   cluster, with one timeout and one refresh rule for both leaves and
 //!   the CRD step ([`Discovery`](discovery::Discovery));
-//! - [`digest`]: the short digests (SHA-256, truncated, in hex) names,
-//!   labels and annotations carry;
+//! - short digests (SHA-256, truncated, in hex) for names, labels and
+//!   annotations come from [`provisioners_client::digest`], shared with
+//!   the crates that do not build the engine;
 //! - [`list`]: `a, b, c and 5 more`, how every message names a long list;
 //! - [`object`]: [`ObjectRef`](object::ObjectRef), one object on a
 //!   cluster as both leaves name it;
