@@ -16,7 +16,9 @@
 //!   these answers are small, and an aggregated API that hangs should fail
 //!   its own objects quickly, not hold up a whole pass;
 //! - **refresh**: a kind the cluster serves is trusted for [`FOUND_FOR`]
-//!   (60 s), and if the refresh then fails, the answer it had is kept; a
+//!   (60 s), and if the refresh then fails, the answer it had is kept
+//!   and trusted for another 60 s (a down API costs one timeout a
+//!   minute, not one per lookup); a
 //!   kind not served is asked again after [`UNSERVED_FOR`] (1 s), so a CRD
 //!   installed meanwhile is seen within a second;
 //! - **invalidation**: whoever may just have made a kind served says so:
@@ -185,10 +187,22 @@ impl Discovery {
             Err(e) => match cached.and_then(|cached| cached.kind(kind)) {
                 Some(found) => {
                     tracing::debug!(error = %e, "discovery refresh of {api_version} failed");
+                    self.trust_again(api_version);
                     Ok(Some(found))
                 }
                 None => Err(e),
             },
+        }
+    }
+
+    /// Trusts the kept answer for `api_version` for another [`FOUND_FOR`]
+    /// after a failed refresh: an API that is down (an aggregated API whose
+    /// Service is gone) costs one request and at most one [`TIMEOUT`] a
+    /// minute, not one per lookup.
+    fn trust_again(&self, api_version: &str) {
+        let mut versions = self.versions.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(kept) = versions.get_mut(api_version) {
+            kept.fetched = Instant::now();
         }
     }
 

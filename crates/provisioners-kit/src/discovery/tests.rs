@@ -193,6 +193,12 @@ async fn unserved_is_asked_again_after_a_second_served_after_a_minute() {
     );
     let kept = outcome(third).await.expect("the earlier answer is kept");
     assert_eq!(kept.expect("served").resource.plural, "widgets");
+    // The kept answer is trusted again for a minute: a group-version whose
+    // API is down costs one request (and at most one timeout) a minute,
+    // not one per lookup (no request here: none would be answered).
+    tokio::time::advance(FOUND_FOR - Duration::from_secs(1)).await;
+    let again = outcome(widget()).await.expect("still kept");
+    assert_eq!(again.expect("served").resource.plural, "widgets");
 }
 
 #[tokio::test]
