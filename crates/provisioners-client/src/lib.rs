@@ -33,7 +33,9 @@
 //!   and estimated memory, checked while parsing ([`bounded::parse`],
 //!   [`bounded::from_slice`], [`bounded::kubeconfig_from_yaml`]);
 //! - [`canonical`]: one byte form of a JSON value for digests that must
-//!   agree between processes and builds (kubeconfig keys, seals).
+//!   agree between processes and builds (kubeconfig keys, seals);
+//! - [`digest`]: the short SHA-256 digest every crate names content by;
+//! - [`list`]: `a, b, c and 5 more`, how every message names a long list.
 //!
 //! TLS is a feature of this crate: `rustls-tls` (the default) or
 //! `openssl-tls`. The crates that build clusters forward theirs here.
@@ -73,6 +75,7 @@ pub mod digest;
 mod health;
 pub mod kubeconfig;
 pub mod lease;
+pub mod list;
 pub mod owner;
 mod policy;
 #[cfg(test)]

@@ -151,17 +151,7 @@ impl Pass {
 
 /// Up to ten names, then how many more.
 pub(crate) fn list<'a>(names: impl Iterator<Item = &'a str>) -> String {
-    let names: Vec<&str> = names.collect();
-    let mut text = names
-        .iter()
-        .take(10)
-        .copied()
-        .collect::<Vec<_>>()
-        .join(", ");
-    if names.len() > 10 {
-        text.push_str(&format!(" and {} more", names.len() - 10));
-    }
-    text
+    provisioners_client::list::and_more(names, 10)
 }
 
 /// The provision pass for members in rollout order, `waves[p]` the wave of

@@ -28,8 +28,9 @@
 //!   the CRD step ([`Discovery`](discovery::Discovery));
 //! - short digests (SHA-256, truncated, in hex) for names, labels and
 //!   annotations come from [`provisioners_client::digest`], shared with
-//!   the crates that do not build the engine;
-//! - [`list`]: `a, b, c and 5 more`, how every message names a long list;
+//!   the crates that do not build the engine, and so does
+//!   [`provisioners_client::list`], `a, b, c and 5 more`, how every
+//!   message names a long list;
 //! - [`object`]: [`ObjectRef`](object::ObjectRef), one object on a
 //!   cluster as both leaves name it;
 //! - [`concurrent`]: requests run with a bound, every slot kept busy,
@@ -74,7 +75,6 @@ pub mod discovery;
 pub mod drift;
 mod flight;
 pub mod keep;
-pub mod list;
 pub mod object;
 pub mod plan;
 pub mod readiness;

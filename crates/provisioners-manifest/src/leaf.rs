@@ -449,7 +449,7 @@ fn dynamic_api(
 
 /// `a, b, c and 5 more`.
 fn list(items: &[String]) -> String {
-    provisioners_kit::list::and_more(items, LISTED)
+    provisioners_client::list::and_more(items, LISTED)
 }
 
 #[cfg(test)]

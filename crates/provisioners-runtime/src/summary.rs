@@ -8,6 +8,7 @@
 use std::time::SystemTime;
 
 use k8s_openapi::jiff::Timestamp;
+use provisioners_client::list::List;
 use provisioners_core::Error;
 use serde::Serialize;
 
@@ -84,16 +85,15 @@ pub(crate) fn message(error: &Error) -> String {
         (f, 0) => format!("{f} nodes failed: "),
         (f, w) => format!("{f} nodes failed, {w} waiting: "),
     };
-    for (i, node) in nodes.iter().take(NODES_IN_MESSAGE).enumerate() {
-        if i > 0 {
-            out.push_str("; ");
-        }
-        out.push_str(&truncate(&node.line(), MAX_NODE_LINE));
-    }
-    let more = nodes.len().saturating_sub(NODES_IN_MESSAGE);
-    if more > 0 {
-        out.push_str(&format!("; and {more} more"));
-    }
+    let lines = nodes
+        .iter()
+        .take(NODES_IN_MESSAGE)
+        .map(|node| truncate(&node.line(), MAX_NODE_LINE));
+    out.push_str(
+        &List::new(NODES_IN_MESSAGE)
+            .separator("; ")
+            .of_total(lines, nodes.len()),
+    );
     truncate(&out, MAX_MESSAGE)
 }
 

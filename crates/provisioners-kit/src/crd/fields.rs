@@ -259,7 +259,7 @@ fn bound(
 
 /// Values as `a, b, c`, strings without quotes, at most eight of them.
 fn list(values: &[Value]) -> String {
-    crate::list::and_more(
+    provisioners_client::list::and_more(
         values
             .iter()
             .map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_owned)),

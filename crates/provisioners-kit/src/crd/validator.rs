@@ -233,7 +233,7 @@ impl fmt::Display for Checked {
         if self.is_ok() {
             return write!(f, "{} objects valid", self.checked);
         }
-        let shown = crate::list::List::new(self.failures.len())
+        let shown = provisioners_client::list::List::new(self.failures.len())
             .separator("; ")
             .of_total(&self.failures, self.failed);
         write!(

@@ -121,7 +121,7 @@ fn write_lines(f: &mut fmt::Formatter<'_>, path: &str, before: &str, after: &str
         if lines.is_empty() {
             return "(none)".to_owned();
         }
-        crate::list::List::new(3)
+        provisioners_client::list::List::new(3)
             .separator(" | ")
             .noun("lines")
             .of(lines

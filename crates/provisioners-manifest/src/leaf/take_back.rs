@@ -18,8 +18,8 @@ use kube::api::DynamicObject;
 use super::answer::is_field_manager_conflict;
 use super::resolve::Resolved;
 use super::{Manifest, Mode};
+use provisioners_client::list::{List, and_more};
 use provisioners_core::Context;
-use provisioners_kit::list::{List, and_more};
 
 /// How many managers, and fields per manager, a description names.
 const NAMED: usize = 8;

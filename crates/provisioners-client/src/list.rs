@@ -2,7 +2,7 @@
 //! too long to print in full.
 //!
 //! ```
-//! use provisioners_kit::list::{self, List};
+//! use provisioners_client::list::{self, List};
 //!
 //! assert_eq!(list::and_more(["a", "b", "c", "d"], 2), "a, b and 2 more");
 //! assert_eq!(list::and_more(["a", "b"], 2), "a, b");
