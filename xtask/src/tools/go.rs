@@ -84,6 +84,12 @@ pub(super) fn build(package: Package, missing: &[&'static str], cache: &Path) ->
             REGISTRY_VERSION,
             "-s -w",
         )?,
+        Package::HelmController => {
+            super::flux::build(&super::flux::HELM_CONTROLLER, &work, &out, &final_dir)?;
+        }
+        Package::SourceController => {
+            super::flux::build(&super::flux::SOURCE_CONTROLLER, &work, &out, &final_dir)?;
+        }
     }
 
     for bin in missing {
