@@ -195,7 +195,6 @@ fn rewrite_go_mod(go_mod: &str, module: &str, overrides: &[(&str, &str)]) -> Res
 
 /// Copies the module tree `from` (read-only in the module cache) to `to`, writable.
 fn copy_tree(from: &Path, to: &Path) -> Result<()> {
-    use std::os::unix::fs::PermissionsExt as _;
     fs::create_dir_all(to).with_context(|| format!("could not create {}", to.display()))?;
     for entry in fs::read_dir(from).with_context(|| format!("could not read {}", from.display()))? {
         let entry = entry?;
@@ -204,15 +203,20 @@ fn copy_tree(from: &Path, to: &Path) -> Result<()> {
         if kind.is_dir() {
             copy_tree(&src, &dst)?;
         } else if kind.is_file() {
-            fs::copy(&src, &dst).with_context(|| {
-                format!("could not copy {} to {}", src.display(), dst.display())
-            })?;
-            let mode = fs::metadata(&dst)?.permissions().mode() | 0o200;
-            fs::set_permissions(&dst, fs::Permissions::from_mode(mode))
-                .with_context(|| format!("could not make {} writable", dst.display()))?;
+            copy_writable(&src, &dst)?;
         }
     }
     Ok(())
+}
+
+/// Copies one file, owner-writable whatever the source's mode.
+fn copy_writable(from: &Path, to: &Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    fs::copy(from, to)
+        .with_context(|| format!("could not copy {} to {}", from.display(), to.display()))?;
+    let mode = fs::metadata(to)?.permissions().mode() | 0o200;
+    fs::set_permissions(to, fs::Permissions::from_mode(mode))
+        .with_context(|| format!("could not make {} writable", to.display()))
 }
 
 /// Copies the `*.yaml` CRDs of `from` into `to`.
@@ -222,10 +226,7 @@ fn copy_crds(from: &Path, to: &Path) -> Result<()> {
     for entry in fs::read_dir(from).with_context(|| format!("could not read {}", from.display()))? {
         let path = entry?.path();
         if path.extension().is_some_and(|e| e == "yaml") {
-            let dst = to.join(path.file_name().unwrap_or_default());
-            fs::copy(&path, &dst).with_context(|| {
-                format!("could not copy {} to {}", path.display(), dst.display())
-            })?;
+            copy_writable(&path, &to.join(path.file_name().unwrap_or_default()))?;
             copied += 1;
         }
     }

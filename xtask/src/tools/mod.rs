@@ -288,7 +288,7 @@ fn obtain(set: &[Package], cache: &Path, assets: Option<&Path>) -> Result<()> {
     if set.iter().any(|p| matches!(p, Package::Kubernetes)) {
         eprintln!("tools: from empty Go caches this takes about 8 minutes on 2 cores");
     } else {
-        eprintln!("tools: from empty Go caches this takes about 10 minutes on 2 cores");
+        eprintln!("tools: from empty Go caches this takes about 13 minutes on 2 cores");
     }
     for (i, (package, missing)) in todo.iter().enumerate() {
         let started = Instant::now();
