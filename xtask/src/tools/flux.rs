@@ -3,9 +3,9 @@
 //! default `cargo xtask tools`, and so `cargo xtask test` and CI, never builds.
 //!
 //! Each controller is built from its downloaded module source rather than by
-//! `go install pkg@version`: the module's `go.mod` replaces its nested `api`
-//! module with `./api`, a directory that is a module of its own and so is not
-//! in the module download. The build copies the module into a writable work
+//! `go install pkg@version` (in [`super::go`], with what this file prepares):
+//! the module's `go.mod` replaces its nested `api` module with its local
+//! `api` directory, a module of its own and so not in the module download. The build copies the module into a writable work
 //! directory, drops that replace (the `require` line then takes the published
 //! `api` module at the same version) and applies [`Controller::overrides`]
 //! for replacements the module proxy does not serve; the module's own
@@ -17,9 +17,6 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, Result, bail};
-
-use super::go::{go_mod_download, go_shell};
-use crate::process::{CmdExt as _, cmd};
 
 /// helm-controller release (`github.com/fluxcd/helm-controller`).
 pub(crate) const HELM_CONTROLLER_VERSION: &str = "v1.6.3";
@@ -95,17 +92,15 @@ pub(super) fn crds_missing(dir: &Path) -> bool {
     !dir.join(CRDS_DIR).is_dir()
 }
 
-/// Builds `controller` into `out/<binary>` and copies its CRDs into `final_dir/crds`.
-pub(super) fn build(
+/// A writable copy of the downloaded module `module_dir` in `work/src`, its
+/// `go.mod` rewritten ([`rewrite_go_mod`]): where `go build` runs.
+pub(super) fn prepare_source(
     controller: &Controller,
+    module_dir: &Path,
     work: &Path,
-    out: &Path,
-    final_dir: &Path,
-) -> Result<()> {
-    let module = go_mod_download(work, controller.module, controller.version)?;
-
+) -> Result<PathBuf> {
     let src = work.join("src");
-    copy_tree(&module.dir, &src)?;
+    copy_tree(module_dir, &src)?;
     let go_mod_path = src.join("go.mod");
     let go_mod = fs::read_to_string(&go_mod_path)
         .with_context(|| format!("could not read {}", go_mod_path.display()))?;
@@ -113,22 +108,19 @@ pub(super) fn build(
         .with_context(|| format!("could not rewrite {}", go_mod_path.display()))?;
     fs::write(&go_mod_path, rewritten)
         .with_context(|| format!("could not write {}", go_mod_path.display()))?;
+    Ok(src)
+}
 
-    let sh = go_shell(&src)?;
-    // `-mod=mod`: the dropped `./api` replace and any override need go.sum lines.
-    sh.set_var("GOFLAGS", "-buildvcs=false -mod=mod");
-    let binary = out.join(controller.binary);
-    cmd!(sh, "go build -trimpath '-ldflags=-s -w' -o {binary} .").output_checked()?;
-
+/// Copies the module's CRDs into `out/crds`, then moves that into `final_dir/crds`.
+pub(super) fn install_crds(module_dir: &Path, out: &Path, final_dir: &Path) -> Result<()> {
     let crds = out.join(CRDS_DIR);
-    copy_crds(&module.dir.join(MODULE_CRDS), &crds)?;
+    copy_crds(&module_dir.join(MODULE_CRDS), &crds)?;
     let to = final_dir.join(CRDS_DIR);
     if to.exists() {
         fs::remove_dir_all(&to).with_context(|| format!("could not remove {}", to.display()))?;
     }
     fs::rename(&crds, &to)
-        .with_context(|| format!("could not move {} to {}", crds.display(), to.display()))?;
-    Ok(())
+        .with_context(|| format!("could not move {} to {}", crds.display(), to.display()))
 }
 
 /// `go_mod` with every `replace` of a module nested in `module` by a relative
