@@ -28,6 +28,7 @@ tasks:
   bench     benchmarks, printed side by side; see docs/benchmarks.md
   fuzz      the decoders of tenant input under many property cases [--cases N]; see docs/testing.md
   tools     build the pinned control-plane and Helm binaries into the cache (--print: paths)
+            [flux]: Flux's helm-controller and source-controller instead; see docs/flux.md
   cluster   up|down|env|status [--name NAME]: a local control plane; see docs/testing.md
   help      this text
 ";

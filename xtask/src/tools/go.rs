@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, Result, bail};
 
+use super::flux;
 use super::{
     ETCD_VERSION, HELM3_VERSION, HELM4_VERSION, KUBERNETES_VERSION, KWOK_STAGES, KWOK_STAGES_FILE,
     KWOK_VERSION, Package, REGISTRY_VERSION,
@@ -84,6 +85,12 @@ pub(super) fn build(package: Package, missing: &[&'static str], cache: &Path) ->
             REGISTRY_VERSION,
             "-s -w",
         )?,
+        Package::HelmController => {
+            build_controller(&flux::HELM_CONTROLLER, &work, &out, &final_dir)?;
+        }
+        Package::SourceController => {
+            build_controller(&flux::SOURCE_CONTROLLER, &work, &out, &final_dir)?;
+        }
     }
 
     for bin in missing {
@@ -94,6 +101,24 @@ pub(super) fn build(package: Package, missing: &[&'static str], cache: &Path) ->
     }
     fs::remove_dir_all(&work).with_context(|| format!("could not remove {}", work.display()))?;
     Ok(())
+}
+
+/// A Flux controller into `out/<binary>`, from a writable copy of its
+/// downloaded module ([`flux::prepare_source`]), and its CRDs into `final_dir`.
+fn build_controller(
+    controller: &flux::Controller,
+    work: &Path,
+    out: &Path,
+    final_dir: &Path,
+) -> Result<()> {
+    let module = go_mod_download(work, controller.module, controller.version)?;
+    let src = flux::prepare_source(controller, &module.dir, work)?;
+    let sh = go_shell(&src)?;
+    // `-mod=mod`: the dropped `./api` replace and any override need go.sum lines.
+    sh.set_var("GOFLAGS", "-buildvcs=false -mod=mod");
+    let binary = out.join(controller.binary);
+    cmd!(sh, "go build -trimpath '-ldflags=-s -w' -o {binary} .").output_checked()?;
+    flux::install_crds(&module.dir, out, final_dir)
 }
 
 /// `go install module/cmd@version` with `GOBIN` pointing at `out`.

@@ -6,8 +6,11 @@
 //! A warm run only looks at files and never starts `go`.
 //! `KUBEBUILDER_ASSETS`, when set, supplies any binary it holds (usually
 //! `kube-apiserver`, `etcd` and `kubectl`); the rest is built ([`go`]).
+//! `cargo xtask tools flux` builds the opt-in [`flux`] set instead, which
+//! nothing else builds.
 
 pub(crate) mod crds;
+pub(crate) mod flux;
 mod go;
 
 use std::fmt::Write as _;
@@ -72,10 +75,13 @@ enum Package {
     Helm3,
     Helm4,
     Registry,
+    HelmController,
+    SourceController,
 }
 
 impl Package {
-    const ALL: [Package; 6] = [
+    /// What `cargo xtask tools` (and so the tests, the benches and CI) builds.
+    const DEFAULT: [Package; 6] = [
         Package::Kubernetes,
         Package::Etcd,
         Package::Kwok,
@@ -83,6 +89,9 @@ impl Package {
         Package::Helm4,
         Package::Registry,
     ];
+
+    /// The opt-in set of `cargo xtask tools flux`.
+    const FLUX: [Package; 2] = [Package::HelmController, Package::SourceController];
 
     fn name(self) -> &'static str {
         match self {
@@ -92,6 +101,8 @@ impl Package {
             Package::Helm3 => "helm3",
             Package::Helm4 => "helm4",
             Package::Registry => "registry",
+            Package::HelmController => "helm-controller",
+            Package::SourceController => "source-controller",
         }
     }
 
@@ -103,6 +114,8 @@ impl Package {
             Package::Helm3 => HELM3_VERSION,
             Package::Helm4 => HELM4_VERSION,
             Package::Registry => REGISTRY_VERSION,
+            Package::HelmController => flux::HELM_CONTROLLER_VERSION,
+            Package::SourceController => flux::SOURCE_CONTROLLER_VERSION,
         }
     }
 
@@ -119,6 +132,8 @@ impl Package {
             Package::Kwok => &["kwok"],
             Package::Helm3 | Package::Helm4 => &["helm"],
             Package::Registry => &["registry"],
+            Package::HelmController => &["helm-controller"],
+            Package::SourceController => &["source-controller"],
         }
     }
 
@@ -132,22 +147,29 @@ impl Package {
     }
 }
 
-/// `cargo xtask tools [--print]`.
+/// `cargo xtask tools [flux] [--print]`.
 pub(crate) fn run(args: &[String]) -> Result<()> {
-    let print = match args {
-        [] => false,
-        [flag] if flag == "--print" => true,
-        _ => bail!("usage: cargo xtask tools [--print]"),
+    let words: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (flux, print) = match words.as_slice() {
+        [] => (false, false),
+        ["--print"] => (false, true),
+        ["flux"] => (true, false),
+        ["flux", "--print"] | ["--print", "flux"] => (true, true),
+        _ => bail!("usage: cargo xtask tools [flux] [--print]"),
     };
     let started = Instant::now();
-    let tools = ensure()?;
+    let described = if flux {
+        ensure_flux()?.describe()
+    } else {
+        ensure()?.describe()
+    };
     eprintln!(
         "tools ready in {:.2?} (cache: {})",
         started.elapsed(),
         cache_dir()?.display()
     );
     if print {
-        println!("{}", tools.describe());
+        println!("{described}");
     }
     Ok(())
 }
@@ -189,63 +211,8 @@ pub(crate) fn cache_dir() -> Result<PathBuf> {
 /// Returns every tool, building what is missing. Cheap when all are cached.
 pub(crate) fn ensure() -> Result<Tools> {
     let cache = cache_dir()?;
-    let assets = std::env::var_os("KUBEBUILDER_ASSETS")
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from);
-    if let Some(assets) = assets.as_ref().filter(|dir| !dir.is_dir()) {
-        bail!("KUBEBUILDER_ASSETS={} is not a directory", assets.display());
-    }
-
-    let mut todo = missing(&cache, assets.as_deref());
-    // Held while building, so concurrent runs neither clobber each other's
-    // work directories nor build twice.
-    let _lock = if todo.is_empty() {
-        None
-    } else {
-        let lock = lock_cache(&cache)?;
-        todo = missing(&cache, assets.as_deref());
-        Some(lock)
-    };
-
-    if !todo.is_empty() {
-        let go = check_go()?;
-        eprintln!(
-            "tools: building {} package(s) into {} with {go}",
-            todo.len(),
-            cache.display()
-        );
-        eprintln!("tools: from empty Go caches this takes about 8 minutes on 2 cores");
-        for (i, (package, missing)) in todo.iter().enumerate() {
-            let started = Instant::now();
-            let what = if missing.is_empty() {
-                "kwok stages".to_owned()
-            } else {
-                missing.join(", ")
-            };
-            eprintln!(
-                "tools: [{}/{}] {} {}: {what} ...",
-                i + 1,
-                todo.len(),
-                package.name(),
-                package.version()
-            );
-            build(*package, missing, &cache).with_context(|| {
-                format!(
-                    "could not obtain {} {} ({what})",
-                    package.name(),
-                    package.version()
-                )
-            })?;
-            eprintln!(
-                "tools: [{}/{}] {} {} done in {}",
-                i + 1,
-                todo.len(),
-                package.name(),
-                package.version(),
-                human(started.elapsed())
-            );
-        }
-    }
+    let assets = kubebuilder_assets()?;
+    obtain(&Package::DEFAULT, &cache, assets.as_deref())?;
 
     // Test data, not a tool: without it one test is skipped, not all.
     if let Err(error) = crds::ensure(&cache) {
@@ -270,6 +237,92 @@ pub(crate) fn ensure() -> Result<Tools> {
     })
 }
 
+/// Returns the Flux controllers ([`flux`]), building what is missing.
+pub(crate) fn ensure_flux() -> Result<flux::Flux> {
+    let cache = cache_dir()?;
+    obtain(&Package::FLUX, &cache, None)?;
+    let get = |package: Package, bin: &str| -> Result<PathBuf> {
+        locate(package, bin, &cache, None)
+            .with_context(|| format!("{bin} is still missing after the build"))
+    };
+    Ok(flux::Flux {
+        helm_controller: get(Package::HelmController, "helm-controller")?,
+        source_controller: get(Package::SourceController, "source-controller")?,
+        helm_controller_crds: Package::HelmController.dir(&cache).join(flux::CRDS_DIR),
+        source_controller_crds: Package::SourceController.dir(&cache).join(flux::CRDS_DIR),
+    })
+}
+
+/// `KUBEBUILDER_ASSETS`, when set (an error when it is no directory).
+fn kubebuilder_assets() -> Result<Option<PathBuf>> {
+    let assets = std::env::var_os("KUBEBUILDER_ASSETS")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from);
+    if let Some(assets) = assets.as_ref().filter(|dir| !dir.is_dir()) {
+        bail!("KUBEBUILDER_ASSETS={} is not a directory", assets.display());
+    }
+    Ok(assets)
+}
+
+/// Builds whatever of `set` is missing from the cache, under the cache lock.
+fn obtain(set: &[Package], cache: &Path, assets: Option<&Path>) -> Result<()> {
+    let mut todo = missing(set, cache, assets);
+    // Held while building, so concurrent runs neither clobber each other's
+    // work directories nor build twice.
+    let _lock = if todo.is_empty() {
+        None
+    } else {
+        let lock = lock_cache(cache)?;
+        todo = missing(set, cache, assets);
+        Some(lock)
+    };
+    if todo.is_empty() {
+        return Ok(());
+    }
+    let go = check_go()?;
+    eprintln!(
+        "tools: building {} package(s) into {} with {go}",
+        todo.len(),
+        cache.display()
+    );
+    if set.iter().any(|p| matches!(p, Package::Kubernetes)) {
+        eprintln!("tools: from empty Go caches this takes about 8 minutes on 2 cores");
+    } else {
+        eprintln!("tools: from empty Go caches this takes about 13 minutes on 2 cores");
+    }
+    for (i, (package, missing)) in todo.iter().enumerate() {
+        let started = Instant::now();
+        let what = if missing.is_empty() {
+            "kwok stages".to_owned()
+        } else {
+            missing.join(", ")
+        };
+        eprintln!(
+            "tools: [{}/{}] {} {}: {what} ...",
+            i + 1,
+            todo.len(),
+            package.name(),
+            package.version()
+        );
+        build(*package, missing, cache).with_context(|| {
+            format!(
+                "could not obtain {} {} ({what})",
+                package.name(),
+                package.version()
+            )
+        })?;
+        eprintln!(
+            "tools: [{}/{}] {} {} done in {}",
+            i + 1,
+            todo.len(),
+            package.name(),
+            package.version(),
+            human(started.elapsed())
+        );
+    }
+    Ok(())
+}
+
 /// An exclusive lock on the cache, waited for if another process holds it.
 fn lock_cache(cache: &Path) -> Result<File> {
     fs::create_dir_all(cache)
@@ -285,15 +338,22 @@ fn lock_cache(cache: &Path) -> Result<File> {
     Ok(file)
 }
 
-/// Packages with something missing, and which of their binaries that is.
-fn missing(cache: &Path, assets: Option<&Path>) -> Vec<(Package, Vec<&'static str>)> {
+/// Packages of `set` with something missing, and which of their binaries that is.
+fn missing(
+    set: &[Package],
+    cache: &Path,
+    assets: Option<&Path>,
+) -> Vec<(Package, Vec<&'static str>)> {
     let mut todo = Vec::new();
-    for package in Package::ALL {
+    for &package in set {
+        let crds_missing = matches!(package, Package::HelmController | Package::SourceController)
+            && flux::crds_missing(&package.dir(cache));
+        // A controller's CRDs come with its build: without them, build it all again.
         let bins: Vec<&'static str> = package
             .binaries()
             .iter()
             .copied()
-            .filter(|bin| locate(package, bin, cache, assets).is_none())
+            .filter(|bin| crds_missing || locate(package, bin, cache, assets).is_none())
             .collect();
         let stages_missing = matches!(package, Package::Kwok)
             && !package.dir(cache).join(KWOK_STAGES_FILE).is_file();
