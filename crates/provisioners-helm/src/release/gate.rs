@@ -11,11 +11,10 @@
 
 use std::sync::Arc;
 
-use futures::stream::{self, StreamExt as _};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, DeleteParams, DynamicObject, Preconditions, PropagationPolicy};
 use provisioners_core::{Context, Error, Operation, Result};
-use provisioners_kit::keep;
+use provisioners_kit::{concurrent, keep};
 
 use super::args;
 use super::background::Purpose;
@@ -120,10 +119,7 @@ async fn live_metadata(
     for object in objects {
         reads.push(resolver.api(object).await?);
     }
-    stream::iter(reads)
-        .map(read_metadata)
-        .buffered(READS_AT_ONCE)
-        .collect::<Vec<Result<_>>>()
+    concurrent::in_order(reads.into_iter().map(read_metadata).collect(), READS_AT_ONCE)
         .await
         .into_iter()
         .collect()
