@@ -138,7 +138,7 @@ async fn read_metadata(
     let meta = api
         .get_metadata_opt(&resolved.name)
         .await
-        .map_err(|e| Error::kube(format_args!("reading {}", resolved.shown()), e))?;
+        .map_err(|e| Error::kube(format_args!("reading {resolved}"), e))?;
     Ok(meta.map(|meta| (resolved, meta.metadata)))
 }
 
@@ -171,9 +171,9 @@ pub(super) async fn remaining(resolver: &mut Resolver, seen: &[Seen]) -> Result<
         .into_iter()
         .map(|(object, deleting)| {
             if deleting {
-                format!("{} (deleting)", object.shown())
+                format!("{object} (deleting)")
             } else {
-                object.shown()
+                object.to_string()
             }
         })
         .collect())
@@ -286,11 +286,7 @@ pub(super) async fn uninstall_ledger(
         .await
         .map_err(|e| {
             Error::kube(
-                format_args!(
-                    "deleting {} of release `{}`",
-                    resolved.shown(),
-                    release.id()
-                ),
+                format_args!("deleting {resolved} of release `{}`", release.id()),
                 e,
             )
         })?;

@@ -78,17 +78,15 @@ pub(super) fn check(objects: &[Live]) -> NotReady {
             // may while a CRD is being established.
             if !*served {
                 not_ready.waiting.push(format!(
-                    "{}: the cluster does not serve {} {}",
-                    object.shown(),
-                    object.api_version,
-                    object.kind
+                    "{object}: the cluster does not serve {} {}",
+                    object.api_version, object.kind
                 ));
             }
             continue;
         };
         not_ready.add(
             readiness::check(object.group(), &object.kind, live),
-            |why| format!("{}: {why}", object.shown()),
+            |why| format!("{object}: {why}"),
         );
     }
     not_ready
