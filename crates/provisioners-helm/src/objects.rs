@@ -10,47 +10,10 @@ use provisioners_kit::discovery::Discovery;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-/// One object of a release. `namespace` is the one the object lives in once
-/// [resolved](Resolver::api): `None` for a cluster-scoped object.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub(crate) struct ObjectRef {
-    pub(crate) api_version: String,
-    pub(crate) kind: String,
-    pub(crate) name: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) namespace: Option<String>,
-}
-
-impl ObjectRef {
-    pub(crate) fn from_document(document: &Value) -> Option<Self> {
-        let metadata = document.get("metadata")?;
-        Some(ObjectRef {
-            api_version: document.get("apiVersion")?.as_str()?.to_owned(),
-            kind: document.get("kind")?.as_str()?.to_owned(),
-            name: metadata.get("name")?.as_str()?.to_owned(),
-            namespace: metadata
-                .get("namespace")
-                .and_then(Value::as_str)
-                .map(str::to_owned),
-        })
-    }
-
-    /// The API group (`""` for the core group).
-    pub(crate) fn group(&self) -> &str {
-        self.api_version
-            .split_once('/')
-            .map_or("", |(group, _)| group)
-    }
-
-    /// `Kind ns/name` or `Kind name`, for messages.
-    pub(crate) fn shown(&self) -> String {
-        match &self.namespace {
-            Some(ns) => format!("{} {ns}/{}", self.kind, self.name),
-            None => format!("{} {}", self.kind, self.name),
-        }
-    }
-}
+/// One object of a release: kit's [`ObjectRef`], whose `namespace` is the
+/// one the object lives in once [resolved](Resolver::api) (`None` for a
+/// cluster-scoped object).
+pub(crate) use provisioners_kit::object::ObjectRef;
 
 /// A live object of a release when its uninstall began: its UID tells it
 /// from a later object of the same name (which is not ours to wait for).
@@ -253,9 +216,9 @@ mod tests {
         let manifest = "---\n# Source: x/templates/a.yaml\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: a\n---\n# empty\n---\napiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: web\n  namespace: other\nspec: {}\n";
         let objects = parse_manifest("ns/x", manifest).unwrap();
         assert_eq!(objects.len(), 2);
-        assert_eq!(objects[0].0.shown(), "ConfigMap a");
+        assert_eq!(objects[0].0.to_string(), "ConfigMap a");
         assert_eq!(objects[0].0.group(), "");
-        assert_eq!(objects[1].0.shown(), "Deployment other/web");
+        assert_eq!(objects[1].0.to_string(), "Deployment other/web");
         assert_eq!(objects[1].0.group(), "apps");
         assert_eq!(objects[1].1["spec"], json!({}));
         let error = parse_manifest("ns/x", "a: [\n").unwrap_err();

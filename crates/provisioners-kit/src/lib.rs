@@ -33,6 +33,9 @@
 //!   message names a long list;
 //! - [`object`]: [`ObjectRef`](object::ObjectRef), one object on a
 //!   cluster as both leaves name it;
+//! - [`gone`]: the UID gate, how both leaves delete an object only while
+//!   it is the one they read ([`gone::delete`]) and wait until no object
+//!   with that UID is left ([`gone::still_there`]);
 //! - [`concurrent`]: requests run with a bound, every slot kept busy,
 //!   results in the order asked ([`concurrent::in_order`]);
 //! - [`SingleFlight`]: per-cluster state that callers learning the same
@@ -74,6 +77,7 @@ pub mod diff;
 pub mod discovery;
 pub mod drift;
 mod flight;
+pub mod gone;
 pub mod keep;
 pub mod object;
 pub mod plan;

@@ -27,7 +27,9 @@ use serde_json::Value;
 /// for a cluster-scoped object) and name.
 ///
 /// Serialized as `{"apiVersion", "kind", "namespace"?, "name"}`, the form
-/// the manifest leaf's inventories store: it must not change.
+/// the manifest leaf's inventories and the helm leaf's records store: it
+/// must not change. (Both are read by field name; helm's ledger signs a
+/// fixed field order of its own, so it does not depend on this one.)
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct ObjectRef {
     /// `apps/v1`, `v1`.

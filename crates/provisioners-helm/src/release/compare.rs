@@ -58,11 +58,11 @@ async fn read(resolver: &mut Resolver, object: &ObjectRef) -> Result<Read> {
     let live: Option<DynamicObject> = api
         .get_opt(&object.name)
         .await
-        .map_err(|e| Error::kube(format_args!("reading {}", resolved.shown()), e))?;
+        .map_err(|e| Error::kube(format_args!("reading {resolved}"), e))?;
     let live = live
         .map(|live| {
             serde_json::to_value(&live)
-                .map_err(|e| Error::failed(format!("{} could not be read: {e}", resolved.shown())))
+                .map_err(|e| Error::failed(format!("{resolved} could not be read: {e}")))
         })
         .transpose()?;
     Ok(Read::Served(resolved, live))

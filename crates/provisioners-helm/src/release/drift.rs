@@ -141,11 +141,11 @@ pub(super) fn check(objects: &[Live]) -> Drifted {
             // Not served: a CRD that is gone; the repair cannot bring it back
             // when helm keeps CRDs in `crds/`, and readiness reports it.
             None if !*served => {}
-            None => drifted.deleted.push(object.shown()),
+            None => drifted.deleted.push(object.to_string()),
             Some(live) => {
                 if !contains_rendered(live, &as_stored(&object.kind, desired)) {
-                    drifted.changed.push(object.shown());
-                    hasher.update(object.shown().as_bytes());
+                    drifted.changed.push(object.to_string());
+                    hasher.update(object.to_string().as_bytes());
                     let mut content = Vec::new();
                     if let Value::Object(map) = live {
                         let mut map = map.clone();

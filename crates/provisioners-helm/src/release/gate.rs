@@ -11,11 +11,10 @@
 
 use std::sync::Arc;
 
-use futures::stream::{self, StreamExt as _};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{Api, DeleteParams, DynamicObject, Preconditions, PropagationPolicy};
+use kube::api::{Api, DynamicObject, PropagationPolicy};
 use provisioners_core::{Context, Error, Operation, Result};
-use provisioners_kit::keep;
+use provisioners_kit::{concurrent, gone as kit_gone, keep};
 
 use super::args;
 use super::background::Purpose;
@@ -120,13 +119,13 @@ async fn live_metadata(
     for object in objects {
         reads.push(resolver.api(object).await?);
     }
-    stream::iter(reads)
-        .map(read_metadata)
-        .buffered(READS_AT_ONCE)
-        .collect::<Vec<Result<_>>>()
-        .await
-        .into_iter()
-        .collect()
+    concurrent::in_order(
+        reads.into_iter().map(read_metadata).collect(),
+        READS_AT_ONCE,
+    )
+    .await
+    .into_iter()
+    .collect()
 }
 
 /// One object's live metadata, if its kind is served and it exists.
@@ -139,7 +138,7 @@ async fn read_metadata(
     let meta = api
         .get_metadata_opt(&resolved.name)
         .await
-        .map_err(|e| Error::kube(format_args!("reading {}", resolved.shown()), e))?;
+        .map_err(|e| Error::kube(format_args!("reading {resolved}"), e))?;
     Ok(meta.map(|meta| (resolved, meta.metadata)))
 }
 
@@ -172,9 +171,9 @@ pub(super) async fn remaining(resolver: &mut Resolver, seen: &[Seen]) -> Result<
         .into_iter()
         .map(|(object, deleting)| {
             if deleting {
-                format!("{} (deleting)", object.shown())
+                format!("{object} (deleting)")
             } else {
-                object.shown()
+                object.to_string()
             }
         })
         .collect())
@@ -193,7 +192,7 @@ pub(super) async fn remaining_objects(
         .zip(live)
         .filter_map(|(Seen { uid, .. }, live)| {
             let (resolved, meta) = live?;
-            if meta.uid.as_ref() != Some(uid) || kept(&meta) {
+            if !kit_gone::still_there(Some(&meta), uid) || kept(&meta) {
                 return None;
             }
             let deleting = meta.deletion_timestamp.is_some();
@@ -276,29 +275,21 @@ pub(super) async fn uninstall_ledger(
         let Some((api, resolved)) = resolver.api(object).await? else {
             continue;
         };
-        let params = DeleteParams {
-            preconditions: Some(Preconditions {
-                uid: Some(uid.clone()),
-                resource_version: None,
-            }),
-            propagation_policy: Some(PropagationPolicy::Foreground),
-            ..DeleteParams::default()
-        };
-        match api.delete(&resolved.name, &params).await {
-            Ok(_) => {}
-            // Gone, or another object by now (its UID is not ours).
-            Err(kube::Error::Api(status)) if status.is_not_found() || status.code == 409 => {}
-            Err(e) => {
-                return Err(Error::kube(
-                    format_args!(
-                        "deleting {} of release `{}`",
-                        resolved.shown(),
-                        release.id()
-                    ),
-                    e,
-                ));
-            }
-        }
+        // Gone, deleting, or another object by now (its UID is not ours):
+        // `gone` below waits for what is still there.
+        kit_gone::delete(
+            &api,
+            &resolved.name,
+            uid,
+            Some(PropagationPolicy::Foreground),
+        )
+        .await
+        .map_err(|e| {
+            Error::kube(
+                format_args!("deleting {resolved} of release `{}`", release.id()),
+                e,
+            )
+        })?;
     }
     gone(release, cx, &seen, &format!(" ({why})")).await
 }
@@ -315,7 +306,82 @@ fn helm_owns(release: &HelmRelease, meta: &ObjectMeta) -> bool {
 mod tests {
     use std::collections::BTreeMap;
 
+    use http::{Request, Response};
+    use kube::client::Body;
+    use provisioners_core::Cluster;
+    use serde_json::{Value, json};
+    use tower_test::mock;
+
     use super::*;
+
+    fn config_map(name: &str) -> ObjectRef {
+        ObjectRef {
+            api_version: "v1".to_owned(),
+            kind: "ConfigMap".to_owned(),
+            name: name.to_owned(),
+            namespace: None,
+        }
+    }
+
+    /// The gate waits only for what still has the UID it saw: `same` still
+    /// stands, `recreated` is another object by now, `deleted` is gone.
+    /// The reads run at once (all three are asked before any answer) and
+    /// the answers, given in reverse, come back in the order asked.
+    #[tokio::test]
+    async fn only_objects_with_the_uid_seen_remain_read_at_once_in_order() {
+        let (service, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
+        let cx = Context::new(Cluster::unmanaged(
+            "mock",
+            kube::Client::new(service, "apps"),
+        ));
+        let seen: Vec<Seen> = ["same", "recreated", "deleted"]
+            .into_iter()
+            .map(|name| Seen {
+                object: config_map(name),
+                uid: format!("{name}-uid"),
+            })
+            .collect();
+        let server = tokio::spawn(async move {
+            let mut asked = Vec::new();
+            for _ in 0..3 {
+                let (request, respond) = handle.next_request().await.expect("a read");
+                let name = request.uri().path().rsplit('/').next().unwrap().to_owned();
+                asked.push((name, respond));
+            }
+            for (name, respond) in asked.into_iter().rev() {
+                let (status, body): (u16, Value) = match name.as_str() {
+                    "deleted" => (
+                        404,
+                        json!({"kind": "Status", "apiVersion": "v1",
+                        "status": "Failure", "reason": "NotFound", "code": 404}),
+                    ),
+                    _ => {
+                        let uid = if name == "same" {
+                            "same-uid"
+                        } else {
+                            "another-uid"
+                        };
+                        (
+                            200,
+                            json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
+                            "metadata": {"name": name, "namespace": "apps", "uid": uid,
+                                         "deletionTimestamp": "2026-12-07T10:00:00Z"}}),
+                        )
+                    }
+                };
+                respond.send_response(
+                    Response::builder()
+                        .status(status)
+                        .body(Body::from(serde_json::to_vec(&body).unwrap()))
+                        .unwrap(),
+                );
+            }
+        });
+        let mut resolver = Resolver::new(&cx, "apps");
+        let remaining = remaining(&mut resolver, &seen).await.unwrap();
+        server.await.unwrap();
+        assert_eq!(remaining, ["ConfigMap apps/same (deleting)"]);
+    }
 
     #[test]
     fn keep_is_read_like_helm_does() {

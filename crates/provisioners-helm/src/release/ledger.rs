@@ -34,7 +34,7 @@ use serde::{Deserialize, Serialize};
 
 use super::builder::HelmRelease;
 use super::lease;
-use crate::objects::ObjectRef;
+use provisioners_kit::object::ObjectRef;
 
 /// The annotation on the release's Lease holding the ledger: base64 of
 /// gzipped JSON `{"revision": N, "objects": [...], "mac": "..."}`.
@@ -68,6 +68,31 @@ pub(crate) struct Ledger {
     /// With owner keys: the authenticator over the rest.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     mac: Option<String>,
+}
+
+/// One object as the authenticator covers it: `apiVersion, kind, name,
+/// namespace`, the field order of helm's own `ObjectRef` before it became
+/// kit's [`ObjectRef`] (which puts `namespace` before `name`). Kept apart
+/// from the stored form so that ledgers written before still verify.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Listed<'a> {
+    api_version: &'a str,
+    kind: &'a str,
+    name: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    namespace: Option<&'a str>,
+}
+
+impl<'a> From<&'a ObjectRef> for Listed<'a> {
+    fn from(object: &'a ObjectRef) -> Self {
+        Listed {
+            api_version: &object.api_version,
+            kind: &object.kind,
+            name: &object.name,
+            namespace: object.namespace.as_deref(),
+        }
+    }
 }
 
 impl Ledger {
@@ -106,7 +131,8 @@ impl Ledger {
     }
 
     fn fields(&self, namespace: &str, release: &str, owner: &str) -> [String; 6] {
-        let listed = serde_json::to_vec(&self.objects).unwrap_or_default();
+        let listed: Vec<Listed<'_>> = self.objects.iter().map(Listed::from).collect();
+        let listed = serde_json::to_vec(&listed).unwrap_or_default();
         [
             LEDGER_TAG.to_owned(),
             namespace.to_owned(),
@@ -246,6 +272,31 @@ mod tests {
                 .unwrap_err()
                 .contains("base64")
         );
+    }
+
+    /// A ledger as the code before `ObjectRef` moved to kit wrote it
+    /// (fields `apiVersion, kind, name, namespace`), signed with key `[7; 32]`
+    /// for the release `apps/web`.
+    const OLD_LEDGER: &str = "H4sIAAAAAAAA/12Muw7CIBSG3+XMTRVaWnR1dnFwMQ4HOCheCoHawabvLo0mRrf/9v0jRBpccr6DdVWAVxfSfYL1YQQMbk/xXUFUqEt89Gcf3RP7HJZXmUrnFwODAq6uM3m1uT1ST3Hnb5TDDu80ozAVf28/jO+sO20xfAn9kSmgnj2GkGA6FnBHnS0TFjkapkVNpm20ro1hpFrGed5TsxJWGkQrZLWywkjbqkq2liteS9uoJUwv442BG/YAAAA=";
+
+    #[tokio::test]
+    async fn a_ledger_written_before_object_ref_moved_to_kit_still_verifies() {
+        let (cx, _server) = mock::context();
+        let cx = cx.with_extension(OwnerKeys::new(vec![7; 32]).unwrap());
+        let id = ("apps", "web");
+        let mut role = object("ClusterRole", "r");
+        role.api_version = "rbac.authorization.k8s.io/v1".to_owned();
+        let mut config = object("ConfigMap", "c");
+        config.namespace = Some("apps".to_owned());
+        let written = Ledger::new(&cx, id, 3, vec![role, config]);
+        let decoded = Ledger::decode(&cx, id, OLD_LEDGER).unwrap();
+        assert_eq!(decoded.objects, written.objects);
+        // A ledger written now carries the same authenticator.
+        assert_eq!(decoded, written);
+        // Its stored JSON is kit's form; the authenticator is not over it.
+        let mut forged = decoded;
+        forged.objects[1].name = "d".to_owned();
+        assert!(Ledger::decode(&cx, id, &forged.encoded()).is_err());
     }
 
     /// gzip of `{"revision":1,"objects":[` and `count` minimal objects.

@@ -146,11 +146,10 @@ pub(super) async fn read(
         let (index, resolved, desired, live) = joined
             .map_err(|e| Error::failed(format!("reading a release's objects failed: {e}")))?;
         let live = live
-            .map_err(|e| Error::kube(format_args!("reading {}", resolved.shown()), e))?
+            .map_err(|e| Error::kube(format_args!("reading {resolved}"), e))?
             .map(|live| {
-                serde_json::to_value(&live).map_err(|e| {
-                    Error::failed(format!("{} could not be read: {e}", resolved.shown()))
-                })
+                serde_json::to_value(&live)
+                    .map_err(|e| Error::failed(format!("{resolved} could not be read: {e}")))
             })
             .transpose()?;
         if let Some(slot) = objects.get_mut(index) {

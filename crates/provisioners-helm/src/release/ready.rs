@@ -78,17 +78,15 @@ pub(super) fn check(objects: &[Live]) -> NotReady {
             // may while a CRD is being established.
             if !*served {
                 not_ready.waiting.push(format!(
-                    "{}: the cluster does not serve {} {}",
-                    object.shown(),
-                    object.api_version,
-                    object.kind
+                    "{object}: the cluster does not serve {} {}",
+                    object.api_version, object.kind
                 ));
             }
             continue;
         };
         not_ready.add(
             readiness::check(object.group(), &object.kind, live),
-            |why| format!("{}: {why}", object.shown()),
+            |why| format!("{object}: {why}"),
         );
     }
     not_ready
@@ -112,22 +110,23 @@ pub(super) fn verdict(
     elapsed: Option<Duration>,
     wait: Duration,
 ) -> Result<()> {
-    match not_ready.verdict(elapsed, wait) {
-        Verdict::Ready => Ok(()),
-        Verdict::Failed(failed) => Err(Error::failed(format!(
-            "release `{release}` (revision {revision}) will not become ready without a change: {}",
-            failed.join("; ")
-        ))),
-        Verdict::TimedOut(waiting) => Err(Error::timeout(format!(
-            "release `{release}` (revision {revision}) did not become ready within {}s: {}",
-            wait.as_secs(),
-            waiting.join("; ")
-        ))),
-        Verdict::Waiting(waiting) => Err(Error::yielding(format!(
-            "release `{release}` (revision {revision}) is not ready yet: {}",
-            waiting.join("; ")
-        ))),
-    }
+    not_ready
+        .verdict(elapsed, wait)
+        .outcome(|verdict, lines| {
+            let lines = lines.join("; ");
+            match verdict {
+                Verdict::Failed(_) => format!(
+                    "release `{release}` (revision {revision}) will not become ready without a change: {lines}"
+                ),
+                Verdict::TimedOut(_) => format!(
+                    "release `{release}` (revision {revision}) did not become ready within {}s: {lines}",
+                    wait.as_secs()
+                ),
+                Verdict::Waiting(_) | Verdict::Ready => format!(
+                    "release `{release}` (revision {revision}) is not ready yet: {lines}"
+                ),
+            }
+        })
 }
 
 #[cfg(test)]

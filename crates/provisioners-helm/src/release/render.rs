@@ -252,7 +252,10 @@ mod tests {
         let dry = parse("ns/web", stdout).unwrap();
         assert!(!format!("{dry:?}").contains("s3cr3t"));
         assert_eq!(dry.chart.shown().as_deref(), Some("app-1.2.0"));
-        assert_eq!(dry.objects("ns/web").unwrap()[0].0.shown(), "ConfigMap web");
+        assert_eq!(
+            dry.objects("ns/web").unwrap()[0].0.to_string(),
+            "ConfigMap web"
+        );
         assert_eq!(
             dry.hooks_shown().unwrap(),
             "hooks run by helm, not planned: Job web-migrate (pre-install, pre-upgrade)"
@@ -269,7 +272,7 @@ mod tests {
         let template = b"---\n# Source: app/templates/a.yaml\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: a\n---\napiVersion: batch/v1\nkind: Job\nmetadata:\n  name: migrate\n  annotations:\n    helm.sh/hook: pre-install, pre-upgrade\n---\napiVersion: example.com/v1\nkind: Widget\nmetadata:\n  name: w\n";
         let dry = from_template("ns/web", template).unwrap();
         let objects = dry.objects("ns/web").unwrap();
-        let names: Vec<String> = objects.iter().map(|(o, _)| o.shown()).collect();
+        let names: Vec<String> = objects.iter().map(|(o, _)| o.to_string()).collect();
         assert_eq!(names, ["ConfigMap a", "Widget w"]);
         assert_eq!(dry.hooks[0].events, ["pre-install", "pre-upgrade"]);
         let dir = tempfile::tempdir().unwrap();

@@ -3,19 +3,19 @@
 //! what may be deleted), then (for real) delete or release it.
 //!
 //! A candidate (from the documents or the inventory) is deleted only when
-//! its live object carries our stamp, with a precondition on the UID that
-//! stamp was read from, so a replaced object is never deleted. It is gone
-//! when no live object has that UID.
+//! its live object carries our stamp, through kit's UID gate
+//! ([`provisioners_kit::gone`]): with a precondition on the UID that stamp
+//! was read from, so a replaced object is never deleted. It is gone when no
+//! live object has that UID.
 
-use kube::api::{
-    DeleteParams, DynamicObject, Patch, PatchParams, Preconditions, PropagationPolicy,
-};
+use kube::api::{DynamicObject, Patch, PatchParams, PropagationPolicy};
 use provisioners_core::{Context, Error, Result};
 
 use super::{Manifest, Mode, bounded, dynamic_api};
 use crate::object::ObjectRef;
 use crate::ownership::{Ownership, Stamp, kept};
 use provisioners_kit::discovery::{Discovery, Kind};
+use provisioners_kit::gone;
 
 /// Propagation for deleting an object of `group`/`kind`: foreground for
 /// workloads, so that gating holds (no Pod of a deleted Deployment
@@ -115,19 +115,9 @@ impl Manifest {
                 Err(e) => Err(Error::kube(format_args!("releasing {key}"), e)),
             };
         }
-        let params = DeleteParams {
-            propagation_policy: Some(propagation(cx, key.group(), &key.kind)),
-            preconditions: Some(Preconditions {
-                uid: Some(uid),
-                resource_version: None,
-            }),
-            ..DeleteParams::default()
-        };
-        match api.delete(&key.name, &params).await {
-            Ok(either) => Ok(either.is_right()),
-            Err(kube::Error::Api(status)) if status.code == 404 => Ok(true),
-            // The UID precondition failed: another object took the name.
-            Err(kube::Error::Api(status)) if status.code == 409 => Ok(false),
+        let propagation = propagation(cx, key.group(), &key.kind);
+        match gone::delete(&api, &key.name, &uid, Some(propagation)).await {
+            Ok(deleted) => Ok(deleted.is_gone()),
             Err(e) => Err(Error::kube(format_args!("deleting {key}"), e)),
         }
     }
