@@ -17,9 +17,10 @@
 use std::collections::BTreeSet;
 
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, Preconditions};
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use provisioners_client::bounded::{self, Limits};
 use provisioners_core::{Context, Error, Result};
+use provisioners_kit::gone::{self, Deleted};
 
 use super::Manifest;
 use crate::object::ObjectRef;
@@ -170,16 +171,15 @@ impl Manifest {
             tracing::warn!(inventory = %name, "not deleting an inventory ConfigMap without our stamp");
             return Ok(());
         }
-        let params = DeleteParams {
-            preconditions: Some(Preconditions {
-                uid: live.metadata.uid.clone(),
-                resource_version: None,
-            }),
-            ..DeleteParams::default()
-        };
-        match api.delete(&name, &params).await {
-            Ok(_) => Ok(()),
-            Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+        let uid = live.metadata.uid.as_deref().unwrap_or_default();
+        match gone::delete(&api, &name, uid, None).await {
+            Ok(Deleted::Gone | Deleted::Deleting) => Ok(()),
+            // Another ConfigMap took the name since the read: the next pass
+            // reads it and deletes it only if it is ours.
+            Ok(Deleted::Replaced) => Err(Error::yielding(format!(
+                "the inventory ConfigMap {name} was replaced while it was being deleted; \
+                 looking again"
+            ))),
             Err(e) => Err(Error::kube(
                 format_args!("deleting the inventory ConfigMap {name}"),
                 e,

@@ -1,8 +1,9 @@
 //! Objects whose immutable fields change: the [`ReplacePolicy`], telling an
 //! immutable-field rejection from any other, and delete-and-recreate.
 
-use kube::api::{DeleteParams, DynamicObject, Preconditions};
+use kube::api::DynamicObject;
 use provisioners_core::{Context, Error, Result};
+use provisioners_kit::gone::{self, Deleted};
 
 use super::answer::apply_error;
 use super::delete::propagation;
@@ -138,24 +139,15 @@ impl Manifest {
         if live.metadata.deletion_timestamp.is_some() {
             return Err(waiting());
         }
-        let params = DeleteParams {
-            propagation_policy: Some(propagation(cx, key.group(), &key.kind)),
-            preconditions: Some(Preconditions {
-                uid: live.metadata.uid.clone(),
-                resource_version: None,
-            }),
-            ..DeleteParams::default()
-        };
+        let uid = live.metadata.uid.as_deref().unwrap_or_default();
+        let propagation = Some(propagation(cx, key.group(), &key.kind));
         tracing::info!(object = %key, fields = %fields_text, "replacing: an immutable field changes");
-        match api.delete(&key.name, &params).await {
+        match gone::delete(&api, &key.name, uid, propagation).await {
             // Deleted at once (no finalizers, no dependents to wait for).
-            Ok(either) if either.is_right() => self.apply_checked(cx, object, force).await,
-            Ok(_) => Err(waiting()),
-            Err(kube::Error::Api(status)) if status.code == 404 => {
-                self.apply_checked(cx, object, force).await
-            }
-            // The UID precondition failed: someone replaced it meanwhile.
-            Err(kube::Error::Api(status)) if status.code == 409 => Err(waiting()),
+            Ok(Deleted::Gone) => self.apply_checked(cx, object, force).await,
+            // Still being finalized, or someone replaced it meanwhile (the
+            // next pass reads the new one and decides again).
+            Ok(Deleted::Deleting | Deleted::Replaced) => Err(waiting()),
             Err(e) => Err(Error::kube(
                 format_args!("{}: deleting {key} to replace it", object.origin),
                 e,
