@@ -215,7 +215,10 @@ async fn established_but_not_yet_in_discovery_yields_until_served() {
         "{error}"
     );
 
+    // Known unchanged, but still awaited: read again (one GET, it may not
+    // be established), then discovery.
     let server = async {
+        answer(&mut handle, "GET", CRD, 200, &stored(&versions, true, &["v1"], "5")).await;
         answer(&mut handle, "GET", "/apis", 200, &discovery(&["v1", "v2"])).await;
         handle
     };
@@ -262,6 +265,7 @@ async fn without_aggregated_discovery_each_version_is_read() {
             &not_found(),
         )
         .await;
+        answer(&mut handle, "GET", CRD, 200, &stored(&v1, true, &["v1"], "5")).await;
         answer(&mut handle, "GET", "/apis", 200, &groups).await;
         answer(&mut handle, "GET", "/apis/example.com/v1", 200, &resources).await;
     };
@@ -275,8 +279,9 @@ async fn without_aggregated_discovery_each_version_is_read() {
 }
 
 /// Two CRDs created in one pass, one established at once and one not: the
-/// pass yields on the second, and the first, known from then on, must still
-/// be checked in discovery before the step says done.
+/// pass asks discovery for the first and yields on the second; the first,
+/// not served yet and known from then on, must still be checked in
+/// discovery before the step says done.
 #[tokio::test]
 async fn a_crd_established_in_a_pass_that_yields_is_still_checked_in_discovery() {
     let (cx, mut handle) = context();
@@ -298,7 +303,8 @@ async fn a_crd_established_in_a_pass_that_yields_is_still_checked_in_discovery()
     let server = async {
         let mut patched = 0;
         let mut gadget_gets = 0;
-        while patched < 2 || gadget_gets < 2 {
+        let mut discovered = 0;
+        while patched < 2 || gadget_gets < 2 || discovered < 1 {
             let (request, respond) = handle.next_request().await.expect("a request");
             let path = request.uri().path().to_owned();
             let reply = match (request.method().as_str(), path.as_str()) {
@@ -318,6 +324,11 @@ async fn a_crd_established_in_a_pass_that_yields_is_still_checked_in_discovery()
                 ("PATCH", GADGET) => {
                     patched += 1;
                     (200, gadgets(false))
+                }
+                // Widgets, established, is asked for at once: not served.
+                ("GET", "/apis") => {
+                    discovered += 1;
+                    (200, discovery(&[]))
                 }
                 other => panic!("unexpected request {other:?}"),
             };
