@@ -490,8 +490,13 @@ async fn an_established_crd_yields_until_api_discovery_serves_it() {
         ]}),
     )
     .await;
-    api.expect(Method::GET, crds, 200, empty_list("CustomResourceDefinitionList"))
-        .await;
+    api.expect(
+        Method::GET,
+        crds,
+        200,
+        empty_list("CustomResourceDefinitionList"),
+    )
+    .await;
     api.expect(Method::GET, &path, 404, json!({})).await;
     let applied = api.next().await;
     assert_eq!(

@@ -14,18 +14,19 @@ use tower_test::mock;
 
 use crate::crd::Step;
 
-type Handle = mock::Handle<Request<Body>, Response<Body>>;
+pub(super) type Handle = mock::Handle<Request<Body>, Response<Body>>;
 
 const CRDS: &str = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions";
-const CRD: &str = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/widgets.example.com";
+pub(super) const CRD: &str =
+    "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/widgets.example.com";
 
-fn context() -> (Context, Handle) {
+pub(super) fn context() -> (Context, Handle) {
     let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
     let client = kube::Client::new(service, "default");
     (Context::new(Cluster::unmanaged("mock", client)), handle)
 }
 
-fn desired(versions: &[(&str, bool)]) -> Value {
+pub(super) fn desired(versions: &[(&str, bool)]) -> Value {
     let versions: Vec<Value> = versions
         .iter()
         .map(|(name, storage)| json!({"name": name, "served": true, "storage": storage}))
@@ -43,7 +44,12 @@ fn step(versions: &[(&str, bool)]) -> Step {
 }
 
 /// `desired` as the server stores it: established or not, stored versions.
-fn stored(versions: &[(&str, bool)], established: bool, stored: &[&str], rv: &str) -> Value {
+pub(super) fn stored(
+    versions: &[(&str, bool)],
+    established: bool,
+    stored: &[&str],
+    rv: &str,
+) -> Value {
     let mut crd = desired(versions);
     crd["metadata"]["resourceVersion"] = json!(rv);
     crd["status"] = json!({
@@ -54,7 +60,13 @@ fn stored(versions: &[(&str, bool)], established: bool, stored: &[&str], rv: &st
     crd
 }
 
-async fn answer(handle: &mut Handle, method: &str, path: &str, status: u16, reply: &Value) {
+pub(super) async fn answer(
+    handle: &mut Handle,
+    method: &str,
+    path: &str,
+    status: u16,
+    reply: &Value,
+) {
     let (request, respond) = handle.next_request().await.expect("a request");
     assert_eq!(
         (request.method().as_str(), request.uri().path()),
@@ -74,7 +86,7 @@ fn send(respond: mock::SendResponse<Response<Body>>, status: u16, reply: &Value)
 
 /// Aggregated discovery listing `widgets` in `example.com` at `versions`,
 /// beside another group.
-fn discovery(versions: &[&str]) -> Value {
+pub(super) fn discovery(versions: &[&str]) -> Value {
     let versions: Vec<Value> = versions
         .iter()
         .map(|v| json!({"version": v, "resources": [{"resource": "widgets", "scope": "Namespaced"}]}))
@@ -86,7 +98,7 @@ fn discovery(versions: &[&str]) -> Value {
     ]})
 }
 
-fn not_found() -> Value {
+pub(super) fn not_found() -> Value {
     json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound",
            "code": 404, "message": "not found"})
 }
@@ -218,7 +230,14 @@ async fn established_but_not_yet_in_discovery_yields_until_served() {
     // Known unchanged, but still awaited: read again (one GET, it may not
     // be established), then discovery.
     let server = async {
-        answer(&mut handle, "GET", CRD, 200, &stored(&versions, true, &["v1"], "5")).await;
+        answer(
+            &mut handle,
+            "GET",
+            CRD,
+            200,
+            &stored(&versions, true, &["v1"], "5"),
+        )
+        .await;
         answer(&mut handle, "GET", "/apis", 200, &discovery(&["v1", "v2"])).await;
         handle
     };
@@ -265,7 +284,14 @@ async fn without_aggregated_discovery_each_version_is_read() {
             &not_found(),
         )
         .await;
-        answer(&mut handle, "GET", CRD, 200, &stored(&v1, true, &["v1"], "5")).await;
+        answer(
+            &mut handle,
+            "GET",
+            CRD,
+            200,
+            &stored(&v1, true, &["v1"], "5"),
+        )
+        .await;
         answer(&mut handle, "GET", "/apis", 200, &groups).await;
         answer(&mut handle, "GET", "/apis/example.com/v1", 200, &resources).await;
     };
