@@ -1,8 +1,8 @@
 //! The CRD step: desired CRDs applied with server-side apply under the
 //! context's field manager, each live one first read and passed through the
-//! [gate](super::refusal), and a CRD that is not `Established` yet, or
-//! not yet [served by API discovery](super::served), reported as a yield,
-//! never waited for in the pass.
+//! [gate](super::refusal), and a CRD that is not [usable](super::usable)
+//! yet (not `Established`, or not yet served by API discovery) reported as
+//! a yield, never waited for in the pass.
 //!
 //! # Requests
 //!
@@ -181,9 +181,9 @@ impl Step {
 
     /// Applies the CRDs: reads, gates, applies. `Invalid` for a refused
     /// change (nothing written to that CRD), a yield naming the CRDs not
-    /// yet `Established` or, once they are, the ones it created or changed
-    /// that API discovery does not list yet (one GET of `/apis`, only on a
-    /// pass that wrote a CRD or still waits for one); the API's errors
+    /// yet `Established`, else the ones that API discovery does not list
+    /// yet ([`usable`](super::usable): one GET of `/apis`, only on a pass
+    /// that wrote a CRD or still waits for one); the API's errors
     /// otherwise.
     pub async fn run(&self, cx: &Context) -> Result<Applied> {
         let desired = self.desired()?;
