@@ -94,6 +94,11 @@ impl Usable {
 /// The API's, reading a CRD or discovery.
 pub async fn usable(cx: &Context, crds: &[Answer<'_>]) -> Result<Usable> {
     let awaiting = cx.cluster().state::<Awaiting>();
+    // Until discovery is seen serving them: a pass that fails below leaves
+    // them to the next one, which may not write them again.
+    for answer in crds.iter().filter(|answer| answer.written) {
+        awaiting.set(answer.name(), true);
+    }
     let api: Api<CustomResourceDefinition> = Api::all(cx.client().clone());
     let reads = crds
         .iter()
@@ -118,7 +123,7 @@ pub async fn usable(cx: &Context, crds: &[Answer<'_>]) -> Result<Usable> {
         })
         .collect();
     let established = in_order(reads, READS).await;
-    // Per CRD: `Some(served)` once known, `None` while discovery is asked.
+    // Per CRD: what it is, or `None` until discovery answers.
     let mut states: Vec<Option<State>> = Vec::with_capacity(crds.len());
     let mut check = Vec::new();
     for (answer, established) in crds.iter().zip(established) {
@@ -126,10 +131,7 @@ pub async fn usable(cx: &Context, crds: &[Answer<'_>]) -> Result<Usable> {
         states.push(if !established? {
             awaiting.set(name, true);
             Some(State::NotEstablished)
-        } else if answer.written || awaiting.contains(name) {
-            // Until discovery is seen serving it: a pass that fails below
-            // leaves it to the next one, which may not write it again.
-            awaiting.set(name, true);
+        } else if awaiting.contains(name) {
             check.push((name, answer.crd));
             None
         } else {

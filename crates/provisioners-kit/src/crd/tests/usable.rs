@@ -8,7 +8,7 @@ use std::time::Duration;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use serde_json::{Value, json};
 
-use super::step::{answer, context, discovery, not_found, stored};
+use super::step::{CRD, answer, context, discovery, not_found, stored};
 use crate::crd::{Answer, Usable, usable};
 use crate::discovery::Discovery;
 
@@ -177,4 +177,36 @@ async fn each_crd_is_reported_by_what_it_lacks_and_awaited_ones_are_asked_again(
     assert!(found.is_usable());
     drop(cx);
     assert!(handle.next_request().await.is_none());
+}
+
+/// A pass whose read fails after it wrote a CRD leaves it awaited: the next
+/// pass, which finds it established and unchanged, still asks discovery.
+#[tokio::test]
+async fn a_written_crd_whose_read_fails_is_still_asked_for_by_the_next_pass() {
+    let (cx, mut handle) = context();
+    let v1 = [("v1", true)];
+    let pending = typed(stored(&v1, false, &["v1"], "5"));
+    let failure = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                         "reason": "InternalError", "code": 500, "message": "boom"});
+    let server = async {
+        answer(&mut handle, "GET", CRD, 500, &failure).await;
+        handle
+    };
+    let written = [Answer::written(&pending)];
+    let (found, mut handle) = tokio::join!(usable(&cx, &written), server);
+    let error = found.expect_err("the read failed");
+    assert!(error.to_string().contains("widgets.example.com"), "{error}");
+
+    let established = typed(stored(&v1, true, &["v1"], "6"));
+    let server = async {
+        answer(&mut handle, "GET", "/apis", 200, &discovery(&[])).await;
+    };
+    let unchanged = [Answer::unchanged(&established)];
+    // Were it not awaited, no request would come, and the server wait.
+    let (found, ()) = tokio::time::timeout(Duration::from_secs(5), async {
+        tokio::join!(usable(&cx, &unchanged), server)
+    })
+    .await
+    .expect("discovery asked");
+    assert_eq!(found.unwrap().unserved, ["widgets.example.com"]);
 }
