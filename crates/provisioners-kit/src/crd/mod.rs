@@ -101,8 +101,8 @@ pub use migrate::{
     migration_line, note, storage_version_hash,
 };
 pub use safety::{Finding, Unsafe, check, findings, shape};
-pub use step::{Applied, DEFAULT_RECHECK, Decision, Planned, Step, is_established, storage_move};
-pub use usable::{Answer, Usable, usable};
+pub use step::{Applied, DEFAULT_RECHECK, Decision, Planned, Step, storage_move};
+pub use usable::{Answer, Usable, is_established, usable};
 pub use validator::{Checked, Failure, MAX_ERRORS_PER_OBJECT, SchemaError, Validator};
 
 #[cfg(test)]

@@ -449,18 +449,6 @@ impl Step {
     }
 }
 
-/// Whether `crd`'s `Established` condition is `True`.
-pub fn is_established(crd: &CustomResourceDefinition) -> bool {
-    crd.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|conditions| {
-            conditions
-                .iter()
-                .any(|c| c.type_ == "Established" && c.status == "True")
-        })
-}
-
 /// The storage version before and after, when it moves.
 pub fn storage_move(
     live: &CustomResourceDefinition,

@@ -19,7 +19,6 @@ use kube::api::Api;
 use provisioners_core::{Context, Error, Result};
 
 use super::served::{self, Awaiting};
-use super::step::is_established;
 use crate::concurrent::in_order;
 
 /// CRDs read at once to see whether they are established.
@@ -158,6 +157,18 @@ pub async fn usable(cx: &Context, crds: &[Answer<'_>]) -> Result<Usable> {
         }
     }
     Ok(usable)
+}
+
+/// Whether `crd`'s `Established` condition is `True`.
+pub fn is_established(crd: &CustomResourceDefinition) -> bool {
+    crd.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|conditions| {
+            conditions
+                .iter()
+                .any(|c| c.type_ == "Established" && c.status == "True")
+        })
 }
 
 /// What became of one CRD.

@@ -134,10 +134,11 @@ async fn each_crd_is_reported_by_what_it_lacks_and_awaited_ones_are_asked_again(
     ];
     let (found, mut handle) = tokio::join!(usable(&cx, &answers), server);
     let found = found.unwrap();
-    let mut expected = Usable::default();
-    expected.served = vec!["widgets.example.com".to_owned()];
-    expected.unserved = vec!["gadgets.example.com".to_owned()];
-    expected.not_established = vec!["gizmos.example.com".to_owned()];
+    let expected = Usable {
+        served: vec!["widgets.example.com".to_owned()],
+        unserved: vec!["gadgets.example.com".to_owned()],
+        not_established: vec!["gizmos.example.com".to_owned()],
+    };
     assert_eq!(found, expected);
     assert!(found.is_established("gadgets.example.com"));
     assert!(!found.is_established("gizmos.example.com"));
