@@ -9,7 +9,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use serde_json::{Value, json};
 
 use super::step::{CRD, answer, context, discovery, not_found, stored};
-use crate::crd::{Answer, Usable, usable};
+use crate::crd::{Answer, Usable, is_established, usable};
 use crate::discovery::Discovery;
 
 fn typed(value: Value) -> CustomResourceDefinition {
@@ -210,4 +210,33 @@ async fn a_written_crd_whose_read_fails_is_still_asked_for_by_the_next_pass() {
     .await
     .expect("discovery asked");
     assert_eq!(found.unwrap().unserved, ["widgets.example.com"]);
+}
+
+/// `Established` is the condition of that type with status `True`, and
+/// nothing else (the manifest leaf's own test of it, moved here with the
+/// check).
+#[test]
+fn established_is_the_established_condition_true() {
+    let with = |conditions: Value| {
+        let mut crd = stored(&[("v1", true)], true, &["v1"], "1");
+        crd["status"]["conditions"] = conditions;
+        typed(crd)
+    };
+    let condition = |type_: &str, status: &str| {
+        json!({"type": type_, "status": status, "lastTransitionTime": "2026-01-01T00:00:00Z",
+               "reason": "R", "message": "m"})
+    };
+    assert!(is_established(&with(json!([
+        condition("NamesAccepted", "True"),
+        condition("Established", "True"),
+    ]))));
+    assert!(!is_established(&with(json!([condition(
+        "Established",
+        "False"
+    )]))));
+    assert!(!is_established(&with(json!([condition(
+        "NamesAccepted",
+        "True"
+    )]))));
+    assert!(!is_established(&with(json!([]))));
 }
