@@ -22,9 +22,9 @@
 //!   kind not served is asked again after [`UNSERVED_FOR`] (1 s), so a CRD
 //!   installed meanwhile is seen within a second;
 //! - **invalidation**: whoever may just have made a kind served says so:
-//!   the CRD step once discovery serves what it applied
-//!   ([`Discovery::invalidate_crd`]), the manifest leaf for the CRDs it
-//!   establishes, the helm leaf after a helm run
+//!   the CRD step and the manifest leaf once discovery serves a CRD they
+//!   applied ([`crd::usable`](crate::crd::usable),
+//!   [`Discovery::invalidate_crd`]), the helm leaf after a helm run
 //!   ([`Discovery::forget_unserved`]).
 //!
 //! A failed fetch is not cached: the next caller asks again.

@@ -8,9 +8,12 @@
 //! - [`refusal`]: the gate, [`check`]'s findings, then the stored custom
 //!   resources listed page by page and validated against a tightened
 //!   schema ([`Refusal`]);
-//! - [`Step`]: desired CRDs read, gated, server-side applied, and
-//!   `Established` reported as a yield, never waited for; [`Step::plan`]
-//!   through the same gate;
+//! - [`Step`]: desired CRDs read, gated, server-side applied, and a CRD
+//!   not yet [`usable`] reported as a yield, never waited for;
+//!   [`Step::plan`] through the same gate;
+//! - [`usable`]: whether applied CRDs are `Established` and their kinds
+//!   served by API discovery, the one check behind the step and the
+//!   manifest leaf ([`Usable`]);
 //! - [`migrate`]: after a storage-version change, the stored objects
 //!   rewritten at the new version over several passes, then
 //!   `status.storedVersions` trimmed; leaves [`note`] what they see and call
@@ -88,6 +91,7 @@ mod safety;
 mod schema;
 mod served;
 mod step;
+mod usable;
 mod validator;
 
 pub use diff::{Diff, SchemaDiff, Tightening};
@@ -97,7 +101,8 @@ pub use migrate::{
     migration_line, note, storage_version_hash,
 };
 pub use safety::{Finding, Unsafe, check, findings, shape};
-pub use step::{Applied, DEFAULT_RECHECK, Decision, Planned, Step, is_established, storage_move};
+pub use step::{Applied, DEFAULT_RECHECK, Decision, Planned, Step, storage_move};
+pub use usable::{Answer, Usable, is_established, usable};
 pub use validator::{Checked, Failure, MAX_ERRORS_PER_OBJECT, SchemaError, Validator};
 
 #[cfg(test)]

@@ -1,12 +1,12 @@
-//! Whether API discovery serves a CRD that the step just created or
-//! changed: `Established` says the API server accepts requests for it, not
-//! that clients can map its kind yet.
+//! Whether API discovery serves a CRD that a pass just created or
+//! changed, for [`usable`](super::usable): `Established` says the API
+//! server accepts requests for it, not that clients can map its kind yet.
 //!
 //! A new group reaches the aggregated discovery document at `/apis` through
 //! controllers of its own (the API service registration, then the
 //! aggregator's refresh), after the CRD is `Established`. A client that
 //! reads discovery in that window (helm, kubectl, kube's `Discovery`)
-//! fails with "no matches for kind". So the step reports each CRD it
+//! fails with "no matches for kind". So both leaves report each CRD they
 //! changed as a yield until every served version's resource is listed in
 //! discovery: one GET of `/apis` per pass that changed a CRD (or still
 //! waits for one), none on a pass that changed nothing.

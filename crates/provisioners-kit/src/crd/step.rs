@@ -1,8 +1,8 @@
 //! The CRD step: desired CRDs applied with server-side apply under the
 //! context's field manager, each live one first read and passed through the
-//! [gate](super::refusal), and a CRD that is not `Established` yet, or
-//! not yet [served by API discovery](super::served), reported as a yield,
-//! never waited for in the pass.
+//! [gate](super::refusal), and a CRD that is not [usable](super::usable)
+//! yet (not `Established`, or not yet served by API discovery) reported as
+//! a yield, never waited for in the pass.
 //!
 //! # Requests
 //!
@@ -37,7 +37,7 @@ use provisioners_core::{Context, Error, Result};
 use serde_json::Value;
 
 use super::gate::page_limit;
-use super::{Diff, Refusal, refusal, served};
+use super::{Answer, Diff, Refusal, refusal, served};
 use crate::drift;
 
 /// CRDs per page of the metadata LIST that checks what the step knows.
@@ -138,11 +138,12 @@ enum Live {
     Present(Box<CustomResourceDefinition>),
 }
 
-/// What happened to one CRD in a run.
+/// What happened to one CRD in a run: the apply's answer, or the live
+/// CRD when it was read and left as it was.
 enum Done {
-    Created(bool),
-    Updated(bool, Option<(String, String)>),
-    Unchanged,
+    Created(Box<CustomResourceDefinition>),
+    Updated(Box<CustomResourceDefinition>, Option<(String, String)>),
+    Unchanged(Option<Box<CustomResourceDefinition>>),
 }
 
 impl Step {
@@ -180,9 +181,9 @@ impl Step {
 
     /// Applies the CRDs: reads, gates, applies. `Invalid` for a refused
     /// change (nothing written to that CRD), a yield naming the CRDs not
-    /// yet `Established` or, once they are, the ones it created or changed
-    /// that API discovery does not list yet (one GET of `/apis`, only on a
-    /// pass that wrote a CRD or still waits for one); the API's errors
+    /// yet `Established`, else the ones that API discovery does not list
+    /// yet ([`usable`](super::usable): one GET of `/apis`, only on a pass
+    /// that wrote a CRD or still waits for one); the API's errors
     /// otherwise.
     pub async fn run(&self, cx: &Context) -> Result<Applied> {
         let desired = self.desired()?;
@@ -192,71 +193,78 @@ impl Step {
             .iter()
             .zip(lives)
             .map(|(d, live)| self.run_one(cx, &known, d, live));
-        let mut applied = Applied::default();
-        let mut pending = Vec::new();
         let mut errors = Vec::new();
-        // Established CRDs this pass wrote, or an earlier one wrote and
-        // discovery did not serve yet: checked in discovery below.
-        let awaiting = cx.cluster().state::<served::Awaiting>();
-        let mut check = Vec::new();
+        let mut done = Vec::with_capacity(desired.len());
         for (d, result) in desired.iter().zip(join_all(runs).await) {
-            let name = d.name.clone();
             match result {
+                Ok(one) => done.push((d, one)),
                 Err(e) => errors.push(e),
-                Ok(Done::Unchanged) => {
-                    if awaiting.contains(&name) {
-                        check.push((d.name.as_str(), &d.typed));
+            }
+        }
+        let awaiting = cx.cluster().state::<served::Awaiting>();
+        let mut applied = Applied::default();
+        // What `usable` judges: every CRD written or read, and those known
+        // unchanged that an earlier pass left unusable.
+        let mut answers = Vec::new();
+        for (d, one) in &done {
+            let name = d.name.clone();
+            match one {
+                Done::Unchanged(live) => {
+                    match live {
+                        Some(live) => answers.push(Answer::unchanged(live)),
+                        None if awaiting.contains(&name) => {
+                            answers.push(Answer::unchanged(&d.typed));
+                        }
+                        None => {}
                     }
                     applied.unchanged.push(name);
                 }
-                Ok(Done::Created(established)) => {
-                    if established {
-                        check.push((d.name.as_str(), &d.typed));
-                    } else {
-                        pending.push(name.clone());
-                    }
+                Done::Created(answer) => {
+                    answers.push(Answer::written(answer));
                     applied.created.push(name);
                 }
-                Ok(Done::Updated(established, moved)) => {
-                    if established {
-                        check.push((d.name.as_str(), &d.typed));
-                    } else {
-                        pending.push(name.clone());
-                    }
+                Done::Updated(answer, moved) => {
+                    answers.push(Answer::written(answer));
                     if let Some((from, to)) = moved {
-                        applied.storage_moved.push((name.clone(), from, to));
+                        applied
+                            .storage_moved
+                            .push((name.clone(), from.clone(), to.clone()));
                     }
                     applied.updated.push(name);
                 }
             }
         }
-        // Until discovery is seen serving them: a pass that ends early (an
-        // error, a CRD not yet established) leaves them to the next one,
-        // which knows them and would otherwise not look.
-        for name in pending
-            .iter()
-            .map(String::as_str)
-            .chain(check.iter().map(|c| c.0))
-        {
-            awaiting.set(name, true);
-        }
         if !errors.is_empty() {
+            // The CRDs written are checked by the next pass, which may find
+            // them known and write nothing.
+            for name in applied.created.iter().chain(&applied.updated) {
+                awaiting.set(name, true);
+            }
             return Err(Error::group(errors));
         }
-        if !pending.is_empty() {
+        let usable = super::usable(cx, &answers).await?;
+        // Remembered once established, with what the apply answered.
+        for (d, one) in &done {
+            if let Done::Created(answer) | Done::Updated(answer, _) = one
+                && usable.is_established(&d.name)
+            {
+                known.set(
+                    &d.name,
+                    answer.metadata.resource_version.as_deref(),
+                    d.digest,
+                );
+            }
+        }
+        if !usable.not_established.is_empty() {
             return Err(Error::yielding(format!(
                 "waiting for CustomResourceDefinition {} to be Established",
-                pending.join(", ")
+                usable.not_established.join(", ")
             )));
         }
-        let unserved = served::unserved(cx, &check).await?;
-        for (name, _) in &check {
-            awaiting.set(name, unserved.iter().any(|u| u == name));
-        }
-        if !unserved.is_empty() {
+        if !usable.unserved.is_empty() {
             return Err(Error::yielding(format!(
                 "waiting for API discovery to serve CustomResourceDefinition {}",
-                unserved.join(", ")
+                usable.unserved.join(", ")
             )));
         }
         // Stored objects of a CRD whose storage version moved (now or on an
@@ -391,17 +399,17 @@ impl Step {
 
     async fn run_one(&self, cx: &Context, known: &Known, d: &Desired, live: Live) -> Result<Done> {
         let moved = match live {
-            Live::Known => return Ok(Done::Unchanged),
+            Live::Known => return Ok(Done::Unchanged(None)),
             Live::Present(live) if !self.update => {
                 super::note(cx, &live);
                 known.set(&d.name, live.metadata.resource_version.as_deref(), d.digest);
-                return Ok(Done::Unchanged);
+                return Ok(Done::Unchanged(Some(live)));
             }
             Live::Present(live) => {
                 super::note(cx, &live);
                 if holds(&live, d) {
                     known.set(&d.name, live.metadata.resource_version.as_deref(), d.digest);
-                    return Ok(Done::Unchanged);
+                    return Ok(Done::Unchanged(Some(live)));
                 }
                 if let Some(why) = refusal(cx, &live, &d.typed).await? {
                     return Err(Error::invalid(format!(
@@ -418,19 +426,11 @@ impl Step {
             }
             Live::Absent => None,
         };
-        let answer = self.apply(cx, d).await?;
+        let answer = Box::new(self.apply(cx, d).await?);
         super::note(cx, &answer);
-        let established = is_established(&answer) || self.established_now(cx, d).await?;
-        if established {
-            known.set(
-                &d.name,
-                answer.metadata.resource_version.as_deref(),
-                d.digest,
-            );
-        }
         Ok(match moved {
-            None => Done::Created(established),
-            Some(moved) => Done::Updated(established, moved),
+            None => Done::Created(answer),
+            Some(moved) => Done::Updated(answer, moved),
         })
     }
 
@@ -447,31 +447,6 @@ impl Step {
                 )
             })
     }
-
-    /// One GET (no wait) for a CRD that the apply answered as not yet
-    /// established: the API server establishes most within milliseconds.
-    async fn established_now(&self, cx: &Context, d: &Desired) -> Result<bool> {
-        let api: Api<CustomResourceDefinition> = Api::all(cx.client().clone());
-        let live = api.get_opt(&d.name).await.map_err(|e| {
-            Error::kube(
-                format_args!("reading CustomResourceDefinition {}", d.name),
-                e,
-            )
-        })?;
-        Ok(live.is_some_and(|live| is_established(&live)))
-    }
-}
-
-/// Whether `crd`'s `Established` condition is `True`.
-pub fn is_established(crd: &CustomResourceDefinition) -> bool {
-    crd.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|conditions| {
-            conditions
-                .iter()
-                .any(|c| c.type_ == "Established" && c.status == "True")
-        })
 }
 
 /// The storage version before and after, when it moves.

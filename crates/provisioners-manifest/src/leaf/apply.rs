@@ -25,9 +25,10 @@ use crate::unchanged;
 /// What became of one object.
 #[derive(Debug)]
 pub(super) enum Outcome {
-    /// A real apply: the live object as the server answered it (or as it
-    /// was, when nothing was to change).
+    /// A real apply: the live object as the server answered it.
     Applied(Box<DynamicObject>),
+    /// A real pass that had nothing to change: the live object as read.
+    Unchanged(Box<DynamicObject>),
     /// A dry run: what the plan says of it.
     Planned(ObjectPlan),
 }
@@ -85,7 +86,7 @@ impl Manifest {
             match self.decide(cx.field_manager(), stamp, object, seen) {
                 Step::NoChange(live) => {
                     return Ok(match mode {
-                        Mode::Write => Outcome::Applied(Box::new(live)),
+                        Mode::Write => Outcome::Unchanged(Box::new(live)),
                         Mode::DryRun => Outcome::Planned(plan::no_change(key)),
                     });
                 }

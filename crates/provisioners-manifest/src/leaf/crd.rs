@@ -1,88 +1,59 @@
-//! CRDs and the kinds they serve: which applied CRDs are established (never
-//! waited for in a pass), and yields for kinds that are not served yet.
+//! CRDs and the kinds they serve: whether the applied CRDs are usable
+//! (`provisioners_kit::crd::usable`, the CRD step's own check: established,
+//! then served by API discovery; never waited for in a pass), and yields
+//! for kinds that are not served yet.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use futures::future::join_all;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, DynamicObject};
+use kube::api::DynamicObject;
 use provisioners_core::{Context, Error, Result};
-use provisioners_kit::crd;
-use serde_json::Value;
+use provisioners_kit::crd::{self, Answer, Usable};
 
 use super::resolve::{Resolved, UnknownKinds, Unresolved};
 use super::{Manifest, list};
 use crate::object::Tier;
-use provisioners_kit::discovery::Discovery;
+
+/// Whether the CRDs of `applied` are usable, through kit's
+/// [`crd::usable`]: `Established` read from the apply answer (or the live
+/// CRD a pass left unchanged), else by one GET; discovery asked (one GET of
+/// `/apis`) only for the CRDs in `written` and those an earlier pass left
+/// unusable, so a pass that changed no CRD makes no request for them.
+pub(super) async fn usable(
+    cx: &Context,
+    applied: &[(Resolved, DynamicObject)],
+    written: &BTreeSet<String>,
+) -> Result<Usable> {
+    let mut crds = Vec::new();
+    for (object, live) in applied {
+        if object.tier != Tier::CustomResourceDefinition {
+            continue;
+        }
+        let typed = serde_json::to_value(live)
+            .and_then(serde_json::from_value::<CustomResourceDefinition>)
+            .map_err(|e| {
+                Error::failed(format!(
+                    "{}: CustomResourceDefinition {} as the API server answered it cannot be \
+                     read as one: {e}",
+                    object.origin, object.key.name
+                ))
+            })?;
+        crds.push((typed, written.contains(&object.key.name)));
+    }
+    let answers: Vec<Answer<'_>> = crds
+        .iter()
+        .map(|(crd, written)| {
+            if *written {
+                Answer::written(crd)
+            } else {
+                Answer::unchanged(crd)
+            }
+        })
+        .collect();
+    crd::usable(cx, &answers).await
+}
 
 impl Manifest {
-    /// The names of the applied CRDs that are established, read from the
-    /// apply answer, then by one GET each for the others (the API server
-    /// establishes most within milliseconds); never waiting in the pass: a
-    /// CRD still pending is not established, and the caller yields naming
-    /// it. Forgets the established CRDs' groups in discovery.
-    pub(super) async fn establish(
-        &self,
-        cx: &Context,
-        crds: &[DynamicObject],
-    ) -> Result<BTreeSet<String>> {
-        let mut established = BTreeSet::new();
-        let mut pending = Vec::new();
-        for crd in crds {
-            let name = crd.metadata.name.clone().unwrap_or_default();
-            if is_established(crd) {
-                established.insert(name);
-            } else {
-                pending.push(name);
-            }
-        }
-        let api: Api<CustomResourceDefinition> = Api::all(cx.client().clone());
-        let reads = pending.iter().map(|name| {
-            let api = api.clone();
-            async move { (name, api.get_opt(name).await) }
-        });
-        for (name, read) in join_all(reads).await {
-            match read {
-                Ok(Some(live)) if crd::is_established(&live) => {
-                    established.insert(name.clone());
-                }
-                Ok(_) => {}
-                Err(e) => {
-                    return Err(Error::kube(
-                        format_args!(
-                            "reading CustomResourceDefinition {name} to see whether it is established"
-                        ),
-                        e,
-                    ));
-                }
-            }
-        }
-        let discovery = Discovery::of(cx);
-        for crd in crds {
-            let name = crd.metadata.name.as_deref().unwrap_or_default();
-            if !established.contains(name) {
-                continue;
-            }
-            let group = crd
-                .data
-                .pointer("/spec/group")
-                .and_then(Value::as_str)
-                .unwrap_or("");
-            let versions = crd
-                .data
-                .pointer("/spec/versions")
-                .and_then(Value::as_array)
-                .cloned()
-                .unwrap_or_default();
-            for version in versions {
-                if let Some(version) = version.get("name").and_then(Value::as_str) {
-                    discovery.invalidate(&format!("{group}/{version}"));
-                }
-            }
-        }
-        Ok(established)
-    }
-
     /// Yield reasons for unresolved objects, or an error for kinds unknown
     /// past the deadline.
     pub(super) fn unresolved_outcome(
@@ -90,7 +61,7 @@ impl Manifest {
         cx: &Context,
         scope: &str,
         unresolved: &[Unresolved],
-        established: &BTreeSet<String>,
+        usable: &Usable,
     ) -> Result<Vec<String>> {
         let unknown = UnknownKinds::of(cx);
         let mut reasons = Vec::new();
@@ -127,7 +98,7 @@ impl Manifest {
             }
         }
         for (crd, objects) in waiting_for_crd {
-            let state = if established.contains(&crd) {
+            let state = if usable.is_established(&crd) {
                 "to be served"
             } else {
                 "to be Established"
@@ -145,32 +116,24 @@ impl Manifest {
     }
 }
 
-/// A yield reason for each applied CRD that is not established yet and
-/// that no reason in `reasons` names already (a custom resource waiting
-/// for it does).
-pub(super) fn not_established(
-    applied: &[(Resolved, DynamicObject)],
-    established: &BTreeSet<String>,
-    reasons: &[String],
-) -> Vec<String> {
-    applied
-        .iter()
-        .filter(|(object, _)| object.tier == Tier::CustomResourceDefinition)
-        .map(|(object, _)| &object.key.name)
-        .filter(|name| !established.contains(*name))
-        .filter(|name| {
-            let named = format!("CustomResourceDefinition {name} ");
-            !reasons.iter().any(|r| r.contains(&named))
-        })
-        .map(|name| format!("waiting for CustomResourceDefinition {name} to be Established"))
-        .collect()
-}
-
-/// Whether the CRD, as the apply answered it, is established already.
-fn is_established(crd: &DynamicObject) -> bool {
-    serde_json::to_value(crd)
-        .and_then(serde_json::from_value::<CustomResourceDefinition>)
-        .is_ok_and(|typed| crd::is_established(&typed))
+/// A yield reason for each applied CRD that is not established yet, or not
+/// yet served by discovery, and that no reason in `reasons` names already
+/// (a custom resource waiting for it does).
+pub(super) fn not_usable(usable: &Usable, reasons: &[String]) -> Vec<String> {
+    let named = |name: &str| {
+        let named = format!("CustomResourceDefinition {name} ");
+        reasons.iter().any(|r| r.contains(&named))
+    };
+    let waiting = |names: &[String], state: &str| {
+        names
+            .iter()
+            .filter(|name| !named(name))
+            .map(|name| format!("waiting for CustomResourceDefinition {name} {state}"))
+            .collect::<Vec<_>>()
+    };
+    let mut waiting_for = waiting(&usable.not_established, "to be Established");
+    waiting_for.extend(waiting(&usable.unserved, "to be served"));
+    waiting_for
 }
 
 /// Moves the stored objects of this manifest's CRDs whose storage version
@@ -197,47 +160,4 @@ pub(super) async fn migrate_stored(
         return Ok(());
     }
     crd::migrate_noted(cx, &names).await
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    fn crd(conditions: &serde_json::Value) -> DynamicObject {
-        serde_json::from_value(json!({
-            "apiVersion": "apiextensions.k8s.io/v1",
-            "kind": "CustomResourceDefinition",
-            "metadata": {"name": "widgets.example.com"},
-            "spec": {
-                "group": "example.com",
-                "names": {"kind": "Widget", "plural": "widgets"},
-                "scope": "Namespaced",
-                "versions": [{"name": "v1", "served": true, "storage": true}],
-            },
-            "status": {"conditions": conditions},
-        }))
-        .unwrap()
-    }
-
-    #[test]
-    fn established_is_read_from_the_apply_answer() {
-        let condition = |type_: &str, status: &str| {
-            json!({"type": type_, "status": status, "lastTransitionTime": "2026-01-01T00:00:00Z",
-                   "reason": "R", "message": "m"})
-        };
-        assert!(is_established(&crd(&json!([
-            condition("NamesAccepted", "True"),
-            condition("Established", "True"),
-        ]))));
-        assert!(!is_established(&crd(&json!([condition(
-            "Established",
-            "False"
-        )]))));
-        assert!(!is_established(&crd(&json!([condition(
-            "NamesAccepted",
-            "True"
-        )]))));
-        assert!(!is_established(&crd(&json!([]))));
-    }
 }

@@ -145,10 +145,13 @@ async fn a_crd_is_established_through_one_get() {
     let provision = spawn(&cx, Manifest::from_yaml("crd", crd_yaml()));
     let read = apply_crd(&mut api).await;
     read.answer(200, widgets_crd("True"));
+    // Created by this pass: discovery is asked whether it serves its kinds.
+    api.expect(Method::GET, "/apis", 200, aggregated_discovery(true))
+        .await;
     provision
         .await
         .unwrap()
-        .expect("established: nothing else to wait for");
+        .expect("established and served: nothing else to wait for");
 }
 
 #[tokio::test(start_paused = true)]
@@ -432,4 +435,103 @@ async fn with_force_off_a_field_manager_conflict_stays_an_error() {
     assert_eq!(error.kind(), ErrorKind::Invalid, "{error}");
     assert!(error.to_string().contains("kubectl-patch"), "{error}");
     assert!(error.to_string().contains("force(true)"), "{error}");
+}
+
+/// Aggregated discovery (`/apis`), listing `widgets` of `example.com/v1`
+/// when `served`.
+fn aggregated_discovery(served: bool) -> Value {
+    let mut items = vec![json!({"metadata": {"name": "apps"}, "versions": [
+        {"version": "v1", "resources": [{"resource": "deployments"}]},
+    ]})];
+    if served {
+        items.push(json!({"metadata": {"name": "example.com"}, "versions": [
+            {"version": "v1", "resources": [{"resource": "widgets", "scope": "Namespaced"}]},
+        ]}));
+    }
+    json!({"apiVersion": "apidiscovery.k8s.io/v2", "kind": "APIGroupDiscoveryList",
+           "metadata": {}, "items": items})
+}
+
+/// The CRD of [`crd_yaml`] as the API server stores the apply `body` by
+/// field manager `manager`: established at once.
+fn stored_crd(body: &Value, manager: &str) -> Value {
+    let mut crd = body.clone();
+    crd["metadata"]["resourceVersion"] = json!("2");
+    crd["metadata"]["managedFields"] = json!([{
+        "manager": manager, "operation": "Apply", "apiVersion": "apiextensions.k8s.io/v1",
+        "fieldsType": "FieldsV1", "fieldsV1": {},
+    }]);
+    crd["status"] = widgets_crd("True")["status"].clone();
+    crd
+}
+
+/// `Established` is not enough: until API discovery lists the CRD's kinds,
+/// clients that map kinds through `/apis` (helm, kubectl, the CRD step)
+/// cannot use them, so the manifest yields; a pass that leaves the CRD
+/// unchanged asks discovery again while it waits, and once it is served, a
+/// no-op pass makes no request for it but the LIST of our CRDs.
+#[tokio::test]
+async fn an_established_crd_yields_until_api_discovery_serves_it() {
+    let (cx, mut api) = mock::context();
+    let manifest = || Manifest::from_yaml("crd", crd_yaml());
+    let crds = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions";
+    let path = format!("{crds}/widgets.example.com");
+
+    // Created, established in the apply answer, not served yet.
+    let provision = spawn(&cx, manifest());
+    api.expect(
+        Method::GET,
+        "/apis/apiextensions.k8s.io/v1",
+        200,
+        json!({"kind": "APIResourceList", "groupVersion": "apiextensions.k8s.io/v1", "resources": [
+            {"name": "customresourcedefinitions", "singularName": "customresourcedefinition",
+             "namespaced": false, "kind": "CustomResourceDefinition",
+             "verbs": ["get", "list", "watch", "patch"]},
+        ]}),
+    )
+    .await;
+    api.expect(
+        Method::GET,
+        crds,
+        200,
+        empty_list("CustomResourceDefinitionList"),
+    )
+    .await;
+    api.expect(Method::GET, &path, 404, json!({})).await;
+    let applied = api.next().await;
+    assert_eq!(
+        (&applied.method, applied.uri.path()),
+        (&Method::PATCH, path.as_str())
+    );
+    let stored = stored_crd(&applied.body, cx.field_manager());
+    applied.answer(200, stored.clone());
+    api.expect(Method::GET, "/apis", 200, aggregated_discovery(false))
+        .await;
+    let error = provision.await.unwrap().expect_err("not served yet");
+    assert!(error.is_yield(), "{error}");
+    assert!(
+        error
+            .to_string()
+            .contains("waiting for CustomResourceDefinition widgets.example.com to be served"),
+        "{error}"
+    );
+
+    // Unchanged, still awaited: discovery is asked again, and serves it.
+    let list = json!({"apiVersion": "apiextensions.k8s.io/v1",
+                      "kind": "CustomResourceDefinitionList", "metadata": {}, "items": [stored]});
+    let provision = spawn(&cx, manifest());
+    api.expect(Method::GET, crds, 200, list.clone()).await;
+    api.expect(Method::GET, "/apis", 200, aggregated_discovery(true))
+        .await;
+    provision.await.unwrap().expect("served");
+
+    // A no-op pass: the LIST, and no discovery request (one would never be
+    // answered, and the provision never end).
+    let provision = spawn(&cx, manifest());
+    api.expect(Method::GET, crds, 200, list).await;
+    tokio::time::timeout(Duration::from_secs(5), provision)
+        .await
+        .expect("no request but the LIST")
+        .unwrap()
+        .expect("no-op");
 }

@@ -1,7 +1,7 @@
 //! A provision, step by step, for real or as a dry run: load and resolve,
 //! then each tier in order (look, decide and apply, record the inventory,
-//! read whether the CRDs are established), then what could not be
-//! resolved, prune, and readiness.
+//! ask whether the CRDs are usable: kit's `crd::usable`, shared with the
+//! CRD step), then what could not be resolved, prune, and readiness.
 //!
 //! A dry run takes the same steps through the same code, and leaves out
 //! only what writes or waits (the inventory, CRD migrations, readiness
@@ -12,6 +12,7 @@ use std::collections::{BTreeSet, HashMap};
 
 use kube::api::DynamicObject;
 use provisioners_core::{Context, Error, Result};
+use provisioners_kit::crd::Usable;
 use provisioners_kit::plan::ObjectPlan;
 
 use super::apply::Outcome;
@@ -65,7 +66,9 @@ impl Manifest {
         let mut applied: Vec<(Resolved, DynamicObject)> = Vec::with_capacity(resolved.len());
         let mut planned: Vec<ObjectPlan> = Vec::new();
         let mut plan_errors = Vec::new();
-        let mut established = BTreeSet::new();
+        // CRDs this pass created or changed (the others it left as read).
+        let mut written_crds = BTreeSet::new();
+        let mut usable = Usable::default();
         let mut inventory_before = None;
         for tier in Tier::ALL {
             let mut objects: Vec<Resolved> = resolved
@@ -88,7 +91,13 @@ impl Manifest {
             let mut errors = Vec::new();
             for (object, result) in objects.into_iter().zip(results) {
                 match result {
-                    Ok(Outcome::Applied(live)) => applied.push((object, *live)),
+                    Ok(Outcome::Applied(live)) => {
+                        if tier == Tier::CustomResourceDefinition {
+                            written_crds.insert(object.key.name.clone());
+                        }
+                        applied.push((object, *live));
+                    }
+                    Ok(Outcome::Unchanged(live)) => applied.push((object, *live)),
                     Ok(Outcome::Planned(object)) => planned.push(object),
                     Err(e) => errors.push(e),
                 }
@@ -104,12 +113,9 @@ impl Manifest {
                 inventory_before = Some(self.record(cx, &stamp, &resolved, &unresolved).await?);
             }
             if tier == Tier::CustomResourceDefinition && !dry_run {
-                let crds: Vec<DynamicObject> = applied
-                    .iter()
-                    .filter(|(p, _)| p.tier == Tier::CustomResourceDefinition)
-                    .map(|(_, live)| live.clone())
-                    .collect();
-                established = self.establish(cx, &crds).await?;
+                // Before the custom resources: a CRD seen served makes
+                // discovery ask again for its kinds.
+                usable = crd::usable(cx, &applied, &written_crds).await?;
             }
         }
 
@@ -138,8 +144,8 @@ impl Manifest {
             // Everything else is applied; prune waits for a complete picture.
             return Err(Error::group(failed));
         }
-        let mut reasons = self.unresolved_outcome(cx, &scope, &unresolved, &established)?;
-        reasons.extend(crd::not_established(&applied, &established, &reasons));
+        let mut reasons = self.unresolved_outcome(cx, &scope, &unresolved, &usable)?;
+        reasons.extend(crd::not_usable(&usable, &reasons));
         if !reasons.is_empty() {
             return Err(Error::yielding(reasons.join("; ")));
         }
@@ -154,7 +160,7 @@ impl Manifest {
         }
 
         if let Some(wait) = self.ready_timeout {
-            ready::wait_ready(cx, &scope, &applied, &established, wait)?;
+            ready::wait_ready(cx, &scope, &applied, &usable, wait)?;
         }
         tracing::debug!(objects = applied.len(), "applied");
         Ok(Vec::new())

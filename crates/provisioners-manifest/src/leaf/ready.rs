@@ -7,13 +7,14 @@
 //! path and restarted whenever the content applied changes, as a new helm
 //! revision restarts the clock of `HelmRelease::ready_timeout` (provisioners-helm).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use kube::api::DynamicObject;
 use provisioners_client::digest::Digest;
 use provisioners_core::{Context, Result};
+use provisioners_kit::crd::Usable;
 use provisioners_kit::readiness::{self, NotReady, Verdict};
 use serde_json::Value;
 
@@ -53,11 +54,12 @@ impl NotReadySince {
     }
 }
 
-fn check(applied: &[(Resolved, DynamicObject)], established: &BTreeSet<String>) -> NotReady {
+fn check(applied: &[(Resolved, DynamicObject)], usable: &Usable) -> NotReady {
     let mut not_ready = NotReady::default();
     for (object, live) in applied {
-        // Their apply answers predate the read in `establish`.
-        if object.tier == Tier::CustomResourceDefinition && established.contains(&object.key.name) {
+        // Their apply answers may predate the read in `crd::usable`.
+        if object.tier == Tier::CustomResourceDefinition && usable.is_established(&object.key.name)
+        {
             continue;
         }
         let value = serde_json::to_value(live).unwrap_or(Value::Null);
@@ -88,10 +90,10 @@ pub(super) fn wait_ready(
     cx: &Context,
     scope: &str,
     applied: &[(Resolved, DynamicObject)],
-    established: &BTreeSet<String>,
+    usable: &Usable,
     wait: Duration,
 ) -> Result<()> {
-    let not_ready = check(applied, established);
+    let not_ready = check(applied, usable);
     let clocks = NotReadySince::of(cx);
     if not_ready.is_empty() {
         clocks.forget(scope);

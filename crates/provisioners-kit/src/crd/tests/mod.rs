@@ -1,11 +1,13 @@
 //! Tests of the `crd` module: the change analysis and the safety findings
 //! ([`change`]), the validator ([`validate`]), hostile schemas
-//! ([`hostile`]) and the real CRDs of the shared fixtures ([`fixtures`]).
+//! ([`hostile`]), the real CRDs of the shared fixtures ([`fixtures`]), and
+//! against a mocked API the CRD [`step`] and [`usable`](mod@usable).
 
 mod diff;
 mod fixtures;
 mod hostile;
 mod step;
+mod usable;
 mod validate;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;

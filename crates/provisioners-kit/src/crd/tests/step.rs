@@ -14,18 +14,19 @@ use tower_test::mock;
 
 use crate::crd::Step;
 
-type Handle = mock::Handle<Request<Body>, Response<Body>>;
+pub(super) type Handle = mock::Handle<Request<Body>, Response<Body>>;
 
 const CRDS: &str = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions";
-const CRD: &str = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/widgets.example.com";
+pub(super) const CRD: &str =
+    "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/widgets.example.com";
 
-fn context() -> (Context, Handle) {
+pub(super) fn context() -> (Context, Handle) {
     let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
     let client = kube::Client::new(service, "default");
     (Context::new(Cluster::unmanaged("mock", client)), handle)
 }
 
-fn desired(versions: &[(&str, bool)]) -> Value {
+pub(super) fn desired(versions: &[(&str, bool)]) -> Value {
     let versions: Vec<Value> = versions
         .iter()
         .map(|(name, storage)| json!({"name": name, "served": true, "storage": storage}))
@@ -43,7 +44,12 @@ fn step(versions: &[(&str, bool)]) -> Step {
 }
 
 /// `desired` as the server stores it: established or not, stored versions.
-fn stored(versions: &[(&str, bool)], established: bool, stored: &[&str], rv: &str) -> Value {
+pub(super) fn stored(
+    versions: &[(&str, bool)],
+    established: bool,
+    stored: &[&str],
+    rv: &str,
+) -> Value {
     let mut crd = desired(versions);
     crd["metadata"]["resourceVersion"] = json!(rv);
     crd["status"] = json!({
@@ -54,7 +60,13 @@ fn stored(versions: &[(&str, bool)], established: bool, stored: &[&str], rv: &st
     crd
 }
 
-async fn answer(handle: &mut Handle, method: &str, path: &str, status: u16, reply: &Value) {
+pub(super) async fn answer(
+    handle: &mut Handle,
+    method: &str,
+    path: &str,
+    status: u16,
+    reply: &Value,
+) {
     let (request, respond) = handle.next_request().await.expect("a request");
     assert_eq!(
         (request.method().as_str(), request.uri().path()),
@@ -74,7 +86,7 @@ fn send(respond: mock::SendResponse<Response<Body>>, status: u16, reply: &Value)
 
 /// Aggregated discovery listing `widgets` in `example.com` at `versions`,
 /// beside another group.
-fn discovery(versions: &[&str]) -> Value {
+pub(super) fn discovery(versions: &[&str]) -> Value {
     let versions: Vec<Value> = versions
         .iter()
         .map(|v| json!({"version": v, "resources": [{"resource": "widgets", "scope": "Namespaced"}]}))
@@ -86,7 +98,7 @@ fn discovery(versions: &[&str]) -> Value {
     ]})
 }
 
-fn not_found() -> Value {
+pub(super) fn not_found() -> Value {
     json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound",
            "code": 404, "message": "not found"})
 }
@@ -215,7 +227,17 @@ async fn established_but_not_yet_in_discovery_yields_until_served() {
         "{error}"
     );
 
+    // Known unchanged, but still awaited: read again (one GET, it may not
+    // be established), then discovery.
     let server = async {
+        answer(
+            &mut handle,
+            "GET",
+            CRD,
+            200,
+            &stored(&versions, true, &["v1"], "5"),
+        )
+        .await;
         answer(&mut handle, "GET", "/apis", 200, &discovery(&["v1", "v2"])).await;
         handle
     };
@@ -262,6 +284,14 @@ async fn without_aggregated_discovery_each_version_is_read() {
             &not_found(),
         )
         .await;
+        answer(
+            &mut handle,
+            "GET",
+            CRD,
+            200,
+            &stored(&v1, true, &["v1"], "5"),
+        )
+        .await;
         answer(&mut handle, "GET", "/apis", 200, &groups).await;
         answer(&mut handle, "GET", "/apis/example.com/v1", 200, &resources).await;
     };
@@ -275,8 +305,9 @@ async fn without_aggregated_discovery_each_version_is_read() {
 }
 
 /// Two CRDs created in one pass, one established at once and one not: the
-/// pass yields on the second, and the first, known from then on, must still
-/// be checked in discovery before the step says done.
+/// pass asks discovery for the first and yields on the second; the first,
+/// not served yet and known from then on, must still be checked in
+/// discovery before the step says done.
 #[tokio::test]
 async fn a_crd_established_in_a_pass_that_yields_is_still_checked_in_discovery() {
     let (cx, mut handle) = context();
@@ -298,7 +329,8 @@ async fn a_crd_established_in_a_pass_that_yields_is_still_checked_in_discovery()
     let server = async {
         let mut patched = 0;
         let mut gadget_gets = 0;
-        while patched < 2 || gadget_gets < 2 {
+        let mut discovered = 0;
+        while patched < 2 || gadget_gets < 2 || discovered < 1 {
             let (request, respond) = handle.next_request().await.expect("a request");
             let path = request.uri().path().to_owned();
             let reply = match (request.method().as_str(), path.as_str()) {
@@ -318,6 +350,11 @@ async fn a_crd_established_in_a_pass_that_yields_is_still_checked_in_discovery()
                 ("PATCH", GADGET) => {
                     patched += 1;
                     (200, gadgets(false))
+                }
+                // Widgets, established, is asked for at once: not served.
+                ("GET", "/apis") => {
+                    discovered += 1;
+                    (200, discovery(&[]))
                 }
                 other => panic!("unexpected request {other:?}"),
             };
