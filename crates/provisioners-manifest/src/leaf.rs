@@ -36,6 +36,8 @@ mod targets;
 mod mock_tests;
 
 use provisioners_kit::concurrent::in_order as bounded;
+// How a pass runs (for real, or as a plan): kit's one write/dry-run mode.
+use provisioners_kit::plan::Mode;
 use provisioners_kit::plan::PlanObjects as _;
 use std::borrow::Cow;
 use std::path::PathBuf;
@@ -425,16 +427,6 @@ impl Provisioner for Manifest {
     }
 }
 
-/// How a pass runs: for real, or as a dry run that writes nothing (reads,
-/// and server-side applies with `dryRun=All`) and says what the real pass
-/// would do, object by object.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Mode {
-    /// Apply, record, delete, wait.
-    Write,
-    /// Plan.
-    DryRun,
-}
 
 fn dynamic_api(
     cx: &Context,

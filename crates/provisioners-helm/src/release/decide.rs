@@ -14,14 +14,9 @@ use super::records;
 use crate::objects::Seen;
 use crate::storage::Revision;
 
-/// Whether a step writes, or only reads and says what it would write.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Mode {
-    /// `provision` or `deprovision`.
-    Write,
-    /// A plan: reads only.
-    DryRun,
-}
+/// Whether a step writes, or only reads and says what it would write:
+/// kit's one write/dry-run mode, shared with the manifest leaf.
+pub(super) use provisioners_kit::plan::Mode;
 
 /// What `provision` does about the release's newest record, before any
 /// helm runs.

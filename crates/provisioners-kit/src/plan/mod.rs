@@ -6,7 +6,8 @@
 //!
 //! Core's plan holds leaf-defined details only; the manifest and Helm
 //! leaves (and a leaf of your own) plan their objects through this module,
-//! so every object reads and counts the same way:
+//! so every object reads and counts the same way, and both run a plan as
+//! their pass in [`Mode::DryRun`]:
 //!
 //! ```
 //! use provisioners_core::plan::{Detail, Plan};
@@ -39,6 +40,18 @@ mod tree;
 pub use field::{FieldChange, MASKED};
 pub use object::{Change, ObjectPlan};
 pub use tree::{ObjectCounts, PlanObjects};
+
+/// How a leaf's pass runs: for real, or as the dry run a plan is. Both
+/// leaves take the same steps through the same code in either mode; a dry
+/// run reads (and server-side applies with `dryRun=All`) but writes,
+/// records and waits for nothing, and says what the real pass would do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// `provision` or `deprovision`: apply, record, delete, wait.
+    Write,
+    /// A plan: reads only.
+    DryRun,
+}
 
 /// The [kind](provisioners_core::plan::Detail::kind) of an object plan's
 /// detail in a plan: `"object"`, so a plan's summary reads
