@@ -427,7 +427,6 @@ impl Provisioner for Manifest {
     }
 }
 
-
 fn dynamic_api(
     cx: &Context,
     resource: &ApiResource,
