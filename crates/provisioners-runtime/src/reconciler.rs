@@ -1,7 +1,7 @@
 //! [`Reconciler`]: one reconcile of one managed object.
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use kube::runtime::controller::Action;
@@ -336,8 +336,9 @@ impl Reconciler {
         // after adding the finalizer (a second pass, which a generation
         // predicate never triggers), and it removes the finalizer on any
         // `Ok`, while a deprovision that yields must keep it.
+        let mut resource_version = object.meta().resource_version.clone();
         if !deleting && !has_finalizer {
-            self.add_finalizer(&target, object).await?;
+            resource_version = self.add_finalizer(&target, object).await?;
         }
 
         let spec = Spec {
@@ -353,6 +354,7 @@ impl Reconciler {
             generation: spec.generation,
             deleting,
             reference: object.object_ref(&()),
+            resource_version: Mutex::new(resource_version),
         };
         // No tree runs without its owner keys; why (a missing right to the
         // key Secret, say) goes to the object's status like a tree's error.
@@ -571,11 +573,11 @@ impl Reconciler {
     ) -> Result<(ReconcileResult, Action)> {
         let message = summary::truncate(message, summary::MAX_MESSAGE);
         let waiting = self.waiting_field.as_deref();
-        if let Some(patch) =
-            status::awaiting(&report.current, &message, report.generation, plan, waiting)
-        {
-            report.target.patch_status(&patch).await?;
-        }
+        report
+            .write_status(|current| {
+                status::awaiting(current, &message, report.generation, plan, waiting)
+            })
+            .await?;
         self.publish(report, Why::AwaitingApproval, note).await;
         tracing::info!(object = %report.target, %message, "awaiting plan approval");
         Ok((
@@ -586,9 +588,9 @@ impl Reconciler {
 
     /// Writes the plan's status into `field`, if it changed.
     async fn write_plan(&self, report: &Report<'_>, field: &str, value: &Value) -> Result<()> {
-        match status::plan(&report.current, field, value) {
-            Some(patch) => report.target.patch_status(&patch).await,
-            None => Ok(()),
-        }
+        report
+            .write_status(|current| status::plan(current, field, value))
+            .await
+            .map(drop)
     }
 }

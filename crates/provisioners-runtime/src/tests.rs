@@ -481,3 +481,58 @@ async fn a_tree_whose_yield_promised_a_wake_is_woken_and_requeued_only_as_a_back
     assert_eq!(action, Action::requeue(crate::DEFAULT_REQUEUE));
     server.await.unwrap();
 }
+
+/// A 409 answer: the object changed since the version the patch names.
+fn conflict() -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Status", "status": "Failure", "reason": "Conflict",
+        "code": 409, "message": "the object has been modified",
+    })
+}
+
+#[tokio::test]
+async fn a_status_from_an_older_copy_is_not_written_again_when_the_stored_one_says_it() {
+    // The controller hands over a copy older than the stored object: our
+    // own last pass already wrote `Provisioned` (the watch had not brought
+    // it yet). The patch carries the copy's version, is refused, and the
+    // object read again already says it: nothing more is written.
+    let (reconciler, mut api) = mocked();
+    let recorder = Recorder::new();
+    let managed = Managed::new(object(3, &[FINALIZER]), Scripted::new("p", &recorder));
+    let mut stored = reply();
+    stored["metadata"]["resourceVersion"] = json!("44");
+    stored["status"] = provisioned_at(3);
+    let server = tokio::spawn(async move {
+        let stale = api.expect(Method::PATCH, STATUS, 409, conflict()).await;
+        api.expect(Method::GET, OBJECT, 200, stored).await;
+        (api, stale)
+    });
+    assert_eq!(reconciler.reconcile(&managed).await.unwrap(), resync());
+    let (api, stale) = server.await.unwrap();
+    assert_eq!(
+        stale["metadata"]["resourceVersion"], "41",
+        "the copy's version"
+    );
+    // Any further request would fail here: the mock is dropped unanswered.
+    drop(api);
+    assert_eq!(recorder.count("p", Operation::Provision), 1);
+}
+
+#[tokio::test]
+async fn a_status_refused_for_an_older_copy_is_written_against_the_stored_version() {
+    let (reconciler, mut api) = mocked();
+    let recorder = Recorder::new();
+    let managed = Managed::new(object(3, &[FINALIZER]), Scripted::new("p", &recorder));
+    // Stored: someone else changed the object (a label), no status yet.
+    let mut stored = reply();
+    stored["metadata"]["resourceVersion"] = json!("45");
+    let server = tokio::spawn(async move {
+        api.expect(Method::PATCH, STATUS, 409, conflict()).await;
+        api.expect(Method::GET, OBJECT, 200, stored).await;
+        api.expect(Method::PATCH, STATUS, 200, reply()).await
+    });
+    assert_eq!(reconciler.reconcile(&managed).await.unwrap(), resync());
+    let written = server.await.unwrap();
+    assert_eq!(written["metadata"]["resourceVersion"], "45");
+    assert_eq!(written["status"]["conditions"][0]["reason"], "Provisioned");
+}

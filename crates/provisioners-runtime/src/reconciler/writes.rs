@@ -48,24 +48,20 @@ impl Reconciler {
         result: &Result<()>,
         in_progress: Reason,
     ) -> Result<bool> {
-        let Some(patch) = status::patch(
-            &report.current,
-            result,
-            in_progress,
-            report.generation,
-            self.waiting_field.as_deref(),
-        ) else {
-            return Ok(false);
-        };
-        report.target.patch_status(&patch).await?;
-        Ok(true)
+        let waiting = self.waiting_field.as_deref();
+        report
+            .write_status(|current| {
+                status::patch(current, result, in_progress, report.generation, waiting)
+            })
+            .await
     }
 
+    /// The resourceVersion written.
     pub(super) async fn add_finalizer<K: Resource>(
         &self,
         target: &Target,
         object: &K,
-    ) -> Result<()> {
+    ) -> Result<Option<String>> {
         let mut finalizers = object.finalizers().to_vec();
         finalizers.push(self.finalizer.clone());
         target
@@ -87,5 +83,6 @@ impl Reconciler {
         target
             .patch_finalizers(object, finalizers, "removing the finalizer from")
             .await
+            .map(drop)
     }
 }

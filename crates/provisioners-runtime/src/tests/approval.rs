@@ -315,9 +315,14 @@ async fn the_plan_field_alone_writes_the_plan_then_provisions() {
     let (_api, bodies) = server.await.unwrap();
     assert_eq!(tree.counts(), (1, 1, 0));
     assert_eq!(
-        bodies[0],
-        json!({ "status": { "plan": { "digest": digest, "summary": "objects: 1 to create", "unknownNodes": 0 } } }),
+        bodies[0]["status"],
+        json!({ "plan": { "digest": digest, "summary": "objects: 1 to create", "unknownNodes": 0 } }),
         "the plan first, alone"
+    );
+    assert!(
+        bodies[0]["metadata"]["resourceVersion"].is_string(),
+        "an optimistic update: {}",
+        bodies[0]
     );
     assert_eq!(
         bodies[1]["status"]["conditions"][0]["reason"],
