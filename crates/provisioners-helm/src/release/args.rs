@@ -52,12 +52,7 @@ pub(super) fn upgrade_args(
     fresh: bool,
 ) -> Vec<OsString> {
     let mut args: Vec<OsString> = vec!["upgrade".into(), "--install".into()];
-    args.extend(chart_args(release));
-    args.extend(common_args(release, kubeconfig));
-    if let Some(version) = &release.version {
-        args.push("--version".into());
-        args.push(version.into());
-    }
+    args.extend(chart_at_version(release, kubeconfig));
     if release.create_namespace {
         args.push("--create-namespace".into());
     }
@@ -125,12 +120,7 @@ pub(super) fn render_args(
     } else {
         vec!["upgrade".into(), "--install".into()]
     };
-    args.extend(chart_args(release));
-    args.extend(common_args(release, kubeconfig));
-    if let Some(version) = &release.version {
-        args.push("--version".into());
-        args.push(version.into());
-    }
+    args.extend(chart_at_version(release, kubeconfig));
     args.push("--values".into());
     args.push(values.into());
     if !render.install {
@@ -163,16 +153,23 @@ pub(super) fn template_args(
     render: Render,
 ) -> Vec<OsString> {
     let mut args: Vec<OsString> = vec!["template".into()];
-    args.extend(chart_args(release));
-    args.extend(common_args(release, kubeconfig));
-    if let Some(version) = &release.version {
-        args.push("--version".into());
-        args.push(version.into());
-    }
+    args.extend(chart_at_version(release, kubeconfig));
     args.push("--values".into());
     args.push(values.into());
     if !render.fresh {
         args.push("--is-upgrade".into());
+    }
+    args
+}
+
+/// What every install, upgrade and render names: the release and chart
+/// ([`chart_args`]), the cluster and namespace, and the chart's version.
+fn chart_at_version(release: &HelmRelease, kubeconfig: &Path) -> Vec<OsString> {
+    let mut args = chart_args(release);
+    args.extend(common_args(release, kubeconfig));
+    if let Some(version) = &release.version {
+        args.push("--version".into());
+        args.push(version.into());
     }
     args
 }
