@@ -1,5 +1,5 @@
 //! [`Watches`]: one shared watch per cluster, kind and [`Scope`], built on
-//! kube-runtime's [`watcher`] and [reflector store](mod@kube::runtime::reflector),
+//! kube-runtime's [`watcher`](kube::runtime::watcher()) and [reflector store](mod@kube::runtime::reflector),
 //! so that a leaf reads the objects it owns without a request and is woken
 //! when one of them changes instead of polling it.
 //!
@@ -7,20 +7,20 @@
 //!
 //! - **One watcher per (cluster, kind, scope), cluster-wide**, as a
 //!   controller's `Controller::owns` would run it: one stream feeding one
-//!   [`Writer`] whose [`Store`] every tree of that cluster reads. A scope is
+//!   [`Writer`](kube::runtime::reflector::store::Writer) whose [`Store`](kube::runtime::reflector::Store) every tree of that cluster reads. A scope is
 //!   a label selector (our stamps) and whether only metadata is needed
 //!   (a `PartialObjectMeta` watch, a fraction of the bytes).
 //! - **The initial list is paged** (`watcher::Config`'s 500 objects a page,
 //!   client-go's default), not a streaming list: the page bounds memory on
 //!   every server, while streaming lists depend on a feature gate.
 //! - **`managedFields` are stripped** as events arrive (what
-//!   [`Event::modify`] is for) unless the scope [keeps](Scope::managed_fields)
+//!   [`Event::modify`](kube::runtime::watcher::Event::modify) is for) unless the scope [keeps](Scope::managed_fields)
 //!   them: they are often half an object's bytes.
 //! - **Degrade, never a wrong answer**: the watch answers only while it is
 //!   [synced](Watched::synced) (its list is complete and no error came
 //!   since). After an error it is unsynced, every waiter is woken (so its
 //!   tree polls), and a fresh watcher relists after kube's
-//!   [`DefaultBackoff`]; a dead cluster just stays unsynced. A list or watch
+//!   [`DefaultBackoff`](kube::runtime::watcher::DefaultBackoff); a dead cluster just stays unsynced. A list or watch
 //!   refused with 401, 403, 404 or 405 stops the watch: the kind is
 //!   [refused](Watches::refused_for) for a while, with one warning, and
 //!   callers read as they did before.
