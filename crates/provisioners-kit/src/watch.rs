@@ -263,13 +263,7 @@ impl Watches {
         resource: &ApiResource,
         scope: &Scope,
     ) -> Option<Watched> {
-        let key = (
-            resource.group.clone(),
-            resource.version.clone(),
-            resource.kind.clone(),
-            resource.plural.clone(),
-            scope.clone(),
-        );
+        let key = key(resource, scope);
         let mut entries = lock(&self.entries);
         if let Some(entry) = entries.get(&key) {
             if !entry.shared.stopped() {
@@ -320,6 +314,22 @@ impl Watches {
         Some(Watched { shared })
     }
 
+    /// The watch of `resource` in `scope` if it runs already, without
+    /// starting one: for a caller that must not start watches (a one-shot
+    /// program with nobody to wake) but may use one another started.
+    #[must_use]
+    pub fn running(&self, resource: &ApiResource, scope: &Scope) -> Option<Watched> {
+        let entries = lock(&self.entries);
+        let entry = entries.get(&key(resource, scope))?;
+        if entry.shared.stopped() {
+            return None;
+        }
+        entry.shared.touch();
+        Some(Watched {
+            shared: Arc::clone(&entry.shared),
+        })
+    }
+
     /// The counters of every watch this cluster has (stopped ones until
     /// they are replaced), summed.
     #[must_use]
@@ -331,6 +341,16 @@ impl Watches {
         }
         total
     }
+}
+
+fn key(resource: &ApiResource, scope: &Scope) -> Key {
+    (
+        resource.group.clone(),
+        resource.version.clone(),
+        resource.kind.clone(),
+        resource.plural.clone(),
+        scope.clone(),
+    )
 }
 
 impl Drop for Watches {

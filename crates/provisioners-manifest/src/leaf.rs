@@ -11,8 +11,9 @@
 //! [`crd`] (waiting for CRDs and unknown kinds), [`ready`] (waiting for
 //! readiness), [`inventory`] (what a pruning node applied), [`prune`]
 //! (what left the manifest), [`delete`] (checked removal of one object),
-//! [`deprovision`] (removal in order) and [`plan`] (how a dry run reads in
-//! a plan).
+//! [`deprovision`] (removal in order), [`plan`] (how a dry run reads in
+//! a plan) and [`watched`] (reads served from the cluster's shared watches,
+//! and wakes on their events).
 
 mod answer;
 mod apply;
@@ -31,9 +32,12 @@ mod replace;
 mod resolve;
 mod take_back;
 mod targets;
+mod watched;
 
 #[cfg(test)]
 mod mock_tests;
+#[cfg(test)]
+mod watch_tests;
 
 use provisioners_kit::concurrent::in_order as bounded;
 // How a pass runs (for real, or as a plan): kit's one write/dry-run mode.

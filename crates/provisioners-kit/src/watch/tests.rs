@@ -111,9 +111,14 @@ fn counter() -> (Arc<AtomicUsize>, impl Fn() + Send + Sync + 'static) {
 async fn a_synced_watch_answers_and_an_event_wakes_each_target_once() {
     let (cluster, mut handle) = mocked(Watches::default());
     let watches = Watches::of(&cluster);
+    assert!(
+        watches.running(&configmaps(), &ours()).is_none(),
+        "not started by looking"
+    );
     let watched = watches
         .watch(cluster.client(), &configmaps(), &ours())
         .expect("started");
+    assert!(watches.running(&configmaps(), &ours()).is_some());
     assert!(!watched.synced());
     assert_eq!(
         watched.get(Some("ns"), "a"),

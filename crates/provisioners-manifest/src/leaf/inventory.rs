@@ -22,7 +22,7 @@ use provisioners_client::bounded::{self, Limits};
 use provisioners_core::{Context, Error, Result};
 use provisioners_kit::gone::{self, Deleted};
 
-use super::Manifest;
+use super::{Manifest, watched};
 use crate::object::ObjectRef;
 use crate::ownership::{Ownership, Stamp};
 
@@ -93,26 +93,40 @@ impl Manifest {
 
     async fn read_inventory_entries(&self, cx: &Context, stamp: &Stamp) -> Result<Vec<ObjectRef>> {
         let (api, name) = self.inventory_api(cx, stamp);
-        let config_map = match api.get_opt(&name).await {
-            Ok(config_map) => config_map,
-            // Its namespace does not exist yet (or any more): nothing recorded.
-            Err(kube::Error::Api(status)) if status.code == 404 => None,
-            Err(e) => {
-                return Err(Error::kube(
-                    format_args!("reading the inventory ConfigMap {name}"),
-                    e,
-                ));
+        let namespace = self.inventory_home(cx);
+        // Held by a synced watch (stamped, so labelled): no request. One it
+        // does not hold may exist unlabelled: read as before.
+        let watched = watched::config_map(cx, &namespace, &name).map(|live| {
+            live.data
+                .get("data")
+                .and_then(|data| data.get("objects"))
+                .and_then(serde_json::Value::as_str)
+                .map(str::to_owned)
+        });
+        let text = match watched {
+            Some(text) => text,
+            None => {
+                let config_map = match api.get_opt(&name).await {
+                    Ok(config_map) => config_map,
+                    // Its namespace does not exist yet (or any more): nothing recorded.
+                    Err(kube::Error::Api(status)) if status.code == 404 => None,
+                    Err(e) => {
+                        return Err(Error::kube(
+                            format_args!("reading the inventory ConfigMap {name}"),
+                            e,
+                        ));
+                    }
+                };
+                config_map
+                    .and_then(|c| c.data)
+                    .and_then(|mut data| data.remove("objects"))
             }
         };
-        let Some(text) = config_map
-            .and_then(|c| c.data)
-            .and_then(|mut data| data.remove("objects"))
-        else {
+        let Some(text) = text else {
             return Ok(Vec::new());
         };
         // Up to 1 MiB of JSON: parsed off the async workers, within the
         // process's bound on large decodings at once.
-        let namespace = self.inventory_home(cx);
         bounded::off_workers(move || parse_inventory(&namespace, &name, &text))
             .await
             .map_err(|e| Error::unavailable(format!("reading the inventory: {e}")))?

@@ -19,7 +19,7 @@ use provisioners_core::{Context, Error, Result};
 
 use super::decide::Seen;
 use super::resolve::Resolved;
-use super::{Manifest, Mode, bounded, dynamic_api};
+use super::{Manifest, Mode, bounded, dynamic_api, watched};
 use crate::object::ObjectRef;
 use crate::ownership::{PROTECTED_NAMESPACES, Stamp};
 
@@ -273,8 +273,9 @@ impl Manifest {
         }
     }
 
-    /// Our live objects among `objects`, by one paginated LIST of this
-    /// node's objects (label selector) per kind and namespace, however few:
+    /// Our live objects among `objects`, from the cluster's shared watch of
+    /// the kind when it is synced (no request), else by one paginated LIST
+    /// of this node's objects (label selector) per kind and namespace, however few:
     /// a read that only returns what we manage is cheaper than a no-op
     /// apply, and lets an unchanged pass make no write at all. A failed LIST
     /// only means those objects are read or applied one by one.
@@ -289,6 +290,23 @@ impl Manifest {
         let selector = stamp.selector();
         for ((_, _, namespace), indices) in groups {
             let first = &objects[indices[0]];
+            let names: Vec<&str> = indices
+                .iter()
+                .map(|&i| objects[i].key.name.as_str())
+                .collect();
+            if let Some(known) = watched::ours(
+                cx,
+                &first.kind.resource,
+                namespace.as_deref(),
+                stamp.inventory_id(),
+                &names,
+            ) {
+                // A synced watch of our label: what the LIST would return.
+                for (i, live) in indices.into_iter().zip(known) {
+                    out[i] = live;
+                }
+                continue;
+            }
             let api = dynamic_api(cx, &first.kind.resource, namespace.as_deref());
             let items = match list_all(
                 &api,

@@ -13,7 +13,7 @@ use tokio::task::JoinHandle;
 
 use crate::Manifest;
 
-fn config_map(name: &str) -> String {
+pub(super) fn config_map(name: &str) -> String {
     format!("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {name}\n  namespace: ns\n")
 }
 
@@ -21,7 +21,7 @@ fn empty_list(kind: &str) -> Value {
     json!({"apiVersion": "v1", "kind": kind, "metadata": {}, "items": []})
 }
 
-fn spawn(cx: &Context, manifest: Manifest) -> JoinHandle<Result<()>> {
+pub(super) fn spawn(cx: &Context, manifest: Manifest) -> JoinHandle<Result<()>> {
     let cx = cx.clone();
     tokio::spawn(async move { cx.provision(&manifest).await })
 }
@@ -198,7 +198,7 @@ async fn discovery_that_hangs_fails_its_objects_after_5_seconds() {
     drop(discovery);
 }
 
-fn configmaps_discovery() -> Value {
+pub(super) fn configmaps_discovery() -> Value {
     json!({"kind": "APIResourceList", "groupVersion": "v1", "resources": [
         {"name": "configmaps", "singularName": "configmap", "namespaced": true,
          "kind": "ConfigMap", "verbs": ["get", "list", "patch"]},

@@ -19,7 +19,7 @@ use super::apply::Outcome;
 use super::look::{NamespaceState, Namespaces, is_ours_ns};
 use super::resolve::UnknownKinds;
 use super::resolve::{Resolution, Resolved, Unresolved};
-use super::{Manifest, Mode, crd, ready};
+use super::{Manifest, Mode, crd, ready, watched};
 use crate::object::{ObjectRef, Tier};
 use crate::ownership::{PROTECTED_NAMESPACES, Stamp};
 
@@ -162,6 +162,9 @@ impl Manifest {
         if let Some(wait) = self.ready_timeout {
             ready::wait_ready(cx, &scope, &applied, &usable, wait)?;
         }
+        // A hand edit of what we applied wakes the tree when it happens,
+        // not at the next resync (one-shot: each pass registers again).
+        watched::wake_on_change(cx, &applied);
         tracing::debug!(objects = applied.len(), "applied");
         Ok(Vec::new())
     }

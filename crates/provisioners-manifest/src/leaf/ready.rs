@@ -1,7 +1,10 @@
 //! Waiting for readiness: a yield while objects are not ready, `Timeout`
 //! once they have not been for the node's [`ready_timeout`](super::Manifest::ready_timeout).
 //!
-//! A provision looks once and yields, so no worker waits for a rollout. The
+//! A provision looks once and yields, so no worker waits for a rollout.
+//! When the cluster's shared watches hold every object it waits for, the
+//! yield promises the tree's wake: their next change runs it again, not a
+//! readiness poll. The
 //! clock that makes the deadline hold across passes (and across trees
 //! rebuilt at every reconcile) lives in the cluster's state, keyed by node
 //! path and restarted whenever the content applied changes, as a new helm
@@ -13,13 +16,14 @@ use std::time::{Duration, Instant};
 
 use kube::api::DynamicObject;
 use provisioners_client::digest::Digest;
+use provisioners_client::wake::Wake;
 use provisioners_core::{Context, Result};
 use provisioners_kit::crd::Usable;
 use provisioners_kit::readiness::{self, NotReady, Verdict};
 use serde_json::Value;
 
-use super::list;
 use super::resolve::Resolved;
+use super::{list, watched};
 use crate::object::Tier;
 
 /// Per node path: the digest of the content last seen not ready, and since
@@ -100,7 +104,17 @@ pub(super) fn wait_ready(
         return Ok(());
     }
     let since = clocks.since(scope, &digest(applied));
-    verdict(&not_ready, since.elapsed(), wait)
+    let outcome = verdict(&not_ready, since.elapsed(), wait);
+    if outcome
+        .as_ref()
+        .is_err_and(provisioners_core::Error::is_yield)
+        && watched::wake_on_change(cx, applied)
+    {
+        // Every object's watch will wake the tree when one changes: a
+        // readiness poll is no longer needed (the runtime keeps a backstop).
+        Wake::promise(cx);
+    }
+    outcome
 }
 
 /// Forgets the clock of node `scope` (it was deprovisioned).
