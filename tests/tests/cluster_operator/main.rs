@@ -1,6 +1,6 @@
 //! The layers above the tree: the fleet, the runtime (controllers, plans
 //! in the status, production settings) and the example Platform operator,
-//! also under its own RBAC. One test binary of the cluster suite
+//! also under its own RBAC, and the manifest leaf on shared watches. One test binary of the cluster suite
 //! (docs/testing.md, "Test binaries"); each module was a binary of its own.
 
 #[path = "../fleet_support/mod.rs"]
@@ -17,3 +17,4 @@ mod operator_rbac;
 mod runtime_cluster;
 mod runtime_plan;
 mod runtime_production;
+mod watch_manifest;
