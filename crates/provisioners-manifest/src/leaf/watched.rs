@@ -98,7 +98,8 @@ pub(super) fn wake_on_change(cx: &Context, applied: &[(Resolved, DynamicObject)]
         return false;
     };
     let mut by_kind: BTreeMap<(String, String), (&ApiResource, Vec<Name>)> = BTreeMap::new();
-    for (object, _) in applied {
+    let mut versions: BTreeMap<Name, Option<&str>> = BTreeMap::new();
+    for (object, live) in applied {
         if object.tier == Tier::CustomResourceDefinition {
             continue;
         }
@@ -108,12 +109,58 @@ pub(super) fn wake_on_change(cx: &Context, applied: &[(Resolved, DynamicObject)]
             .or_insert_with(|| (resource, Vec::new()))
             .1
             .push((object.key.namespace.clone(), object.key.name.clone()));
+        versions.insert(
+            (object.key.namespace.clone(), object.key.name.clone()),
+            live.metadata.resource_version.as_deref(),
+        );
     }
     let mut all = true;
+    let mut changed = false;
     for (resource, objects) in by_kind.into_values() {
-        let taken =
-            watched(cx, resource).is_some_and(|watched| watched.wake_on_change(&objects, wake));
-        all &= taken;
+        let Some(watched) = watched(cx, resource) else {
+            all = false;
+            continue;
+        };
+        all &= watched.wake_on_change(&objects, wake);
+        // A change between this pass's read and the registration came
+        // with no waiter: the store already holds it.
+        changed |= objects.iter().any(|(namespace, name)| {
+            let seen = versions
+                .get(&(namespace.clone(), name.clone()))
+                .copied()
+                .flatten();
+            watched
+                .get(namespace.as_deref(), name)
+                .flatten()
+                .is_some_and(|stored| newer(stored.metadata.resource_version.as_deref(), seen))
+        });
+    }
+    if changed {
+        wake.wake();
     }
     all
+}
+
+/// Whether `stored` is a later version than `seen`. Resource versions are
+/// opaque to clients; the API server's are etcd revisions, numbers that
+/// grow, so a number compares, and anything else never reads as newer
+/// (the change is then seen at the next wake or poll).
+fn newer(stored: Option<&str>, seen: Option<&str>) -> bool {
+    let number = |version: Option<&str>| version?.parse::<u64>().ok();
+    matches!((number(stored), number(seen)), (Some(stored), Some(seen)) if stored > seen)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::newer;
+
+    #[test]
+    fn only_a_larger_number_is_newer() {
+        assert!(newer(Some("12"), Some("9")));
+        assert!(!newer(Some("9"), Some("12")));
+        assert!(!newer(Some("9"), Some("9")));
+        assert!(!newer(Some("abc"), Some("9")));
+        assert!(!newer(Some("12"), None));
+        assert!(!newer(None, Some("9")));
+    }
 }
