@@ -355,7 +355,13 @@ fn key(resource: &ApiResource, scope: &Scope) -> Key {
 
 impl Drop for Watches {
     fn drop(&mut self) {
-        for entry in lock(&self.entries).values() {
+        // Every watch stops and wakes its waiters: their trees read again.
+        let entries = std::mem::take(
+            self.entries
+                .get_mut()
+                .unwrap_or_else(PoisonError::into_inner),
+        );
+        for entry in entries.into_values() {
             entry.task.abort();
             entry.shared.stop(None);
         }
