@@ -486,12 +486,15 @@ impl Watched {
     /// Wakes `wake` once, at the next event on any of `objects`
     /// ((namespace, name)), or when the watch stops answering (so its tree
     /// polls again). A newer wake with the same [target](Wake::same_target)
-    /// replaces the older. `false` (nothing registered) when the watch is
-    /// not synced or keeps too many waiters: the caller polls.
+    /// replaces the older. While the watch lists for the first time the
+    /// wake is registered too: the end of that list wakes every waiter, so a
+    /// tree's first yield need not be polled. `false` (nothing registered)
+    /// when the watch has stopped, is behind after an error, or keeps too
+    /// many waiters: the caller polls.
     pub fn wake_on_change(&self, objects: &[(Option<String>, String)], wake: &Wake) -> bool {
         self.shared.touch();
         let mut inner = lock(&self.shared.inner);
-        if !inner.synced {
+        if inner.stopped || (!inner.synced && inner.behind) {
             return false;
         }
         let room = self.shared.limits.max_waiters.saturating_sub(inner.waiting);

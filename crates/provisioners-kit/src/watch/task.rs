@@ -40,6 +40,9 @@ pub(super) struct Shared {
 pub(super) struct Inner {
     /// Answers are given only while set.
     pub(super) synced: bool,
+    /// An error unsynced it since its last complete list (cleared by the
+    /// next one): it is behind, not starting.
+    pub(super) behind: bool,
     /// The task ended (idle, refused, over budget, dropped).
     pub(super) stopped: bool,
     /// When it was refused or went over budget.
@@ -134,6 +137,7 @@ impl Shared {
                 self.degraded.fetch_add(1, Ordering::Relaxed);
             }
             inner.synced = false;
+            inner.behind = true;
             inner.listing = None;
             take_all(&mut inner)
         };
@@ -190,11 +194,22 @@ impl Shared {
         writer: &mut Writer<DynamicObject>,
         event: Event<DynamicObject>,
     ) -> Result<(), Stop> {
-        let event = if self.scope.managed_fields {
-            event
-        } else {
-            event.modify(|object| object.metadata.managed_fields = None)
-        };
+        // List items carry no apiVersion and kind: every stored object gets
+        // them from the resource, as a GET would answer, so a reader sees
+        // the same object whether it came from the list or the watch.
+        let keep_managed_fields = self.scope.managed_fields;
+        let resource = &self.resource;
+        let event = event.modify(|object| {
+            if object.types.is_none() {
+                object.types = Some(kube::api::TypeMeta {
+                    api_version: resource.api_version.clone(),
+                    kind: resource.kind.clone(),
+                });
+            }
+            if !keep_managed_fields {
+                object.metadata.managed_fields = None;
+            }
+        });
         let limits = &self.limits;
         let mut inner = lock(&self.inner);
         let wakes = match &event {
@@ -231,6 +246,7 @@ impl Shared {
                 inner.bytes = bytes;
                 inner.oversized = oversized;
                 inner.synced = true;
+                inner.behind = false;
                 // Whatever changed while unsynced: waiters look again.
                 take_all(&mut inner)
             }

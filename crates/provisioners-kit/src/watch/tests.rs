@@ -125,13 +125,19 @@ async fn a_synced_watch_answers_and_an_event_wakes_each_target_once() {
         None,
         "unknown before the list"
     );
+    // A tree's first yield registers while the first list runs: the end of
+    // the list wakes it.
     let (woken, notify) = counter();
-    assert!(!watched.wake_on_change(&[(Some("ns".into()), "a".into())], &Wake::new(notify)));
+    assert!(watched.wake_on_change(&[(Some("ns".into()), "a".into())], &Wake::new(notify)));
 
+    // As a real server answers a list: items without apiVersion and kind.
+    let mut b = configmap("b", 10);
+    b.as_object_mut().unwrap().remove("apiVersion");
+    b.as_object_mut().unwrap().remove("kind");
     send(
         next(&mut handle, false).await,
         200,
-        list(&[configmap("a", 10), configmap("b", 10)]),
+        list(&[configmap("a", 10), b]),
     );
     let watch = next(&mut handle, true).await;
     assert!(watched.synced());
@@ -141,6 +147,15 @@ async fn a_synced_watch_answers_and_an_event_wakes_each_target_once() {
         .expect("listed");
     assert_eq!(a.data["data"]["k"], "x".repeat(10));
     assert!(a.metadata.managed_fields.is_none(), "stripped");
+    let b = watched
+        .get(Some("ns"), "b")
+        .expect("synced")
+        .expect("listed");
+    let types = b.types.as_ref().expect("filled in as a GET answers");
+    assert_eq!(
+        (types.api_version.as_str(), types.kind.as_str()),
+        ("v1", "ConfigMap")
+    );
     assert_eq!(
         watched.get(Some("ns"), "c"),
         Some(None),
@@ -190,8 +205,8 @@ async fn a_synced_watch_answers_and_an_event_wakes_each_target_once() {
     assert_eq!(other.load(Ordering::SeqCst), 1);
     assert_eq!(
         woken.load(Ordering::SeqCst),
-        0,
-        "not registered while unsynced"
+        1,
+        "woken once, by the end of the first list"
     );
     assert_eq!(watched.stats().waiters, 1, "b's waiter is left");
     let a = watched
@@ -204,7 +219,10 @@ async fn a_synced_watch_answers_and_an_event_wakes_each_target_once() {
         (stats.running, stats.relists, stats.objects, stats.degraded),
         (1, 1, 2, 0)
     );
-    assert_eq!(stats.wakes, 2);
+    assert_eq!(
+        stats.wakes, 3,
+        "the first list's waiter, then `newer` and `other`"
+    );
 
     // Dropping the cluster's state stops it and wakes who waits.
     drop(watches);
@@ -286,6 +304,11 @@ async fn an_error_unsyncs_wakes_waiters_and_relists() {
     send(watch, 500, status(500, "InternalError"));
     until("unsynced", || !watched.synced()).await;
     assert_eq!(woken.load(Ordering::SeqCst), 1, "the waiter polls again");
+    let (behind, notify) = counter();
+    assert!(
+        !watched.wake_on_change(&[(Some("ns".into()), "a".into())], &Wake::new(notify)),
+        "behind after an error: the caller polls"
+    );
     assert_eq!(
         watched.get(Some("ns"), "a"),
         None,
@@ -307,6 +330,7 @@ async fn an_error_unsyncs_wakes_waiters_and_relists() {
     );
     assert!(watched.get(Some("ns"), "b").expect("synced").is_some());
     assert_eq!(watched.stats().relists, 2);
+    assert_eq!(behind.load(Ordering::SeqCst), 0, "never registered");
 }
 
 #[tokio::test]
