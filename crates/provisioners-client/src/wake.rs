@@ -49,6 +49,8 @@ pub struct Wake {
 
 struct Inner {
     notify: Box<dyn Fn() + Send + Sync>,
+    /// Who it wakes, when the maker said (see [`Wake::keyed`]).
+    key: Option<Arc<str>>,
     /// The paths of the nodes that promised to call it (bounded).
     promised: Mutex<Vec<Arc<str>>>,
 }
@@ -64,8 +66,37 @@ impl Wake {
         Wake {
             inner: Arc::new(Inner {
                 notify: Box::new(notify),
+                key: None,
                 promised: Mutex::new(Vec::new()),
             }),
+        }
+    }
+
+    /// A wake that calls `notify`, with an identity: `key` names what it
+    /// wakes (a controller's object), so that whoever keeps wakes for later
+    /// (a shared watch's waiters) keeps one per key, the newest, rather than
+    /// one per reconcile. Two wakes with one key must wake the same thing.
+    pub fn keyed(key: impl Into<Arc<str>>, notify: impl Fn() + Send + Sync + 'static) -> Self {
+        Wake {
+            inner: Arc::new(Inner {
+                notify: Box::new(notify),
+                key: Some(key.into()),
+                promised: Mutex::new(Vec::new()),
+            }),
+        }
+    }
+
+    /// What this wake wakes, if it was made [keyed](Wake::keyed).
+    pub fn key(&self) -> Option<&str> {
+        self.inner.key.as_deref()
+    }
+
+    /// Whether `self` and `other` wake the same thing: the same key, or
+    /// (without one) the same handle.
+    pub fn same_target(&self, other: &Wake) -> bool {
+        match (self.key(), other.key()) {
+            (Some(a), Some(b)) => a == b,
+            _ => self.same(other),
         }
     }
 
@@ -121,6 +152,7 @@ impl Wake {
 impl fmt::Debug for Wake {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Wake")
+            .field("key", &self.key())
             .field("promised", &self.promised().len())
             .finish_non_exhaustive()
     }
@@ -212,6 +244,20 @@ mod tests {
             .await
             .expect("woken")
             .expect("open");
+    }
+
+    #[test]
+    fn a_keyed_wake_names_its_target() {
+        let a = Wake::keyed("ns/p", || {});
+        let b = Wake::keyed("ns/p", || {});
+        let other = Wake::keyed("ns/q", || {});
+        let plain = Wake::new(|| {});
+        assert_eq!(a.key(), Some("ns/p"));
+        assert_eq!(plain.key(), None);
+        assert!(a.same_target(&b) && !a.same(&b));
+        assert!(!a.same_target(&other));
+        assert!(!plain.same_target(&Wake::new(|| {})));
+        assert!(plain.same_target(&plain.clone()));
     }
 
     #[test]

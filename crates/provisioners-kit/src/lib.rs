@@ -40,6 +40,9 @@
 //!   results in the order asked ([`concurrent::in_order`]);
 //! - [`SingleFlight`]: per-cluster state that callers learning the same
 //!   thing at once (API discovery) fill with one request;
+//! - [`watch`]: one shared watch per cluster, kind and scope
+//!   ([`Watches`](watch::Watches)), kube-runtime's watcher and reflector:
+//!   objects read without a request, a yield woken by their change;
 //! - [`crd`]: whether a CRD may replace the live one ([`crd::Diff`],
 //!   [`crd::check`]) and whether existing objects pass its schema
 //!   ([`crd::Validator`]).
@@ -82,5 +85,6 @@ pub mod keep;
 pub mod object;
 pub mod plan;
 pub mod readiness;
+pub mod watch;
 
 pub use flight::SingleFlight;

@@ -2,6 +2,7 @@
 //! helm run) run their object's tree again when it ends, through a stream
 //! the controller merges into its triggers, instead of being polled.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
@@ -27,6 +28,9 @@ type Woken = (Option<String>, String);
 
 /// The channel between the wakes of reconciles and the controller.
 pub(crate) struct Wakes {
+    /// Tells this controller's wakes from another's in one process: part
+    /// of each wake's [key](Wake::keyed).
+    id: u64,
     sender: mpsc::Sender<Woken>,
     /// Until [`Wakes::take`]: nobody listens, reconciles set no wake.
     receiver: Mutex<Option<mpsc::Receiver<Woken>>>,
@@ -34,8 +38,10 @@ pub(crate) struct Wakes {
 
 impl Default for Wakes {
     fn default() -> Self {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
         let (sender, receiver) = mpsc::channel(CAPACITY);
         Wakes {
+            id: NEXT.fetch_add(1, Ordering::Relaxed),
             sender,
             receiver: Mutex::new(Some(receiver)),
         }
@@ -53,22 +59,27 @@ impl Wakes {
     }
 
     /// The wake of one reconcile of the object `namespace/name`, if the
-    /// controller listens.
+    /// controller listens, keyed by this controller and the object: the
+    /// wakes of successive reconciles of one object replace each other
+    /// where they are kept (a shared watch's waiters), not pile up.
     pub(crate) fn for_object(&self, namespace: Option<&str>, name: &str) -> Option<Wake> {
         if !self.listened() {
             return None;
         }
         let sender = self.sender.clone();
         let woken = (namespace.map(str::to_owned), name.to_owned());
-        Some(Wake::new(move || match sender.try_send(woken.clone()) {
-            Ok(()) => {}
-            Err(mpsc::error::TrySendError::Full(_)) => {
-                tracing::debug!(
-                    object = %format_args!("{}/{}", woken.0.as_deref().unwrap_or(""), woken.1),
-                    "too many wakes queued: this one is left to the backstop requeue"
-                );
+        let key = format!("{}:{}/{name}", self.id, namespace.unwrap_or(""));
+        Some(Wake::keyed(key, move || {
+            match sender.try_send(woken.clone()) {
+                Ok(()) => {}
+                Err(mpsc::error::TrySendError::Full(_)) => {
+                    tracing::debug!(
+                        object = %format_args!("{}/{}", woken.0.as_deref().unwrap_or(""), woken.1),
+                        "too many wakes queued: this one is left to the backstop requeue"
+                    );
+                }
+                Err(mpsc::error::TrySendError::Closed(_)) => {}
             }
-            Err(mpsc::error::TrySendError::Closed(_)) => {}
         }))
     }
 
@@ -139,6 +150,13 @@ mod tests {
         assert!(wakes.for_object(Some("ns"), "a").is_none());
         let stream = wakes.take::<ConfigMap>();
         let wake = wakes.for_object(Some("ns"), "a").expect("listened");
+        let again = wakes.for_object(Some("ns"), "a").expect("listened");
+        assert!(wake.same_target(&again), "one object, one key");
+        assert!(!wake.same_target(&wakes.for_object(None, "a").expect("listened")));
+        let other = Wakes::default();
+        let _other_stream = other.take::<ConfigMap>();
+        let theirs = other.for_object(Some("ns"), "a").expect("listened");
+        assert!(!wake.same_target(&theirs), "another controller's object");
         wake.wake();
         wakes.for_object(None, "b").expect("listened").wake();
         let mut stream = Box::pin(stream);
