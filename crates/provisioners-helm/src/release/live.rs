@@ -11,6 +11,7 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
 use super::builder::HelmRelease;
+use super::watched;
 use crate::objects::{ObjectRef, Resolver, parse_manifest};
 use crate::storage::{self, Revision};
 
@@ -43,7 +44,7 @@ pub(super) async fn live(
     };
     let rendered = parse_manifest(&release.id(), &payload.manifest)?;
     let mut resolver = Resolver::new(cx, &release.namespace);
-    let objects = read(&mut resolver, rendered).await?;
+    let objects = read(cx, &mut resolver, rendered).await?;
     Ok(Some((objects, payload)))
 }
 
@@ -114,8 +115,11 @@ pub(super) struct Live {
 const CONCURRENT_READS: usize = 8;
 
 /// Reads every object of `rendered` from the cluster, up to
-/// [`CONCURRENT_READS`] at once, in `rendered`'s order.
+/// [`CONCURRENT_READS`] at once, in `rendered`'s order. An object a synced
+/// shared watch holds (for a tree a controller runs: see
+/// [`watched`](super::watched)) is taken from it, without a request.
 pub(super) async fn read(
+    cx: &Context,
     resolver: &mut Resolver,
     rendered: Vec<(ObjectRef, Value)>,
 ) -> Result<Vec<Live>> {
@@ -134,6 +138,19 @@ pub(super) async fn read(
             }));
             continue;
         };
+        if let Some(resource) = resolver.resource(&object).await?
+            && let Some(held) = watched::held(cx, &resource, &resolved)
+        {
+            let live = serde_json::to_value(&*held)
+                .map_err(|e| Error::failed(format!("{resolved} could not be read: {e}")))?;
+            objects.push(Some(Live {
+                object: resolved,
+                desired,
+                live: Some(live),
+                served: true,
+            }));
+            continue;
+        }
         objects.push(None);
         let permits = Arc::clone(&permits);
         reads.spawn(async move {

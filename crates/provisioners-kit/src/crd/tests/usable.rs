@@ -138,6 +138,8 @@ async fn each_crd_is_reported_by_what_it_lacks_and_awaited_ones_are_asked_again(
         served: vec!["widgets.example.com".to_owned()],
         unserved: vec!["gadgets.example.com".to_owned()],
         not_established: vec!["gizmos.example.com".to_owned()],
+        // No wake set: nothing to wake.
+        woken: false,
     };
     assert_eq!(found, expected);
     assert!(found.is_established("gadgets.example.com"));
