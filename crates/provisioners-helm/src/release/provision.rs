@@ -65,7 +65,7 @@ async fn unchanged(
         // drift already reported, which a controller's writes may keep
         // renewing.
         let objects: Vec<&live::Live> = checked.objects.iter().collect();
-        watched::wake_on_change(release, cx, &objects).await;
+        watched::wake_on_change(release, cx, &ready::read_at(&objects)).await;
     }
     outcome
 }

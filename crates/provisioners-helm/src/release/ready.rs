@@ -8,10 +8,12 @@ use k8s_openapi::jiff::Timestamp;
 use provisioners_client::wake::Wake;
 use provisioners_core::{Context, Error, Result};
 use provisioners_kit::readiness::{self, NotReady, Readiness, Verdict};
+use serde_json::Value;
 
 use super::builder::HelmRelease;
 use super::live::{self, Live};
 use super::watched;
+use crate::objects::ObjectRef;
 use crate::storage::{self, Revision};
 
 /// With a [`ready_timeout`](HelmRelease::ready_timeout): `Ok` only once
@@ -40,11 +42,26 @@ pub(super) async fn ready_verdict(
     if let Err(error) = &outcome
         && error.is_yield()
         && let Some(waited) = waited_on(objects)
-        && watched::wake_on_change(release, cx, &waited).await
+        && watched::wake_on_change(release, cx, &read_at(&waited)).await
     {
         Wake::promise(cx);
     }
     outcome
+}
+
+/// Each of `objects` with the resourceVersion the pass read it at.
+pub(super) fn read_at<'a>(objects: &[&'a Live]) -> Vec<(&'a ObjectRef, Option<&'a str>)> {
+    objects
+        .iter()
+        .map(|live| {
+            let version = live
+                .live
+                .as_ref()
+                .and_then(|live| live.pointer("/metadata/resourceVersion"))
+                .and_then(Value::as_str);
+            (&live.object, version)
+        })
+        .collect()
 }
 
 /// The objects a readiness yield waits on (those with a readiness rule that
@@ -166,6 +183,9 @@ pub(super) fn verdict(
             }
         })
 }
+
+#[cfg(test)]
+mod watch_tests;
 
 #[cfg(test)]
 mod tests {
