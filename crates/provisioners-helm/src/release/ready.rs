@@ -30,6 +30,7 @@ pub(super) async fn ready_verdict(
     payload: &storage::Payload,
 ) -> Result<()> {
     let Some(wait) = release.ready_timeout else {
+        watched::Confirmed::set(cx, release, revision, true);
         return Ok(());
     };
     let outcome = verdict(
@@ -46,6 +47,7 @@ pub(super) async fn ready_verdict(
     {
         Wake::promise(cx);
     }
+    watched::Confirmed::set(cx, release, revision, outcome.is_ok());
     outcome
 }
 

@@ -13,7 +13,8 @@
 //! its selector) is read from the API as without a watch, and a wait that
 //! is not covered by a watch promises no wake (the tree is polled).
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use kube::api::{ApiResource, DynamicObject};
 use provisioners_client::wake::Wake;
@@ -22,6 +23,7 @@ use provisioners_kit::watch::{Scope, Watched, Watches};
 
 use super::builder::HelmRelease;
 use crate::objects::{ObjectRef, Resolver};
+use crate::storage::Revision;
 
 /// The label helm puts on every object it creates or adopts.
 pub(crate) const HELM_MANAGED: &str = "app.kubernetes.io/managed-by=Helm";
@@ -55,6 +57,67 @@ pub(crate) fn records_watch(cx: &Context) -> Option<Watched> {
     Watches::of(cx.cluster())
         .watch(cx.client(), &secrets, &helm_records())
         .filter(Watched::synced)
+}
+
+/// The releases whose objects were last judged ready (or needed no
+/// readiness) from reads of the API, by (namespace, release), with the
+/// resourceVersion of the record they were judged for: a cluster's
+/// [state](provisioners_core::Cluster::state).
+///
+/// A watch may lag behind the API, and a copy older than helm's last write
+/// could look ready (the previous revision, rolled out). So the objects of
+/// a record are read from the watches only once a pass has judged them from
+/// the API: the pass right after a run, or woken while waiting for
+/// readiness, reads the API; the no-op passes that follow read the
+/// watches. A later drift or a lost readiness is then seen at the watch's
+/// next event, which wakes the tree.
+#[derive(Debug, Default)]
+pub(crate) struct Confirmed {
+    records: Mutex<HashMap<(String, String), String>>,
+}
+
+/// Releases remembered per cluster; past it the memo starts afresh (their
+/// next pass reads the API once).
+const CONFIRMED: usize = 65_536;
+
+impl Confirmed {
+    /// Whether the objects of `revision` of `release` may be read from the
+    /// watches.
+    pub(super) fn holds(cx: &Context, release: &HelmRelease, revision: &Revision) -> bool {
+        let Some(version) = &revision.resource_version else {
+            return false;
+        };
+        let confirmed = cx.cluster().state::<Confirmed>();
+        let records = confirmed
+            .records
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        records
+            .get(&(release.namespace.clone(), release.name.clone()))
+            .is_some_and(|confirmed| confirmed == version)
+    }
+
+    /// Records that `revision`'s objects were judged ready (`ready`), or
+    /// forgets it.
+    pub(super) fn set(cx: &Context, release: &HelmRelease, revision: &Revision, ready: bool) {
+        let confirmed = cx.cluster().state::<Confirmed>();
+        let mut records = confirmed
+            .records
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let key = (release.namespace.clone(), release.name.clone());
+        match (&revision.resource_version, ready) {
+            (Some(version), true) => {
+                if records.len() >= CONFIRMED && !records.contains_key(&key) {
+                    records.clear();
+                }
+                records.insert(key, version.clone());
+            }
+            _ => {
+                records.remove(&key);
+            }
+        }
+    }
 }
 
 /// What the watch of `object`'s kind holds of it, when it knows: the

@@ -38,6 +38,15 @@ fn deployment(version: &str, available: i64) -> Value {
                       "availableReplicas": available, "readyReplicas": available}})
 }
 
+/// `object` as a list's item: without apiVersion and kind.
+fn without_types(mut object: Value) -> Value {
+    if let Value::Object(map) = &mut object {
+        map.remove("apiVersion");
+        map.remove("kind");
+    }
+    object
+}
+
 fn send(respond: Respond, body: &Value) {
     let body = serde_json::to_vec(body).unwrap();
     respond.send_response(
@@ -82,7 +91,7 @@ async fn synced(listed: Value) -> (Context, Handle, Arc<AtomicUsize>, Respond) {
     send(
         next(&mut handle, false).await,
         &json!({"apiVersion": "apps/v1", "kind": "DeploymentList",
-                "metadata": {"resourceVersion": "5"}, "items": [listed]}),
+                "metadata": {"resourceVersion": "5"}, "items": [without_types(listed)]}),
     );
     let watch = next(&mut handle, true).await;
     assert!(watched.synced());
@@ -110,7 +119,7 @@ async fn a_watched_object_is_read_without_a_request_and_its_change_wakes_the_wai
     // A GET would wait for an answer that never comes.
     let objects = tokio::time::timeout(
         Duration::from_secs(30),
-        live::read(&cx, &mut resolver, rendered()),
+        live::read(&cx, &mut resolver, rendered(), true),
     )
     .await
     .expect("read without a request")
@@ -121,6 +130,11 @@ async fn a_watched_object_is_read_without_a_request_and_its_change_wakes_the_wai
     );
     let live = objects[0].live.as_ref().expect("held");
     assert_eq!(live["metadata"]["resourceVersion"], "7");
+    // As a GET answers it: the list's items carry no apiVersion or kind.
+    assert_eq!(
+        (&live["apiVersion"], &live["kind"]),
+        (&json!("apps/v1"), &json!("Deployment"))
+    );
     // Not available: the wait is covered by the watch, nothing woken yet.
     let waited = waited_on(&objects).expect("served");
     assert_eq!(waited.len(), 1);
