@@ -28,6 +28,24 @@
 //! pod's reason, an object being deleted, a helm slot) as text and as
 //! [`Waiting`](provisioners_core::Waiting) data; a later pass collects the
 //! outcome. Every helm run has a deadline: its hook timeout plus a margin.
+//! A run queued for a [helm slot](HelmProcesses) (first come, first served)
+//! wakes its tree when it ends, not when it gets its slot: the pass it
+//! would start at the slot could only say "running".
+//!
+//! Run by a controller (a [`Wake`](provisioners_client::wake::Wake) is set),
+//! a release also uses the cluster's shared watches
+//! ([`provisioners_kit::watch`]), scoped to what helm made
+//! (`app.kubernetes.io/managed-by=Helm`, set by helm 3 and 4 on every
+//! object they create or adopt) and to its records (Secrets labelled
+//! `owner=helm`, metadata only): a yield on readiness promises the wake and
+//! is woken by the next change of the objects it waits for; a release found
+//! clean and ready registers the same wake, so drift is seen when it
+//! happens; and a no-op pass reads the records and objects from the
+//! watches, without a request, once a pass has judged that record's
+//! objects from the API. Whatever a watch cannot vouch for (not synced,
+//! refused, outside its scope, over its size cap) is read and polled as
+//! without one; anything that acts on the records reads them from the API
+//! under the release's Lease.
 //!
 //! A failed helm run is an error whose [kind](provisioners_core::ErrorKind)
 //! says what to do (bad input, a timeout, [`Unavailable`] for API trouble or

@@ -182,6 +182,21 @@ impl Resolver {
         Ok(Some((api, resolved)))
     }
 
+    /// The API resource of `object`'s kind (found as [`Resolver::api`]
+    /// finds it, once per kind); `None` when the cluster does not serve it.
+    pub(crate) async fn resource(&mut self, object: &ObjectRef) -> Result<Option<ApiResource>> {
+        let key = (object.api_version.clone(), object.kind.clone());
+        if !self.found.contains_key(&key) {
+            let found = self.discover(object).await?;
+            self.found.insert(key.clone(), found);
+        }
+        Ok(self
+            .found
+            .get(&key)
+            .and_then(|found| found.as_ref())
+            .map(|(resource, _)| resource.clone()))
+    }
+
     async fn discover(&self, object: &ObjectRef) -> Result<Found> {
         let (group, version) = match object.api_version.split_once('/') {
             Some((group, version)) => (group, version),

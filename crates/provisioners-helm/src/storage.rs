@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use base64::Engine as _;
 use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use provisioners_client::owner::OwnerKeys;
 use provisioners_core::{Cluster, Error, Result};
@@ -100,11 +101,37 @@ pub(crate) async fn latest(
             e,
         )
     })?;
-    let revisions: Vec<Revision> = list
-        .items
-        .into_iter()
-        .filter_map(|item| {
-            let labels = item.metadata.labels.unwrap_or_default();
+    Ok(newest(list.items.into_iter().map(|item| item.metadata)))
+}
+
+/// [`latest`] from what `records`, a synced watch of the Secrets labelled
+/// `owner=helm` (metadata only), holds in `namespace`: the same revision a
+/// LIST would have found, without a request; `None` when the watch cannot
+/// answer (not synced, or a record there over its size cap): read the API.
+pub(crate) fn latest_held(
+    records: &provisioners_kit::watch::Watched,
+    namespace: &str,
+    release: &str,
+) -> Option<Option<Revision>> {
+    let held = records.list(Some(namespace))?;
+    Some(newest(
+        held.iter()
+            .filter(|record| {
+                let labels = record.metadata.labels.as_ref();
+                labels.and_then(|l| l.get("owner")).map(String::as_str) == Some("helm")
+                    && labels.and_then(|l| l.get("name")).map(String::as_str) == Some(release)
+            })
+            .map(|record| record.metadata.clone()),
+    ))
+}
+
+/// The newest of the records whose metadata is `items` (the release's,
+/// selected by `owner=helm,name=<release>`), with the deployed revision
+/// before it and the newest owner annotation.
+fn newest(items: impl Iterator<Item = ObjectMeta>) -> Option<Revision> {
+    let revisions: Vec<Revision> = items
+        .filter_map(|metadata| {
+            let labels = metadata.labels.unwrap_or_default();
             let number: u32 = labels.get("version")?.parse().ok()?;
             let stamped = labels
                 .get(REVISION_LABEL)
@@ -120,27 +147,23 @@ pub(crate) async fn latest(
                     .get(REPAIR_LABEL)
                     .filter(|_| stamped == Some(number))
                     .cloned(),
-                uninstalled: item
-                    .metadata
+                uninstalled: metadata
                     .annotations
                     .as_ref()
                     .and_then(|a| a.get(UNINSTALLED_ANNOTATION))
                     .and_then(|json| serde_json::from_str(json).ok()),
-                owner: item
-                    .metadata
+                owner: metadata
                     .annotations
                     .as_ref()
                     .and_then(|a| a.get(OWNER_ANNOTATION))
                     .cloned(),
-                resource_version: item.metadata.resource_version,
-                secret: item.metadata.name?,
+                resource_version: metadata.resource_version,
+                secret: metadata.name?,
                 deployed_before: None,
             })
         })
         .collect();
-    let Some(mut latest) = revisions.iter().max_by_key(|r| r.number).cloned() else {
-        return Ok(None);
-    };
+    let mut latest = revisions.iter().max_by_key(|r| r.number).cloned()?;
     latest.deployed_before = revisions
         .iter()
         .filter(|r| r.number < latest.number && r.status == "deployed")
@@ -151,7 +174,7 @@ pub(crate) async fn latest(
         .filter(|r| r.owner.is_some())
         .max_by_key(|r| r.number)
         .and_then(|r| r.owner.clone());
-    Ok(Some(latest))
+    Some(latest)
 }
 
 /// Deletes the record of one revision (the one an interrupted helm left pending).

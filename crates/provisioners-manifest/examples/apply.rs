@@ -8,13 +8,17 @@
 //! `cargo xtask bench manifest` runs it side by side with `kubectl apply --server-side`.
 
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use provisioners_client::wake::Wake;
 use provisioners_core::Context;
 use provisioners_manifest::Manifest;
+use tokio::sync::Notify;
 
 const DEADLINE: Duration = Duration::from_secs(600);
 const REQUEUE: Duration = Duration::from_millis(250);
+const BACKSTOP: Duration = Duration::from_secs(5);
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -66,18 +70,38 @@ async fn main() -> ExitCode {
     }
     let started = Instant::now();
     let mut rounds = 0;
+    // As a controller: each round gets a wake; a yield whose every leaf
+    // promised it (a CRD waited for through a watch) waits for the wake,
+    // any other is polled after REQUEUE.
+    let woken = Arc::new(Notify::new());
     loop {
         rounds += 1;
+        let notify = Arc::clone(&woken);
+        let wake = Wake::new(move || notify.notify_one());
+        let round = cx.clone().with_extension(wake.clone());
         let result = if delete {
-            cx.deprovision(&manifest).await
+            round.deprovision(&manifest).await
         } else {
-            cx.provision(&manifest).await
+            round.provision(&manifest).await
         };
         match result {
             Ok(()) => break,
             Err(e) if e.is_transient() && started.elapsed() < DEADLINE => {
-                eprintln!("requeue: {e}");
-                tokio::time::sleep(REQUEUE).await;
+                let promised = wake.promised();
+                let all_promised = e.leaves().iter().all(|leaf| {
+                    leaf.is_yield()
+                        && leaf
+                            .path()
+                            .is_some_and(|path| promised.iter().any(|p| &**p == path))
+                });
+                if all_promised {
+                    eprintln!("woken: {e}");
+                    // The backstop of a lost wake.
+                    let _ = tokio::time::timeout(BACKSTOP, woken.notified()).await;
+                } else {
+                    eprintln!("requeue: {e}");
+                    tokio::time::sleep(REQUEUE).await;
+                }
             }
             Err(e) => {
                 eprintln!("{e}");

@@ -5,6 +5,9 @@
 
 #[path = "../fleet_support/mod.rs"]
 mod fleet_support;
+#[macro_use]
+#[path = "../helm_support/mod.rs"]
+mod helm_support;
 #[path = "../operator_support/mod.rs"]
 mod operator_support;
 
@@ -18,3 +21,4 @@ mod runtime_cluster;
 mod runtime_plan;
 mod runtime_production;
 mod watch_manifest;
+mod watch_helm;

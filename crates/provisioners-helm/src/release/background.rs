@@ -25,9 +25,10 @@ use crate::objects::Seen;
 /// its run within a requeue or two.
 const UNCOLLECTED: Duration = Duration::from_secs(3600);
 
-/// At most this many wakes wait on one run: one per pass that yielded on
-/// it, so a handful unless a run is polled for long; past it the oldest
-/// goes (its tree is polled at its backstop instead).
+/// At most this many wakes wait on one run: one per tree that yielded on
+/// it (a later pass of the same tree replaces its wake), so one in
+/// practice; past it the oldest goes (its tree is polled at its backstop
+/// instead).
 const MAX_WAKES: usize = 16;
 
 /// What a run is for, which decides what collecting it does.
@@ -100,7 +101,10 @@ impl Run {
             // `finish` marks the run done before it takes the wakes: a run
             // not done here wakes whatever is pushed.
             if !self.is_done() {
-                if wakes.iter().any(|w| w.same(&wake)) {
+                // One wake per tree: a later pass's wake of the same target
+                // (a reconcile of the same object) replaces the earlier.
+                if let Some(at) = wakes.iter().position(|w| w.same_target(&wake)) {
+                    wakes[at] = wake;
                     return;
                 }
                 if wakes.len() >= MAX_WAKES {
@@ -348,6 +352,15 @@ mod tests {
         });
         live.wake_on_end(wake.clone());
         live.wake_on_end(wake.clone()); // the same tree twice: once
+        // Two reconciles of one object: the later wake replaces the earlier.
+        let keyed = Arc::new(AtomicUsize::new(0));
+        let (first, second) = (Arc::clone(&keyed), Arc::clone(&keyed));
+        live.wake_on_end(Wake::keyed("ns/p", move || {
+            first.fetch_add(100, Ordering::SeqCst);
+        }));
+        live.wake_on_end(Wake::keyed("ns/p", move || {
+            second.fetch_add(1, Ordering::SeqCst);
+        }));
         let other = Arc::new(AtomicUsize::new(0));
         let counter = Arc::clone(&other);
         live.wake_on_end(Wake::new(move || {
@@ -358,6 +371,7 @@ mod tests {
         assert!(live.wait(Duration::from_secs(20)).await);
         assert_eq!(calls.load(Ordering::SeqCst), 1);
         assert_eq!(other.load(Ordering::SeqCst), 1);
+        assert_eq!(keyed.load(Ordering::SeqCst), 1, "only the newer keyed wake");
         // The lock is free when the wake comes.
         // A pass that yielded just as it ended is woken at once.
         live.wake_on_end(wake);

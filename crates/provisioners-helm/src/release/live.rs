@@ -11,6 +11,7 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
 use super::builder::HelmRelease;
+use super::watched;
 use crate::objects::{ObjectRef, Resolver, parse_manifest};
 use crate::storage::{self, Revision};
 
@@ -43,7 +44,8 @@ pub(super) async fn live(
     };
     let rendered = parse_manifest(&release.id(), &payload.manifest)?;
     let mut resolver = Resolver::new(cx, &release.namespace);
-    let objects = read(&mut resolver, rendered).await?;
+    let from_watches = watched::Confirmed::holds(cx, release, revision);
+    let objects = read(cx, &mut resolver, rendered, from_watches).await?;
     Ok(Some((objects, payload)))
 }
 
@@ -114,10 +116,15 @@ pub(super) struct Live {
 const CONCURRENT_READS: usize = 8;
 
 /// Reads every object of `rendered` from the cluster, up to
-/// [`CONCURRENT_READS`] at once, in `rendered`'s order.
+/// [`CONCURRENT_READS`] at once, in `rendered`'s order. With
+/// `from_watches` (the record's objects already judged from the API: see
+/// [`Confirmed`](watched::Confirmed)), an object a synced shared watch holds
+/// (for a tree a controller runs) is taken from it, without a request.
 pub(super) async fn read(
+    cx: &Context,
     resolver: &mut Resolver,
     rendered: Vec<(ObjectRef, Value)>,
+    from_watches: bool,
 ) -> Result<Vec<Live>> {
     let mut objects: Vec<Option<Live>> = Vec::with_capacity(rendered.len());
     let permits = Arc::new(Semaphore::new(CONCURRENT_READS));
@@ -134,6 +141,29 @@ pub(super) async fn read(
             }));
             continue;
         };
+        if from_watches
+            && let Some(resource) = resolver.resource(&object).await?
+            && let Some(held) = watched::held(cx, &resource, &resolved)
+        {
+            let mut live = serde_json::to_value(&*held)
+                .map_err(|e| Error::failed(format!("{resolved} could not be read: {e}")))?;
+            // The items of a list (a watch's initial one) carry no
+            // apiVersion and kind; a GET's answer does, and the drift check
+            // compares them.
+            if let Value::Object(map) = &mut live {
+                map.entry("apiVersion")
+                    .or_insert_with(|| Value::from(resource.api_version.clone()));
+                map.entry("kind")
+                    .or_insert_with(|| Value::from(resource.kind.clone()));
+            }
+            objects.push(Some(Live {
+                object: resolved,
+                desired,
+                live: Some(live),
+                served: true,
+            }));
+            continue;
+        }
         objects.push(None);
         let permits = Arc::clone(&permits);
         reads.spawn(async move {

@@ -18,7 +18,9 @@
 //! failed run means), [`running`] (a helm run that outlives its pass:
 //! [`background`] keeps it, [`probe`] says what it waits for), [`upgrade`]
 //! (`helm upgrade --install`, or in a plan helm's server-side dry run,
-//! [`render`], compared by [`compare`] with the prior and live objects).
+//! [`render`], compared by [`compare`] with the prior and live objects),
+//! [`watched`] (the objects and records through the cluster's shared
+//! watches: wakes instead of polls, no-op reads without requests).
 //! [`plan`] describes the same decisions.
 
 mod adopt;
@@ -48,6 +50,7 @@ mod render;
 mod run;
 mod running;
 mod upgrade;
+mod watched;
 
 pub use self::builder::{
     DEFAULT_HOOK_TIMEOUT, DEFAULT_PASS_TIMEOUT, DEFAULT_STOP_TIMEOUT, HelmRelease,

@@ -27,6 +27,7 @@ use super::records;
 use super::recovery;
 use super::running;
 use super::upgrade::{self, Upgrade};
+use super::watched;
 use crate::storage::{self, Revision};
 
 /// [`Decision::Unchanged`]: what the drift check found, said, and
@@ -56,7 +57,17 @@ async fn unchanged(
         }
         Verdict::Clean | Verdict::Repair => {}
     }
-    ready::ready_verdict(release, revision, &checked.objects, &checked.payload)
+    let outcome =
+        ready::ready_verdict(release, cx, revision, &checked.objects, &checked.payload).await;
+    if outcome.is_ok() && checked.verdict == Verdict::Clean {
+        // Drift seen when it happens: the next change of any object runs
+        // the tree (one-shot; each such pass registers again). Not after a
+        // drift already reported, which a controller's writes may keep
+        // renewing.
+        let objects: Vec<&live::Live> = checked.objects.iter().collect();
+        watched::wake_on_change(release, cx, &ready::read_at(&objects)).await;
+    }
+    outcome
 }
 
 #[async_trait]
@@ -81,7 +92,16 @@ impl Provisioner for HelmRelease {
             return ready::installed(self, cx).await;
         }
 
-        let mut latest = storage::latest(cx.client(), &self.namespace, &self.name).await?;
+        // The records as the shared watch holds them when it can say (a
+        // no-op pass then makes no request); everything that acts on them
+        // below reads them again from the API, under the Lease.
+        let held = watched::records_watch(cx)
+            .and_then(|records| storage::latest_held(&records, &self.namespace, &self.name));
+        let from_watch = held.is_some();
+        let mut latest = match held {
+            Some(latest) => latest,
+            None => storage::latest(cx.client(), &self.namespace, &self.name).await?,
+        };
         if let Some(revision) = &latest {
             records::refuse_foreign(self, cx, revision, "upgrade")?;
         }
@@ -103,6 +123,19 @@ impl Provisioner for HelmRelease {
             // Repaired from the records helm will diff against: ours only.
             if records::trust_records(self, cx).await? {
                 return Err(live::record_changed(self));
+            }
+            if from_watch {
+                // The repair stamps the revision after the newest: the
+                // API's word on which that is, not a watch's.
+                let read = storage::latest(cx.client(), &self.namespace, &self.name).await?;
+                let same = |a: &storage::Revision, b: &storage::Revision| {
+                    (a.number, &a.resource_version) == (b.number, &b.resource_version)
+                };
+                match (&read, &latest) {
+                    (Some(read), Some(held)) if same(read, held) => {}
+                    _ => return Err(live::record_changed(self)),
+                }
+                latest = read;
             }
         } else {
             // Read again under the Lease: a pending record now is not another

@@ -5,31 +5,88 @@
 use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
+use provisioners_client::wake::Wake;
 use provisioners_core::{Context, Error, Result};
-use provisioners_kit::readiness::{self, NotReady, Verdict};
+use provisioners_kit::readiness::{self, NotReady, Readiness, Verdict};
+use serde_json::Value;
 
 use super::builder::HelmRelease;
 use super::live::{self, Live};
+use super::watched;
+use crate::objects::ObjectRef;
 use crate::storage::{self, Revision};
 
 /// With a [`ready_timeout`](HelmRelease::ready_timeout): `Ok` only once
-/// `objects`, read for `revision`, are ready.
-pub(super) fn ready_verdict(
+/// `objects`, read for `revision`, are ready. A yield on objects not ready
+/// registers the tree's wake (when a controller set one) at their next
+/// change in the cluster's shared watches, and promises it when every
+/// object waited on is [covered](watched::wake_on_change): the watch event
+/// runs the tree again, not a requeue. Otherwise the tree is polled.
+pub(super) async fn ready_verdict(
     release: &HelmRelease,
+    cx: &Context,
     revision: &Revision,
     objects: &[Live],
     payload: &storage::Payload,
 ) -> Result<()> {
     let Some(wait) = release.ready_timeout else {
+        watched::Confirmed::set(cx, release, revision, true);
         return Ok(());
     };
-    verdict(
+    let outcome = verdict(
         &release.id(),
         revision.number,
         &check(objects),
         since(payload.info.last_deployed.as_deref()),
         wait,
-    )
+    );
+    if let Err(error) = &outcome
+        && error.is_yield()
+        && let Some(waited) = waited_on(objects)
+        && watched::wake_on_change(release, cx, &read_at(&waited)).await
+    {
+        Wake::promise(cx);
+    }
+    watched::Confirmed::set(cx, release, revision, outcome.is_ok());
+    outcome
+}
+
+/// Each of `objects` with the resourceVersion the pass read it at.
+pub(super) fn read_at<'a>(objects: &[&'a Live]) -> Vec<(&'a ObjectRef, Option<&'a str>)> {
+    objects
+        .iter()
+        .map(|live| {
+            let version = live
+                .live
+                .as_ref()
+                .and_then(|live| live.pointer("/metadata/resourceVersion"))
+                .and_then(Value::as_str);
+            (&live.object, version)
+        })
+        .collect()
+}
+
+/// The objects a readiness yield waits on (those with a readiness rule that
+/// are not ready); `None` when it also waits for a kind the cluster does not
+/// serve, which no watch of objects sees coming.
+pub(super) fn waited_on(objects: &[Live]) -> Option<Vec<&Live>> {
+    let mut waited = Vec::new();
+    for object in objects {
+        match &object.live {
+            None if !object.served => return None,
+            None => {}
+            Some(live)
+                if !matches!(
+                    readiness::check(object.object.group(), &object.object.kind, live),
+                    Readiness::Ready
+                ) =>
+            {
+                waited.push(object);
+            }
+            Some(_) => {}
+        }
+    }
+    Some(waited)
 }
 
 /// Readiness of `revision`, when there is a wait (then one read of the
@@ -45,7 +102,7 @@ pub(super) async fn settled(
     let (objects, payload) = live::live(release, cx, revision)
         .await?
         .ok_or_else(|| live::record_changed(release))?;
-    ready_verdict(release, revision, &objects, &payload)
+    ready_verdict(release, cx, revision, &objects, &payload).await
 }
 
 /// After `helm upgrade --install` of these inputs ended well: readiness.
@@ -128,6 +185,9 @@ pub(super) fn verdict(
             }
         })
 }
+
+#[cfg(test)]
+mod watch_tests;
 
 #[cfg(test)]
 mod tests {

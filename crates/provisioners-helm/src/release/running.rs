@@ -406,6 +406,128 @@ mod tests {
         );
     }
 
+    /// One pass of a release whose install is a job holding a helm slot
+    /// for a moment (as `child::run` does), recording the order in which
+    /// the runs got their slot.
+    async fn pass(
+        release: &HelmRelease,
+        cx: &Context,
+        started: &Arc<std::sync::Mutex<Vec<String>>>,
+    ) -> Result<()> {
+        if collect(release, cx, Operation::Provision, Some("k")).await? {
+            return Ok(());
+        }
+        let serialised = try_lock(release, cx)?;
+        let name = release.name.clone();
+        let started = Arc::clone(started);
+        in_background(
+            release,
+            cx,
+            &serialised,
+            "upgrade --install",
+            Operation::Provision,
+            Purpose::Release {
+                run_key: Some("k".to_owned()),
+            },
+            move |cx, work| async move {
+                let processes = HelmProcesses::of(cx.cluster());
+                let _slot = processes.acquire().await.expect("never closed");
+                work.mark_started();
+                started.lock().unwrap().push(name);
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                Ok(())
+            },
+        )
+        .await
+    }
+
+    #[tokio::test]
+    async fn releases_queued_on_one_slot_start_in_order_and_yield_on_it_once() {
+        const N: usize = 6;
+        // No API: the probe of a running helm finds nothing to name.
+        let (cx, _) = mock::context();
+        let cluster = cx
+            .cluster()
+            .clone()
+            .with_shared_state(HelmProcesses::new(1));
+        let cx = cx.with_cluster(cluster);
+        let releases: Vec<HelmRelease> = (0..N)
+            .map(|i| {
+                HelmRelease::new(format!("web{i}"), Chart::local("/charts/web"))
+                    .namespace("apps")
+                    .pass_timeout(Duration::from_millis(1))
+            })
+            .collect();
+        let started = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (woken, mut wakes) = tokio::sync::mpsc::unbounded_channel::<usize>();
+        let mut passes = [0_usize; N];
+        let mut slot_yields = [0_usize; N];
+        let mut done = [false; N];
+        // Like the runtime: every pass gets a wake of its own for its tree,
+        // and a tree runs again only when woken (no requeue at all here).
+        let run_pass = |i: usize| {
+            let woken = woken.clone();
+            let wake = Wake::new(move || {
+                let _ = woken.send(i);
+            });
+            let cx = cx.clone().with_extension(wake.clone());
+            let release = &releases[i];
+            let started = &started;
+            async move {
+                let outcome = pass(release, &cx, started).await;
+                (i, outcome, wake.promised().len())
+            }
+        };
+        // Every tree asks at once, in order.
+        let mut outcomes = futures::future::join_all((0..N).map(run_pass)).await;
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            for (i, outcome, promised) in outcomes.drain(..) {
+                passes[i] += 1;
+                match outcome {
+                    Ok(()) => done[i] = true,
+                    Err(e) if e.is_yield() => {
+                        assert_eq!(promised, 1, "tree {i}: a yield that promised no wake: {e}");
+                        if e.message().contains("waits for a helm slot") {
+                            slot_yields[i] += 1;
+                        }
+                    }
+                    Err(e) => panic!("tree {i}: {e}"),
+                }
+            }
+            if done.iter().all(|d| *d) {
+                break;
+            }
+            let remaining = deadline.saturating_duration_since(std::time::Instant::now());
+            let i = tokio::time::timeout(remaining, wakes.recv())
+                .await
+                .expect("a waiting tree was never woken")
+                .expect("open");
+            assert!(!done[i], "tree {i} woken after it was done");
+            outcomes.push(run_pass(i).await);
+        }
+        assert!(
+            slot_yields.iter().all(|n| *n <= 1),
+            "a tree yielded on the slot more than once: {slot_yields:?}"
+        );
+        assert!(
+            slot_yields.iter().sum::<usize>() >= N - 2,
+            "the releases did not queue on the one slot: {slot_yields:?}"
+        );
+        // The pass that starts or queues the run, the one its end wakes.
+        assert!(
+            passes.iter().all(|n| *n <= 2),
+            "passes per tree: {passes:?}"
+        );
+        let order: Vec<String> = (0..N).map(|i| format!("web{i}")).collect();
+        assert_eq!(
+            *started.lock().unwrap(),
+            order,
+            "not first come, first served"
+        );
+        assert_eq!(HelmProcesses::of(cx.cluster()).running(), 0);
+    }
+
     #[test]
     fn what_stops_a_live_run() {
         let run = |operation, purpose| {

@@ -33,6 +33,7 @@ use futures::future::join_all;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use provisioners_client::canonical;
+use provisioners_client::wake::Wake;
 use provisioners_core::{Context, Error, Result};
 use serde_json::Value;
 
@@ -256,6 +257,10 @@ impl Step {
             }
         }
         if !usable.not_established.is_empty() {
+            if usable.woken {
+                // The watch event that establishes them runs the tree.
+                Wake::promise(cx);
+            }
             return Err(Error::yielding(format!(
                 "waiting for CustomResourceDefinition {} to be Established",
                 usable.not_established.join(", ")

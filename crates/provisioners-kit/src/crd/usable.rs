@@ -15,11 +15,13 @@
 //! so the next lookup of its kinds finds them.
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::Api;
+use kube::api::{Api, ApiResource};
+use provisioners_client::wake::Wake;
 use provisioners_core::{Context, Error, Result};
 
 use super::served::{self, Awaiting};
 use crate::concurrent::in_order;
+use crate::watch::{Scope, Watches};
 
 /// CRDs read at once to see whether they are established.
 const READS: usize = 16;
@@ -66,6 +68,15 @@ pub struct Usable {
     pub unserved: Vec<String>,
     /// Not `Established` yet.
     pub not_established: Vec<String>,
+    /// Whether the tree's [`Wake`] (when a controller set one) is registered
+    /// at the next change of every CRD in
+    /// [`not_established`](Usable::not_established), in the cluster's
+    /// shared watch of CRDs ([`crate::watch`]): the change that establishes
+    /// it runs the tree again. A yield that waits on nothing else may then
+    /// [promise](Wake::promise) the wake instead of being polled. `false`
+    /// when any CRD waits to be served (discovery has no watch), or without
+    /// a wake or a synced watch.
+    pub woken: bool,
 }
 
 impl Usable {
@@ -104,12 +115,16 @@ pub async fn usable(cx: &Context, crds: &[Answer<'_>]) -> Result<Usable> {
         .map(|answer| {
             let api = api.clone();
             async move {
+                let version = answer.crd.metadata.resource_version.clone();
                 if is_established(answer.crd) {
-                    return Ok(true);
+                    return Ok((true, version));
                 }
                 let name = answer.name();
                 match api.get_opt(name).await {
-                    Ok(live) => Ok(live.is_some_and(|live| is_established(&live))),
+                    Ok(live) => Ok(match live {
+                        Some(live) => (is_established(&live), live.metadata.resource_version),
+                        None => (false, None),
+                    }),
                     Err(e) => Err(Error::kube(
                         format_args!(
                             "reading CustomResourceDefinition {name} to see whether it is \
@@ -125,10 +140,14 @@ pub async fn usable(cx: &Context, crds: &[Answer<'_>]) -> Result<Usable> {
     // Per CRD: what it is, or `None` until discovery answers.
     let mut states: Vec<Option<State>> = Vec::with_capacity(crds.len());
     let mut check = Vec::new();
+    // (name, resourceVersion read) of the CRDs not established.
+    let mut waiting = Vec::new();
     for (answer, established) in crds.iter().zip(established) {
         let name = answer.name();
-        states.push(if !established? {
+        let (established, version) = established?;
+        states.push(if !established {
             awaiting.set(name, true);
+            waiting.push((name, version));
             Some(State::NotEstablished)
         } else if awaiting.contains(name) {
             check.push((name, answer.crd));
@@ -156,7 +175,50 @@ pub async fn usable(cx: &Context, crds: &[Answer<'_>]) -> Result<Usable> {
             State::NotEstablished => usable.not_established.push(name.to_owned()),
         }
     }
+    usable.woken = usable.unserved.is_empty() && wake_on_change(cx, &waiting);
     Ok(usable)
+}
+
+/// Registers the tree's wake (if set) at the next change of each CRD of
+/// `waiting` ((name, resourceVersion read)) in the cluster's shared watch
+/// of CRDs (metadata only: the event is what matters, the next pass reads
+/// the CRD). `true` only when every one is covered: the watch synced and
+/// holding the CRD (one already past the version read wakes the tree at
+/// once, its event having come before the wake was registered). No
+/// request; `false` for an empty list.
+fn wake_on_change(cx: &Context, waiting: &[(&str, Option<String>)]) -> bool {
+    let Some(wake) = Wake::of(cx) else {
+        return false;
+    };
+    if waiting.is_empty() {
+        return false;
+    }
+    let resource = ApiResource::erase::<CustomResourceDefinition>(&());
+    let Some(watched) =
+        Watches::of(cx.cluster()).watch(cx.client(), &resource, &Scope::all().metadata_only())
+    else {
+        return false;
+    };
+    let objects: Vec<(Option<String>, String)> = waiting
+        .iter()
+        .map(|(name, _)| (None, (*name).to_owned()))
+        .collect();
+    if !watched.wake_on_change(&objects, wake) {
+        return false;
+    }
+    let mut covered = true;
+    let mut moved = false;
+    for (name, read) in waiting {
+        match watched.get(None, name) {
+            Some(Some(held)) => moved |= held.metadata.resource_version != *read,
+            // Not synced any more, or not there yet: no event is sure to come.
+            _ => covered = false,
+        }
+    }
+    if moved {
+        wake.wake();
+    }
+    covered
 }
 
 /// Whether `crd`'s `Established` condition is `True`.

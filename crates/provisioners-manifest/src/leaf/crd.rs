@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::DynamicObject;
+use provisioners_client::wake::Wake;
 use provisioners_core::{Context, Error, Result};
 use provisioners_kit::crd::{self, Answer, Usable};
 
@@ -55,7 +56,11 @@ pub(super) async fn usable(
 
 impl Manifest {
     /// Yield reasons for unresolved objects, or an error for kinds unknown
-    /// past the deadline.
+    /// past the deadline. When the pass will yield on CRDs not yet
+    /// established and on nothing else (every unresolved object waits for
+    /// one of them) and kit's watch of CRDs covers them all
+    /// ([`Usable::woken`]), the tree's wake is promised: the CRD's change
+    /// runs it again.
     pub(super) fn unresolved_outcome(
         &self,
         cx: &Context,
@@ -108,11 +113,22 @@ impl Manifest {
                 list(&objects)
             ));
         }
-        if errors.is_empty() {
-            Ok(reasons)
-        } else {
-            Err(Error::group(errors))
+        if !errors.is_empty() {
+            return Err(Error::group(errors));
         }
+        // The pass yields (a CRD is not established), and on nothing else
+        // than CRDs a watch wakes it for: no poll needed.
+        if usable.woken
+            && unresolved.iter().all(|object| {
+                object
+                    .crd
+                    .as_ref()
+                    .is_some_and(|crd| usable.not_established.contains(crd))
+            })
+        {
+            Wake::promise(cx);
+        }
+        Ok(reasons)
     }
 }
 

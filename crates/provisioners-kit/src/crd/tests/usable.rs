@@ -138,6 +138,8 @@ async fn each_crd_is_reported_by_what_it_lacks_and_awaited_ones_are_asked_again(
         served: vec!["widgets.example.com".to_owned()],
         unserved: vec!["gadgets.example.com".to_owned()],
         not_established: vec!["gizmos.example.com".to_owned()],
+        // No wake set: nothing to wake.
+        woken: false,
     };
     assert_eq!(found, expected);
     assert!(found.is_established("gadgets.example.com"));
@@ -239,4 +241,112 @@ fn established_is_the_established_condition_true() {
         "True"
     )]))));
     assert!(!is_established(&with(json!([]))));
+}
+
+/// With a wake set (a controller runs the tree): a CRD not established is
+/// not covered until the shared watch of CRDs has listed, then its wake is
+/// registered (`Usable::woken`) and the CRD's next change calls it.
+#[tokio::test]
+async fn a_crd_waiting_to_be_established_is_woken_by_the_watch_once_it_is_synced() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use kube::api::ApiResource;
+    use provisioners_client::wake::Wake;
+
+    use crate::watch::{Scope, Watches};
+
+    let (cx, mut handle) = context();
+    let woken = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&woken);
+    let cx = cx.with_extension(Wake::new(move || {
+        counter.fetch_add(1, Ordering::SeqCst);
+    }));
+    let v1 = [("v1", true)];
+    let pending = typed(stored(&v1, false, &["v1"], "5"));
+    let crd_path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/widgets.example.com";
+    let answers = [Answer::written(&pending)];
+
+    // First pass: the watch starts now, not synced: not covered (polled).
+    let server = async {
+        answer(
+            &mut handle,
+            "GET",
+            crd_path,
+            200,
+            &stored(&v1, false, &["v1"], "5"),
+        )
+        .await;
+        handle
+    };
+    let (found, mut handle) = tokio::join!(usable(&cx, &answers), server);
+    let found = found.unwrap();
+    assert_eq!(found.not_established, ["widgets.example.com"]);
+    assert!(!found.woken, "covered by a watch not yet synced");
+
+    // The watch lists the CRDs' metadata, then watches.
+    let list = json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadataList",
+        "metadata": {"resourceVersion": "5"},
+        "items": [{"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
+                   "metadata": {"name": "widgets.example.com", "resourceVersion": "5"}}]});
+    let (request, respond) = handle.next_request().await.expect("the list");
+    assert_eq!(
+        request.uri().path(),
+        "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+    );
+    respond.send_response(
+        http::Response::builder()
+            .status(200)
+            .body(kube::client::Body::from(serde_json::to_vec(&list).unwrap()))
+            .unwrap(),
+    );
+    let (request, watch) = handle.next_request().await.expect("the watch");
+    assert!(
+        request
+            .uri()
+            .query()
+            .unwrap_or_default()
+            .contains("watch=true")
+    );
+    let resource = ApiResource::erase::<CustomResourceDefinition>(&());
+    let watched = Watches::of(cx.cluster())
+        .watch(cx.client(), &resource, &Scope::all().metadata_only())
+        .expect("running");
+    assert!(watched.synced());
+
+    // Next pass: covered, nothing woken yet.
+    let server = async {
+        answer(
+            &mut handle,
+            "GET",
+            crd_path,
+            200,
+            &stored(&v1, false, &["v1"], "5"),
+        )
+        .await;
+        handle
+    };
+    let (found, _handle) = tokio::join!(usable(&cx, &answers), server);
+    assert!(found.unwrap().woken);
+    assert_eq!(woken.load(Ordering::SeqCst), 0);
+
+    // The API server establishes it: the event wakes the tree.
+    let event = json!({"type": "MODIFIED", "object": {
+        "apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
+        "metadata": {"name": "widgets.example.com", "resourceVersion": "6"}}});
+    let mut body = serde_json::to_vec(&event).unwrap();
+    body.push(b'\n');
+    watch.send_response(
+        http::Response::builder()
+            .status(200)
+            .body(kube::client::Body::from(body))
+            .unwrap(),
+    );
+    for _ in 0..3000 {
+        if woken.load(Ordering::SeqCst) > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(woken.load(Ordering::SeqCst), 1, "woken by the CRD's change");
 }
