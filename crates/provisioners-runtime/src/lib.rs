@@ -74,8 +74,8 @@
 //!   [`Wake`](provisioners_client::wake::Wake) and calls it when that ends; merged
 //!   into the controller's triggers, the tree runs again at once. A tree
 //!   whose every yield promised a wake requeues only at the
-//!   [backstop](Reconciler::wake_backstop) (30 s), for a wake lost to a
-//!   restart; any other yield is polled at the requeue as before.
+//!   [backstop](Reconciler::wake_backstop) (5 minutes), for what no wake
+//!   covers (a restart); any other yield is polled at the requeue as before.
 //! - **Events** ([`Reconciler::events`]): provisioning, provisioned, a node
 //!   failed (with its path), deprovisioning, deprovisioned, superseded;
 //!   once per generation, not on every requeue.

@@ -2,8 +2,9 @@
 //! helm run) run their object's tree again when it ends, through a stream
 //! the controller merges into its triggers, instead of being polled.
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use futures::Stream;
@@ -16,11 +17,14 @@ use tokio::sync::mpsc;
 
 /// How long a tree whose every yield promised a wake waits at most before
 /// it runs again, unless [`Reconciler::wake_backstop`](crate::Reconciler::wake_backstop)
-/// says otherwise: a wake lost (the stream full or dropped) costs no more.
-pub const DEFAULT_WAKE_BACKSTOP: Duration = Duration::from_secs(30);
+/// says otherwise. No wake is dropped while the controller listens (past
+/// the channel's room they wait in a set, once per object), so this is for
+/// what no wake can cover: a restart, a leaf that broke its promise. It is
+/// longer than a helm slot's queue usually lasts, so a tree queued behind
+/// hundreds of releases is not run again only to yield on the same slot.
+pub const DEFAULT_WAKE_BACKSTOP: Duration = Duration::from_secs(5 * 60);
 
-/// Wakes not yet taken by the controller beyond this are dropped (the
-/// backstop requeue runs those trees).
+/// Wakes the channel holds before they wait in the overflow set.
 const CAPACITY: usize = 4096;
 
 /// (namespace, name) of an object to run again.
@@ -34,6 +38,10 @@ pub(crate) struct Wakes {
     sender: mpsc::Sender<Woken>,
     /// Until [`Wakes::take`]: nobody listens, reconciles set no wake.
     receiver: Mutex<Option<mpsc::Receiver<Woken>>>,
+    /// Wakes that found the channel full, once per object (so bounded by
+    /// the objects the controller owns); the stream takes them after the
+    /// channel's.
+    overflow: Arc<Mutex<HashSet<Woken>>>,
 }
 
 impl Default for Wakes {
@@ -44,6 +52,7 @@ impl Default for Wakes {
             id: NEXT.fetch_add(1, Ordering::Relaxed),
             sender,
             receiver: Mutex::new(Some(receiver)),
+            overflow: Arc::default(),
         }
     }
 }
@@ -67,16 +76,19 @@ impl Wakes {
             return None;
         }
         let sender = self.sender.clone();
+        let overflow = Arc::clone(&self.overflow);
         let woken = (namespace.map(str::to_owned), name.to_owned());
         let key = format!("{}:{}/{name}", self.id, namespace.unwrap_or(""));
         Some(Wake::keyed(key, move || {
             match sender.try_send(woken.clone()) {
                 Ok(()) => {}
                 Err(mpsc::error::TrySendError::Full(_)) => {
-                    tracing::debug!(
-                        object = %format_args!("{}/{}", woken.0.as_deref().unwrap_or(""), woken.1),
-                        "too many wakes queued: this one is left to the backstop requeue"
-                    );
+                    // Kept, once per object, for the stream to take when
+                    // it has drained the channel: a wake is never lost.
+                    overflow
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .insert(woken.clone());
                 }
                 Err(mpsc::error::TrySendError::Closed(_)) => {}
             }
@@ -98,14 +110,39 @@ impl Wakes {
                 "Reconciler::wakes called twice: the second stream is empty (wakes go to the first)"
             );
         }
-        futures::stream::unfold(receiver, |receiver| async move {
-            let mut receiver = receiver?;
-            let (namespace, name) = receiver.recv().await?;
-            let object = match namespace {
-                Some(namespace) => ObjectRef::new(&name).within(&namespace),
-                None => ObjectRef::new(&name),
-            };
-            Some((object, Some(receiver)))
+        let overflow = Arc::clone(&self.overflow);
+        futures::stream::unfold(receiver, move |receiver| {
+            let overflow = Arc::clone(&overflow);
+            async move {
+                let mut receiver = receiver?;
+                // The channel first; the overflow when it is empty (a wake
+                // goes there only while the channel is full, so it is
+                // reached once the channel drains).
+                let (namespace, name) = match receiver.try_recv() {
+                    Ok(woken) => woken,
+                    Err(mpsc::error::TryRecvError::Disconnected) => return None,
+                    Err(mpsc::error::TryRecvError::Empty) => {
+                        let spilled = {
+                            let mut overflow =
+                                overflow.lock().unwrap_or_else(PoisonError::into_inner);
+                            let first = overflow.iter().next().cloned();
+                            if let Some(first) = &first {
+                                overflow.remove(first);
+                            }
+                            first
+                        };
+                        match spilled {
+                            Some(woken) => woken,
+                            None => receiver.recv().await?,
+                        }
+                    }
+                };
+                let object = match namespace {
+                    Some(namespace) => ObjectRef::new(&name).within(&namespace),
+                    None => ObjectRef::new(&name),
+                };
+                Some((object, Some(receiver)))
+            }
         })
     }
 }
@@ -174,19 +211,47 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn wakes_beyond_the_capacity_are_dropped_not_queued() {
+    async fn wakes_beyond_the_capacity_wait_once_per_object_and_none_is_lost() {
         let wakes = Wakes::default();
         let stream = wakes.take::<ConfigMap>();
-        let wake = wakes.for_object(Some("ns"), "a").expect("listened");
-        for _ in 0..CAPACITY + 10 {
-            wake.wake();
+        let a = wakes.for_object(Some("ns"), "a").expect("listened");
+        for _ in 0..CAPACITY {
+            a.wake();
+        }
+        // The channel is full: these wait in the set, once per object.
+        let b = wakes.for_object(Some("ns"), "b").expect("listened");
+        let c = wakes.for_object(None, "c").expect("listened");
+        for _ in 0..10 {
+            b.wake();
+            c.wake();
         }
         let mut stream = std::pin::pin!(stream);
         for _ in 0..CAPACITY {
-            stream.next().await.expect("queued");
+            assert_eq!(
+                stream.next().await.expect("queued"),
+                ObjectRef::<ConfigMap>::new("a").within("ns")
+            );
         }
+        let mut spilled = vec![
+            stream.next().await.expect("kept"),
+            stream.next().await.expect("kept"),
+        ];
+        spilled.sort_by_key(|object| object.name.clone());
+        assert_eq!(
+            spilled,
+            [
+                ObjectRef::<ConfigMap>::new("b").within("ns"),
+                ObjectRef::<ConfigMap>::new("c")
+            ]
+        );
         let more = tokio::time::timeout(Duration::from_millis(50), stream.next()).await;
-        assert!(more.is_err(), "more than the capacity was queued");
+        assert!(more.is_err(), "each kept wake runs its object once");
+        // The stream still takes new wakes.
+        a.wake();
+        assert_eq!(
+            stream.next().await.expect("woken"),
+            ObjectRef::<ConfigMap>::new("a").within("ns")
+        );
     }
 
     /// A leaf that yields, promising the wake or not.

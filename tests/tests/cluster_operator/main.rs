@@ -20,5 +20,5 @@ mod operator_rbac;
 mod runtime_cluster;
 mod runtime_plan;
 mod runtime_production;
-mod watch_manifest;
 mod watch_helm;
+mod watch_manifest;

@@ -11,8 +11,9 @@ use crate::wakes;
 
 impl Reconciler {
     /// The requeue of a tree whose every yielding leaf promised to
-    /// [wake](Reconciler::wakes) it (default [`DEFAULT_WAKE_BACKSTOP`](crate::DEFAULT_WAKE_BACKSTOP), 30
-    /// s): the longest a lost wake can delay it. Trees with any other
+    /// [wake](Reconciler::wakes) it (default [`DEFAULT_WAKE_BACKSTOP`](crate::DEFAULT_WAKE_BACKSTOP), 5
+    /// minutes): for what no wake covers (a restart, a leaf that broke its
+    /// promise). Trees with any other
     /// yield, and errors, requeue after [`Reconciler::requeue_after`].
     pub fn wake_backstop(mut self, backstop: Duration) -> Self {
         self.wake_backstop = backstop;
@@ -33,9 +34,9 @@ impl Reconciler {
     /// it once: a second stream is empty.
     ///
     /// A wake of an object whose reconcile is running is held by the
-    /// controller and runs right after it, so none is missed; one the
-    /// stream has no room for (4,096 queued) is dropped, and the tree runs
-    /// at the [backstop](Reconciler::wake_backstop) instead.
+    /// controller and runs right after it, so none is missed; past the
+    /// 4,096 the stream queues, wakes wait in a set, once per object, and
+    /// are taken when it drains: none is dropped while the stream lives.
     pub fn wakes<K>(&self) -> impl futures::Stream<Item = ObjectRef<K>> + Send + 'static
     where
         K: Resource<DynamicType = ()> + 'static,
