@@ -140,10 +140,11 @@ pub(crate) fn held(
 /// Registers the tree's wake (if set) at the next change of each of
 /// `objects` ((the object, the resourceVersion the pass read)) in the
 /// watches of helm-made objects. `true` only when every one is covered, so
-/// the yield may promise the wake: each watch synced, each object in its
-/// scope, and held at the resourceVersion the pass read (a store already
-/// past it wakes the tree at once: its event came before the wake was
-/// registered). `false` for an empty list.
+/// the yield may promise the wake: each object in its synced watch's scope
+/// and held at the resourceVersion the pass read (a store already past it
+/// wakes the tree at once: its event came before the wake was registered),
+/// or its watch still in its first list (whose end wakes every waiter).
+/// `false` for an empty list.
 pub(super) async fn wake_on_change(
     release: &HelmRelease,
     cx: &Context,
@@ -174,9 +175,12 @@ pub(super) async fn wake_on_change(
         }
         match watched.get(key.0.as_deref(), &key.1) {
             Some(Some(held)) => moved |= held.metadata.resource_version.as_deref() != *read,
-            // Not synced any more, or outside the scope (no helm label, or
-            // gone): no event is sure to come.
-            _ => covered = false,
+            // Outside the synced watch's scope (no helm label, or gone): no
+            // event is sure to come.
+            Some(None) => covered = false,
+            // Still in its first list (the wake was taken): the end of the
+            // list wakes every waiter.
+            None => {}
         }
     }
     if moved {

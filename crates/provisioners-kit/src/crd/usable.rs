@@ -75,7 +75,7 @@ pub struct Usable {
     /// it runs the tree again. A yield that waits on nothing else may then
     /// [promise](Wake::promise) the wake instead of being polled. `false`
     /// when any CRD waits to be served (discovery has no watch), or without
-    /// a wake or a synced watch.
+    /// a wake or a watch that took it.
     pub woken: bool,
 }
 
@@ -182,9 +182,10 @@ pub async fn usable(cx: &Context, crds: &[Answer<'_>]) -> Result<Usable> {
 /// Registers the tree's wake (if set) at the next change of each CRD of
 /// `waiting` ((name, resourceVersion read)) in the cluster's shared watch
 /// of CRDs (metadata only: the event is what matters, the next pass reads
-/// the CRD). `true` only when every one is covered: the watch synced and
-/// holding the CRD (one already past the version read wakes the tree at
-/// once, its event having come before the wake was registered). No
+/// the CRD). `true` only when every one is covered: the watch holding the
+/// CRD (one already past the version read wakes the tree at once, its event
+/// having come before the wake was registered), or still in its first list
+/// (whose end wakes every waiter). No
 /// request; `false` for an empty list.
 fn wake_on_change(cx: &Context, waiting: &[(&str, Option<String>)]) -> bool {
     let Some(wake) = Wake::of(cx) else {
@@ -211,8 +212,11 @@ fn wake_on_change(cx: &Context, waiting: &[(&str, Option<String>)]) -> bool {
     for (name, read) in waiting {
         match watched.get(None, name) {
             Some(Some(held)) => moved |= held.metadata.resource_version != *read,
-            // Not synced any more, or not there yet: no event is sure to come.
-            _ => covered = false,
+            // Not in the synced watch: no event is sure to come.
+            Some(None) => covered = false,
+            // Still in its first list (the wake was taken): the end of the
+            // list wakes every waiter.
+            None => {}
         }
     }
     if moved {
