@@ -191,7 +191,7 @@ fn table(n: usize, ours: &Side, flux: &Side) {
     let row = |what: &str, a: f64, b: f64, unit: &str| {
         println!("| {what} | {a:.1}{unit} | {b:.1}{unit} | {} |", ratio(a, b));
     };
-    println!("\nN = {n} | ours | Flux | ours/Flux");
+    println!("\n| N = {n} | ours | Flux | ours/Flux |");
     println!("| --- | --- | --- | --- |");
     row(
         "time to all ready",

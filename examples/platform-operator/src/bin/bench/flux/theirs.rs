@@ -214,7 +214,10 @@ pub(super) async fn run(
     }
     std::fs::create_dir_all(&args.work)
         .with_context(|| format!("could not create {}", args.work.display()))?;
+    // source-controller wants its storage directory to exist.
     let storage = args.work.join("storage");
+    std::fs::create_dir_all(&storage)
+        .with_context(|| format!("could not create {}", storage.display()))?;
     let [sc_metrics, sc_health, storage_port, hc_metrics, hc_health] = free_ports()?;
     let loopback = |port: u16| format!("127.0.0.1:{port}");
 
