@@ -309,3 +309,51 @@ pub(super) async fn run(
         concurrency: "helm-controller --concurrent 4, source-controller 2 (defaults)".into(),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn release(generation: i64, observed: i64, ready: &str) -> DynamicObject {
+        let mut object = helm_release("p0007").expect("a HelmRelease");
+        object.metadata.generation = Some(generation);
+        object.data["status"] = serde_json::json!({
+            "observedGeneration": observed,
+            "conditions": [
+                {"type": "Released", "status": "True"},
+                {"type": "Ready", "status": ready},
+            ],
+        });
+        object
+    }
+
+    #[test]
+    fn a_release_is_ready_only_for_its_current_generation() {
+        assert!(ready(&release(2, 2, "True")));
+        assert!(
+            !ready(&release(2, 1, "True")),
+            "an older generation's Ready"
+        );
+        assert!(!ready(&release(2, 2, "False")));
+        assert!(!ready(&helm_release("p0007").expect("no status yet")));
+    }
+
+    #[test]
+    fn each_release_is_app_in_a_namespace_of_its_own_from_the_one_source() {
+        let object = helm_release("p0007").expect("a HelmRelease");
+        let spec = &object.data["spec"];
+        assert_eq!(spec["releaseName"], RELEASE);
+        assert_eq!(spec["targetNamespace"], "flux-p0007");
+        assert_eq!(spec["storageNamespace"], "flux-p0007");
+        assert_eq!(spec["install"]["createNamespace"], true);
+        assert_eq!(spec["chartRef"]["name"], SOURCE);
+        let source = oci_repository(&OciChart {
+            reference: "oci://127.0.0.1:5055/charts/metrics".into(),
+            version: "0.1.0".into(),
+        })
+        .expect("an OCIRepository");
+        assert_eq!(source.data["spec"]["insecure"], true);
+        assert_eq!(source.data["spec"]["ref"]["tag"], "0.1.0");
+        assert_eq!(source.metadata.name.as_deref(), Some(SOURCE));
+    }
+}
