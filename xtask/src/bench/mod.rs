@@ -7,6 +7,7 @@
 
 mod crd;
 mod fleet;
+mod flux;
 mod helm;
 mod manifest;
 mod memory;
@@ -32,6 +33,7 @@ pub(crate) const SUITES: &[Suite] = &[
     ("fleet", fleet::run),
     ("crd", crd::run),
     ("memory", memory::run),
+    ("flux", flux::run),
 ];
 
 /// Options shared by the suites.
@@ -43,7 +45,7 @@ pub(crate) struct Options {
 const USAGE: &str = "\
 cargo xtask bench [SUITE...] [--quick]
 
-suites (all of them when none is named):
+suites (all of them but `flux` when none is named):
   tree      combinator overhead on trees of 10,000 no-op leaves
   helm      HelmRelease against a plain helm loop, Helm 3 and 4
   manifest  Manifest against kubectl apply --server-side and a bare kube-rs loop
@@ -58,6 +60,9 @@ suites (all of them when none is named):
   crd       the CRD step's requests on a HelmRelease no-op pass, by CrdPolicy
   memory    the example operator's peak memory with its helm children, every
             feature on (PROVISIONERS_BENCH_MEMORY_N=16 picks N)
+  flux      N helm releases of one chart from a local OCI registry, the example
+            operator against Flux's helm-controller and source-controller
+            (needs `cargo xtask tools flux`; PROVISIONERS_BENCH_FLUX_N=100 picks N)
 
   --quick   fewer rounds and sizes: a smoke run
 
@@ -87,7 +92,9 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
         }
     }
     if selected.is_empty() {
-        selected = SUITES.iter().collect();
+        // `flux` needs the opt-in Flux tools (`cargo xtask tools flux`, a Go
+        // build): only when named.
+        selected = SUITES.iter().filter(|(name, _)| *name != "flux").collect();
     }
     for (name, suite) in selected {
         eprintln!("== bench {name}");

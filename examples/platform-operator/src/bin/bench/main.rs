@@ -48,6 +48,7 @@ use provisioners::{
 };
 
 mod counts;
+mod flux;
 mod measure;
 mod phases;
 
@@ -76,11 +77,16 @@ struct Shared {
     /// At most this many reconciles at once (kube's `Controller` default
     /// is unbounded).
     concurrency: u16,
+    /// `bench flux`: each tree is this one helm release and nothing else.
+    oci: Option<flux::OciChart>,
 }
 
 fn tree(platform: &Platform, shared: &Shared) -> Serial {
     let name = platform.name_any();
     let target = format!("bench-{name}");
+    if let Some(oci) = &shared.oci {
+        return Serial::new(name).with(oci.release(&target, &shared.helm));
+    }
     let manifest = |node: &'static str, yaml: String| Manifest::from_yaml(node, yaml);
     let base = manifest(
         "base",
@@ -226,7 +232,10 @@ async fn main() -> anyhow::Result<()> {
     // other trees make their API calls, and 1,000 trees started at once do
     // not swamp the API server (unbounded, the first applies timed out).
     let mut concurrency = 4 * provisioners::helm::DEFAULT_MAX_HELM_PROCESSES as u16;
-    let mut args = std::env::args().skip(1);
+    let mut args = std::env::args().skip(1).peekable();
+    if args.peek().is_some_and(|first| first == "flux") {
+        return flux::main(args.skip(1).collect()).await;
+    }
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--n" => n = args.next().context("--n needs a number")?.parse()?,
@@ -312,6 +321,7 @@ async fn main() -> anyhow::Result<()> {
             helm: helm.clone(),
             chart: chart.clone(),
             concurrency,
+            oci: None,
         })
     };
 

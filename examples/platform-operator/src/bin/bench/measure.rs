@@ -7,9 +7,21 @@ use std::time::Duration;
 /// Resident set size of process `pid`, in KiB.
 pub(super) fn rss_kib(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status_kib(&status, "VmRSS:")
+}
+
+/// Peak resident set size of process `pid` over its life (`VmHWM`), in KiB.
+pub(super) fn vm_hwm_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status_kib(&status, "VmHWM:")
+}
+
+/// The `field` line (`VmRSS:`, `VmHWM:`) of a `/proc/<pid>/status` text, in
+/// KiB (0 when missing).
+pub(super) fn status_kib(status: &str, field: &str) -> u64 {
     status
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix(field))
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
         .unwrap_or(0)
 }

@@ -67,7 +67,7 @@ impl Observer for Phases {
             Outcome::Done => time.done += 1,
             Outcome::Yielded(error) => {
                 time.yielded += 1;
-                if node == "components/app" {
+                if node == "components/app" || node == "app" {
                     drop(phases);
                     *self
                         .1

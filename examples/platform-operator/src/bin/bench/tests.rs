@@ -74,3 +74,29 @@ fn discovery_paths_are_told_from_reads() {
     assert!(!is_discovery("/apis"));
     assert!(!is_discovery("/version"));
 }
+
+#[test]
+fn status_fields_are_read_in_kib() {
+    let status = "Name:\tbench\nVmPeak:\t  900000 kB\nVmHWM:\t  123456 kB\nVmRSS:\t  100000 kB\n";
+    assert_eq!(super::measure::status_kib(status, "VmHWM:"), 123_456);
+    assert_eq!(super::measure::status_kib(status, "VmRSS:"), 100_000);
+    assert_eq!(super::measure::status_kib(status, "VmSwap:"), 0);
+    assert_eq!(super::measure::status_kib("", "VmHWM:"), 0);
+}
+
+#[test]
+fn apiserver_requests_are_summed_over_every_series_only() {
+    let text = "\
+# HELP apiserver_request_total [STABLE] Counter of apiserver requests.
+# TYPE apiserver_request_total counter
+apiserver_request_total{code=\"200\",component=\"apiserver\",resource=\"pods\",verb=\"LIST\"} 12
+apiserver_request_total{code=\"201\",resource=\"a}b \\\"c\",verb=\"POST\"} 3.5
+apiserver_request_total 4
+apiserver_request_total_other{code=\"200\"} 1000
+apiserver_request_duration_seconds_sum{verb=\"GET\"} 99
+apiserver_request_total{code=\"200\"} not-a-number
+";
+    let total = super::flux::requests_total(text);
+    assert!((total - 19.5).abs() < 1e-9, "{total}");
+    assert!(super::flux::requests_total("").abs() < 1e-9);
+}
