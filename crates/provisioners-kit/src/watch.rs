@@ -546,3 +546,15 @@ impl fmt::Debug for Watched {
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
+
+/// Whether the resource version `stored` (a watch's copy) is later than
+/// `seen` (what a pass read). Resource versions are opaque to clients; the
+/// API server's are etcd revisions, numbers that grow, so a number
+/// compares, and anything else never reads as newer: only a later version
+/// proves a change whose event came before a wake was registered (a store
+/// behind what a pass read will still bring the event).
+#[must_use]
+pub fn newer(stored: Option<&str>, seen: Option<&str>) -> bool {
+    let number = |version: Option<&str>| version?.parse::<u64>().ok();
+    matches!((number(stored), number(seen)), (Some(stored), Some(seen)) if stored > seen)
+}

@@ -174,7 +174,12 @@ pub(super) async fn wake_on_change(
             continue;
         }
         match watched.get(key.0.as_deref(), &key.1) {
-            Some(Some(held)) => moved |= held.metadata.resource_version.as_deref() != *read,
+            Some(Some(held)) => {
+                moved |= provisioners_kit::watch::newer(
+                    held.metadata.resource_version.as_deref(),
+                    *read,
+                );
+            }
             // Outside the synced watch's scope (no helm label, or gone): no
             // event is sure to come.
             Some(None) => covered = false,

@@ -211,7 +211,10 @@ fn wake_on_change(cx: &Context, waiting: &[(&str, Option<String>)]) -> bool {
     let mut moved = false;
     for (name, read) in waiting {
         match watched.get(None, name) {
-            Some(Some(held)) => moved |= held.metadata.resource_version != *read,
+            Some(Some(held)) => {
+                moved |=
+                    crate::watch::newer(held.metadata.resource_version.as_deref(), read.as_deref());
+            }
             // Not in the synced watch: no event is sure to come.
             Some(None) => covered = false,
             // Still in its first list (the wake was taken): the end of the

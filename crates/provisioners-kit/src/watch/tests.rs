@@ -502,3 +502,16 @@ fn memory_per_object_is_measured() {
     // So the default budget holds this many such objects per watch:
     assert!(DEFAULT_MAX_BYTES / size > DEFAULT_MAX_OBJECTS);
 }
+
+#[test]
+fn only_a_larger_resource_version_is_newer() {
+    assert!(newer(Some("12"), Some("9")));
+    assert!(
+        !newer(Some("9"), Some("12")),
+        "a store behind brings the event"
+    );
+    assert!(!newer(Some("9"), Some("9")));
+    assert!(!newer(Some("abc"), Some("9")));
+    assert!(!newer(Some("12"), None));
+    assert!(!newer(None, Some("9")));
+}

@@ -132,35 +132,16 @@ pub(super) fn wake_on_change(cx: &Context, applied: &[(Resolved, DynamicObject)]
             watched
                 .get(namespace.as_deref(), name)
                 .flatten()
-                .is_some_and(|stored| newer(stored.metadata.resource_version.as_deref(), seen))
+                .is_some_and(|stored| {
+                    provisioners_kit::watch::newer(
+                        stored.metadata.resource_version.as_deref(),
+                        seen,
+                    )
+                })
         });
     }
     if changed {
         wake.wake();
     }
     all
-}
-
-/// Whether `stored` is a later version than `seen`. Resource versions are
-/// opaque to clients; the API server's are etcd revisions, numbers that
-/// grow, so a number compares, and anything else never reads as newer
-/// (the change is then seen at the next wake or poll).
-fn newer(stored: Option<&str>, seen: Option<&str>) -> bool {
-    let number = |version: Option<&str>| version?.parse::<u64>().ok();
-    matches!((number(stored), number(seen)), (Some(stored), Some(seen)) if stored > seen)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::newer;
-
-    #[test]
-    fn only_a_larger_number_is_newer() {
-        assert!(newer(Some("12"), Some("9")));
-        assert!(!newer(Some("9"), Some("12")));
-        assert!(!newer(Some("9"), Some("9")));
-        assert!(!newer(Some("abc"), Some("9")));
-        assert!(!newer(Some("12"), None));
-        assert!(!newer(None, Some("9")));
-    }
 }
