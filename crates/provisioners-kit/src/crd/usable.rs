@@ -183,8 +183,8 @@ pub async fn usable(cx: &Context, crds: &[Answer<'_>]) -> Result<Usable> {
 /// `waiting` ((name, resourceVersion read)) in the cluster's shared watch
 /// of CRDs (metadata only: the event is what matters, the next pass reads
 /// the CRD). `true` only when every one is covered: the watch holding the
-/// CRD (one already past the version read wakes the tree at once, its event
-/// having come before the wake was registered), or still in its first list
+/// CRD at the version read (one already past it is polled: its event came
+/// before the wake was registered), or still in its first list
 /// (whose end wakes every waiter). No
 /// request; `false` for an empty list.
 fn wake_on_change(cx: &Context, waiting: &[(&str, Option<String>)]) -> bool {
@@ -222,10 +222,9 @@ fn wake_on_change(cx: &Context, waiting: &[(&str, Option<String>)]) -> bool {
             None => {}
         }
     }
-    if moved {
-        wake.wake();
-    }
-    covered
+    // A store already past the read: polled, not woken at once (a pass
+    // that keeps reading an older copy would be woken in a loop).
+    covered && !moved
 }
 
 /// Whether `crd`'s `Established` condition is `True`.

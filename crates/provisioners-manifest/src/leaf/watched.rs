@@ -123,7 +123,9 @@ pub(super) fn wake_on_change(cx: &Context, applied: &[(Resolved, DynamicObject)]
         };
         all &= watched.wake_on_change(&objects, wake);
         // A change between this pass's read and the registration came
-        // with no waiter: the store already holds it.
+        // with no waiter: the store already holds it. The tree is then
+        // polled, not woken at once: waking it looped when the pass kept
+        // reading an older copy than the store's (the operator bench).
         changed |= objects.iter().any(|(namespace, name)| {
             let seen = versions
                 .get(&(namespace.clone(), name.clone()))
@@ -140,8 +142,5 @@ pub(super) fn wake_on_change(cx: &Context, applied: &[(Resolved, DynamicObject)]
                 })
         });
     }
-    if changed {
-        wake.wake();
-    }
-    all
+    all && !changed
 }
